@@ -1,0 +1,158 @@
+//! The EventMeshFrame: the one byte format evmesh moves between cores and keeps in its log.
+//!
+//! A frame is a fixed 40-byte little-endian [`FrameHeader`] followed by an rkyv-archived
+//! [`FrameBody`] (topic, ordered attributes, data). The header is plain bytes so a shard can read
+//! routing fields and stamp the offset in place without touching the body; the body is rkyv so a
+//! stored or received frame is read where it lies, after one bytecheck validation.
+//!
+//! This crate is a pure codec: bytes in, values out. It never does I/O, never blocks, and knows
+//! nothing of shards, sockets or storage engines. Every frame it hands out is either built by
+//! [`Frame::encode`] or validated by [`Frame::decode`], which is what lets [`Frame::body`] skip
+//! validation (see `access.rs`, the one module with `unsafe`).
+
+mod access;
+mod header;
+
+use rkyv::{Archive, Deserialize, Serialize};
+
+pub use header::{DataKind, FrameHeader, FrameKind, HEADER_LEN, MAGIC, VERSION};
+
+/// The aligned buffer every frame lives in. rkyv needs the body 8-byte aligned; the header is 40
+/// bytes and the buffer is 16-aligned, so the body is aligned by construction.
+pub type FrameBuf = rkyv::util::AlignedVec<16>;
+
+/// A typed attribute value, kept in the JSON type it arrived with so it is re-emitted faithfully.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub enum AttrValue {
+    /// A JSON string (also every binary-mode `ce-*` header).
+    Str(String),
+    /// A JSON boolean extension.
+    Bool(bool),
+    /// A JSON integer extension (CloudEvents Integer).
+    Int(i64),
+}
+
+/// One CloudEvents context attribute or extension, in arrival order.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Attribute {
+    pub name: String,
+    pub value: AttrValue,
+}
+
+/// The variable part of a frame.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+#[rkyv(derive(Debug))]
+pub struct FrameBody {
+    pub topic: String,
+    pub attributes: Vec<Attribute>,
+    /// The event data as raw bytes; how to render them is [`DataKind`] in the header flags.
+    pub data: Vec<u8>,
+}
+
+impl ArchivedFrameBody {
+    /// The value of the attribute `name`, if present.
+    pub fn attr(&self, name: &str) -> Option<&ArchivedAttrValue> {
+        self.attributes.iter().find(|a| a.name.as_str() == name).map(|a| &a.value)
+    }
+
+    /// The string value of the attribute `name`, if present and a string.
+    pub fn attr_str(&self, name: &str) -> Option<&str> {
+        match self.attr(name)? {
+            ArchivedAttrValue::Str(s) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+}
+
+/// Why bytes are not a frame.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    #[error("frame shorter than its {HEADER_LEN}-byte header ({0} bytes)")]
+    Short(usize),
+    #[error("bad frame magic")]
+    Magic,
+    #[error("unsupported frame version {0}")]
+    Version(u8),
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    #[error("body length {declared} does not match the {actual} bytes present")]
+    BodyLength { declared: u32, actual: usize },
+    #[error("frame body failed validation: {0}")]
+    Body(String),
+    #[error("frame body could not be encoded: {0}")]
+    Encode(String),
+}
+
+/// An owned, aligned, valid frame.
+#[derive(Clone)]
+pub struct Frame {
+    buf: FrameBuf,
+}
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frame").field("header", &self.header()).field("body", self.body()).finish()
+    }
+}
+
+impl Frame {
+    /// Builds a frame from a header and a body. The header's body length is filled in here.
+    pub fn encode(header: &FrameHeader, body: &FrameBody) -> Result<Frame, FrameError> {
+        let mut buf = FrameBuf::with_capacity(HEADER_LEN + 128 + body.data.len());
+        buf.extend_from_slice(&[0u8; HEADER_LEN]);
+        let mut buf = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(body, buf)
+            .map_err(|e| FrameError::Encode(e.to_string()))?;
+        let body_len =
+            u32::try_from(buf.len() - HEADER_LEN).map_err(|_| FrameError::Encode("body over 4 GiB".into()))?;
+        header.write(&mut buf[..HEADER_LEN], body_len);
+        Ok(Frame { buf })
+    }
+
+    /// Copies bytes from outside this process (a socket, a file, a log) into an aligned buffer
+    /// and validates header and body. This is the only way foreign bytes become a `Frame`.
+    pub fn decode(bytes: &[u8]) -> Result<Frame, FrameError> {
+        FrameHeader::read(bytes)?;
+        let mut buf = FrameBuf::with_capacity(bytes.len());
+        buf.extend_from_slice(bytes);
+        access::validate(&buf[HEADER_LEN..])?;
+        Ok(Frame { buf })
+    }
+
+    /// The fixed header. Cheap: reads 40 bytes.
+    pub fn header(&self) -> FrameHeader {
+        // The buffer was written by `encode` or checked by `decode`.
+        FrameHeader::read(&self.buf).expect("a Frame always holds a valid header")
+    }
+
+    /// The archived body, read in place.
+    pub fn body(&self) -> &ArchivedFrameBody {
+        access::trusted(&self.buf[HEADER_LEN..])
+    }
+
+    /// Stamps the offset the owning shard assigned, in place.
+    pub fn set_offset(&mut self, offset: u64) {
+        header::write_offset(&mut self.buf, offset);
+    }
+
+    /// Stamps the partition the router chose, in place.
+    pub fn set_partition(&mut self, partition: u32) {
+        header::write_partition(&mut self.buf, partition);
+    }
+
+    /// Stamps the publish timestamp (microseconds since the Unix epoch), in place.
+    pub fn set_timestamp(&mut self, micros: i64) {
+        header::write_timestamp(&mut self.buf, micros);
+    }
+
+    /// The whole frame, header and body, as stored and sent.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Deserializes the body into owned values (tests, tools; not the hot path).
+    pub fn to_body(&self) -> FrameBody {
+        rkyv::deserialize::<FrameBody, rkyv::rancor::Error>(self.body()).expect("a validated body always deserializes")
+    }
+}

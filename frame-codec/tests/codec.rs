@@ -1,0 +1,152 @@
+//! Round-trip properties, golden bytes per frame version, and rejection of foreign garbage.
+
+use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameError, FrameHeader, FrameKind};
+use proptest::prelude::*;
+
+fn sample() -> (FrameHeader, FrameBody) {
+    let header = FrameHeader {
+        kind: FrameKind::Event,
+        data_kind: DataKind::Json,
+        partition: 3,
+        offset: 42,
+        timestamp_us: 1_764_500_000_000_000,
+        sequence: 7,
+    };
+    let attr = |n: &str, v: AttrValue| Attribute { name: n.into(), value: v };
+    let body = FrameBody {
+        topic: "orders".into(),
+        attributes: vec![
+            attr("specversion", AttrValue::Str("1.0".into())),
+            attr("id", AttrValue::Str("evt-1".into())),
+            attr("source", AttrValue::Str("/shop".into())),
+            attr("type", AttrValue::Str("com.shop.order".into())),
+            attr("amount", AttrValue::Int(120)),
+            attr("vip", AttrValue::Bool(true)),
+        ],
+        data: br#"{"sku":"A-1","qty":2}"#.to_vec(),
+    };
+    (header, body)
+}
+
+fn golden_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
+}
+
+/// A layout drift must fail here, not corrupt stored logs. Regenerate only for a new frame
+/// version (EVMESH_BLESS=1), never to make this pass.
+#[test]
+fn golden_v1_event_bytes_are_stable() {
+    let (h, b) = sample();
+    let frame = Frame::encode(&h, &b).unwrap();
+    let path = golden_path("v1-event.bin");
+    if std::env::var_os("EVMESH_BLESS").is_some() {
+        std::fs::write(&path, frame.as_bytes()).unwrap();
+    }
+    let golden = std::fs::read(&path).expect("golden file present");
+    assert_eq!(frame.as_bytes(), &golden[..], "v1 frame layout changed");
+    let decoded = Frame::decode(&golden).unwrap();
+    assert_eq!(decoded.header(), h);
+    assert_eq!(decoded.to_body(), b);
+}
+
+#[test]
+fn setters_stamp_header_in_place() {
+    let (h, b) = sample();
+    let mut f = Frame::encode(&h, &b).unwrap();
+    f.set_offset(9_000_000_001);
+    f.set_partition(11);
+    f.set_timestamp(-5);
+    let back = Frame::decode(f.as_bytes()).unwrap();
+    assert_eq!(back.header().offset, 9_000_000_001);
+    assert_eq!(back.header().partition, 11);
+    assert_eq!(back.header().timestamp_us, -5);
+    assert_eq!(back.to_body(), b);
+}
+
+#[test]
+fn garbage_is_rejected_not_trusted() {
+    let (h, b) = sample();
+    let good = Frame::encode(&h, &b).unwrap().as_bytes().to_vec();
+    assert_eq!(Frame::decode(&good[..10]).unwrap_err(), FrameError::Short(10));
+    let mut bad = good.clone();
+    bad[0] = b'X';
+    assert_eq!(Frame::decode(&bad).unwrap_err(), FrameError::Magic);
+    let mut bad = good.clone();
+    bad[4] = 9;
+    assert_eq!(Frame::decode(&bad).unwrap_err(), FrameError::Version(9));
+    let mut bad = good.clone();
+    bad[5] = 77;
+    assert_eq!(Frame::decode(&bad).unwrap_err(), FrameError::Kind(77));
+    assert!(matches!(Frame::decode(&good[..good.len() - 1]), Err(FrameError::BodyLength { .. })));
+    // Corrupt the body's root (relative pointers and lengths live at the end).
+    let mut bad = good.clone();
+    let n = bad.len();
+    for byte in &mut bad[n - 16..] {
+        *byte = 0xff;
+    }
+    assert!(matches!(Frame::decode(&bad), Err(FrameError::Body(_))));
+}
+
+fn attr_value() -> impl Strategy<Value = AttrValue> {
+    prop_oneof![
+        ".{0,40}".prop_map(AttrValue::Str),
+        any::<bool>().prop_map(AttrValue::Bool),
+        any::<i64>().prop_map(AttrValue::Int),
+    ]
+}
+
+fn body() -> impl Strategy<Value = FrameBody> {
+    (
+        "[A-Za-z0-9._-]{1,64}",
+        prop::collection::vec(("[a-z0-9]{1,20}", attr_value()), 0..12),
+        prop::collection::vec(any::<u8>(), 0..2048),
+    )
+        .prop_map(|(topic, attrs, data)| FrameBody {
+            topic,
+            attributes: attrs.into_iter().map(|(name, value)| Attribute { name, value }).collect(),
+            data,
+        })
+}
+
+fn header() -> impl Strategy<Value = FrameHeader> {
+    (
+        prop_oneof![
+            Just(FrameKind::Event),
+            Just(FrameKind::Request),
+            Just(FrameKind::Reply),
+            Just(FrameKind::StreamRequest),
+            Just(FrameKind::StreamChunk)
+        ],
+        prop_oneof![Just(DataKind::None), Just(DataKind::Json), Just(DataKind::Text), Just(DataKind::Binary)],
+        any::<u32>(),
+        any::<u64>(),
+        any::<i64>(),
+        any::<u64>(),
+    )
+        .prop_map(|(kind, data_kind, partition, offset, timestamp_us, sequence)| FrameHeader {
+            kind,
+            data_kind,
+            partition,
+            offset,
+            timestamp_us,
+            sequence,
+        })
+}
+
+proptest! {
+    #[test]
+    fn encode_decode_round_trips(h in header(), b in body()) {
+        let f = Frame::encode(&h, &b).unwrap();
+        let back = Frame::decode(f.as_bytes()).unwrap();
+        prop_assert_eq!(back.header(), h);
+        prop_assert_eq!(back.to_body(), b);
+    }
+
+    #[test]
+    fn decode_never_panics_on_mutations(h in header(), b in body(), pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        let mut bytes = Frame::encode(&h, &b).unwrap().as_bytes().to_vec();
+        let i = pos.index(bytes.len());
+        bytes[i] = byte;
+        let _ = Frame::decode(&bytes);
+    }
+}
