@@ -1,0 +1,7 @@
+//! Adaptors turn one external protocol's request into EventMeshFrames, and frames back into that
+//! protocol's wire format. Pure code: bytes in, frames out; no I/O, no shard state.
+//!
+//! Called by `ingress` on the shard that accepted the connection.
+
+pub mod cloudevents;
+mod rfc3339;

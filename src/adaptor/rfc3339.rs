@@ -1,0 +1,76 @@
+//! RFC 3339 timestamp checking (CloudEvents `time`) and formatting, without a date library.
+
+/// Whether `s` is an RFC 3339 `date-time`.
+pub fn is_valid(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b.get(r.clone()).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    let num = |r: std::ops::Range<usize>| -> u32 { b[r].iter().fold(0u32, |a, d| a * 10 + u32::from(d - b'0')) };
+    if b.len() < 20 || !digits(0..4) || b[4] != b'-' || !digits(5..7) || b[7] != b'-' || !digits(8..10) {
+        return false;
+    }
+    if !matches!(b[10], b'T' | b't' | b' ')
+        || !digits(11..13)
+        || b[13] != b':'
+        || !digits(14..16)
+        || b[16] != b':'
+        || !digits(17..19)
+    {
+        return false;
+    }
+    let (year, month, day) = (num(0..4), num(5..7), num(8..10));
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let days = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    if day == 0 || day > days || num(11..13) > 23 || num(14..16) > 59 || num(17..19) > 60 {
+        return false;
+    }
+    let mut i = 19;
+    if b[i] == b'.' {
+        i += 1;
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start {
+            return false;
+        }
+    }
+    match &b[i..] {
+        [b'Z' | b'z'] => true,
+        [b'+' | b'-', h1, h2, b':', m1, m2] => {
+            [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit())
+                && (h1 - b'0') * 10 + (h2 - b'0') <= 23
+                && (m1 - b'0') * 10 + (m2 - b'0') <= 59
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_valid;
+
+    #[test]
+    fn accepts_and_rejects() {
+        for ok in ["2018-04-05T17:31:00Z", "2020-02-29T00:00:00.123456+01:00", "1985-04-12t23:20:50.52z"] {
+            assert!(is_valid(ok), "{ok}");
+        }
+        for bad in [
+            "2018-04-05",
+            "2019-02-29T00:00:00Z",
+            "2018-13-05T17:31:00Z",
+            "2018-04-05T24:00:00Z",
+            "2018-04-05T17:31:00",
+            "2018-04-05T17:31:00.Z",
+            "2018-04-05T17:31:00+0100",
+            "x018-04-05T17:31:00Z",
+        ] {
+            assert!(!is_valid(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! HTTP/1.1, sans-io: a request-head parser, a chunked-body scanner and a response writer.
+//!
+//! Pure functions over byte slices: no sockets, no async, no runtime types. Incomplete input is
+//! `Status::Partial` and consumes nothing; the connection code (in `server`) owns the buffers and
+//! calls these again when more bytes arrive. Errors carry the HTTP status they map to.
+
+mod chunked;
+mod parse;
+mod response;
+
+pub use chunked::{decode_chunked, scan_chunked, ChunkedEnd};
+pub use parse::{parse_head, BodyKind, Head, HeaderPos, Limits, Method};
+pub use response::{problem, Response, StatusCode, Upgrade};
+
+/// Outcome of parsing a prefix of a byte stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status<T> {
+    /// Parsed a whole item from the first `n` bytes.
+    Complete(T),
+    /// Not enough bytes yet; nothing was consumed.
+    Partial,
+}
+
+/// A request the server must refuse, with the status to refuse it with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {detail}")]
+pub struct HttpError {
+    pub status: StatusCode,
+    pub detail: &'static str,
+}
+
+impl HttpError {
+    pub(crate) const fn new(status: StatusCode, detail: &'static str) -> Self {
+        HttpError { status, detail }
+    }
+    pub(crate) const fn bad(detail: &'static str) -> Self {
+        HttpError::new(StatusCode::BAD_REQUEST, detail)
+    }
+}
+
+#[cfg(test)]
+mod tests;

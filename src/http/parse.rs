@@ -1,0 +1,286 @@
+//! The request head: request line and header fields (RFC 9112 sections 3 and 5).
+
+use super::{HttpError, Status, StatusCode};
+
+/// Limits applied while parsing; exceeding one is an error with its own status.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of request line plus headers (431 beyond).
+    pub max_header_bytes: usize,
+    /// Number of header fields (431 beyond).
+    pub max_headers: usize,
+    /// Body bytes (413 beyond).
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_header_bytes: 16 * 1024, max_headers: 100, max_body_bytes: 1024 * 1024 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Options,
+    Other,
+}
+
+/// Where one header's name and value sit in the buffer (value with surrounding whitespace cut).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderPos {
+    pub name: (u32, u32),
+    pub value: (u32, u32),
+}
+
+/// How the body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    Length(usize),
+    Chunked,
+}
+
+/// A parsed request head. Positions index the buffer that was parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub method: Method,
+    pub method_pos: (u32, u32),
+    pub target: (u32, u32),
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor: u8,
+    pub headers: Vec<HeaderPos>,
+    pub body: BodyKind,
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    /// Bytes taken by the head, including the blank line.
+    pub len: usize,
+}
+
+impl Head {
+    pub fn target<'b>(&self, buf: &'b [u8]) -> &'b str {
+        // The parser only admits visible ASCII in the target.
+        std::str::from_utf8(&buf[self.target.0 as usize..self.target.1 as usize]).unwrap_or("")
+    }
+
+    pub fn method_str<'b>(&self, buf: &'b [u8]) -> &'b str {
+        std::str::from_utf8(&buf[self.method_pos.0 as usize..self.method_pos.1 as usize]).unwrap_or("")
+    }
+
+    /// Iterates (name, value) pairs in arrival order.
+    pub fn headers<'s, 'b: 's>(&'s self, buf: &'b [u8]) -> impl Iterator<Item = (&'b str, &'b [u8])> + 's {
+        self.headers.iter().map(move |h| {
+            let name = &buf[h.name.0 as usize..h.name.1 as usize];
+            (std::str::from_utf8(name).unwrap_or(""), &buf[h.value.0 as usize..h.value.1 as usize])
+        })
+    }
+
+    /// The first header named `name` (ASCII case-insensitive).
+    pub fn header<'b>(&self, buf: &'b [u8], name: &str) -> Option<&'b [u8]> {
+        self.headers(buf).find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v)
+    }
+}
+
+fn is_tchar(b: u8) -> bool {
+    matches!(b,
+        b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`'
+        | b'|' | b'~' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z')
+}
+
+fn is_value_char(b: u8) -> bool {
+    b == b'\t' || (b' '..=b'~').contains(&b) || b >= 0x80
+}
+
+/// Finds the end of the line starting at `at`: returns (content end, next line start).
+fn line_end(buf: &[u8], at: usize) -> Result<Option<(usize, usize)>, HttpError> {
+    match buf[at..].iter().position(|&b| b == b'\n') {
+        None => Ok(None),
+        Some(i) => {
+            let nl = at + i;
+            let end = if nl > at && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+            if buf[at..end].contains(&b'\r') {
+                return Err(HttpError::bad("bare CR in request head"));
+            }
+            Ok(Some((end, nl + 1)))
+        }
+    }
+}
+
+/// Parses a request head from the start of `buf`.
+pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError> {
+    let too_big = HttpError::new(StatusCode::HEADERS_TOO_LARGE, "request head too large");
+    // Tolerate empty lines before the request line (RFC 9112 section 2.2).
+    let mut pos = 0;
+    while pos < buf.len() && (buf[pos] == b'\r' || buf[pos] == b'\n') {
+        if buf[pos] == b'\r' && buf.get(pos + 1).is_some_and(|&b| b != b'\n') {
+            return Err(HttpError::bad("bare CR in request head"));
+        }
+        pos += 1;
+    }
+    let Some((line_stop, mut next)) = line_end(buf, pos)? else {
+        if buf.len() > limits.max_header_bytes {
+            return Err(too_big);
+        }
+        return Ok(Status::Partial);
+    };
+    let line = &buf[pos..line_stop];
+    let sp1 = line.iter().position(|&b| b == b' ').ok_or(HttpError::bad("malformed request line"))?;
+    let method_b = &line[..sp1];
+    if method_b.is_empty() || !method_b.iter().all(|&b| is_tchar(b)) {
+        return Err(HttpError::bad("invalid method"));
+    }
+    let rest = &line[sp1 + 1..];
+    let sp2 = rest.iter().position(|&b| b == b' ').ok_or(HttpError::bad("malformed request line"))?;
+    let target = &rest[..sp2];
+    if target.is_empty() || !target.iter().all(|&b| (b'!'..=b'~').contains(&b)) {
+        return Err(HttpError::bad("invalid request target"));
+    }
+    let minor = match &rest[sp2 + 1..] {
+        b"HTTP/1.1" => 1,
+        b"HTTP/1.0" => 0,
+        v if v.len() == 8
+            && v.starts_with(b"HTTP/")
+            && v[5].is_ascii_digit()
+            && v[6] == b'.'
+            && v[7].is_ascii_digit() =>
+        {
+            return Err(HttpError::new(StatusCode::VERSION_NOT_SUPPORTED, "HTTP version not supported"))
+        }
+        _ => return Err(HttpError::bad("invalid HTTP version")),
+    };
+    let method = match method_b {
+        b"GET" => Method::Get,
+        b"HEAD" => Method::Head,
+        b"POST" => Method::Post,
+        b"PUT" => Method::Put,
+        b"DELETE" => Method::Delete,
+        b"OPTIONS" => Method::Options,
+        _ => Method::Other,
+    };
+    let mut head = Head {
+        method,
+        method_pos: (pos as u32, (pos + sp1) as u32),
+        target: ((pos + sp1 + 1) as u32, (pos + sp1 + 1 + sp2) as u32),
+        minor,
+        headers: Vec::new(),
+        body: BodyKind::Length(0),
+        keep_alive: minor == 1,
+        expect_continue: false,
+        len: 0,
+    };
+    let mut content_length: Option<usize> = None;
+    let mut chunked = false;
+    let mut saw_te = false;
+    let mut saw_host = false;
+    loop {
+        if next > limits.max_header_bytes {
+            return Err(too_big);
+        }
+        let Some((stop, after)) = line_end(buf, next)? else {
+            if buf.len() > limits.max_header_bytes {
+                return Err(too_big);
+            }
+            return Ok(Status::Partial);
+        };
+        if stop == next {
+            next = after;
+            break;
+        }
+        let line = &buf[next..stop];
+        if line[0] == b' ' || line[0] == b'\t' {
+            return Err(HttpError::bad("obsolete header line folding"));
+        }
+        let colon = line.iter().position(|&b| b == b':').ok_or(HttpError::bad("header without colon"))?;
+        let name = &line[..colon];
+        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+            return Err(HttpError::bad("invalid header name"));
+        }
+        let mut vs = colon + 1;
+        let mut ve = line.len();
+        while vs < ve && (line[vs] == b' ' || line[vs] == b'\t') {
+            vs += 1;
+        }
+        while ve > vs && (line[ve - 1] == b' ' || line[ve - 1] == b'\t') {
+            ve -= 1;
+        }
+        let value = &line[vs..ve];
+        if !value.iter().all(|&b| is_value_char(b)) {
+            return Err(HttpError::bad("invalid header value"));
+        }
+        if head.headers.len() == limits.max_headers {
+            return Err(HttpError::new(StatusCode::HEADERS_TOO_LARGE, "too many header fields"));
+        }
+        head.headers.push(HeaderPos {
+            name: (next as u32, (next + colon) as u32),
+            value: ((next + vs) as u32, (next + ve) as u32),
+        });
+        if name.eq_ignore_ascii_case(b"content-length") {
+            // A list of identical values is allowed (RFC 9110 section 8.6); anything else is not.
+            for part in value.split(|&b| b == b',') {
+                let part = part.trim_ascii();
+                if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+                    return Err(HttpError::bad("invalid Content-Length"));
+                }
+                let n: usize = std::str::from_utf8(part)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or(HttpError::bad("invalid Content-Length"))?;
+                if content_length.is_some_and(|c| c != n) {
+                    return Err(HttpError::bad("conflicting Content-Length"));
+                }
+                content_length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            saw_te = true;
+            let last = value.rsplit(|&b| b == b',').next().unwrap_or(b"").trim_ascii();
+            chunked = last.eq_ignore_ascii_case(b"chunked");
+            if !chunked {
+                return Err(HttpError::bad("unsupported Transfer-Encoding"));
+            }
+            if value.split(|&b| b == b',').count() > 1 {
+                return Err(HttpError::new(StatusCode::NOT_IMPLEMENTED, "transfer coding not implemented"));
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in value.split(|&b| b == b',') {
+                let t = token.trim_ascii();
+                if t.eq_ignore_ascii_case(b"close") {
+                    head.keep_alive = false;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") && minor == 0 {
+                    head.keep_alive = true;
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            if !value.eq_ignore_ascii_case(b"100-continue") {
+                return Err(HttpError::new(StatusCode::EXPECTATION_FAILED, "unsupported Expect"));
+            }
+            head.expect_continue = minor == 1;
+        } else if name.eq_ignore_ascii_case(b"host") {
+            if saw_host {
+                return Err(HttpError::bad("more than one Host header"));
+            }
+            saw_host = true;
+        }
+        next = after;
+    }
+    if minor == 1 && !saw_host {
+        return Err(HttpError::bad("missing Host header"));
+    }
+    if saw_te && content_length.is_some() {
+        // Both framings at once is how requests are smuggled (RFC 9112 section 6.3).
+        return Err(HttpError::bad("both Transfer-Encoding and Content-Length"));
+    }
+    head.body = if chunked {
+        BodyKind::Chunked
+    } else {
+        let n = content_length.unwrap_or(0);
+        if n > limits.max_body_bytes {
+            return Err(HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, "request body too large"));
+        }
+        BodyKind::Length(n)
+    };
+    head.len = next;
+    Ok(Status::Complete(head))
+}

@@ -1,0 +1,187 @@
+//! Response writing: status line, headers and body appended to an output buffer.
+
+/// An HTTP status code with its reason phrase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusCode(pub u16);
+
+impl StatusCode {
+    pub const CONTINUE: StatusCode = StatusCode(100);
+    pub const SWITCHING_PROTOCOLS: StatusCode = StatusCode(101);
+    pub const OK: StatusCode = StatusCode(200);
+    pub const ACCEPTED: StatusCode = StatusCode(202);
+    pub const NO_CONTENT: StatusCode = StatusCode(204);
+    pub const BAD_REQUEST: StatusCode = StatusCode(400);
+    pub const NOT_FOUND: StatusCode = StatusCode(404);
+    pub const METHOD_NOT_ALLOWED: StatusCode = StatusCode(405);
+    pub const REQUEST_TIMEOUT: StatusCode = StatusCode(408);
+    pub const CONFLICT: StatusCode = StatusCode(409);
+    pub const PAYLOAD_TOO_LARGE: StatusCode = StatusCode(413);
+    pub const UNSUPPORTED_MEDIA_TYPE: StatusCode = StatusCode(415);
+    pub const EXPECTATION_FAILED: StatusCode = StatusCode(417);
+    pub const TOO_MANY_REQUESTS: StatusCode = StatusCode(429);
+    pub const HEADERS_TOO_LARGE: StatusCode = StatusCode(431);
+    pub const INTERNAL: StatusCode = StatusCode(500);
+    pub const NOT_IMPLEMENTED: StatusCode = StatusCode(501);
+    pub const SERVICE_UNAVAILABLE: StatusCode = StatusCode(503);
+    pub const GATEWAY_TIMEOUT: StatusCode = StatusCode(504);
+    pub const VERSION_NOT_SUPPORTED: StatusCode = StatusCode(505);
+
+    pub fn reason(self) -> &'static str {
+        match self.0 {
+            100 => "Continue",
+            101 => "Switching Protocols",
+            200 => "OK",
+            202 => "Accepted",
+            204 => "No Content",
+            400 => "Bad Request",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            408 => "Request Timeout",
+            409 => "Conflict",
+            413 => "Content Too Large",
+            415 => "Unsupported Media Type",
+            417 => "Expectation Failed",
+            426 => "Upgrade Required",
+            429 => "Too Many Requests",
+            431 => "Request Header Fields Too Large",
+            500 => "Internal Server Error",
+            501 => "Not Implemented",
+            503 => "Service Unavailable",
+            504 => "Gateway Timeout",
+            505 => "HTTP Version Not Supported",
+            _ => "Unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for StatusCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.0, self.reason())
+    }
+}
+
+/// What a connection turns into after a `101 Switching Protocols`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upgrade {
+    /// The WebSocket echo endpoint (conformance testing only).
+    WsEcho,
+}
+
+/// A response ready to be written: status, extra headers, content type and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: StatusCode,
+    pub content_type: &'static str,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+    /// Set on a 101: the connection stops speaking HTTP once this response is written.
+    pub upgrade: Option<Upgrade>,
+}
+
+impl Response {
+    pub fn new(status: StatusCode, content_type: &'static str, body: impl Into<Vec<u8>>) -> Self {
+        Response { status, content_type, headers: Vec::new(), body: body.into(), upgrade: None }
+    }
+
+    pub fn json(status: StatusCode, body: impl Into<Vec<u8>>) -> Self {
+        Response::new(status, "application/json", body)
+    }
+
+    pub fn empty(status: StatusCode) -> Self {
+        Response::new(status, "", Vec::new())
+    }
+
+    /// A `101 Switching Protocols` to `upgrade`, with its handshake headers.
+    pub fn switching(upgrade: Upgrade, headers: Vec<(&'static str, String)>) -> Self {
+        Response {
+            status: StatusCode::SWITCHING_PROTOCOLS,
+            content_type: "",
+            headers,
+            body: Vec::new(),
+            upgrade: Some(upgrade),
+        }
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    /// Appends the serialized response to `out`. `head_only` omits the body (HEAD requests).
+    pub fn write(&self, out: &mut Vec<u8>, keep_alive: bool, head_only: bool) {
+        write_head(out, self.status, self.content_type, self.body.len(), keep_alive, &self.headers);
+        if !head_only {
+            out.extend_from_slice(&self.body);
+        }
+    }
+}
+
+/// Writes a status line and headers; the caller appends exactly `content_length` body bytes.
+pub fn write_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    content_type: &str,
+    content_length: usize,
+    keep_alive: bool,
+    headers: &[(&'static str, String)],
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    let mut num = itoa_buf::Buf::new();
+    out.extend_from_slice(num.u64(status.0 as u64));
+    out.push(b' ');
+    out.extend_from_slice(status.reason().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if !content_type.is_empty() {
+        out.extend_from_slice(b"content-type: ");
+        out.extend_from_slice(content_type.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    for (n, v) in headers {
+        out.extend_from_slice(n.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if status.0 >= 200 && status.0 != 204 {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(num.u64(content_length as u64));
+        out.extend_from_slice(b"\r\n");
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// An RFC 9457 problem response.
+pub fn problem(status: StatusCode, detail: &str) -> Response {
+    let body = format!(
+        r#"{{"type":"about:blank","title":{},"status":{},"detail":{}}}"#,
+        serde_json::Value::from(status.reason()),
+        status.0,
+        serde_json::Value::from(detail)
+    );
+    Response::new(status, "application/problem+json", body)
+}
+
+/// Decimal formatting without allocation.
+pub(crate) mod itoa_buf {
+    pub struct Buf([u8; 20]);
+    impl Buf {
+        pub fn new() -> Self {
+            Buf([0; 20])
+        }
+        pub fn u64(&mut self, mut v: u64) -> &[u8] {
+            let mut i = 20;
+            loop {
+                i -= 1;
+                self.0[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            &self.0[i..]
+        }
+    }
+}
