@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what the build and tests need, then runs
+# formatting, lints, every test (unit, integration, frame-codec, loadgen) and builds the benches
+# and fuzz targets. Everything runs in the release profile so RocksDB compiles once, into a target
+# dir outside the clone that reruns reuse.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
+export CARGO_TERM_COLOR=never
+# The official CloudEvents SDKs the interop tests drive (kept outside the clone, reused).
+VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -c 'import cloudevents' 2>/dev/null || "$VENV/bin/pip" install -q cloudevents==2.2.0
+[ -d "$NODE_DIR/node_modules/cloudevents" ] || { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 >/dev/null; }
+export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules"
+echo "== fmt"; cargo fmt --all -- --check
+echo "== clippy"; cargo clippy --release --workspace --all-targets -- -D warnings
+echo "== rustdoc"; RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc --release --workspace --no-deps -q
+echo "== benches and fuzz targets build"; cargo build --release --workspace --benches --bins -q
+echo "== tests"
+log=$(mktemp)
+set +e
+cargo test --release --workspace 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite (cargo prints one per test binary, the last often empty).
+awk '/^test result:/ {p += $4; f += $6} END {printf "%d passed, %d failed\n", p, f}' "$log"
+rm -f "$log"
+exit "$rc"

@@ -1,0 +1,125 @@
+//! Per-shard counters and histograms, rendered as Prometheus text.
+//!
+//! Each shard writes only its own cache-padded slot with relaxed atomics (no sharing on the hot
+//! path); the admin thread reads them all when scraped.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+use crate::shard::ShardId;
+
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.add(1);
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn sub(&self, n: u64) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Buckets of powers of two microseconds, 1 µs .. ~67 s.
+const BUCKETS: usize = 27;
+
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS],
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    pub fn record_us(&self, us: u64) {
+        let i = (64 - us.max(1).saturating_sub(1).leading_zeros() as usize).min(BUCKETS - 1);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+pub struct ShardMetrics {
+    pub publish_requests: Counter,
+    pub events_published: Counter,
+    pub publish_errors: Counter,
+    pub cross_core: Counter,
+    pub connections_open: Counter,
+    pub connections_accepted: Counter,
+    pub connections_rejected: Counter,
+    pub publish_latency: Histogram,
+}
+
+/// Picks one counter out of a shard's metrics.
+type CounterOf = fn(&ShardMetrics) -> &Counter;
+
+pub struct Metrics {
+    shards: Box<[CachePadded<ShardMetrics>]>,
+}
+
+impl Metrics {
+    pub fn new(shards: usize) -> Self {
+        Metrics { shards: (0..shards).map(|_| CachePadded::new(ShardMetrics::default())).collect() }
+    }
+
+    pub fn shard(&self, id: ShardId) -> &ShardMetrics {
+        &self.shards[id.index()]
+    }
+
+    /// Prometheus text exposition of every shard's metrics.
+    pub fn render(&self, out: &mut String) {
+        let counters: [(&str, &str, CounterOf); 6] = [
+            ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
+            ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
+            ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
+            ("evmesh_cross_core_appends_total", "Appends sent to another shard's mailbox", |m| &m.cross_core),
+            ("evmesh_connections_accepted_total", "Connections accepted", |m| &m.connections_accepted),
+            ("evmesh_connections_rejected_total", "Connections closed at accept (max_connections)", |m| {
+                &m.connections_rejected
+            }),
+        ];
+        for (name, help, get) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (i, m) in self.shards.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", get(m).get());
+            }
+        }
+        let name = "evmesh_connections_open";
+        let _ = writeln!(out, "# HELP {name} Open connections\n# TYPE {name} gauge");
+        for (i, m) in self.shards.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", m.connections_open.get());
+        }
+        let name = "evmesh_publish_latency_seconds";
+        let _ = writeln!(out, "# HELP {name} Publish request handling time, parse to stored\n# TYPE {name} histogram");
+        for (i, m) in self.shards.iter().enumerate() {
+            let h = &m.publish_latency;
+            let mut cum = 0;
+            for (b, c) in h.buckets.iter().enumerate() {
+                cum += c.load(Ordering::Relaxed);
+                let le = (1u64 << b) as f64 / 1e6;
+                let _ = writeln!(out, "{name}_bucket{{shard=\"{i}\",le=\"{le}\"}} {cum}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{shard=\"{i}\",le=\"+Inf\"}} {cum}");
+            let _ = writeln!(out, "{name}_sum{{shard=\"{i}\"}} {}", h.sum_us.load(Ordering::Relaxed) as f64 / 1e6);
+            let _ = writeln!(out, "{name}_count{{shard=\"{i}\"}} {}", h.count.load(Ordering::Relaxed));
+        }
+    }
+}

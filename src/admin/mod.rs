@@ -1,0 +1,173 @@
+//! The admin listener: health, readiness, Prometheus metrics, topics and stored events.
+//!
+//! Runs on its own thread (not a shard), so a scrape or an event dump never competes with a
+//! shard's traffic. It reads the log and metadata directly (reads never mutate a shard's state)
+//! and asks the owning shard, through the mailbox, for anything that writes.
+
+pub mod metrics;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::adaptor::cloudevents::write_structured;
+use crate::http::{problem, Method, Response, StatusCode};
+use crate::ingress::storage_problem;
+use crate::runtime::Shared;
+use crate::server::{Handler, Request};
+use crate::shard::mailbox::Sender;
+use crate::shard::message::{EnsureReply, ShardMessage};
+use crate::shard::{meta_owner, owner, valid_topic, PartitionId, MAX_PARTITIONS};
+use crate::storage::embedded::EmbeddedLog;
+use crate::storage::{meta, Storage, StorageError, TopicMeta};
+
+pub struct Admin {
+    pub shared: Arc<Shared>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopicSpec {
+    partitions: u32,
+    #[serde(default)]
+    retention_ms: Option<u64>,
+    #[serde(default)]
+    retention_bytes: Option<u64>,
+}
+
+impl Handler for Admin {
+    async fn handle(&self, req: Request<'_>) -> Response {
+        let path = req.path();
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        match (req.method(), segs.as_slice()) {
+            (Method::Get, ["healthz"]) => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
+            (Method::Get, ["readyz"]) => {
+                let ready = self.shared.ready.load(Ordering::Acquire);
+                if ready == self.shared.config.shards {
+                    Response::json(StatusCode::OK, r#"{"status":"ready"}"#)
+                } else {
+                    problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!("{ready} of {} shards ready", self.shared.config.shards),
+                    )
+                    .with_header("retry-after", "1")
+                }
+            }
+            (Method::Get, ["metrics"]) => {
+                let mut out = String::new();
+                self.shared.metrics.render(&mut out);
+                Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
+            }
+            (Method::Get, ["admin", "topics"]) => self.topics(),
+            (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
+            (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, &req),
+            _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
+        }
+    }
+}
+
+impl Admin {
+    fn log_of(&self, topic: &str, p: PartitionId) -> EmbeddedLog {
+        let s = owner(topic, p, self.shared.config.shards);
+        EmbeddedLog::new(self.shared.db.clone(), s, self.shared.config.durability, None)
+    }
+
+    fn topics(&self) -> Response {
+        let list = match meta::list(&self.shared.db) {
+            Ok(l) => l,
+            Err(e) => return storage_problem(&e),
+        };
+        let mut out = Vec::new();
+        for (name, m) in list {
+            let mut parts = Vec::new();
+            for p in (0..m.partitions).map(PartitionId) {
+                match self.log_of(&name, p).bounds(&name, p) {
+                    Ok(b) => {
+                        parts.push(serde_json::json!({"partition": p.0, "start_offset": b.start, "end_offset": b.end}))
+                    }
+                    Err(e) => return storage_problem(&e),
+                }
+            }
+            out.push(serde_json::json!({
+                "topic": name,
+                "partitions": parts,
+                "retention_ms": m.retention_ms,
+                "retention_bytes": m.retention_bytes,
+            }));
+        }
+        Response::json(StatusCode::OK, serde_json::to_vec(&out).expect("json"))
+    }
+
+    async fn create_topic(&self, topic: &str, body: &[u8]) -> Response {
+        if !valid_topic(topic) {
+            return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
+        }
+        let spec: TopicSpec = match serde_json::from_slice(body) {
+            Ok(s) => s,
+            Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("expected {{\"partitions\": N}}: {e}")),
+        };
+        if spec.partitions == 0 || spec.partitions > MAX_PARTITIONS {
+            return problem(StatusCode::BAD_REQUEST, &format!("partitions must be 1..={MAX_PARTITIONS}"));
+        }
+        let spec = TopicMeta {
+            partitions: spec.partitions,
+            retention_ms: spec.retention_ms,
+            retention_bytes: spec.retention_bytes,
+        };
+        match self.ensure(topic, spec).await {
+            Ok((m, created)) => {
+                let status = if created { StatusCode(201) } else { StatusCode::OK };
+                let body = serde_json::json!({"topic": topic, "partitions": m.partitions, "retention_ms": m.retention_ms, "retention_bytes": m.retention_bytes});
+                Response::json(status, serde_json::to_vec(&body).expect("json"))
+            }
+            Err(e) => storage_problem(&e),
+        }
+    }
+
+    async fn ensure(&self, topic: &str, spec: TopicMeta) -> EnsureReply {
+        let to = meta_owner(topic, self.shared.config.shards);
+        let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), Some(spec));
+        self.shared.mailboxes.send(Sender::Admin, to, msg).map_err(|_| StorageError::Unavailable("mailbox full"))?;
+        rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+    }
+
+    fn events(&self, topic: &str, partition: &str, req: &Request<'_>) -> Response {
+        let m = match meta::get(&self.shared.db, topic) {
+            Ok(Some(m)) => m,
+            Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no topic {topic}")),
+            Err(e) => return storage_problem(&e),
+        };
+        let Some(p) = PartitionId::checked(partition, m.partitions) else {
+            return problem(StatusCode::NOT_FOUND, &format!("topic {topic} has partitions 0..{}", m.partitions));
+        };
+        let num = |name: &str, default: u64| -> Result<u64, Response> {
+            match req.query(name) {
+                None => Ok(default),
+                Some(v) => {
+                    v.parse().map_err(|_| problem(StatusCode::BAD_REQUEST, &format!("{name} must be a whole number")))
+                }
+            }
+        };
+        let (from, max) = match (num("from", 0), num("max", 100)) {
+            (Ok(f), Ok(m)) => (f, m.min(1000) as usize),
+            (Err(r), _) | (_, Err(r)) => return r,
+        };
+        let frames = match self.log_of(topic, p).read(topic, p, from, max) {
+            Ok(f) => f,
+            Err(e) => return storage_problem(&e),
+        };
+        let mut out = Vec::with_capacity(frames.len() * 1200 + 2);
+        out.push(b'[');
+        for (i, f) in frames.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(format!("{{\"offset\":{},\"event\":", f.header().offset).as_bytes());
+            write_structured(f, &[], &mut out);
+            out.push(b'}');
+        }
+        out.push(b']');
+        Response::json(StatusCode::OK, out)
+    }
+}

@@ -1,0 +1,399 @@
+//! Configuration in two stages: [`RawConfig`] is what the operator wrote (commented TOML, then
+//! `EVMESH_*` variables, then flags; later wins), [`Config`] is what the server runs with, checked
+//! and with every derived value filled in. Only `Config` leaves this module's callers' `main`.
+//!
+//! One table, [`KEYS`], names every key once: it drives the environment, the flags and the help.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::http::Limits;
+use crate::storage::Durability;
+
+/// The commented defaults; `evmesh.toml` in the repository is this file.
+pub const DEFAULT_TOML: &str = include_str!("../../evmesh.toml");
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("unknown flag {0} (see `evmesh serve --help`)")]
+    UnknownFlag(String),
+    #[error("flag {0} needs a value")]
+    MissingValue(String),
+    #[error("invalid {key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Str,
+    Int,
+    Bool,
+}
+
+/// Every key: TOML name (dotted for tables), type, and what it does.
+pub const KEYS: &[(&str, &str)] = &[
+    ("listen", "traffic listener (HTTP/1.1 + WebSocket)"),
+    ("admin_listen", "admin listener (metrics, health, admin API)"),
+    ("shards", "shard threads; 0 = one per CPU"),
+    ("data_dir", "where the embedded log and offsets live"),
+    ("storage", "embedded | kafka"),
+    ("kafka.brokers", "HOST:PORT[,...] for storage = kafka"),
+    ("durability", "memory | os | fsync"),
+    ("io_driver", "auto | uring | epoll"),
+    ("default_partitions", "partitions of auto-created topics; 0 = shards"),
+    ("max_body_bytes", "largest request body (413 beyond)"),
+    ("max_header_bytes", "largest request head (431 beyond)"),
+    ("max_connections", "open connections per shard; more are closed at accept"),
+    ("header_read_timeout_ms", "time to receive a whole request once it started"),
+    ("idle_timeout_ms", "keep-alive connection idle time before it is closed"),
+    ("mailbox_capacity", "messages per shard-to-shard ring (503 when full)"),
+    ("retention_ms", "age limit of auto-created topics; 0 = none"),
+    ("retention_bytes", "size limit per partition of auto-created topics; 0 = none"),
+    ("retention_check_ms", "how often each shard applies retention"),
+    ("ws_max_message_bytes", "largest WebSocket message accepted (1009 beyond)"),
+    ("ws_echo_endpoint", "serve the WebSocket echo endpoint /ws/echo (conformance tests only)"),
+];
+
+fn kind(key: &str) -> Kind {
+    match key {
+        "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "durability" | "io_driver" => Kind::Str,
+        "ws_echo_endpoint" => Kind::Bool,
+        _ => Kind::Int,
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KafkaRaw {
+    brokers: String,
+}
+
+/// What the operator wrote, merged from all sources; see `evmesh.toml` for each key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    listen: String,
+    admin_listen: String,
+    shards: u64,
+    data_dir: String,
+    storage: String,
+    kafka: KafkaRaw,
+    durability: String,
+    io_driver: String,
+    default_partitions: u64,
+    max_body_bytes: u64,
+    max_header_bytes: u64,
+    max_connections: u64,
+    header_read_timeout_ms: u64,
+    idle_timeout_ms: u64,
+    mailbox_capacity: u64,
+    retention_ms: u64,
+    retention_bytes: u64,
+    retention_check_ms: u64,
+    ws_max_message_bytes: u64,
+    ws_echo_endpoint: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoDriver {
+    Auto,
+    Uring,
+    Epoll,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageKind {
+    Embedded,
+    Kafka { brokers: String },
+}
+
+/// The validated configuration the server runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub shards: usize,
+    pub data_dir: PathBuf,
+    pub storage: StorageKind,
+    pub durability: Durability,
+    pub io_driver: IoDriver,
+    pub default_partitions: u32,
+    pub limits: Limits,
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub mailbox_capacity: usize,
+    pub retention_ms: Option<u64>,
+    pub retention_bytes: Option<u64>,
+    pub retention_check: Duration,
+    pub ws_max_message: usize,
+    pub ws_echo_endpoint: bool,
+}
+
+fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
+    let value = match kind(key) {
+        Kind::Str => toml::Value::String(raw.to_owned()),
+        Kind::Int => toml::Value::Integer(raw.trim().parse().map_err(|_| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message: format!("{key} must be a whole number, got {raw:?}"),
+        })?),
+        Kind::Bool => toml::Value::Boolean(match raw.trim() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                return Err(ConfigError::Parse {
+                    origin: origin.to_owned(),
+                    message: format!("{key} must be true or false, got {raw:?}"),
+                })
+            }
+        }),
+    };
+    match key.split_once('.') {
+        Some((t, k)) => {
+            let sub = table.entry(t).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let toml::Value::Table(sub) = sub {
+                sub.insert(k.to_owned(), value);
+            }
+        }
+        None => {
+            table.insert(key.to_owned(), value);
+        }
+    }
+    Ok(())
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+fn parse_toml(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>().map_err(|e| ConfigError::Parse { origin: origin.to_owned(), message: e.to_string() })
+}
+
+impl RawConfig {
+    /// Defaults, then `--config FILE`, then `EVMESH_*` from `env`, then the other flags in `args`.
+    pub fn load(args: &[String], env: impl Iterator<Item = (String, String)>) -> Result<RawConfig, ConfigError> {
+        let mut table = parse_toml(DEFAULT_TOML, "built-in defaults")?;
+        let mut flags: Vec<(&'static str, String)> = Vec::new();
+        let mut file: Option<String> = None;
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_owned())),
+                None => (arg.as_str(), None),
+            };
+            let Some(stripped) = name.strip_prefix("--") else { return Err(ConfigError::UnknownFlag(arg.clone())) };
+            let mut value = || {
+                inline.clone().or_else(|| it.next().cloned()).ok_or_else(|| ConfigError::MissingValue(name.to_owned()))
+            };
+            if stripped == "config" {
+                file = Some(value()?);
+                continue;
+            }
+            let key = KEYS
+                .iter()
+                .map(|(k, _)| *k)
+                .find(|k| k.replace(['_', '.'], "-") == stripped)
+                .ok_or_else(|| ConfigError::UnknownFlag(arg.clone()))?;
+            flags.push((key, value()?));
+        }
+        let env: Vec<(String, String)> = env.filter(|(k, _)| k.starts_with("EVMESH_")).collect();
+        if file.is_none() {
+            file = env.iter().find(|(k, _)| k == "EVMESH_CONFIG").map(|(_, v)| v.clone());
+        }
+        if let Some(path) = &file {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+            merge(&mut table, parse_toml(&text, path)?);
+        }
+        for (name, value) in &env {
+            if name == "EVMESH_CONFIG" {
+                continue;
+            }
+            let key = KEYS
+                .iter()
+                .map(|(k, _)| *k)
+                .find(|k| format!("EVMESH_{}", k.replace('.', "_").to_ascii_uppercase()) == *name);
+            match key {
+                Some(key) => set(&mut table, key, value, name)?,
+                // Not fatal: orchestrators inject variables with the service's name as prefix
+                // (a Kubernetes service named evmesh yields EVMESH_PORT). Said loudly instead.
+                None => eprintln!("evmesh: ignoring unknown variable {name} (not a configuration key)"),
+            }
+        }
+        for (key, value) in flags {
+            set(&mut table, key, &value, &format!("--{}", key.replace(['_', '.'], "-")))?;
+        }
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse { origin: "configuration".into(), message: e.to_string() })
+    }
+
+    /// Checks every value and derives the rest.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let addr = |key: &'static str, v: &str| {
+            v.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid { key, message: format!("{v:?}: {e}") })
+        };
+        let range = |key: &'static str, v: u64, lo: u64, hi: u64| {
+            if (lo..=hi).contains(&v) {
+                Ok(v)
+            } else {
+                Err(ConfigError::Invalid { key, message: format!("{v} is outside {lo}..={hi}") })
+            }
+        };
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let shards = if self.shards == 0 { cpus } else { range("shards", self.shards, 1, 1024)? as usize };
+        let storage = match self.storage.as_str() {
+            "embedded" => StorageKind::Embedded,
+            "kafka" => {
+                return Err(ConfigError::Invalid {
+                    key: "storage",
+                    message: "the kafka backend is not built yet (tracked in the Kafka storage issue); use embedded"
+                        .into(),
+                })
+            }
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: "storage",
+                    message: format!("{other:?} is not embedded or kafka"),
+                })
+            }
+        };
+        let durability = match self.durability.as_str() {
+            "memory" => Durability::Memory,
+            "os" => Durability::Os,
+            "fsync" => Durability::Fsync,
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: "durability",
+                    message: format!("{other:?} is not memory, os or fsync"),
+                })
+            }
+        };
+        let io_driver = match self.io_driver.as_str() {
+            "auto" => IoDriver::Auto,
+            "uring" => IoDriver::Uring,
+            "epoll" => IoDriver::Epoll,
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: "io_driver",
+                    message: format!("{other:?} is not auto, uring or epoll"),
+                })
+            }
+        };
+        let default_partitions = if self.default_partitions == 0 {
+            shards as u32
+        } else {
+            range("default_partitions", self.default_partitions, 1, crate::shard::MAX_PARTITIONS as u64)? as u32
+        };
+        let nonzero = |v: u64| (v > 0).then_some(v);
+        let _ = &self.kafka.brokers;
+        Ok(Config {
+            listen: addr("listen", &self.listen)?,
+            admin_listen: addr("admin_listen", &self.admin_listen)?,
+            shards,
+            data_dir: PathBuf::from(self.data_dir),
+            storage,
+            durability,
+            io_driver,
+            default_partitions,
+            limits: Limits {
+                max_header_bytes: range("max_header_bytes", self.max_header_bytes, 256, 1 << 20)? as usize,
+                max_headers: 100,
+                max_body_bytes: range("max_body_bytes", self.max_body_bytes, 1, 1 << 30)? as usize,
+            },
+            max_connections: range("max_connections", self.max_connections, 1, 10_000_000)? as usize,
+            header_read_timeout: Duration::from_millis(range(
+                "header_read_timeout_ms",
+                self.header_read_timeout_ms,
+                1,
+                3_600_000,
+            )?),
+            idle_timeout: Duration::from_millis(range("idle_timeout_ms", self.idle_timeout_ms, 1, 86_400_000)?),
+            mailbox_capacity: range("mailbox_capacity", self.mailbox_capacity, 2, 1 << 20)? as usize,
+            retention_ms: nonzero(self.retention_ms),
+            retention_bytes: nonzero(self.retention_bytes),
+            retention_check: Duration::from_millis(range(
+                "retention_check_ms",
+                self.retention_check_ms,
+                10,
+                86_400_000,
+            )?),
+            ws_max_message: range("ws_max_message_bytes", self.ws_max_message_bytes, 125, 1 << 30)? as usize,
+            ws_echo_endpoint: self.ws_echo_endpoint,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        RawConfig::load(&args, env.iter().map(|(k, v)| (k.to_string(), v.to_string())))?.validate()
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let c = load(&[], &[]).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:8081");
+        assert_eq!(c.durability, Durability::Os);
+        assert_eq!(c.io_driver, IoDriver::Auto);
+        assert_eq!(c.storage, StorageKind::Embedded);
+        assert_eq!(c.data_dir, PathBuf::from("./data"));
+        assert_eq!(c.limits.max_body_bytes, 1 << 20);
+        assert_eq!(c.limits.max_header_bytes, 16 << 10);
+        assert_eq!(c.shards, std::thread::available_parallelism().unwrap().get());
+    }
+
+    #[test]
+    fn flags_beat_env_beat_file() {
+        let dir = std::env::temp_dir().join(format!("evmesh-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("e.toml");
+        std::fs::write(&file, "shards = 3\ndurability = \"fsync\"\nio_driver = \"epoll\"\n").unwrap();
+        let f = file.to_str().unwrap();
+        let c =
+            load(&["--config", f, "--shards=5"], &[("EVMESH_SHARDS", "4"), ("EVMESH_DURABILITY", "memory")]).unwrap();
+        assert_eq!(c.shards, 5);
+        assert_eq!(c.durability, Durability::Memory);
+        assert_eq!(c.io_driver, IoDriver::Epoll);
+        let c = load(&["--config", f], &[("EVMESH_SHARDS", "4")]).unwrap();
+        assert_eq!(c.shards, 4);
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = |args: &[&str], env: &[(&str, &str)]| load(args, env).unwrap_err().to_string();
+        assert!(err(&["--durability", "disk"], &[]).contains("durability"));
+        assert!(err(&["--listen", "nowhere"], &[]).contains("listen"));
+        assert!(err(&["--bogus", "1"], &[]).contains("--bogus"));
+        assert!(err(&["--shards"], &[]).contains("needs a value"));
+        assert!(err(&[], &[("EVMESH_SHARDS", "many")]).contains("whole number"));
+        assert!(
+            load(&[], &[("EVMESH_PORT", "tcp://10.0.0.1:8080")]).is_ok(),
+            "unknown variables are only warned about"
+        );
+        assert!(err(&["--storage", "kafka"], &[]).contains("not built yet"));
+    }
+}

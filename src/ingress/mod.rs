@@ -1,0 +1,170 @@
+//! The traffic listener's requests: adaptor -> route -> append, producing frames from HTTP.
+//!
+//! Runs on the shard that accepted the connection. Unkeyed events go to a partition this shard
+//! owns; keyed ones to their murmur2 partition, wherever it lives. A batch is split per
+//! partition and the parts are appended concurrently; the 202 waits for all of them.
+
+use std::rc::Rc;
+
+use frame_codec::Frame;
+use futures::future::join_all;
+
+use crate::adaptor::cloudevents::{self, CeError, Mode};
+use crate::http::{problem, Method, Response, StatusCode, Upgrade};
+use crate::server::{Handler, Request};
+use crate::shard::core::Shard;
+use crate::shard::partitioner::partition_for_key;
+use crate::shard::{valid_topic, PartitionId};
+use crate::storage::StorageError;
+use crate::ws::{check_upgrade, HandshakeError};
+
+/// The traffic listener's handler on one shard.
+pub struct Traffic {
+    pub shard: Rc<Shard>,
+}
+
+/// Maps a storage failure to the status a client sees.
+pub fn storage_problem(e: &StorageError) -> Response {
+    match e {
+        StorageError::Conflict { .. } => problem(StatusCode::CONFLICT, &e.to_string()),
+        StorageError::Corrupt { .. } => problem(StatusCode::INTERNAL, &e.to_string()),
+        StorageError::Engine(_) | StorageError::Unavailable(_) => {
+            problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()).with_header("retry-after", "1")
+        }
+    }
+}
+
+/// Answers a WebSocket upgrade request: 101 with the handshake headers, or the refusal.
+fn ws_upgrade(req: &Request<'_>, upgrade: Upgrade) -> Response {
+    match check_upgrade(req.head, req.buf) {
+        Ok((accept, cloudevents)) => {
+            let mut headers = vec![
+                ("upgrade", "websocket".to_string()),
+                ("connection", "Upgrade".to_string()),
+                ("sec-websocket-accept", accept),
+            ];
+            if cloudevents {
+                headers.push(("sec-websocket-protocol", "cloudevents.json".to_string()));
+            }
+            Response::switching(upgrade, headers)
+        }
+        Err(HandshakeError::Version) => {
+            problem(StatusCode(426), &HandshakeError::Version.to_string()).with_header("sec-websocket-version", "13")
+        }
+        Err(e) => problem(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
+}
+
+impl Handler for Traffic {
+    async fn handle(&self, req: Request<'_>) -> Response {
+        match (req.method(), req.path()) {
+            (Method::Post, "/events/publish") => {
+                let started = std::time::Instant::now();
+                let m = self.shard.shared.metrics.shard(self.shard.id);
+                m.publish_requests.inc();
+                let r = self.publish(&req).await;
+                if r.status.0 >= 400 {
+                    m.publish_errors.inc();
+                }
+                m.publish_latency.record_us(started.elapsed().as_micros() as u64);
+                r
+            }
+            (_, "/events/publish") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
+            (Method::Get, "/ws/echo") if self.shard.shared.config.ws_echo_endpoint => ws_upgrade(&req, Upgrade::WsEcho),
+            (_, path) => problem(StatusCode::NOT_FOUND, &format!("no route for {path}")),
+        }
+    }
+}
+
+impl Traffic {
+    async fn publish(&self, req: &Request<'_>) -> Response {
+        let Some(topic) = req.query("topic") else {
+            return problem(StatusCode::BAD_REQUEST, "missing ?topic=");
+        };
+        if !valid_topic(&topic) {
+            return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
+        }
+        let frames = match self.parse(req, &topic) {
+            Ok(f) => f,
+            Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
+            Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
+        };
+        let batch = frames.1;
+        match self.store(&topic, frames.0).await {
+            Ok(placed) => {
+                let m = self.shard.shared.metrics.shard(self.shard.id);
+                m.events_published.add(placed.len() as u64);
+                let mut body = String::with_capacity(32 * placed.len() + 16);
+                if batch {
+                    body.push_str("{\"results\":[");
+                }
+                for (i, (p, o)) in placed.iter().enumerate() {
+                    if i > 0 {
+                        body.push(',');
+                    }
+                    body.push_str(&format!("{{\"partition\":{},\"offset\":{}}}", p.0, o));
+                }
+                if batch {
+                    body.push_str("]}");
+                }
+                Response::json(StatusCode::ACCEPTED, body)
+            }
+            Err(e) => storage_problem(&e),
+        }
+    }
+
+    /// The request's events as frames, and whether it was a batch.
+    fn parse(&self, req: &Request<'_>, topic: &str) -> Result<(Vec<Frame>, bool), CeError> {
+        let ct = req.header("content-type");
+        let has_specversion = req.header("ce-specversion").is_some();
+        let mut frames = match cloudevents::mode(ct, has_specversion)? {
+            Mode::Structured => (vec![cloudevents::parse_structured(topic, req.body)?], false),
+            Mode::Batch => (cloudevents::parse_batch(topic, req.body)?, true),
+            Mode::Binary => (vec![cloudevents::parse_binary(topic, req.headers(), ct, req.body)?], false),
+        };
+        let now = crate::runtime::now_micros();
+        for f in &mut frames.0 {
+            f.set_timestamp(now);
+        }
+        Ok(frames)
+    }
+
+    /// Stores frames and returns (partition, offset) per frame, in request order.
+    async fn store(&self, topic: &str, frames: Vec<Frame>) -> Result<Vec<(PartitionId, u64)>, StorageError> {
+        if frames.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (meta, _) = self.shard.topic(topic, None).await?;
+        let local = self.shard.local_partition(topic, &meta);
+        // Group by partition, remembering each frame's place in the request.
+        let mut groups: Vec<(PartitionId, Vec<usize>, Vec<Frame>)> = Vec::new();
+        for (i, f) in frames.into_iter().enumerate() {
+            let p = match f.body().attr_str("partitionkey") {
+                Some(key) => partition_for_key(key.as_bytes(), meta.partitions),
+                None => local,
+            };
+            match groups.iter_mut().find(|g| g.0 == p) {
+                Some(g) => {
+                    g.1.push(i);
+                    g.2.push(f);
+                }
+                None => groups.push((p, vec![i], vec![f])),
+            }
+        }
+        let total: usize = groups.iter().map(|g| g.1.len()).sum();
+        let mut placed = vec![(PartitionId(0), 0u64); total];
+        let mut jobs = Vec::with_capacity(groups.len());
+        let mut slots = Vec::with_capacity(groups.len());
+        for (p, idx, fs) in groups {
+            slots.push((p, idx));
+            jobs.push(self.shard.append(topic, p, fs));
+        }
+        for ((p, idx), r) in slots.into_iter().zip(join_all(jobs).await) {
+            let first = r?;
+            for (k, i) in idx.into_iter().enumerate() {
+                placed[i] = (p, first + k as u64);
+            }
+        }
+        Ok(placed)
+    }
+}

@@ -1,0 +1,14 @@
+//! evmesh: a thread-per-core CloudEvents broker front. See ARCHITECTURE.md for the map.
+
+pub mod adaptor;
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod http;
+pub mod ingress;
+pub mod runtime;
+pub mod server;
+pub mod shard;
+pub mod storage;
+pub mod subscription;
+pub mod ws;

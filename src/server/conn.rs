@@ -1,0 +1,247 @@
+//! Drives one HTTP/1.1 connection: read, parse, hand complete requests to a [`Handler`], write
+//! responses in request order.
+//!
+//! Pipelined requests already in the buffer are handled before the responses are flushed, so a
+//! pipelining client gets one write for many responses. Memory per connection is bounded by the
+//! header and body limits. Runs on the shard that accepted the socket; never blocks it.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::time::Duration;
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+use crate::http::{
+    self, decode_chunked, parse_head, scan_chunked, BodyKind, Head, Limits, Response, Status, StatusCode,
+};
+
+/// One complete request, borrowed from the connection's buffer.
+pub struct Request<'a> {
+    pub head: &'a Head,
+    pub buf: &'a [u8],
+    pub body: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    pub fn method(&self) -> http::Method {
+        self.head.method
+    }
+
+    /// The path without the query string.
+    pub fn path(&self) -> &'a str {
+        let t = self.head.target(self.buf);
+        t.split_once('?').map_or(t, |(p, _)| p)
+    }
+
+    /// A query parameter, percent-decoded; `None` if absent or not UTF-8.
+    pub fn query(&self, name: &str) -> Option<Cow<'a, str>> {
+        let (_, q) = self.head.target(self.buf).split_once('?')?;
+        q.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (k == name).then(|| percent_decode(v))?
+        })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&'a [u8]> {
+        self.head.header(self.buf, name)
+    }
+
+    pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + '_ {
+        self.head.headers(self.buf)
+    }
+}
+
+fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
+    if !s.contains(['%', '+']) {
+        return Some(Cow::Borrowed(s));
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok().map(Cow::Owned)
+}
+
+/// What a listener does with requests.
+pub trait Handler {
+    fn handle(&self, req: Request<'_>) -> impl Future<Output = Response>;
+}
+
+/// Per-connection settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    pub http: Limits,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Largest WebSocket message accepted (1009 beyond).
+    pub ws_max_message: usize,
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+pub(crate) enum ReadOutcome {
+    Data,
+    Closed,
+    TimedOut,
+}
+
+pub(crate) async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
+    buf.reserve(READ_CHUNK);
+    let len = buf.len();
+    let cap = buf.capacity();
+    let owned = std::mem::take(buf);
+    match monoio::time::timeout(timeout, stream.read(owned.slice_mut(len..cap))).await {
+        Err(_) => ReadOutcome::TimedOut,
+        Ok((res, slice)) => {
+            *buf = slice.into_inner();
+            match res {
+                Ok(0) | Err(_) => ReadOutcome::Closed,
+                Ok(_) => ReadOutcome::Data,
+            }
+        }
+    }
+}
+
+pub(crate) async fn flush(stream: &mut TcpStream, out: &mut Vec<u8>) -> bool {
+    if out.is_empty() {
+        return true;
+    }
+    let (res, mut back) = stream.write_all(std::mem::take(out)).await;
+    back.clear();
+    *out = back;
+    res.is_ok()
+}
+
+/// Answers `response` and closes without resetting: the write side is shut, then whatever the
+/// client is still sending (a body we refused) is read and dropped for a bounded time and size,
+/// so the client reads the response instead of a connection reset.
+pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, response: Response) {
+    response.write(out, false, false);
+    if !flush(&mut stream, out).await {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut sink = Vec::new();
+    let mut drained = 0usize;
+    while drained < 4 << 20 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        sink.clear();
+        match read_more(&mut stream, &mut sink, left).await {
+            ReadOutcome::Data => drained += sink.len(),
+            ReadOutcome::Closed | ReadOutcome::TimedOut => return,
+        }
+    }
+}
+
+/// Serves requests on `stream` until the client closes, an error closes it, or it idles out.
+pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits) {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
+    let mut chunked_body: Vec<u8> = Vec::new();
+    loop {
+        // Parse the next head, reading until one is complete.
+        let head = loop {
+            match parse_head(&buf, &limits.http) {
+                Ok(Status::Complete(h)) => break h,
+                Ok(Status::Partial) => {
+                    if !flush(&mut stream, &mut out).await {
+                        return;
+                    }
+                    let timeout = if buf.is_empty() { limits.idle_timeout } else { limits.header_read_timeout };
+                    match read_more(&mut stream, &mut buf, timeout).await {
+                        ReadOutcome::Data => {}
+                        ReadOutcome::Closed => return,
+                        ReadOutcome::TimedOut => {
+                            if !buf.is_empty() {
+                                let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request not received in time");
+                                close_with(stream, &mut out, r).await;
+                            }
+                            return;
+                        }
+                    }
+                }
+                Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
+            }
+        };
+        // Then its body.
+        let mut continue_sent = false;
+        let (body_range, consumed, chunked) = loop {
+            let avail = &buf[head.len..];
+            let done = match head.body {
+                BodyKind::Length(n) if avail.len() >= n => Some((head.len..head.len + n, head.len + n, None)),
+                BodyKind::Length(_) => None,
+                BodyKind::Chunked => match scan_chunked(avail, limits.http.max_body_bytes) {
+                    Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed, Some(end))),
+                    Ok(Status::Partial) => None,
+                    Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
+                },
+            };
+            if let Some(d) = done {
+                break d;
+            }
+            if head.expect_continue && !continue_sent {
+                out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                continue_sent = true;
+            }
+            if !flush(&mut stream, &mut out).await {
+                return;
+            }
+            match read_more(&mut stream, &mut buf, limits.header_read_timeout).await {
+                ReadOutcome::Data => {}
+                ReadOutcome::Closed => return,
+                ReadOutcome::TimedOut => {
+                    let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request body not received in time");
+                    return close_with(stream, &mut out, r).await;
+                }
+            }
+        };
+        let body: &[u8] = match &chunked {
+            Some(end) => {
+                chunked_body.clear();
+                decode_chunked(&buf[head.len..], end, &mut chunked_body);
+                &chunked_body
+            }
+            None => &buf[body_range],
+        };
+        let keep_alive = head.keep_alive;
+        let head_only = head.method == http::Method::Head;
+        let response = handler.handle(Request { head: &head, buf: &buf, body }).await;
+        response.write(&mut out, keep_alive, head_only);
+        buf.drain(..consumed);
+        if let Some(upgrade) = response.upgrade {
+            if !flush(&mut stream, &mut out).await {
+                return;
+            }
+            return match upgrade {
+                http::Upgrade::WsEcho => super::ws::echo(stream, buf, limits).await,
+            };
+        }
+        if !keep_alive {
+            flush(&mut stream, &mut out).await;
+            return;
+        }
+        // Keep idle buffers small: a burst of large bodies must not pin memory forever.
+        if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
+            buf = Vec::new();
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Sockets: binding the per-shard listeners and driving one HTTP/1.1 connection.
+//!
+//! The connection loop owns the buffers and the socket; parsing is `http`'s pure code and the
+//! meaning of a request is a [`Handler`]'s. A connection lives and dies on the shard that
+//! accepted it.
+
+pub mod conn;
+pub mod listen;
+pub mod ws;
+
+pub use conn::{serve, Handler, Request};

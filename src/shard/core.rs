@@ -1,0 +1,184 @@
+//! One core's state and its pump: the only code that mutates it.
+//!
+//! `Shard` is `Rc`, never `Send`: connection tasks and the pump of one thread share it through
+//! `Rc`/`Cell`/`RefCell`, and other cores reach it only with messages. Borrows of its `RefCell`s
+//! are never held across an `.await`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use frame_codec::Frame;
+
+use super::mailbox::Sender;
+use super::message::{EnsureReply, ShardMessage};
+use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
+use crate::runtime::Shared;
+use crate::storage::embedded::EmbeddedLog;
+use crate::storage::{meta, Durability, Storage, StorageError, TopicMeta};
+
+/// A topic as one shard knows it.
+struct KnownTopic {
+    meta: TopicMeta,
+    /// The partitions of the topic this shard owns.
+    mine: Rc<[PartitionId]>,
+}
+
+pub struct Shard {
+    pub id: ShardId,
+    pub shared: Arc<Shared>,
+    pub log: EmbeddedLog,
+    /// Topic settings this shard has seen, with the partitions it owns; topics never change
+    /// once created.
+    topics: RefCell<HashMap<String, KnownTopic>>,
+    /// Round-robin cursor over this shard's own partitions for unkeyed events.
+    cursor: Cell<usize>,
+    pub connections: Cell<usize>,
+}
+
+impl Shard {
+    pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
+        let log = EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone());
+        Shard { id, shared, log, topics: RefCell::new(HashMap::new()), cursor: Cell::new(0), connections: Cell::new(0) }
+    }
+
+    fn shards(&self) -> usize {
+        self.shared.config.shards
+    }
+
+    /// Waits for messages from other cores and handles them, forever.
+    pub async fn pump(self: Rc<Self>) {
+        let mailboxes = &self.shared.mailboxes;
+        loop {
+            mailboxes.drain(self.id, |m| self.handle(m));
+            mailboxes.wait(self.id).await;
+        }
+    }
+
+    fn handle(self: &Rc<Self>, msg: ShardMessage) {
+        match msg {
+            ShardMessage::Append { partition, mut frames, reply } => {
+                let me = self.clone();
+                monoio::spawn(async move {
+                    let r = me.append_local(partition, &mut frames).await;
+                    let _ = reply.send(r);
+                });
+            }
+            ShardMessage::EnsureTopic { request, reply } => {
+                let me = self.clone();
+                monoio::spawn(async move {
+                    let _ = reply.send(me.ensure_topic_local(&request.topic, request.spec).await);
+                });
+            }
+        }
+    }
+
+    async fn append_local(&self, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
+        let Some(first) = frames.first() else { return Err(StorageError::Unavailable("empty append")) };
+        let topic = first.body().topic.as_str().to_owned();
+        self.log.append(&topic, partition, frames).await
+    }
+
+    /// Creates or checks a topic; only the topic's meta owner runs this, so creation is serial.
+    async fn ensure_topic_local(&self, topic: &str, spec: Option<TopicMeta>) -> EnsureReply {
+        let db = &self.shared.db;
+        if let Some(existing) = meta::get(db, topic)? {
+            return match spec {
+                Some(s) if s != existing => {
+                    Err(StorageError::Conflict { topic: topic.to_owned(), existing: existing.partitions })
+                }
+                _ => Ok((existing, false)),
+            };
+        }
+        let c = &self.shared.config;
+        let m = spec.unwrap_or(TopicMeta {
+            partitions: c.default_partitions,
+            retention_ms: c.retention_ms,
+            retention_bytes: c.retention_bytes,
+        });
+        meta::put(db, topic, &m)?;
+        if c.durability == Durability::Fsync {
+            if let Some(s) = &self.shared.syncer {
+                s.sync().await?;
+            }
+        }
+        Ok((m, true))
+    }
+
+    /// The topic's settings, creating it with the defaults (or `spec`) if it does not exist.
+    pub async fn topic(&self, topic: &str, spec: Option<TopicMeta>) -> EnsureReply {
+        if spec.is_none() {
+            if let Some(known) = self.topics.borrow().get(topic) {
+                return Ok((known.meta, false));
+            }
+        }
+        let owner = meta_owner(topic, self.shards());
+        let reply = if owner == self.id {
+            self.ensure_topic_local(topic, spec).await
+        } else {
+            let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), spec);
+            self.shared
+                .mailboxes
+                .send(Sender::Shard(self.id), owner, msg)
+                .map_err(|_| StorageError::Unavailable("mailbox full"))?;
+            rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+        };
+        if let Ok((m, _)) = &reply {
+            let mine = owned_partitions(topic, m.partitions, self.id, self.shards()).collect();
+            self.topics.borrow_mut().insert(topic.to_owned(), KnownTopic { meta: *m, mine });
+        }
+        reply
+    }
+
+    /// The partition for an unkeyed event: one this shard owns if any, so no core hop is needed.
+    /// `topic` must have been resolved with [`Shard::topic`] first.
+    pub fn local_partition(&self, topic: &str, meta: &TopicMeta) -> PartitionId {
+        let n = self.cursor.get();
+        self.cursor.set(n.wrapping_add(1));
+        let topics = self.topics.borrow();
+        let mine: &[PartitionId] = topics.get(topic).map_or(&[][..], |known| &known.mine[..]);
+        if mine.is_empty() {
+            PartitionId((n % meta.partitions as usize) as u32)
+        } else {
+            mine[n % mine.len()]
+        }
+    }
+
+    /// Appends `frames` to `partition`, here or on its owner. Returns the first offset.
+    pub async fn append(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        mut frames: Vec<Frame>,
+    ) -> Result<u64, StorageError> {
+        let owner = owner(topic, partition, self.shards());
+        if owner == self.id {
+            return self.log.append(topic, partition, &mut frames).await;
+        }
+        let (msg, rx) = ShardMessage::append(partition, frames);
+        self.shared
+            .mailboxes
+            .send(Sender::Shard(self.id), owner, msg)
+            .map_err(|_| StorageError::Unavailable("mailbox full"))?;
+        self.shared.metrics.shard(self.id).cross_core.inc();
+        rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+    }
+
+    /// Applies retention to every partition this shard owns, forever.
+    pub async fn retention_loop(self: Rc<Self>) {
+        let every = self.shared.config.retention_check;
+        loop {
+            monoio::time::sleep(every).await;
+            let Ok(topics) = meta::list(&self.shared.db) else { continue };
+            let now = crate::runtime::now_micros();
+            for (name, m) in topics {
+                for p in owned_partitions(&name, m.partitions, self.id, self.shards()) {
+                    if let Err(e) = self.log.enforce_retention(&name, &m, p, now) {
+                        eprintln!("evmesh: {}: retention of {name}/{}: {e}", self.id, p.0);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Opening the one RocksDB instance: its column families and their names.
+//!
+//! One `meta` family (topics, later subscriptions), and per shard `log.N` (the embedded log's
+//! partitions owned by shard N) and `offsets.N` (subscription offsets, issue 3). Names come only
+//! from this module.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamilyDescriptor, Options, DB};
+
+use super::StorageError;
+
+pub const META: &str = "meta";
+
+pub fn log_cf(shard: usize) -> String {
+    format!("log.{shard}")
+}
+
+pub fn offsets_cf(shard: usize) -> String {
+    format!("offsets.{shard}")
+}
+
+const SHARDS_KEY: &[u8] = b"layout/shards";
+
+/// Opens (creating if needed) the database under `dir` for `shards` shards.
+///
+/// The shard count decides which family holds a partition; a data directory written with another
+/// count is refused rather than silently misread.
+pub fn open(dir: &Path, shards: usize) -> Result<Arc<DB>, StorageError> {
+    std::fs::create_dir_all(dir).map_err(|e| StorageError::Engine(format!("{}: {e}", dir.display())))?;
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    opts.set_max_background_jobs(2);
+    opts.increase_parallelism(2);
+    opts.set_keep_log_file_num(4);
+    let mut cf_opts = Options::default();
+    cf_opts.set_write_buffer_size(64 << 20);
+    cf_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    let mut names = vec![META.to_string()];
+    for s in 0..shards {
+        names.push(log_cf(s));
+        names.push(offsets_cf(s));
+    }
+    let existing = DB::list_cf(&opts, dir).unwrap_or_default();
+    for name in existing {
+        if name != "default" && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let cfs = names.iter().map(|n| ColumnFamilyDescriptor::new(n, cf_opts.clone()));
+    let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
+    let meta = db.cf_handle(META).expect("meta family was just opened");
+    match db.get_cf(meta, SHARDS_KEY)? {
+        Some(v) if v != shards.to_string().as_bytes() => {
+            return Err(StorageError::Engine(format!(
+                "{} was written with shards = {}; start with that shard count (re-sharding an existing data directory is not supported yet)",
+                dir.display(),
+                String::from_utf8_lossy(&v)
+            )));
+        }
+        Some(_) => {}
+        None => db.put_cf(meta, SHARDS_KEY, shards.to_string())?,
+    }
+    Ok(Arc::new(db))
+}

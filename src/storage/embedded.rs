@@ -1,0 +1,226 @@
+//! The embedded log: each shard's partitions in its own RocksDB column family `log.N`.
+//!
+//! Key: `[topic length u8][topic][partition u32 BE][offset u64 BE]`, so one partition is one
+//! contiguous, offset-ordered key range. Value: the whole frame, offset stamped in.
+//!
+//! Durability: `memory` skips the WAL; `os` writes the WAL to the OS on every append (survives a
+//! process crash); `fsync` also asks the [`Syncer`] thread for a WAL sync and resolves only after
+//! it, so many appends share one fsync (group commit) and the shard never waits on the disk.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use frame_codec::Frame;
+use futures::channel::oneshot;
+use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
+
+use super::db::log_cf;
+use super::{Bounds, Durability, Storage, StorageError, TopicMeta};
+use crate::shard::{PartitionId, ShardId};
+
+pub(super) fn prefix(topic: &str, partition: PartitionId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + topic.len() + 12);
+    k.push(topic.len() as u8);
+    k.extend_from_slice(topic.as_bytes());
+    k.extend_from_slice(&partition.0.to_be_bytes());
+    k
+}
+
+pub(super) fn key(prefix: &[u8], offset: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 8);
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(&offset.to_be_bytes());
+    k
+}
+
+fn offset_of(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&key[key.len() - 8..]);
+    u64::from_be_bytes(b)
+}
+
+/// The first key after every key of the partition.
+fn upper_bound(prefix: &[u8]) -> Vec<u8> {
+    key(prefix, u64::MAX)
+}
+
+type SyncTicket = oneshot::Sender<Result<(), StorageError>>;
+
+/// The helper thread that syncs the WAL for `fsync` durability. Requests that arrive while a
+/// sync runs are answered together by the next one.
+#[derive(Clone)]
+pub struct Syncer {
+    tx: crossbeam_channel::Sender<SyncTicket>,
+}
+
+impl Syncer {
+    pub fn start(db: Arc<DB>) -> std::io::Result<Syncer> {
+        let (tx, rx) = crossbeam_channel::unbounded::<SyncTicket>();
+        std::thread::Builder::new().name("evmesh-fsync".into()).spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut waiting = vec![first];
+                waiting.extend(rx.try_iter());
+                let result = db.flush_wal(true).map_err(StorageError::from);
+                for t in waiting {
+                    let _ = t.send(result.clone());
+                }
+            }
+        })?;
+        Ok(Syncer { tx })
+    }
+
+    pub async fn sync(&self) -> Result<(), StorageError> {
+        let (t, rx) = oneshot::channel();
+        self.tx.send(t).map_err(|_| StorageError::Unavailable("fsync thread stopped"))?;
+        rx.await.map_err(|_| StorageError::Unavailable("fsync thread stopped"))?
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PartState {
+    next: u64,
+}
+
+/// One shard's handle on the embedded log.
+pub struct EmbeddedLog {
+    db: Arc<DB>,
+    cf: String,
+    durability: Durability,
+    syncer: Option<Syncer>,
+    /// Next offset per owned partition (keyed by its key prefix), loaded from the log on first
+    /// use after a start.
+    parts: RefCell<HashMap<Vec<u8>, PartState>>,
+}
+
+impl EmbeddedLog {
+    pub fn new(db: Arc<DB>, shard: ShardId, durability: Durability, syncer: Option<Syncer>) -> Self {
+        EmbeddedLog { db, cf: log_cf(shard.index()), durability, syncer, parts: RefCell::new(HashMap::new()) }
+    }
+
+    fn cf(&self) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(&self.cf).expect("log family opened at start")
+    }
+
+    fn scan_bounds(&self, pre: &[u8]) -> Result<Bounds, StorageError> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(pre.to_vec());
+        ro.set_iterate_upper_bound(upper_bound(pre));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(), ro);
+        it.seek_to_last();
+        if !it.valid() {
+            it.status()?;
+            return Ok(Bounds::default());
+        }
+        let end = offset_of(it.key().expect("valid iterator has a key")) + 1;
+        it.seek_to_first();
+        let start = it.key().map(offset_of).unwrap_or(end);
+        it.status()?;
+        Ok(Bounds { start, end })
+    }
+
+    fn next_offset(&self, pre: &[u8]) -> Result<u64, StorageError> {
+        if let Some(s) = self.parts.borrow().get(pre) {
+            return Ok(s.next);
+        }
+        let next = self.scan_bounds(pre)?.end;
+        self.parts.borrow_mut().insert(pre.to_vec(), PartState { next });
+        Ok(next)
+    }
+}
+
+impl Storage for EmbeddedLog {
+    async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
+        let pre = prefix(topic, partition);
+        let first = self.next_offset(&pre)?;
+        let mut batch = WriteBatch::default();
+        for (i, f) in frames.iter_mut().enumerate() {
+            let offset = first + i as u64;
+            f.set_offset(offset);
+            f.set_partition(partition.0);
+            batch.put_cf(self.cf(), key(&pre, offset), f.as_bytes());
+        }
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(self.durability == Durability::Memory);
+        self.db.write_opt(batch, &wo)?;
+        // Offsets are taken once the write is in the log, so a failed write leaves no gap.
+        if let Some(s) = self.parts.borrow_mut().get_mut(pre.as_slice()) {
+            s.next = first + frames.len() as u64;
+        }
+        if self.durability == Durability::Fsync {
+            self.syncer.as_ref().expect("fsync durability starts a syncer").sync().await?;
+        }
+        Ok(first)
+    }
+
+    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError> {
+        let pre = prefix(topic, partition);
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(upper_bound(&pre));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(), ro);
+        it.seek(key(&pre, from));
+        let mut out = Vec::new();
+        while it.valid() && out.len() < max {
+            let (k, v) = (it.key().expect("valid"), it.value().expect("valid"));
+            let frame = Frame::decode(v).map_err(|e| StorageError::Corrupt {
+                topic: topic.to_owned(),
+                partition: partition.0,
+                offset: offset_of(k),
+                reason: e.to_string(),
+            })?;
+            out.push(frame);
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
+    fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
+        self.scan_bounds(&prefix(topic, partition))
+    }
+
+    fn enforce_retention(
+        &self,
+        topic: &str,
+        meta: &TopicMeta,
+        partition: PartitionId,
+        now_us: i64,
+    ) -> Result<u64, StorageError> {
+        if meta.retention_ms.is_none() && meta.retention_bytes.is_none() {
+            return Ok(0);
+        }
+        let pre = prefix(topic, partition);
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(upper_bound(&pre));
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(), ro);
+        // Walk from the newest event back, keeping what fits the size budget and the age limit;
+        // everything before the first event that does not fit is dropped.
+        it.seek_for_prev(upper_bound(&pre));
+        let oldest_allowed = meta.retention_ms.map(|ms| now_us - (ms as i64) * 1000);
+        let mut kept_bytes = 0u64;
+        let mut cut: Option<u64> = None;
+        let mut newest: Option<u64> = None;
+        while it.valid() {
+            let k = it.key().expect("valid");
+            if !k.starts_with(&pre) {
+                break;
+            }
+            newest.get_or_insert(offset_of(k));
+            let v = it.value().expect("valid");
+            kept_bytes += v.len() as u64;
+            let too_big = meta.retention_bytes.is_some_and(|b| kept_bytes > b);
+            let too_old = oldest_allowed
+                .is_some_and(|t| frame_codec::FrameHeader::read(v).map(|h| h.timestamp_us < t).unwrap_or(false));
+            if too_big || too_old {
+                cut = Some(offset_of(k) + 1);
+                break;
+            }
+            it.prev();
+        }
+        it.status()?;
+        // The newest event always stays: it is what tells a restarted shard where the log ends.
+        let Some(cut) = cut.zip(newest).map(|(c, n)| c.min(n)).filter(|c| *c > 0) else { return Ok(0) };
+        self.db.delete_range_cf(self.cf(), key(&pre, 0), key(&pre, cut))?;
+        Ok(cut)
+    }
+}

@@ -1,0 +1,102 @@
+//! The durable log behind evmesh, as a trait that knows no engine and no group semantics:
+//! append frames to a partition and get offsets back, read from an offset, know where a
+//! partition starts and ends, drop what retention allows.
+//!
+//! Each shard holds its own handle and only appends to partitions it owns; handles are not `Send`
+//! and never block on a sync to disk (see `embedded::Syncer`). The embedded engine (RocksDB,
+//! `embedded`) is the default; engine-specific code never leaks out of its module.
+
+pub mod db;
+pub mod embedded;
+pub mod meta;
+
+#[cfg(test)]
+mod suite;
+
+use std::future::Future;
+
+use frame_codec::Frame;
+use serde::{Deserialize, Serialize};
+
+use crate::shard::PartitionId;
+
+/// How far an acknowledged append has gone before the 202.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// In memory only: lost if the process dies.
+    Memory,
+    /// Written to the OS (the write-ahead log): survives a process crash.
+    Os,
+    /// Synced to the device, group-committed: survives power loss.
+    Fsync,
+}
+
+/// A topic's settings, fixed at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicMeta {
+    pub partitions: u32,
+    /// Drop events older than this (milliseconds); `None` keeps them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<u64>,
+    /// Keep at most about this many bytes per partition; `None` has no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_bytes: Option<u64>,
+}
+
+/// Why storage could not do what was asked.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StorageError {
+    /// The engine failed (I/O, corruption); clients see 503.
+    #[error("storage engine: {0}")]
+    Engine(String),
+    /// A stored record failed validation.
+    #[error("corrupt record at {topic}/{partition}@{offset}: {reason}")]
+    Corrupt { topic: String, partition: u32, offset: u64, reason: String },
+    /// The topic exists with other settings; clients see 409.
+    #[error("topic {topic} exists with {existing} partitions")]
+    Conflict { topic: String, existing: u32 },
+    /// The shard is overloaded or shutting down; clients see 503 and retry.
+    #[error("shard unavailable: {0}")]
+    Unavailable(&'static str),
+}
+
+impl From<rocksdb::Error> for StorageError {
+    fn from(e: rocksdb::Error) -> Self {
+        StorageError::Engine(e.into_string())
+    }
+}
+
+/// Where a partition's log starts and ends: offsets `start..end` are readable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct Bounds {
+    pub start: u64,
+    pub end: u64,
+}
+
+/// One shard's handle on the log.
+pub trait Storage {
+    /// Stamps consecutive offsets (and `partition`) into `frames`, all of `topic`, and stores
+    /// them; resolves to the first offset once they are durable at the configured level.
+    fn append(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        frames: &mut [Frame],
+    ) -> impl Future<Output = Result<u64, StorageError>>;
+
+    /// Up to `max` frames from `from` on (fewer at the end of the log).
+    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError>;
+
+    /// Current start and end offsets.
+    fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError>;
+
+    /// Drops what the topic's retention allows from a partition this shard owns.
+    fn enforce_retention(
+        &self,
+        topic: &str,
+        meta: &TopicMeta,
+        partition: PartitionId,
+        now_us: i64,
+    ) -> Result<u64, StorageError>;
+}

@@ -1,0 +1,128 @@
+//! The storage test suite: what every backend must do, run here against the embedded engine
+//! on a real RocksDB in a temporary directory.
+
+use std::path::PathBuf;
+
+use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
+
+use super::embedded::{EmbeddedLog, Syncer};
+use super::{db, Bounds, Durability, Storage, TopicMeta};
+use crate::shard::{PartitionId, ShardId};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("evmesh-storage-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().build().expect("runtime").block_on(f)
+}
+
+fn frame(topic: &str, id: &str, ts: i64, data_len: usize) -> Frame {
+    let body = FrameBody {
+        topic: topic.into(),
+        attributes: vec![Attribute { name: "id".into(), value: AttrValue::Str(id.into()) }],
+        data: vec![b'x'; data_len],
+    };
+    let mut f = Frame::encode(&FrameHeader::event(DataKind::Text), &body).unwrap();
+    f.set_timestamp(ts);
+    f
+}
+
+fn ids(frames: &[Frame]) -> Vec<String> {
+    frames.iter().map(|f| f.body().attr_str("id").unwrap().to_owned()).collect()
+}
+
+fn log(dir: &TempDir, durability: Durability) -> EmbeddedLog {
+    let db = db::open(&dir.0, 2).unwrap();
+    let syncer = (durability == Durability::Fsync).then(|| Syncer::start(db.clone()).unwrap());
+    EmbeddedLog::new(db, ShardId(0), durability, syncer)
+}
+
+fn append(log: &EmbeddedLog, topic: &str, p: u32, frames: Vec<Frame>) -> u64 {
+    let mut frames = frames;
+    block_on(log.append(topic, PartitionId(p), &mut frames)).unwrap()
+}
+
+#[test]
+fn offsets_are_dense_per_partition_and_stamped() {
+    for durability in [Durability::Memory, Durability::Os, Durability::Fsync] {
+        let dir = TempDir::new(&format!("dense-{durability:?}"));
+        let log = log(&dir, durability);
+        assert_eq!(append(&log, "t", 0, vec![frame("t", "a", 1, 10), frame("t", "b", 2, 10)]), 0);
+        assert_eq!(append(&log, "t", 0, vec![frame("t", "c", 3, 10)]), 2);
+        assert_eq!(append(&log, "t", 1, vec![frame("t", "z", 3, 10)]), 0, "partitions are independent");
+        // A topic whose name extends another's must not see its events.
+        assert_eq!(append(&log, "tt", 0, vec![frame("tt", "y", 3, 10)]), 0);
+        let got = log.read("t", PartitionId(0), 0, 100).unwrap();
+        assert_eq!(ids(&got), ["a", "b", "c"]);
+        let offsets: Vec<u64> = got.iter().map(|f| f.header().offset).collect();
+        assert_eq!(offsets, [0, 1, 2]);
+        assert!(got.iter().all(|f| f.header().partition == 0));
+        assert_eq!(ids(&log.read("t", PartitionId(0), 1, 1).unwrap()), ["b"]);
+        assert!(log.read("t", PartitionId(0), 3, 10).unwrap().is_empty());
+        assert_eq!(log.bounds("t", PartitionId(0)).unwrap(), Bounds { start: 0, end: 3 });
+        assert_eq!(log.bounds("nope", PartitionId(0)).unwrap(), Bounds { start: 0, end: 0 });
+    }
+}
+
+#[test]
+fn a_reopened_log_continues_where_it_ended() {
+    let dir = TempDir::new("reopen");
+    {
+        let log = log(&dir, Durability::Os);
+        append(&log, "t", 3, (0..5).map(|i| frame("t", &i.to_string(), 1, 10)).collect());
+    }
+    let log = log(&dir, Durability::Os);
+    assert_eq!(append(&log, "t", 3, vec![frame("t", "5", 1, 10)]), 5);
+    assert_eq!(ids(&log.read("t", PartitionId(3), 0, 100).unwrap()), ["0", "1", "2", "3", "4", "5"]);
+}
+
+#[test]
+fn retention_by_size_and_age_keeps_the_newest() {
+    let dir = TempDir::new("retention");
+    let log = log(&dir, Durability::Os);
+    let size = frame("t", "0", 0, 100).as_bytes().len() as u64;
+    append(&log, "t", 0, (0..10).map(|i| frame("t", &i.to_string(), i * 1000, 100)).collect());
+    // Room for three events: the oldest seven go.
+    let by_size = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: Some(3 * size + size / 2) };
+    assert_eq!(log.enforce_retention("t", &by_size, PartitionId(0), 0).unwrap(), 7);
+    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 100).unwrap()), ["7", "8", "9"]);
+    assert_eq!(log.bounds("t", PartitionId(0)).unwrap(), Bounds { start: 7, end: 10 });
+    // Events older than 1 ms at now = 9 ms: the ones at 8 and 9 ms survive.
+    let by_age = TopicMeta { partitions: 1, retention_ms: Some(1), retention_bytes: None };
+    log.enforce_retention("t", &by_age, PartitionId(0), 9_000).unwrap();
+    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 100).unwrap()), ["8", "9"]);
+    // Everything expired: the newest event still stays, so the end offset survives a restart.
+    log.enforce_retention("t", &by_age, PartitionId(0), 1_000_000).unwrap();
+    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 100).unwrap()), ["9"]);
+    assert_eq!(append(&log, "t", 0, vec![frame("t", "10", 0, 1)]), 10);
+    // No limits: nothing is touched.
+    let none = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None };
+    assert_eq!(log.enforce_retention("t", &none, PartitionId(0), i64::MAX).unwrap(), 0);
+}
+
+#[test]
+fn a_corrupt_record_is_reported_not_trusted() {
+    let dir = TempDir::new("corrupt");
+    let db = db::open(&dir.0, 2).unwrap();
+    let log = EmbeddedLog::new(db.clone(), ShardId(0), Durability::Os, None);
+    append(&log, "t", 0, vec![frame("t", "a", 1, 10)]);
+    let cf = db.cf_handle(&db::log_cf(0)).unwrap();
+    db.put_cf(cf, super::embedded::key(&super::embedded::prefix("t", PartitionId(0)), 1), b"EMFR garbage").unwrap();
+    match log.read("t", PartitionId(0), 0, 10) {
+        Err(super::StorageError::Corrupt { offset: 1, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+}

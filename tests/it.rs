@@ -1,0 +1,14 @@
+//! The one integration-test binary: a real `evmesh serve` on loopback with ephemeral ports,
+//! driven over real sockets.
+
+mod it {
+    pub mod util;
+
+    mod admin;
+    mod cli;
+    mod durability;
+    mod errors;
+    mod interop;
+    mod publish;
+    mod ws;
+}

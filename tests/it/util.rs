@@ -1,0 +1,237 @@
+//! Test helpers: a broker process per test and a small blocking HTTP/1.1 client.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// A running `evmesh serve` with its own data directory, killed and removed on drop.
+pub struct TestBroker {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub traffic: SocketAddr,
+    pub admin: SocketAddr,
+    args: Vec<String>,
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+impl TestBroker {
+    /// Starts a broker with 2 shards and `extra` flags.
+    pub fn start(extra: &[&str]) -> TestBroker {
+        let dir = std::env::temp_dir().join(format!(
+            "evmesh-it-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut args: Vec<String> = vec!["--shards".into(), "2".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut b = TestBroker {
+            child: None,
+            dir,
+            traffic: "0.0.0.0:0".parse().unwrap(),
+            admin: "0.0.0.0:0".parse().unwrap(),
+            args,
+        };
+        b.spawn();
+        b
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_evmesh"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn evmesh");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("read ready line");
+        let field = |k: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+                .parse()
+                .unwrap()
+        };
+        self.traffic = field("traffic=");
+        self.admin = field("admin=");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts again on the same data directory (new ports).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.traffic)
+    }
+
+    pub fn admin(&self) -> Client {
+        Client::connect(self.admin)
+    }
+
+    /// Publishes one structured event on a new connection.
+    pub fn publish(&self, topic: &str, event: &serde_json::Value) -> Resp {
+        self.client().post(
+            &format!("/events/publish?topic={topic}"),
+            "application/cloudevents+json",
+            event.to_string().as_bytes(),
+        )
+    }
+
+    /// Every stored event of a partition, via the admin API.
+    pub fn events(&self, topic: &str, partition: u32) -> Vec<(u64, serde_json::Value)> {
+        let mut out = Vec::new();
+        let mut admin = self.admin();
+        loop {
+            let r = admin.get(&format!(
+                "/admin/topics/{topic}/partitions/{partition}/events?from={}&max=1000",
+                out.last().map_or(0, |(o, _): &(u64, _)| o + 1)
+            ));
+            assert_eq!(r.status, 200, "{}", r.text());
+            let page: Vec<serde_json::Value> = serde_json::from_slice(&r.body).unwrap();
+            if page.is_empty() {
+                return out;
+            }
+            out.extend(page.into_iter().map(|v| (v["offset"].as_u64().unwrap(), v["event"].clone())));
+        }
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    /// Asserts an RFC 9457 problem with `status`.
+    pub fn assert_problem(&self, status: u16) {
+        assert_eq!(self.status, status, "{}", self.text());
+        assert_eq!(self.header("content-type"), Some("application/problem+json"), "{status}");
+        assert_eq!(self.json()["status"], status);
+    }
+}
+
+/// A blocking HTTP/1.1 client on one keep-alive connection.
+pub struct Client {
+    pub stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        Client { stream, reader }
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write");
+    }
+
+    /// Reads one response; `None` if the server closed the connection first.
+    pub fn read_response(&mut self) -> Option<Resp> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let status: u16 = line.split(' ').nth(1)?.parse().ok()?;
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            self.reader.read_line(&mut h).ok()?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (n, v) = h.split_once(':')?;
+            headers.push((n.trim().to_string(), v.trim().to_string()));
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+            .map_or(0, |(_, v)| v.parse().unwrap());
+        let mut body = vec![0; len];
+        self.reader.read_exact(&mut body).ok()?;
+        if status == 100 {
+            return self.read_response();
+        }
+        Some(Resp { status, headers, body })
+    }
+
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        self.send_raw(&request_bytes(method, path, headers, body));
+        self.read_response().expect("a response")
+    }
+
+    pub fn get(&mut self, path: &str) -> Resp {
+        self.request("GET", path, &[], b"")
+    }
+
+    pub fn post(&mut self, path: &str, content_type: &str, body: &[u8]) -> Resp {
+        self.request("POST", path, &[("content-type", content_type)], body)
+    }
+}
+
+pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut r = format!("{method} {path} HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\n", body.len());
+    for (n, v) in headers {
+        r.push_str(&format!("{n}: {v}\r\n"));
+    }
+    r.push_str("\r\n");
+    let mut r = r.into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+/// A valid structured CloudEvent.
+pub fn event(id: &str) -> serde_json::Value {
+    serde_json::json!({"specversion": "1.0", "id": id, "source": "/it", "type": "com.example.test", "data": {"n": id}})
+}
+
+/// Polls `f` until it returns `Some`, failing after `limit`.
+pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "condition not met within {limit:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
