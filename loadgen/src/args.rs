@@ -1,0 +1,94 @@
+//! Command-line arguments.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--connections 64] [--threads 1]
+       [--duration 10s] [--warmup 1s] [--rate 0 (closed loop) | R requests/s (open loop)]
+       [--body structured|binary|raw] [--body-bytes 1024] [--body-file FILE]
+       [--server-pid PID] [--json FILE]";
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub url: String,
+    pub addr: SocketAddr,
+    pub host: String,
+    pub path: String,
+    pub connections: usize,
+    pub threads: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub rate: f64,
+    pub body: String,
+    pub body_bytes: usize,
+    pub body_file: Option<String>,
+    pub server_pid: Option<u32>,
+    pub json: Option<String>,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.find(|c: char| c.is_ascii_alphabetic()).map_or((s, "s"), |i| s.split_at(i));
+    let v: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        _ => return Err(format!("bad duration unit in {s:?}")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl Args {
+    pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut a = Args {
+            url: String::new(),
+            addr: "127.0.0.1:0".parse().unwrap(),
+            host: String::new(),
+            path: String::new(),
+            connections: 64,
+            threads: 1,
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(1),
+            rate: 0.0,
+            body: "structured".into(),
+            body_bytes: 1024,
+            body_file: None,
+            server_pid: None,
+            json: None,
+        };
+        while let Some(flag) = it.next() {
+            let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--url" => a.url = val()?,
+                "--connections" | "-c" => a.connections = val()?.parse().map_err(|_| "bad --connections")?,
+                "--threads" | "-t" => a.threads = val()?.parse().map_err(|_| "bad --threads")?,
+                "--duration" | "-d" => a.duration = duration(&val()?)?,
+                "--warmup" => a.warmup = duration(&val()?)?,
+                "--rate" | "-R" => a.rate = val()?.parse().map_err(|_| "bad --rate")?,
+                "--body" => a.body = val()?,
+                "--body-bytes" => a.body_bytes = val()?.parse().map_err(|_| "bad --body-bytes")?,
+                "--body-file" => a.body_file = Some(val()?),
+                "--server-pid" => a.server_pid = Some(val()?.parse().map_err(|_| "bad --server-pid")?),
+                "--json" => a.json = Some(val()?),
+                "--help" | "-h" => return Err("help".into()),
+                other => return Err(format!("unknown argument {other}")),
+            }
+        }
+        let rest = a.url.strip_prefix("http://").ok_or("--url must start with http://")?;
+        let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        a.host = hostport.to_string();
+        a.path = if path.is_empty() { "/".into() } else { path.into() };
+        a.addr = hostport.to_socket_addrs().map_err(|e| format!("{hostport}: {e}"))?.next().ok_or("no address")?;
+        if a.connections == 0 {
+            return Err("--connections must be at least 1".into());
+        }
+        if !["structured", "binary", "raw"].contains(&a.body.as_str()) {
+            return Err("--body is structured, binary or raw".into());
+        }
+        Ok(a)
+    }
+
+    pub fn body_kind(&self) -> &str {
+        &self.body
+    }
+}

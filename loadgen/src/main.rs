@@ -1,0 +1,250 @@
+//! loadgen: keep-alive HTTP publishers over many connections, on their own threads.
+//!
+//! Closed loop (`--rate 0`): every connection sends its next request as soon as the previous one
+//! is answered, measuring the maximum rate. Open loop (`--rate R`): requests are scheduled at a
+//! fixed total rate and each latency is measured from its *scheduled* send time, so a stalled
+//! server is charged for the requests it delayed (coordinated omission corrected, as wrk2 does).
+//!
+//! With `--server-pid`, the server's CPU time over the measured window is read from /proc and
+//! reported per operation. Prints a human summary; `--json FILE` writes the same as JSON.
+
+mod args;
+mod http;
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+
+use args::Args;
+
+struct ThreadResult {
+    hist: Histogram<u64>,
+    ok: u64,
+    errors: u64,
+    connect_errors: u64,
+}
+
+/// Server CPU time (user + system) in microseconds, from /proc/PID/stat.
+fn cpu_micros(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (utime, stime): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Some((utime + stime) * 1_000_000 / hz.max(1))
+}
+
+async fn connection(
+    args: Rc<Args>,
+    request: Rc<Vec<u8>>,
+    per_conn_interval: Option<Duration>,
+    start: Instant,
+    measure_from: Instant,
+    end: Instant,
+    stop: Arc<AtomicBool>,
+) -> ThreadResult {
+    let mut r = ThreadResult {
+        hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
+        ok: 0,
+        errors: 0,
+        connect_errors: 0,
+    };
+    let mut stream = match TcpStream::connect(args.addr).await {
+        Ok(s) => s,
+        Err(_) => {
+            r.connect_errors += 1;
+            return r;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut req_buf: Vec<u8> = Vec::with_capacity(request.len());
+    let mut n: u64 = 0;
+    loop {
+        let scheduled = match per_conn_interval {
+            Some(iv) => {
+                let at = start + iv * n as u32;
+                let now = Instant::now();
+                if at > now {
+                    monoio::time::sleep(at - now).await;
+                }
+                at
+            }
+            None => Instant::now(),
+        };
+        if scheduled >= end || stop.load(Ordering::Relaxed) {
+            return r;
+        }
+        n += 1;
+        req_buf.clear();
+        req_buf.extend_from_slice(&request);
+        let (res, back) = stream.write_all(req_buf).await;
+        req_buf = back;
+        if res.is_err() {
+            r.errors += 1;
+            return r;
+        }
+        let status = match http::read_response(&mut stream, &mut buf).await {
+            Some(s) => s,
+            None => {
+                r.errors += 1;
+                return r;
+            }
+        };
+        let done = Instant::now();
+        if scheduled >= measure_from {
+            if (200..300).contains(&status) {
+                r.ok += 1;
+                let us = done.duration_since(scheduled).as_micros() as u64;
+                let _ = r.hist.record(us.max(1));
+            } else {
+                r.errors += 1;
+            }
+        }
+    }
+}
+
+fn run_thread(
+    args: Arc<Args>,
+    conns: usize,
+    rate_per_conn: f64,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+) -> ThreadResult {
+    let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime");
+    rt.block_on(async move {
+        let args = Rc::new((*args).clone());
+        let request = Rc::new(http::build_request(&args));
+        let interval = (rate_per_conn > 0.0).then(|| Duration::from_secs_f64(1.0 / rate_per_conn));
+        let measure_from = start + args.warmup;
+        let end = measure_from + args.duration;
+        let tasks: Vec<_> = (0..conns)
+            .map(|i| {
+                // Spread open-loop connections over one interval so they do not fire in lockstep.
+                let offset = interval.map_or(Duration::ZERO, |iv| iv.mul_f64(i as f64 / conns as f64));
+                monoio::spawn(connection(
+                    args.clone(),
+                    request.clone(),
+                    interval,
+                    start + offset,
+                    measure_from,
+                    end,
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        let mut total = ThreadResult {
+            hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
+            ok: 0,
+            errors: 0,
+            connect_errors: 0,
+        };
+        for t in tasks {
+            let r = t.await;
+            total.hist.add(&r.hist).expect("same bounds");
+            total.ok += r.ok;
+            total.errors += r.errors;
+            total.connect_errors += r.connect_errors;
+        }
+        total
+    })
+}
+
+fn main() {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(a) => Arc::new(a),
+        Err(e) => {
+            eprintln!("loadgen: {e}\n\n{}", args::USAGE);
+            std::process::exit(2);
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now() + Duration::from_millis(50);
+    let threads = args.threads.max(1);
+    let rate_per_conn = args.rate / args.connections as f64;
+    let cpu_at = Arc::new(AtomicU64::new(u64::MAX));
+    let sampler = args.server_pid.map(|pid| {
+        let (cpu_at, warm) = (cpu_at.clone(), start + args.warmup);
+        std::thread::spawn(move || {
+            std::thread::sleep(warm.saturating_duration_since(Instant::now()));
+            cpu_at.store(cpu_micros(pid).unwrap_or(u64::MAX), Ordering::SeqCst);
+        })
+    });
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let conns = args.connections / threads + usize::from(t < args.connections % threads);
+            let (args, stop) = (args.clone(), stop.clone());
+            std::thread::spawn(move || run_thread(args, conns, rate_per_conn, start, stop))
+        })
+        .collect();
+    if let Some(s) = sampler {
+        let _ = s.join();
+    }
+    std::thread::sleep((start + args.warmup + args.duration).saturating_duration_since(Instant::now()));
+    let cpu_end = args.server_pid.and_then(cpu_micros);
+    let measured_until = Instant::now();
+    stop.store(true, Ordering::Relaxed);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    let (mut ok, mut errors, mut connect_errors) = (0, 0, 0);
+    for h in handles {
+        let r = h.join().expect("load thread");
+        hist.add(&r.hist).expect("same bounds");
+        ok += r.ok;
+        errors += r.errors;
+        connect_errors += r.connect_errors;
+    }
+    let secs = measured_until.duration_since(start + args.warmup).as_secs_f64().max(1e-9);
+    let server_cpu_us = match (cpu_at.load(Ordering::SeqCst), cpu_end) {
+        (a, Some(b)) if a != u64::MAX && b >= a => Some(b - a),
+        _ => None,
+    };
+    let q = |p: f64| hist.value_at_quantile(p);
+    let report = serde_json::json!({
+        "url": args.url,
+        "mode": if args.rate > 0.0 { "open" } else { "closed" },
+        "target_rate": args.rate,
+        "connections": args.connections,
+        "threads": threads,
+        "body": args.body_kind(),
+        "body_bytes": http::body(&args).len(),
+        "duration_s": secs,
+        "ok": ok,
+        "errors": errors,
+        "connect_errors": connect_errors,
+        "throughput": ok as f64 / secs,
+        "latency_us": {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999), "max": hist.max(), "mean": hist.mean()},
+        "server_pid": args.server_pid,
+        "server_cpu_us": server_cpu_us,
+        "server_cpu_us_per_op": server_cpu_us.map(|c| c as f64 / ok.max(1) as f64),
+        "server_cpu_util": server_cpu_us.map(|c| c as f64 / 1e6 / secs),
+    });
+    println!(
+        "{} {} conns={} {:.0} ok/s  errors={} p50={}us p99={}us p99.9={}us max={}us{}",
+        report["mode"].as_str().unwrap(),
+        args.url,
+        args.connections,
+        ok as f64 / secs,
+        errors + connect_errors,
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        hist.max(),
+        match server_cpu_us {
+            Some(c) => format!(
+                "  server_cpu={:.2}us/op ({:.0}% of a core)",
+                c as f64 / ok.max(1) as f64,
+                c as f64 / 1e4 / secs
+            ),
+            None => String::new(),
+        }
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).expect("write --json");
+    }
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Publish benchmark: evmesh beside nginx+nchan, the same loadgen load, in alternation, several rounds.
+#
+#   bash perf/publish.sh            (ROUNDS=3 DUR=10 CONNS=64 SHARDS=1 env knobs)
+#
+# Per round and target: a closed-loop run (max rate) with --server-pid, then an open-loop run at
+# half of that target's max rate (p99 at half load, coordinated-omission corrected). Targets:
+# evmesh epoll/os, evmesh uring/os, evmesh epoll/fsync, nchan /pub (one nginx worker). evmesh runs
+# with SHARDS=1 so it gets the same one core as the single nginx worker; loadgen uses the other.
+# Raw JSON reports land in perf/results/<stamp>/, a markdown table is printed and appended to
+# perf/RESULTS.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SHARED=${SHARED:-$ROOT/../shared}
+P=${PEERS_DIR:-/tmp/evmesh-peers}
+ROUNDS=${ROUNDS:-3}; DUR=${DUR:-10}; CONNS=${CONNS:-64}; SHARDS=${SHARDS:-1}
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT=$ROOT/perf/results/publish-$STAMP; mkdir -p "$OUT"
+
+bash scripts/deps.sh
+cargo build --release -q --bin evmesh --bin loadgen
+EVMESH=$CARGO_TARGET_DIR/release/evmesh; LOADGEN=$CARGO_TARGET_DIR/release/loadgen
+
+# nginx + nchan from the shared peer scripts (installs once; starts only nginx).
+if [ ! -f "$P/nchan/nginx.conf" ] || ! command -v nginx >/dev/null; then bash "$SHARED/peers/setup_peers.sh" install; fi
+if ! curl -sf http://127.0.0.1:18080/ok >/dev/null; then
+  mkdir -p "$P/nchan/logs" "$P/nchan/tmp"; nginx -p "$P/nchan" -c "$P/nchan/nginx.conf" 2>&1 | grep -v '\[info\]' || true
+fi
+for _ in $(seq 50); do curl -sf http://127.0.0.1:18080/ok >/dev/null && break; sleep 0.1; done
+NCHAN_PID=$(pgrep -P "$(cat "$P/nchan/nginx.pid")" | head -1)
+
+EV_PID=
+start_evmesh() { # driver durability
+  local dir; dir=$(mktemp -d /var/tmp/evmesh-perf.XXXX)
+  "$EVMESH" serve --shards "$SHARDS" --io-driver "$1" --durability "$2" --data-dir "$dir" \
+    --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
+  EV_PID=$!; EV_DIR=$dir
+  for _ in $(seq 100); do curl -sf http://127.0.0.1:18181/readyz >/dev/null && return 0; sleep 0.1; done
+  echo "evmesh did not become ready" >&2; cat "$OUT/evmesh.log" >&2; exit 1
+}
+stop_evmesh() { kill "$EV_PID" 2>/dev/null; wait "$EV_PID" 2>/dev/null || true; rm -rf "$EV_DIR"; }
+
+run() { # name url pid
+  local name=$1 url=$2 pid=$3 max half
+  "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --server-pid "$pid" --json "$OUT/$name.closed.json" | tee -a "$OUT/log.txt"
+  max=$(python3 -c "import json;print(int(json.load(open('$OUT/$name.closed.json'))['throughput']))")
+  half=$((max / 2))
+  "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --rate "$half" --server-pid "$pid" --json "$OUT/$name.open.json" | tee -a "$OUT/log.txt"
+}
+
+for r in $(seq "$ROUNDS"); do
+  for target in evmesh-epoll-os nchan evmesh-uring-os evmesh-epoll-fsync; do
+    case $target in
+      nchan) run "r$r-nchan" "http://127.0.0.1:18080/pub?id=perf_$r" "$NCHAN_PID" ;;
+      evmesh-*)
+        IFS=- read -r _ drv dur <<< "$target"
+        start_evmesh "$drv" "$dur"
+        run "r$r-$target" "http://127.0.0.1:18180/events/publish?topic=perf" "$EV_PID"
+        stop_evmesh ;;
+    esac
+  done
+done
+
+python3 - "$OUT" "$ROUNDS" "$DUR" "$CONNS" "$SHARDS" <<'PY' | tee "$OUT/summary.md"
+import json, sys, glob, os, statistics as st, platform, subprocess
+out, rounds, dur, conns, shards = sys.argv[1:]
+targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-epoll-fsync", "nchan"]
+def load(t, kind):
+    return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.{kind}.json"))]
+cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")
+print(f"### publish, {os.path.basename(out)}\n")
+print(f"Machine: {cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}. loadgen 1 thread, {conns} keep-alive connections, "
+      f"1 KiB structured CloudEvent, {dur}s per run after 1s warm-up, {rounds} rounds in alternation; evmesh shards={shards}, nginx 1 worker.\n")
+print("| target | max rate (req/s, median) | server CPU µs/publish (median of rounds) | CPU µs per round | p50 / p99 / p99.9 µs at half max rate (median) | errors |")
+print("|---|---|---|---|---|---|")
+med = {}
+for t in targets:
+    c, o = load(t, "closed"), load(t, "open")
+    if not c: continue
+    cpus = [x["server_cpu_us_per_op"] for x in c if x["server_cpu_us_per_op"]]
+    med[t] = st.median(cpus) if cpus else None
+    lat = lambda k: int(st.median([x["latency_us"][k] for x in o]))
+    errs = sum(x["errors"] + x["connect_errors"] for x in c + o)
+    print(f"| {t} | {int(st.median([x['throughput'] for x in c]))} | {med[t]:.2f} | {', '.join(f'{v:.2f}' for v in cpus)} | "
+          f"{lat('p50')} / {lat('p99')} / {lat('p999')} | {errs} |")
+if med.get("nchan"):
+    print()
+    for t in targets[:3]:
+        if med.get(t): print(f"- {t}: CPU per publish = {med[t]/med['nchan']:.2f}x nchan's")
+PY
+{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS SHARDS=$SHARDS bash perf/publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+echo "raw results in $OUT"
