@@ -1,0 +1,66 @@
+//! CloudEvents SQL (CESQL 1.0): a parser and an evaluator, our own code, checked against the
+//! CESQL TCK (`../shared/conformance/cesql_tck`, every case: value and error kind).
+//!
+//! Pure: an expression is compiled once per subscription ([`compile`]) into an [`Expr`] tree and
+//! then evaluated per event against anything that can look up attributes ([`Event`]).
+//! Evaluation never fails: like the spec, an error (missing attribute, bad cast, division by
+//! zero...) yields the zero value of the operation's type and is reported beside the result.
+
+mod eval;
+mod lexer;
+mod parser;
+
+pub use eval::{Event, Outcome};
+pub use parser::Expr;
+
+/// A CESQL value: the language has three types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Bool(bool),
+    Int(i32),
+    Str(String),
+}
+
+/// The error kinds of the CESQL TCK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Parse,
+    Math,
+    Cast,
+    MissingFunction,
+    FunctionEvaluation,
+    MissingAttribute,
+    Generic,
+}
+
+impl ErrorKind {
+    /// The TCK's name for the kind.
+    pub fn tck_name(self) -> &'static str {
+        match self {
+            ErrorKind::Parse => "parse",
+            ErrorKind::Math => "math",
+            ErrorKind::Cast => "cast",
+            ErrorKind::MissingFunction => "missingFunction",
+            ErrorKind::FunctionEvaluation => "functionEvaluation",
+            ErrorKind::MissingAttribute => "missingAttribute",
+            ErrorKind::Generic => "generic",
+        }
+    }
+}
+
+/// Why an expression does not parse, with the byte offset where it went wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("CESQL parse error at {at}: {message}")]
+pub struct ParseError {
+    pub at: usize,
+    pub message: String,
+}
+
+/// Parses `text` into an expression tree, once.
+pub fn compile(text: &str) -> Result<Expr, ParseError> {
+    let tokens = lexer::lex(text)?;
+    parser::parse(&tokens, text.len())
+}
+
+#[cfg(test)]
+mod tck;

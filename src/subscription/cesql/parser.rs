@@ -1,0 +1,377 @@
+//! CESQL grammar, following the spec's ANTLR grammar and its precedence: function calls, then
+//! the prefix operators (NOT, unary minus, EXISTS) over a single primary, then the postfix LIKE
+//! and IN, then `* / %`, then `+ -`, then comparisons (left-associative), then AND / OR / XOR at
+//! one level, right-associative.
+
+use super::lexer::{Tok, Token};
+use super::{ParseError, Value};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinOp {
+    And,
+    Or,
+    Xor,
+    Eq,
+    NotEq,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Function {
+    Length,
+    Concat,
+    ConcatWs,
+    Lower,
+    Upper,
+    Trim,
+    Left,
+    Right,
+    Substring,
+    Abs,
+    Int,
+    Bool,
+    String,
+    IsBool,
+    IsInt,
+}
+
+impl Function {
+    fn resolve(name: &str, arity: usize) -> Option<Function> {
+        use Function::*;
+        let (f, ok) = match name.to_ascii_uppercase().as_str() {
+            "LENGTH" => (Length, arity == 1),
+            "CONCAT" => (Concat, true),
+            "CONCAT_WS" => (ConcatWs, arity >= 1),
+            "LOWER" => (Lower, arity == 1),
+            "UPPER" => (Upper, arity == 1),
+            "TRIM" => (Trim, arity == 1),
+            "LEFT" => (Left, arity == 2),
+            "RIGHT" => (Right, arity == 2),
+            "SUBSTRING" => (Substring, arity == 2 || arity == 3),
+            "ABS" => (Abs, arity == 1),
+            "INT" => (Int, arity == 1),
+            "BOOL" => (Bool, arity == 1),
+            "STRING" => (String, arity == 1),
+            "IS_BOOL" => (IsBool, arity == 1),
+            "IS_INT" => (IsInt, arity == 1),
+            _ => return None,
+        };
+        ok.then_some(f)
+    }
+}
+
+/// One element of a compiled LIKE pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PatTok {
+    Lit(char),
+    /// `_`: exactly one character.
+    One,
+    /// `%`: any run of characters.
+    Many,
+}
+
+/// A compiled CESQL expression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expr {
+    Lit(Value),
+    /// A context attribute or extension, by its lower-cased name.
+    Attr(String),
+    Exists(String),
+    Not(Box<Expr>),
+    Neg(Box<Expr>),
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+    Like {
+        expr: Box<Expr>,
+        pattern: Vec<PatTok>,
+        negated: bool,
+    },
+    In {
+        expr: Box<Expr>,
+        set: Vec<Expr>,
+        negated: bool,
+    },
+    Call(Function, Vec<Expr>),
+    /// A call to a function that does not exist (or not with this many arguments): evaluates to
+    /// false with a `missingFunction` error, as the TCK expects.
+    MissingFunction(String),
+}
+
+fn compile_like(p: &str) -> Vec<PatTok> {
+    let mut out = Vec::new();
+    let mut chars = p.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.peek() {
+                Some('%') | Some('_') => out.push(PatTok::Lit(chars.next().expect("peeked"))),
+                _ => out.push(PatTok::Lit('\\')),
+            },
+            '%' => {
+                if out.last() != Some(&PatTok::Many) {
+                    out.push(PatTok::Many);
+                }
+            }
+            '_' => out.push(PatTok::One),
+            c => out.push(PatTok::Lit(c)),
+        }
+    }
+    out
+}
+
+/// Deepest nesting accepted: filters come from clients, and both parsing and evaluation recurse.
+pub const MAX_DEPTH: usize = 64;
+
+struct Parser<'t> {
+    toks: &'t [Token],
+    pos: usize,
+    end: usize,
+    depth: usize,
+}
+
+fn is_kw(t: Option<&Tok>, kw: &str) -> bool {
+    matches!(t, Some(Tok::Ident(s)) if s.eq_ignore_ascii_case(kw))
+}
+
+const KEYWORDS: [&str; 9] = ["AND", "OR", "XOR", "NOT", "LIKE", "IN", "EXISTS", "TRUE", "FALSE"];
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.pos).map(|t| &t.tok)
+    }
+
+    fn peek2(&self) -> Option<&Tok> {
+        self.toks.get(self.pos + 1).map(|t| &t.tok)
+    }
+
+    fn at(&self) -> usize {
+        self.toks.get(self.pos).map_or(self.end, |t| t.at)
+    }
+
+    fn err<T>(&self, message: impl Into<String>) -> Result<T, ParseError> {
+        Err(ParseError { at: self.at(), message: message.into() })
+    }
+
+    fn expect(&mut self, t: Tok, what: &str) -> Result<(), ParseError> {
+        if self.peek() == Some(&t) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            self.err(format!("expected {what}"))
+        }
+    }
+
+    fn nest(&mut self) -> Result<(), ParseError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return self.err(format!("expression nested deeper than {MAX_DEPTH}"));
+        }
+        Ok(())
+    }
+
+    fn logic(&mut self) -> Result<Expr, ParseError> {
+        self.nest()?;
+        let e = self.logic_inner();
+        self.depth -= 1;
+        e
+    }
+
+    fn logic_inner(&mut self) -> Result<Expr, ParseError> {
+        let lhs = self.comparison()?;
+        let op = match self.peek() {
+            t if is_kw(t, "AND") => BinOp::And,
+            t if is_kw(t, "OR") => BinOp::Or,
+            t if is_kw(t, "XOR") => BinOp::Xor,
+            _ => return Ok(lhs),
+        };
+        self.pos += 1;
+        let rhs = self.logic()?;
+        Ok(Expr::Binary(op, Box::new(lhs), Box::new(rhs)))
+    }
+
+    fn comparison(&mut self) -> Result<Expr, ParseError> {
+        let mut lhs = self.additive()?;
+        loop {
+            let op = match self.peek() {
+                Some(Tok::Eq) => BinOp::Eq,
+                Some(Tok::NotEq) => BinOp::NotEq,
+                Some(Tok::Lt) => BinOp::Lt,
+                Some(Tok::Le) => BinOp::Le,
+                Some(Tok::Gt) => BinOp::Gt,
+                Some(Tok::Ge) => BinOp::Ge,
+                _ => return Ok(lhs),
+            };
+            self.pos += 1;
+            let rhs = self.additive()?;
+            lhs = Expr::Binary(op, Box::new(lhs), Box::new(rhs));
+        }
+    }
+
+    fn additive(&mut self) -> Result<Expr, ParseError> {
+        let mut lhs = self.multiplicative()?;
+        loop {
+            let op = match self.peek() {
+                Some(Tok::Plus) => BinOp::Add,
+                Some(Tok::Minus) => BinOp::Sub,
+                _ => return Ok(lhs),
+            };
+            self.pos += 1;
+            let rhs = self.multiplicative()?;
+            lhs = Expr::Binary(op, Box::new(lhs), Box::new(rhs));
+        }
+    }
+
+    fn multiplicative(&mut self) -> Result<Expr, ParseError> {
+        let mut lhs = self.postfix()?;
+        loop {
+            let op = match self.peek() {
+                Some(Tok::Star) => BinOp::Mul,
+                Some(Tok::Slash) => BinOp::Div,
+                Some(Tok::Percent) => BinOp::Mod,
+                _ => return Ok(lhs),
+            };
+            self.pos += 1;
+            let rhs = self.postfix()?;
+            lhs = Expr::Binary(op, Box::new(lhs), Box::new(rhs));
+        }
+    }
+
+    /// `x [NOT] LIKE 'p'` and `x [NOT] IN (a, b)`.
+    fn postfix(&mut self) -> Result<Expr, ParseError> {
+        let mut e = self.unary()?;
+        loop {
+            let negated = is_kw(self.peek(), "NOT") && (is_kw(self.peek2(), "LIKE") || is_kw(self.peek2(), "IN"));
+            if negated {
+                self.pos += 1;
+            }
+            if is_kw(self.peek(), "LIKE") {
+                self.pos += 1;
+                let Some(Tok::Str(p)) = self.peek().cloned() else {
+                    return self.err("LIKE needs a string literal pattern");
+                };
+                self.pos += 1;
+                e = Expr::Like { expr: Box::new(e), pattern: compile_like(&p), negated };
+            } else if is_kw(self.peek(), "IN") {
+                self.pos += 1;
+                self.expect(Tok::LParen, "( after IN")?;
+                let mut set = vec![self.logic()?];
+                while self.peek() == Some(&Tok::Comma) {
+                    self.pos += 1;
+                    set.push(self.logic()?);
+                }
+                self.expect(Tok::RParen, ") closing the IN set")?;
+                e = Expr::In { expr: Box::new(e), set, negated };
+            } else {
+                return Ok(e);
+            }
+        }
+    }
+
+    fn unary(&mut self) -> Result<Expr, ParseError> {
+        self.nest()?;
+        let e = self.unary_inner();
+        self.depth -= 1;
+        e
+    }
+
+    fn unary_inner(&mut self) -> Result<Expr, ParseError> {
+        match self.peek().cloned() {
+            Some(t) if is_kw(Some(&t), "NOT") => {
+                self.pos += 1;
+                Ok(Expr::Not(Box::new(self.unary()?)))
+            }
+            Some(Tok::Minus) => {
+                self.pos += 1;
+                // A minus directly before a number is part of the literal, so -2147483648 exists.
+                if let Some(Tok::Int(v)) = self.peek().cloned() {
+                    self.pos += 1;
+                    return Ok(Expr::Lit(Value::Int(i32::try_from(-v).expect("the lexer bounds literals to 2^31"))));
+                }
+                Ok(Expr::Neg(Box::new(self.unary()?)))
+            }
+            Some(t) if is_kw(Some(&t), "EXISTS") => {
+                self.pos += 1;
+                match self.peek().cloned() {
+                    Some(Tok::Ident(name)) if !KEYWORDS.iter().any(|k| name.eq_ignore_ascii_case(k)) => {
+                        self.pos += 1;
+                        Ok(Expr::Exists(name.to_ascii_lowercase()))
+                    }
+                    _ => self.err("EXISTS needs an attribute name"),
+                }
+            }
+            _ => self.primary(),
+        }
+    }
+
+    fn primary(&mut self) -> Result<Expr, ParseError> {
+        let Some(tok) = self.peek().cloned() else { return self.err("unexpected end of expression") };
+        self.pos += 1;
+        match tok {
+            Tok::LParen => {
+                let e = self.logic()?;
+                self.expect(Tok::RParen, ")")?;
+                Ok(e)
+            }
+            Tok::Int(v) => match i32::try_from(v) {
+                Ok(v) => Ok(Expr::Lit(Value::Int(v))),
+                Err(_) => {
+                    self.pos -= 1;
+                    self.err("integer literal out of the 32-bit range")
+                }
+            },
+            Tok::Str(s) => Ok(Expr::Lit(Value::Str(s))),
+            Tok::Ident(name) => {
+                if name.eq_ignore_ascii_case("TRUE") {
+                    return Ok(Expr::Lit(Value::Bool(true)));
+                }
+                if name.eq_ignore_ascii_case("FALSE") {
+                    return Ok(Expr::Lit(Value::Bool(false)));
+                }
+                if KEYWORDS.iter().any(|k| name.eq_ignore_ascii_case(k)) {
+                    self.pos -= 1;
+                    return self.err(format!("unexpected keyword {name}"));
+                }
+                if self.peek() == Some(&Tok::LParen) {
+                    self.pos += 1;
+                    let mut args = Vec::new();
+                    if self.peek() != Some(&Tok::RParen) {
+                        args.push(self.logic()?);
+                        while self.peek() == Some(&Tok::Comma) {
+                            self.pos += 1;
+                            args.push(self.logic()?);
+                        }
+                    }
+                    self.expect(Tok::RParen, ") closing the argument list")?;
+                    return Ok(match Function::resolve(&name, args.len()) {
+                        Some(f) => Expr::Call(f, args),
+                        None => Expr::MissingFunction(format!("{}/{}", name.to_ascii_uppercase(), args.len())),
+                    });
+                }
+                if !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                    self.pos -= 1;
+                    return self.err(format!("{name} is not an attribute name ([a-z0-9]+)"));
+                }
+                Ok(Expr::Attr(name.to_ascii_lowercase()))
+            }
+            _ => {
+                self.pos -= 1;
+                self.err("unexpected token")
+            }
+        }
+    }
+}
+
+pub fn parse(toks: &[Token], end: usize) -> Result<Expr, ParseError> {
+    let mut p = Parser { toks, pos: 0, end, depth: 0 };
+    let e = p.logic()?;
+    if p.pos != toks.len() {
+        return p.err("unexpected trailing input");
+    }
+    Ok(e)
+}

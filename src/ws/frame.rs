@@ -1,0 +1,125 @@
+//! Frame header parsing and writing (RFC 6455 section 5.2).
+
+use super::{CloseCode, WsError};
+use crate::http::Status;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpCode {
+    Continuation,
+    Text,
+    Binary,
+    Close,
+    Ping,
+    Pong,
+}
+
+impl OpCode {
+    fn from_bits(b: u8) -> Option<OpCode> {
+        Some(match b {
+            0 => OpCode::Continuation,
+            1 => OpCode::Text,
+            2 => OpCode::Binary,
+            8 => OpCode::Close,
+            9 => OpCode::Ping,
+            10 => OpCode::Pong,
+            _ => return None,
+        })
+    }
+
+    fn bits(self) -> u8 {
+        match self {
+            OpCode::Continuation => 0,
+            OpCode::Text => 1,
+            OpCode::Binary => 2,
+            OpCode::Close => 8,
+            OpCode::Ping => 9,
+            OpCode::Pong => 10,
+        }
+    }
+
+    pub fn is_control(self) -> bool {
+        matches!(self, OpCode::Close | OpCode::Ping | OpCode::Pong)
+    }
+}
+
+/// A decoded frame: its header fields and where its (already unmasked) payload sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHead {
+    pub fin: bool,
+    pub opcode: OpCode,
+    /// Payload bytes are `buf[payload.0..payload.1]`.
+    pub payload: (usize, usize),
+    /// Bytes of `buf` the whole frame takes.
+    pub len: usize,
+}
+
+/// Decodes one client frame at the start of `buf`, unmasking its payload in place.
+/// `max_payload` bounds a single frame (1009 beyond).
+pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Status<FrameHead>, WsError> {
+    if buf.len() < 2 {
+        return Ok(Status::Partial);
+    }
+    let (b0, b1) = (buf[0], buf[1]);
+    if b0 & 0x70 != 0 {
+        return Err(WsError::new(CloseCode::PROTOCOL, "reserved bits set without an extension"));
+    }
+    let opcode = OpCode::from_bits(b0 & 0x0f).ok_or(WsError::new(CloseCode::PROTOCOL, "unknown opcode"))?;
+    let fin = b0 & 0x80 != 0;
+    if b1 & 0x80 == 0 {
+        return Err(WsError::new(CloseCode::PROTOCOL, "client frames must be masked"));
+    }
+    let (len, mut at) = match b1 & 0x7f {
+        126 => {
+            if buf.len() < 4 {
+                return Ok(Status::Partial);
+            }
+            (u64::from(u16::from_be_bytes([buf[2], buf[3]])), 4)
+        }
+        127 => {
+            if buf.len() < 10 {
+                return Ok(Status::Partial);
+            }
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&buf[2..10]);
+            let n = u64::from_be_bytes(b);
+            if n >> 63 != 0 {
+                return Err(WsError::new(CloseCode::PROTOCOL, "payload length has its top bit set"));
+            }
+            (n, 10)
+        }
+        n => (u64::from(n), 2),
+    };
+    if opcode.is_control() && (!fin || len > 125) {
+        return Err(WsError::new(CloseCode::PROTOCOL, "control frames must be final and at most 125 bytes"));
+    }
+    if len > max_payload as u64 {
+        return Err(WsError::new(CloseCode::TOO_BIG, "frame too big"));
+    }
+    let len = len as usize;
+    if buf.len() < at + 4 + len {
+        return Ok(Status::Partial);
+    }
+    let mask = [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]];
+    at += 4;
+    for (i, b) in buf[at..at + len].iter_mut().enumerate() {
+        *b ^= mask[i & 3];
+    }
+    Ok(Status::Complete(FrameHead { fin, opcode, payload: (at, at + len), len: at + len }))
+}
+
+/// Appends one unmasked server frame to `out`.
+pub fn encode_frame(opcode: OpCode, fin: bool, payload: &[u8], out: &mut Vec<u8>) {
+    out.push(if fin { 0x80 } else { 0 } | opcode.bits());
+    match payload.len() {
+        n @ 0..=125 => out.push(n as u8),
+        n @ 126..=0xffff => {
+            out.push(126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(payload);
+}
