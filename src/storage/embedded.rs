@@ -9,6 +9,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use frame_codec::Frame;
@@ -82,8 +83,26 @@ struct PartState {
     next: u64,
 }
 
+/// Appends waiting for the next write of this shard.
+#[derive(Default)]
+struct Pending {
+    batch: WriteBatch,
+    waiters: Vec<oneshot::Sender<Result<(), StorageError>>>,
+    /// A flush task is queued.
+    scheduled: bool,
+}
+
 /// One shard's handle on the embedded log.
+///
+/// Appends made in the same turn of the shard's event loop share one RocksDB write (and one
+/// WAL `write(2)`): the first append queues a flush task behind every task already woken, each
+/// append adds its records to the pending batch, and the flush answers them all. Offsets are
+/// taken when the records join the batch, so they stay dense and in call order.
 pub struct EmbeddedLog {
+    inner: Rc<Inner>,
+}
+
+struct Inner {
     db: Arc<DB>,
     cf: String,
     durability: Durability,
@@ -91,22 +110,81 @@ pub struct EmbeddedLog {
     /// Next offset per owned partition (keyed by its key prefix), loaded from the log on first
     /// use after a start.
     parts: RefCell<HashMap<Vec<u8>, PartState>>,
+    pending: RefCell<Pending>,
+}
+
+/// Resolves on its second poll: lets every task already queued on this thread run first.
+fn yield_now() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+}
+
+impl Inner {
+    fn cf(&self) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(&self.cf).expect("log family opened at start")
+    }
+
+    async fn flush(self: Rc<Self>) {
+        yield_now().await;
+        let (batch, waiters) = {
+            let mut p = self.pending.borrow_mut();
+            p.scheduled = false;
+            (std::mem::take(&mut p.batch), std::mem::take(&mut p.waiters))
+        };
+        if waiters.is_empty() {
+            return;
+        }
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(self.durability == Durability::Memory);
+        let mut result = self.db.write_opt(batch, &wo).map_err(StorageError::from);
+        if result.is_err() {
+            // Offsets were handed out for records that are not in the log. Forget every
+            // partition end (they are re-read from the log) and fail the appends queued since,
+            // whose offsets would otherwise leave a gap.
+            self.parts.borrow_mut().clear();
+            let mut p = self.pending.borrow_mut();
+            p.batch = WriteBatch::default();
+            for w in std::mem::take(&mut p.waiters) {
+                let _ = w.send(result.clone());
+            }
+        } else if self.durability == Durability::Fsync {
+            result = self.syncer.as_ref().expect("fsync durability starts a syncer").sync().await;
+        }
+        for w in waiters {
+            let _ = w.send(result.clone());
+        }
+    }
 }
 
 impl EmbeddedLog {
     pub fn new(db: Arc<DB>, shard: ShardId, durability: Durability, syncer: Option<Syncer>) -> Self {
-        EmbeddedLog { db, cf: log_cf(shard.index()), durability, syncer, parts: RefCell::new(HashMap::new()) }
+        let inner = Inner {
+            db,
+            cf: log_cf(shard.index()),
+            durability,
+            syncer,
+            parts: RefCell::new(HashMap::new()),
+            pending: RefCell::new(Pending::default()),
+        };
+        EmbeddedLog { inner: Rc::new(inner) }
     }
 
     fn cf(&self) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(&self.cf).expect("log family opened at start")
+        self.inner.cf()
     }
 
     fn scan_bounds(&self, pre: &[u8]) -> Result<Bounds, StorageError> {
         let mut ro = ReadOptions::default();
         ro.set_iterate_lower_bound(pre.to_vec());
         ro.set_iterate_upper_bound(upper_bound(pre));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(), ro);
+        let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
         it.seek_to_last();
         if !it.valid() {
             it.status()?;
@@ -120,11 +198,11 @@ impl EmbeddedLog {
     }
 
     fn next_offset(&self, pre: &[u8]) -> Result<u64, StorageError> {
-        if let Some(s) = self.parts.borrow().get(pre) {
+        if let Some(s) = self.inner.parts.borrow().get(pre) {
             return Ok(s.next);
         }
         let next = self.scan_bounds(pre)?.end;
-        self.parts.borrow_mut().insert(pre.to_vec(), PartState { next });
+        self.inner.parts.borrow_mut().insert(pre.to_vec(), PartState { next });
         Ok(next)
     }
 }
@@ -133,23 +211,27 @@ impl Storage for EmbeddedLog {
     async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
         let pre = prefix(topic, partition);
         let first = self.next_offset(&pre)?;
-        let mut batch = WriteBatch::default();
-        for (i, f) in frames.iter_mut().enumerate() {
-            let offset = first + i as u64;
-            f.set_offset(offset);
-            f.set_partition(partition.0);
-            batch.put_cf(self.cf(), key(&pre, offset), f.as_bytes());
-        }
-        let mut wo = WriteOptions::default();
-        wo.disable_wal(self.durability == Durability::Memory);
-        self.db.write_opt(batch, &wo)?;
-        // Offsets are taken once the write is in the log, so a failed write leaves no gap.
-        if let Some(s) = self.parts.borrow_mut().get_mut(pre.as_slice()) {
-            s.next = first + frames.len() as u64;
-        }
-        if self.durability == Durability::Fsync {
-            self.syncer.as_ref().expect("fsync durability starts a syncer").sync().await?;
-        }
+        let rx = {
+            let cf = self.cf();
+            let mut p = self.inner.pending.borrow_mut();
+            for (i, f) in frames.iter_mut().enumerate() {
+                let offset = first + i as u64;
+                f.set_offset(offset);
+                f.set_partition(partition.0);
+                p.batch.put_cf(cf, key(&pre, offset), f.as_bytes());
+            }
+            if let Some(s) = self.inner.parts.borrow_mut().get_mut(pre.as_slice()) {
+                s.next = first + frames.len() as u64;
+            }
+            let (tx, rx) = oneshot::channel();
+            p.waiters.push(tx);
+            if !p.scheduled {
+                p.scheduled = true;
+                monoio::spawn(self.inner.clone().flush());
+            }
+            rx
+        };
+        rx.await.map_err(|_| StorageError::Unavailable("log writer stopped"))??;
         Ok(first)
     }
 
@@ -157,7 +239,7 @@ impl Storage for EmbeddedLog {
         let pre = prefix(topic, partition);
         let mut ro = ReadOptions::default();
         ro.set_iterate_upper_bound(upper_bound(&pre));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(), ro);
+        let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
         it.seek(key(&pre, from));
         let mut out = Vec::new();
         while it.valid() && out.len() < max {
@@ -192,7 +274,7 @@ impl Storage for EmbeddedLog {
         let pre = prefix(topic, partition);
         let mut ro = ReadOptions::default();
         ro.set_iterate_upper_bound(upper_bound(&pre));
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(), ro);
+        let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
         // Walk from the newest event back, keeping what fits the size budget and the age limit;
         // everything before the first event that does not fit is dropped.
         it.seek_for_prev(upper_bound(&pre));
@@ -220,7 +302,7 @@ impl Storage for EmbeddedLog {
         it.status()?;
         // The newest event always stays: it is what tells a restarted shard where the log ends.
         let Some(cut) = cut.zip(newest).map(|(c, n)| c.min(n)).filter(|c| *c > 0) else { return Ok(0) };
-        self.db.delete_range_cf(self.cf(), key(&pre, 0), key(&pre, cut))?;
+        self.inner.db.delete_range_cf(self.cf(), key(&pre, 0), key(&pre, cut))?;
         Ok(cut)
     }
 }
