@@ -20,7 +20,7 @@ STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=$ROOT/perf/results/publish-$STAMP; mkdir -p "$OUT"
 
 bash scripts/deps.sh
-cargo build --release -q --bin evmesh --bin loadgen
+cargo build --release -q --workspace --bins
 EVMESH=$CARGO_TARGET_DIR/release/evmesh; LOADGEN=$CARGO_TARGET_DIR/release/loadgen
 
 # nginx + nchan from the shared peer scripts (installs once; starts only nginx).
@@ -69,7 +69,7 @@ out, rounds, dur, conns, shards = sys.argv[1:]
 targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-epoll-fsync", "nchan"]
 def load(t, kind):
     return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.{kind}.json"))]
-cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")
+cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
 print(f"### publish, {os.path.basename(out)}\n")
 print(f"Machine: {cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}. loadgen 1 thread, {conns} keep-alive connections, "
       f"1 KiB structured CloudEvent, {dur}s per run after 1s warm-up, {rounds} rounds in alternation; evmesh shards={shards}, nginx 1 worker.\n")

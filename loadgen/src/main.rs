@@ -2,8 +2,9 @@
 //!
 //! Closed loop (`--rate 0`): every connection sends its next request as soon as the previous one
 //! is answered, measuring the maximum rate. Open loop (`--rate R`): requests are scheduled at a
-//! fixed total rate and each latency is measured from its *scheduled* send time, so a stalled
-//! server is charged for the requests it delayed (coordinated omission corrected, as wrk2 does).
+//! fixed total rate; a request that could not be sent on time because its connection was still
+//! waiting for the server is measured from its *scheduled* time, so a stalled server is charged
+//! for the requests it delayed (coordinated omission corrected, as wrk2 does).
 //!
 //! With `--server-pid`, the server's CPU time over the measured window is read from /proc and
 //! reported per operation. Prints a human summary; `--json FILE` writes the same as JSON.
@@ -67,14 +68,20 @@ async fn connection(
     let mut req_buf: Vec<u8> = Vec::with_capacity(request.len());
     let mut n: u64 = 0;
     loop {
+        // Coordinated omission: when the previous response came back after this request's
+        // scheduled time, the server delayed it and its latency counts from the schedule. When
+        // the connection was free in time, the wait is our timer's (1 ms wheel) and the latency
+        // counts from the actual send.
         let scheduled = match per_conn_interval {
             Some(iv) => {
                 let at = start + iv * n as u32;
                 let now = Instant::now();
                 if at > now {
                     monoio::time::sleep(at - now).await;
+                    Instant::now()
+                } else {
+                    at
                 }
-                at
             }
             None => Instant::now(),
         };
