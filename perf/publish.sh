@@ -3,9 +3,10 @@
 #
 #   bash perf/publish.sh            (ROUNDS=3 DUR=10 CONNS=64 SHARDS=1 env knobs)
 #
-# Per round and target: a closed-loop run (max rate) with --server-pid, then an open-loop run at
-# half of that target's max rate (p99 at half load, coordinated-omission corrected). Targets:
-# evmesh epoll/os, evmesh uring/os, evmesh epoll/fsync, nchan /pub (one nginx worker). evmesh runs
+# Per round and target: a closed-loop run (max rate) with --server-pid, then open-loop runs at
+# half of that target's max rate and at a fixed LOW_RATE (p50/p99 coordinated-omission
+# corrected). Targets: evmesh epoll/os, evmesh uring/os, evmesh epoll/fsync, nchan /pub, and
+# nginx's bare `return 200` for the same POST (the loopback HTTP ceiling). evmesh runs
 # with SHARDS=1 so it gets the same one core as the single nginx worker; loadgen uses the other.
 # Raw JSON reports land in perf/results/<stamp>/, a markdown table is printed and appended to
 # perf/RESULTS.md.
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 SHARED=${SHARED:-$ROOT/../shared}
 P=${PEERS_DIR:-/tmp/evmesh-peers}
-ROUNDS=${ROUNDS:-3}; DUR=${DUR:-10}; CONNS=${CONNS:-64}; SHARDS=${SHARDS:-1}
+ROUNDS=${ROUNDS:-3}; DUR=${DUR:-10}; CONNS=${CONNS:-64}; SHARDS=${SHARDS:-1}; LOW_RATE=${LOW_RATE:-5000}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT=$ROOT/perf/results/publish-$STAMP; mkdir -p "$OUT"
@@ -48,12 +49,14 @@ run() { # name url pid
   max=$(python3 -c "import json;print(int(json.load(open('$OUT/$name.closed.json'))['throughput']))")
   half=$((max / 2))
   "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --rate "$half" --server-pid "$pid" --json "$OUT/$name.open.json" | tee -a "$OUT/log.txt"
+  "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --rate "$LOW_RATE" --server-pid "$pid" --json "$OUT/$name.low.json" | tee -a "$OUT/log.txt"
 }
 
 for r in $(seq "$ROUNDS"); do
-  for target in evmesh-epoll-os nchan evmesh-uring-os evmesh-epoll-fsync; do
+  for target in evmesh-epoll-os nchan evmesh-uring-os nginx-200 evmesh-epoll-fsync; do
     case $target in
       nchan) run "r$r-nchan" "http://127.0.0.1:18080/pub?id=perf_$r" "$NCHAN_PID" ;;
+      nginx-200) run "r$r-nginx-200" "http://127.0.0.1:18080/ok_post" "$NCHAN_PID" ;;
       evmesh-*)
         IFS=- read -r _ drv dur <<< "$target"
         start_evmesh "$drv" "$dur"
@@ -63,32 +66,33 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$OUT" "$ROUNDS" "$DUR" "$CONNS" "$SHARDS" <<'PY' | tee "$OUT/summary.md"
+python3 - "$OUT" "$ROUNDS" "$DUR" "$CONNS" "$SHARDS" "$LOW_RATE" <<'PY' | tee "$OUT/summary.md"
 import json, sys, glob, os, statistics as st, platform, subprocess
-out, rounds, dur, conns, shards = sys.argv[1:]
-targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-epoll-fsync", "nchan"]
+out, rounds, dur, conns, shards, low = sys.argv[1:]
+targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-epoll-fsync", "nchan", "nginx-200"]
 def load(t, kind):
     return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.{kind}.json"))]
 cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
 print(f"### publish, {os.path.basename(out)}\n")
 print(f"Machine: {cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}. loadgen 1 thread, {conns} keep-alive connections, "
       f"1 KiB structured CloudEvent, {dur}s per run after 1s warm-up, {rounds} rounds in alternation; evmesh shards={shards}, nginx 1 worker.\n")
-print("| target | max rate (req/s, median) | server CPU µs/publish (median of rounds) | CPU µs per round | p50 / p99 / p99.9 µs at half max rate (median) | errors |")
-print("|---|---|---|---|---|---|")
+print(f"| target | max rate (req/s, median) | server CPU µs/request (median of rounds) | CPU µs per round | p50 / p99 / p99.9 µs at half max rate (median) | p50 / p99 / p99.9 µs at {low}/s (median) | errors |")
+print("|---|---|---|---|---|---|---|")
 med = {}
 for t in targets:
-    c, o = load(t, "closed"), load(t, "open")
+    c, o, lo = load(t, "closed"), load(t, "open"), load(t, "low")
     if not c: continue
     cpus = [x["server_cpu_us_per_op"] for x in c if x["server_cpu_us_per_op"]]
     med[t] = st.median(cpus) if cpus else None
-    lat = lambda k: int(st.median([x["latency_us"][k] for x in o]))
-    errs = sum(x["errors"] + x["connect_errors"] for x in c + o)
+    lat = lambda runs, k: int(st.median([x["latency_us"][k] for x in runs]))
+    errs = sum(x["errors"] + x["connect_errors"] for x in c + o + lo)
     print(f"| {t} | {int(st.median([x['throughput'] for x in c]))} | {med[t]:.2f} | {', '.join(f'{v:.2f}' for v in cpus)} | "
-          f"{lat('p50')} / {lat('p99')} / {lat('p999')} | {errs} |")
+          f"{lat(o, 'p50')} / {lat(o, 'p99')} / {lat(o, 'p999')} | {lat(lo, 'p50')} / {lat(lo, 'p99')} / {lat(lo, 'p999')} | {errs} |")
 if med.get("nchan"):
     print()
     for t in targets[:3]:
-        if med.get(t): print(f"- {t}: CPU per publish = {med[t]/med['nchan']:.2f}x nchan's")
+        if med.get(t): print(f"- {t}: CPU per publish = {med[t]/med['nchan']:.2f}x nchan's, {med[t]/med['nginx-200']:.2f}x nginx's bare 200")
+    print(f"- nchan: {med['nchan']/med['nginx-200']:.2f}x nginx's bare 200")
 PY
-{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS SHARDS=$SHARDS bash perf/publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS SHARDS=$SHARDS LOW_RATE=$LOW_RATE bash perf/publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"
