@@ -10,5 +10,6 @@ mod it {
     mod errors;
     mod interop;
     mod publish;
+    mod subscriptions;
     mod ws;
 }

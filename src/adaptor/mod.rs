@@ -5,3 +5,8 @@
 
 pub mod cloudevents;
 mod rfc3339;
+
+/// Whether `s` is an RFC 3339 timestamp (as CloudEvents `time` must be).
+pub fn is_rfc3339(s: &str) -> bool {
+    rfc3339::is_valid(s)
+}

@@ -60,6 +60,10 @@ impl Handler for Admin {
                 Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
             }
             (Method::Get, ["admin", "topics"]) => self.topics(),
+            (Method::Get, ["admin", "subscriptions"]) => match meta::list_subscriptions(&self.shared.db) {
+                Ok(list) => Response::json(StatusCode::OK, serde_json::to_vec(&list).expect("json")),
+                Err(e) => storage_problem(&e),
+            },
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
             (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, &req),
             _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),

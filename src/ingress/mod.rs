@@ -13,9 +13,11 @@ use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::http::{problem, Method, Response, StatusCode, Upgrade};
 use crate::server::{Handler, Request};
 use crate::shard::core::Shard;
+use crate::shard::message::{SubOutcome, SubRequest};
 use crate::shard::partitioner::partition_for_key;
 use crate::shard::{valid_topic, PartitionId};
 use crate::storage::StorageError;
+use crate::subscription::definition::Definition;
 use crate::ws::{check_upgrade, HandshakeError};
 
 /// The traffic listener's handler on one shard.
@@ -70,6 +72,11 @@ impl Handler for Traffic {
                 r
             }
             (_, "/events/publish") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
+            (Method::Post, "/events/subscribe") => self.subscribe(req.body).await,
+            (Method::Post, "/events/unsubscribe") => self.unsubscribe(req.body).await,
+            (_, "/events/subscribe" | "/events/unsubscribe") => {
+                problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST")
+            }
             (Method::Get, "/ws/echo") if self.shard.shared.config.ws_echo_endpoint => ws_upgrade(&req, Upgrade::WsEcho),
             (_, path) => problem(StatusCode::NOT_FOUND, &format!("no route for {path}")),
         }
@@ -77,6 +84,48 @@ impl Handler for Traffic {
 }
 
 impl Traffic {
+    /// `POST /events/subscribe`: 201 created, 200 the same definition exists, 409 another one
+    /// does, 400 invalid. The topic is created with the defaults if it does not exist yet, so
+    /// subscribers may come before publishers.
+    async fn subscribe(&self, body: &[u8]) -> Response {
+        let def = match Definition::parse(body) {
+            Ok(d) => d,
+            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+        };
+        if let Err(e) = self.shard.topic(&def.topic, None).await {
+            return storage_problem(&e);
+        }
+        let json = serde_json::to_vec(&def).expect("Definition serializes");
+        match self.shard.subscription(SubRequest::Create(def)).await {
+            Ok(SubOutcome::Created) => Response::json(StatusCode(201), json),
+            Ok(SubOutcome::Unchanged) => Response::json(StatusCode::OK, json),
+            Ok(_) => {
+                problem(StatusCode::CONFLICT, "a different subscription of that name exists; unsubscribe it first")
+            }
+            Err(e) => storage_problem(&e),
+        }
+    }
+
+    /// `POST /events/unsubscribe` `{"subscription": S}`: 200 removed, 404 unknown.
+    async fn unsubscribe(&self, body: &[u8]) -> Response {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Unsubscribe {
+            subscription: String,
+        }
+        let name = match serde_json::from_slice::<Unsubscribe>(body) {
+            Ok(u) => u.subscription,
+            Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("expected {{\"subscription\": S}}: {e}")),
+        };
+        match self.shard.subscription(SubRequest::Remove(name.clone())).await {
+            Ok(SubOutcome::Removed) => {
+                Response::json(StatusCode::OK, serde_json::json!({"subscription": name, "removed": true}).to_string())
+            }
+            Ok(_) => problem(StatusCode::NOT_FOUND, &format!("no subscription {name}")),
+            Err(e) => storage_problem(&e),
+        }
+    }
+
     async fn publish(&self, req: &Request<'_>) -> Response {
         let Some(topic) = req.query("topic") else {
             return problem(StatusCode::BAD_REQUEST, "missing ?topic=");

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use frame_codec::Frame;
 
 use super::mailbox::Sender;
-use super::message::{EnsureReply, ShardMessage};
+use super::message::{EnsureReply, ShardMessage, SubOutcome, SubReply, SubRequest};
 use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
 use crate::runtime::Shared;
 use crate::storage::embedded::EmbeddedLog;
@@ -65,6 +65,12 @@ impl Shard {
                     let _ = reply.send(r);
                 });
             }
+            ShardMessage::Subscription { request, reply } => {
+                let me = self.clone();
+                monoio::spawn(async move {
+                    let _ = reply.send(me.subscription_local(*request).await);
+                });
+            }
             ShardMessage::EnsureTopic { request, reply } => {
                 let me = self.clone();
                 monoio::spawn(async move {
@@ -98,12 +104,60 @@ impl Shard {
             retention_bytes: c.retention_bytes,
         });
         meta::put(db, topic, &m)?;
-        if c.durability == Durability::Fsync {
-            if let Some(s) = &self.shared.syncer {
-                s.sync().await?;
-            }
-        }
+        self.sync_metadata().await?;
         Ok((m, true))
+    }
+
+    /// With `fsync` durability, waits until metadata just written is on the device.
+    async fn sync_metadata(&self) -> Result<(), StorageError> {
+        match &self.shared.syncer {
+            Some(s) if self.shared.config.durability == Durability::Fsync => s.sync().await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Creates or removes a subscription; only the owner shard of its name runs this.
+    async fn subscription_local(&self, request: SubRequest) -> SubReply {
+        let db = &self.shared.db;
+        let outcome = match request {
+            SubRequest::Create(def) => match meta::get_subscription(db, &def.subscription)? {
+                Some(existing) if existing == def => SubOutcome::Unchanged,
+                Some(_) => SubOutcome::Conflict,
+                None => {
+                    meta::put_subscription(db, &def)?;
+                    SubOutcome::Created
+                }
+            },
+            SubRequest::Remove(name) => match meta::get_subscription(db, &name)? {
+                None => SubOutcome::Unknown,
+                Some(_) => {
+                    meta::delete_subscription(db, &name)?;
+                    SubOutcome::Removed
+                }
+            },
+        };
+        if matches!(outcome, SubOutcome::Created | SubOutcome::Removed) {
+            self.sync_metadata().await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Creates or removes a subscription through the owner shard of its name.
+    pub async fn subscription(&self, request: SubRequest) -> SubReply {
+        let name = match &request {
+            SubRequest::Create(d) => d.subscription.as_str(),
+            SubRequest::Remove(n) => n.as_str(),
+        };
+        let owner = meta_owner(name, self.shards());
+        if owner == self.id {
+            return self.subscription_local(request).await;
+        }
+        let (msg, rx) = ShardMessage::subscription(request);
+        self.shared
+            .mailboxes
+            .send(Sender::Shard(self.id), owner, msg)
+            .map_err(|_| StorageError::Unavailable("mailbox full"))?;
+        rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
     }
 
     /// The topic's settings, creating it with the defaults (or `spec`) if it does not exist.

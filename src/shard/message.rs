@@ -10,6 +10,7 @@ use futures::channel::oneshot;
 
 use super::PartitionId;
 use crate::storage::{StorageError, TopicMeta};
+use crate::subscription::definition::Definition;
 
 /// Appended frames get offsets `first..first + n`.
 pub type AppendReply = Result<u64, StorageError>;
@@ -23,6 +24,28 @@ pub struct TopicRequest {
     pub topic: String,
     pub spec: Option<TopicMeta>,
 }
+
+/// A change to a subscription, decided by the owner shard of its name.
+#[derive(Debug)]
+pub enum SubRequest {
+    Create(Definition),
+    Remove(String),
+}
+
+/// What the owner shard did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubOutcome {
+    Created,
+    /// The same definition existed already.
+    Unchanged,
+    /// Another definition exists under that name; nothing changed.
+    Conflict,
+    Removed,
+    /// No subscription of that name.
+    Unknown,
+}
+
+pub type SubReply = Result<SubOutcome, StorageError>;
 
 /// A request from one shard (or the admin thread) to another.
 #[non_exhaustive]
@@ -38,6 +61,10 @@ pub enum ShardMessage {
     /// created now.
     /// On drop: the caller gets 503, nothing was created.
     EnsureTopic { request: Box<TopicRequest>, reply: oneshot::Sender<EnsureReply> },
+    /// Create or remove a subscription; sent to the owner shard of the subscription's name
+    /// (`meta_owner`), which serializes changes so concurrent requests agree.
+    /// On drop: the caller gets 503, nothing changed.
+    Subscription { request: Box<SubRequest>, reply: oneshot::Sender<SubReply> },
 }
 
 impl ShardMessage {
@@ -49,6 +76,13 @@ impl ShardMessage {
     pub fn ensure_topic(topic: String, spec: Option<TopicMeta>) -> (Self, oneshot::Receiver<EnsureReply>) {
         let (reply, rx) = oneshot::channel();
         (ShardMessage::EnsureTopic { request: Box::new(TopicRequest { topic, spec }), reply }, rx)
+    }
+}
+
+impl ShardMessage {
+    pub fn subscription(request: SubRequest) -> (Self, oneshot::Receiver<SubReply>) {
+        let (reply, rx) = oneshot::channel();
+        (ShardMessage::Subscription { request: Box::new(request), reply }, rx)
     }
 }
 

@@ -1,11 +1,14 @@
-//! Topic metadata in the `meta` column family: `topic/<name>` -> JSON [`TopicMeta`].
+//! Metadata in the `meta` column family: `topic/<name>` -> JSON [`TopicMeta`] and
+//! `sub/<name>` -> JSON subscription [`Definition`].
 //!
-//! Written only by a topic's meta-owner shard (which serializes creation); read by anyone.
+//! Written only by the owner shard of the topic or subscription name (which serializes creation);
+//! read by anyone.
 
 use rocksdb::{IteratorMode, DB};
 
 use super::db::META;
 use super::{StorageError, TopicMeta};
+use crate::subscription::definition::Definition;
 
 fn key(topic: &str) -> Vec<u8> {
     let mut k = b"topic/".to_vec();
@@ -23,13 +26,12 @@ pub fn get(db: &DB, topic: &str) -> Result<Option<TopicMeta>, StorageError> {
     }
 }
 
-/// Stores a new topic durably (synced: creation is rare and must survive power loss).
+/// Stores a new topic in the WAL (as durable as `os`; with `fsync` durability the caller then
+/// waits for the syncer, so no core ever blocks on the disk).
 pub fn put(db: &DB, topic: &str, meta: &TopicMeta) -> Result<(), StorageError> {
     let cf = db.cf_handle(META).expect("meta family exists");
-    let mut wo = rocksdb::WriteOptions::default();
-    wo.set_sync(true);
     let v = serde_json::to_vec(meta).expect("TopicMeta serializes");
-    db.put_cf_opt(cf, key(topic), v, &wo)?;
+    db.put_cf(cf, key(topic), v)?;
     Ok(())
 }
 
@@ -42,6 +44,50 @@ pub fn list(db: &DB) -> Result<Vec<(String, TopicMeta)>, StorageError> {
         let Some(name) = k.strip_prefix(b"topic/") else { break };
         let meta = serde_json::from_slice(&v).map_err(|e| StorageError::Engine(format!("topic metadata: {e}")))?;
         out.push((String::from_utf8_lossy(name).into_owned(), meta));
+    }
+    Ok(out)
+}
+
+fn sub_key(name: &str) -> Vec<u8> {
+    let mut k = b"sub/".to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+pub fn get_subscription(db: &DB, name: &str) -> Result<Option<Definition>, StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    match db.get_cf(cf, sub_key(name))? {
+        None => Ok(None),
+        Some(v) => serde_json::from_slice(&v)
+            .map(Some)
+            .map_err(|e| StorageError::Engine(format!("subscription {name} metadata: {e}"))),
+    }
+}
+
+/// Stores a subscription (WAL durability, as [`put`]).
+pub fn put_subscription(db: &DB, def: &Definition) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    let v = serde_json::to_vec(def).expect("Definition serializes");
+    db.put_cf(cf, sub_key(&def.subscription), v)?;
+    Ok(())
+}
+
+pub fn delete_subscription(db: &DB, name: &str) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    db.delete_cf(cf, sub_key(name))?;
+    Ok(())
+}
+
+/// Every subscription, sorted by name.
+pub fn list_subscriptions(db: &DB) -> Result<Vec<Definition>, StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    let mut out = Vec::new();
+    for item in db.iterator_cf(cf, IteratorMode::From(b"sub/", rocksdb::Direction::Forward)) {
+        let (k, v) = item?;
+        if !k.starts_with(b"sub/") {
+            break;
+        }
+        out.push(serde_json::from_slice(&v).map_err(|e| StorageError::Engine(format!("subscription metadata: {e}")))?);
     }
     Ok(out)
 }

@@ -1,0 +1,166 @@
+//! A subscription's definition: parsed and checked from the `POST /events/subscribe` body,
+//! normalized (defaults filled in) so that "the same definition again" can be compared, and
+//! stored as JSON in the `meta` column family.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use super::filter::{self, Filter};
+use crate::shard::valid_topic;
+
+/// How events of a subscription are spread over its attached sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Mode {
+    /// Each event to exactly one session; each partition sticky to one session at a time.
+    LoadBalance,
+    /// Every attached session gets every event.
+    Broadcast,
+    /// Each session brings its own filter; every session whose filter matches gets the event.
+    Multicast,
+}
+
+/// Where a new subscription starts reading.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Start {
+    /// `"latest"` or `"earliest"`.
+    Named(String),
+    /// `{"offset": N}`: the same offset in every partition.
+    Offset { offset: u64 },
+    /// `{"time": RFC3339}`: the first event published at or after it.
+    Time { time: String },
+}
+
+/// The normalized definition, as stored and compared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Definition {
+    pub subscription: String,
+    pub topic: String,
+    pub mode: Mode,
+    /// The filters as the client sent them (compiled separately, see [`Definition::compile`]).
+    pub filters: Vec<Json>,
+    pub start: Start,
+    pub ack_timeout_ms: u64,
+    pub max_attempts: u32,
+}
+
+/// The body of `POST /events/subscribe`, before defaults.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Request {
+    subscription: String,
+    topic: String,
+    #[serde(default)]
+    mode: Option<Mode>,
+    #[serde(default)]
+    filters: Option<Json>,
+    #[serde(default)]
+    start: Option<Start>,
+    #[serde(default)]
+    ack_timeout_ms: Option<u64>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+}
+
+pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 6;
+
+impl Definition {
+    /// Parses and checks a subscribe request body; the error text is what the client sees.
+    pub fn parse(body: &[u8]) -> Result<Definition, String> {
+        let r: Request = serde_json::from_slice(body).map_err(|e| format!("invalid subscription: {e}"))?;
+        if !valid_topic(&r.subscription) {
+            return Err("subscription names are [A-Za-z0-9._-]{1,249}".into());
+        }
+        if !valid_topic(&r.topic) {
+            return Err("topic names are [A-Za-z0-9._-]{1,249}".into());
+        }
+        let start = r.start.unwrap_or(Start::Named("latest".into()));
+        match &start {
+            Start::Named(n) if n != "latest" && n != "earliest" => {
+                return Err(format!("start {n:?} is not latest, earliest, {{\"offset\": N}} or {{\"time\": RFC3339}}"));
+            }
+            Start::Time { time } if !crate::adaptor::is_rfc3339(time) => {
+                return Err(format!("start time {time:?} is not an RFC 3339 timestamp"));
+            }
+            _ => {}
+        }
+        let ack_timeout_ms = r.ack_timeout_ms.unwrap_or(DEFAULT_ACK_TIMEOUT_MS);
+        if !(100..=3_600_000).contains(&ack_timeout_ms) {
+            return Err("ackTimeoutMs must be 100..=3600000".into());
+        }
+        let max_attempts = r.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        if !(1..=100).contains(&max_attempts) {
+            return Err("maxAttempts must be 1..=100".into());
+        }
+        let filters = match r.filters {
+            None | Some(Json::Null) => Vec::new(),
+            Some(Json::Array(items)) => items,
+            Some(_) => return Err("filters must be an array".into()),
+        };
+        let def = Definition {
+            subscription: r.subscription,
+            topic: r.topic,
+            mode: r.mode.unwrap_or(Mode::LoadBalance),
+            filters,
+            start,
+            ack_timeout_ms,
+            max_attempts,
+        };
+        def.compile().map_err(|e| e.to_string())?;
+        Ok(def)
+    }
+
+    /// The compiled filters (done once per subscription, not per event).
+    pub fn compile(&self) -> Result<Vec<Filter>, filter::FilterError> {
+        filter::compile(Some(&Json::Array(self.filters.clone())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_normalization() {
+        let d = Definition::parse(br#"{"subscription":"billing","topic":"orders"}"#).unwrap();
+        assert_eq!(d.mode, Mode::LoadBalance);
+        assert_eq!(d.start, Start::Named("latest".into()));
+        assert_eq!((d.ack_timeout_ms, d.max_attempts), (30_000, 6));
+        let explicit = Definition::parse(
+            br#"{"subscription":"billing","topic":"orders","mode":"LOAD_BALANCE","filters":[],"start":"latest","ackTimeoutMs":30000,"maxAttempts":6}"#,
+        )
+        .unwrap();
+        assert_eq!(d, explicit, "the same definition, spelled out, compares equal");
+        let d =
+            Definition::parse(br#"{"subscription":"s","topic":"t","mode":"BROADCAST","start":{"offset":5}}"#).unwrap();
+        assert_eq!((d.mode, d.start), (Mode::Broadcast, Start::Offset { offset: 5 }));
+        let d =
+            Definition::parse(br#"{"subscription":"s","topic":"t","start":{"time":"2026-01-01T00:00:00Z"}}"#).unwrap();
+        assert_eq!(d.start, Start::Time { time: "2026-01-01T00:00:00Z".into() });
+        let stored = serde_json::to_vec(&d).unwrap();
+        assert_eq!(serde_json::from_slice::<Definition>(&stored).unwrap(), d);
+    }
+
+    #[test]
+    fn bad_definitions_say_why() {
+        for (body, want) in [
+            (r#"{"topic":"t"}"#, "subscription"),
+            (r#"{"subscription":"a b","topic":"t"}"#, "subscription names"),
+            (r#"{"subscription":"s","topic":"t/x"}"#, "topic names"),
+            (r#"{"subscription":"s","topic":"t","mode":"ROUND_ROBIN"}"#, "unknown variant"),
+            (r#"{"subscription":"s","topic":"t","start":"now"}"#, "start"),
+            (r#"{"subscription":"s","topic":"t","start":{"time":"yesterday"}}"#, "RFC 3339"),
+            (r#"{"subscription":"s","topic":"t","ackTimeoutMs":1}"#, "ackTimeoutMs"),
+            (r#"{"subscription":"s","topic":"t","maxAttempts":0}"#, "maxAttempts"),
+            (r#"{"subscription":"s","topic":"t","filters":[{"regex":{"type":"x"}}]}"#, "unknown dialect"),
+            (r#"{"subscription":"s","topic":"t","filters":[{"sql":"type ="}]}"#, "CESQL parse error"),
+            (r#"{"subscription":"s","topic":"t","bogus":1}"#, "unknown field"),
+        ] {
+            let err = Definition::parse(body.as_bytes()).unwrap_err();
+            assert!(err.contains(want), "{body}: {err}");
+        }
+    }
+}
