@@ -5,6 +5,7 @@
 //! calls these again when more bytes arrive. Errors carry the HTTP status they map to.
 
 mod chunked;
+pub mod date;
 mod parse;
 mod response;
 

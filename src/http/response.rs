@@ -131,6 +131,11 @@ pub fn write_head(
     out.push(b' ');
     out.extend_from_slice(status.reason().as_bytes());
     out.extend_from_slice(b"\r\n");
+    if status.0 >= 200 {
+        out.extend_from_slice(b"date: ");
+        out.extend_from_slice(&super::date::now());
+        out.extend_from_slice(b"\r\n");
+    }
     if !content_type.is_empty() {
         out.extend_from_slice(b"content-type: ");
         out.extend_from_slice(content_type.as_bytes());

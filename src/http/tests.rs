@@ -159,7 +159,8 @@ fn responses_and_problems() {
     let mut out = Vec::new();
     problem(StatusCode::PAYLOAD_TOO_LARGE, "too \"big\"").write(&mut out, false, false);
     let text = String::from_utf8(out).unwrap();
-    assert!(text.starts_with("HTTP/1.1 413 Content Too Large\r\ncontent-type: application/problem+json\r\n"));
+    assert!(text.starts_with("HTTP/1.1 413 Content Too Large\r\ndate: "), "{text}");
+    assert!(text.contains(" GMT\r\ncontent-type: application/problem+json\r\n"), "{text}");
     assert!(text.contains("connection: close\r\n"));
     let body = text.split("\r\n\r\n").nth(1).unwrap();
     let v: serde_json::Value = serde_json::from_str(body).unwrap();

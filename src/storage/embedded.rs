@@ -261,6 +261,10 @@ impl Storage for EmbeddedLog {
         self.scan_bounds(&prefix(topic, partition))
     }
 
+    /// Bounded work per call, whatever the partition's size: the size limit is applied from the
+    /// average size of the newest 64 records (hence "about" in the setting's doc), and the age
+    /// limit walks forward from the oldest record, at most `RETENTION_SCAN` records per call
+    /// (the next call continues). The newest record always stays.
     fn enforce_retention(
         &self,
         topic: &str,
@@ -268,41 +272,61 @@ impl Storage for EmbeddedLog {
         partition: PartitionId,
         now_us: i64,
     ) -> Result<u64, StorageError> {
+        const SAMPLE: u64 = 64;
+        const RETENTION_SCAN: u64 = 100_000;
         if meta.retention_ms.is_none() && meta.retention_bytes.is_none() {
             return Ok(0);
         }
         let pre = prefix(topic, partition);
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(upper_bound(&pre));
-        let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
-        // Walk from the newest event back, keeping what fits the size budget and the age limit;
-        // everything before the first event that does not fit is dropped.
-        it.seek_for_prev(upper_bound(&pre));
-        let oldest_allowed = meta.retention_ms.map(|ms| now_us - (ms as i64) * 1000);
-        let mut kept_bytes = 0u64;
-        let mut cut: Option<u64> = None;
-        let mut newest: Option<u64> = None;
-        while it.valid() {
-            let k = it.key().expect("valid");
-            if !k.starts_with(&pre) {
-                break;
-            }
-            newest.get_or_insert(offset_of(k));
-            let v = it.value().expect("valid");
-            kept_bytes += v.len() as u64;
-            let too_big = meta.retention_bytes.is_some_and(|b| kept_bytes > b);
-            let too_old = oldest_allowed
-                .is_some_and(|t| frame_codec::FrameHeader::read(v).map(|h| h.timestamp_us < t).unwrap_or(false));
-            if too_big || too_old {
-                cut = Some(offset_of(k) + 1);
-                break;
-            }
-            it.prev();
+        let b = self.scan_bounds(&pre)?;
+        if b.end.saturating_sub(b.start) <= 1 {
+            return Ok(0);
         }
-        it.status()?;
-        // The newest event always stays: it is what tells a restarted shard where the log ends.
-        let Some(cut) = cut.zip(newest).map(|(c, n)| c.min(n)).filter(|c| *c > 0) else { return Ok(0) };
+        let newest = b.end - 1;
+        let mut cut = b.start;
+        if let Some(budget) = meta.retention_bytes {
+            let mut ro = ReadOptions::default();
+            ro.set_iterate_lower_bound(pre.clone());
+            ro.set_iterate_upper_bound(upper_bound(&pre));
+            let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
+            it.seek_to_last();
+            let (mut n, mut bytes) = (0u64, 0u64);
+            while it.valid() && n < SAMPLE {
+                bytes += it.value().map_or(0, |v| v.len() as u64);
+                n += 1;
+                it.prev();
+            }
+            it.status()?;
+            let average = (bytes / n.max(1)).max(1);
+            let keep = (budget / average).max(1);
+            cut = cut.max(b.end.saturating_sub(keep));
+        }
+        if let Some(ms) = meta.retention_ms {
+            let oldest_allowed = now_us - (ms as i64) * 1000;
+            let mut ro = ReadOptions::default();
+            ro.set_iterate_upper_bound(upper_bound(&pre));
+            let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
+            it.seek(key(&pre, cut));
+            let mut scanned = 0;
+            while it.valid() && scanned < RETENTION_SCAN {
+                let (k, v) = (it.key().expect("valid"), it.value().expect("valid"));
+                let offset = offset_of(k);
+                let expired =
+                    frame_codec::FrameHeader::read(v).map(|h| h.timestamp_us < oldest_allowed).unwrap_or(false);
+                if offset >= newest || !expired {
+                    break;
+                }
+                cut = offset + 1;
+                scanned += 1;
+                it.next();
+            }
+            it.status()?;
+        }
+        let cut = cut.min(newest);
+        if cut <= b.start {
+            return Ok(0);
+        }
         self.inner.db.delete_range_cf(self.cf(), key(&pre, 0), key(&pre, cut))?;
-        Ok(cut)
+        Ok(cut - b.start)
     }
 }

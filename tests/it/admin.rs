@@ -6,7 +6,9 @@ use super::util::{event, TestBroker};
 fn health_ready_metrics_and_topics() {
     let b = TestBroker::start(&[]);
     let mut a = b.admin();
-    assert_eq!(a.get("/healthz").status, 200);
+    let health = a.get("/healthz");
+    assert_eq!(health.status, 200);
+    assert!(health.header("date").is_some_and(|d| d.ends_with(" GMT")), "RFC 9110 Date on final responses");
     assert_eq!(a.get("/readyz").status, 200);
     assert_eq!(b.publish("seen", &event("1")).status, 202);
     assert_eq!(a.request("PUT", "/admin/topics/made", &[], br#"{"partitions":5,"retention_ms":60000}"#).status, 201);
