@@ -170,8 +170,15 @@ pub fn problem(status: StatusCode, detail: &str) -> Response {
 }
 
 /// Decimal formatting without allocation.
-pub(crate) mod itoa_buf {
+pub mod itoa_buf {
+    /// A 20-byte scratch buffer that formats one number at a time.
     pub struct Buf([u8; 20]);
+    impl Default for Buf {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
     impl Buf {
         pub fn new() -> Self {
             Buf([0; 20])

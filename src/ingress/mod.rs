@@ -143,18 +143,23 @@ impl Traffic {
             Ok(placed) => {
                 let m = self.shard.shared.metrics.shard(self.shard.id);
                 m.events_published.add(placed.len() as u64);
-                let mut body = String::with_capacity(32 * placed.len() + 16);
+                let mut body = Vec::with_capacity(40 * placed.len() + 16);
                 if batch {
-                    body.push_str("{\"results\":[");
+                    body.extend_from_slice(b"{\"results\":[");
                 }
+                let mut num = crate::http::Decimal::new();
                 for (i, (p, o)) in placed.iter().enumerate() {
                     if i > 0 {
-                        body.push(',');
+                        body.push(b',');
                     }
-                    body.push_str(&format!("{{\"partition\":{},\"offset\":{}}}", p.0, o));
+                    body.extend_from_slice(b"{\"partition\":");
+                    body.extend_from_slice(num.u64(u64::from(p.0)));
+                    body.extend_from_slice(b",\"offset\":");
+                    body.extend_from_slice(num.u64(*o));
+                    body.push(b'}');
                 }
                 if batch {
-                    body.push_str("]}");
+                    body.extend_from_slice(b"]}");
                 }
                 Response::json(StatusCode::ACCEPTED, body)
             }
@@ -179,19 +184,27 @@ impl Traffic {
     }
 
     /// Stores frames and returns (partition, offset) per frame, in request order.
-    async fn store(&self, topic: &str, frames: Vec<Frame>) -> Result<Vec<(PartitionId, u64)>, StorageError> {
+    async fn store(&self, topic: &str, mut frames: Vec<Frame>) -> Result<Vec<(PartitionId, u64)>, StorageError> {
         if frames.is_empty() {
             return Ok(Vec::new());
         }
         let (meta, _) = self.shard.topic(topic, None).await?;
+        let partition_of = |f: &Frame, local: PartitionId| match f.body().attr_str("partitionkey") {
+            Some(key) => partition_for_key(key.as_bytes(), meta.partitions),
+            None => local,
+        };
         let local = self.shard.local_partition(topic, &meta);
+        // The common case, one event (or a batch for one partition), without the regrouping.
+        let first = partition_of(&frames[0], local);
+        if frames.iter().all(|f| partition_of(f, local) == first) {
+            let n = frames.len() as u64;
+            let offset = self.shard.append(topic, first, std::mem::take(&mut frames)).await?;
+            return Ok((0..n).map(|i| (first, offset + i)).collect());
+        }
         // Group by partition, remembering each frame's place in the request.
         let mut groups: Vec<(PartitionId, Vec<usize>, Vec<Frame>)> = Vec::new();
         for (i, f) in frames.into_iter().enumerate() {
-            let p = match f.body().attr_str("partitionkey") {
-                Some(key) => partition_for_key(key.as_bytes(), meta.partitions),
-                None => local,
-            };
+            let p = partition_of(&f, local);
             match groups.iter_mut().find(|g| g.0 == p) {
                 Some(g) => {
                     g.1.push(i);
