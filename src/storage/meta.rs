@@ -16,14 +16,31 @@ fn key(topic: &str) -> Vec<u8> {
     k
 }
 
-pub fn get(db: &DB, topic: &str) -> Result<Option<TopicMeta>, StorageError> {
+fn get_json<T: serde::de::DeserializeOwned>(db: &DB, key: &[u8]) -> Result<Option<T>, StorageError> {
     let cf = db.cf_handle(META).expect("meta family exists");
-    match db.get_cf(cf, key(topic))? {
+    match db.get_cf(cf, key)? {
         None => Ok(None),
         Some(v) => serde_json::from_slice(&v)
             .map(Some)
-            .map_err(|e| StorageError::Engine(format!("topic {topic} metadata: {e}"))),
+            .map_err(|e| StorageError::Engine(format!("metadata {}: {e}", String::from_utf8_lossy(key)))),
     }
+}
+
+/// Every value under `prefix`, in key order, with the key's remainder.
+fn list_json<T: serde::de::DeserializeOwned>(db: &DB, prefix: &[u8]) -> Result<Vec<(String, T)>, StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    let mut out = Vec::new();
+    for item in db.iterator_cf(cf, IteratorMode::From(prefix, rocksdb::Direction::Forward)) {
+        let (k, v) = item?;
+        let Some(name) = k.strip_prefix(prefix) else { break };
+        let value = serde_json::from_slice(&v).map_err(|e| StorageError::Engine(format!("metadata: {e}")))?;
+        out.push((String::from_utf8_lossy(name).into_owned(), value));
+    }
+    Ok(out)
+}
+
+pub fn get(db: &DB, topic: &str) -> Result<Option<TopicMeta>, StorageError> {
+    get_json(db, &key(topic))
 }
 
 /// Stores a new topic in the WAL (as durable as `os`; with `fsync` durability the caller then
@@ -37,15 +54,7 @@ pub fn put(db: &DB, topic: &str, meta: &TopicMeta) -> Result<(), StorageError> {
 
 /// Every topic, sorted by name.
 pub fn list(db: &DB) -> Result<Vec<(String, TopicMeta)>, StorageError> {
-    let cf = db.cf_handle(META).expect("meta family exists");
-    let mut out = Vec::new();
-    for item in db.iterator_cf(cf, IteratorMode::From(b"topic/", rocksdb::Direction::Forward)) {
-        let (k, v) = item?;
-        let Some(name) = k.strip_prefix(b"topic/") else { break };
-        let meta = serde_json::from_slice(&v).map_err(|e| StorageError::Engine(format!("topic metadata: {e}")))?;
-        out.push((String::from_utf8_lossy(name).into_owned(), meta));
-    }
-    Ok(out)
+    list_json(db, b"topic/")
 }
 
 fn sub_key(name: &str) -> Vec<u8> {
@@ -55,13 +64,7 @@ fn sub_key(name: &str) -> Vec<u8> {
 }
 
 pub fn get_subscription(db: &DB, name: &str) -> Result<Option<Definition>, StorageError> {
-    let cf = db.cf_handle(META).expect("meta family exists");
-    match db.get_cf(cf, sub_key(name))? {
-        None => Ok(None),
-        Some(v) => serde_json::from_slice(&v)
-            .map(Some)
-            .map_err(|e| StorageError::Engine(format!("subscription {name} metadata: {e}"))),
-    }
+    get_json(db, &sub_key(name))
 }
 
 /// Stores a subscription (WAL durability, as [`put`]).
@@ -80,14 +83,5 @@ pub fn delete_subscription(db: &DB, name: &str) -> Result<(), StorageError> {
 
 /// Every subscription, sorted by name.
 pub fn list_subscriptions(db: &DB) -> Result<Vec<Definition>, StorageError> {
-    let cf = db.cf_handle(META).expect("meta family exists");
-    let mut out = Vec::new();
-    for item in db.iterator_cf(cf, IteratorMode::From(b"sub/", rocksdb::Direction::Forward)) {
-        let (k, v) = item?;
-        if !k.starts_with(b"sub/") {
-            break;
-        }
-        out.push(serde_json::from_slice(&v).map_err(|e| StorageError::Engine(format!("subscription metadata: {e}")))?);
-    }
-    Ok(out)
+    Ok(list_json(db, b"sub/")?.into_iter().map(|(_, d)| d).collect())
 }

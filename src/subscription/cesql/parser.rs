@@ -195,51 +195,48 @@ impl Parser<'_> {
         Ok(Expr::Binary(op, Box::new(lhs), Box::new(rhs)))
     }
 
-    fn comparison(&mut self) -> Result<Expr, ParseError> {
-        let mut lhs = self.additive()?;
-        loop {
-            let op = match self.peek() {
-                Some(Tok::Eq) => BinOp::Eq,
-                Some(Tok::NotEq) => BinOp::NotEq,
-                Some(Tok::Lt) => BinOp::Lt,
-                Some(Tok::Le) => BinOp::Le,
-                Some(Tok::Gt) => BinOp::Gt,
-                Some(Tok::Ge) => BinOp::Ge,
-                _ => return Ok(lhs),
-            };
+    /// One left-associative level: `next (op next)*`, where `op_of` names this level's operators.
+    fn left_assoc(
+        &mut self,
+        next: fn(&mut Self) -> Result<Expr, ParseError>,
+        op_of: fn(&Tok) -> Option<BinOp>,
+    ) -> Result<Expr, ParseError> {
+        let mut lhs = next(self)?;
+        while let Some(op) = self.peek().and_then(op_of) {
             self.pos += 1;
-            let rhs = self.additive()?;
+            let rhs = next(self)?;
             lhs = Expr::Binary(op, Box::new(lhs), Box::new(rhs));
         }
+        Ok(lhs)
+    }
+
+    fn comparison(&mut self) -> Result<Expr, ParseError> {
+        self.left_assoc(Self::additive, |t| match t {
+            Tok::Eq => Some(BinOp::Eq),
+            Tok::NotEq => Some(BinOp::NotEq),
+            Tok::Lt => Some(BinOp::Lt),
+            Tok::Le => Some(BinOp::Le),
+            Tok::Gt => Some(BinOp::Gt),
+            Tok::Ge => Some(BinOp::Ge),
+            _ => None,
+        })
     }
 
     fn additive(&mut self) -> Result<Expr, ParseError> {
-        let mut lhs = self.multiplicative()?;
-        loop {
-            let op = match self.peek() {
-                Some(Tok::Plus) => BinOp::Add,
-                Some(Tok::Minus) => BinOp::Sub,
-                _ => return Ok(lhs),
-            };
-            self.pos += 1;
-            let rhs = self.multiplicative()?;
-            lhs = Expr::Binary(op, Box::new(lhs), Box::new(rhs));
-        }
+        self.left_assoc(Self::multiplicative, |t| match t {
+            Tok::Plus => Some(BinOp::Add),
+            Tok::Minus => Some(BinOp::Sub),
+            _ => None,
+        })
     }
 
     fn multiplicative(&mut self) -> Result<Expr, ParseError> {
-        let mut lhs = self.postfix()?;
-        loop {
-            let op = match self.peek() {
-                Some(Tok::Star) => BinOp::Mul,
-                Some(Tok::Slash) => BinOp::Div,
-                Some(Tok::Percent) => BinOp::Mod,
-                _ => return Ok(lhs),
-            };
-            self.pos += 1;
-            let rhs = self.postfix()?;
-            lhs = Expr::Binary(op, Box::new(lhs), Box::new(rhs));
-        }
+        self.left_assoc(Self::postfix, |t| match t {
+            Tok::Star => Some(BinOp::Mul),
+            Tok::Slash => Some(BinOp::Div),
+            Tok::Percent => Some(BinOp::Mod),
+            _ => None,
+        })
     }
 
     /// `x [NOT] LIKE 'p'` and `x [NOT] IN (a, b)`.
