@@ -103,6 +103,8 @@ pub(crate) enum ReadOutcome {
     TimedOut,
 }
 
+/// Reads more bytes onto the end of `buf`. On `TimedOut` the read was cancelled and `buf` is
+/// left empty (the cancelled operation owned it); callers only close the connection then.
 pub(crate) async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
     buf.reserve(READ_CHUNK);
     let len = buf.len();
@@ -157,6 +159,13 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut chunked_body: Vec<u8> = Vec::new();
+    // The whole of a request must arrive within header_read_timeout of its first byte, however
+    // it is trickled in: a per-read timeout alone would let a slow client hold the slot forever.
+    let mut deadline: Option<std::time::Instant> = None;
+    let remaining = |deadline: &mut Option<std::time::Instant>| {
+        let d = *deadline.get_or_insert_with(|| std::time::Instant::now() + limits.header_read_timeout);
+        d.saturating_duration_since(std::time::Instant::now())
+    };
     loop {
         // Parse the next head, reading until one is complete.
         let head = loop {
@@ -166,12 +175,14 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                     if !flush(&mut stream, &mut out).await {
                         return;
                     }
-                    let timeout = if buf.is_empty() { limits.idle_timeout } else { limits.header_read_timeout };
+                    // A timed-out read keeps the buffer it was given, so decide before reading.
+                    let started = !buf.is_empty();
+                    let timeout = if started { remaining(&mut deadline) } else { limits.idle_timeout };
                     match read_more(&mut stream, &mut buf, timeout).await {
                         ReadOutcome::Data => {}
                         ReadOutcome::Closed => return,
                         ReadOutcome::TimedOut => {
-                            if !buf.is_empty() {
+                            if started {
                                 let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request not received in time");
                                 close_with(stream, &mut out, r).await;
                             }
@@ -205,7 +216,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             if !flush(&mut stream, &mut out).await {
                 return;
             }
-            match read_more(&mut stream, &mut buf, limits.header_read_timeout).await {
+            match read_more(&mut stream, &mut buf, remaining(&mut deadline)).await {
                 ReadOutcome::Data => {}
                 ReadOutcome::Closed => return,
                 ReadOutcome::TimedOut => {
@@ -227,6 +238,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         let response = handler.handle(Request { head: &head, buf: &buf, body }).await;
         response.write(&mut out, keep_alive, head_only);
         buf.drain(..consumed);
+        deadline = None;
         if let Some(upgrade) = response.upgrade {
             if !flush(&mut stream, &mut out).await {
                 return;

@@ -1,6 +1,8 @@
 //! Every error a client can cause is a status with an application/problem+json body, and the
 //! server keeps serving afterwards.
 
+use std::io::Write;
+
 use super::util::{event, Client, TestBroker};
 
 #[test]
@@ -75,4 +77,39 @@ fn connections_over_the_limit_are_closed_at_accept() {
         c.read_response()
     });
     assert_eq!(r.status, 404);
+}
+
+/// Regression: the header timeout used to restart on every read, so a client trickling a byte at
+/// a time could hold a connection forever. The whole request must now arrive in time.
+#[test]
+fn a_trickled_request_is_cut_off_by_the_request_deadline() {
+    let b = TestBroker::start(&["--header-read-timeout-ms", "300"]);
+    let mut c = b.client();
+    c.send_raw(b"POST /events/publish?topic=t HTTP/1.1\r\nhost: t\r\n");
+    let mut writer = c.stream.try_clone().unwrap();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = answered.clone();
+    let reader = std::thread::spawn(move || {
+        let r = c.read_response();
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        r
+    });
+    // Up to 40 bytes, 50 ms apart: every single read is well within 300 ms, the request is not.
+    for _ in 0..40 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if answered.load(std::sync::atomic::Ordering::SeqCst) || writer.write_all(b"x").is_err() {
+            break;
+        }
+    }
+    reader.join().unwrap().expect("a response before the request was complete").assert_problem(408);
+}
+
+/// Regression: a head that stopped arriving was closed without the 408, because the timed-out
+/// read had taken the buffer that said a request had started.
+#[test]
+fn a_partial_head_then_silence_gets_408() {
+    let b = TestBroker::start(&["--header-read-timeout-ms", "200"]);
+    let mut c = b.client();
+    c.send_raw(b"GET /events/publish HTTP/1.1\r\nhost");
+    c.read_response().expect("408 before close").assert_problem(408);
 }
