@@ -57,6 +57,14 @@ impl Handler for Admin {
             (Method::Get, ["metrics"]) => {
                 let mut out = String::new();
                 self.shared.metrics.render(&mut out);
+                let name = "evmesh_mailbox_depth";
+                out.push_str(&format!(
+                    "# HELP {name} Messages waiting in a shard's inbound rings\n# TYPE {name} gauge\n"
+                ));
+                for s in 0..self.shared.config.shards {
+                    let depth = self.shared.mailboxes.depth(crate::shard::ShardId(s as u16));
+                    out.push_str(&format!("{name}{{shard=\"{s}\"}} {depth}\n"));
+                }
                 Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
             }
             (Method::Get, ["admin", "topics"]) => self.topics(),

@@ -64,6 +64,11 @@ impl Mailboxes {
         Ok(())
     }
 
+    /// Messages waiting for `to`, over all its rings (a gauge; racy by nature).
+    pub fn depth(&self, to: ShardId) -> usize {
+        (0..=self.shards).map(|from| self.rings[from * self.shards + to.index()].len()).sum()
+    }
+
     /// Hands every queued message for `me` to `f`; returns how many there were.
     pub fn drain(&self, me: ShardId, mut f: impl FnMut(ShardMessage)) -> usize {
         let mut n = 0;
@@ -111,7 +116,9 @@ mod tests {
         // Another sender's ring to the same shard is independent.
         let (c, _rx3) = ShardMessage::append(PartitionId(2), Vec::new());
         assert!(m.send(Sender::Admin, ShardId(1), c).is_ok());
+        assert_eq!(m.depth(ShardId(1)), 2);
         assert_eq!(m.drain(ShardId(1), drop), 2);
+        assert_eq!(m.depth(ShardId(1)), 0);
         assert_eq!(m.drain(ShardId(0), drop), 0);
     }
 }

@@ -32,6 +32,7 @@ fn health_ready_metrics_and_topics() {
         .sum();
     assert_eq!(published, 1);
     assert!(text.contains("evmesh_publish_latency_seconds_count{shard=\"0\"}"));
+    assert!(text.contains("evmesh_mailbox_depth{shard=\"1\"} 0"));
 }
 
 #[test]
