@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod http;
 pub mod ingress;
+pub mod push;
 pub mod runtime;
 pub mod server;
 pub mod shard;

@@ -6,6 +6,7 @@ mod it {
 
     mod admin;
     mod cli;
+    mod delivery;
     mod durability;
     mod errors;
     mod interop;

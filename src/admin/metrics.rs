@@ -65,6 +65,7 @@ pub struct ShardMetrics {
     pub connections_open: Counter,
     pub connections_accepted: Counter,
     pub connections_rejected: Counter,
+    pub deliveries_dropped: Counter,
     pub publish_latency: Histogram,
 }
 
@@ -86,7 +87,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 6] = [
+        let counters: [(&str, &str, CounterOf); 7] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
@@ -94,6 +95,9 @@ impl Metrics {
             ("evmesh_connections_accepted_total", "Connections accepted", |m| &m.connections_accepted),
             ("evmesh_connections_rejected_total", "Connections closed at accept (max_connections)", |m| {
                 &m.connections_rejected
+            }),
+            ("evmesh_deliveries_dropped_total", "ack=none deliveries dropped at a full mailbox", |m| {
+                &m.deliveries_dropped
             }),
         ];
         for (name, help, get) in counters {

@@ -77,6 +77,16 @@ impl Handler for Admin {
             _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
         }
     }
+
+    /// The admin listener never answers 101; a connection handed here is simply dropped.
+    async fn upgraded(
+        &self,
+        _: crate::http::Upgrade,
+        _: monoio::net::TcpStream,
+        _: Vec<u8>,
+        _: crate::server::conn::ConnLimits,
+    ) {
+    }
 }
 
 impl Admin {

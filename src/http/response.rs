@@ -61,10 +61,12 @@ impl std::fmt::Display for StatusCode {
 }
 
 /// What a connection turns into after a `101 Switching Protocols`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Upgrade {
     /// The WebSocket echo endpoint (conformance testing only).
     WsEcho,
+    /// A WebSocket session receiving a subscription's events.
+    WsDeliver { subscription: String, topic: String },
 }
 
 /// A response ready to be written: status, extra headers, content type and body.

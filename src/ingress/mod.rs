@@ -11,9 +11,10 @@ use futures::future::join_all;
 
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::http::{problem, Method, Response, StatusCode, Upgrade};
+use crate::server::conn::ConnLimits;
 use crate::server::{Handler, Request};
 use crate::shard::core::Shard;
-use crate::shard::message::{SubOutcome, SubRequest};
+use crate::shard::message::{InterestChange, SubOutcome, SubRequest};
 use crate::shard::partitioner::partition_for_key;
 use crate::shard::{valid_topic, PartitionId};
 use crate::storage::StorageError;
@@ -58,6 +59,15 @@ fn ws_upgrade(req: &Request<'_>, upgrade: Upgrade) -> Response {
 }
 
 impl Handler for Traffic {
+    async fn upgraded(&self, upgrade: Upgrade, stream: monoio::net::TcpStream, buf: Vec<u8>, limits: ConnLimits) {
+        match upgrade {
+            Upgrade::WsEcho => crate::server::ws::echo(stream, buf, limits).await,
+            Upgrade::WsDeliver { subscription, topic } => {
+                crate::push::ws::session(self.shard.clone(), stream, buf, limits, subscription, topic).await
+            }
+        }
+    }
+
     async fn handle(&self, req: Request<'_>) -> Response {
         match (req.method(), req.path()) {
             (Method::Post, "/events/publish") => {
@@ -78,12 +88,38 @@ impl Handler for Traffic {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST")
             }
             (Method::Get, "/ws/echo") if self.shard.shared.config.ws_echo_endpoint => ws_upgrade(&req, Upgrade::WsEcho),
+            (Method::Get, "/events/ws") => self.ws_session(&req),
             (_, path) => problem(StatusCode::NOT_FOUND, &format!("no route for {path}")),
         }
     }
 }
 
 impl Traffic {
+    /// `GET /events/ws?subscription=S&ack=none`: a live WebSocket session of a subscription.
+    /// Acknowledged delivery (offsets, redelivery, dead letters) is not built yet, so sessions
+    /// must ask for `ack=none` (at-most-once, from the moment they attach): anything else is
+    /// refused with 501 rather than silently delivered without the guarantees it asked for.
+    fn ws_session(&self, req: &Request<'_>) -> Response {
+        let Some(name) = req.query("subscription") else {
+            return problem(StatusCode::BAD_REQUEST, "missing ?subscription=");
+        };
+        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
+            Ok(Some(d)) => d,
+            Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no subscription {name}")),
+            Err(e) => return storage_problem(&e),
+        };
+        if req.query("ack").as_deref() != Some("none") {
+            return problem(
+                StatusCode::NOT_IMPLEMENTED,
+                "acknowledged delivery is not available yet; attach with ?ack=none",
+            );
+        }
+        if def.mode != crate::subscription::definition::Mode::Broadcast {
+            return problem(StatusCode::NOT_IMPLEMENTED, "only BROADCAST subscriptions can be attached to yet");
+        }
+        ws_upgrade(req, Upgrade::WsDeliver { subscription: def.subscription, topic: def.topic })
+    }
+
     /// `POST /events/subscribe`: 201 created, 200 the same definition exists, 409 another one
     /// does, 400 invalid. The topic is created with the defaults if it does not exist yet, so
     /// subscribers may come before publishers.
@@ -117,8 +153,14 @@ impl Traffic {
             Ok(u) => u.subscription,
             Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("expected {{\"subscription\": S}}: {e}")),
         };
+        let topic = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
+            Ok(d) => d.map(|d| d.topic).unwrap_or_default(),
+            Err(e) => return storage_problem(&e),
+        };
         match self.shard.subscription(SubRequest::Remove(name.clone())).await {
             Ok(SubOutcome::Removed) => {
+                // Attached sessions, on whatever shard, are closed cleanly (1000).
+                self.shard.announce(&name, &topic, InterestChange::Removed);
                 Response::json(StatusCode::OK, serde_json::json!({"subscription": name, "removed": true}).to_string())
             }
             Ok(_) => problem(StatusCode::NOT_FOUND, &format!("no subscription {name}")),

@@ -83,6 +83,16 @@ fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
 /// What a listener does with requests.
 pub trait Handler {
     fn handle(&self, req: Request<'_>) -> impl Future<Output = Response>;
+
+    /// Takes the connection over after a `101` answered with `upgrade`; `buf` holds the bytes
+    /// already read past the request.
+    fn upgraded(
+        &self,
+        upgrade: http::Upgrade,
+        stream: TcpStream,
+        buf: Vec<u8>,
+        limits: ConnLimits,
+    ) -> impl Future<Output = ()>;
 }
 
 /// Per-connection settings.
@@ -105,7 +115,7 @@ pub(crate) enum ReadOutcome {
 
 /// Reads more bytes onto the end of `buf`. On `TimedOut` the read was cancelled and `buf` is
 /// left empty (the cancelled operation owned it); callers only close the connection then.
-pub(crate) async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
+pub(crate) async fn read_more<R: AsyncReadRent>(stream: &mut R, buf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
     buf.reserve(READ_CHUNK);
     let len = buf.len();
     let cap = buf.capacity();
@@ -122,7 +132,7 @@ pub(crate) async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, timeout
     }
 }
 
-pub(crate) async fn flush(stream: &mut TcpStream, out: &mut Vec<u8>) -> bool {
+pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>) -> bool {
     if out.is_empty() {
         return true;
     }
@@ -243,9 +253,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             if !flush(&mut stream, &mut out).await {
                 return;
             }
-            return match upgrade {
-                http::Upgrade::WsEcho => super::ws::echo(stream, buf, limits).await,
-            };
+            return handler.upgraded(upgrade, stream, buf, limits).await;
         }
         if !keep_alive {
             flush(&mut stream, &mut out).await;

@@ -12,17 +12,27 @@ use std::sync::Arc;
 use frame_codec::Frame;
 
 use super::mailbox::Sender;
-use super::message::{EnsureReply, ShardMessage, SubOutcome, SubReply, SubRequest};
+use super::message::{Delivery, EnsureReply, Interest, InterestChange, ShardMessage, SubOutcome, SubReply, SubRequest};
 use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
+use crate::push::Sessions;
 use crate::runtime::Shared;
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Durability, Storage, StorageError, TopicMeta};
+use crate::subscription::filter::{matches_all, Filter};
 
 /// A topic as one shard knows it.
 struct KnownTopic {
     meta: TopicMeta,
     /// The partitions of the topic this shard owns.
     mine: Rc<[PartitionId]>,
+}
+
+/// A shard that wants a subscription's events from this shard's partitions.
+struct Interested {
+    subscription: String,
+    shard: ShardId,
+    /// The subscription's filters, compiled once when the interest arrived.
+    filters: Rc<Vec<Filter>>,
 }
 
 pub struct Shard {
@@ -35,12 +45,25 @@ pub struct Shard {
     /// Round-robin cursor over this shard's own partitions for unkeyed events.
     cursor: Cell<usize>,
     pub connections: Cell<usize>,
+    /// Sessions this shard accepted.
+    pub sessions: Sessions,
+    /// Per topic, the shards that want events of its partitions this shard owns.
+    interest: RefCell<HashMap<String, Vec<Interested>>>,
 }
 
 impl Shard {
     pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
         let log = EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone());
-        Shard { id, shared, log, topics: RefCell::new(HashMap::new()), cursor: Cell::new(0), connections: Cell::new(0) }
+        Shard {
+            id,
+            shared,
+            log,
+            topics: RefCell::new(HashMap::new()),
+            cursor: Cell::new(0),
+            connections: Cell::new(0),
+            sessions: Sessions::default(),
+            interest: RefCell::new(HashMap::new()),
+        }
     }
 
     fn shards(&self) -> usize {
@@ -62,9 +85,15 @@ impl Shard {
                 let me = self.clone();
                 monoio::spawn(async move {
                     let r = me.append_local(partition, &mut frames).await;
+                    let stored = r.is_ok();
                     let _ = reply.send(r);
+                    if stored {
+                        me.fan_out(frames);
+                    }
                 });
             }
+            ShardMessage::Interest(i) => self.interest_changed(*i),
+            ShardMessage::Deliver(d) => self.sessions.deliver(&d),
             ShardMessage::Subscription { request, reply } => {
                 let me = self.clone();
                 monoio::spawn(async move {
@@ -208,7 +237,9 @@ impl Shard {
     ) -> Result<u64, StorageError> {
         let owner = owner(topic, partition, self.shards());
         if owner == self.id {
-            return self.log.append(topic, partition, &mut frames).await;
+            let first = self.log.append(topic, partition, &mut frames).await?;
+            self.fan_out(frames);
+            return Ok(first);
         }
         let (msg, rx) = ShardMessage::append(partition, frames);
         self.shared
@@ -217,6 +248,77 @@ impl Shard {
             .map_err(|_| StorageError::Unavailable("mailbox full"))?;
         self.shared.metrics.shard(self.id).cross_core.inc();
         rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+    }
+
+    /// Announces to every shard (this one included) that this shard's sessions of a
+    /// subscription started, ended, or that the subscription is gone.
+    pub fn announce(&self, subscription: &str, topic: &str, change: InterestChange) {
+        for s in 0..self.shards() {
+            let i = Interest { subscription: subscription.to_owned(), topic: topic.to_owned(), shard: self.id, change };
+            let to = ShardId(s as u16);
+            if to == self.id {
+                self.interest_changed(i);
+            } else if self
+                .shared
+                .mailboxes
+                .send(Sender::Shard(self.id), to, ShardMessage::Interest(Box::new(i)))
+                .is_err()
+            {
+                eprintln!("evmesh: {}: mailbox to {to} full, interest in {subscription} not announced", self.id);
+            }
+        }
+    }
+
+    fn interest_changed(&self, i: Interest) {
+        let mut interest = self.interest.borrow_mut();
+        let list = interest.entry(i.topic.clone()).or_default();
+        match i.change {
+            InterestChange::Attach => {
+                let filters = match crate::storage::meta::get_subscription(&self.shared.db, &i.subscription) {
+                    Ok(Some(def)) => def.compile().unwrap_or_default(),
+                    _ => return,
+                };
+                list.retain(|x| !(x.subscription == i.subscription && x.shard == i.shard));
+                list.push(Interested { subscription: i.subscription, shard: i.shard, filters: Rc::new(filters) });
+            }
+            InterestChange::Detach => list.retain(|x| !(x.subscription == i.subscription && x.shard == i.shard)),
+            InterestChange::Removed => {
+                list.retain(|x| x.subscription != i.subscription);
+                self.sessions.close_all(&i.subscription, 1000);
+            }
+        }
+    }
+
+    /// Sends freshly stored events to every interested shard: once per shard, frames shared.
+    fn fan_out(&self, frames: Vec<Frame>) {
+        let Some(first) = frames.first() else { return };
+        let interest = self.interest.borrow();
+        let Some(list) = interest.get(first.body().topic.as_str()).filter(|l| !l.is_empty()) else { return };
+        let frames: std::sync::Arc<[Frame]> = frames.into();
+        for i in list {
+            let pick = if i.filters.is_empty() {
+                None
+            } else {
+                let pick: Vec<u32> =
+                    (0..frames.len() as u32).filter(|&n| matches_all(&i.filters, frames[n as usize].body())).collect();
+                if pick.is_empty() {
+                    continue;
+                }
+                Some(pick)
+            };
+            let d = Delivery { subscription: i.subscription.clone(), frames: frames.clone(), pick };
+            if i.shard == self.id {
+                self.sessions.deliver(&d);
+            } else if self
+                .shared
+                .mailboxes
+                .send(Sender::Shard(self.id), i.shard, ShardMessage::Deliver(Box::new(d)))
+                .is_err()
+            {
+                // ack=none sessions are at-most-once: a full mailbox drops, it never blocks.
+                self.shared.metrics.shard(self.id).deliveries_dropped.inc();
+            }
+        }
     }
 
     /// Applies retention to every partition this shard owns, forever.

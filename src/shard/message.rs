@@ -5,6 +5,8 @@
 //! lost in shutdown fails its request instead of hanging it. Frames travel by handle: a `Vec` of
 //! `Frame`s moves three words, never the payload bytes.
 
+use std::sync::Arc;
+
 use frame_codec::Frame;
 use futures::channel::oneshot;
 
@@ -47,6 +49,36 @@ pub enum SubOutcome {
 
 pub type SubReply = Result<SubOutcome, StorageError>;
 
+/// Events for the sessions of one subscription on the receiving shard: sent once per shard,
+/// however many sessions live there. `frames` is shared, never copied; `pick` lists the indexes
+/// that passed the subscription's filters (`None`: all).
+#[derive(Debug)]
+pub struct Delivery {
+    pub subscription: String,
+    pub frames: Arc<[Frame]>,
+    pub pick: Option<Vec<u32>>,
+}
+
+/// What changed about a subscription's sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterestChange {
+    /// `shard` has its first session of the subscription.
+    Attach,
+    /// `shard`'s last session of the subscription ended.
+    Detach,
+    /// The subscription was removed: every shard closes its sessions and forgets it.
+    Removed,
+}
+
+/// A change of which shards want a subscription's events.
+#[derive(Debug)]
+pub struct Interest {
+    pub subscription: String,
+    pub topic: String,
+    pub shard: super::ShardId,
+    pub change: InterestChange,
+}
+
 /// A request from one shard (or the admin thread) to another.
 #[non_exhaustive]
 pub enum ShardMessage {
@@ -65,6 +97,14 @@ pub enum ShardMessage {
     /// (`meta_owner`), which serializes changes so concurrent requests agree.
     /// On drop: the caller gets 503, nothing changed.
     Subscription { request: Box<SubRequest>, reply: oneshot::Sender<SubReply> },
+    /// The sender's shard has sessions of a subscription (or no longer has); sent to every
+    /// shard, since any may own partitions of the topic. No reply.
+    /// On drop: that shard's sessions get no events from the dropping shard's partitions.
+    Interest(Box<Interest>),
+    /// New events for the receiver's sessions of a subscription. No reply (at-most-once for
+    /// `ack=none` sessions).
+    /// On drop: those sessions miss these events.
+    Deliver(Box<Delivery>),
 }
 
 impl ShardMessage {

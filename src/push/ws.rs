@@ -1,0 +1,145 @@
+//! One WebSocket session of a subscription: a reader half (client frames: ping, close; `ack`,
+//! `nack` and `credit` are accepted and ignored until acknowledged delivery exists) and a writer
+//! half draining the session's bounded queue, batching whatever is queued into one write.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::future::{select, Either};
+use futures::StreamExt;
+use monoio::io::{AsyncWriteRent, Splitable};
+use monoio::net::TcpStream;
+
+use super::Outbound;
+use crate::server::conn::{flush, read_more, ConnLimits, ReadOutcome};
+use crate::shard::core::Shard;
+use crate::shard::message::InterestChange;
+use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
+
+/// A subscriber may stay silent for as long as it likes; only the socket closing ends it.
+const READ_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Bytes gathered into one write when many frames are queued.
+const WRITE_BATCH: usize = 256 * 1024;
+
+fn close_bytes(code: u16) -> Rc<[u8]> {
+    let mut out = Vec::with_capacity(4);
+    encode_frame(OpCode::Close, true, &code.to_be_bytes(), &mut out);
+    out.into()
+}
+
+async fn read_half<R: monoio::io::AsyncReadRent>(
+    mut rd: R,
+    mut buf: Vec<u8>,
+    max_message: usize,
+    ctl: mpsc::Sender<Outbound>,
+) {
+    let mut ctl = ctl;
+    let mut reader = MessageReader::new(max_message);
+    loop {
+        loop {
+            let (msg, used) = match reader.read(&mut buf) {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = ctl.try_send(Outbound::Close(e.code.0));
+                    return;
+                }
+            };
+            buf.drain(..used);
+            match msg {
+                None => break,
+                Some(Message::Ping(p)) => {
+                    let mut out = Vec::with_capacity(p.len() + 2);
+                    encode_frame(OpCode::Pong, true, &p, &mut out);
+                    let _ = ctl.try_send(Outbound::Frame(out.into()));
+                }
+                Some(Message::Close(code, _)) => {
+                    let _ = ctl.try_send(Outbound::Close(code.unwrap_or(CloseCode::NORMAL.0)));
+                    return;
+                }
+                Some(Message::Binary(_)) => {
+                    let _ = ctl.try_send(Outbound::Close(CloseCode::UNSUPPORTED.0));
+                    return;
+                }
+                // ack / nack / credit: meaningless for ack=none sessions.
+                Some(Message::Text(_)) | Some(Message::Pong(_)) => {}
+            }
+        }
+        match read_more(&mut rd, &mut buf, READ_FOREVER).await {
+            ReadOutcome::Data => {}
+            ReadOutcome::Closed | ReadOutcome::TimedOut => return,
+        }
+    }
+}
+
+/// Writes queued frames until a close; returns once the close frame is out or the socket broke.
+async fn write_half<W: AsyncWriteRent>(
+    mut wr: W,
+    mut events: mpsc::Receiver<Outbound>,
+    mut ctl: mpsc::Receiver<Outbound>,
+) {
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let next = match select(events.next(), ctl.next()).await {
+            Either::Left((Some(m), _)) | Either::Right((Some(m), _)) => m,
+            // Our queue was closed by the fan-out: this session fell too far behind.
+            Either::Left((None, _)) => Outbound::Close(CloseCode::POLICY.0),
+            // The reader finished without asking for a close: the peer is gone.
+            Either::Right((None, _)) => return,
+        };
+        let mut pending = Some(next);
+        let mut close = None;
+        while let Some(m) = pending.take() {
+            match m {
+                Outbound::Frame(bytes) => out.extend_from_slice(&bytes),
+                Outbound::Close(code) => {
+                    close = Some(code);
+                    break;
+                }
+            }
+            if out.len() < WRITE_BATCH {
+                pending = ctl.try_recv().ok().or_else(|| events.try_recv().ok());
+            }
+        }
+        if let Some(code) = close {
+            out.extend_from_slice(&close_bytes(code));
+            flush(&mut wr, &mut out).await;
+            let _ = wr.shutdown().await;
+            return;
+        }
+        if !flush(&mut wr, &mut out).await {
+            return;
+        }
+    }
+}
+
+/// Runs a session of `subscription` on this shard until either side closes it.
+pub async fn session(
+    shard: Rc<Shard>,
+    stream: TcpStream,
+    buf: Vec<u8>,
+    limits: ConnLimits,
+    subscription: String,
+    topic: String,
+) {
+    let (id, events, first) = shard.sessions.add(&subscription);
+    if first {
+        shard.announce(&subscription, &topic, InterestChange::Attach);
+    }
+    let (rd, wr) = stream.into_split();
+    let (ctl_tx, ctl_rx) = mpsc::channel(16);
+    let reader = Box::pin(read_half(rd, buf, limits.ws_max_message, ctl_tx));
+    let writer = Box::pin(write_half(wr, events, ctl_rx));
+    match select(reader, writer).await {
+        // The reader is done (close asked or peer gone): let the writer send what it must.
+        Either::Left(((), writer)) => writer.await,
+        // The writer closed (slow consumer, removed subscription) or broke: give the peer a
+        // moment to answer our close, then drop the socket.
+        Either::Right(((), reader)) => {
+            let _ = monoio::time::timeout(Duration::from_secs(1), reader).await;
+        }
+    }
+    if shard.sessions.remove(&subscription, id) {
+        shard.announce(&subscription, &topic, InterestChange::Detach);
+    }
+}

@@ -1,0 +1,150 @@
+//! Live fan-out to WebSocket sessions (`ack=none`, BROADCAST), against tungstenite clients.
+
+use std::collections::{HashMap, HashSet};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tungstenite::protocol::frame::coding::CloseCode;
+use tungstenite::{Message, WebSocket};
+
+use super::util::{event, TestBroker};
+
+type Ws = WebSocket<TcpStream>;
+
+fn attach(b: &TestBroker, query: &str) -> Ws {
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let (ws, _) = tungstenite::client(format!("ws://{}/events/ws?{query}", b.traffic), stream).unwrap();
+    ws
+}
+
+/// The next event, or None after a quiet read timeout.
+fn next_event(ws: &mut Ws) -> Option<Value> {
+    match ws.read() {
+        Ok(Message::Text(t)) => Some(serde_json::from_str(t.as_str()).unwrap()),
+        Ok(other) => panic!("unexpected {other:?}"),
+        Err(tungstenite::Error::Io(e))
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+        {
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A key for each of `n` partitions, by Kafka's partitioner.
+fn keys(n: u32) -> Vec<String> {
+    let mut out: Vec<Option<String>> = vec![None; n as usize];
+    for i in 0.. {
+        let k = format!("key{i}");
+        let p = evmesh::shard::partitioner::partition_for_key(k.as_bytes(), n).0 as usize;
+        out[p].get_or_insert(k);
+        if out.iter().all(Option::is_some) {
+            return out.into_iter().map(Option::unwrap).collect();
+        }
+    }
+    unreachable!()
+}
+
+fn publish(b: &TestBroker, id: &str, ty: &str, key: &str) {
+    let mut e = event(id);
+    e["type"] = json!(ty);
+    e["partitionkey"] = json!(key);
+    assert_eq!(b.publish("news", &e).status, 202);
+}
+
+#[test]
+fn broadcast_sessions_get_every_matching_event_once_per_shard_fan_out() {
+    let b = TestBroker::start(&["--default-partitions", "4"]);
+    let def = json!({"subscription": "fan", "topic": "news", "mode": "BROADCAST", "filters": [{"prefix": {"type": "com.news."}}]});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let mut clients: Vec<Ws> = (0..3).map(|_| attach(&b, "subscription=fan&ack=none")).collect();
+    let keys = keys(4);
+    // Interest reaches every partition owner asynchronously: publish markers to every partition
+    // until every client has seen one from each.
+    let mut seen: Vec<HashSet<u64>> = vec![HashSet::new(); clients.len()];
+    let start = Instant::now();
+    let mut round = 0;
+    while seen.iter().any(|s| s.len() < 4) {
+        assert!(start.elapsed() < Duration::from_secs(20), "sessions never attached everywhere: {seen:?}");
+        for k in &keys {
+            publish(&b, &format!("marker-{round}-{k}"), "com.news.marker", k);
+        }
+        round += 1;
+        for (c, s) in clients.iter_mut().zip(seen.iter_mut()) {
+            while let Some(e) = next_event(c) {
+                s.insert(e["empartition"].as_u64().unwrap());
+            }
+        }
+    }
+    // The real traffic: 20 matching events, 10 filtered out, then an end marker per partition.
+    for i in 0..30 {
+        let ty = if i % 3 == 2 { "com.other.item" } else { "com.news.item" };
+        publish(&b, &format!("item-{i}"), ty, &keys[i % 4]);
+    }
+    for k in &keys {
+        publish(&b, &format!("end-{k}"), "com.news.end", k);
+    }
+    for c in clients.iter_mut() {
+        let mut items = HashMap::new();
+        let mut ends = 0;
+        let start = Instant::now();
+        while ends < 4 {
+            assert!(start.elapsed() < Duration::from_secs(20), "missing events: {items:?}, {ends} ends");
+            let Some(e) = next_event(c) else { continue };
+            let ty = e["type"].as_str().unwrap();
+            assert_ne!(ty, "com.other.item", "filtered events are not delivered");
+            assert_eq!(e["emattempt"], 1);
+            assert!(e["emdeliveryid"].is_string() && e["emoffset"].is_string());
+            let p = e["empartition"].as_u64().unwrap();
+            assert_eq!(e["partitionkey"], json!(keys[p as usize]), "empartition is the event's partition");
+            match ty {
+                "com.news.item" => {
+                    assert!(items.insert(e["id"].as_str().unwrap().to_string(), p).is_none(), "delivered once")
+                }
+                "com.news.end" => ends += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(items.len(), 20);
+    }
+    // Removing the subscription closes every attached session cleanly.
+    let r = b.client().post("/events/unsubscribe", "application/json", br#"{"subscription":"fan"}"#);
+    assert_eq!(r.status, 200);
+    for c in clients.iter_mut() {
+        let start = Instant::now();
+        loop {
+            assert!(start.elapsed() < Duration::from_secs(10), "no close frame");
+            match c.read() {
+                Ok(Message::Close(Some(f))) => {
+                    assert_eq!(f.code, CloseCode::Normal);
+                    break;
+                }
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e))
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn sessions_are_refused_clearly_until_their_kind_exists() {
+    let b = TestBroker::start(&[]);
+    for (name, mode) in [("lb", "LOAD_BALANCE"), ("bc", "BROADCAST")] {
+        let def = json!({"subscription": name, "topic": "t", "mode": mode});
+        assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    }
+    let upgrade = [
+        ("upgrade", "websocket"),
+        ("connection", "upgrade"),
+        ("sec-websocket-version", "13"),
+        ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    b.client().request("GET", "/events/ws?subscription=nope&ack=none", &upgrade, b"").assert_problem(404);
+    b.client().request("GET", "/events/ws?subscription=bc", &upgrade, b"").assert_problem(501);
+    b.client().request("GET", "/events/ws?subscription=lb&ack=none", &upgrade, b"").assert_problem(501);
+    b.client().request("GET", "/events/ws", &upgrade, b"").assert_problem(400);
+}
