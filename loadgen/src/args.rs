@@ -6,7 +6,9 @@ use std::time::Duration;
 pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--connections 64] [--threads 1]
        [--duration 10s] [--warmup 1s] [--rate 0 (closed loop) | R requests/s (open loop)]
        [--body structured|binary|raw] [--body-bytes 1024] [--body-file FILE]
-       [--server-pid PID] [--json FILE]";
+       [--server-pid PID] [--json FILE]
+       [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N]   (fan-out: N WebSocket
+       subscribers count deliveries and measure publish-to-delivery latency)";
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -24,6 +26,9 @@ pub struct Args {
     pub body_file: Option<String>,
     pub server_pid: Option<u32>,
     pub json: Option<String>,
+    /// Fan-out mode: where subscribers attach, as (address, host, path).
+    pub subscribe: Option<(SocketAddr, String, String)>,
+    pub subscribers: usize,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -55,7 +60,10 @@ impl Args {
             body_file: None,
             server_pid: None,
             json: None,
+            subscribe: None,
+            subscribers: 0,
         };
+        let mut subscribe_url: Option<String> = None;
         while let Some(flag) = it.next() {
             let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
             match flag.as_str() {
@@ -70,6 +78,8 @@ impl Args {
                 "--body-file" => a.body_file = Some(val()?),
                 "--server-pid" => a.server_pid = Some(val()?.parse().map_err(|_| "bad --server-pid")?),
                 "--json" => a.json = Some(val()?),
+                "--subscribe-url" => subscribe_url = Some(val()?),
+                "--subscribers" => a.subscribers = val()?.parse().map_err(|_| "bad --subscribers")?,
                 "--help" | "-h" => return Err("help".into()),
                 other => return Err(format!("unknown argument {other}")),
             }
@@ -79,6 +89,13 @@ impl Args {
         a.host = hostport.to_string();
         a.path = if path.is_empty() { "/".into() } else { path.into() };
         a.addr = hostport.to_socket_addrs().map_err(|e| format!("{hostport}: {e}"))?.next().ok_or("no address")?;
+        if let Some(url) = subscribe_url {
+            let rest = url.strip_prefix("ws://").ok_or("--subscribe-url must start with ws://")?;
+            let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let addr =
+                hostport.to_socket_addrs().map_err(|e| format!("{hostport}: {e}"))?.next().ok_or("no address")?;
+            a.subscribe = Some((addr, hostport.to_string(), if path.is_empty() { "/".into() } else { path.into() }));
+        }
         if a.connections == 0 {
             return Err("--connections must be at least 1".into());
         }

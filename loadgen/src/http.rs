@@ -16,7 +16,8 @@ pub fn body(args: &Args) -> Vec<u8> {
     if args.body == "binary" {
         return vec![b'x'; args.body_bytes];
     }
-    let head = r#"{"specversion":"1.0","id":"0b5c3e62-loadgen","source":"/loadgen","type":"com.example.load","datacontenttype":"text/plain","data":""#;
+    // The id is a placeholder the publishers overwrite with their send time (see fanout.rs).
+    let head = r#"{"specversion":"1.0","id":"t0000000000000000","source":"/loadgen","type":"com.example.load","datacontenttype":"text/plain","data":""#;
     let pad = args.body_bytes.saturating_sub(head.len() + 2);
     let mut b = head.as_bytes().to_vec();
     b.extend(std::iter::repeat_n(b'x', pad));
@@ -30,7 +31,7 @@ pub fn build_request(args: &Args) -> Vec<u8> {
     match args.body.as_str() {
         "structured" => head.push_str("Content-Type: application/cloudevents+json\r\n"),
         "binary" => head.push_str(
-            "Content-Type: application/octet-stream\r\nce-specversion: 1.0\r\nce-id: 0b5c3e62-loadgen\r\nce-source: /loadgen\r\nce-type: com.example.load\r\n",
+            "Content-Type: application/octet-stream\r\nce-specversion: 1.0\r\nce-id: t0000000000000000\r\nce-source: /loadgen\r\nce-type: com.example.load\r\n",
         ),
         _ => head.push_str("Content-Type: application/json\r\n"),
     }

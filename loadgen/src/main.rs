@@ -10,6 +10,7 @@
 //! reported per operation. Prints a human summary; `--json FILE` writes the same as JSON.
 
 mod args;
+mod fanout;
 mod http;
 
 use std::rc::Rc;
@@ -64,6 +65,8 @@ async fn connection(
         }
     };
     let _ = stream.set_nodelay(true);
+    // Where the send time goes: just after `"id":"t` in a structured body.
+    let stamp_at = request.windows(fanout::MARK.len()).position(|w| w == fanout::MARK).map(|i| i + fanout::MARK.len());
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut req_buf: Vec<u8> = Vec::with_capacity(request.len());
     let mut n: u64 = 0;
@@ -91,6 +94,9 @@ async fn connection(
         n += 1;
         req_buf.clear();
         req_buf.extend_from_slice(&request);
+        if let Some(at) = stamp_at {
+            req_buf[at..at + 16].copy_from_slice(format!("{:016}", fanout::now_micros()).as_bytes());
+        }
         let (res, back) = stream.write_all(req_buf).await;
         req_buf = back;
         if res.is_err() {
@@ -183,6 +189,10 @@ fn main() {
             cpu_at.store(cpu_micros(pid).unwrap_or(u64::MAX), Ordering::SeqCst);
         })
     });
+    let subscribers = args.subscribe.clone().filter(|_| args.subscribers > 0).map(|(addr, host, path)| {
+        let (n, stop, from) = (args.subscribers, stop.clone(), start + args.warmup);
+        std::thread::spawn(move || fanout::run(addr, host, path, n, from, stop))
+    });
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let conns = args.connections / threads + usize::from(t < args.connections % threads);
@@ -206,6 +216,7 @@ fn main() {
         errors += r.errors;
         connect_errors += r.connect_errors;
     }
+    let fan = subscribers.map(|h| h.join().expect("subscriber thread"));
     let secs = measured_until.duration_since(start + args.warmup).as_secs_f64().max(1e-9);
     let server_cpu_us = match (cpu_at.load(Ordering::SeqCst), cpu_end) {
         (a, Some(b)) if a != u64::MAX && b >= a => Some(b - a),
@@ -231,6 +242,31 @@ fn main() {
         "server_cpu_us_per_op": server_cpu_us.map(|c| c as f64 / ok.max(1) as f64),
         "server_cpu_util": server_cpu_us.map(|c| c as f64 / 1e6 / secs),
     });
+    let mut report = report;
+    if let Some(f) = &fan {
+        let q = |p: f64| f.hist.value_at_quantile(p);
+        report["fanout"] = serde_json::json!({
+            "subscribers": args.subscribers,
+            "connected": f.connected,
+            "deliveries": f.deliveries,
+            "deliveries_per_s": f.deliveries as f64 / secs,
+            "e2e_latency_us": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": f.hist.max()},
+            "server_cpu_us_per_delivery": server_cpu_us.map(|c| c as f64 / f.deliveries.max(1) as f64),
+        });
+        println!(
+            "fan-out: {}/{} subscribers, {:.0} deliveries/s, e2e p50={}us p99={}us p99.9={}us{}",
+            f.connected,
+            args.subscribers,
+            f.deliveries as f64 / secs,
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            match server_cpu_us {
+                Some(c) => format!("  server_cpu={:.3}us/delivery", c as f64 / f.deliveries.max(1) as f64),
+                None => String::new(),
+            }
+        );
+    }
     println!(
         "{} {} conns={} {:.0} ok/s  errors={} p50={}us p99={}us p99.9={}us max={}us{}",
         report["mode"].as_str().unwrap(),

@@ -1,0 +1,141 @@
+//! Fan-out subscribers: N WebSocket clients that count deliveries and measure end-to-end
+//! latency from the publish time stamped in each event's id (`t` + 16 digits of µs since the
+//! Unix epoch, written by the publishers into the placeholder of the request body).
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+/// What the publishers stamp: `"id":"t<16 digits>"`.
+pub const MARK: &[u8] = b"\"id\":\"t";
+
+pub fn now_micros() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+pub struct SubResult {
+    pub hist: Histogram<u64>,
+    pub deliveries: u64,
+    pub connected: u64,
+}
+
+fn stamp_of(payload: &[u8]) -> Option<u64> {
+    let at = payload.windows(MARK.len()).position(|w| w == MARK)? + MARK.len();
+    let digits = payload.get(at..at + 16)?;
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+async fn read_some(s: &mut TcpStream, buf: &mut Vec<u8>, stop: &AtomicBool) -> bool {
+    if stop.load(Ordering::Relaxed) {
+        return false;
+    }
+    buf.reserve(64 * 1024);
+    let (len, cap) = (buf.len(), buf.capacity());
+    let owned = std::mem::take(buf);
+    match monoio::time::timeout(Duration::from_millis(200), s.read(owned.slice_mut(len..cap))).await {
+        Err(_) => true, // quiet; look at the stop flag again
+        Ok((res, slice)) => {
+            *buf = slice.into_inner();
+            matches!(res, Ok(n) if n > 0)
+        }
+    }
+}
+
+async fn subscriber(
+    addr: SocketAddr,
+    host: String,
+    path: String,
+    measure_from: Instant,
+    stop: Arc<AtomicBool>,
+) -> SubResult {
+    let mut r = SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };
+    let Ok(mut s) = TcpStream::connect(addr).await else { return r };
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    if s.write_all(req.into_bytes()).await.0.is_err() {
+        return r;
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if !read_some(&mut s, &mut buf, &stop).await || buf.len() > 16 * 1024 {
+            return r;
+        }
+    };
+    if !buf.starts_with(b"HTTP/1.1 101") {
+        return r;
+    }
+    r.connected = 1;
+    buf.drain(..head_end);
+    loop {
+        // Whole server frames (unmasked) at the front of `buf`.
+        loop {
+            if buf.len() < 2 {
+                break;
+            }
+            let (op, len7) = (buf[0] & 0x0f, (buf[1] & 0x7f) as usize);
+            let (len, at) = match len7 {
+                126 if buf.len() >= 4 => (u16::from_be_bytes([buf[2], buf[3]]) as usize, 4),
+                127 if buf.len() >= 10 => (u64::from_be_bytes(buf[2..10].try_into().unwrap()) as usize, 10),
+                126 | 127 => break,
+                n => (n, 2),
+            };
+            if buf.len() < at + len {
+                break;
+            }
+            if op == 8 {
+                return r;
+            }
+            if op == 1 || op == 2 {
+                let now = Instant::now();
+                if now >= measure_from {
+                    r.deliveries += 1;
+                    if let Some(t) = stamp_of(&buf[at..at + len]) {
+                        let _ = r.hist.record(now_micros().saturating_sub(t).max(1));
+                    }
+                }
+            }
+            buf.drain(..at + len);
+        }
+        if !read_some(&mut s, &mut buf, &stop).await {
+            return r;
+        }
+    }
+}
+
+/// Runs `n` subscribers on this thread until `stop`; sums their results.
+pub fn run(
+    addr: SocketAddr,
+    host: String,
+    path: String,
+    n: usize,
+    measure_from: Instant,
+    stop: Arc<AtomicBool>,
+) -> SubResult {
+    let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime");
+    rt.block_on(async move {
+        let (host, path) = (Rc::new(host), Rc::new(path));
+        let tasks: Vec<_> = (0..n)
+            .map(|_| monoio::spawn(subscriber(addr, (*host).clone(), (*path).clone(), measure_from, stop.clone())))
+            .collect();
+        let mut total =
+            SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };
+        for t in tasks {
+            let r = t.await;
+            total.hist.add(&r.hist).expect("same bounds");
+            total.deliveries += r.deliveries;
+            total.connected += r.connected;
+        }
+        total
+    })
+}

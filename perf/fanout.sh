@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Fan-out benchmark: one topic, SUBS WebSocket subscribers, publishers at a fixed RATE, evmesh
+# (a BROADCAST subscription, ack=none) beside nginx+nchan (/sub WebSocket subscribers of one
+# channel), the same loadgen in alternation over ROUNDS. Reports server CPU-µs per delivery,
+# deliveries/s and publish-to-delivery latency; appends a table to perf/RESULTS.md.
+#
+#   bash perf/fanout.sh        (ROUNDS=3 DUR=8 SUBS=100 RATE=1000 SHARDS=1 env knobs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+SHARED=${SHARED:-$ROOT/../shared}
+P=${PEERS_DIR:-/tmp/evmesh-peers}
+ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SUBS=${SUBS:-100}; RATE=${RATE:-1000}; SHARDS=${SHARDS:-1}
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
+OUT=$ROOT/perf/results/fanout-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
+bash scripts/deps.sh
+cargo build --release -q --workspace --bins
+EVMESH=$CARGO_TARGET_DIR/release/evmesh; LOADGEN=$CARGO_TARGET_DIR/release/loadgen
+if [ ! -f "$P/nchan/nginx.conf" ] || ! command -v nginx >/dev/null; then bash "$SHARED/peers/setup_peers.sh" install; fi
+if ! curl -sf http://127.0.0.1:18080/ok >/dev/null; then
+  mkdir -p "$P/nchan/logs" "$P/nchan/tmp"; nginx -p "$P/nchan" -c "$P/nchan/nginx.conf" 2>&1 | grep -v '\[info\]' || true
+fi
+for _ in $(seq 50); do curl -sf http://127.0.0.1:18080/ok >/dev/null && break; sleep 0.1; done
+NCHAN_PID=$(pgrep -P "$(cat "$P/nchan/nginx.pid")" | head -1)
+load() { # name publish-url subscribe-url pid
+  "$LOADGEN" --url "$2" --connections 8 --duration "${DUR}s" --warmup 2s --rate "$RATE" \
+    --subscribe-url "$3" --subscribers "$SUBS" --server-pid "$4" --json "$OUT/$1.json" | tee -a "$OUT/log.txt"
+}
+for r in $(seq "$ROUNDS"); do
+  dir=$(mktemp -d /var/tmp/evmesh-fanout.XXXX)
+  "$EVMESH" serve --shards "$SHARDS" --data-dir "$dir" --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do curl -sf http://127.0.0.1:18181/readyz >/dev/null && break; sleep 0.1; done
+  curl -sf 127.0.0.1:18180/events/subscribe -d '{"subscription":"fan","topic":"perf","mode":"BROADCAST"}' >/dev/null
+  load "r$r-evmesh" "http://127.0.0.1:18180/events/publish?topic=perf" "ws://127.0.0.1:18180/events/ws?subscription=fan&ack=none" "$pid"
+  kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
+  load "r$r-nchan" "http://127.0.0.1:18080/pub?id=fan_$r" "ws://127.0.0.1:18080/sub?id=fan_$r" "$NCHAN_PID"
+done
+python3 - "$OUT" "$ROUNDS" "$DUR" "$SUBS" "$RATE" "$SHARDS" <<'PY' | tee "$OUT/summary.md"
+import json, sys, glob, os, statistics as st
+out, rounds, dur, subs, rate, shards = sys.argv[1:]
+print(f"### fan-out, {os.path.basename(out)}\n")
+print(f"{subs} WebSocket subscribers of one topic, publishers at {rate}/s (8 connections, 1 KiB structured CloudEvent), "
+      f"{dur}s per run after 2s warm-up, {rounds} rounds in alternation; evmesh shards={shards} (BROADCAST, ack=none), nginx 1 worker.\n")
+print("| target | deliveries/s (median) | server CPU µs/delivery (median) | per round | e2e p50 / p99 / p99.9 µs (median) | subscribers connected |")
+print("|---|---|---|---|---|---|")
+med = {}
+for t in ["evmesh", "nchan"]:
+    runs = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.json"))]
+    f = [r["fanout"] for r in runs]
+    cpu = [x["server_cpu_us_per_delivery"] for x in f if x["server_cpu_us_per_delivery"]]
+    med[t] = st.median(cpu)
+    lat = lambda k: int(st.median([x["e2e_latency_us"][k] for x in f]))
+    print(f"| {t} | {int(st.median([x['deliveries_per_s'] for x in f]))} | {med[t]:.3f} | {', '.join(f'{v:.3f}' for v in cpu)} | "
+          f"{lat('p50')} / {lat('p99')} / {lat('p999')} | {min(x['connected'] for x in f)}/{subs} |")
+print(f"\n- evmesh: CPU per delivery = {med['evmesh']/med['nchan']:.2f}x nchan's (bar: <= 0.3x)")
+PY
+{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR SUBS=$SUBS RATE=$RATE SHARDS=$SHARDS bash perf/fanout.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+echo "raw results in $OUT"
