@@ -21,6 +21,14 @@ use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 const READ_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Bytes gathered into one write when many frames are queued.
 const WRITE_BATCH: usize = 256 * 1024;
+/// A write that makes no progress for this long means the client stopped reading: the session
+/// ends (its queue would have closed it with 1008 anyway, but a blocked write never sees that).
+const WRITE_STALL: Duration = Duration::from_secs(10);
+
+/// Flushes `out`, giving up on a client that stopped reading.
+async fn write_or_give_up<W: AsyncWriteRent>(wr: &mut W, out: &mut Vec<u8>) -> bool {
+    matches!(monoio::time::timeout(WRITE_STALL, flush(wr, out)).await, Ok(true))
+}
 
 fn close_bytes(code: u16) -> Rc<[u8]> {
     let mut out = Vec::with_capacity(4);
@@ -103,11 +111,12 @@ async fn write_half<W: AsyncWriteRent>(
         }
         if let Some(code) = close {
             out.extend_from_slice(&close_bytes(code));
-            flush(&mut wr, &mut out).await;
-            let _ = wr.shutdown().await;
+            if write_or_give_up(&mut wr, &mut out).await {
+                let _ = wr.shutdown().await;
+            }
             return;
         }
-        if !flush(&mut wr, &mut out).await {
+        if !write_or_give_up(&mut wr, &mut out).await {
             return;
         }
     }

@@ -148,3 +148,62 @@ fn sessions_are_refused_clearly_until_their_kind_exists() {
     b.client().request("GET", "/events/ws?subscription=lb&ack=none", &upgrade, b"").assert_problem(501);
     b.client().request("GET", "/events/ws", &upgrade, b"").assert_problem(400);
 }
+
+/// A session that stops reading is cut off (1008, or dropped once its socket stays full) while
+/// another session of the same subscription keeps receiving everything.
+#[test]
+fn a_slow_consumer_is_closed_and_does_not_hold_back_a_fast_one() {
+    let b = TestBroker::start(&["--default-partitions", "1", "--shards", "1"]);
+    let def = json!({"subscription": "fan", "topic": "news", "mode": "BROADCAST"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let mut slow = attach(&b, "subscription=fan&ack=none");
+    let mut fast = attach(&b, "subscription=fan&ack=none");
+    // One shard: interest is registered before the upgrade's 101 reaches the client.
+    let total = 6000;
+    let mut received = 0;
+    let payload = "x".repeat(900);
+    for batch in 0..total / 100 {
+        let events: Vec<Value> = (0..100)
+            .map(|i| {
+                let mut e = event(&format!("e{}", batch * 100 + i));
+                e["data"] = json!(payload);
+                e
+            })
+            .collect();
+        let r = b.client().post(
+            "/events/publish?topic=news",
+            "application/cloudevents-batch+json",
+            json!(events).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 202);
+        while let Some(_e) = next_event(&mut fast) {
+            received += 1;
+        }
+    }
+    let start = Instant::now();
+    while received < total {
+        assert!(start.elapsed() < Duration::from_secs(20), "fast consumer got {received} of {total}");
+        if next_event(&mut fast).is_some() {
+            received += 1;
+        }
+    }
+    // The slow one was closed: reading it through ends in a close frame or a dropped socket,
+    // well before all events.
+    let mut got = 0;
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(30), "slow consumer never closed");
+        match slow.read() {
+            Ok(Message::Text(_)) => got += 1,
+            Ok(Message::Close(Some(f))) => {
+                assert_eq!(f.code, CloseCode::Policy);
+                break;
+            }
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    assert!(got < total, "the slow consumer was cut off ({got} of {total})");
+}
