@@ -7,21 +7,9 @@
 #   bash perf/fanout.sh        (ROUNDS=3 DUR=8 SUBS=100 RATE=1000 SHARDS=1 env knobs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-SHARED=${SHARED:-$ROOT/../shared}
-P=${PEERS_DIR:-/tmp/evmesh-peers}
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SUBS=${SUBS:-100}; RATE=${RATE:-1000}; SHARDS=${SHARDS:-1}
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
+source perf/common.sh
 OUT=$ROOT/perf/results/fanout-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
-bash scripts/deps.sh
-cargo build --release -q --workspace --bins
-EVMESH=$CARGO_TARGET_DIR/release/evmesh; LOADGEN=$CARGO_TARGET_DIR/release/loadgen
-if [ ! -f "$P/nchan/nginx.conf" ] || ! command -v nginx >/dev/null; then bash "$SHARED/peers/setup_peers.sh" install; fi
-if ! curl -sf http://127.0.0.1:18080/ok >/dev/null; then
-  mkdir -p "$P/nchan/logs" "$P/nchan/tmp"; nginx -p "$P/nchan" -c "$P/nchan/nginx.conf" 2>&1 | grep -v '\[info\]' || true
-fi
-for _ in $(seq 50); do curl -sf http://127.0.0.1:18080/ok >/dev/null && break; sleep 0.1; done
-NCHAN_PID=$(pgrep -P "$(cat "$P/nchan/nginx.pid")" | head -1)
 load() { # name publish-url subscribe-url pid
   "$LOADGEN" --url "$2" --connections 8 --duration "${DUR}s" --warmup 2s --rate "$RATE" \
     --subscribe-url "$3" --subscribers "$SUBS" --server-pid "$4" --json "$OUT/$1.json" | tee -a "$OUT/log.txt"
@@ -30,7 +18,7 @@ for r in $(seq "$ROUNDS"); do
   dir=$(mktemp -d /var/tmp/evmesh-fanout.XXXX)
   "$EVMESH" serve --shards "$SHARDS" --data-dir "$dir" --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
   pid=$!
-  for _ in $(seq 100); do curl -sf http://127.0.0.1:18181/readyz >/dev/null && break; sleep 0.1; done
+  wait_ready http://127.0.0.1:18181
   curl -sf 127.0.0.1:18180/events/subscribe -d '{"subscription":"fan","topic":"perf","mode":"BROADCAST"}' >/dev/null
   load "r$r-evmesh" "http://127.0.0.1:18180/events/publish?topic=perf" "ws://127.0.0.1:18180/events/ws?subscription=fan&ack=none" "$pid"
   kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"

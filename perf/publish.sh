@@ -12,25 +12,9 @@
 # perf/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-SHARED=${SHARED:-$ROOT/../shared}
-P=${PEERS_DIR:-/tmp/evmesh-peers}
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-10}; CONNS=${CONNS:-64}; SHARDS=${SHARDS:-1}; LOW_RATE=${LOW_RATE:-5000}
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
-STAMP=$(date -u +%Y%m%dT%H%M%SZ)
-OUT=$ROOT/perf/results/publish-$STAMP; mkdir -p "$OUT"
-
-bash scripts/deps.sh
-cargo build --release -q --workspace --bins
-EVMESH=$CARGO_TARGET_DIR/release/evmesh; LOADGEN=$CARGO_TARGET_DIR/release/loadgen
-
-# nginx + nchan from the shared peer scripts (installs once; starts only nginx).
-if [ ! -f "$P/nchan/nginx.conf" ] || ! command -v nginx >/dev/null; then bash "$SHARED/peers/setup_peers.sh" install; fi
-if ! curl -sf http://127.0.0.1:18080/ok >/dev/null; then
-  mkdir -p "$P/nchan/logs" "$P/nchan/tmp"; nginx -p "$P/nchan" -c "$P/nchan/nginx.conf" 2>&1 | grep -v '\[info\]' || true
-fi
-for _ in $(seq 50); do curl -sf http://127.0.0.1:18080/ok >/dev/null && break; sleep 0.1; done
-NCHAN_PID=$(pgrep -P "$(cat "$P/nchan/nginx.pid")" | head -1)
+source perf/common.sh
+OUT=$ROOT/perf/results/publish-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 
 EV_PID=
 start_evmesh() { # driver durability
@@ -38,8 +22,7 @@ start_evmesh() { # driver durability
   "$EVMESH" serve --shards "$SHARDS" --io-driver "$1" --durability "$2" --data-dir "$dir" \
     --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
   EV_PID=$!; EV_DIR=$dir
-  for _ in $(seq 100); do curl -sf http://127.0.0.1:18181/readyz >/dev/null && return 0; sleep 0.1; done
-  echo "evmesh did not become ready" >&2; cat "$OUT/evmesh.log" >&2; exit 1
+  wait_ready http://127.0.0.1:18181 || { cat "$OUT/evmesh.log" >&2; exit 1; }
 }
 stop_evmesh() { kill "$EV_PID" 2>/dev/null; wait "$EV_PID" 2>/dev/null || true; rm -rf "$EV_DIR"; }
 

@@ -33,6 +33,24 @@ fn next_event(ws: &mut Ws) -> Option<Value> {
     }
 }
 
+/// Reads until the session ends: `Some(code)` for a close frame, `None` for a dropped socket;
+/// counts the events read on the way.
+fn read_until_closed(ws: &mut Ws, limit: Duration) -> (Option<CloseCode>, usize) {
+    let start = Instant::now();
+    let mut events = 0;
+    loop {
+        assert!(start.elapsed() < limit, "the session was never closed");
+        match ws.read() {
+            Ok(Message::Text(_)) => events += 1,
+            Ok(Message::Close(f)) => return (f.map(|f| f.code), events),
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return (None, events),
+        }
+    }
+}
+
 /// A key for each of `n` partitions, by Kafka's partitioner.
 fn keys(n: u32) -> Vec<String> {
     let mut out: Vec<Option<String>> = vec![None; n as usize];
@@ -113,20 +131,7 @@ fn broadcast_sessions_get_every_matching_event_once_per_shard_fan_out() {
     let r = b.client().post("/events/unsubscribe", "application/json", br#"{"subscription":"fan"}"#);
     assert_eq!(r.status, 200);
     for c in clients.iter_mut() {
-        let start = Instant::now();
-        loop {
-            assert!(start.elapsed() < Duration::from_secs(10), "no close frame");
-            match c.read() {
-                Ok(Message::Close(Some(f))) => {
-                    assert_eq!(f.code, CloseCode::Normal);
-                    break;
-                }
-                Ok(_) => {}
-                Err(tungstenite::Error::Io(e))
-                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(e) => panic!("{e}"),
-            }
-        }
+        assert_eq!(read_until_closed(c, Duration::from_secs(10)).0, Some(CloseCode::Normal));
     }
 }
 
@@ -189,21 +194,7 @@ fn a_slow_consumer_is_closed_and_does_not_hold_back_a_fast_one() {
     }
     // The slow one was closed: reading it through ends in a close frame or a dropped socket,
     // well before all events.
-    let mut got = 0;
-    let start = Instant::now();
-    loop {
-        assert!(start.elapsed() < Duration::from_secs(30), "slow consumer never closed");
-        match slow.read() {
-            Ok(Message::Text(_)) => got += 1,
-            Ok(Message::Close(Some(f))) => {
-                assert_eq!(f.code, CloseCode::Policy);
-                break;
-            }
-            Ok(_) => {}
-            Err(tungstenite::Error::Io(e))
-                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => break,
-        }
-    }
+    let (code, got) = read_until_closed(&mut slow, Duration::from_secs(30));
+    assert!(matches!(code, None | Some(CloseCode::Policy)), "{code:?}");
     assert!(got < total, "the slow consumer was cut off ({got} of {total})");
 }
