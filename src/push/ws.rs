@@ -12,10 +12,13 @@ use monoio::io::{AsyncWriteRent, Splitable};
 use monoio::net::TcpStream;
 
 use super::Outbound;
-use crate::server::conn::{flush, read_more, ConnLimits, ReadOutcome};
+use crate::server::conn::{flush, read_more_sized, ConnLimits, ReadOutcome};
 use crate::shard::core::Shard;
 use crate::shard::message::InterestChange;
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
+
+/// Clients of a session send only small control messages; idle sessions must stay small.
+const SESSION_READ_CHUNK: usize = 512;
 
 /// A subscriber may stay silent for as long as it likes; only the socket closing ends it.
 const READ_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -73,7 +76,7 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
                 Some(Message::Text(_)) | Some(Message::Pong(_)) => {}
             }
         }
-        match read_more(&mut rd, &mut buf, READ_FOREVER).await {
+        match read_more_sized(&mut rd, &mut buf, READ_FOREVER, SESSION_READ_CHUNK).await {
             ReadOutcome::Data => {}
             ReadOutcome::Closed | ReadOutcome::TimedOut => return,
         }
@@ -135,6 +138,9 @@ pub async fn session(
     if first {
         shard.announce(&subscription, &topic, InterestChange::Attach);
     }
+    // The HTTP read buffer came along with the upgrade; keep only what it holds.
+    let mut buf = buf;
+    buf.shrink_to_fit();
     let (rd, wr) = stream.into_split();
     let (ctl_tx, ctl_rx) = mpsc::channel(16);
     let reader = Box::pin(read_half(rd, buf, limits.ws_max_message, ctl_tx));

@@ -116,7 +116,18 @@ pub(crate) enum ReadOutcome {
 /// Reads more bytes onto the end of `buf`. On `TimedOut` the read was cancelled and `buf` is
 /// left empty (the cancelled operation owned it); callers only close the connection then.
 pub(crate) async fn read_more<R: AsyncReadRent>(stream: &mut R, buf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
-    buf.reserve(READ_CHUNK);
+    read_more_sized(stream, buf, timeout, READ_CHUNK).await
+}
+
+/// [`read_more`] with room for at least `chunk` more bytes: long-lived, mostly idle
+/// connections (WebSocket sessions) read in small chunks to keep their memory small.
+pub(crate) async fn read_more_sized<R: AsyncReadRent>(
+    stream: &mut R,
+    buf: &mut Vec<u8>,
+    timeout: Duration,
+    chunk: usize,
+) -> ReadOutcome {
+    buf.reserve(chunk);
     let len = buf.len();
     let cap = buf.capacity();
     let owned = std::mem::take(buf);
@@ -253,6 +264,8 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             if !flush(&mut stream, &mut out).await {
                 return;
             }
+            // The connection may now live for days: free what only HTTP needed.
+            drop((head, out, chunked_body));
             return handler.upgraded(upgrade, stream, buf, limits).await;
         }
         if !keep_alive {
