@@ -79,12 +79,13 @@ impl Handler for Admin {
     }
 
     /// The admin listener never answers 101; a connection handed here is simply dropped.
-    async fn upgraded(
+    fn upgraded(
         &self,
         _: crate::http::Upgrade,
         _: monoio::net::TcpStream,
         _: Vec<u8>,
         _: crate::server::conn::ConnLimits,
+        _: crate::server::ConnGuard,
     ) {
     }
 }

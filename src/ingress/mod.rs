@@ -11,7 +11,7 @@ use futures::future::join_all;
 
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::http::{problem, Method, Response, StatusCode, Upgrade};
-use crate::server::conn::ConnLimits;
+use crate::server::conn::{ConnGuard, ConnLimits};
 use crate::server::{Handler, Request};
 use crate::shard::core::Shard;
 use crate::shard::message::{InterestChange, SubOutcome, SubRequest};
@@ -59,11 +59,27 @@ fn ws_upgrade(req: &Request<'_>, upgrade: Upgrade) -> Response {
 }
 
 impl Handler for Traffic {
-    async fn upgraded(&self, upgrade: Upgrade, stream: monoio::net::TcpStream, buf: Vec<u8>, limits: ConnLimits) {
+    fn upgraded(
+        &self,
+        upgrade: Upgrade,
+        stream: monoio::net::TcpStream,
+        buf: Vec<u8>,
+        limits: ConnLimits,
+        guard: ConnGuard,
+    ) {
         match upgrade {
-            Upgrade::WsEcho => crate::server::ws::echo(stream, buf, limits).await,
+            Upgrade::WsEcho => {
+                monoio::spawn(async move {
+                    crate::server::ws::echo(stream, buf, limits).await;
+                    drop(guard);
+                });
+            }
             Upgrade::WsDeliver { subscription, topic } => {
-                crate::push::ws::session(self.shard.clone(), stream, buf, limits, subscription, topic).await
+                let shard = self.shard.clone();
+                monoio::spawn(async move {
+                    crate::push::ws::session(shard, stream, buf, limits, subscription, topic).await;
+                    drop(guard);
+                });
             }
         }
     }

@@ -17,7 +17,7 @@ use crate::config::{Config, IoDriver};
 use crate::ingress::Traffic;
 use crate::server::conn::{serve, ConnLimits};
 use crate::server::listen::bind_shared;
-use crate::server::Handler;
+use crate::server::{ConnGuard, Handler};
 use crate::shard::core::Shard;
 use crate::shard::mailbox::Mailboxes;
 use crate::shard::ShardId;
@@ -104,14 +104,17 @@ async fn accept_loop<H: Handler + 'static>(
         }
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
-        let shard = shard.clone();
-        monoio::spawn(async move {
-            serve(stream, &*handler, limits).await;
-            if let Some(shard) = shard {
-                shard.connections.set(shard.connections.get() - 1);
-                shard.shared.metrics.shard(shard.id).connections_open.sub(1);
+        let guard = match &shard {
+            Some(shard) => {
+                let shard = shard.clone();
+                ConnGuard::new(move || {
+                    shard.connections.set(shard.connections.get() - 1);
+                    shard.shared.metrics.shard(shard.id).connections_open.sub(1);
+                })
             }
-        });
+            None => ConnGuard::uncounted(),
+        };
+        monoio::spawn(async move { serve(stream, &*handler, limits, guard).await });
     }
 }
 

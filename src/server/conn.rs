@@ -85,14 +85,33 @@ pub trait Handler {
     fn handle(&self, req: Request<'_>) -> impl Future<Output = Response>;
 
     /// Takes the connection over after a `101` answered with `upgrade`; `buf` holds the bytes
-    /// already read past the request.
-    fn upgraded(
-        &self,
-        upgrade: http::Upgrade,
-        stream: TcpStream,
-        buf: Vec<u8>,
-        limits: ConnLimits,
-    ) -> impl Future<Output = ()>;
+    /// already read past the request. Spawns whatever serves it from now on (so the HTTP
+    /// connection's state is freed) and hands it `guard`, which counts the connection as open
+    /// until dropped.
+    fn upgraded(&self, upgrade: http::Upgrade, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, guard: ConnGuard);
+}
+
+/// Accounts for one open connection: runs its closing action when dropped, by whichever task
+/// holds the socket last.
+pub struct ConnGuard(Option<Box<dyn FnOnce()>>);
+
+impl ConnGuard {
+    pub fn new(on_close: impl FnOnce() + 'static) -> Self {
+        ConnGuard(Some(Box::new(on_close)))
+    }
+
+    /// A connection nobody counts (the admin listener's).
+    pub fn uncounted() -> Self {
+        ConnGuard(None)
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
 }
 
 /// Per-connection settings.
@@ -176,7 +195,7 @@ pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, respons
 }
 
 /// Serves requests on `stream` until the client closes, an error closes it, or it idles out.
-pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits) {
+pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut chunked_body: Vec<u8> = Vec::new();
@@ -266,7 +285,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             }
             // The connection may now live for days: free what only HTTP needed.
             drop((head, out, chunked_body));
-            return handler.upgraded(upgrade, stream, buf, limits).await;
+            return handler.upgraded(upgrade, stream, buf, limits, guard);
         }
         if !keep_alive {
             flush(&mut stream, &mut out).await;

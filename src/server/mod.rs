@@ -8,4 +8,4 @@ pub mod conn;
 pub mod listen;
 pub mod ws;
 
-pub use conn::{serve, Handler, Request};
+pub use conn::{serve, ConnGuard, Handler, Request};
