@@ -3,7 +3,8 @@
 //!
 //! Fan-out cost is paid once per shard, not per session: the partition owner sends one
 //! [`Delivery`] per interested shard, carrying the stored frames by handle; this shard renders
-//! each event once as a WebSocket text frame and queues the same bytes to every session.
+//! each event once as a WebSocket text frame and queues the same bytes to every session, which
+//! writes that shared buffer itself when it is the only one queued (no copy per session).
 //! Sessions have bounded queues: a session that falls `SESSION_QUEUE` frames behind is closed
 //! with 1008 instead of growing memory or slowing the others.
 
@@ -27,7 +28,7 @@ pub const SESSION_QUEUE: usize = 1024;
 #[derive(Debug, Clone)]
 pub enum Outbound {
     /// A ready WebSocket frame, shared by every session that gets it.
-    Frame(Rc<[u8]>),
+    Frame(Rc<Vec<u8>>),
     /// Close with this code after what is queued.
     Close(u16),
 }
@@ -45,7 +46,7 @@ pub struct Sessions {
 }
 
 /// The rendering of one stored event as a delivered WebSocket text frame.
-pub fn render(frame: &Frame) -> Rc<[u8]> {
+pub fn render(frame: &Frame) -> Rc<Vec<u8>> {
     let h = frame.header();
     let extra = [
         ("emdeliveryid", AttrValue::Str(format!("{}:{}:1", h.partition, h.offset))),
@@ -57,7 +58,7 @@ pub fn render(frame: &Frame) -> Rc<[u8]> {
     write_structured(frame, &extra, &mut json);
     let mut out = Vec::with_capacity(json.len() + 10);
     encode_frame(OpCode::Text, true, &json, &mut out);
-    out.into()
+    Rc::new(out)
 }
 
 impl Sessions {
@@ -89,7 +90,7 @@ impl Sessions {
     pub fn deliver(&self, d: &Delivery) {
         let mut map = self.by_subscription.borrow_mut();
         let Some(list) = map.get_mut(&d.subscription) else { return };
-        let rendered: Vec<Rc<[u8]>> = match &d.pick {
+        let rendered: Vec<Rc<Vec<u8>>> = match &d.pick {
             None => d.frames.iter().map(render).collect(),
             Some(pick) => pick.iter().map(|&i| render(&d.frames[i as usize])).collect(),
         };

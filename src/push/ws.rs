@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::future::{select, Either};
 use futures::StreamExt;
-use monoio::io::{AsyncWriteRent, Splitable};
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::TcpStream;
 
 use super::Outbound;
@@ -20,8 +20,6 @@ use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 /// Clients of a session send only small control messages; idle sessions must stay small.
 const SESSION_READ_CHUNK: usize = 512;
 
-/// A subscriber may stay silent for as long as it likes; only the socket closing ends it.
-const READ_FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Bytes gathered into one write when many frames are queued.
 const WRITE_BATCH: usize = 256 * 1024;
 /// A write that makes no progress for this long means the client stopped reading: the session
@@ -33,10 +31,10 @@ async fn write_or_give_up<W: AsyncWriteRent>(wr: &mut W, out: &mut Vec<u8>) -> b
     matches!(monoio::time::timeout(WRITE_STALL, flush(wr, out)).await, Ok(true))
 }
 
-fn close_bytes(code: u16) -> Rc<[u8]> {
+fn close_bytes(code: u16) -> Vec<u8> {
     let mut out = Vec::with_capacity(4);
     encode_frame(OpCode::Close, true, &code.to_be_bytes(), &mut out);
-    out.into()
+    out
 }
 
 async fn read_half<R: monoio::io::AsyncReadRent>(
@@ -62,7 +60,7 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
                 Some(Message::Ping(p)) => {
                     let mut out = Vec::with_capacity(p.len() + 2);
                     encode_frame(OpCode::Pong, true, &p, &mut out);
-                    let _ = ctl.try_send(Outbound::Frame(out.into()));
+                    let _ = ctl.try_send(Outbound::Frame(Rc::new(out)));
                 }
                 Some(Message::Close(code, _)) => {
                     let _ = ctl.try_send(Outbound::Close(code.unwrap_or(CloseCode::NORMAL.0)));
@@ -76,7 +74,8 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
                 Some(Message::Text(_)) | Some(Message::Pong(_)) => {}
             }
         }
-        match read_more_sized(&mut rd, &mut buf, READ_FOREVER, SESSION_READ_CHUNK).await {
+        // A subscriber may stay silent for as long as it likes; only the socket closing ends it.
+        match read_more_sized(&mut rd, &mut buf, None, SESSION_READ_CHUNK).await {
             ReadOutcome::Data => {}
             ReadOutcome::Closed | ReadOutcome::TimedOut => return,
         }
@@ -98,7 +97,23 @@ async fn write_half<W: AsyncWriteRent>(
             // The reader finished without asking for a close: the peer is gone.
             Either::Right((None, _)) => return,
         };
-        let mut pending = Some(next);
+        // The common case under fan-out: one event queued. Write the shared rendering itself.
+        let mut pending = match next {
+            Outbound::Frame(bytes) => match ctl.try_recv().ok().or_else(|| events.try_recv().ok()) {
+                None => {
+                    let sent = monoio::time::timeout(WRITE_STALL, wr.write_all(bytes)).await;
+                    if !matches!(sent, Ok((Ok(_), _))) {
+                        return;
+                    }
+                    continue;
+                }
+                Some(more) => {
+                    out.extend_from_slice(&bytes);
+                    Some(more)
+                }
+            },
+            close => Some(close),
+        };
         let mut close = None;
         while let Some(m) = pending.take() {
             match m {

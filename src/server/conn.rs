@@ -135,30 +135,34 @@ pub(crate) enum ReadOutcome {
 /// Reads more bytes onto the end of `buf`. On `TimedOut` the read was cancelled and `buf` is
 /// left empty (the cancelled operation owned it); callers only close the connection then.
 pub(crate) async fn read_more<R: AsyncReadRent>(stream: &mut R, buf: &mut Vec<u8>, timeout: Duration) -> ReadOutcome {
-    read_more_sized(stream, buf, timeout, READ_CHUNK).await
+    read_more_sized(stream, buf, Some(timeout), READ_CHUNK).await
 }
 
 /// [`read_more`] with room for at least `chunk` more bytes: long-lived, mostly idle
 /// connections (WebSocket sessions) read in small chunks to keep their memory small.
+/// `timeout: None` waits for as long as the peer stays silent (no timer entry at all).
 pub(crate) async fn read_more_sized<R: AsyncReadRent>(
     stream: &mut R,
     buf: &mut Vec<u8>,
-    timeout: Duration,
+    timeout: Option<Duration>,
     chunk: usize,
 ) -> ReadOutcome {
     buf.reserve(chunk);
     let len = buf.len();
     let cap = buf.capacity();
     let owned = std::mem::take(buf);
-    match monoio::time::timeout(timeout, stream.read(owned.slice_mut(len..cap))).await {
-        Err(_) => ReadOutcome::TimedOut,
-        Ok((res, slice)) => {
-            *buf = slice.into_inner();
-            match res {
-                Ok(0) | Err(_) => ReadOutcome::Closed,
-                Ok(_) => ReadOutcome::Data,
-            }
-        }
+    let read = stream.read(owned.slice_mut(len..cap));
+    let (res, slice) = match timeout {
+        Some(t) => match monoio::time::timeout(t, read).await {
+            Err(_) => return ReadOutcome::TimedOut,
+            Ok(r) => r,
+        },
+        None => read.await,
+    };
+    *buf = slice.into_inner();
+    match res {
+        Ok(0) | Err(_) => ReadOutcome::Closed,
+        Ok(_) => ReadOutcome::Data,
     }
 }
 
