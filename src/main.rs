@@ -1,4 +1,4 @@
-//! `evmesh serve | pub`: parse the configuration, start the shards, wait for a signal.
+//! `evmesh serve | pub | sub`: parse the configuration, start the shards, wait for a signal.
 
 use std::process::ExitCode;
 
@@ -8,6 +8,8 @@ const USAGE: &str = "usage:
                [--io-driver auto|uring|epoll] [--<any other key in evmesh.toml> VALUE]
   evmesh pub   --topic T [--url http://127.0.0.1:8080] [--type TYPE] [--source SRC] [--id ID]
                [--partition-key K] [--data JSON | --data-text TEXT]   (or a CloudEvent JSON on stdin)
+  evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--max N]
+               (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   evmesh print-config   (the commented defaults)";
 
 fn main() -> ExitCode {
@@ -18,6 +20,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("evmesh pub: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some("sub") => match evmesh::cli::subscribe(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("evmesh sub: {e}");
                 ExitCode::FAILURE
             }
         },

@@ -1,5 +1,5 @@
-//! The command-line side: `evmesh pub` (a tiny blocking HTTP client for a first tour) and the
-//! process's stop signals. Not used by the shards.
+//! The command-line side: `evmesh pub` and `evmesh sub` (tiny blocking clients for a first
+//! tour) and the process's stop signals. Not used by the shards.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -101,4 +101,131 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> i32 {
         libc::sigwait(set, &mut sig);
     }
     sig
+}
+
+/// A blocking client-side WebSocket reader for `evmesh sub` (server frames are unmasked; ours
+/// are masked, as RFC 6455 requires of clients).
+mod wsclient {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    pub enum Frame {
+        Text(String),
+        Ping(Vec<u8>),
+        Close(u16),
+        Other,
+    }
+
+    pub fn send(s: &mut TcpStream, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
+        let mask = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
+            as u32)
+            .to_be_bytes();
+        let mut out = vec![0x80 | opcode];
+        match payload.len() {
+            n @ 0..=125 => out.push(0x80 | n as u8),
+            n => {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&mask);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        s.write_all(&out)
+    }
+
+    pub fn read(s: &mut TcpStream) -> std::io::Result<Frame> {
+        let mut h = [0u8; 2];
+        s.read_exact(&mut h)?;
+        let len = match h[1] & 0x7f {
+            126 => {
+                let mut b = [0u8; 2];
+                s.read_exact(&mut b)?;
+                u16::from_be_bytes(b) as usize
+            }
+            127 => {
+                let mut b = [0u8; 8];
+                s.read_exact(&mut b)?;
+                usize::try_from(u64::from_be_bytes(b)).unwrap_or(usize::MAX)
+            }
+            n => n as usize,
+        };
+        if len > 64 << 20 {
+            return Err(std::io::Error::other("frame over 64 MiB"));
+        }
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload)?;
+        Ok(match h[0] & 0x0f {
+            1 => Frame::Text(String::from_utf8_lossy(&payload).into_owned()),
+            8 => Frame::Close(payload.get(..2).map_or(1005, |c| u16::from_be_bytes([c[0], c[1]]))),
+            9 => Frame::Ping(payload),
+            _ => Frame::Other,
+        })
+    }
+}
+
+/// `evmesh sub`: follows a subscription over WebSocket and prints one JSON line per event.
+/// Sessions are `ack=none` until acknowledged delivery exists. `--max N` stops after N events.
+pub fn subscribe(args: &[String]) -> Result<(), String> {
+    const KNOWN: [&str; 3] = ["--url", "--subscription", "--max"];
+    for a in args.iter().filter(|a| a.starts_with("--")) {
+        let name = a.split('=').next().unwrap_or(a);
+        if !KNOWN.contains(&name) {
+            return Err(format!("unknown flag {name}"));
+        }
+    }
+    let url = flag(args, "--url").unwrap_or("http://127.0.0.1:8080");
+    let sub = flag(args, "--subscription").ok_or("--subscription is required")?;
+    let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
+    let hostport = url.strip_prefix("http://").ok_or("--url must be http://HOST:PORT")?.trim_end_matches('/');
+    let mut s = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
+    let req = format!(
+        "GET /events/ws?subscription={sub}&ack=none HTTP/1.1\r\nhost: {hostport}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).map_err(|e| format!("reading the handshake: {e}"))?;
+        head.push(byte[0]);
+        if head.len() > 16 * 1024 {
+            return Err("handshake answer too long".into());
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    if !head.starts_with("HTTP/1.1 101") {
+        let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.trim())
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0u8; len.min(64 * 1024)];
+        let _ = s.read_exact(&mut body);
+        println!("{}", String::from_utf8_lossy(&body));
+        return Err(format!("HTTP {status}"));
+    }
+    let stdout = std::io::stdout();
+    let mut seen = 0u64;
+    loop {
+        match wsclient::read(&mut s).map_err(|e| format!("reading: {e}"))? {
+            wsclient::Frame::Text(t) => {
+                let mut out = stdout.lock();
+                writeln!(out, "{t}").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                seen += 1;
+                if max.is_some_and(|m| seen >= m) {
+                    let _ = wsclient::send(&mut s, 8, &1000u16.to_be_bytes());
+                    return Ok(());
+                }
+            }
+            wsclient::Frame::Ping(p) => wsclient::send(&mut s, 10, &p).map_err(|e| e.to_string())?,
+            wsclient::Frame::Close(code) => {
+                let _ = wsclient::send(&mut s, 8, &code.to_be_bytes());
+                return if code == 1000 { Ok(()) } else { Err(format!("closed by the broker with {code}")) };
+            }
+            wsclient::Frame::Other => {}
+        }
+    }
 }

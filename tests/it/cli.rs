@@ -54,3 +54,52 @@ fn pub_from_flags_and_from_stdin() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\":400"));
 }
+
+#[test]
+fn sub_prints_one_json_line_per_event() {
+    use std::io::{BufRead, BufReader};
+    let b = TestBroker::start(&["--shards", "1"]);
+    let url = format!("http://{}", b.traffic);
+    let def = r#"{"subscription":"tail","topic":"cli","mode":"BROADCAST"}"#;
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.as_bytes()).status, 201);
+    let mut child = evmesh()
+        .args(["sub", "--url", &url, "--subscription", "tail", "--max", "3"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    // The session attaches asynchronously: publish until the first event is printed.
+    let mut n = 0;
+    let first = loop {
+        n += 1;
+        assert!(n < 500, "evmesh sub never printed an event");
+        let e = serde_json::json!({"specversion": "1.0", "id": format!("warm-{n}"), "source": "/cli", "type": "t"});
+        assert_eq!(b.publish("cli", &e).status, 202);
+        if let Ok(line) = rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            break line;
+        }
+    };
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("{e}: {first}"));
+    assert!(first["id"].as_str().is_some_and(|id| id.starts_with("warm-")), "{first}");
+    assert_eq!(first["emattempt"], 1);
+    for i in 0..2 {
+        let e = serde_json::json!({"specversion": "1.0", "id": format!("e{i}"), "source": "/cli", "type": "t"});
+        assert_eq!(b.publish("cli", &e).status, 202);
+    }
+    // Two more lines (a late warm-up event may come first), then --max 3 ends the process.
+    let rest: Vec<serde_json::Value> = rx.iter().map(|l| serde_json::from_str(&l).unwrap()).collect();
+    assert_eq!(rest.len(), 2, "--max 3 stops after three events: {rest:?}");
+    assert!(child.wait().unwrap().success());
+    // An unknown subscription is an error exit with the problem printed.
+    let out = evmesh().args(["sub", "--url", &url, "--subscription", "nope"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\":404"));
+}
