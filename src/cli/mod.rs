@@ -18,6 +18,18 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     None
 }
 
+/// Refuses flags outside `known`; returns the broker's `HOST:PORT` from `--url`.
+fn broker<'a>(args: &'a [String], known: &[&str]) -> Result<&'a str, String> {
+    for a in args.iter().filter(|a| a.starts_with("--")) {
+        let name = a.split('=').next().unwrap_or(a);
+        if !known.contains(&name) {
+            return Err(format!("unknown flag {name}"));
+        }
+    }
+    let url = flag(args, "--url").unwrap_or("http://127.0.0.1:8080");
+    Ok(url.strip_prefix("http://").ok_or("--url must be http://HOST:PORT")?.trim_end_matches('/'))
+}
+
 fn new_id() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     format!("{:x}-{:x}", t.as_nanos(), std::process::id())
@@ -28,15 +40,8 @@ fn new_id() -> String {
 pub fn publish(args: &[String]) -> Result<(), String> {
     const KNOWN: [&str; 8] =
         ["--url", "--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text"];
-    for a in args.iter().filter(|a| a.starts_with("--")) {
-        let name = a.split('=').next().unwrap_or(a);
-        if !KNOWN.contains(&name) {
-            return Err(format!("unknown flag {name}"));
-        }
-    }
-    let url = flag(args, "--url").unwrap_or("http://127.0.0.1:8080");
+    let hostport = broker(args, &KNOWN)?;
     let topic = flag(args, "--topic").ok_or("--topic is required")?;
-    let hostport = url.strip_prefix("http://").ok_or("--url must be http://HOST:PORT")?.trim_end_matches('/');
     let event =
         if flag(args, "--type").is_some() || flag(args, "--data").is_some() || flag(args, "--data-text").is_some() {
             let mut ev = serde_json::json!({
@@ -166,17 +171,9 @@ mod wsclient {
 /// `evmesh sub`: follows a subscription over WebSocket and prints one JSON line per event.
 /// Sessions are `ack=none` until acknowledged delivery exists. `--max N` stops after N events.
 pub fn subscribe(args: &[String]) -> Result<(), String> {
-    const KNOWN: [&str; 3] = ["--url", "--subscription", "--max"];
-    for a in args.iter().filter(|a| a.starts_with("--")) {
-        let name = a.split('=').next().unwrap_or(a);
-        if !KNOWN.contains(&name) {
-            return Err(format!("unknown flag {name}"));
-        }
-    }
-    let url = flag(args, "--url").unwrap_or("http://127.0.0.1:8080");
+    let hostport = broker(args, &["--url", "--subscription", "--max"])?;
     let sub = flag(args, "--subscription").ok_or("--subscription is required")?;
     let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
-    let hostport = url.strip_prefix("http://").ok_or("--url must be http://HOST:PORT")?.trim_end_matches('/');
     let mut s = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
     let req = format!(
         "GET /events/ws?subscription={sub}&ack=none HTTP/1.1\r\nhost: {hostport}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n"

@@ -44,10 +44,6 @@ impl Mailboxes {
         Mailboxes { shards, rings, bells }
     }
 
-    pub fn shards(&self) -> usize {
-        self.shards
-    }
-
     fn row(&self, from: Sender) -> usize {
         match from {
             Sender::Shard(s) => s.index(),

@@ -102,4 +102,10 @@ fn sub_prints_one_json_line_per_event() {
     let out = evmesh().args(["sub", "--url", &url, "--subscription", "nope"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\":404"));
+    // Both clients refuse flags they do not know, before connecting anywhere.
+    for cmd in ["pub", "sub"] {
+        let out = evmesh().args([cmd, "--url", &url, "--bogus", "1"]).output().unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag --bogus"), "{cmd}");
+    }
 }
