@@ -4,6 +4,7 @@ pub mod adaptor;
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod delivery;
 pub mod http;
 pub mod ingress;
 pub mod push;

@@ -8,7 +8,7 @@ const USAGE: &str = "usage:
                [--io-driver auto|uring|epoll] [--<any other key in evmesh.toml> VALUE]
   evmesh pub   --topic T [--url http://127.0.0.1:8080] [--type TYPE] [--source SRC] [--id ID]
                [--partition-key K] [--data JSON | --data-text TEXT]   (or a CloudEvent JSON on stdin)
-  evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--max N]
+  evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--client-id C] [--no-ack] [--max N]
                (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   evmesh print-config   (the commented defaults)";
 

@@ -4,6 +4,7 @@
 mod it {
     pub mod util;
 
+    mod acked;
     mod admin;
     mod cli;
     mod delivery;

@@ -28,8 +28,12 @@ fn sample() -> (FrameHeader, FrameBody) {
     (header, body)
 }
 
+/// Resolved when the test runs (cargo sets the variable then too): a test binary reused from a
+/// build in another checkout must read this checkout's files.
 fn golden_path(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
+    let dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or(env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from);
+    dir.join("tests/golden").join(name)
 }
 
 /// A layout drift must fail here, not corrupt stored logs. Regenerate only for a new frame

@@ -10,3 +10,8 @@ mod rfc3339;
 pub fn is_rfc3339(s: &str) -> bool {
     rfc3339::is_valid(s)
 }
+
+/// Microseconds since the epoch of an RFC 3339 timestamp.
+pub fn rfc3339_micros(s: &str) -> Option<i64> {
+    rfc3339::to_micros(s)
+}

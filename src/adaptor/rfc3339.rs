@@ -51,9 +51,54 @@ pub fn is_valid(s: &str) -> bool {
     }
 }
 
+/// Microseconds since the Unix epoch of a valid RFC 3339 timestamp (`None` if it is not one).
+/// Leap seconds count as the next second; digits beyond microseconds are dropped.
+pub fn to_micros(s: &str) -> Option<i64> {
+    if !is_valid(s) {
+        return None;
+    }
+    let b = s.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> i64 { b[r].iter().fold(0i64, |a, d| a * 10 + i64::from(d - b'0')) };
+    let (y, m, d) = (num(0..4), num(5..7), num(8..10));
+    // Days from 1970-01-01 (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let mut secs = days * 86_400 + num(11..13) * 3600 + num(14..16) * 60 + num(17..19);
+    let mut micros = 0i64;
+    let mut i = 19;
+    if b[i] == b'.' {
+        i += 1;
+        let mut scale = 100_000;
+        while b[i].is_ascii_digit() {
+            micros += i64::from(b[i] - b'0') * scale;
+            scale /= 10;
+            i += 1;
+        }
+    }
+    if matches!(b[i], b'+' | b'-') {
+        let off = num(i + 1..i + 3) * 3600 + num(i + 4..i + 6) * 60;
+        secs -= if b[i] == b'+' { off } else { -off };
+    }
+    Some(secs * 1_000_000 + micros)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::is_valid;
+    use super::{is_valid, to_micros};
+
+    #[test]
+    fn converts_to_epoch_micros() {
+        assert_eq!(to_micros("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(to_micros("2026-11-30T12:00:00.5Z"), Some(1_796_040_000_500_000));
+        assert_eq!(to_micros("2026-11-30T13:00:00.5+01:00"), to_micros("2026-11-30T12:00:00.5Z"));
+        assert_eq!(to_micros("2000-02-29T00:00:00.000001Z"), Some(951_782_400_000_001));
+        assert_eq!(to_micros("yesterday"), None);
+    }
 
     #[test]
     fn accepts_and_rejects() {

@@ -66,6 +66,10 @@ pub struct ShardMetrics {
     pub connections_accepted: Counter,
     pub connections_rejected: Counter,
     pub deliveries_dropped: Counter,
+    pub deliveries: Counter,
+    pub redeliveries: Counter,
+    pub acks: Counter,
+    pub dead_lettered: Counter,
     pub publish_latency: Histogram,
 }
 
@@ -87,7 +91,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 7] = [
+        let counters: [(&str, &str, CounterOf); 11] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
@@ -96,9 +100,15 @@ impl Metrics {
             ("evmesh_connections_rejected_total", "Connections closed at accept (max_connections)", |m| {
                 &m.connections_rejected
             }),
-            ("evmesh_deliveries_dropped_total", "ack=none deliveries dropped at a full mailbox", |m| {
-                &m.deliveries_dropped
-            }),
+            (
+                "evmesh_deliveries_dropped_total",
+                "Deliveries dropped at a full mailbox (acked ones are redelivered)",
+                |m| &m.deliveries_dropped,
+            ),
+            ("evmesh_deliveries_total", "Acknowledged deliveries sent, by partition owner", |m| &m.deliveries),
+            ("evmesh_redeliveries_total", "Deliveries after the first attempt", |m| &m.redeliveries),
+            ("evmesh_acks_total", "Acks and nacks received", |m| &m.acks),
+            ("evmesh_dead_lettered_total", "Events appended to a dead-letter topic", |m| &m.dead_lettered),
         ];
         for (name, help, get) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

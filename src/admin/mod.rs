@@ -68,10 +68,7 @@ impl Handler for Admin {
                 Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
             }
             (Method::Get, ["admin", "topics"]) => self.topics(),
-            (Method::Get, ["admin", "subscriptions"]) => match meta::list_subscriptions(&self.shared.db) {
-                Ok(list) => Response::json(StatusCode::OK, serde_json::to_vec(&list).expect("json")),
-                Err(e) => storage_problem(&e),
-            },
+            (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
             (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, &req),
             _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
@@ -94,6 +91,45 @@ impl Admin {
     fn log_of(&self, topic: &str, p: PartitionId) -> EmbeddedLog {
         let s = owner(topic, p, self.shared.config.shards);
         EmbeddedLog::new(self.shared.db.clone(), s, self.shared.config.durability, None)
+    }
+
+    /// Every subscription's definition with, per partition, its end offset and each stored
+    /// consumer's committed offset and lag (`client` is null for the subscription's own
+    /// `LOAD_BALANCE` offsets). A partition no session has read yet has no consumers.
+    fn subscriptions(&self) -> Response {
+        let shards = self.shared.config.shards;
+        let lag = || -> Result<Vec<serde_json::Value>, crate::storage::StorageError> {
+            let mut out = Vec::new();
+            for def in meta::list_subscriptions(&self.shared.db)? {
+                let partitions = meta::get(&self.shared.db, &def.topic)?.map_or(0, |m| m.partitions);
+                let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
+                for s in 0..shards {
+                    let s = crate::shard::ShardId(s as u16);
+                    stored.extend(crate::storage::offsets::list(&self.shared.db, s, &def.topic, &def.subscription)?);
+                }
+                let mut parts = Vec::new();
+                for p in (0..partitions).map(PartitionId) {
+                    let end = self.log_of(&def.topic, p).bounds(&def.topic, p)?.end;
+                    let consumers: Vec<serde_json::Value> = stored
+                        .iter()
+                        .filter(|c| c.partition == p.0)
+                        .map(|c| {
+                            let client = (!c.client.is_empty()).then_some(c.client.as_str());
+                            serde_json::json!({"client": client, "committed": c.offset, "lag": end.saturating_sub(c.offset)})
+                        })
+                        .collect();
+                    parts.push(serde_json::json!({"partition": p.0, "end_offset": end, "consumers": consumers}));
+                }
+                let mut v = serde_json::to_value(&def).expect("json");
+                v["partitions"] = serde_json::Value::Array(parts);
+                out.push(v);
+            }
+            Ok(out)
+        };
+        match lag() {
+            Ok(list) => Response::json(StatusCode::OK, serde_json::to_vec(&list).expect("json")),
+            Err(e) => storage_problem(&e),
+        }
     }
 
     fn topics(&self) -> Response {

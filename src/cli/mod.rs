@@ -169,14 +169,27 @@ mod wsclient {
 }
 
 /// `evmesh sub`: follows a subscription over WebSocket and prints one JSON line per event.
-/// Sessions are `ack=none` until acknowledged delivery exists. `--max N` stops after N events.
+/// Each event is acknowledged once printed (at-least-once: a crash before the ack means it is
+/// delivered again); `--no-ack` attaches with `ack=none` (BROADCAST live fan-out) instead.
+/// `--client-id C` names the client of a BROADCAST or MULTICAST subscription, so its offsets are
+/// kept between runs. `--max N` stops after N events.
 pub fn subscribe(args: &[String]) -> Result<(), String> {
-    let hostport = broker(args, &["--url", "--subscription", "--max"])?;
+    let no_ack = args.iter().any(|a| a == "--no-ack");
+    let rest: Vec<String> = args.iter().filter(|a| *a != "--no-ack").cloned().collect();
+    let args = &rest[..];
+    let hostport = broker(args, &["--url", "--subscription", "--max", "--client-id"])?;
     let sub = flag(args, "--subscription").ok_or("--subscription is required")?;
+    let mut query = format!("subscription={sub}");
+    if no_ack {
+        query.push_str("&ack=none");
+    }
+    if let Some(c) = flag(args, "--client-id") {
+        query.push_str(&format!("&clientId={c}"));
+    }
     let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
     let mut s = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
     let req = format!(
-        "GET /events/ws?subscription={sub}&ack=none HTTP/1.1\r\nhost: {hostport}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n"
+        "GET /events/ws?{query} HTTP/1.1\r\nhost: {hostport}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n"
     );
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut head = Vec::new();
@@ -211,6 +224,15 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
                 let mut out = stdout.lock();
                 writeln!(out, "{t}").map_err(|e| e.to_string())?;
                 out.flush().map_err(|e| e.to_string())?;
+                if !no_ack {
+                    let id = serde_json::from_str::<serde_json::Value>(&t)
+                        .ok()
+                        .and_then(|v| v.get("emdeliveryid").and_then(|i| i.as_str()).map(str::to_owned));
+                    if let Some(id) = id {
+                        let ack = serde_json::json!({"type": "ack", "ids": [id]}).to_string();
+                        wsclient::send(&mut s, 1, ack.as_bytes()).map_err(|e| e.to_string())?;
+                    }
+                }
                 seen += 1;
                 if max.is_some_and(|m| seen >= m) {
                     let _ = wsclient::send(&mut s, 8, &1000u16.to_be_bytes());

@@ -63,6 +63,8 @@ pub const KEYS: &[(&str, &str)] = &[
     ("retention_check_ms", "how often each shard applies retention"),
     ("ws_max_message_bytes", "largest WebSocket message accepted (1009 beyond)"),
     ("ws_echo_endpoint", "serve the WebSocket echo endpoint /ws/echo (conformance tests only)"),
+    ("session_window", "unacknowledged deliveries a session may hold per owning shard, until it sends credit"),
+    ("redelivery_backoff_ms", "first redelivery backoff; doubles per attempt up to 16x, with jitter"),
 ];
 
 fn kind(key: &str) -> Kind {
@@ -103,6 +105,8 @@ pub struct RawConfig {
     retention_check_ms: u64,
     ws_max_message_bytes: u64,
     ws_echo_endpoint: bool,
+    session_window: u64,
+    redelivery_backoff_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +143,9 @@ pub struct Config {
     pub retention_check: Duration,
     pub ws_max_message: usize,
     pub ws_echo_endpoint: bool,
+    /// Initial in-flight window of an acknowledged session (per shard owning its partitions).
+    pub session_window: u32,
+    pub redelivery_backoff: Duration,
 }
 
 fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
@@ -339,6 +346,13 @@ impl RawConfig {
             )?),
             ws_max_message: range("ws_max_message_bytes", self.ws_max_message_bytes, 125, 1 << 30)? as usize,
             ws_echo_endpoint: self.ws_echo_endpoint,
+            session_window: range("session_window", self.session_window, 1, crate::delivery::MAX_WINDOW as u64)? as u32,
+            redelivery_backoff: Duration::from_millis(range(
+                "redelivery_backoff_ms",
+                self.redelivery_backoff_ms,
+                1,
+                600_000,
+            )?),
         })
     }
 }

@@ -11,7 +11,7 @@ mod response;
 
 pub use chunked::{decode_chunked, scan_chunked, ChunkedEnd};
 pub use parse::{parse_head, BodyKind, Head, HeaderPos, Limits, Method};
-pub use response::{itoa_buf::Buf as Decimal, problem, Response, StatusCode, Upgrade};
+pub use response::{itoa_buf::Buf as Decimal, problem, Response, SessionSpec, StatusCode, Upgrade};
 
 /// Outcome of parsing a prefix of a byte stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

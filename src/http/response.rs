@@ -60,13 +60,32 @@ impl std::fmt::Display for StatusCode {
     }
 }
 
-/// What a connection turns into after a `101 Switching Protocols`.
+/// What a connection turns into after a `101 Switching Protocols` (or, for a server-sent event
+/// stream, after its `200` head).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Upgrade {
     /// The WebSocket echo endpoint (conformance testing only).
     WsEcho,
     /// A WebSocket session receiving a subscription's events.
-    WsDeliver { subscription: String, topic: String },
+    WsDeliver(Box<SessionSpec>),
+    /// A `text/event-stream` of a subscription's events (chunked).
+    Sse(Box<SessionSpec>),
+}
+
+/// A delivery session as the client asked for it, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSpec {
+    pub subscription: String,
+    pub topic: String,
+    /// `false`: `ack=none`, live fan-out without offsets.
+    pub acked: bool,
+    /// Offsets per client (`BROADCAST`, `MULTICAST`) rather than per subscription.
+    pub per_client: bool,
+    pub client: Option<String>,
+    /// `MULTICAST`: the session's own filters, a JSON array of Subscriptions API filters.
+    pub filters: Option<String>,
+    /// SSE: the `Last-Event-ID` the client resumes after.
+    pub last_event_id: Option<String>,
 }
 
 /// A response ready to be written: status, extra headers, content type and body.
@@ -94,6 +113,17 @@ impl Response {
     }
 
     /// A `101 Switching Protocols` to `upgrade`, with its handshake headers.
+    /// A `200` whose body is a chunked stream written by whatever takes the connection over.
+    pub fn streaming(upgrade: Upgrade, content_type: &'static str) -> Self {
+        Response {
+            status: StatusCode::OK,
+            content_type,
+            headers: vec![("transfer-encoding", "chunked".into()), ("cache-control", "no-cache".into())],
+            body: Vec::new(),
+            upgrade: Some(upgrade),
+        }
+    }
+
     pub fn switching(upgrade: Upgrade, headers: Vec<(&'static str, String)>) -> Self {
         Response {
             status: StatusCode::SWITCHING_PROTOCOLS,
@@ -149,7 +179,8 @@ pub fn write_head(
         out.extend_from_slice(v.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if status.0 >= 200 && status.0 != 204 {
+    let streamed = headers.iter().any(|(n, _)| *n == "transfer-encoding");
+    if status.0 >= 200 && status.0 != 204 && !streamed {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(num.u64(content_length as u64));
         out.extend_from_slice(b"\r\n");

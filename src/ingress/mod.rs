@@ -10,15 +10,18 @@ use frame_codec::Frame;
 use futures::future::join_all;
 
 use crate::adaptor::cloudevents::{self, CeError, Mode};
-use crate::http::{problem, Method, Response, StatusCode, Upgrade};
+use crate::delivery::group_ids;
+use crate::http::{problem, Method, Response, SessionSpec, StatusCode, Upgrade};
 use crate::server::conn::{ConnGuard, ConnLimits};
 use crate::server::{Handler, Request};
 use crate::shard::core::Shard;
-use crate::shard::message::{InterestChange, SubOutcome, SubRequest};
+use crate::shard::mailbox::Sender;
+use crate::shard::message::{AckKind, ConsumerKey, InterestChange, PollRequest, ShardMessage, SubOutcome, SubRequest};
 use crate::shard::partitioner::partition_for_key;
 use crate::shard::{valid_topic, PartitionId};
 use crate::storage::StorageError;
-use crate::subscription::definition::Definition;
+use crate::subscription::definition::{Definition, Mode as SubMode};
+use crate::subscription::filter::compile;
 use crate::ws::{check_upgrade, HandshakeError};
 
 /// The traffic listener's handler on one shard.
@@ -74,10 +77,17 @@ impl Handler for Traffic {
                     drop(guard);
                 });
             }
-            Upgrade::WsDeliver { subscription, topic } => {
+            Upgrade::WsDeliver(spec) => {
                 let shard = self.shard.clone();
                 monoio::spawn(async move {
-                    crate::push::ws::session(shard, stream, buf, limits, subscription, topic).await;
+                    crate::push::ws::session(shard, stream, buf, limits, spec).await;
+                    drop(guard);
+                });
+            }
+            Upgrade::Sse(spec) => {
+                let shard = self.shard.clone();
+                monoio::spawn(async move {
+                    crate::push::sse::session(shard, stream, buf, spec).await;
                     drop(guard);
                 });
             }
@@ -104,46 +114,193 @@ impl Handler for Traffic {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST")
             }
             (Method::Get, "/ws/echo") if self.shard.shared.config.ws_echo_endpoint => ws_upgrade(&req, Upgrade::WsEcho),
-            (Method::Get, "/events/ws") => self.ws_session(&req),
+            (Method::Get, "/events/ws") => match self.session_spec(&req) {
+                Ok(spec) => ws_upgrade(&req, Upgrade::WsDeliver(Box::new(spec))),
+                Err(r) => r,
+            },
+            (Method::Get, "/events/sse") => match self.session_spec(&req) {
+                Ok(spec) if !spec.acked => problem(StatusCode::BAD_REQUEST, "ack=none is for WebSocket sessions"),
+                Ok(spec) => Response::streaming(Upgrade::Sse(Box::new(spec)), "text/event-stream"),
+                Err(r) => r,
+            },
+            (Method::Get, "/events/poll") => self.poll(&req).await,
+            (Method::Post, "/events/ack") => self.ack(req.body),
+            (_, "/events/ws" | "/events/sse" | "/events/poll") => {
+                problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET")
+            }
+            (_, "/events/ack") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
             (_, path) => problem(StatusCode::NOT_FOUND, &format!("no route for {path}")),
         }
     }
 }
 
 impl Traffic {
-    /// `GET /events/ws?subscription=S&ack=none`: a live WebSocket session of a subscription.
-    /// Acknowledged delivery (offsets, redelivery, dead letters) is not built yet, so sessions
-    /// must ask for `ack=none` (at-most-once, from the moment they attach): anything else is
-    /// refused with 501 rather than silently delivered without the guarantees it asked for.
-    fn ws_session(&self, req: &Request<'_>) -> Response {
-        let Some(name) = req.query("subscription") else {
-            return problem(StatusCode::BAD_REQUEST, "missing ?subscription=");
-        };
+    /// The session a delivery request asks for: `?subscription=S` (404 if unknown), then
+    /// `ack=none` (live fan-out, BROADCAST only, WebSocket only), `clientId=C` (per-client
+    /// offsets of BROADCAST and MULTICAST) and, for MULTICAST, the session's own filters:
+    /// `filters=<JSON array of Subscriptions API filters>` and/or `sql=<CESQL>`.
+    fn session_spec(&self, req: &Request<'_>) -> Result<SessionSpec, Response> {
+        let bad = |m: &str| problem(StatusCode::BAD_REQUEST, m);
+        let name = req.query("subscription").ok_or_else(|| bad("missing ?subscription="))?;
         let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
             Ok(Some(d)) => d,
-            Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no subscription {name}")),
+            Ok(None) => return Err(problem(StatusCode::NOT_FOUND, &format!("no subscription {name}"))),
+            Err(e) => return Err(storage_problem(&e)),
+        };
+        let acked = match req.query("ack").as_deref() {
+            None => true,
+            Some("none") => false,
+            Some(other) => return Err(bad(&format!("ack={other}: the only choice is ack=none"))),
+        };
+        if !acked && def.mode != SubMode::Broadcast {
+            return Err(bad("ack=none is live fan-out to BROADCAST subscriptions; this one needs acks"));
+        }
+        let client = req.query("clientId").map(|c| c.into_owned());
+        if client.as_deref().is_some_and(|c| !valid_topic(c)) {
+            return Err(bad("clientId must be [A-Za-z0-9._-]{1,249}"));
+        }
+        let mut filters: Vec<serde_json::Value> = match req.query("filters") {
+            None => Vec::new(),
+            Some(f) => match serde_json::from_str(&f) {
+                Ok(serde_json::Value::Array(items)) => items,
+                _ => return Err(bad("filters must be a JSON array of Subscriptions API filters")),
+            },
+        };
+        if let Some(sql) = req.query("sql") {
+            filters.push(serde_json::json!({ "sql": sql }));
+        }
+        let filters = if filters.is_empty() {
+            None
+        } else if def.mode != SubMode::Multicast {
+            return Err(bad("per-session filters are for MULTICAST subscriptions"));
+        } else {
+            let json = serde_json::Value::Array(filters);
+            compile(Some(&json)).map_err(|e| bad(&e.to_string()))?;
+            Some(json.to_string())
+        };
+        let last_event_id = req.header("last-event-id").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned);
+        Ok(SessionSpec {
+            subscription: def.subscription,
+            topic: def.topic,
+            acked,
+            per_client: def.mode != SubMode::LoadBalance,
+            client,
+            filters,
+            last_event_id,
+        })
+    }
+
+    /// `GET /events/poll?subscription=S&max=N&waitMs=W`: 200 with a batch of events, or 204
+    /// when none arrived within `waitMs`.
+    async fn poll(&self, req: &Request<'_>) -> Response {
+        let spec = match self.session_spec(req) {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        if !spec.acked {
+            return problem(StatusCode::BAD_REQUEST, "ack=none is for WebSocket sessions");
+        }
+        if spec.per_client && spec.client.is_none() {
+            return problem(StatusCode::BAD_REQUEST, "polling a BROADCAST or MULTICAST subscription needs ?clientId=");
+        }
+        let number = |name: &str, default: u64, max: u64| match req.query(name) {
+            None => Ok(default),
+            Some(v) => {
+                v.parse::<u64>().ok().filter(|n| (1..=max).contains(n) || (name == "waitMs" && *n == 0)).ok_or_else(
+                    || problem(StatusCode::BAD_REQUEST, &format!("{name} must be a whole number up to {max}")),
+                )
+            }
+        };
+        let (max, wait) = match (number("max", 100, 1000), number("waitMs", 1000, 60_000)) {
+            (Ok(m), Ok(w)) => (m as usize, std::time::Duration::from_millis(w)),
+            (Err(r), _) | (_, Err(r)) => return r,
+        };
+        let home = crate::push::poll::home(&spec, self.shard.shared.config.shards);
+        let events: Vec<Vec<u8>> = if home == self.shard.id {
+            let events = crate::push::poll::session(&self.shard, &spec).poll(max, wait).await;
+            events.iter().map(|e| e.to_vec()).collect()
+        } else {
+            let (reply, rx) = futures::channel::oneshot::channel();
+            let msg = ShardMessage::Poll(Box::new(PollRequest { spec, max, wait, reply }));
+            let sent = self.shard.shared.mailboxes.send(Sender::Shard(self.shard.id), home, msg);
+            match (sent, rx) {
+                (Ok(()), rx) => match rx.await {
+                    Ok(events) => events,
+                    Err(_) => return storage_problem(&StorageError::Unavailable("shard stopped")),
+                },
+                (Err(_), _) => return storage_problem(&StorageError::Unavailable("mailbox full")),
+            }
+        };
+        if events.is_empty() {
+            return Response::empty(StatusCode(204));
+        }
+        let mut body = Vec::with_capacity(events.iter().map(|e| e.len() + 1).sum::<usize>() + 2);
+        body.push(b'[');
+        for (i, e) in events.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(e);
+        }
+        body.push(b']');
+        Response::new(StatusCode::OK, "application/cloudevents-batch+json", body)
+    }
+
+    /// `POST /events/ack` `{"subscription": S, "ids": [...], "clientId"?: C, "nack"?: bool}`.
+    fn ack(&self, body: &[u8]) -> Response {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase")]
+        struct AckBody {
+            subscription: String,
+            ids: Vec<String>,
+            #[serde(default)]
+            client_id: Option<String>,
+            #[serde(default)]
+            nack: bool,
+        }
+        let a = match serde_json::from_slice::<AckBody>(body) {
+            Ok(a) => a,
+            Err(e) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    &format!("expected {{\"subscription\": S, \"ids\": [...]}}: {e}"),
+                )
+            }
+        };
+        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &a.subscription) {
+            Ok(Some(d)) => d,
+            Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no subscription {}", a.subscription)),
             Err(e) => return storage_problem(&e),
         };
-        if req.query("ack").as_deref() != Some("none") {
-            return problem(
-                StatusCode::NOT_IMPLEMENTED,
-                "acknowledged delivery is not available yet; attach with ?ack=none",
-            );
-        }
-        if def.mode != crate::subscription::definition::Mode::Broadcast {
-            return problem(StatusCode::NOT_IMPLEMENTED, "only BROADCAST subscriptions can be attached to yet");
-        }
-        ws_upgrade(req, Upgrade::WsDeliver { subscription: def.subscription, topic: def.topic })
+        let client = match (def.mode, a.client_id) {
+            (SubMode::LoadBalance, _) => String::new(),
+            (_, Some(c)) if valid_topic(&c) => c,
+            _ => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "acks of a BROADCAST or MULTICAST subscription need a clientId",
+                )
+            }
+        };
+        let by = match group_ids(a.ids.iter().map(String::as_str)) {
+            Ok(by) => by,
+            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+        };
+        let consumer = ConsumerKey { subscription: def.subscription, client };
+        let kind = if a.nack { AckKind::Nack } else { AckKind::Ack };
+        self.shard.route_acks(&consumer, &def.topic, by, kind);
+        Response::json(StatusCode::OK, serde_json::json!({ "acked": a.ids.len() }).to_string())
     }
 
     /// `POST /events/subscribe`: 201 created, 200 the same definition exists, 409 another one
     /// does, 400 invalid. The topic is created with the defaults if it does not exist yet, so
     /// subscribers may come before publishers.
     async fn subscribe(&self, body: &[u8]) -> Response {
-        let def = match Definition::parse(body) {
+        let mut def = match Definition::parse(body) {
             Ok(d) => d,
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
+        def.created_us = crate::runtime::now_micros();
         if let Err(e) = self.shard.topic(&def.topic, None).await {
             return storage_problem(&e);
         }

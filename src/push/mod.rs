@@ -1,5 +1,7 @@
-//! Delivery to the sessions a shard accepted. So far: live fan-out to WebSocket sessions that
-//! attached with `?ack=none` (at-most-once, from the moment they attach).
+//! Delivery to the sessions a shard accepted: WebSocket (`ws`), server-sent events (`sse`) and
+//! long-poll (`poll`) sessions of acknowledged delivery, each fed by the partition owners
+//! (`crate::delivery`), and live fan-out to WebSocket sessions that attached with `?ack=none`
+//! (at-most-once, from the moment they attach).
 //!
 //! Fan-out cost is paid once per shard, not per session: the partition owner sends one
 //! [`Delivery`] per interested shard, carrying the stored frames by handle; this shard renders
@@ -8,6 +10,8 @@
 //! Sessions have bounded queues: a session that falls `SESSION_QUEUE` frames behind is closed
 //! with 1008 instead of growing memory or slowing the others.
 
+pub mod poll;
+pub mod sse;
 pub mod ws;
 
 use std::cell::{Cell, RefCell};
@@ -18,7 +22,10 @@ use frame_codec::{AttrValue, Frame};
 use futures::channel::mpsc;
 
 use crate::adaptor::cloudevents::write_structured;
-use crate::shard::message::Delivery;
+use crate::delivery::delivery_id;
+use crate::http::SessionSpec;
+use crate::shard::message::{ConsumerKey, Delivery};
+use crate::shard::ShardId;
 use crate::ws::{encode_frame, OpCode};
 
 /// Frames a session may have queued before it counts as too slow.
@@ -38,27 +45,75 @@ struct SessionTx {
     tx: mpsc::Sender<Outbound>,
 }
 
-/// This shard's attached sessions, by subscription.
+/// How a session's events go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// One WebSocket text frame per event.
+    Ws,
+    /// One `text/event-stream` event per event, as an HTTP chunk.
+    Sse,
+    /// The event's JSON, gathered into a batch by the next poll.
+    Poll,
+}
+
+/// A session of acknowledged delivery on this shard.
+struct AckedTx {
+    subscription: String,
+    kind: Kind,
+    tx: mpsc::Sender<Outbound>,
+}
+
+/// This shard's attached sessions.
 #[derive(Default)]
 pub struct Sessions {
     next_id: Cell<u64>,
+    /// `ack=none` sessions, by subscription.
     by_subscription: RefCell<HashMap<String, Vec<SessionTx>>>,
+    /// Acknowledged sessions, by id.
+    acked: RefCell<HashMap<u64, AckedTx>>,
+    /// Long-poll sessions, by consumer: they outlive the requests that poll them.
+    polls: RefCell<HashMap<ConsumerKey, Rc<poll::PollSession>>>,
 }
 
-/// The rendering of one stored event as a delivered WebSocket text frame.
-pub fn render(frame: &Frame) -> Rc<Vec<u8>> {
+/// A delivered event as structured-mode JSON with the `em*` extensions.
+pub fn event_json(frame: &Frame, attempt: u16) -> Vec<u8> {
     let h = frame.header();
     let extra = [
-        ("emdeliveryid", AttrValue::Str(format!("{}:{}:1", h.partition, h.offset))),
+        ("emdeliveryid", AttrValue::Str(delivery_id(h.partition, h.offset, attempt))),
         ("empartition", AttrValue::Int(i64::from(h.partition))),
         ("emoffset", AttrValue::Str(h.offset.to_string())),
-        ("emattempt", AttrValue::Int(1)),
+        ("emattempt", AttrValue::Int(i64::from(attempt))),
     ];
     let mut json = Vec::with_capacity(frame.as_bytes().len() + 160);
     write_structured(frame, &extra, &mut json);
-    let mut out = Vec::with_capacity(json.len() + 10);
-    encode_frame(OpCode::Text, true, &json, &mut out);
+    json
+}
+
+/// The rendering of one stored event for a session of `kind`.
+pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
+    let json = event_json(frame, attempt);
+    let mut out = Vec::with_capacity(json.len() + 64);
+    match kind {
+        Kind::Ws => encode_frame(OpCode::Text, true, &json, &mut out),
+        Kind::Sse => {
+            let h = frame.header();
+            sse::event(&delivery_id(h.partition, h.offset, attempt), &json, &mut out)
+        }
+        Kind::Poll => out = json,
+    }
     Rc::new(out)
+}
+
+/// The offsets owner of a session: the subscription, or one client of it (a session without a
+/// `clientId` is a client of its own whose offsets are never stored). Returns the key and
+/// whether its offsets are stored.
+pub fn consumer_of(spec: &SessionSpec, shard: ShardId, session: u64) -> (ConsumerKey, bool) {
+    let subscription = spec.subscription.clone();
+    match (&spec.client, spec.per_client) {
+        (_, false) => (ConsumerKey { subscription, client: String::new() }, true),
+        (Some(c), true) => (ConsumerKey { subscription, client: c.clone() }, true),
+        (None, true) => (ConsumerKey { subscription, client: format!("~{}.{session}", shard.0) }, false),
+    }
 }
 
 impl Sessions {
@@ -86,14 +141,45 @@ impl Sessions {
         false
     }
 
-    /// Renders each delivered event once and queues it to every session of the subscription.
+    /// Registers a session of acknowledged delivery; returns its id and its queue, which can
+    /// hold every event the shards may have in flight to it.
+    pub fn add_acked(&self, subscription: &str, kind: Kind, shards: usize) -> (u64, mpsc::Receiver<Outbound>) {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let (tx, rx) = mpsc::channel(crate::delivery::MAX_WINDOW as usize * shards);
+        self.acked.borrow_mut().insert(id, AckedTx { subscription: subscription.to_owned(), kind, tx });
+        (id, rx)
+    }
+
+    pub fn remove_acked(&self, id: u64) {
+        self.acked.borrow_mut().remove(&id);
+    }
+
+    /// Queues delivered events: to one acknowledged session, or rendered once for every
+    /// `ack=none` session of the subscription.
     pub fn deliver(&self, d: &Delivery) {
+        let picked = || -> Box<dyn Iterator<Item = &Frame>> {
+            match &d.pick {
+                None => Box::new(d.frames.iter()),
+                Some(pick) => Box::new(pick.iter().map(|&i| &d.frames[i as usize])),
+            }
+        };
+        if let Some(id) = d.session {
+            let mut acked = self.acked.borrow_mut();
+            let Some(s) = acked.get_mut(&id) else { return };
+            for (k, f) in picked().enumerate() {
+                let attempt = d.attempts.get(k).copied().unwrap_or(1);
+                if s.tx.try_send(Outbound::Frame(render(f, attempt, s.kind))).is_err() {
+                    // Gone (the owners learn it from its detach) or past every window.
+                    s.tx.close_channel();
+                    return;
+                }
+            }
+            return;
+        }
         let mut map = self.by_subscription.borrow_mut();
         let Some(list) = map.get_mut(&d.subscription) else { return };
-        let rendered: Vec<Rc<Vec<u8>>> = match &d.pick {
-            None => d.frames.iter().map(render).collect(),
-            Some(pick) => pick.iter().map(|&i| render(&d.frames[i as usize])).collect(),
-        };
+        let rendered: Vec<Rc<Vec<u8>>> = picked().map(|f| render(f, 1, Kind::Ws)).collect();
         for s in list.iter_mut() {
             for bytes in &rendered {
                 if s.tx.try_send(Outbound::Frame(bytes.clone())).is_err() {
@@ -112,5 +198,9 @@ impl Sessions {
                 let _ = s.tx.try_send(Outbound::Close(code));
             }
         }
+        for s in self.acked.borrow_mut().values_mut().filter(|s| s.subscription == subscription) {
+            let _ = s.tx.try_send(Outbound::Close(code));
+        }
+        self.polls.borrow_mut().retain(|k, _| k.subscription != subscription);
     }
 }

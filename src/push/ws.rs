@@ -1,6 +1,6 @@
-//! One WebSocket session of a subscription: a reader half (client frames: ping, close; `ack`,
-//! `nack` and `credit` are accepted and ignored until acknowledged delivery exists) and a writer
-//! half draining the session's bounded queue, batching whatever is queued into one write.
+//! One WebSocket session of a subscription: a reader half (client frames: ping, close, and the
+//! `ack` / `nack` / `credit` text messages of acknowledged delivery) and a writer half draining
+//! the session's bounded queue, batching whatever is queued into one write.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -11,11 +11,54 @@ use futures::StreamExt;
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::TcpStream;
 
-use super::Outbound;
+use super::{consumer_of, Kind, Outbound};
+use crate::delivery::{group_ids, MAX_WINDOW};
+use crate::http::SessionSpec;
 use crate::server::conn::{flush, read_more_sized, ConnLimits, ReadOutcome};
 use crate::shard::core::Shard;
-use crate::shard::message::InterestChange;
+use crate::shard::message::{AckKind, ConsumerKey, InterestChange, SessionChange, SessionEvent, SessionRef};
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
+
+/// A client's control message on a session of acknowledged delivery.
+#[derive(serde::Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+enum Control {
+    Ack { ids: Vec<String> },
+    Nack { ids: Vec<String> },
+    Credit { n: u32 },
+}
+
+/// Where an acknowledged session's control messages go.
+struct AckedSession {
+    shard: Rc<Shard>,
+    consumer: ConsumerKey,
+    topic: String,
+    at: SessionRef,
+}
+
+impl AckedSession {
+    /// Acts on one text message; `Err` is the close code for a message that is not one of ours.
+    fn control(&self, text: &str) -> Result<(), CloseCode> {
+        let (ids, kind) = match serde_json::from_str::<Control>(text).map_err(|_| CloseCode::POLICY)? {
+            Control::Ack { ids } => (ids, AckKind::Ack),
+            Control::Nack { ids } => (ids, AckKind::Nack),
+            Control::Credit { n } => {
+                let change = SessionChange::Window(n.min(MAX_WINDOW));
+                let e = SessionEvent {
+                    consumer: self.consumer.clone(),
+                    topic: self.topic.clone(),
+                    session: self.at,
+                    change,
+                };
+                self.shard.announce_session(e);
+                return Ok(());
+            }
+        };
+        let by = group_ids(ids.iter().map(String::as_str)).map_err(|_| CloseCode::POLICY)?;
+        self.shard.route_acks(&self.consumer, &self.topic, by, kind);
+        Ok(())
+    }
+}
 
 /// Clients of a session send only small control messages; idle sessions must stay small.
 const SESSION_READ_CHUNK: usize = 512;
@@ -42,6 +85,7 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
     mut buf: Vec<u8>,
     max_message: usize,
     ctl: mpsc::Sender<Outbound>,
+    acked: Option<AckedSession>,
 ) {
     let mut ctl = ctl;
     let mut reader = MessageReader::new(max_message);
@@ -70,8 +114,14 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
                     let _ = ctl.try_send(Outbound::Close(CloseCode::UNSUPPORTED.0));
                     return;
                 }
-                // ack / nack / credit: meaningless for ack=none sessions.
-                Some(Message::Text(_)) | Some(Message::Pong(_)) => {}
+                Some(Message::Text(text)) => {
+                    // ack / nack / credit: meaningless for ack=none sessions.
+                    if let Some(Err(code)) = acked.as_ref().map(|a| a.control(&text)) {
+                        let _ = ctl.try_send(Outbound::Close(code.0));
+                        return;
+                    }
+                }
+                Some(Message::Pong(_)) => {}
             }
         }
         // A subscriber may stay silent for as long as it likes; only the socket closing ends it.
@@ -140,25 +190,31 @@ async fn write_half<W: AsyncWriteRent>(
     }
 }
 
-/// Runs a session of `subscription` on this shard until either side closes it.
-pub async fn session(
-    shard: Rc<Shard>,
-    stream: TcpStream,
-    buf: Vec<u8>,
-    limits: ConnLimits,
-    subscription: String,
-    topic: String,
-) {
-    let (id, events, first) = shard.sessions.add(&subscription);
-    if first {
-        shard.announce(&subscription, &topic, InterestChange::Attach);
-    }
+/// Runs a WebSocket session on this shard until either side closes it.
+pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, spec: Box<SessionSpec>) {
+    let (events, acked, live_id) = if spec.acked {
+        let (id, events) = shard.sessions.add_acked(&spec.subscription, Kind::Ws, shard.shared.config.shards);
+        let (consumer, persist) = consumer_of(&spec, shard.id, id);
+        let at = SessionRef { shard: shard.id, id };
+        let window = shard.shared.config.session_window;
+        let attach = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
+        let e = SessionEvent { consumer: consumer.clone(), topic: spec.topic.clone(), session: at, change: attach };
+        shard.announce_session(e);
+        (events, Some(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at }), None)
+    } else {
+        let (id, events, first) = shard.sessions.add(&spec.subscription);
+        if first {
+            shard.announce(&spec.subscription, &spec.topic, InterestChange::Attach);
+        }
+        (events, None, Some(id))
+    };
+    let detach = acked.as_ref().map(|a| (a.consumer.clone(), a.at));
     // The HTTP read buffer came along with the upgrade; keep only what it holds.
     let mut buf = buf;
     buf.shrink_to_fit();
     let (rd, wr) = stream.into_split();
     let (ctl_tx, ctl_rx) = mpsc::channel(16);
-    let reader = Box::pin(read_half(rd, buf, limits.ws_max_message, ctl_tx));
+    let reader = Box::pin(read_half(rd, buf, limits.ws_max_message, ctl_tx, acked));
     let writer = Box::pin(write_half(wr, events, ctl_rx));
     match select(reader, writer).await {
         // The reader is done (close asked or peer gone): let the writer send what it must.
@@ -169,7 +225,17 @@ pub async fn session(
             let _ = monoio::time::timeout(Duration::from_secs(1), reader).await;
         }
     }
-    if shard.sessions.remove(&subscription, id) {
-        shard.announce(&subscription, &topic, InterestChange::Detach);
+    match (detach, live_id) {
+        (Some((consumer, at)), _) => {
+            shard.sessions.remove_acked(at.id);
+            let e = SessionEvent { consumer, topic: spec.topic.clone(), session: at, change: SessionChange::Detach };
+            shard.announce_session(e);
+        }
+        (None, Some(id)) => {
+            if shard.sessions.remove(&spec.subscription, id) {
+                shard.announce(&spec.subscription, &spec.topic, InterestChange::Detach);
+            }
+        }
+        (None, None) => {}
     }
 }

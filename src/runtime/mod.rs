@@ -167,6 +167,7 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 };
                 monoio::spawn(shard.clone().pump());
                 monoio::spawn(shard.clone().retention_loop());
+                monoio::spawn(shard.clone().delivery_timers());
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);
                 accept_loop(listener, Rc::new(Traffic { shard: shard.clone() }), limits, Some(shard)).await

@@ -49,6 +49,8 @@ pub struct Shard {
     pub sessions: Sessions,
     /// Per topic, the shards that want events of its partitions this shard owns.
     interest: RefCell<HashMap<String, Vec<Interested>>>,
+    /// Acknowledged delivery from the partitions this shard owns (`crate::delivery`).
+    pub delivery: crate::delivery::Dispatcher,
 }
 
 impl Shard {
@@ -63,6 +65,7 @@ impl Shard {
             connections: Cell::new(0),
             sessions: Sessions::default(),
             interest: RefCell::new(HashMap::new()),
+            delivery: Default::default(),
         }
     }
 
@@ -94,6 +97,15 @@ impl Shard {
             }
             ShardMessage::Interest(i) => self.interest_changed(*i),
             ShardMessage::Deliver(d) => self.sessions.deliver(&d),
+            ShardMessage::Session(e) => self.session_event(*e),
+            ShardMessage::Ack(a) => self.acks(*a),
+            ShardMessage::Poll(req) => {
+                let me = self.clone();
+                monoio::spawn(async move {
+                    let events = crate::push::poll::session(&me, &req.spec).poll(req.max, req.wait).await;
+                    let _ = req.reply.send(events.iter().map(|e| e.to_vec()).collect());
+                });
+            }
             ShardMessage::Subscription { request, reply } => {
                 let me = self.clone();
                 monoio::spawn(async move {
@@ -150,7 +162,7 @@ impl Shard {
         let db = &self.shared.db;
         let outcome = match request {
             SubRequest::Create(def) => match meta::get_subscription(db, &def.subscription)? {
-                Some(existing) if existing == def => SubOutcome::Unchanged,
+                Some(existing) if existing.same_as(&def) => SubOutcome::Unchanged,
                 Some(_) => SubOutcome::Conflict,
                 None => {
                     meta::put_subscription(db, &def)?;
@@ -230,7 +242,7 @@ impl Shard {
 
     /// Appends `frames` to `partition`, here or on its owner. Returns the first offset.
     pub async fn append(
-        &self,
+        self: &Rc<Self>,
         topic: &str,
         partition: PartitionId,
         mut frames: Vec<Frame>,
@@ -252,7 +264,7 @@ impl Shard {
 
     /// Announces to every shard (this one included) that this shard's sessions of a
     /// subscription started, ended, or that the subscription is gone.
-    pub fn announce(&self, subscription: &str, topic: &str, change: InterestChange) {
+    pub fn announce(self: &Rc<Self>, subscription: &str, topic: &str, change: InterestChange) {
         for s in 0..self.shards() {
             let i = Interest { subscription: subscription.to_owned(), topic: topic.to_owned(), shard: self.id, change };
             let to = ShardId(s as u16);
@@ -269,7 +281,7 @@ impl Shard {
         }
     }
 
-    fn interest_changed(&self, i: Interest) {
+    fn interest_changed(self: &Rc<Self>, i: Interest) {
         let mut interest = self.interest.borrow_mut();
         let list = interest.entry(i.topic.clone()).or_default();
         match i.change {
@@ -284,17 +296,22 @@ impl Shard {
             InterestChange::Detach => list.retain(|x| !(x.subscription == i.subscription && x.shard == i.shard)),
             InterestChange::Removed => {
                 list.retain(|x| x.subscription != i.subscription);
+                drop(interest);
+                self.forget_subscription(&i.subscription, &i.topic);
                 self.sessions.close_all(&i.subscription, 1000);
             }
         }
     }
 
-    /// Sends freshly stored events to every interested shard: once per shard, frames shared.
-    fn fan_out(&self, frames: Vec<Frame>) {
+    /// Sends freshly stored events to their consumers: to every shard with `ack=none` sessions
+    /// (once per shard, frames shared), and to acknowledged delivery.
+    fn fan_out(self: &Rc<Self>, frames: Vec<Frame>) {
         let Some(first) = frames.first() else { return };
+        let topic = first.body().topic.as_str().to_owned();
+        let frames: Arc<[Frame]> = frames.into();
+        self.deliver_new(&topic, &frames);
         let interest = self.interest.borrow();
-        let Some(list) = interest.get(first.body().topic.as_str()).filter(|l| !l.is_empty()) else { return };
-        let frames: std::sync::Arc<[Frame]> = frames.into();
+        let Some(list) = interest.get(&topic).filter(|l| !l.is_empty()) else { return };
         for i in list {
             let pick = if i.filters.is_empty() {
                 None
@@ -306,7 +323,13 @@ impl Shard {
                 }
                 Some(pick)
             };
-            let d = Delivery { subscription: i.subscription.clone(), frames: frames.clone(), pick };
+            let d = Delivery {
+                subscription: i.subscription.clone(),
+                session: None,
+                frames: frames.clone(),
+                pick,
+                attempts: Vec::new(),
+            };
             if i.shard == self.id {
                 self.sessions.deliver(&d);
             } else if self

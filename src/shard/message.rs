@@ -49,14 +49,19 @@ pub enum SubOutcome {
 
 pub type SubReply = Result<SubOutcome, StorageError>;
 
-/// Events for the sessions of one subscription on the receiving shard: sent once per shard,
-/// however many sessions live there. `frames` is shared, never copied; `pick` lists the indexes
-/// that passed the subscription's filters (`None`: all).
+/// Events for sessions on the receiving shard. `frames` is shared, never copied; `pick` lists
+/// the indexes to deliver (`None`: all).
+///
+/// `session: None` is live fan-out to every `ack=none` session of the subscription there (sent
+/// once per shard, however many sessions live there); `Some(id)` is acknowledged delivery to
+/// that one session, with the attempt number of each picked frame in `attempts`.
 #[derive(Debug)]
 pub struct Delivery {
     pub subscription: String,
+    pub session: Option<u64>,
     pub frames: Arc<[Frame]>,
     pub pick: Option<Vec<u32>>,
+    pub attempts: Vec<u16>,
 }
 
 /// What changed about a subscription's sessions.
@@ -77,6 +82,70 @@ pub struct Interest {
     pub topic: String,
     pub shard: super::ShardId,
     pub change: InterestChange,
+}
+
+/// A session of acknowledged delivery, as the shards owning its partitions know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionRef {
+    pub shard: super::ShardId,
+    pub id: u64,
+}
+
+/// Who owns a set of offsets: the subscription alone (`LOAD_BALANCE`), or one client of it
+/// (`BROADCAST`, `MULTICAST`). Offsets are kept under `topic#subscription#partition[#client]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConsumerKey {
+    pub subscription: String,
+    /// Empty for `LOAD_BALANCE`; the `clientId`, or a per-session name that is never stored.
+    pub client: String,
+}
+
+/// What changed about an acknowledged session.
+#[derive(Debug, Clone)]
+pub enum SessionChange {
+    /// It attached, with its window and (`MULTICAST`) its own filters as JSON.
+    Attach { window: u32, filters: Option<String>, persist: bool },
+    /// It is gone: its unacknowledged events go to the consumer's other sessions at once.
+    Detach,
+    /// It sent credit: its new window.
+    Window(u32),
+}
+
+/// A session change, sent by the session's shard to every shard.
+#[derive(Debug)]
+pub struct SessionEvent {
+    pub consumer: ConsumerKey,
+    pub topic: String,
+    pub session: SessionRef,
+    pub change: SessionChange,
+}
+
+/// Acknowledgements of a consumer for one partition, sent to the partition's owner.
+#[derive(Debug)]
+pub struct Acks {
+    pub consumer: ConsumerKey,
+    pub partition: PartitionId,
+    pub offsets: Vec<u64>,
+    pub kind: AckKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckKind {
+    /// Processed: never delivered again.
+    Ack,
+    /// Failed: redelivered after the backoff (or dead-lettered after the last attempt).
+    Nack,
+    /// Every delivered offset up to and including the given one was received (SSE resume).
+    UpTo,
+}
+
+/// A long-poll forwarded to the consumer's home shard.
+#[derive(Debug)]
+pub struct PollRequest {
+    pub spec: crate::http::SessionSpec,
+    pub max: usize,
+    pub wait: std::time::Duration,
+    pub reply: oneshot::Sender<Vec<Vec<u8>>>,
 }
 
 /// A request from one shard (or the admin thread) to another.
@@ -105,6 +174,18 @@ pub enum ShardMessage {
     /// `ack=none` sessions).
     /// On drop: those sessions miss these events.
     Deliver(Box<Delivery>),
+    /// An acknowledged session attached, left or changed its window; sent to every shard, each
+    /// of which serves the partitions of the topic it owns. No reply.
+    /// On drop: that shard does not serve the session (it keeps its events for the others, or
+    /// until the consumer attaches again).
+    Session(Box<SessionEvent>),
+    /// A long-poll request, sent to the consumer's home shard, where its one poll session lives
+    /// (so polls on any connection see the same session). Replies with the events' JSON.
+    /// On drop: the poller gets 503 and nothing was taken.
+    Poll(Box<PollRequest>),
+    /// Acks, nacks for the receiver's partition. No reply.
+    /// On drop: those events are redelivered after their ack timeout (at-least-once holds).
+    Ack(Box<Acks>),
 }
 
 impl ShardMessage {

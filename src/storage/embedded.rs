@@ -197,6 +197,12 @@ impl EmbeddedLog {
         Ok(Bounds { start, end })
     }
 
+    /// The next offset `partition` will get, counting appends not yet written: readers of a
+    /// partition this shard owns use it to know they are caught up without touching the log.
+    pub fn next_offset_of(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
+        self.next_offset(&prefix(topic, partition))
+    }
+
     fn next_offset(&self, pre: &[u8]) -> Result<u64, StorageError> {
         if let Some(s) = self.inner.parts.borrow().get(pre) {
             return Ok(s.next);

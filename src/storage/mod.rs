@@ -9,6 +9,7 @@
 pub mod db;
 pub mod embedded;
 pub mod meta;
+pub mod offsets;
 
 #[cfg(test)]
 mod suite;

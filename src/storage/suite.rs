@@ -9,10 +9,10 @@ use super::embedded::{EmbeddedLog, Syncer};
 use super::{db, Bounds, Durability, Storage, TopicMeta};
 use crate::shard::{PartitionId, ShardId};
 
-struct TempDir(PathBuf);
+pub(super) struct TempDir(pub(super) PathBuf);
 
 impl TempDir {
-    fn new(name: &str) -> TempDir {
+    pub(super) fn new(name: &str) -> TempDir {
         let p = std::env::temp_dir().join(format!("evmesh-storage-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         TempDir(p)

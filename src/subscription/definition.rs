@@ -44,6 +44,11 @@ pub struct Definition {
     pub start: Start,
     pub ack_timeout_ms: u64,
     pub max_attempts: u32,
+    /// When it was created (µs since the epoch): where `"latest"` starts for `LOAD_BALANCE`,
+    /// so events published between subscribing and attaching a session are kept for it.
+    /// Not part of the definition's identity (see [`Definition::same_as`]).
+    #[serde(default)]
+    pub created_us: i64,
 }
 
 /// The body of `POST /events/subscribe`, before defaults.
@@ -108,9 +113,15 @@ impl Definition {
             start,
             ack_timeout_ms,
             max_attempts,
+            created_us: 0,
         };
         def.compile().map_err(|e| e.to_string())?;
         Ok(def)
+    }
+
+    /// Whether `other` defines the same subscription (creation time aside).
+    pub fn same_as(&self, other: &Definition) -> bool {
+        Definition { created_us: other.created_us, ..self.clone() } == *other
     }
 
     /// The compiled filters (done once per subscription, not per event).
@@ -134,6 +145,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(d, explicit, "the same definition, spelled out, compares equal");
+        let later = Definition { created_us: 42, ..explicit.clone() };
+        assert!(d.same_as(&later) && later.same_as(&d), "creation time is not identity");
+        let other = Definition { max_attempts: 2, ..explicit };
+        assert!(!d.same_as(&other));
         let d =
             Definition::parse(br#"{"subscription":"s","topic":"t","mode":"BROADCAST","start":{"offset":5}}"#).unwrap();
         assert_eq!((d.mode, d.start), (Mode::Broadcast, Start::Offset { offset: 5 }));

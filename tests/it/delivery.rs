@@ -10,9 +10,9 @@ use tungstenite::{Message, WebSocket};
 
 use super::util::{event, TestBroker};
 
-type Ws = WebSocket<TcpStream>;
+pub(super) type Ws = WebSocket<TcpStream>;
 
-fn attach(b: &TestBroker, query: &str) -> Ws {
+pub(super) fn attach(b: &TestBroker, query: &str) -> Ws {
     let stream = TcpStream::connect(b.traffic).unwrap();
     stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let (ws, _) = tungstenite::client(format!("ws://{}/events/ws?{query}", b.traffic), stream).unwrap();
@@ -20,7 +20,7 @@ fn attach(b: &TestBroker, query: &str) -> Ws {
 }
 
 /// The next event, or None after a quiet read timeout.
-fn next_event(ws: &mut Ws) -> Option<Value> {
+pub(super) fn next_event(ws: &mut Ws) -> Option<Value> {
     match ws.read() {
         Ok(Message::Text(t)) => Some(serde_json::from_str(t.as_str()).unwrap()),
         Ok(other) => panic!("unexpected {other:?}"),
@@ -35,7 +35,7 @@ fn next_event(ws: &mut Ws) -> Option<Value> {
 
 /// Reads until the session ends: `Some(code)` for a close frame, `None` for a dropped socket;
 /// counts the events read on the way.
-fn read_until_closed(ws: &mut Ws, limit: Duration) -> (Option<CloseCode>, usize) {
+pub(super) fn read_until_closed(ws: &mut Ws, limit: Duration) -> (Option<CloseCode>, usize) {
     let start = Instant::now();
     let mut events = 0;
     loop {
@@ -52,7 +52,7 @@ fn read_until_closed(ws: &mut Ws, limit: Duration) -> (Option<CloseCode>, usize)
 }
 
 /// A key for each of `n` partitions, by Kafka's partitioner.
-fn keys(n: u32) -> Vec<String> {
+pub(super) fn keys(n: u32) -> Vec<String> {
     let mut out: Vec<Option<String>> = vec![None; n as usize];
     for i in 0.. {
         let k = format!("key{i}");
@@ -136,9 +136,9 @@ fn broadcast_sessions_get_every_matching_event_once_per_shard_fan_out() {
 }
 
 #[test]
-fn sessions_are_refused_clearly_until_their_kind_exists() {
+fn delivery_requests_are_checked_and_refused_clearly() {
     let b = TestBroker::start(&[]);
-    for (name, mode) in [("lb", "LOAD_BALANCE"), ("bc", "BROADCAST")] {
+    for (name, mode) in [("lb", "LOAD_BALANCE"), ("bc", "BROADCAST"), ("mc", "MULTICAST")] {
         let def = json!({"subscription": name, "topic": "t", "mode": mode});
         assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
     }
@@ -148,10 +148,32 @@ fn sessions_are_refused_clearly_until_their_kind_exists() {
         ("sec-websocket-version", "13"),
         ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
     ];
-    b.client().request("GET", "/events/ws?subscription=nope&ack=none", &upgrade, b"").assert_problem(404);
-    b.client().request("GET", "/events/ws?subscription=bc", &upgrade, b"").assert_problem(501);
-    b.client().request("GET", "/events/ws?subscription=lb&ack=none", &upgrade, b"").assert_problem(501);
+    let ws = |q: &str| b.client().request("GET", &format!("/events/ws?{q}"), &upgrade, b"");
+    ws("subscription=nope&ack=none").assert_problem(404);
+    assert_eq!(ws("subscription=bc").status, 101, "acknowledged BROADCAST sessions exist");
+    ws("subscription=lb&ack=none").assert_problem(400);
+    ws("subscription=bc&ack=maybe").assert_problem(400);
+    ws("subscription=bc&clientId=a%23b").assert_problem(400);
+    ws("subscription=lb&sql=type%3D%27x%27").assert_problem(400);
+    ws("subscription=mc&sql=type%20%3D").assert_problem(400);
+    ws("subscription=mc&filters=%7B%7D").assert_problem(400);
     b.client().request("GET", "/events/ws", &upgrade, b"").assert_problem(400);
+    b.client().post("/events/ws?subscription=bc", "application/json", b"{}").assert_problem(405);
+    b.client().get("/events/sse?subscription=nope").assert_problem(404);
+    b.client().get("/events/sse?subscription=bc&ack=none").assert_problem(400);
+    b.client().get("/events/poll?subscription=bc").assert_problem(400);
+    b.client().get("/events/poll?subscription=lb&max=0").assert_problem(400);
+    b.client().get("/events/poll?subscription=lb&waitMs=soon").assert_problem(400);
+    let ack = |body: &str| b.client().post("/events/ack", "application/json", body.as_bytes());
+    ack(r#"{"subscription":"nope","ids":[]}"#).assert_problem(404);
+    ack(r#"{"subscription":"lb","ids":["0:1"],"bogus":1}"#).assert_problem(400);
+    ack(r#"{"subscription":"lb","ids":["zero"]}"#).assert_problem(400);
+    ack(r#"{"subscription":"bc","ids":["0:1:1"]}"#).assert_problem(400);
+    assert_eq!(
+        ack(r#"{"subscription":"lb","ids":["0:1:1"]}"#).status,
+        200,
+        "unknown deliveries are acked idempotently"
+    );
 }
 
 /// A session that stops reading is cut off (1008, or dropped once its socket stays full) while

@@ -1,0 +1,790 @@
+//! Acknowledged delivery, the partition owner's half: who gets which event, what is in flight,
+//! when it is redelivered or dead-lettered, and the committed offsets.
+//!
+//! A *consumer* ([`ConsumerKey`]) owns a set of offsets: the subscription itself for
+//! `LOAD_BALANCE`, one client of it for `BROADCAST` and `MULTICAST`. Its *sessions* (WebSocket,
+//! SSE or long-poll; they live on the shard that accepted them) are announced to every shard,
+//! and each shard serves the partitions of the topic it owns: the log is local, the offsets are
+//! in its own `offsets.N` family, and the only thing that crosses cores is a [`Delivery`] with
+//! the frames by handle (and acks coming back).
+//!
+//! Per consumer and partition ([`Part`]): `next` (the next offset to read), the in-flight
+//! deliveries, the redeliveries waiting for their backoff, the dead letters being appended. The
+//! committed offset is the lowest of those (or `next`): it only moves forward, and it is stored
+//! whenever it moves.
+//!
+//! Rules:
+//! * A partition is held by one session of its consumer at a time: sessions sorted by
+//!   [`SessionRef`], partition `p` goes to session `p % n`. Every shard sees the same sessions,
+//!   so the assignment agrees across owners without a coordinator; it changes when sessions
+//!   come and go (a leaving session's unacknowledged events go to the new holder at once).
+//! * Sticky order: a partition's redeliveries go out before any newer event of it.
+//! * Flow control: a session holds at most its window of unacknowledged events from this shard
+//!   (`session_window`, or what its `credit` said), and a partition at most `PART_INFLIGHT`.
+//!   A full window pauses delivery; nothing queues without bound.
+//! * Unacknowledged after `ackTimeoutMs`, or nacked: redelivered after the backoff (base, 2x,
+//!   4x, 8x, 16x, plus up to 20% jitter); after `maxAttempts` appended to `<topic>.dlq` with the
+//!   reason as `emdlq*` extensions, then counted as done on the source.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use frame_codec::{AttrValue, Attribute, Frame};
+
+use crate::shard::core::Shard;
+use crate::shard::mailbox::Sender;
+use crate::shard::message::{
+    AckKind, Acks, ConsumerKey, Delivery, SessionChange, SessionEvent, SessionRef, ShardMessage,
+};
+use crate::shard::partitioner::partition_for_key;
+use crate::shard::{owned_partitions, owner, PartitionId, ShardId};
+use crate::storage::{meta, offsets, Storage, StorageError};
+use crate::subscription::definition::{Definition, Mode, Start};
+use crate::subscription::filter::{self, matches_all, Filter};
+
+/// The largest window a session may ask for.
+pub const MAX_WINDOW: u32 = 4096;
+/// Unacknowledged events per consumer and partition, whatever the windows say.
+const PART_INFLIGHT: usize = 4096;
+/// Events read from the log at once when catching up.
+const READ_BATCH: usize = 256;
+/// How often ack timeouts and due redeliveries are checked.
+const TICK: Duration = Duration::from_millis(20);
+
+/// This shard's consumers of the partitions it owns.
+#[derive(Default)]
+pub struct Dispatcher {
+    consumers: RefCell<HashMap<ConsumerKey, Consumer>>,
+    next_gen: Cell<u64>,
+    rng: Cell<u64>,
+}
+
+struct Consumer {
+    /// Tells this incarnation from a later one of the same key (dead-letter tasks finish late).
+    gen: u64,
+    def: Rc<Definition>,
+    filters: Rc<Vec<Filter>>,
+    /// Offsets are stored (false for clients without a `clientId`).
+    persist: bool,
+    /// Sorted by `at`.
+    sessions: Vec<Sess>,
+    parts: BTreeMap<u32, Part>,
+}
+
+struct Sess {
+    at: SessionRef,
+    window: u32,
+    /// Its unacknowledged events from this shard.
+    inflight: u32,
+    /// `MULTICAST`: the session's own filters.
+    filters: Vec<Filter>,
+}
+
+struct InFlight {
+    attempt: u16,
+    session: SessionRef,
+}
+
+struct Retry {
+    /// Attempts made so far.
+    attempt: u16,
+    due: Instant,
+}
+
+#[derive(Default)]
+struct Part {
+    next: u64,
+    inflight: BTreeMap<u64, InFlight>,
+    /// Ack deadlines in delivery order (so in deadline order: one timeout per consumer); entries
+    /// whose delivery was settled meanwhile are skipped and compacted away.
+    deadlines: VecDeque<(Instant, u64, u16)>,
+    retry: BTreeMap<u64, Retry>,
+    /// Being appended to the dead-letter topic.
+    dead: BTreeSet<u64>,
+    /// The committed offset last stored.
+    stored: Option<u64>,
+    /// Stopped because its session's window was full: an ack elsewhere may unblock it.
+    stalled: bool,
+}
+
+impl Part {
+    fn committed(&self) -> u64 {
+        let firsts =
+            [self.inflight.keys().next().copied(), self.retry.keys().next().copied(), self.dead.iter().next().copied()];
+        firsts.into_iter().flatten().fold(self.next, u64::min)
+    }
+}
+
+/// The delivery id clients ack with: `partition:offset:attempt`.
+pub fn delivery_id(partition: u32, offset: u64, attempt: u16) -> String {
+    format!("{partition}:{offset}:{attempt}")
+}
+
+/// The partition and offset a delivery id names.
+pub fn parse_delivery_id(id: &str) -> Option<(u32, u64)> {
+    let mut it = id.split(':');
+    let p = it.next()?.parse().ok()?;
+    let o = it.next()?.parse().ok()?;
+    match (it.next(), it.next()) {
+        (Some(a), None) if a.parse::<u16>().is_ok() => Some((p, o)),
+        (None, _) => Some((p, o)),
+        _ => None,
+    }
+}
+
+/// Delivery ids grouped by partition; `Err` names the first id that is not one.
+pub fn group_ids<'a>(ids: impl IntoIterator<Item = &'a str>) -> Result<BTreeMap<u32, Vec<u64>>, String> {
+    let mut by: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for id in ids {
+        let (p, o) =
+            parse_delivery_id(id).ok_or_else(|| format!("{id:?} is not a delivery id (partition:offset:attempt)"))?;
+        by.entry(p).or_default().push(o);
+    }
+    Ok(by)
+}
+
+impl Dispatcher {
+    /// Redelivery backoff after `attempt` attempts: base * 2^(attempt-1), at most 16x, + <= 20%.
+    fn backoff(&self, base: Duration, attempt: u16) -> Duration {
+        let d = base * (1u32 << u32::from(attempt.clamp(1, 5) - 1));
+        // xorshift64*: jitter needs no cryptography, only spread.
+        let mut x = self.rng.get();
+        if x == 0 {
+            x = crate::runtime::now_micros() as u64 | 1;
+        }
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        let jitter = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+        d + d.mul_f64(0.2 * jitter)
+    }
+
+    /// How many consumers this shard serves (metrics).
+    pub fn consumers(&self) -> usize {
+        self.consumers.borrow().len()
+    }
+}
+
+fn engine(e: frame_codec::FrameError) -> StorageError {
+    StorageError::Engine(e.to_string())
+}
+
+impl Shard {
+    /// Tells every shard (this one too) about a session of acknowledged delivery.
+    pub fn announce_session(self: &Rc<Self>, event: SessionEvent) {
+        for s in 0..self.shared.config.shards {
+            let to = ShardId(s as u16);
+            if to == self.id {
+                continue;
+            }
+            let copy = SessionEvent {
+                consumer: event.consumer.clone(),
+                topic: event.topic.clone(),
+                session: event.session,
+                change: event.change.clone(),
+            };
+            if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Session(Box::new(copy))).is_err() {
+                eprintln!(
+                    "evmesh: {}: mailbox to {to} full, session change of {} lost",
+                    self.id, event.consumer.subscription
+                );
+            }
+        }
+        self.session_event(event);
+    }
+
+    /// Sends acks to the owners of their partitions (this shard's own are settled at once).
+    pub fn route_acks(
+        self: &Rc<Self>,
+        consumer: &ConsumerKey,
+        topic: &str,
+        by: BTreeMap<u32, Vec<u64>>,
+        kind: AckKind,
+    ) {
+        for (p, offsets) in by {
+            let partition = PartitionId(p);
+            let acks = Acks { consumer: consumer.clone(), partition, offsets, kind };
+            let to = owner(topic, partition, self.shared.config.shards);
+            if to == self.id {
+                self.acks(acks);
+            } else if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Ack(Box::new(acks))).is_err()
+            {
+                // Lost acks only mean redeliveries: at-least-once holds.
+                eprintln!("evmesh: {}: mailbox to {to} full, acks of {} dropped", self.id, consumer.subscription);
+            }
+        }
+    }
+
+    /// A session attached, left, or changed its window.
+    pub fn session_event(self: &Rc<Self>, e: SessionEvent) {
+        let key = e.consumer;
+        match e.change {
+            SessionChange::Attach { window, filters, persist } => {
+                if let Err(err) = self.ensure_consumer(&key, persist) {
+                    eprintln!("evmesh: {}: cannot serve {}: {err}", self.id, key.subscription);
+                    return;
+                }
+                let filters = filters
+                    .and_then(|j| serde_json::from_str(&j).ok())
+                    .and_then(|j: serde_json::Value| filter::compile(Some(&j)).ok())
+                    .unwrap_or_default();
+                let mut cs = self.delivery.consumers.borrow_mut();
+                let Some(c) = cs.get_mut(&key) else { return };
+                let sess = Sess { at: e.session, window: window.min(MAX_WINDOW), inflight: 0, filters };
+                match c.sessions.binary_search_by(|s| s.at.cmp(&e.session)) {
+                    Ok(i) => c.sessions[i] = sess,
+                    Err(i) => c.sessions.insert(i, sess),
+                }
+            }
+            SessionChange::Detach => {
+                let mut cs = self.delivery.consumers.borrow_mut();
+                let Some(c) = cs.get_mut(&key) else { return };
+                c.sessions.retain(|s| s.at != e.session);
+                let now = Instant::now();
+                for part in c.parts.values_mut() {
+                    let gone: Vec<(u64, u16)> = part
+                        .inflight
+                        .iter()
+                        .filter(|(_, f)| f.session == e.session)
+                        .map(|(&o, f)| (o, f.attempt))
+                        .collect();
+                    for (o, attempt) in gone {
+                        part.inflight.remove(&o);
+                        part.retry.insert(o, Retry { attempt, due: now });
+                    }
+                }
+                if c.sessions.is_empty() {
+                    // Nobody left to deliver to: the stored offsets are all that must remain.
+                    let mut c = cs.remove(&key).expect("just looked up");
+                    for (&p, part) in c.parts.iter_mut() {
+                        self.save(c.persist, &c.def.topic, &key, p, part);
+                    }
+                    return;
+                }
+            }
+            SessionChange::Window(n) => {
+                let mut cs = self.delivery.consumers.borrow_mut();
+                let Some(c) = cs.get_mut(&key) else { return };
+                if let Some(s) = c.sessions.iter_mut().find(|s| s.at == e.session) {
+                    s.window = n.min(MAX_WINDOW);
+                }
+            }
+        }
+        self.pump_all(&key);
+    }
+
+    /// Creates the consumer's state for the partitions this shard owns, if it has none yet.
+    fn ensure_consumer(&self, key: &ConsumerKey, persist: bool) -> Result<(), StorageError> {
+        if self.delivery.consumers.borrow().contains_key(key) {
+            return Ok(());
+        }
+        let db = &self.shared.db;
+        let Some(def) = meta::get_subscription(db, &key.subscription)? else {
+            return Err(StorageError::Unavailable("subscription removed"));
+        };
+        let Some(topic) = meta::get(db, &def.topic)? else { return Err(StorageError::Unavailable("no such topic")) };
+        let filters = def.compile().unwrap_or_default();
+        let mut parts = BTreeMap::new();
+        for p in owned_partitions(&def.topic, topic.partitions, self.id, self.shared.config.shards) {
+            let next = self.start_offset(&def, key, p, persist)?;
+            parts.insert(p.0, Part { next, stored: persist.then_some(next), ..Part::default() });
+        }
+        let gen = self.delivery.next_gen.get() + 1;
+        self.delivery.next_gen.set(gen);
+        let c = Consumer { gen, def: Rc::new(def), filters: Rc::new(filters), persist, sessions: Vec::new(), parts };
+        self.delivery.consumers.borrow_mut().insert(key.clone(), c);
+        Ok(())
+    }
+
+    /// Where a consumer reads a partition from: its stored offset, else the subscription's
+    /// `start` (stored at once, so the start does not move on a restart).
+    fn start_offset(
+        &self,
+        def: &Definition,
+        key: &ConsumerKey,
+        p: PartitionId,
+        persist: bool,
+    ) -> Result<u64, StorageError> {
+        let db = &self.shared.db;
+        let k = offsets::key(&def.topic, &key.subscription, p, &key.client);
+        if persist {
+            if let Some(o) = offsets::get(db, self.id, &k)? {
+                return Ok(o);
+            }
+        }
+        let b = self.log.bounds(&def.topic, p)?;
+        let o = match &def.start {
+            Start::Named(n) if n == "earliest" => b.start,
+            // A LOAD_BALANCE subscription keeps what was published since it was created.
+            Start::Named(_) if def.mode == Mode::LoadBalance && def.created_us > 0 => {
+                self.first_at(&def.topic, p, b, def.created_us)?
+            }
+            Start::Named(_) => b.end,
+            Start::Offset { offset } => (*offset).clamp(b.start, b.end),
+            Start::Time { time } => {
+                self.first_at(&def.topic, p, b, crate::adaptor::rfc3339_micros(time).unwrap_or(0))?
+            }
+        };
+        if persist {
+            offsets::put(db, self.id, &k, o)?;
+        }
+        Ok(o)
+    }
+
+    /// The first offset in `b` published at or after `micros` (binary search over the log;
+    /// publish times follow offsets within a partition, up to clock steps between cores).
+    fn first_at(
+        &self,
+        topic: &str,
+        p: PartitionId,
+        b: crate::storage::Bounds,
+        micros: i64,
+    ) -> Result<u64, StorageError> {
+        let (mut lo, mut hi) = (b.start, b.end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.log.read(topic, p, mid, 1)?.first() {
+                Some(f) if f.header().timestamp_us < micros => lo = f.header().offset + 1,
+                Some(_) => hi = mid,
+                None => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// Stores a consumer's committed offset of `p` if it moved.
+    fn save(&self, persist: bool, topic: &str, key: &ConsumerKey, p: u32, part: &mut Part) {
+        let committed = part.committed();
+        if !persist || part.stored == Some(committed) {
+            return;
+        }
+        let k = offsets::key(topic, &key.subscription, PartitionId(p), &key.client);
+        match offsets::put(&self.shared.db, self.id, &k, committed) {
+            Ok(()) => part.stored = Some(committed),
+            Err(e) => eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, key.subscription),
+        }
+    }
+
+    fn pump_all(self: &Rc<Self>, key: &ConsumerKey) {
+        let parts: Vec<u32> = match self.delivery.consumers.borrow().get(key) {
+            Some(c) => c.parts.keys().copied().collect(),
+            None => return,
+        };
+        for p in parts {
+            self.pump_part(key, p, None);
+        }
+    }
+
+    /// Newly stored events of a partition this shard owns: every consumer of the topic gets
+    /// them, straight from `frames` when it is caught up (no log read).
+    pub fn deliver_new(self: &Rc<Self>, topic: &str, frames: &Arc<[Frame]>) {
+        let Some(p) = frames.first().map(|f| f.header().partition) else { return };
+        let keys: Vec<ConsumerKey> = self
+            .delivery
+            .consumers
+            .borrow()
+            .iter()
+            .filter(|(_, c)| c.def.topic == topic && !c.sessions.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            self.pump_part(&k, p, Some(frames));
+        }
+    }
+
+    /// Sends a consumer's partition what its holder has room for: due redeliveries first, then
+    /// new events (from `fresh` when it continues exactly where the consumer is, else the log).
+    fn pump_part(self: &Rc<Self>, key: &ConsumerKey, p: u32, fresh: Option<&Arc<[Frame]>>) {
+        let now = Instant::now();
+        let mut read: Vec<Frame> = Vec::new();
+        let mut read_attempts: Vec<u16> = Vec::new();
+        let mut pick: Vec<u32> = Vec::new();
+        let (target, subscription) = {
+            let mut cs = self.delivery.consumers.borrow_mut();
+            let Some(c) = cs.get_mut(key) else { return };
+            if c.sessions.is_empty() {
+                return;
+            }
+            let holder = p as usize % c.sessions.len();
+            let timeout = Duration::from_millis(c.def.ack_timeout_ms);
+            let topic = c.def.topic.clone();
+            let end = self.log.next_offset_of(&topic, PartitionId(p)).ok();
+            let Consumer { parts, sessions, filters, persist, .. } = c;
+            let Some(part) = parts.get_mut(&p) else { return };
+            let sess = &mut sessions[holder];
+            part.stalled = false;
+            let wanted = |f: &Frame, s: &Sess| matches_all(filters, f.body()) && matches_all(&s.filters, f.body());
+            loop {
+                let room_s = sess.window.saturating_sub(sess.inflight) as usize;
+                let room = room_s.min(PART_INFLIGHT.saturating_sub(part.inflight.len() + part.dead.len()));
+                if room == 0 {
+                    part.stalled = room_s == 0;
+                    break;
+                }
+                if let Some((&o, r)) = part.retry.first_key_value() {
+                    if r.due > now {
+                        break; // newer events wait behind a redelivery (sticky order)
+                    }
+                    let attempt = r.attempt.saturating_add(1);
+                    part.retry.remove(&o);
+                    let mut got = self.log.read(&topic, PartitionId(p), o, 1).unwrap_or_default();
+                    if let Some(f) = got.pop().filter(|f| f.header().offset == o) {
+                        part.inflight.insert(o, InFlight { attempt, session: sess.at });
+                        part.deadlines.push_back((now + timeout, o, attempt));
+                        sess.inflight += 1;
+                        read.push(f);
+                        read_attempts.push(attempt);
+                    } // else: gone by retention, nothing left to redeliver
+                    continue;
+                }
+                if end.is_some_and(|e| part.next >= e) {
+                    break;
+                }
+                let from_fresh =
+                    fresh.filter(|fr| fr.first().is_some_and(|f| f.header().offset == part.next) && read.is_empty());
+                if let Some(fr) = from_fresh {
+                    let mut taken = 0;
+                    for (i, f) in fr.iter().enumerate() {
+                        if taken == room {
+                            break;
+                        }
+                        let o = f.header().offset;
+                        part.next = o + 1;
+                        if wanted(f, sess) {
+                            part.inflight.insert(o, InFlight { attempt: 1, session: sess.at });
+                            part.deadlines.push_back((now + timeout, o, 1));
+                            sess.inflight += 1;
+                            pick.push(i as u32);
+                            taken += 1;
+                        }
+                    }
+                    continue;
+                }
+                if !pick.is_empty() {
+                    break; // the fresh batch went out; anything after it is read next time
+                }
+                let got = self.log.read(&topic, PartitionId(p), part.next, room.min(READ_BATCH)).unwrap_or_default();
+                if got.is_empty() {
+                    break;
+                }
+                for f in got {
+                    let o = f.header().offset;
+                    part.next = o + 1;
+                    if wanted(&f, sess) {
+                        part.inflight.insert(o, InFlight { attempt: 1, session: sess.at });
+                        part.deadlines.push_back((now + timeout, o, 1));
+                        sess.inflight += 1;
+                        read.push(f);
+                        read_attempts.push(1);
+                    }
+                }
+            }
+            self.save(*persist, &topic, key, p, part);
+            (sess.at, key.subscription.clone())
+        };
+        let m = self.shared.metrics.shard(self.id);
+        m.deliveries.add((read.len() + pick.len()) as u64);
+        m.redeliveries.add(read_attempts.iter().filter(|&&a| a > 1).count() as u64);
+        if !read.is_empty() {
+            let d = Delivery {
+                subscription: subscription.clone(),
+                session: Some(target.id),
+                frames: read.into(),
+                pick: None,
+                attempts: read_attempts,
+            };
+            self.send_delivery(target.shard, d);
+        }
+        if let (false, Some(fr)) = (pick.is_empty(), fresh) {
+            let attempts = vec![1; pick.len()];
+            let d = Delivery { subscription, session: Some(target.id), frames: fr.clone(), pick: Some(pick), attempts };
+            self.send_delivery(target.shard, d);
+        }
+    }
+
+    fn send_delivery(&self, to: ShardId, d: Delivery) {
+        if to == self.id {
+            self.sessions.deliver(&d);
+        } else if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Deliver(Box::new(d))).is_err() {
+            // In flight all the same: the ack timeout redelivers them.
+            self.shared.metrics.shard(self.id).deliveries_dropped.inc();
+        }
+    }
+
+    /// Acks or nacks from a consumer for a partition this shard owns.
+    pub fn acks(self: &Rc<Self>, a: Acks) {
+        let p = a.partition.0;
+        let now = Instant::now();
+        let mut dead = Vec::new();
+        let mut unblocked = vec![p];
+        {
+            let mut cs = self.delivery.consumers.borrow_mut();
+            let Some(c) = cs.get_mut(&a.consumer) else {
+                drop(cs);
+                return self.resume_detached(&a);
+            };
+            let gen = c.gen;
+            let (base, max) = (self.shared.config.redelivery_backoff, c.def.max_attempts);
+            let Consumer { parts, sessions, persist, def, .. } = &mut *c;
+            let Some(part) = parts.get_mut(&p) else { return };
+            let mut settle = |o: u64, part: &mut Part| -> Option<InFlight> {
+                let f = part.inflight.remove(&o)?;
+                if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
+                    s.inflight = s.inflight.saturating_sub(1);
+                }
+                Some(f)
+            };
+            match a.kind {
+                AckKind::Ack => {
+                    for &o in &a.offsets {
+                        settle(o, part);
+                        part.retry.remove(&o);
+                    }
+                }
+                AckKind::UpTo => {
+                    let upto = a.offsets.iter().copied().max().unwrap_or(0);
+                    let done: Vec<u64> = part.inflight.range(..=upto).map(|(&o, _)| o).collect();
+                    for o in done {
+                        settle(o, part);
+                    }
+                    part.retry = part.retry.split_off(&(upto + 1));
+                }
+                AckKind::Nack => {
+                    for &o in &a.offsets {
+                        let Some(f) = settle(o, part) else { continue };
+                        if u32::from(f.attempt) >= max {
+                            part.dead.insert(o);
+                            dead.push((o, f.attempt));
+                        } else {
+                            part.retry.insert(
+                                o,
+                                Retry { attempt: f.attempt, due: now + self.delivery.backoff(base, f.attempt) },
+                            );
+                        }
+                    }
+                }
+            }
+            self.shared.metrics.shard(self.id).acks.add(a.offsets.len() as u64);
+            compact(part);
+            self.save(*persist, &def.topic, &a.consumer, p, part);
+            unblocked.extend(parts.iter().filter(|(&q, x)| q != p && x.stalled).map(|(&q, _)| q));
+            for (o, attempt) in dead.drain(..) {
+                self.dead_letter(a.consumer.clone(), gen, p, o, attempt, "nack");
+            }
+        }
+        for q in unblocked {
+            self.pump_part(&a.consumer, q, None);
+        }
+    }
+
+    /// `UpTo` for a consumer with no session here (an SSE client reconnecting after its old
+    /// stream ended): moves the stored offset past what the client confirmed it has.
+    fn resume_detached(&self, a: &Acks) {
+        if a.kind != AckKind::UpTo || a.consumer.client.starts_with('~') {
+            return;
+        }
+        let Some(upto) = a.offsets.iter().copied().max() else { return };
+        let db = &self.shared.db;
+        let Ok(Some(def)) = meta::get_subscription(db, &a.consumer.subscription) else { return };
+        let k = offsets::key(&def.topic, &a.consumer.subscription, a.partition, &a.consumer.client);
+        if let Ok(Some(stored)) = offsets::get(db, self.id, &k) {
+            if stored <= upto {
+                if let Err(e) = offsets::put(db, self.id, &k, upto + 1) {
+                    eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, a.consumer.subscription);
+                }
+            }
+        }
+    }
+
+    /// Appends an event that ran out of attempts to `<topic>.dlq`, then settles it on the
+    /// source (or, if the append failed, schedules it again).
+    fn dead_letter(self: &Rc<Self>, key: ConsumerKey, gen: u64, p: u32, o: u64, attempts: u16, reason: &'static str) {
+        let me = self.clone();
+        monoio::spawn(async move {
+            let r = me.append_dead(&key, p, o, attempts, reason).await;
+            if let Err(e) = &r {
+                eprintln!("evmesh: {}: dead-lettering {}@{p}:{o} failed, retrying: {e}", me.id, key.subscription);
+            } else {
+                me.shared.metrics.shard(me.id).dead_lettered.inc();
+            }
+            {
+                let mut cs = me.delivery.consumers.borrow_mut();
+                let Some(c) = cs.get_mut(&key).filter(|c| c.gen == gen) else { return };
+                let Some(part) = c.parts.get_mut(&p) else { return };
+                part.dead.remove(&o);
+                if r.is_err() {
+                    let due = Instant::now() + me.delivery.backoff(me.shared.config.redelivery_backoff, 5);
+                    part.retry.insert(o, Retry { attempt: attempts.saturating_sub(1), due });
+                }
+                me.save(c.persist, &c.def.topic, &key, p, part);
+            }
+            me.pump_part(&key, p, None);
+        });
+    }
+
+    async fn append_dead(
+        self: &Rc<Self>,
+        key: &ConsumerKey,
+        p: u32,
+        o: u64,
+        attempts: u16,
+        reason: &str,
+    ) -> Result<(), StorageError> {
+        let topic = match self.delivery.consumers.borrow().get(key) {
+            Some(c) => c.def.topic.clone(),
+            None => return Ok(()),
+        };
+        let Some(f) = self.log.read(&topic, PartitionId(p), o, 1)?.pop().filter(|f| f.header().offset == o) else {
+            return Ok(()); // gone by retention
+        };
+        let mut body = f.to_body();
+        let dlq = format!("{topic}.dlq");
+        body.topic = dlq.clone();
+        body.attributes.retain(|a| !a.name.starts_with("emdlq"));
+        let ext = [
+            ("emdlqreason", AttrValue::Str(reason.to_owned())),
+            ("emdlqsubscription", AttrValue::Str(key.subscription.clone())),
+            ("emdlqclient", AttrValue::Str(key.client.clone())),
+            ("emdlqtopic", AttrValue::Str(topic.clone())),
+            ("emdlqpartition", AttrValue::Int(i64::from(p))),
+            ("emdlqoffset", AttrValue::Str(o.to_string())),
+            ("emdlqattempts", AttrValue::Int(i64::from(attempts))),
+        ];
+        for (name, value) in ext {
+            if name == "emdlqclient" && key.client.is_empty() {
+                continue;
+            }
+            body.attributes.push(Attribute { name: name.to_owned(), value });
+        }
+        let mut frame = Frame::encode(&f.header(), &body).map_err(engine)?;
+        frame.set_timestamp(crate::runtime::now_micros());
+        let (m, _) = self.topic(&dlq, None).await?;
+        let partition = match frame.body().attr_str("partitionkey") {
+            Some(k) => partition_for_key(k.as_bytes(), m.partitions),
+            None => self.local_partition(&dlq, &m),
+        };
+        self.append(&dlq, partition, vec![frame]).await.map(|_| ())
+    }
+
+    /// Expires unacknowledged deliveries and sends due redeliveries, forever.
+    pub async fn delivery_timers(self: Rc<Self>) {
+        loop {
+            monoio::time::sleep(TICK).await;
+            let now = Instant::now();
+            let mut work: Vec<(ConsumerKey, u32)> = Vec::new();
+            let mut dead: Vec<(ConsumerKey, u64, u32, u64, u16)> = Vec::new();
+            {
+                let mut cs = self.delivery.consumers.borrow_mut();
+                let base = self.shared.config.redelivery_backoff;
+                for (key, c) in cs.iter_mut() {
+                    let max = c.def.max_attempts;
+                    let Consumer { parts, sessions, gen, .. } = c;
+                    for (&p, part) in parts.iter_mut() {
+                        let mut expired = false;
+                        while let Some(&(deadline, o, attempt)) = part.deadlines.front() {
+                            let live = part.inflight.get(&o).is_some_and(|f| f.attempt == attempt);
+                            if live && deadline > now {
+                                break;
+                            }
+                            part.deadlines.pop_front();
+                            if !live {
+                                continue;
+                            }
+                            let f = part.inflight.remove(&o).expect("live");
+                            if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
+                                s.inflight = s.inflight.saturating_sub(1);
+                            }
+                            expired = true;
+                            if u32::from(attempt) >= max {
+                                part.dead.insert(o);
+                                dead.push((key.clone(), *gen, p, o, attempt));
+                            } else {
+                                part.retry
+                                    .insert(o, Retry { attempt, due: now + self.delivery.backoff(base, attempt) });
+                            }
+                        }
+                        let due = part.retry.first_key_value().is_some_and(|(_, r)| r.due <= now);
+                        if expired || due {
+                            work.push((key.clone(), p));
+                        }
+                    }
+                }
+            }
+            for (key, gen, p, o, attempt) in dead {
+                self.dead_letter(key, gen, p, o, attempt, "ack-timeout");
+            }
+            for (key, p) in work {
+                self.pump_part(&key, p, None);
+            }
+        }
+    }
+
+    /// A subscription was removed: its consumers here end and their offsets are forgotten.
+    pub fn forget_subscription(&self, subscription: &str, topic: &str) {
+        self.delivery.consumers.borrow_mut().retain(|k, _| k.subscription != subscription);
+        if let Err(e) = offsets::delete_all(&self.shared.db, self.id, topic, subscription) {
+            eprintln!("evmesh: {}: forgetting offsets of {subscription}: {e}", self.id);
+        }
+    }
+}
+
+/// Drops settled entries from the front of the deadline queue, and rebuilds it when settled
+/// entries behind the front outnumber the live ones (out-of-order acks), so it stays bounded.
+fn compact(part: &mut Part) {
+    while let Some(&(_, o, a)) = part.deadlines.front() {
+        if part.inflight.get(&o).is_some_and(|f| f.attempt == a) {
+            break;
+        }
+        part.deadlines.pop_front();
+    }
+    if part.deadlines.len() > 2 * part.inflight.len() + 64 {
+        let inflight = &part.inflight;
+        part.deadlines.retain(|&(_, o, a)| inflight.get(&o).is_some_and(|f| f.attempt == a));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivery_ids_round_trip_and_reject_garbage() {
+        assert_eq!(parse_delivery_id(&delivery_id(3, 42, 2)), Some((3, 42)));
+        assert_eq!(parse_delivery_id("3:42"), Some((3, 42)));
+        for bad in ["", "3", "x:1:1", "3:-1:1", "3:1:1:1", "3:1:x"] {
+            assert_eq!(parse_delivery_id(bad), None, "{bad}");
+        }
+        let by = group_ids(["0:1:1", "1:5:1", "0:2:3"]).unwrap();
+        assert_eq!(by, BTreeMap::from([(0, vec![1, 2]), (1, vec![5])]));
+        assert!(group_ids(["0:1:1", "nope"]).unwrap_err().contains("nope"));
+    }
+
+    #[test]
+    fn backoff_doubles_to_sixteen_times_with_bounded_jitter() {
+        let d = Dispatcher::default();
+        let base = Duration::from_millis(1000);
+        for (attempt, times) in [(1u16, 1u32), (2, 2), (3, 4), (4, 8), (5, 16), (9, 16)] {
+            for _ in 0..50 {
+                let b = d.backoff(base, attempt);
+                assert!(b >= base * times && b <= (base * times).mul_f64(1.2), "attempt {attempt}: {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn committed_is_the_lowest_unsettled_offset() {
+        let mut part = Part { next: 10, ..Part::default() };
+        assert_eq!(part.committed(), 10);
+        let s = SessionRef { shard: ShardId(0), id: 1 };
+        part.inflight.insert(7, InFlight { attempt: 1, session: s });
+        part.retry.insert(5, Retry { attempt: 1, due: Instant::now() });
+        assert_eq!(part.committed(), 5);
+        part.retry.clear();
+        part.dead.insert(6);
+        assert_eq!(part.committed(), 6);
+    }
+}

@@ -1,0 +1,123 @@
+//! Long-poll sessions: `GET /events/poll` takes what a consumer's poll session on this shard has
+//! received (up to `max`), waiting up to `waitMs` for the first event. The session outlives the
+//! requests: it stays attached, with its window of unacknowledged events, until nobody polled
+//! it for `LINGER`; then its unacknowledged events go to the consumer's other sessions.
+//! Clients ack with `POST /events/ack`.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc;
+use futures::StreamExt;
+
+use super::{consumer_of, Kind, Outbound};
+use crate::http::SessionSpec;
+use crate::shard::core::Shard;
+use crate::shard::message::{ConsumerKey, SessionChange, SessionEvent, SessionRef};
+
+/// How long a poll session stays attached after its last poll.
+pub const LINGER: Duration = Duration::from_secs(30);
+
+pub struct PollSession {
+    id: u64,
+    /// Taken by the poll in progress (one at a time per consumer and shard).
+    rx: RefCell<Option<mpsc::Receiver<Outbound>>>,
+    last: Cell<Instant>,
+    closed: Cell<bool>,
+}
+
+impl PollSession {
+    /// Up to `max` events' JSON, waiting up to `wait` for the first.
+    pub async fn poll(&self, max: usize, wait: Duration) -> Vec<Rc<Vec<u8>>> {
+        self.last.set(Instant::now());
+        let taken = self.rx.borrow_mut().take();
+        let Some(mut rx) = taken else {
+            // Another poll of the same consumer is waiting here: this one gets nothing.
+            monoio::time::sleep(wait).await;
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        self.drain(&mut rx, &mut out, max);
+        if out.is_empty() && !self.closed.get() {
+            match monoio::time::timeout(wait, rx.next()).await {
+                Ok(Some(Outbound::Frame(b))) => {
+                    out.push(b);
+                    self.drain(&mut rx, &mut out, max);
+                }
+                Ok(Some(Outbound::Close(_)) | None) => self.closed.set(true),
+                Err(_) => {}
+            }
+        }
+        self.last.set(Instant::now());
+        *self.rx.borrow_mut() = Some(rx);
+        out
+    }
+
+    fn drain(&self, rx: &mut mpsc::Receiver<Outbound>, out: &mut Vec<Rc<Vec<u8>>>, max: usize) {
+        while out.len() < max {
+            match rx.try_recv() {
+                Ok(Outbound::Frame(b)) => out.push(b),
+                Ok(Outbound::Close(_)) => return self.closed.set(true),
+                Err(e) if e.is_closed() => return self.closed.set(true),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// The shard where a consumer's poll session lives.
+pub fn home(spec: &SessionSpec, shards: usize) -> crate::shard::ShardId {
+    let client = spec.client.as_deref().filter(|_| spec.per_client).unwrap_or("");
+    crate::shard::meta_owner(&format!("{}#{client}", spec.subscription), shards)
+}
+
+/// The consumer's poll session on this shard, attached now if it had none.
+pub fn session(shard: &Rc<Shard>, spec: &SessionSpec) -> Rc<PollSession> {
+    let (probe, _) = consumer_of(spec, shard.id, 0);
+    if let Some(s) = shard.sessions.polls.borrow().get(&probe).filter(|s| !s.closed.get()) {
+        return s.clone();
+    }
+    let (id, rx) = shard.sessions.add_acked(&spec.subscription, Kind::Poll, shard.shared.config.shards);
+    let (key, persist) = consumer_of(spec, shard.id, id);
+    let s = Rc::new(PollSession {
+        id,
+        rx: RefCell::new(Some(rx)),
+        last: Cell::new(Instant::now()),
+        closed: Cell::new(false),
+    });
+    shard.sessions.polls.borrow_mut().insert(key.clone(), s.clone());
+    let at = SessionRef { shard: shard.id, id };
+    let window = shard.shared.config.session_window;
+    let attach = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
+    shard.announce_session(SessionEvent {
+        consumer: key.clone(),
+        topic: spec.topic.clone(),
+        session: at,
+        change: attach,
+    });
+    monoio::spawn(linger(shard.clone(), key, spec.topic.clone(), s.clone()));
+    s
+}
+
+/// Detaches the session once nobody polled it for `LINGER` (or it was closed).
+async fn linger(shard: Rc<Shard>, key: ConsumerKey, topic: String, s: Rc<PollSession>) {
+    loop {
+        monoio::time::sleep(LINGER / 4).await;
+        let current = shard.sessions.polls.borrow().get(&key).is_some_and(|x| x.id == s.id);
+        let idle = s.rx.borrow().is_some() && s.last.get().elapsed() >= LINGER;
+        if !current || idle || s.closed.get() {
+            break;
+        }
+    }
+    {
+        let mut polls = shard.sessions.polls.borrow_mut();
+        if polls.get(&key).is_some_and(|x| x.id == s.id) {
+            polls.remove(&key);
+        }
+    }
+    s.closed.set(true);
+    shard.sessions.remove_acked(s.id);
+    let at = SessionRef { shard: shard.id, id: s.id };
+    shard.announce_session(SessionEvent { consumer: key, topic, session: at, change: SessionChange::Detach });
+}

@@ -1,0 +1,136 @@
+//! Server-sent events sessions: `GET /events/sse` answers `200 text/event-stream` (chunked) and
+//! the connection becomes a session of acknowledged delivery. Each event is `id:` (the delivery
+//! id) plus `data:` lines (the structured CloudEvent with the `em*` extensions); clients ack with
+//! `POST /events/ack`. A reconnect with `Last-Event-ID` acknowledges everything of that
+//! partition up to the event it names (the stream delivers a partition in order), so a resumed
+//! stream does not repeat what the client already has.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::future::{select, Either};
+use futures::StreamExt;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+use monoio::net::TcpStream;
+
+use super::{consumer_of, Kind, Outbound};
+use crate::delivery::parse_delivery_id;
+use crate::http::SessionSpec;
+use crate::server::conn::{read_more_sized, ReadOutcome};
+use crate::shard::core::Shard;
+use crate::shard::message::{AckKind, SessionChange, SessionEvent, SessionRef};
+
+/// A comment line every so often lets both sides notice a dead connection.
+const HEARTBEAT: Duration = Duration::from_secs(15);
+const WRITE_STALL: Duration = Duration::from_secs(10);
+
+/// Appends one event, as an HTTP chunk. JSON may hold line breaks between tokens (the event's
+/// `data` is kept as sent); each line becomes its own `data:` line, which clients join again.
+pub fn event(id: &str, json: &[u8], out: &mut Vec<u8>) {
+    let mut payload = Vec::with_capacity(json.len() + id.len() + 16);
+    payload.extend_from_slice(b"id: ");
+    payload.extend_from_slice(id.as_bytes());
+    payload.push(b'\n');
+    for line in json.split(|&b| b == b'\n' || b == b'\r').filter(|l| !l.is_empty()) {
+        payload.extend_from_slice(b"data: ");
+        payload.extend_from_slice(line);
+        payload.push(b'\n');
+    }
+    payload.push(b'\n');
+    chunk(&payload, out);
+}
+
+fn chunk(payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("{:x}\r\n", payload.len()).as_bytes());
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Reads (and drops) whatever the client sends until it closes.
+async fn until_closed<R: AsyncReadRent>(mut rd: R, mut buf: Vec<u8>) {
+    loop {
+        buf.clear();
+        match read_more_sized(&mut rd, &mut buf, None, 512).await {
+            ReadOutcome::Data => {}
+            ReadOutcome::Closed | ReadOutcome::TimedOut => return,
+        }
+    }
+}
+
+async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<Outbound>) {
+    let mut out = Vec::new();
+    loop {
+        match monoio::time::timeout(HEARTBEAT, events.next()).await {
+            Ok(Some(Outbound::Frame(bytes))) => {
+                out.extend_from_slice(&bytes);
+                while let Ok(Outbound::Frame(more)) = events.try_recv() {
+                    out.extend_from_slice(&more);
+                    if out.len() > 256 * 1024 {
+                        break;
+                    }
+                }
+            }
+            // Closed (subscription removed) or dropped: end the stream properly.
+            Ok(Some(Outbound::Close(_))) | Ok(None) => {
+                out.extend_from_slice(b"0\r\n\r\n");
+                let _ = monoio::time::timeout(WRITE_STALL, wr.write_all(out)).await;
+                let _ = wr.shutdown().await;
+                return;
+            }
+            Err(_) => chunk(b": keep-alive\n\n", &mut out),
+        }
+        let sent = monoio::time::timeout(WRITE_STALL, wr.write_all(std::mem::take(&mut out))).await;
+        match sent {
+            Ok((Ok(_), mut back)) => {
+                back.clear();
+                out = back;
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Runs an SSE session until the client goes away or the subscription is removed.
+pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, spec: Box<SessionSpec>) {
+    let (id, events) = shard.sessions.add_acked(&spec.subscription, Kind::Sse, shard.shared.config.shards);
+    let (key, persist) = consumer_of(&spec, shard.id, id);
+    if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id) {
+        shard.route_acks(&key, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo);
+    }
+    let at = SessionRef { shard: shard.id, id };
+    let window = shard.shared.config.session_window;
+    let attach = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
+    shard.announce_session(SessionEvent {
+        consumer: key.clone(),
+        topic: spec.topic.clone(),
+        session: at,
+        change: attach,
+    });
+    let (rd, wr) = stream.into_split();
+    match select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events))).await {
+        Either::Left(_) | Either::Right(_) => {}
+    }
+    shard.sessions.remove_acked(id);
+    shard.announce_session(SessionEvent {
+        consumer: key,
+        topic: spec.topic.clone(),
+        session: at,
+        change: SessionChange::Detach,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_chunks_with_one_data_line_per_json_line() {
+        let mut out = Vec::new();
+        event("0:7:1", b"{\"data\":\r\n {\"a\": 1}\n}", &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let payload = "id: 0:7:1\ndata: {\"data\":\ndata:  {\"a\": 1}\ndata: }\n\n";
+        assert_eq!(text, format!("{:x}\r\n{payload}\r\n", payload.len()));
+    }
+}
