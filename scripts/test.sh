@@ -11,7 +11,8 @@ export CARGO_TERM_COLOR=never
 # The official CloudEvents SDKs the interop tests drive (kept outside the clone, reused).
 VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -c 'import cloudevents' 2>/dev/null || "$VENV/bin/pip" install -q cloudevents==2.2.0
+"$VENV/bin/python" -c 'import cloudevents, websockets, httpx_sse' 2>/dev/null ||
+    "$VENV/bin/pip" install -q cloudevents==2.2.0 websockets==15.0.1 httpx==0.28.1 httpx-sse==0.4.1
 [ -d "$NODE_DIR/node_modules/cloudevents" ] || { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 >/dev/null; }
 export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules"
 echo "== fmt"; cargo fmt --all -- --check

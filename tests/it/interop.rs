@@ -1,5 +1,6 @@
 //! Events built by the official CloudEvents SDKs (Python and JavaScript), in every content mode,
-//! are accepted and read back faithfully. The test command installs both SDKs; the scripts in
+//! are accepted and read back faithfully; independent Python clients receive and ack them over
+//! WebSocket, SSE and long-poll. The test command installs both SDKs; the scripts in
 //! tests/interop assert on what they read back and exit non-zero on any difference.
 
 use std::path::Path;
@@ -8,7 +9,7 @@ use std::process::Command;
 use super::util::TestBroker;
 
 fn run_script(program: &str, script: &str) {
-    let b = TestBroker::start(&[]);
+    let b = TestBroker::start(&["--redelivery-backoff-ms", "50"]);
     // Resolved at run time: a test binary built in another checkout reads this one's scripts.
     let root =
         std::env::var_os("CARGO_MANIFEST_DIR").map_or(env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from);
@@ -28,6 +29,13 @@ fn run_script(program: &str, script: &str) {
 fn python_sdk_events_round_trip() {
     let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
     run_script(&python, "python_sdk.py");
+}
+
+/// Independent clients of delivery: Python `websockets`, `httpx-sse` and `httpx`.
+#[test]
+fn python_websocket_sse_and_poll_clients_receive_and_ack() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_script(&python, "python_delivery.py");
 }
 
 #[test]
