@@ -24,6 +24,8 @@ use crate::storage::{meta, Storage, StorageError, TopicMeta};
 
 pub struct Admin {
     pub shared: Arc<Shared>,
+    /// A DLQ replay is running (one at a time, so none replays an event twice).
+    pub replaying: std::cell::Cell<bool>,
 }
 
 #[derive(Deserialize)]
@@ -71,6 +73,8 @@ impl Handler for Admin {
             (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
             (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, &req),
+            (Method::Get, ["admin", "dlq", t]) => self.dead_letters(t, &req),
+            (Method::Post, ["admin", "dlq", t, "replay"]) => self.replay(t).await,
             _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
         }
     }
@@ -189,6 +193,121 @@ impl Admin {
         let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), Some(spec));
         self.shared.mailboxes.send(Sender::Admin, to, msg).map_err(|_| StorageError::Unavailable("mailbox full"))?;
         rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+    }
+
+    /// The settings of `topic` and of `<topic>.dlq`; 404 when the topic does not exist.
+    fn dlq_of(&self, topic: &str) -> Result<(TopicMeta, Option<TopicMeta>), Response> {
+        let db = &self.shared.db;
+        match (meta::get(db, topic), meta::get(db, &format!("{topic}.dlq"))) {
+            (Ok(Some(t)), Ok(d)) => Ok((t, d)),
+            (Ok(None), _) => Err(problem(StatusCode::NOT_FOUND, &format!("no topic {topic}"))),
+            (Err(e), _) | (_, Err(e)) => Err(storage_problem(&e)),
+        }
+    }
+
+    /// `GET /admin/dlq/{topic}[?max=N]`: the dead letters not replayed yet, per partition of
+    /// `<topic>.dlq` at most `max` (100 by default, at most 1000), as
+    /// `[{"partition": P, "offset": O, "event": {...}}]`.
+    fn dead_letters(&self, topic: &str, req: &Request<'_>) -> Response {
+        let max = match req.query("max").map(|v| v.parse::<usize>()) {
+            None => 100,
+            Some(Ok(n)) if (1..=1000).contains(&n) => n,
+            Some(_) => return problem(StatusCode::BAD_REQUEST, "max must be 1..=1000"),
+        };
+        let dlq = match self.dlq_of(topic) {
+            Ok((_, None)) => return Response::json(StatusCode::OK, "[]"),
+            Ok((_, Some(d))) => d,
+            Err(r) => return r,
+        };
+        let name = format!("{topic}.dlq");
+        let mut out = vec![b'['];
+        for p in (0..dlq.partitions).map(PartitionId) {
+            let read = meta::dlq_replayed(&self.shared.db, topic, p.0)
+                .and_then(|from| self.log_of(&name, p).read(&name, p, from, max));
+            let frames = match read {
+                Ok(f) => f,
+                Err(e) => return storage_problem(&e),
+            };
+            for f in frames {
+                if out.len() > 1 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(
+                    format!("{{\"partition\":{},\"offset\":{},\"event\":", p.0, f.header().offset).as_bytes(),
+                );
+                write_structured(&f, &[], &mut out);
+                out.push(b'}');
+            }
+        }
+        out.push(b']');
+        Response::json(StatusCode::OK, out)
+    }
+
+    /// `POST /admin/dlq/{topic}/replay`: publishes every dead letter not replayed yet back to
+    /// `topic` (without the `emdlq*` extensions; to its original partition unless it has a
+    /// `partitionkey`), then marks it replayed. The dead letters stay in `<topic>.dlq`.
+    async fn replay(&self, topic: &str) -> Response {
+        if self.replaying.replace(true) {
+            return problem(StatusCode::CONFLICT, "a replay is already running");
+        }
+        let r = self.replay_all(topic).await;
+        self.replaying.set(false);
+        match r {
+            Ok(n) => Response::json(StatusCode::OK, serde_json::json!({"topic": topic, "replayed": n}).to_string()),
+            Err(Ok(resp)) => resp,
+            Err(Err(e)) => storage_problem(&e),
+        }
+    }
+
+    async fn replay_all(&self, topic: &str) -> Result<u64, Result<Response, StorageError>> {
+        let (source, dlq) = match self.dlq_of(topic) {
+            Ok((_, None)) => return Ok(0),
+            Ok((s, Some(d))) => (s, d),
+            Err(r) => return Err(Ok(r)),
+        };
+        let name = format!("{topic}.dlq");
+        let shards = self.shared.config.shards;
+        let mut replayed = 0;
+        for dp in (0..dlq.partitions).map(PartitionId) {
+            loop {
+                let from = meta::dlq_replayed(&self.shared.db, topic, dp.0).map_err(Err)?;
+                let frames = self.log_of(&name, dp).read(&name, dp, from, 256).map_err(Err)?;
+                let Some(last) = frames.last().map(|f| f.header().offset) else { break };
+                let mut by_partition: Vec<(PartitionId, Vec<frame_codec::Frame>)> = Vec::new();
+                for f in &frames {
+                    let mut body = f.to_body();
+                    let original = body.attributes.iter().find_map(|a| match (&*a.name, &a.value) {
+                        ("emdlqpartition", frame_codec::AttrValue::Int(p)) => u32::try_from(*p).ok(),
+                        _ => None,
+                    });
+                    body.topic = topic.to_owned();
+                    body.attributes.retain(|a| !a.name.starts_with("emdlq"));
+                    let mut frame = frame_codec::Frame::encode(&f.header(), &body)
+                        .map_err(|e| Err(StorageError::Engine(e.to_string())))?;
+                    frame.set_timestamp(crate::runtime::now_micros());
+                    let p = match frame.body().attr_str("partitionkey") {
+                        Some(k) => crate::shard::partitioner::partition_for_key(k.as_bytes(), source.partitions),
+                        None => PartitionId(original.filter(|&p| p < source.partitions).unwrap_or(0)),
+                    };
+                    match by_partition.iter_mut().find(|(q, _)| *q == p) {
+                        Some((_, v)) => v.push(frame),
+                        None => by_partition.push((p, vec![frame])),
+                    }
+                }
+                for (p, frames) in by_partition {
+                    let n = frames.len() as u64;
+                    let (msg, rx) = ShardMessage::append(p, frames);
+                    self.shared
+                        .mailboxes
+                        .send(Sender::Admin, owner(topic, p, shards), msg)
+                        .map_err(|_| Err(StorageError::Unavailable("mailbox full")))?;
+                    rx.await.map_err(|_| Err(StorageError::Unavailable("shard stopped")))?.map_err(Err)?;
+                    replayed += n;
+                }
+                meta::set_dlq_replayed(&self.shared.db, topic, dp.0, last + 1).map_err(Err)?;
+            }
+        }
+        Ok(replayed)
     }
 
     fn events(&self, topic: &str, partition: &str, req: &Request<'_>) -> Response {

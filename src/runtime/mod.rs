@@ -184,7 +184,7 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
             let run = async move {
                 let listener = monoio::net::TcpListener::from_std(admin).expect("admin listener");
                 let limits = conn_limits(&shared.config);
-                accept_loop(listener, Rc::new(Admin { shared }), limits, None).await
+                accept_loop(listener, Rc::new(Admin { shared, replaying: Default::default() }), limits, None).await
             };
             if let Err(e) = block_on(IoDriver::Epoll, run) {
                 eprintln!("evmesh: admin thread: {e}");

@@ -1,8 +1,9 @@
-//! Metadata in the `meta` column family: `topic/<name>` -> JSON [`TopicMeta`] and
-//! `sub/<name>` -> JSON subscription [`Definition`].
+//! Metadata in the `meta` column family: `topic/<name>` -> JSON [`TopicMeta`],
+//! `sub/<name>` -> JSON subscription [`Definition`], and `dlq/<topic>/<partition>` -> how far the
+//! dead letters of that partition of `<topic>.dlq` were replayed.
 //!
-//! Written only by the owner shard of the topic or subscription name (which serializes creation);
-//! read by anyone.
+//! Topics and subscriptions are written only by the owner shard of the name (which serializes
+//! creation), replay marks only by the admin thread; read by anyone.
 
 use rocksdb::{IteratorMode, DB};
 
@@ -84,4 +85,18 @@ pub fn delete_subscription(db: &DB, name: &str) -> Result<(), StorageError> {
 /// Every subscription, sorted by name.
 pub fn list_subscriptions(db: &DB) -> Result<Vec<Definition>, StorageError> {
     Ok(list_json(db, b"sub/")?.into_iter().map(|(_, d)| d).collect())
+}
+
+fn dlq_key(topic: &str, partition: u32) -> Vec<u8> {
+    format!("dlq/{topic}/{partition}").into_bytes()
+}
+
+/// The first dead letter of `partition` of `<topic>.dlq` not replayed yet.
+pub fn dlq_replayed(db: &DB, topic: &str, partition: u32) -> Result<u64, StorageError> {
+    Ok(get_json(db, &dlq_key(topic, partition))?.unwrap_or(0))
+}
+
+pub fn set_dlq_replayed(db: &DB, topic: &str, partition: u32, next: u64) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    Ok(db.put_cf(cf, dlq_key(topic, partition), next.to_string())?)
 }

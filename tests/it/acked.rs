@@ -195,6 +195,22 @@ fn ack_timeouts_and_nacks_redeliver_then_dead_letter() {
     let subs = b.admin().get("/admin/subscriptions").json();
     let c = &subs[0]["partitions"][0]["consumers"][0];
     assert_eq!((c["committed"].as_u64(), c["lag"].as_u64()), (Some(3), Some(0)), "{subs}");
+    // The admin API lists the dead letters and replays them to the topic, once.
+    let letters = b.admin().get("/admin/dlq/tasks").json();
+    let ids: Vec<&str> = letters.as_array().unwrap().iter().map(|l| l["event"]["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["e0", "e1"], "{letters}");
+    assert_eq!(letters[0]["partition"], 0);
+    let r = b.admin().post("/admin/dlq/tasks/replay", "application/json", b"");
+    assert_eq!((r.status, r.json()["replayed"].as_u64()), (200, Some(2)), "{}", r.text());
+    for want in ["e0", "e1"] {
+        let e = recv(&mut ws, LONG);
+        assert_eq!((id(&e), &e["emattempt"]), (want, &json!(1)), "replayed as a new event");
+        assert!(e.get("emdlqreason").is_none(), "without the dead-letter extensions: {e}");
+        ack(&mut ws, &[&e]);
+    }
+    assert_eq!(b.admin().get("/admin/dlq/tasks").json(), json!([]));
+    assert_eq!(b.admin().post("/admin/dlq/tasks/replay", "application/json", b"").json()["replayed"], 0);
+    b.admin().get("/admin/dlq/nope").assert_problem(404);
 }
 
 /// With a window of one, a partition's redelivery goes out before any newer event.
