@@ -1,35 +1,42 @@
 #!/usr/bin/env bash
 # Fan-out benchmark: one topic, SUBS WebSocket subscribers, publishers at a fixed RATE, evmesh
-# (a BROADCAST subscription, ack=none) beside nginx+nchan (/sub WebSocket subscribers of one
-# channel), the same loadgen in alternation over ROUNDS. Reports server CPU-µs per delivery,
-# deliveries/s and publish-to-delivery latency; appends a table to perf/RESULTS.md.
+# (a BROADCAST subscription, ack=none; with ACK=1 acknowledged sessions whose subscribers ack
+# every event) beside nginx+nchan (/sub WebSocket subscribers of one channel; nchan has no
+# acks, so it runs the same either way), the same loadgen in alternation over ROUNDS. Reports
+# server CPU-µs per delivery, deliveries/s and publish-to-delivery latency; appends a table to
+# perf/RESULTS.md.
 #
-#   bash perf/fanout.sh        (ROUNDS=3 DUR=8 SUBS=100 RATE=1000 SHARDS=1 env knobs)
+#   bash perf/fanout.sh        (ROUNDS=3 DUR=8 SUBS=100 RATE=1000 SHARDS=1 ACK=0 env knobs;
+#                               EVMESH_FLAGS="--delivery-linger-us 5000" passes serve flags)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SUBS=${SUBS:-100}; RATE=${RATE:-1000}; SHARDS=${SHARDS:-1}
+ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SUBS=${SUBS:-100}; RATE=${RATE:-1000}; SHARDS=${SHARDS:-1}; ACK=${ACK:-0}
+EVMESH_FLAGS=${EVMESH_FLAGS:-}
+if [ "$ACK" = 1 ]; then EV_QUERY="subscription=fan"; EV_ACK=(--ack); MODE="acknowledged, every event acked"
+else EV_QUERY="subscription=fan&ack=none"; EV_ACK=(); MODE="ack=none"; fi
 source perf/common.sh
 OUT=$ROOT/perf/results/fanout-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
-load() { # name publish-url subscribe-url pid
+load() { # name publish-url subscribe-url pid [--ack]
   "$LOADGEN" --url "$2" --connections 8 --duration "${DUR}s" --warmup 2s --rate "$RATE" \
-    --subscribe-url "$3" --subscribers "$SUBS" --server-pid "$4" --json "$OUT/$1.json" | tee -a "$OUT/log.txt"
+    --subscribe-url "$3" --subscribers "$SUBS" --server-pid "$4" --json "$OUT/$1.json" "${@:5}" | tee -a "$OUT/log.txt"
 }
 for r in $(seq "$ROUNDS"); do
   dir=$(mktemp -d /var/tmp/evmesh-fanout.XXXX)
-  "$EVMESH" serve --shards "$SHARDS" --data-dir "$dir" --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
+  # shellcheck disable=SC2086
+  "$EVMESH" serve --shards "$SHARDS" $EVMESH_FLAGS --data-dir "$dir" --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
   pid=$!
   wait_ready http://127.0.0.1:18181
   curl -sf 127.0.0.1:18180/events/subscribe -d '{"subscription":"fan","topic":"perf","mode":"BROADCAST"}' >/dev/null
-  load "r$r-evmesh" "http://127.0.0.1:18180/events/publish?topic=perf" "ws://127.0.0.1:18180/events/ws?subscription=fan&ack=none" "$pid"
+  load "r$r-evmesh" "http://127.0.0.1:18180/events/publish?topic=perf" "ws://127.0.0.1:18180/events/ws?$EV_QUERY" "$pid" "${EV_ACK[@]}"
   kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
   load "r$r-nchan" "http://127.0.0.1:18080/pub?id=fan_$r" "ws://127.0.0.1:18080/sub?id=fan_$r" "$NCHAN_PID"
 done
-python3 - "$OUT" "$ROUNDS" "$DUR" "$SUBS" "$RATE" "$SHARDS" <<'PY' | tee "$OUT/summary.md"
+python3 - "$OUT" "$ROUNDS" "$DUR" "$SUBS" "$RATE" "$SHARDS" "$MODE${EVMESH_FLAGS:+, $EVMESH_FLAGS}" <<'PY' | tee "$OUT/summary.md"
 import json, sys, glob, os, statistics as st
-out, rounds, dur, subs, rate, shards = sys.argv[1:]
+out, rounds, dur, subs, rate, shards, mode = sys.argv[1:]
 print(f"### fan-out, {os.path.basename(out)}\n")
 print(f"{subs} WebSocket subscribers of one topic, publishers at {rate}/s (8 connections, 1 KiB structured CloudEvent), "
-      f"{dur}s per run after 2s warm-up, {rounds} rounds in alternation; evmesh shards={shards} (BROADCAST, ack=none), nginx 1 worker.\n")
+      f"{dur}s per run after 2s warm-up, {rounds} rounds in alternation; evmesh shards={shards} (BROADCAST, {mode}), nginx 1 worker.\n")
 print("| target | deliveries/s (median) | server CPU µs/delivery (median) | per round | e2e p50 / p99 / p99.9 µs (median) | subscribers connected |")
 print("|---|---|---|---|---|---|")
 med = {}
@@ -41,7 +48,7 @@ for t in ["evmesh", "nchan"]:
     lat = lambda k: int(st.median([x["e2e_latency_us"][k] for x in f]))
     print(f"| {t} | {int(st.median([x['deliveries_per_s'] for x in f]))} | {med[t]:.3f} | {', '.join(f'{v:.3f}' for v in cpu)} | "
           f"{lat('p50')} / {lat('p99')} / {lat('p999')} | {min(x['connected'] for x in f)}/{subs} |")
-print(f"\n- evmesh: CPU per delivery = {med['evmesh']/med['nchan']:.2f}x nchan's (bar: <= 0.3x)")
+print(f"\n- evmesh ({mode}): CPU per delivery = {med['evmesh']/med['nchan']:.2f}x nchan's (bar for ack=none: <= 0.3x)")
 PY
-{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR SUBS=$SUBS RATE=$RATE SHARDS=$SHARDS bash perf/fanout.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR SUBS=$SUBS RATE=$RATE SHARDS=$SHARDS ACK=$ACK EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/fanout.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"

@@ -13,4 +13,5 @@ pub mod server;
 pub mod shard;
 pub mod storage;
 pub mod subscription;
+pub mod sys;
 pub mod ws;

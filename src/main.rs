@@ -61,7 +61,7 @@ fn serve(args: &[String]) -> ExitCode {
         }
     };
     // Block the stop signals in every thread (the mask is inherited), and take them here.
-    let signals = evmesh::cli::block_stop_signals();
+    let signals = evmesh::sys::block_stop_signals();
     let shards = config.shards;
     let durability = config.durability;
     match evmesh::runtime::start(config) {
@@ -70,7 +70,7 @@ fn serve(args: &[String]) -> ExitCode {
                 "evmesh listening traffic={} admin={} shards={} driver={:?} durability={:?}",
                 s.listen, s.admin_listen, shards, s.driver, durability
             );
-            let sig = evmesh::cli::wait_for_signal(&signals);
+            let sig = evmesh::sys::wait_for_signal(&signals);
             eprintln!("evmesh: signal {sig}, stopping");
             // Whatever durability was chosen, a clean stop loses nothing the OS has.
             let _ = shared.db.flush_wal(true);

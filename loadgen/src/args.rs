@@ -7,8 +7,9 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        [--duration 10s] [--warmup 1s] [--rate 0 (closed loop) | R requests/s (open loop)]
        [--body structured|binary|raw] [--body-bytes 1024] [--body-file FILE]
        [--server-pid PID] [--json FILE]
-       [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N]   (fan-out: N WebSocket
-       subscribers count deliveries and measure publish-to-delivery latency)";
+       [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
+       subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
+       every event, one evmesh ack message per read)";
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -29,6 +30,8 @@ pub struct Args {
     /// Fan-out mode: where subscribers attach, as (address, host, path).
     pub subscribe: Option<(SocketAddr, String, String)>,
     pub subscribers: usize,
+    /// Subscribers acknowledge what they receive (evmesh acknowledged delivery).
+    pub ack: bool,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -62,6 +65,7 @@ impl Args {
             json: None,
             subscribe: None,
             subscribers: 0,
+            ack: false,
         };
         let mut subscribe_url: Option<String> = None;
         while let Some(flag) = it.next() {
@@ -80,6 +84,7 @@ impl Args {
                 "--json" => a.json = Some(val()?),
                 "--subscribe-url" => subscribe_url = Some(val()?),
                 "--subscribers" => a.subscribers = val()?.parse().map_err(|_| "bad --subscribers")?,
+                "--ack" => a.ack = true,
                 "--help" | "-h" => return Err("help".into()),
                 other => return Err(format!("unknown argument {other}")),
             }

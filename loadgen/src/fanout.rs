@@ -26,6 +26,33 @@ pub struct SubResult {
     pub connected: u64,
 }
 
+/// The `emdeliveryid` of a delivered event, as evmesh writes it.
+fn delivery_id(payload: &[u8]) -> Option<&[u8]> {
+    const KEY: &[u8] = b"\"emdeliveryid\":\"";
+    let at = payload.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let len = payload[at..].iter().position(|&b| b == b'"')?;
+    Some(&payload[at..at + len])
+}
+
+/// A masked client text frame (the mask is fixed: this measures the server, not the client).
+fn client_text(payload: &[u8], out: &mut Vec<u8>) {
+    const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
+    out.push(0x81);
+    match payload.len() {
+        n @ 0..=125 => out.push(0x80 | n as u8),
+        n if n <= 0xffff => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&MASK);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ MASK[i % 4]));
+}
+
 fn stamp_of(payload: &[u8]) -> Option<u64> {
     let at = payload.windows(MARK.len()).position(|w| w == MARK)? + MARK.len();
     let digits = payload.get(at..at + 16)?;
@@ -54,6 +81,7 @@ async fn subscriber(
     path: String,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
+    ack: bool,
 ) -> SubResult {
     let mut r = SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };
     let Ok(mut s) = TcpStream::connect(addr).await else { return r };
@@ -77,7 +105,9 @@ async fn subscriber(
     }
     r.connected = 1;
     buf.drain(..head_end);
+    let mut acks: Vec<u8> = Vec::new();
     loop {
+        acks.clear();
         // Whole server frames (unmasked) at the front of `buf`.
         loop {
             if buf.len() < 2 {
@@ -104,8 +134,21 @@ async fn subscriber(
                         let _ = r.hist.record(now_micros().saturating_sub(t).max(1));
                     }
                 }
+                if let Some(id) = ack.then(|| delivery_id(&buf[at..at + len])).flatten() {
+                    acks.extend_from_slice(if acks.is_empty() { b"{\"type\":\"ack\",\"ids\":[\"" } else { b",\"" });
+                    acks.extend_from_slice(id);
+                    acks.push(b'"');
+                }
             }
             buf.drain(..at + len);
+        }
+        if !acks.is_empty() {
+            acks.extend_from_slice(b"]}");
+            let mut frame = Vec::with_capacity(acks.len() + 14);
+            client_text(&acks, &mut frame);
+            if s.write_all(frame).await.0.is_err() {
+                return r;
+            }
         }
         if !read_some(&mut s, &mut buf, &stop).await {
             return r;
@@ -121,12 +164,13 @@ pub fn run(
     n: usize,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
+    ack: bool,
 ) -> SubResult {
     let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime");
     rt.block_on(async move {
         let (host, path) = (Rc::new(host), Rc::new(path));
         let tasks: Vec<_> = (0..n)
-            .map(|_| monoio::spawn(subscriber(addr, (*host).clone(), (*path).clone(), measure_from, stop.clone())))
+            .map(|_| monoio::spawn(subscriber(addr, (*host).clone(), (*path).clone(), measure_from, stop.clone(), ack)))
             .collect();
         let mut total =
             SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };

@@ -190,8 +190,8 @@ fn main() {
         })
     });
     let subscribers = args.subscribe.clone().filter(|_| args.subscribers > 0).map(|(addr, host, path)| {
-        let (n, stop, from) = (args.subscribers, stop.clone(), start + args.warmup);
-        std::thread::spawn(move || fanout::run(addr, host, path, n, from, stop))
+        let (n, stop, from, ack) = (args.subscribers, stop.clone(), start + args.warmup, args.ack);
+        std::thread::spawn(move || fanout::run(addr, host, path, n, from, stop, ack))
     });
     let handles: Vec<_> = (0..threads)
         .map(|t| {

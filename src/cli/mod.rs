@@ -85,29 +85,6 @@ pub fn publish(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread it spawns later.
-pub fn block_stop_signals() -> libc::sigset_t {
-    // SAFETY: plain libc calls on a local, zero-initialized sigset.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
-/// Waits for one of the blocked stop signals and returns its number.
-pub fn wait_for_signal(set: &libc::sigset_t) -> i32 {
-    let mut sig = 0;
-    // SAFETY: `set` was filled by `block_stop_signals`; `sig` is a valid out pointer.
-    unsafe {
-        libc::sigwait(set, &mut sig);
-    }
-    sig
-}
-
 /// A blocking client-side WebSocket reader for `evmesh sub` (server frames are unmasked; ours
 /// are masked, as RFC 6455 requires of clients).
 mod wsclient {

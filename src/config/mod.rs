@@ -65,6 +65,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("ws_echo_endpoint", "serve the WebSocket echo endpoint /ws/echo (conformance tests only)"),
     ("session_window", "unacknowledged deliveries a session may hold per owning shard, until it sends credit"),
     ("redelivery_backoff_ms", "first redelivery backoff; doubles per attempt up to 16x, with jitter"),
+    ("delivery_linger_us", "how long a session waits to gather more events into one write; 0 = write at once"),
 ];
 
 fn kind(key: &str) -> Kind {
@@ -107,6 +108,7 @@ pub struct RawConfig {
     ws_echo_endpoint: bool,
     session_window: u64,
     redelivery_backoff_ms: u64,
+    delivery_linger_us: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +148,8 @@ pub struct Config {
     /// Initial in-flight window of an acknowledged session (per shard owning its partitions).
     pub session_window: u32,
     pub redelivery_backoff: Duration,
+    /// Sessions gather events for this long before writing (fewer, larger writes under fan-out).
+    pub delivery_linger: Duration,
 }
 
 fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
@@ -353,6 +357,7 @@ impl RawConfig {
                 1,
                 600_000,
             )?),
+            delivery_linger: Duration::from_micros(range("delivery_linger_us", self.delivery_linger_us, 0, 100_000)?),
         })
     }
 }

@@ -14,9 +14,10 @@ use monoio::net::TcpStream;
 use super::{consumer_of, Kind, Outbound};
 use crate::delivery::{group_ids, MAX_WINDOW};
 use crate::http::SessionSpec;
-use crate::server::conn::{flush, read_more_sized, ConnLimits, ReadOutcome};
+use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::shard::core::Shard;
 use crate::shard::message::{AckKind, ConsumerKey, InterestChange, SessionChange, SessionEvent, SessionRef};
+use crate::sys::SharedFrames;
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 
 /// A client's control message on a session of acknowledged delivery.
@@ -68,11 +69,6 @@ const WRITE_BATCH: usize = 256 * 1024;
 /// A write that makes no progress for this long means the client stopped reading: the session
 /// ends (its queue would have closed it with 1008 anyway, but a blocked write never sees that).
 const WRITE_STALL: Duration = Duration::from_secs(10);
-
-/// Flushes `out`, giving up on a client that stopped reading.
-async fn write_or_give_up<W: AsyncWriteRent>(wr: &mut W, out: &mut Vec<u8>) -> bool {
-    matches!(monoio::time::timeout(WRITE_STALL, flush(wr, out)).await, Ok(true))
-}
 
 fn close_bytes(code: u16) -> Vec<u8> {
     let mut out = Vec::with_capacity(4);
@@ -133,12 +129,15 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
 }
 
 /// Writes queued frames until a close; returns once the close frame is out or the socket broke.
+/// Whatever is queued when the writer wakes (after `linger`) goes out in one vectored write of
+/// the shared renderings, without copying them.
 async fn write_half<W: AsyncWriteRent>(
     mut wr: W,
     mut events: mpsc::Receiver<Outbound>,
     mut ctl: mpsc::Receiver<Outbound>,
+    linger: Duration,
 ) {
-    let mut out: Vec<u8> = Vec::new();
+    let mut batch = SharedFrames::default();
     loop {
         let next = match select(events.next(), ctl.next()).await {
             Either::Left((Some(m), _)) | Either::Right((Some(m), _)) => m,
@@ -147,44 +146,36 @@ async fn write_half<W: AsyncWriteRent>(
             // The reader finished without asking for a close: the peer is gone.
             Either::Right((None, _)) => return,
         };
-        // The common case under fan-out: one event queued. Write the shared rendering itself.
-        let mut pending = match next {
-            Outbound::Frame(bytes) => match ctl.try_recv().ok().or_else(|| events.try_recv().ok()) {
-                None => {
-                    let sent = monoio::time::timeout(WRITE_STALL, wr.write_all(bytes)).await;
-                    if !matches!(sent, Ok((Ok(_), _))) {
-                        return;
-                    }
-                    continue;
-                }
-                Some(more) => {
-                    out.extend_from_slice(&bytes);
-                    Some(more)
-                }
-            },
-            close => Some(close),
-        };
+        if !linger.is_zero() && matches!(next, Outbound::Frame(_)) {
+            // Let more events join this write (delivery_linger_us).
+            monoio::time::sleep(linger).await;
+        }
         let mut close = None;
+        let mut pending = Some(next);
         while let Some(m) = pending.take() {
             match m {
-                Outbound::Frame(bytes) => out.extend_from_slice(&bytes),
+                Outbound::Frame(bytes) => batch.push(bytes),
                 Outbound::Close(code) => {
                     close = Some(code);
                     break;
                 }
             }
-            if out.len() < WRITE_BATCH {
+            if batch.bytes() < WRITE_BATCH && batch.len() < SharedFrames::MAX - 1 {
                 pending = ctl.try_recv().ok().or_else(|| events.try_recv().ok());
             }
         }
         if let Some(code) = close {
-            out.extend_from_slice(&close_bytes(code));
-            if write_or_give_up(&mut wr, &mut out).await {
-                let _ = wr.shutdown().await;
-            }
-            return;
+            batch.push(Rc::new(close_bytes(code)));
         }
-        if !write_or_give_up(&mut wr, &mut out).await {
+        match monoio::time::timeout(WRITE_STALL, wr.write_vectored_all(batch)).await {
+            Ok((Ok(_), mut back)) => {
+                back.clear();
+                batch = back;
+            }
+            _ => return,
+        }
+        if close.is_some() {
+            let _ = wr.shutdown().await;
             return;
         }
     }
@@ -215,7 +206,7 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: 
     let (rd, wr) = stream.into_split();
     let (ctl_tx, ctl_rx) = mpsc::channel(16);
     let reader = Box::pin(read_half(rd, buf, limits.ws_max_message, ctl_tx, acked));
-    let writer = Box::pin(write_half(wr, events, ctl_rx));
+    let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger));
     match select(reader, writer).await {
         // The reader is done (close asked or peer gone): let the writer send what it must.
         Either::Left(((), writer)) => writer.await,

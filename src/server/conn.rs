@@ -122,6 +122,8 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
     /// Largest WebSocket message accepted (1009 beyond).
     pub ws_max_message: usize,
+    /// Delivery sessions gather events this long before a write.
+    pub delivery_linger: Duration,
 }
 
 const READ_CHUNK: usize = 16 * 1024;

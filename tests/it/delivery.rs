@@ -220,3 +220,24 @@ fn a_slow_consumer_is_closed_and_does_not_hold_back_a_fast_one() {
     assert!(matches!(code, None | Some(CloseCode::Policy)), "{code:?}");
     assert!(got < total, "the slow consumer was cut off ({got} of {total})");
 }
+
+/// With `delivery_linger_us`, events gathered into one write still all arrive, in order.
+#[test]
+fn a_lingering_session_gets_every_event_in_order() {
+    let b = TestBroker::start(&["--default-partitions", "1", "--shards", "1", "--delivery-linger-us", "20000"]);
+    let def = json!({"subscription": "fan", "topic": "news", "mode": "BROADCAST"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let mut ws = attach(&b, "subscription=fan&ack=none");
+    for i in 0..5 {
+        assert_eq!(b.publish("news", &event(&format!("l{i}"))).status, 202);
+    }
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.len() < 5 {
+        assert!(start.elapsed() < Duration::from_secs(20), "got {got:?}");
+        if let Some(e) = next_event(&mut ws) {
+            got.push(e["id"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(got, ["l0", "l1", "l2", "l3", "l4"]);
+}
