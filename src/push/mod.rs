@@ -73,6 +73,16 @@ pub struct Sessions {
     acked: RefCell<HashMap<u64, AckedTx>>,
     /// Long-poll sessions, by consumer: they outlive the requests that poll them.
     polls: RefCell<HashMap<ConsumerKey, Rc<poll::PollSession>>>,
+    /// First-attempt renderings of the frames last delivered: the owner sends the same frames
+    /// to every acknowledged session of a broadcast one after another, so each event is
+    /// rendered once per shard and kind, not once per session.
+    rendered: RefCell<Option<RenderCache>>,
+}
+
+struct RenderCache {
+    frames: std::sync::Arc<[Frame]>,
+    kind: Kind,
+    out: Vec<Option<Rc<Vec<u8>>>>,
 }
 
 /// A delivered event as structured-mode JSON with the `em*` extensions.
@@ -167,9 +177,24 @@ impl Sessions {
         if let Some(id) = d.session {
             let mut acked = self.acked.borrow_mut();
             let Some(s) = acked.get_mut(&id) else { return };
-            for (k, f) in picked().enumerate() {
+            let mut cache = self.rendered.borrow_mut();
+            let fresh = !matches!(&*cache, Some(c) if std::sync::Arc::ptr_eq(&c.frames, &d.frames) && c.kind == s.kind);
+            if fresh {
+                let out = vec![None; d.frames.len()];
+                *cache = Some(RenderCache { frames: d.frames.clone(), kind: s.kind, out });
+            }
+            let cache = cache.as_mut().expect("just filled");
+            let indexes: Box<dyn Iterator<Item = usize>> = match &d.pick {
+                None => Box::new(0..d.frames.len()),
+                Some(pick) => Box::new(pick.iter().map(|&i| i as usize)),
+            };
+            for (k, i) in indexes.enumerate() {
                 let attempt = d.attempts.get(k).copied().unwrap_or(1);
-                if s.tx.try_send(Outbound::Frame(render(f, attempt, s.kind))).is_err() {
+                let bytes = match attempt {
+                    1 => cache.out[i].get_or_insert_with(|| render(&d.frames[i], 1, s.kind)).clone(),
+                    _ => render(&d.frames[i], attempt, s.kind),
+                };
+                if s.tx.try_send(Outbound::Frame(bytes)).is_err() {
                     // Gone (the owners learn it from its detach) or past every window.
                     s.tx.close_channel();
                     return;
