@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Server memory per idle WebSocket session: SESSIONS subscribers attach to a BROADCAST
-# subscription (ack=none) while one event a second flows; RSS of the evmesh process is read
-# from /proc before and with the sessions attached. Appends the figure to perf/RESULTS.md.
+# subscription (ack=none; with ACK=1 acknowledged sessions, each its own consumer with
+# delivery state on the partition owner) while one event a second flows; RSS of the evmesh
+# process is read from /proc before and with the sessions attached. Appends the figure to
+# perf/RESULTS.md.
 #
-#   bash perf/idle_sessions.sh        (SESSIONS=10000 env knob; needs ~2x that many open files)
+#   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 env knobs; needs ~2x that many open files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SESSIONS=${SESSIONS:-10000}
+SESSIONS=${SESSIONS:-10000}; ACK=${ACK:-0}
+if [ "$ACK" = 1 ]; then QUERY="subscription=idle"; ACKFLAG=(--ack); else QUERY="subscription=idle&ack=none"; ACKFLAG=(); fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 bash scripts/deps.sh
 cargo build --release -q --workspace --bins
@@ -19,7 +22,7 @@ for _ in $(seq 100); do curl -sf http://127.0.0.1:18481/readyz >/dev/null && bre
 curl -sf 127.0.0.1:18480/events/subscribe -d '{"subscription":"idle","topic":"idle","mode":"BROADCAST"}' >/dev/null
 before=$(awk '/VmRSS/{print $2}' /proc/$PID/status)
 "$LOADGEN" --url "http://127.0.0.1:18480/events/publish?topic=idle" --connections 1 --duration 8s --warmup 4s --rate 1 \
-  --subscribe-url "ws://127.0.0.1:18480/events/ws?subscription=idle&ack=none" --subscribers "$SESSIONS" --server-pid "$PID" > "$DIR/loadgen.txt" &
+  --subscribe-url "ws://127.0.0.1:18480/events/ws?$QUERY" --subscribers "$SESSIONS" --server-pid "$PID" "${ACKFLAG[@]}" > "$DIR/loadgen.txt" &
 LG=$!
 # Attached and idle, half-way through the run.
 for _ in $(seq 100); do
@@ -32,5 +35,5 @@ wait $LG
 per=$(( (after - before) * 1024 / SESSIONS ))
 line="| $(date -u +%Y-%m-%dT%H:%MZ) | $SESSIONS | ${before} KiB | ${after} KiB | $per bytes |"
 echo "$line"
-{ echo; echo "### Idle WebSocket sessions: \`SESSIONS=$SESSIONS bash perf/idle_sessions.sh\`"; echo;
+{ echo; echo "### Idle WebSocket sessions: \`SESSIONS=$SESSIONS ACK=$ACK bash perf/idle_sessions.sh\`"; echo;
   echo "| when | sessions | RSS before | RSS with sessions | per session |"; echo "|---|---|---|---|---|"; echo "$line"; } >> perf/RESULTS.md

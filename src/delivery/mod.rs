@@ -8,7 +8,7 @@
 //! in its own `offsets.N` family, and the only thing that crosses cores is a [`Delivery`] with
 //! the frames by handle (and acks coming back).
 //!
-//! Per consumer and partition ([`Part`]): `next` (the next offset to read), the in-flight
+//! Per consumer and partition (`Part`): `next` (the next offset to read), the in-flight
 //! deliveries, the redeliveries waiting for their backoff, the dead letters being appended. The
 //! committed offset is the lowest of those (or `next`): it only moves forward, and it is stored
 //! whenever it moves.
@@ -54,10 +54,16 @@ const READ_BATCH: usize = 256;
 /// How often ack timeouts and due redeliveries are checked.
 const TICK: Duration = Duration::from_millis(20);
 
+/// A subscription's definition with its filters compiled once.
+type SharedDef = (Rc<Definition>, Rc<Vec<Filter>>);
+
 /// This shard's consumers of the partitions it owns.
 #[derive(Default)]
 pub struct Dispatcher {
     consumers: RefCell<HashMap<ConsumerKey, Consumer>>,
+    /// Each subscription's definition and compiled filters, shared by all its consumers here
+    /// (thousands of BROADCAST clients must not hold a copy each).
+    defs: RefCell<HashMap<String, SharedDef>>,
     next_gen: Cell<u64>,
     rng: Cell<u64>,
 }
@@ -283,11 +289,20 @@ impl Shard {
             return Ok(());
         }
         let db = &self.shared.db;
-        let Some(def) = meta::get_subscription(db, &key.subscription)? else {
-            return Err(StorageError::Unavailable("subscription removed"));
+        let cached = self.delivery.defs.borrow().get(&key.subscription).cloned();
+        let (def, filters) = match cached {
+            Some(d) => d,
+            None => {
+                let Some(def) = meta::get_subscription(db, &key.subscription)? else {
+                    return Err(StorageError::Unavailable("subscription removed"));
+                };
+                let filters = Rc::new(def.compile().unwrap_or_default());
+                let d = (Rc::new(def), filters);
+                self.delivery.defs.borrow_mut().insert(key.subscription.clone(), d.clone());
+                d
+            }
         };
         let Some(topic) = meta::get(db, &def.topic)? else { return Err(StorageError::Unavailable("no such topic")) };
-        let filters = def.compile().unwrap_or_default();
         let mut parts = BTreeMap::new();
         for p in owned_partitions(&def.topic, topic.partitions, self.id, self.shared.config.shards) {
             let next = self.start_offset(&def, key, p, persist)?;
@@ -295,7 +310,7 @@ impl Shard {
         }
         let gen = self.delivery.next_gen.get() + 1;
         self.delivery.next_gen.set(gen);
-        let c = Consumer { gen, def: Rc::new(def), filters: Rc::new(filters), persist, sessions: Vec::new(), parts };
+        let c = Consumer { gen, def, filters, persist, sessions: Vec::new(), parts };
         self.delivery.consumers.borrow_mut().insert(key.clone(), c);
         Ok(())
     }
@@ -726,6 +741,7 @@ impl Shard {
     /// A subscription was removed: its consumers here end and their offsets are forgotten.
     pub fn forget_subscription(&self, subscription: &str, topic: &str) {
         self.delivery.consumers.borrow_mut().retain(|k, _| k.subscription != subscription);
+        self.delivery.defs.borrow_mut().remove(subscription);
         if let Err(e) = offsets::delete_all(&self.shared.db, self.id, topic, subscription) {
             eprintln!("evmesh: {}: forgetting offsets of {subscription}: {e}", self.id);
         }
