@@ -24,7 +24,8 @@ use futures::channel::mpsc;
 use crate::adaptor::cloudevents::write_structured;
 use crate::delivery::delivery_id;
 use crate::http::SessionSpec;
-use crate::shard::message::{ConsumerKey, Delivery};
+use crate::shard::core::Shard;
+use crate::shard::message::{ConsumerKey, Delivery, SessionChange, SessionEvent, SessionRef};
 use crate::shard::ShardId;
 use crate::ws::{encode_frame, OpCode};
 
@@ -124,6 +125,30 @@ pub fn consumer_of(spec: &SessionSpec, shard: ShardId, session: u64) -> (Consume
         (Some(c), true) => (ConsumerKey { subscription, client: c.clone() }, true),
         (None, true) => (ConsumerKey { subscription, client: format!("~{}.{session}", shard.0) }, false),
     }
+}
+
+/// Registers an acknowledged session of `kind` on this shard and announces it to every shard.
+/// Returns its queue, its consumer and its reference.
+pub fn attach_acked(
+    shard: &Rc<Shard>,
+    spec: &SessionSpec,
+    kind: Kind,
+) -> (mpsc::Receiver<Outbound>, ConsumerKey, SessionRef) {
+    let (id, events) = shard.sessions.add_acked(&spec.subscription, kind, shard.shared.config.shards);
+    let (consumer, persist) = consumer_of(spec, shard.id, id);
+    let at = SessionRef { shard: shard.id, id };
+    let window = shard.shared.config.session_window;
+    let change = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
+    shard.announce_session(SessionEvent { consumer: consumer.clone(), topic: spec.topic.clone(), session: at, change });
+    (events, consumer, at)
+}
+
+/// Unregisters an acknowledged session and tells every shard it is gone (its unacknowledged
+/// events go to the consumer's other sessions).
+pub fn detach_acked(shard: &Rc<Shard>, consumer: ConsumerKey, topic: &str, at: SessionRef) {
+    shard.sessions.remove_acked(at.id);
+    let change = SessionChange::Detach;
+    shard.announce_session(SessionEvent { consumer, topic: topic.to_owned(), session: at, change });
 }
 
 impl Sessions {

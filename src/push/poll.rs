@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc;
 use futures::StreamExt;
 
-use super::{consumer_of, Kind, Outbound};
+use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
 use crate::http::SessionSpec;
 use crate::shard::core::Shard;
-use crate::shard::message::{ConsumerKey, SessionChange, SessionEvent, SessionRef};
+use crate::shard::message::{ConsumerKey, SessionRef};
 
 /// How long a poll session stays attached after its last poll.
 pub const LINGER: Duration = Duration::from_secs(30);
@@ -78,24 +78,14 @@ pub fn session(shard: &Rc<Shard>, spec: &SessionSpec) -> Rc<PollSession> {
     if let Some(s) = shard.sessions.polls.borrow().get(&probe).filter(|s| !s.closed.get()) {
         return s.clone();
     }
-    let (id, rx) = shard.sessions.add_acked(&spec.subscription, Kind::Poll, shard.shared.config.shards);
-    let (key, persist) = consumer_of(spec, shard.id, id);
+    let (rx, key, at) = attach_acked(shard, spec, Kind::Poll);
     let s = Rc::new(PollSession {
-        id,
+        id: at.id,
         rx: RefCell::new(Some(rx)),
         last: Cell::new(Instant::now()),
         closed: Cell::new(false),
     });
     shard.sessions.polls.borrow_mut().insert(key.clone(), s.clone());
-    let at = SessionRef { shard: shard.id, id };
-    let window = shard.shared.config.session_window;
-    let attach = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
-    shard.announce_session(SessionEvent {
-        consumer: key.clone(),
-        topic: spec.topic.clone(),
-        session: at,
-        change: attach,
-    });
     monoio::spawn(linger(shard.clone(), key, spec.topic.clone(), s.clone()));
     s
 }
@@ -117,7 +107,5 @@ async fn linger(shard: Rc<Shard>, key: ConsumerKey, topic: String, s: Rc<PollSes
         }
     }
     s.closed.set(true);
-    shard.sessions.remove_acked(s.id);
-    let at = SessionRef { shard: shard.id, id: s.id };
-    shard.announce_session(SessionEvent { consumer: key, topic, session: at, change: SessionChange::Detach });
+    detach_acked(&shard, key, &topic, SessionRef { shard: shard.id, id: s.id });
 }

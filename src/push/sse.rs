@@ -15,12 +15,12 @@ use futures::StreamExt;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::TcpStream;
 
-use super::{consumer_of, Kind, Outbound};
+use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
 use crate::delivery::parse_delivery_id;
 use crate::http::SessionSpec;
 use crate::server::conn::{read_more_sized, ReadOutcome};
 use crate::shard::core::Shard;
-use crate::shard::message::{AckKind, SessionChange, SessionEvent, SessionRef};
+use crate::shard::message::AckKind;
 
 /// A comment line every so often lets both sides notice a dead connection.
 const HEARTBEAT: Duration = Duration::from_secs(15);
@@ -94,31 +94,17 @@ async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<O
 
 /// Runs an SSE session until the client goes away or the subscription is removed.
 pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, spec: Box<SessionSpec>) {
-    let (id, events) = shard.sessions.add_acked(&spec.subscription, Kind::Sse, shard.shared.config.shards);
-    let (key, persist) = consumer_of(&spec, shard.id, id);
+    // Resuming only means something for a consumer whose offsets are kept (no anonymous one).
     if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id) {
-        shard.route_acks(&key, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo);
+        let (named, _) = consumer_of(&spec, shard.id, 0);
+        shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo);
     }
-    let at = SessionRef { shard: shard.id, id };
-    let window = shard.shared.config.session_window;
-    let attach = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
-    shard.announce_session(SessionEvent {
-        consumer: key.clone(),
-        topic: spec.topic.clone(),
-        session: at,
-        change: attach,
-    });
+    let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Sse);
     let (rd, wr) = stream.into_split();
     match select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events))).await {
         Either::Left(_) | Either::Right(_) => {}
     }
-    shard.sessions.remove_acked(id);
-    shard.announce_session(SessionEvent {
-        consumer: key,
-        topic: spec.topic.clone(),
-        session: at,
-        change: SessionChange::Detach,
-    });
+    detach_acked(&shard, consumer, &spec.topic, at);
 }
 
 #[cfg(test)]

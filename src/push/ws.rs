@@ -11,7 +11,7 @@ use futures::StreamExt;
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::TcpStream;
 
-use super::{consumer_of, Kind, Outbound};
+use super::{attach_acked, detach_acked, Kind, Outbound};
 use crate::delivery::{group_ids, MAX_WINDOW};
 use crate::http::SessionSpec;
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
@@ -184,13 +184,7 @@ async fn write_half<W: AsyncWriteRent>(
 /// Runs a WebSocket session on this shard until either side closes it.
 pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, spec: Box<SessionSpec>) {
     let (events, acked, live_id) = if spec.acked {
-        let (id, events) = shard.sessions.add_acked(&spec.subscription, Kind::Ws, shard.shared.config.shards);
-        let (consumer, persist) = consumer_of(&spec, shard.id, id);
-        let at = SessionRef { shard: shard.id, id };
-        let window = shard.shared.config.session_window;
-        let attach = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
-        let e = SessionEvent { consumer: consumer.clone(), topic: spec.topic.clone(), session: at, change: attach };
-        shard.announce_session(e);
+        let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Ws);
         (events, Some(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at }), None)
     } else {
         let (id, events, first) = shard.sessions.add(&spec.subscription);
@@ -217,11 +211,7 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: 
         }
     }
     match (detach, live_id) {
-        (Some((consumer, at)), _) => {
-            shard.sessions.remove_acked(at.id);
-            let e = SessionEvent { consumer, topic: spec.topic.clone(), session: at, change: SessionChange::Detach };
-            shard.announce_session(e);
-        }
+        (Some((consumer, at)), _) => detach_acked(&shard, consumer, &spec.topic, at),
         (None, Some(id)) => {
             if shard.sessions.remove(&spec.subscription, id) {
                 shard.announce(&spec.subscription, &spec.topic, InterestChange::Detach);
