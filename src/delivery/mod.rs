@@ -219,8 +219,9 @@ impl Shard {
                 self.acks(acks);
             } else if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Ack(Box::new(acks))).is_err()
             {
-                // Lost acks only mean redeliveries: at-least-once holds.
+                // Lost acks only mean redeliveries: at-least-once holds. One line, not one per id.
                 eprintln!("evmesh: {}: mailbox to {to} full, acks of {} dropped", self.id, consumer.subscription);
+                return;
             }
         }
     }
@@ -566,7 +567,7 @@ impl Shard {
                     for o in done {
                         settle(o, part);
                     }
-                    part.retry = part.retry.split_off(&(upto + 1));
+                    part.retry = part.retry.split_off(&upto.saturating_add(1));
                 }
                 AckKind::Nack => {
                     for &o in &a.offsets {
@@ -606,9 +607,12 @@ impl Shard {
         let db = &self.shared.db;
         let Ok(Some(def)) = meta::get_subscription(db, &a.consumer.subscription) else { return };
         let k = offsets::key(&def.topic, &a.consumer.subscription, a.partition, &a.consumer.client);
+        // Never past what exists: a client cannot skip events by naming offsets not yet written.
+        let Ok(end) = self.log.next_offset_of(&def.topic, a.partition) else { return };
+        let next = upto.saturating_add(1).min(end);
         if let Ok(Some(stored)) = offsets::get(db, self.id, &k) {
-            if stored <= upto {
-                if let Err(e) = offsets::put(db, self.id, &k, upto + 1) {
+            if stored < next {
+                if let Err(e) = offsets::put(db, self.id, &k, next) {
                     eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, a.consumer.subscription);
                 }
             }

@@ -516,3 +516,22 @@ fn offsets_survive_kill_9_and_nothing_unacked_is_skipped() {
         again.entry(e["empartition"].as_u64().unwrap()).or_default().insert(id(&e).to_owned());
     }
 }
+
+/// Regression: a `Last-Event-ID` naming an offset that does not exist (or u64::MAX) acknowledged
+/// events not yet published (or wrapped to 0 and rewound); it now stops at the log's end.
+#[test]
+fn a_last_event_id_past_the_end_neither_skips_nor_rewinds() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    subscribe(&b, json!({"subscription": "s", "topic": "far", "start": "earliest", "ackTimeoutMs": 60000}));
+    publish_to(&b, "far", "y0", None);
+    let mut sse = Sse::open(&b, "subscription=s", None);
+    assert_eq!(id(&sse.next().1), "y0");
+    drop(sse);
+    for (round, last) in [(1, "0:99999:1"), (2, &*format!("0:{}:1", u64::MAX))] {
+        // Resume past the end (whether or not the owner has seen the old stream go yet).
+        let mut sse = Sse::open(&b, "subscription=s", Some(last));
+        publish_to(&b, "far", &format!("y{round}"), None);
+        assert_eq!(id(&sse.next().1), format!("y{round}"), "nothing skipped, nothing replayed");
+        drop(sse);
+    }
+}
