@@ -4,6 +4,7 @@
 //! Called by `ingress` on the shard that accepted the connection.
 
 pub mod cloudevents;
+pub mod kafka;
 mod rfc3339;
 
 /// Whether `s` is an RFC 3339 timestamp (as CloudEvents `time` must be).
