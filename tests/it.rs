@@ -11,6 +11,7 @@ mod it {
     mod durability;
     mod errors;
     mod interop;
+    mod kafka;
     mod publish;
     mod subscriptions;
     mod ws;

@@ -49,6 +49,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ("data_dir", "where the embedded log and offsets live"),
     ("storage", "embedded | kafka"),
     ("kafka.brokers", "HOST:PORT[,...] for storage = kafka"),
+    ("kafka.replication_factor", "replication factor of topics evmesh creates in Kafka"),
+    ("kafka.acks", "producer acks: all | 1 | 0"),
+    ("kafka.compression", "producer compression: none | gzip | snappy | lz4 | zstd"),
+    ("kafka.properties", "librdkafka properties passed through, KEY=VALUE,KEY=VALUE (security, timeouts)"),
     ("durability", "memory | os | fsync"),
     ("io_driver", "auto | uring | epoll"),
     ("default_partitions", "partitions of auto-created topics; 0 = shards"),
@@ -70,7 +74,8 @@ pub const KEYS: &[(&str, &str)] = &[
 
 fn kind(key: &str) -> Kind {
     match key {
-        "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "durability" | "io_driver" => Kind::Str,
+        "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
+        | "kafka.properties" | "durability" | "io_driver" => Kind::Str,
         "ws_echo_endpoint" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -80,6 +85,10 @@ fn kind(key: &str) -> Kind {
 #[serde(deny_unknown_fields)]
 struct KafkaRaw {
     brokers: String,
+    replication_factor: u64,
+    acks: String,
+    compression: String,
+    properties: String,
 }
 
 /// What the operator wrote, merged from all sources; see `evmesh.toml` for each key.
@@ -121,7 +130,47 @@ pub enum IoDriver {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageKind {
     Embedded,
-    Kafka { brokers: String },
+    Kafka(crate::storage::kafka::KafkaSettings),
+}
+
+fn range(key: &'static str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ConfigError::Invalid { key, message: format!("{v} is outside {lo}..={hi}") })
+    }
+}
+
+impl KafkaRaw {
+    fn settings(&self) -> Result<crate::storage::kafka::KafkaSettings, ConfigError> {
+        let bad = |key: &'static str, message: String| ConfigError::Invalid { key, message };
+        if self.brokers.trim().is_empty() {
+            return Err(bad("kafka.brokers", "must name at least one HOST:PORT".into()));
+        }
+        if !matches!(self.acks.as_str(), "all" | "-1" | "0" | "1") {
+            return Err(bad("kafka.acks", format!("{:?} is not all, 1 or 0", self.acks)));
+        }
+        if !matches!(self.compression.as_str(), "none" | "gzip" | "snappy" | "lz4" | "zstd") {
+            return Err(bad(
+                "kafka.compression",
+                format!("{:?} is not none, gzip, snappy, lz4 or zstd", self.compression),
+            ));
+        }
+        let replication_factor = range("kafka.replication_factor", self.replication_factor, 1, 32)? as i32;
+        let mut properties = Vec::new();
+        for kv in self.properties.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
+            let (k, v) =
+                kv.split_once('=').ok_or_else(|| bad("kafka.properties", format!("{kv:?} is not KEY=VALUE")))?;
+            properties.push((k.trim().to_owned(), v.trim().to_owned()));
+        }
+        Ok(crate::storage::kafka::KafkaSettings {
+            brokers: self.brokers.clone(),
+            replication_factor,
+            acks: self.acks.clone(),
+            compression: self.compression.clone(),
+            properties,
+        })
+    }
 }
 
 /// The validated configuration the server runs with.
@@ -263,24 +312,11 @@ impl RawConfig {
         let addr = |key: &'static str, v: &str| {
             v.parse::<SocketAddr>().map_err(|e| ConfigError::Invalid { key, message: format!("{v:?}: {e}") })
         };
-        let range = |key: &'static str, v: u64, lo: u64, hi: u64| {
-            if (lo..=hi).contains(&v) {
-                Ok(v)
-            } else {
-                Err(ConfigError::Invalid { key, message: format!("{v} is outside {lo}..={hi}") })
-            }
-        };
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let shards = if self.shards == 0 { cpus } else { range("shards", self.shards, 1, 1024)? as usize };
         let storage = match self.storage.as_str() {
             "embedded" => StorageKind::Embedded,
-            "kafka" => {
-                return Err(ConfigError::Invalid {
-                    key: "storage",
-                    message: "the kafka backend is not built yet (tracked in the Kafka storage issue); use embedded"
-                        .into(),
-                })
-            }
+            "kafka" => StorageKind::Kafka(self.kafka.settings()?),
             other => {
                 return Err(ConfigError::Invalid {
                     key: "storage",
@@ -316,7 +352,6 @@ impl RawConfig {
             range("default_partitions", self.default_partitions, 1, crate::shard::MAX_PARTITIONS as u64)? as u32
         };
         let nonzero = |v: u64| (v > 0).then_some(v);
-        let _ = &self.kafka.brokers;
         Ok(Config {
             listen: addr("listen", &self.listen)?,
             admin_listen: addr("admin_listen", &self.admin_listen)?,
@@ -413,6 +448,26 @@ mod tests {
             load(&[], &[("EVMESH_PORT", "tcp://10.0.0.1:8080")]).is_ok(),
             "unknown variables are only warned about"
         );
-        assert!(err(&["--storage", "kafka"], &[]).contains("not built yet"));
+        assert!(err(&["--storage", "kafka", "--kafka-acks", "some"], &[]).contains("kafka.acks"));
+        assert!(err(&["--storage", "kafka", "--kafka-properties", "nokey"], &[]).contains("KEY=VALUE"));
+        let c = load(
+            &[
+                "--storage",
+                "kafka",
+                "--kafka-brokers",
+                "k1:9092,k2:9092",
+                "--kafka-properties",
+                "security.protocol=ssl, a=b",
+            ],
+            &[],
+        )
+        .unwrap();
+        match c.storage {
+            StorageKind::Kafka(k) => {
+                assert_eq!((k.brokers.as_str(), k.acks.as_str(), k.replication_factor), ("k1:9092,k2:9092", "all", 1));
+                assert_eq!(k.properties, [("security.protocol".into(), "ssl".into()), ("a".into(), "b".into())]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -31,6 +31,7 @@ impl StatusCode {
             100 => "Continue",
             101 => "Switching Protocols",
             200 => "OK",
+            201 => "Created",
             202 => "Accepted",
             204 => "No Content",
             400 => "Bad Request",

@@ -13,15 +13,18 @@ use std::time::Duration;
 
 use crate::admin::metrics::Metrics;
 use crate::admin::Admin;
-use crate::config::{Config, IoDriver};
+use crate::config::{Config, IoDriver, StorageKind};
 use crate::ingress::Traffic;
 use crate::server::conn::{serve, ConnLimits};
 use crate::server::listen::bind_shared;
 use crate::server::{ConnGuard, Handler};
 use crate::shard::core::Shard;
-use crate::shard::mailbox::Mailboxes;
+use crate::shard::mailbox::{Mailboxes, Sender};
+use crate::shard::message::{Mirrored, ShardMessage};
 use crate::shard::ShardId;
 use crate::storage::embedded::Syncer;
+use crate::storage::kafka::{Follow, KafkaBackend};
+use crate::storage::Storage;
 use crate::storage::{db, Durability, StorageError};
 
 /// What every thread can see: built before the shards start, never replaced.
@@ -33,6 +36,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Shards that accept connections; `/readyz` is 200 when it equals the shard count.
     pub ready: AtomicUsize,
+    /// With `storage = kafka`: the connection every shard produces through.
+    pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +132,33 @@ pub struct Started {
     pub driver: IoDriver,
 }
 
+/// Checks every known topic on the broker, follows each partition from the end of its local
+/// copy, and starts the tail, which hands fetched records to their owner's mailbox.
+fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), StartError> {
+    let shards = shared.config.shards;
+    for (topic, m) in crate::storage::meta::list(&shared.db)? {
+        futures::executor::block_on(kafka.ensure_topic(&topic, m.partitions))?;
+        for p in (0..m.partitions).map(crate::shard::PartitionId) {
+            let owner = crate::shard::owner(&topic, p, shards);
+            let local = crate::storage::embedded::EmbeddedLog::new(shared.db.clone(), owner, Durability::Memory, None);
+            let from = local.bounds(&topic, p)?.end;
+            kafka.follow(Follow { topic: topic.clone(), partition: p.0, from });
+        }
+    }
+    let to = shared.clone();
+    kafka.start_tail(move |(partition, frames)| {
+        let Some(topic) = frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };
+        let owner = crate::shard::owner(&topic, partition, shards);
+        let mut msg = ShardMessage::Mirror(Box::new(Mirrored { partition, frames }));
+        // Never dropped: the local copy must not get a hole. Wait for room instead.
+        while let Err(back) = to.mailboxes.send(Sender::Admin, owner, msg) {
+            msg = back;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })?;
+    Ok(())
+}
+
 /// Starts every thread and returns once all shards accept connections.
 pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let shards = config.shards;
@@ -139,14 +171,22 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         admin_listen: admin.local_addr()?,
         driver: resolve_driver(config.io_driver),
     };
+    let kafka = match &config.storage {
+        StorageKind::Kafka(settings) => Some(KafkaBackend::connect(settings.clone())?),
+        StorageKind::Embedded => None,
+    };
     let shared = Arc::new(Shared {
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
+        kafka,
         db,
         syncer,
         config,
     });
+    if let Some(k) = &shared.kafka {
+        start_kafka(&shared, k)?;
+    }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     for (i, listener) in traffic.into_iter().enumerate() {
         let shared = shared.clone();

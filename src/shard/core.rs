@@ -17,7 +17,8 @@ use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
 use crate::push::Sessions;
 use crate::runtime::Shared;
 use crate::storage::embedded::EmbeddedLog;
-use crate::storage::{meta, Durability, Storage, StorageError, TopicMeta};
+use crate::storage::kafka::{Follow, KafkaLog};
+use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
 use crate::subscription::filter::{matches_all, Filter};
 
 /// A topic as one shard knows it.
@@ -38,7 +39,7 @@ struct Interested {
 pub struct Shard {
     pub id: ShardId,
     pub shared: Arc<Shared>,
-    pub log: EmbeddedLog,
+    pub log: Log,
     /// Topic settings this shard has seen, with the partitions it owns; topics never change
     /// once created.
     topics: RefCell<HashMap<String, KnownTopic>>,
@@ -55,7 +56,15 @@ pub struct Shard {
 
 impl Shard {
     pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
-        let log = EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone());
+        let log = match &shared.kafka {
+            None => {
+                Log::Embedded(EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone()))
+            }
+            // The local copy needs no WAL: Kafka is the durable log, the tail refills the copy.
+            Some(k) => {
+                Log::Kafka(KafkaLog::new(k.clone(), EmbeddedLog::new(shared.db.clone(), id, Durability::Memory, None)))
+            }
+        };
         Shard {
             id,
             shared,
@@ -88,13 +97,14 @@ impl Shard {
                 let me = self.clone();
                 monoio::spawn(async move {
                     let r = me.append_local(partition, &mut frames).await;
-                    let stored = r.is_ok();
-                    let _ = reply.send(r);
-                    if stored {
+                    let readable = matches!(r, Ok((_, true)));
+                    let _ = reply.send(r.map(|(first, _)| first));
+                    if readable {
                         me.fan_out(frames);
                     }
                 });
             }
+            ShardMessage::Mirror(m) => self.mirror_in(*m),
             ShardMessage::Interest(i) => self.interest_changed(*i),
             ShardMessage::Deliver(d) => self.sessions.deliver(&d),
             ShardMessage::Session(e) => self.session_event(*e),
@@ -121,10 +131,25 @@ impl Shard {
         }
     }
 
-    async fn append_local(&self, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
+    /// Appends to a partition this shard owns; says whether the frames are readable here now.
+    async fn append_local(&self, partition: PartitionId, frames: &mut [Frame]) -> Result<(u64, bool), StorageError> {
         let Some(first) = frames.first() else { return Err(StorageError::Unavailable("empty append")) };
         let topic = first.body().topic.as_str().to_owned();
-        self.log.append(&topic, partition, frames).await
+        self.log.append_mirrored(&topic, partition, frames).await
+    }
+
+    /// Kafka backend: stores fetched records in the local copy (those not there yet) and
+    /// delivers them.
+    fn mirror_in(self: &Rc<Self>, m: crate::shard::message::Mirrored) {
+        let Some(topic) = m.frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };
+        match self.log.local().put_mirrored(&topic, m.partition, &m.frames, false) {
+            Ok(Some(skip)) if skip < m.frames.len() => {
+                let mut frames = m.frames;
+                self.fan_out(frames.split_off(skip));
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("evmesh: {}: local copy of {topic}/{}: {e}", self.id, m.partition.0),
+        }
     }
 
     /// Creates or checks a topic; only the topic's meta owner runs this, so creation is serial.
@@ -144,6 +169,14 @@ impl Shard {
             retention_ms: c.retention_ms,
             retention_bytes: c.retention_bytes,
         });
+        if let Some(k) = &self.shared.kafka {
+            // Created (or checked) on the broker first; then read from its start, so events
+            // other producers wrote to an existing topic are delivered too.
+            k.ensure_topic(topic, m.partitions).await?;
+            for p in 0..m.partitions {
+                k.follow(Follow { topic: topic.to_owned(), partition: p, from: 0 });
+            }
+        }
         meta::put(db, topic, &m)?;
         self.sync_metadata().await?;
         Ok((m, true))
@@ -249,8 +282,10 @@ impl Shard {
     ) -> Result<u64, StorageError> {
         let owner = owner(topic, partition, self.shards());
         if owner == self.id {
-            let first = self.log.append(topic, partition, &mut frames).await?;
-            self.fan_out(frames);
+            let (first, readable) = self.log.append_mirrored(topic, partition, &mut frames).await?;
+            if readable {
+                self.fan_out(frames);
+            }
             return Ok(first);
         }
         let (msg, rx) = ShardMessage::append(partition, frames);

@@ -139,6 +139,13 @@ pub enum AckKind {
     UpTo,
 }
 
+/// Records the Kafka tail fetched for a partition the receiver owns (offsets stamped).
+#[derive(Debug)]
+pub struct Mirrored {
+    pub partition: PartitionId,
+    pub frames: Vec<Frame>,
+}
+
 /// A long-poll forwarded to the consumer's home shard.
 #[derive(Debug)]
 pub struct PollRequest {
@@ -183,6 +190,10 @@ pub enum ShardMessage {
     /// (so polls on any connection see the same session). Replies with the events' JSON.
     /// On drop: the poller gets 503 and nothing was taken.
     Poll(Box<PollRequest>),
+    /// Kafka backend: records fetched by the tail thread (sender: the admin row) for a partition
+    /// the receiver owns, to store in its local copy and deliver. No reply.
+    /// On drop: never dropped by the sender (it waits for room); lost only at shutdown.
+    Mirror(Box<Mirrored>),
     /// Acks, nacks for the receiver's partition. No reply.
     /// On drop: those events are redelivered after their ack timeout (at-least-once holds).
     Ack(Box<Acks>),

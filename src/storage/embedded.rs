@@ -197,6 +197,39 @@ impl EmbeddedLog {
         Ok(Bounds { start, end })
     }
 
+    /// Stores frames that already carry their offsets (a mirror of another log, the Kafka
+    /// backend's local copy): those at or past the partition's end, in order, with gaps
+    /// allowed when `contiguous` is false. Returns how many leading frames were skipped as
+    /// already stored; with `contiguous`, nothing is written unless the first frame is exactly
+    /// at the end. Written at once, without the WAL: the log it mirrors is the durable one.
+    pub fn put_mirrored(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        frames: &[Frame],
+        contiguous: bool,
+    ) -> Result<Option<usize>, StorageError> {
+        let pre = prefix(topic, partition);
+        let next = self.next_offset(&pre)?;
+        let skip = frames.iter().take_while(|f| f.header().offset < next).count();
+        let rest = &frames[skip..];
+        let Some(first) = rest.first() else { return Ok(Some(skip)) };
+        if contiguous && first.header().offset != next {
+            return Ok(None);
+        }
+        let mut batch = WriteBatch::default();
+        let cf = self.cf();
+        for f in rest {
+            batch.put_cf(cf, key(&pre, f.header().offset), f.as_bytes());
+        }
+        let mut wo = WriteOptions::default();
+        wo.disable_wal(true);
+        self.inner.db.write_opt(batch, &wo)?;
+        let end = rest.last().map_or(next, |f| f.header().offset + 1);
+        self.inner.parts.borrow_mut().insert(pre, PartState { next: end });
+        Ok(Some(skip))
+    }
+
     /// The next offset `partition` will get, counting appends not yet written: readers of a
     /// partition this shard owns use it to know they are caught up without touching the log.
     pub fn next_offset_of(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {

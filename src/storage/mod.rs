@@ -8,6 +8,7 @@
 
 pub mod db;
 pub mod embedded;
+pub mod kafka;
 pub mod meta;
 pub mod offsets;
 
@@ -100,4 +101,63 @@ pub trait Storage {
         partition: PartitionId,
         now_us: i64,
     ) -> Result<u64, StorageError>;
+}
+
+/// The log a shard uses: the embedded engine, or Kafka with a local copy for reads.
+pub enum Log {
+    Embedded(embedded::EmbeddedLog),
+    Kafka(kafka::KafkaLog),
+}
+
+impl Log {
+    /// Where this shard's partitions are stored locally (the Kafka backend's copy).
+    pub fn local(&self) -> &embedded::EmbeddedLog {
+        match self {
+            Log::Embedded(l) => l,
+            Log::Kafka(k) => &k.mirror,
+        }
+    }
+
+    /// Appends; also says whether the frames can be read locally now (with Kafka they may
+    /// arrive later, through the tail, behind records of other producers).
+    pub async fn append_mirrored(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        frames: &mut [Frame],
+    ) -> Result<(u64, bool), StorageError> {
+        match self {
+            Log::Embedded(l) => l.append(topic, partition, frames).await.map(|first| (first, true)),
+            Log::Kafka(k) => k.append_mirrored(topic, partition, frames).await,
+        }
+    }
+
+    /// The next offset of a partition this shard owns, as far as it can read it.
+    pub fn next_offset_of(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
+        self.local().next_offset_of(topic, partition)
+    }
+}
+
+impl Storage for Log {
+    async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
+        self.append_mirrored(topic, partition, frames).await.map(|(first, _)| first)
+    }
+
+    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError> {
+        self.local().read(topic, partition, from, max)
+    }
+
+    fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
+        self.local().bounds(topic, partition)
+    }
+
+    fn enforce_retention(
+        &self,
+        topic: &str,
+        meta: &TopicMeta,
+        partition: PartitionId,
+        now_us: i64,
+    ) -> Result<u64, StorageError> {
+        self.local().enforce_retention(topic, meta, partition, now_us)
+    }
 }

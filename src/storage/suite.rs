@@ -1,12 +1,15 @@
-//! The storage test suite: what every backend must do, run here against the embedded engine
-//! on a real RocksDB in a temporary directory.
+//! The storage test suite: what every backend must do, run against the embedded engine (each
+//! durability) on a real RocksDB in a temporary directory, and the same tests against the Kafka
+//! backend on the real broker `scripts/test.sh` starts (EVMESH_TEST_KAFKA). Reopening and
+//! corruption are the embedded engine's own tests (Kafka's restart is an integration test).
 
 use std::path::PathBuf;
 
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
 
 use super::embedded::{EmbeddedLog, Syncer};
-use super::{db, Bounds, Durability, Storage, TopicMeta};
+use super::kafka::{KafkaBackend, KafkaLog, KafkaSettings};
+use super::{db, Bounds, Durability, Log, Storage, TopicMeta};
 use crate::shard::{PartitionId, ShardId};
 
 pub(super) struct TempDir(pub(super) PathBuf);
@@ -50,29 +53,71 @@ fn log(dir: &TempDir, durability: Durability) -> EmbeddedLog {
     EmbeddedLog::new(db, ShardId(0), durability, syncer)
 }
 
-fn append(log: &EmbeddedLog, topic: &str, p: u32, frames: Vec<Frame>) -> u64 {
+fn append(log: &impl Storage, topic: &str, p: u32, frames: Vec<Frame>) -> u64 {
     let mut frames = frames;
     block_on(log.append(topic, PartitionId(p), &mut frames)).unwrap()
 }
 
+/// Every backend the suite runs against.
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Embedded(Durability),
+    Kafka,
+}
+
+const ALL: [Backend; 4] = [
+    Backend::Embedded(Durability::Memory),
+    Backend::Embedded(Durability::Os),
+    Backend::Embedded(Durability::Fsync),
+    Backend::Kafka,
+];
+
+/// A log of `backend` in `dir`, and the names to use for `topics` (unique per run on Kafka,
+/// whose broker the whole suite shares; each created with 4 partitions).
+fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) {
+    match backend {
+        Backend::Embedded(d) => (Log::Embedded(log(dir, d)), topics.iter().map(|t| t.to_string()).collect()),
+        Backend::Kafka => {
+            let brokers = std::env::var("EVMESH_TEST_KAFKA")
+                .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one");
+            let settings = KafkaSettings {
+                brokers,
+                replication_factor: 1,
+                acks: "all".into(),
+                compression: "none".into(),
+                properties: Vec::new(),
+            };
+            let k = KafkaBackend::connect(settings).unwrap();
+            let stamp = format!("{}-{}", std::process::id(), crate::runtime::now_micros());
+            let names: Vec<String> = topics.iter().map(|t| format!("suite-{stamp}-{t}")).collect();
+            for n in &names {
+                block_on(k.ensure_topic(n, 4)).unwrap();
+            }
+            let db = db::open(&dir.0, 2).unwrap();
+            (Log::Kafka(KafkaLog::new(k, EmbeddedLog::new(db, ShardId(0), Durability::Memory, None))), names)
+        }
+    }
+}
+
 #[test]
 fn offsets_are_dense_per_partition_and_stamped() {
-    for durability in [Durability::Memory, Durability::Os, Durability::Fsync] {
-        let dir = TempDir::new(&format!("dense-{durability:?}"));
-        let log = log(&dir, durability);
-        assert_eq!(append(&log, "t", 0, vec![frame("t", "a", 1, 10), frame("t", "b", 2, 10)]), 0);
-        assert_eq!(append(&log, "t", 0, vec![frame("t", "c", 3, 10)]), 2);
-        assert_eq!(append(&log, "t", 1, vec![frame("t", "z", 3, 10)]), 0, "partitions are independent");
+    for backend in ALL {
+        let dir = TempDir::new(&format!("dense-{backend:?}"));
+        let (log, names) = open(&dir, backend, &["t", "tt"]);
+        let (t, tt) = (names[0].as_str(), names[1].as_str());
+        assert_eq!(append(&log, t, 0, vec![frame(t, "a", 1, 10), frame(t, "b", 2, 10)]), 0);
+        assert_eq!(append(&log, t, 0, vec![frame(t, "c", 3, 10)]), 2);
+        assert_eq!(append(&log, t, 1, vec![frame(t, "z", 3, 10)]), 0, "partitions are independent");
         // A topic whose name extends another's must not see its events.
-        assert_eq!(append(&log, "tt", 0, vec![frame("tt", "y", 3, 10)]), 0);
-        let got = log.read("t", PartitionId(0), 0, 100).unwrap();
-        assert_eq!(ids(&got), ["a", "b", "c"]);
+        assert_eq!(append(&log, tt, 0, vec![frame(tt, "y", 3, 10)]), 0);
+        let got = log.read(t, PartitionId(0), 0, 100).unwrap();
+        assert_eq!(ids(&got), ["a", "b", "c"], "{backend:?}");
         let offsets: Vec<u64> = got.iter().map(|f| f.header().offset).collect();
         assert_eq!(offsets, [0, 1, 2]);
         assert!(got.iter().all(|f| f.header().partition == 0));
-        assert_eq!(ids(&log.read("t", PartitionId(0), 1, 1).unwrap()), ["b"]);
-        assert!(log.read("t", PartitionId(0), 3, 10).unwrap().is_empty());
-        assert_eq!(log.bounds("t", PartitionId(0)).unwrap(), Bounds { start: 0, end: 3 });
+        assert_eq!(ids(&log.read(t, PartitionId(0), 1, 1).unwrap()), ["b"]);
+        assert!(log.read(t, PartitionId(0), 3, 10).unwrap().is_empty());
+        assert_eq!(log.bounds(t, PartitionId(0)).unwrap(), Bounds { start: 0, end: 3 });
         assert_eq!(log.bounds("nope", PartitionId(0)).unwrap(), Bounds { start: 0, end: 0 });
     }
 }
@@ -91,26 +136,29 @@ fn a_reopened_log_continues_where_it_ended() {
 
 #[test]
 fn retention_by_size_and_age_keeps_the_newest() {
-    let dir = TempDir::new("retention");
-    let log = log(&dir, Durability::Os);
-    let size = frame("t", "0", 0, 100).as_bytes().len() as u64;
-    append(&log, "t", 0, (0..10).map(|i| frame("t", &i.to_string(), i * 1000, 100)).collect());
-    // Room for three events: the oldest seven go.
-    let by_size = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: Some(3 * size + size / 2) };
-    assert_eq!(log.enforce_retention("t", &by_size, PartitionId(0), 0).unwrap(), 7);
-    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 100).unwrap()), ["7", "8", "9"]);
-    assert_eq!(log.bounds("t", PartitionId(0)).unwrap(), Bounds { start: 7, end: 10 });
-    // Events older than 1 ms at now = 9 ms: the ones at 8 and 9 ms survive.
-    let by_age = TopicMeta { partitions: 1, retention_ms: Some(1), retention_bytes: None };
-    log.enforce_retention("t", &by_age, PartitionId(0), 9_000).unwrap();
-    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 100).unwrap()), ["8", "9"]);
-    // Everything expired: the newest event still stays, so the end offset survives a restart.
-    log.enforce_retention("t", &by_age, PartitionId(0), 1_000_000).unwrap();
-    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 100).unwrap()), ["9"]);
-    assert_eq!(append(&log, "t", 0, vec![frame("t", "10", 0, 1)]), 10);
-    // No limits: nothing is touched.
-    let none = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None };
-    assert_eq!(log.enforce_retention("t", &none, PartitionId(0), i64::MAX).unwrap(), 0);
+    for backend in ALL {
+        let dir = TempDir::new(&format!("retention-{backend:?}"));
+        let (log, names) = open(&dir, backend, &["t"]);
+        let t = names[0].as_str();
+        let size = frame(t, "0", 0, 100).as_bytes().len() as u64;
+        append(&log, t, 0, (0..10).map(|i| frame(t, &i.to_string(), i * 1000, 100)).collect());
+        // Room for three events: the oldest seven go.
+        let by_size = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: Some(3 * size + size / 2) };
+        assert_eq!(log.enforce_retention(t, &by_size, PartitionId(0), 0).unwrap(), 7);
+        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100).unwrap()), ["7", "8", "9"]);
+        assert_eq!(log.bounds(t, PartitionId(0)).unwrap(), Bounds { start: 7, end: 10 });
+        // Events older than 1 ms at now = 9 ms: the ones at 8 and 9 ms survive.
+        let by_age = TopicMeta { partitions: 1, retention_ms: Some(1), retention_bytes: None };
+        log.enforce_retention(t, &by_age, PartitionId(0), 9_000).unwrap();
+        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100).unwrap()), ["8", "9"]);
+        // Everything expired: the newest event still stays, so the end offset survives a restart.
+        log.enforce_retention(t, &by_age, PartitionId(0), 1_000_000).unwrap();
+        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100).unwrap()), ["9"]);
+        assert_eq!(append(&log, t, 0, vec![frame(t, "10", 0, 1)]), 10);
+        // No limits: nothing is touched.
+        let none = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None };
+        assert_eq!(log.enforce_retention(t, &none, PartitionId(0), i64::MAX).unwrap(), 0);
+    }
 }
 
 #[test]
@@ -131,14 +179,15 @@ fn a_corrupt_record_is_reported_not_trusted() {
 /// dense offsets in call order, and all of them are durable when their futures resolve.
 #[test]
 fn concurrent_appends_share_a_write_and_keep_dense_offsets() {
-    for durability in [Durability::Os, Durability::Fsync] {
-        let dir = TempDir::new(&format!("concurrent-{durability:?}"));
-        let log = log(&dir, durability);
+    for backend in [Backend::Embedded(Durability::Os), Backend::Embedded(Durability::Fsync), Backend::Kafka] {
+        let dir = TempDir::new(&format!("concurrent-{backend:?}"));
+        let (log, names) = open(&dir, backend, &["t"]);
+        let t = names[0].as_str();
         let firsts = block_on(async {
             let jobs = (0..50u64).map(|i| {
-                let mut frames: Vec<Frame> = (0..=i % 3).map(|k| frame("t", &format!("{i}.{k}"), 1, 10)).collect();
+                let mut frames: Vec<Frame> = (0..=i % 3).map(|k| frame(t, &format!("{i}.{k}"), 1, 10)).collect();
                 let log = &log;
-                async move { log.append("t", PartitionId(0), &mut frames).await.unwrap() }
+                async move { log.append(t, PartitionId(0), &mut frames).await.unwrap() }
             });
             futures::future::join_all(jobs).await
         });
@@ -147,8 +196,8 @@ fn concurrent_appends_share_a_write_and_keep_dense_offsets() {
             assert_eq!(*first, expected, "append {i}");
             expected += i as u64 % 3 + 1;
         }
-        let got = ids(&log.read("t", PartitionId(0), 0, 1000).unwrap());
+        let got = ids(&log.read(t, PartitionId(0), 0, 1000).unwrap());
         let want: Vec<String> = (0..50u64).flat_map(|i| (0..=i % 3).map(move |k| format!("{i}.{k}"))).collect();
-        assert_eq!(got, want, "{durability:?}");
+        assert_eq!(got, want, "{backend:?}");
     }
 }

@@ -1,0 +1,350 @@
+//! The Kafka backend: Kafka is the durable, replicated log and nothing more.
+//!
+//! * **Writes**: the owner shard of a partition produces its events (CloudEvents Kafka binding,
+//!   binary mode: `adaptor::kafka`) with librdkafka's own producer thread; each record's
+//!   delivery report comes back to the waiting shard task through a oneshot channel, so no
+//!   core blocks on Kafka, and the 202 waits for the broker's ack (`acks=all` by default).
+//! * **Reads**: each shard keeps a local copy of the partitions it owns in its `log.N` family
+//!   (the embedded log's layout, written without WAL: Kafka is the durable copy). The owner
+//!   writes its own acknowledged events through at once; one tail thread reads every followed
+//!   partition with `assign()` at the copy's end and hands fetched batches to the owner shard
+//!   through its mailbox (records of other producers, and whatever the copy lost in a crash).
+//!   Delivery reads the copy at offsets evmesh owns (RocksDB), so restarts replay from Kafka.
+//! * **No group semantics**: librdkafka wants a `group.id` even for `assign()`; a fixed one is
+//!   set, `subscribe()` is never called and nothing is ever committed to Kafka.
+//!
+//! Nothing of rdkafka leaves this module.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use frame_codec::Frame;
+use futures::channel::oneshot;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::{DeliveryResult, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+
+use super::embedded::EmbeddedLog;
+use super::{Bounds, Storage, StorageError, TopicMeta};
+use crate::shard::PartitionId;
+
+/// The consumer group id librdkafka insists on; never joined, never committed to.
+pub const ASSIGN_ONLY_GROUP: &str = "evmesh-assign-only-never-joined";
+
+/// How evmesh reaches Kafka (from `[kafka]` in the configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub replication_factor: i32,
+    pub acks: String,
+    pub compression: String,
+    /// librdkafka properties passed through (security, timeouts, ...), applied last.
+    pub properties: Vec<(String, String)>,
+}
+
+impl KafkaSettings {
+    fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+type Report = Result<(i32, i64), String>;
+
+/// Hands each delivery report to the shard task waiting for it.
+struct Reports;
+
+impl ClientContext for Reports {}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = Box<oneshot::Sender<Report>>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, waiter: Self::DeliveryOpaque) {
+        let r = match result {
+            Ok(m) => Ok((m.partition(), m.offset())),
+            Err((e, _)) => Err(e.to_string()),
+        };
+        let _ = waiter.send(r);
+    }
+}
+
+/// A topic to create (or check) on the broker.
+struct TopicJob {
+    topic: String,
+    partitions: u32,
+    reply: oneshot::Sender<Result<(), StorageError>>,
+}
+
+/// A partition the tail thread starts following at `from`.
+pub struct Follow {
+    pub topic: String,
+    pub partition: u32,
+    pub from: u64,
+}
+
+/// Records read by the tail thread, for the owner of their partition (`topic` is in the frames).
+pub type Fetched = (PartitionId, Vec<Frame>);
+
+/// The connection to Kafka, shared by every shard.
+pub struct KafkaBackend {
+    settings: KafkaSettings,
+    producer: ThreadedProducer<Reports>,
+    topics: mpsc::Sender<TopicJob>,
+    follow: mpsc::Sender<Follow>,
+    follow_rx: std::sync::Mutex<Option<mpsc::Receiver<Follow>>>,
+}
+
+fn engine(what: &str, e: impl std::fmt::Display) -> StorageError {
+    StorageError::Engine(format!("kafka {what}: {e}"))
+}
+
+impl KafkaBackend {
+    /// Connects the producer and starts the topic helper thread. The tail starts with
+    /// [`KafkaBackend::start_tail`] once the shards' mailboxes exist.
+    pub fn connect(settings: KafkaSettings) -> Result<Arc<KafkaBackend>, StorageError> {
+        let mut pc = settings.client();
+        pc.set("acks", &settings.acks).set("compression.type", &settings.compression);
+        if !settings.properties.iter().any(|(k, _)| k == "message.timeout.ms") {
+            pc.set("message.timeout.ms", "10000");
+        }
+        let producer: ThreadedProducer<Reports> = pc.create_with_context(Reports).map_err(|e| engine("producer", e))?;
+        let admin: AdminClient<DefaultClientContext> = settings.client().create().map_err(|e| engine("admin", e))?;
+        let (topics, jobs) = mpsc::channel::<TopicJob>();
+        let rf = settings.replication_factor;
+        std::thread::Builder::new()
+            .name("evmesh-kafka-admin".into())
+            .spawn(move || {
+                for job in jobs {
+                    let r = create_topic(&admin, &job.topic, job.partitions, rf);
+                    let _ = job.reply.send(r);
+                }
+            })
+            .map_err(|e| engine("admin thread", e))?;
+        let (follow, follow_rx) = mpsc::channel();
+        Ok(Arc::new(KafkaBackend {
+            settings,
+            producer,
+            topics,
+            follow,
+            follow_rx: std::sync::Mutex::new(Some(follow_rx)),
+        }))
+    }
+
+    /// Creates the topic with `partitions` partitions, or checks an existing one has them.
+    pub async fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<(), StorageError> {
+        let (reply, rx) = oneshot::channel();
+        self.topics
+            .send(TopicJob { topic: topic.to_owned(), partitions, reply })
+            .map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?;
+        rx.await.map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?
+    }
+
+    /// Starts following a partition from `from` (the local copy's end).
+    pub fn follow(&self, f: Follow) {
+        let _ = self.follow.send(f);
+    }
+
+    /// Starts the tail thread; `deliver` hands a fetched batch to the partition's owner and
+    /// must not drop it (it may block this thread while the owner's mailbox is full).
+    pub fn start_tail(&self, deliver: impl Fn(Fetched) + Send + 'static) -> Result<(), StorageError> {
+        let Some(rx) = self.follow_rx.lock().expect("not poisoned").take() else { return Ok(()) };
+        let mut cc = self.settings.client();
+        cc.set("group.id", ASSIGN_ONLY_GROUP)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("fetch.wait.max.ms", "10");
+        let consumer: BaseConsumer = cc.create().map_err(|e| engine("consumer", e))?;
+        std::thread::Builder::new()
+            .name("evmesh-kafka-tail".into())
+            .spawn(move || tail(consumer, rx, deliver))
+            .map_err(|e| engine("tail thread", e))?;
+        Ok(())
+    }
+
+    /// Sends one frame; the receiver resolves with its partition and offset once the broker
+    /// acknowledged it (or with why it could not).
+    fn produce(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        frame: &Frame,
+    ) -> Result<oneshot::Receiver<Report>, StorageError> {
+        let r = crate::adaptor::kafka::to_record(frame);
+        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+        for (k, v) in &r.headers {
+            headers = headers.insert(Header { key: k, value: Some(v) });
+        }
+        let (tx, rx) = oneshot::channel();
+        let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(topic, Box::new(tx))
+            .partition(partition.0 as i32)
+            .payload(&r.value[..])
+            .headers(headers)
+            .timestamp(r.timestamp_ms);
+        let rec = match &r.key {
+            Some(k) => rec.key(&k[..]),
+            None => rec,
+        };
+        self.producer.send(rec).map_err(|(e, _)| engine("produce", e))?;
+        Ok(rx)
+    }
+}
+
+fn create_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    partitions: u32,
+    rf: i32,
+) -> Result<(), StorageError> {
+    let new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(rf));
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results =
+        futures::executor::block_on(admin.create_topics([&new], &opts)).map_err(|e| engine("create topic", e))?;
+    match results.into_iter().next() {
+        Some(Ok(_)) => Ok(()),
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
+            let md = admin
+                .inner()
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .map_err(|e| engine("metadata", e))?;
+            let existing = md.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len() as u32);
+            if existing == partitions {
+                Ok(())
+            } else {
+                Err(StorageError::Conflict { topic: topic.to_owned(), existing })
+            }
+        }
+        Some(Err((_, code))) => Err(engine("create topic", code)),
+        None => Err(engine("create topic", "no result")),
+    }
+}
+
+/// The tail thread: reads every followed partition and hands batches to their owners.
+fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, deliver: impl Fn(Fetched)) {
+    let mut batch: Vec<(String, PartitionId, Vec<Frame>)> = Vec::new();
+    let mut logged = std::time::Instant::now() - Duration::from_secs(60);
+    loop {
+        let mut added = TopicPartitionList::new();
+        while let Ok(f) = follow.try_recv() {
+            let _ = added.add_partition_offset(&f.topic, f.partition as i32, Offset::Offset(f.from as i64));
+        }
+        if added.count() > 0 {
+            if let Err(e) = consumer.incremental_assign(&added) {
+                eprintln!("evmesh: kafka tail: assign: {e}");
+            }
+        }
+        let mut fetched = 0;
+        while fetched < 1024 {
+            match consumer.poll(Duration::from_millis(if fetched == 0 { 20 } else { 0 })) {
+                Some(Ok(m)) => {
+                    fetched += 1;
+                    let headers: Vec<(&str, &[u8])> = m
+                        .headers()
+                        .map(|h| h.iter().map(|h| (h.key, h.value.unwrap_or(&[]))).collect())
+                        .unwrap_or_default();
+                    let (p, o) = (m.partition() as u32, m.offset() as u64);
+                    let ts = m.timestamp().to_millis().unwrap_or(0);
+                    match crate::adaptor::kafka::from_record(
+                        m.topic(),
+                        p,
+                        o,
+                        m.key(),
+                        &headers,
+                        m.payload().unwrap_or(&[]),
+                        ts,
+                    ) {
+                        Ok(f) => match batch.iter_mut().find(|b| b.0 == m.topic() && b.1 .0 == p) {
+                            Some(b) => b.2.push(f),
+                            None => batch.push((m.topic().to_owned(), PartitionId(p), vec![f])),
+                        },
+                        Err(e) => eprintln!("evmesh: kafka tail: {}/{p}@{o} skipped: {e}", m.topic()),
+                    }
+                }
+                Some(Err(e)) => {
+                    // Broker away: librdkafka reconnects by itself; say so now and then.
+                    if logged.elapsed() > Duration::from_secs(10) {
+                        eprintln!("evmesh: kafka tail: {e}");
+                        logged = std::time::Instant::now();
+                    }
+                    break;
+                }
+                None => break,
+            }
+        }
+        for (_, p, frames) in batch.drain(..) {
+            deliver((p, frames));
+        }
+    }
+}
+
+/// One shard's log on Kafka: produce to Kafka, read the local copy.
+pub struct KafkaLog {
+    backend: Arc<KafkaBackend>,
+    /// The local copy of the partitions this shard owns.
+    pub mirror: EmbeddedLog,
+}
+
+impl KafkaLog {
+    pub fn new(backend: Arc<KafkaBackend>, mirror: EmbeddedLog) -> Self {
+        KafkaLog { backend, mirror }
+    }
+
+    /// Appends and reports whether the frames are in the local copy already (else the tail
+    /// brings them, after records of other producers that came first).
+    pub async fn append_mirrored(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        frames: &mut [Frame],
+    ) -> Result<(u64, bool), StorageError> {
+        let waits: Vec<oneshot::Receiver<Report>> =
+            frames.iter().map(|f| self.backend.produce(topic, partition, f)).collect::<Result<_, _>>()?;
+        for (f, rx) in frames.iter_mut().zip(waits) {
+            let (p, o) = rx
+                .await
+                .map_err(|_| StorageError::Unavailable("kafka producer stopped"))?
+                .map_err(|e| engine("delivery", e))?;
+            f.set_partition(p as u32);
+            f.set_offset(o as u64);
+        }
+        let first = frames.first().map_or(0, |f| f.header().offset);
+        let contiguous = frames.windows(2).all(|w| w[1].header().offset == w[0].header().offset + 1);
+        let mirrored = contiguous && matches!(self.mirror.put_mirrored(topic, partition, frames, true)?, Some(0));
+        Ok((first, mirrored))
+    }
+}
+
+impl Storage for KafkaLog {
+    async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
+        self.append_mirrored(topic, partition, frames).await.map(|(first, _)| first)
+    }
+
+    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError> {
+        self.mirror.read(topic, partition, from, max)
+    }
+
+    fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
+        self.mirror.bounds(topic, partition)
+    }
+
+    /// Kafka keeps its own retention; this bounds the local copy.
+    fn enforce_retention(
+        &self,
+        topic: &str,
+        meta: &TopicMeta,
+        partition: PartitionId,
+        now_us: i64,
+    ) -> Result<u64, StorageError> {
+        self.mirror.enforce_retention(topic, meta, partition, now_us)
+    }
+}

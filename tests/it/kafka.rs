@@ -1,0 +1,248 @@
+//! The Kafka backend against a real Kafka-protocol broker (tansu; `scripts/test.sh` starts one
+//! and exports its address as EVMESH_TEST_KAFKA). Every test uses topics of its own.
+
+use std::collections::HashSet;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde_json::{json, Value};
+
+use super::delivery::{attach, keys, next_event, Ws};
+use super::util::{event, wait_for, TestBroker};
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn broker() -> String {
+    std::env::var("EVMESH_TEST_KAFKA")
+        .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one")
+}
+
+fn unique(name: &str) -> String {
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+fn on_kafka(brokers: &str, extra: &[&str]) -> TestBroker {
+    let mut args = vec!["--storage", "kafka", "--kafka-brokers", brokers, "--default-partitions", "2"];
+    args.extend_from_slice(extra);
+    TestBroker::start(&args)
+}
+
+fn subscribe(b: &TestBroker, def: Value) {
+    let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+fn publish(b: &TestBroker, topic: &str, id: &str, key: &str) {
+    let mut e = event(id);
+    e["partitionkey"] = json!(key);
+    let r = b.publish(topic, &e);
+    assert_eq!(r.status, 202, "{}", r.text());
+}
+
+/// Receives (and acks) until `want` ids arrived; returns every id seen.
+fn receive(ws: &mut Ws, want: &HashSet<String>) -> HashSet<String> {
+    let mut got = HashSet::new();
+    let start = Instant::now();
+    while !want.is_subset(&got) {
+        assert!(start.elapsed() < LONG, "missing {:?}", want.difference(&got).collect::<Vec<_>>());
+        if let Some(e) = next_event(ws) {
+            let ids = json!([e["emdeliveryid"]]);
+            ws.send(tungstenite::Message::text(json!({"type": "ack", "ids": ids}).to_string())).unwrap();
+            got.insert(e["id"].as_str().unwrap().to_owned());
+        }
+    }
+    got
+}
+
+fn reader(brokers: &str, group: &str) -> BaseConsumer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap()
+}
+
+#[test]
+fn events_go_to_kafka_in_the_binary_binding_and_no_group_is_used() {
+    let brokers = broker();
+    let b = on_kafka(&brokers, &[]);
+    let topic = unique("orders");
+    subscribe(&b, json!({"subscription": unique("s"), "topic": topic, "start": "earliest"}));
+    let sub = b.admin().get("/admin/subscriptions").json()[0]["subscription"].as_str().unwrap().to_owned();
+    let keys = keys(2);
+    for i in 0..10 {
+        publish(&b, &topic, &format!("o{i}"), &keys[i % 2]);
+    }
+    let want: HashSet<String> = (0..10).map(|i| format!("o{i}")).collect();
+    assert_eq!(receive(&mut attach(&b, &format!("subscription={sub}")), &want), want);
+    // What a plain Kafka consumer sees: CloudEvents binary mode, the key is the partitionkey.
+    let c = reader(&brokers, &unique("it-reader"));
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..2 {
+        tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let mut seen = HashSet::new();
+    let start = Instant::now();
+    while seen.len() < 10 {
+        assert!(start.elapsed() < LONG, "read {} of 10 from Kafka", seen.len());
+        let Some(m) = c.poll(Duration::from_millis(100)) else { continue };
+        let m = m.unwrap();
+        let h = m.headers().expect("headers");
+        let header = |name: &str| {
+            h.iter().find(|x| x.key == name).and_then(|x| x.value).map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        assert_eq!(header("ce_specversion").as_deref(), Some("1.0"));
+        assert_eq!(header("ce_source").as_deref(), Some("/it"));
+        assert_eq!(header("content-type"), None, "no datacontenttype was sent");
+        let id = header("ce_id").unwrap();
+        let n: usize = id[1..].parse().unwrap();
+        assert_eq!(m.key(), Some(keys[n % 2].as_bytes()), "the key is the partitionkey");
+        let data: Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        assert_eq!(data, json!({"n": id}));
+        seen.insert(id);
+    }
+    // The broker does keep committed offsets (a group that commits finds them again) ...
+    let mut five = TopicPartitionList::new();
+    five.add_partition_offset(&topic, 0, Offset::Offset(5)).unwrap();
+    c.commit(&five, rdkafka::consumer::CommitMode::Sync).unwrap();
+    let back = c.committed_offsets(five, Duration::from_secs(10)).unwrap();
+    assert_eq!(back.elements()[0].offset(), Offset::Offset(5));
+    // ... and evmesh never joined or committed as a group: nothing is stored for its group id.
+    let group = reader(&brokers, evmesh::storage::kafka::ASSIGN_ONLY_GROUP);
+    let committed = group.committed_offsets(tpl, Duration::from_secs(10)).expect("the broker answers OffsetFetch");
+    assert_eq!(committed.count(), 2);
+    for e in committed.elements() {
+        assert!(matches!(e.offset(), Offset::Invalid), "a committed offset exists: {:?}", e.offset());
+    }
+}
+
+#[test]
+fn events_other_producers_write_are_delivered() {
+    let brokers = broker();
+    let b = on_kafka(&brokers, &[]);
+    let topic = unique("foreign");
+    let sub = unique("f");
+    subscribe(&b, json!({"subscription": sub, "topic": topic, "start": "earliest"}));
+    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "ce_specversion", value: Some("1.0") })
+        .insert(Header { key: "ce_id", value: Some("ext-1") })
+        .insert(Header { key: "ce_source", value: Some("/java-sdk") })
+        .insert(Header { key: "ce_type", value: Some("com.example.external") })
+        .insert(Header { key: "content-type", value: Some("application/json") });
+    producer
+        .send(BaseRecord::to(&topic).partition(1).key("k").payload(r#"{"from":"kafka"}"#).headers(headers))
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let mut ws = attach(&b, &format!("subscription={sub}"));
+    let e = wait_for(LONG, || next_event(&mut ws));
+    assert_eq!((e["id"].as_str(), e["type"].as_str()), (Some("ext-1"), Some("com.example.external")));
+    assert_eq!(e["data"], json!({"from": "kafka"}));
+    assert_eq!(e["partitionkey"], "k", "the record key is the partitionkey");
+    assert_eq!(e["empartition"], 1);
+}
+
+#[test]
+fn a_restart_replays_from_kafka_and_resumes_every_subscription() {
+    let brokers = broker();
+    let mut b = on_kafka(&brokers, &[]);
+    let topic = unique("replay");
+    let sub = unique("r");
+    subscribe(&b, json!({"subscription": sub, "topic": topic, "start": "earliest"}));
+    let keys = keys(2);
+    for i in 0..30 {
+        publish(&b, &topic, &format!("r{i}"), &keys[i % 2]);
+    }
+    let mut ws = attach(&b, &format!("subscription={sub}"));
+    let mut acked = HashSet::new();
+    while acked.len() < 10 {
+        let e = wait_for(LONG, || next_event(&mut ws));
+        let ids = json!([e["emdeliveryid"]]);
+        ws.send(tungstenite::Message::text(json!({"type": "ack", "ids": ids}).to_string())).unwrap();
+        acked.insert(e["id"].as_str().unwrap().to_owned());
+    }
+    drop(ws);
+    // kill -9: the local copy (written without WAL) may lose what Kafka holds; the tail refills it.
+    b.restart();
+    let rest: HashSet<String> = (0..30).map(|i| format!("r{i}")).filter(|i| !acked.contains(i)).collect();
+    receive(&mut attach(&b, &format!("subscription={sub}")), &rest);
+}
+
+/// A tansu of this test's own, so it can be paused without disturbing the others.
+struct OwnBroker {
+    child: Child,
+    addr: String,
+}
+
+impl OwnBroker {
+    fn start() -> OwnBroker {
+        let bin = std::env::var("EVMESH_TANSU").expect("EVMESH_TANSU names the tansu binary; scripts/test.sh sets it");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        wait_for(LONG, || std::net::TcpStream::connect(&addr).ok());
+        OwnBroker { child, addr }
+    }
+
+    fn signal(&self, sig: &str) {
+        assert!(Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success());
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
+    let kafka = OwnBroker::start();
+    let b = on_kafka(&kafka.addr, &["--kafka-properties", "message.timeout.ms=1500"]);
+    let topic = unique("away");
+    let sub = unique("a");
+    subscribe(&b, json!({"subscription": sub, "topic": topic, "start": "earliest"}));
+    let keys = keys(2);
+    publish(&b, &topic, "before", &keys[0]);
+    let mut ws = attach(&b, &format!("subscription={sub}"));
+    receive(&mut ws, &HashSet::from(["before".to_owned()]));
+    kafka.signal("-STOP");
+    let mut e = event("during");
+    e["partitionkey"] = json!(keys[1]);
+    let r = b.publish(&topic, &e);
+    kafka.signal("-CONT");
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // Back: publishing and delivery carry on by themselves.
+    wait_for(LONG, || {
+        let mut e = event("after");
+        e["partitionkey"] = json!(keys[1]);
+        (b.publish(&topic, &e).status == 202).then_some(())
+    });
+    receive(&mut ws, &HashSet::from(["after".to_owned()]));
+}
