@@ -52,6 +52,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("kafka.replication_factor", "replication factor of topics evmesh creates in Kafka"),
     ("kafka.acks", "producer acks: all | 1 | 0"),
     ("kafka.compression", "producer compression: none | gzip | snappy | lz4 | zstd"),
+    ("kafka.topic_prefix", "put before every evmesh topic name to name its Kafka topic"),
     ("kafka.properties", "librdkafka properties passed through, KEY=VALUE,KEY=VALUE (security, timeouts)"),
     ("durability", "memory | os | fsync"),
     ("io_driver", "auto | uring | epoll"),
@@ -75,7 +76,7 @@ pub const KEYS: &[(&str, &str)] = &[
 fn kind(key: &str) -> Kind {
     match key {
         "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
-        | "kafka.properties" | "durability" | "io_driver" => Kind::Str,
+        | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" => Kind::Str,
         "ws_echo_endpoint" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -88,6 +89,7 @@ struct KafkaRaw {
     replication_factor: u64,
     acks: String,
     compression: String,
+    topic_prefix: String,
     properties: String,
 }
 
@@ -157,6 +159,9 @@ impl KafkaRaw {
             ));
         }
         let replication_factor = range("kafka.replication_factor", self.replication_factor, 1, 32)? as i32;
+        if !self.topic_prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+            return Err(bad("kafka.topic_prefix", "must be [A-Za-z0-9._-]*".into()));
+        }
         let mut properties = Vec::new();
         for kv in self.properties.split(',').map(str::trim).filter(|kv| !kv.is_empty()) {
             let (k, v) =
@@ -168,6 +173,7 @@ impl KafkaRaw {
             replication_factor,
             acks: self.acks.clone(),
             compression: self.compression.clone(),
+            topic_prefix: self.topic_prefix.clone(),
             properties,
         })
     }
@@ -450,6 +456,7 @@ mod tests {
         );
         assert!(err(&["--storage", "kafka", "--kafka-acks", "some"], &[]).contains("kafka.acks"));
         assert!(err(&["--storage", "kafka", "--kafka-properties", "nokey"], &[]).contains("KEY=VALUE"));
+        assert!(err(&["--storage", "kafka", "--kafka-topic-prefix", "a/b"], &[]).contains("kafka.topic_prefix"));
         let c = load(
             &[
                 "--storage",

@@ -44,6 +44,9 @@ pub struct KafkaSettings {
     pub replication_factor: i32,
     pub acks: String,
     pub compression: String,
+    /// Put before every evmesh topic name to make its Kafka topic name, so several evmesh
+    /// clusters (or test runs) can share one Kafka cluster.
+    pub topic_prefix: String,
     /// librdkafka properties passed through (security, timeouts, ...), applied last.
     pub properties: Vec<(String, String)>,
 }
@@ -140,18 +143,23 @@ impl KafkaBackend {
         }))
     }
 
+    /// The Kafka topic behind an evmesh topic.
+    fn kafka_topic(&self, topic: &str) -> String {
+        format!("{}{topic}", self.settings.topic_prefix)
+    }
+
     /// Creates the topic with `partitions` partitions, or checks an existing one has them.
     pub async fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<(), StorageError> {
         let (reply, rx) = oneshot::channel();
         self.topics
-            .send(TopicJob { topic: topic.to_owned(), partitions, reply })
+            .send(TopicJob { topic: self.kafka_topic(topic), partitions, reply })
             .map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?;
         rx.await.map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?
     }
 
     /// Starts following a partition from `from` (the local copy's end).
     pub fn follow(&self, f: Follow) {
-        let _ = self.follow.send(f);
+        let _ = self.follow.send(Follow { topic: self.kafka_topic(&f.topic), ..f });
     }
 
     /// Starts the tail thread; `deliver` hands a fetched batch to the partition's owner and
@@ -165,9 +173,10 @@ impl KafkaBackend {
             .set("enable.partition.eof", "false")
             .set("fetch.wait.max.ms", "10");
         let consumer: BaseConsumer = cc.create().map_err(|e| engine("consumer", e))?;
+        let prefix = self.settings.topic_prefix.clone();
         std::thread::Builder::new()
             .name("evmesh-kafka-tail".into())
-            .spawn(move || tail(consumer, rx, deliver))
+            .spawn(move || tail(consumer, rx, &prefix, deliver))
             .map_err(|e| engine("tail thread", e))?;
         Ok(())
     }
@@ -186,7 +195,8 @@ impl KafkaBackend {
             headers = headers.insert(Header { key: k, value: Some(v) });
         }
         let (tx, rx) = oneshot::channel();
-        let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(topic, Box::new(tx))
+        let kafka_topic = self.kafka_topic(topic);
+        let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&kafka_topic, Box::new(tx))
             .partition(partition.0 as i32)
             .payload(&r.value[..])
             .headers(headers)
@@ -230,7 +240,7 @@ fn create_topic(
 }
 
 /// The tail thread: reads every followed partition and hands batches to their owners.
-fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, deliver: impl Fn(Fetched)) {
+fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, deliver: impl Fn(Fetched)) {
     let mut batch: Vec<(String, PartitionId, Vec<Frame>)> = Vec::new();
     let mut logged = std::time::Instant::now() - Duration::from_secs(60);
     loop {
@@ -254,18 +264,13 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, deliver: impl Fn
                         .unwrap_or_default();
                     let (p, o) = (m.partition() as u32, m.offset() as u64);
                     let ts = m.timestamp().to_millis().unwrap_or(0);
-                    match crate::adaptor::kafka::from_record(
-                        m.topic(),
-                        p,
-                        o,
-                        m.key(),
-                        &headers,
-                        m.payload().unwrap_or(&[]),
-                        ts,
-                    ) {
-                        Ok(f) => match batch.iter_mut().find(|b| b.0 == m.topic() && b.1 .0 == p) {
+                    // Only followed topics arrive, and those all carry the prefix.
+                    let Some(topic) = m.topic().strip_prefix(prefix) else { continue };
+                    let value = m.payload().unwrap_or(&[]);
+                    match crate::adaptor::kafka::from_record(topic, p, o, m.key(), &headers, value, ts) {
+                        Ok(f) => match batch.iter_mut().find(|b| b.0 == topic && b.1 .0 == p) {
                             Some(b) => b.2.push(f),
-                            None => batch.push((m.topic().to_owned(), PartitionId(p), vec![f])),
+                            None => batch.push((topic.to_owned(), PartitionId(p), vec![f])),
                         },
                         Err(e) => eprintln!("evmesh: kafka tail: {}/{p}@{o} skipped: {e}", m.topic()),
                     }

@@ -85,6 +85,7 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 replication_factor: 1,
                 acks: "all".into(),
                 compression: "none".into(),
+                topic_prefix: String::new(),
                 properties: Vec::new(),
             };
             let k = KafkaBackend::connect(settings).unwrap();

@@ -535,3 +535,24 @@ fn a_last_event_id_past_the_end_neither_skips_nor_rewinds() {
         drop(sse);
     }
 }
+
+/// The same end-to-end delivery tests on the Kafka backend.
+mod on_kafka {
+    use super::super::util::on_kafka;
+
+    macro_rules! again {
+        ($($name:ident),* $(,)?) => { $( #[test] fn $name() { on_kafka(super::$name) } )* };
+    }
+
+    again!(
+        load_balance_spreads_partitions_keeps_order_and_rebalances,
+        ack_timeouts_and_nacks_redeliver_then_dead_letter,
+        redeliveries_go_ahead_of_newer_events_in_a_partition,
+        start_positions_earliest_offset_time_and_latest,
+        multicast_filters_per_session_and_broadcast_offsets_per_client,
+        a_client_that_stops_acking_is_paused_and_does_not_hold_back_another,
+        sse_delivers_acks_over_http_and_resumes_after_last_event_id,
+        long_poll_batches_waits_and_redelivers_what_was_not_acked,
+        offsets_survive_kill_9_and_nothing_unacked_is_skipped,
+    );
+}

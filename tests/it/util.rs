@@ -18,6 +18,19 @@ pub struct TestBroker {
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Brokers started by this test thread run on the Kafka backend (see [`on_kafka`]).
+    static KAFKA: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a test with every broker it starts on the Kafka backend (the test broker that
+/// scripts/test.sh starts, EVMESH_TEST_KAFKA), its topics under a prefix of their own.
+pub fn on_kafka(test: fn()) {
+    KAFKA.with(|k| k.set(true));
+    test();
+    KAFKA.with(|k| k.set(false));
+}
+
 impl TestBroker {
     /// Starts a broker with 2 shards and `extra` flags.
     pub fn start(extra: &[&str]) -> TestBroker {
@@ -28,6 +41,14 @@ impl TestBroker {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         let mut args: Vec<String> = vec!["--shards".into(), "2".into()];
+        if KAFKA.with(|k| k.get()) {
+            let brokers = std::env::var("EVMESH_TEST_KAFKA")
+                .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one");
+            let prefix = format!("it-{}-{}-", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+            args.extend(
+                ["--storage", "kafka", "--kafka-brokers", &brokers, "--kafka-topic-prefix", &prefix].map(String::from),
+            );
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut b = TestBroker {
             child: None,
