@@ -11,6 +11,7 @@ mod it {
     mod durability;
     mod errors;
     mod interop;
+    #[cfg(feature = "kafka")]
     mod kafka;
     mod publish;
     mod subscriptions;

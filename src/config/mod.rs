@@ -132,7 +132,7 @@ pub enum IoDriver {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorageKind {
     Embedded,
-    Kafka(crate::storage::kafka::KafkaSettings),
+    Kafka(crate::storage::KafkaSettings),
 }
 
 fn range(key: &'static str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
@@ -144,7 +144,7 @@ fn range(key: &'static str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError
 }
 
 impl KafkaRaw {
-    fn settings(&self) -> Result<crate::storage::kafka::KafkaSettings, ConfigError> {
+    fn settings(&self) -> Result<crate::storage::KafkaSettings, ConfigError> {
         let bad = |key: &'static str, message: String| ConfigError::Invalid { key, message };
         if self.brokers.trim().is_empty() {
             return Err(bad("kafka.brokers", "must name at least one HOST:PORT".into()));
@@ -168,7 +168,7 @@ impl KafkaRaw {
                 kv.split_once('=').ok_or_else(|| bad("kafka.properties", format!("{kv:?} is not KEY=VALUE")))?;
             properties.push((k.trim().to_owned(), v.trim().to_owned()));
         }
-        Ok(crate::storage::kafka::KafkaSettings {
+        Ok(crate::storage::KafkaSettings {
             brokers: self.brokers.clone(),
             replication_factor,
             acks: self.acks.clone(),
@@ -322,7 +322,13 @@ impl RawConfig {
         let shards = if self.shards == 0 { cpus } else { range("shards", self.shards, 1, 1024)? as usize };
         let storage = match self.storage.as_str() {
             "embedded" => StorageKind::Embedded,
-            "kafka" => StorageKind::Kafka(self.kafka.settings()?),
+            "kafka" if cfg!(feature = "kafka") => StorageKind::Kafka(self.kafka.settings()?),
+            "kafka" => {
+                return Err(ConfigError::Invalid {
+                    key: "storage",
+                    message: "this evmesh was built without the kafka cargo feature".into(),
+                })
+            }
             other => {
                 return Err(ConfigError::Invalid {
                     key: "storage",

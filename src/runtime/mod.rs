@@ -13,19 +13,24 @@ use std::time::Duration;
 
 use crate::admin::metrics::Metrics;
 use crate::admin::Admin;
-use crate::config::{Config, IoDriver, StorageKind};
+use crate::config::{Config, IoDriver};
 use crate::ingress::Traffic;
 use crate::server::conn::{serve, ConnLimits};
 use crate::server::listen::bind_shared;
 use crate::server::{ConnGuard, Handler};
 use crate::shard::core::Shard;
-use crate::shard::mailbox::{Mailboxes, Sender};
-use crate::shard::message::{Mirrored, ShardMessage};
+use crate::shard::mailbox::Mailboxes;
 use crate::shard::ShardId;
 use crate::storage::embedded::Syncer;
-use crate::storage::kafka::{Follow, KafkaBackend};
-use crate::storage::Storage;
 use crate::storage::{db, Durability, StorageError};
+#[cfg(feature = "kafka")]
+use crate::{
+    config::StorageKind,
+    shard::mailbox::Sender,
+    shard::message::{Mirrored, ShardMessage},
+    storage::kafka::{Follow, KafkaBackend},
+    storage::Storage,
+};
 
 /// What every thread can see: built before the shards start, never replaced.
 pub struct Shared {
@@ -37,6 +42,7 @@ pub struct Shared {
     /// Shards that accept connections; `/readyz` is 200 when it equals the shard count.
     pub ready: AtomicUsize,
     /// With `storage = kafka`: the connection every shard produces through.
+    #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
 }
 
@@ -132,6 +138,7 @@ pub struct Started {
     pub driver: IoDriver,
 }
 
+#[cfg(feature = "kafka")]
 /// Checks every known topic on the broker, follows each partition from the end of its local
 /// copy, and starts the tail, which hands fetched records to their owner's mailbox.
 fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), StartError> {
@@ -171,6 +178,7 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         admin_listen: admin.local_addr()?,
         driver: resolve_driver(config.io_driver),
     };
+    #[cfg(feature = "kafka")]
     let kafka = match &config.storage {
         StorageKind::Kafka(settings) => Some(KafkaBackend::connect(settings.clone())?),
         StorageKind::Embedded => None,
@@ -179,11 +187,13 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
+        #[cfg(feature = "kafka")]
         kafka,
         db,
         syncer,
         config,
     });
+    #[cfg(feature = "kafka")]
     if let Some(k) = &shared.kafka {
         start_kafka(&shared, k)?;
     }

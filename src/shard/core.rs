@@ -17,7 +17,6 @@ use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
 use crate::push::Sessions;
 use crate::runtime::Shared;
 use crate::storage::embedded::EmbeddedLog;
-use crate::storage::kafka::{Follow, KafkaLog};
 use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
 use crate::subscription::filter::{matches_all, Filter};
 
@@ -56,15 +55,18 @@ pub struct Shard {
 
 impl Shard {
     pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
+        let embedded = || EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone());
+        #[cfg(feature = "kafka")]
         let log = match &shared.kafka {
-            None => {
-                Log::Embedded(EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone()))
-            }
+            None => Log::Embedded(embedded()),
             // The local copy needs no WAL: Kafka is the durable log, the tail refills the copy.
             Some(k) => {
-                Log::Kafka(KafkaLog::new(k.clone(), EmbeddedLog::new(shared.db.clone(), id, Durability::Memory, None)))
+                let local = EmbeddedLog::new(shared.db.clone(), id, Durability::Memory, None);
+                Log::Kafka(crate::storage::kafka::KafkaLog::new(k.clone(), local))
             }
         };
+        #[cfg(not(feature = "kafka"))]
+        let log = Log::Embedded(embedded());
         Shard {
             id,
             shared,
@@ -169,12 +171,13 @@ impl Shard {
             retention_ms: c.retention_ms,
             retention_bytes: c.retention_bytes,
         });
+        #[cfg(feature = "kafka")]
         if let Some(k) = &self.shared.kafka {
             // Created (or checked) on the broker first; then read from its start, so events
             // other producers wrote to an existing topic are delivered too.
             k.ensure_topic(topic, m.partitions).await?;
             for p in 0..m.partitions {
-                k.follow(Follow { topic: topic.to_owned(), partition: p, from: 0 });
+                k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p, from: 0 });
             }
         }
         meta::put(db, topic, &m)?;

@@ -31,25 +31,11 @@ use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::embedded::EmbeddedLog;
-use super::{Bounds, Storage, StorageError, TopicMeta};
+use super::{Bounds, KafkaSettings, Storage, StorageError, TopicMeta};
 use crate::shard::PartitionId;
 
 /// The consumer group id librdkafka insists on; never joined, never committed to.
 pub const ASSIGN_ONLY_GROUP: &str = "evmesh-assign-only-never-joined";
-
-/// How evmesh reaches Kafka (from `[kafka]` in the configuration).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KafkaSettings {
-    pub brokers: String,
-    pub replication_factor: i32,
-    pub acks: String,
-    pub compression: String,
-    /// Put before every evmesh topic name to make its Kafka topic name, so several evmesh
-    /// clusters (or test runs) can share one Kafka cluster.
-    pub topic_prefix: String,
-    /// librdkafka properties passed through (security, timeouts, ...), applied last.
-    pub properties: Vec<(String, String)>,
-}
 
 impl KafkaSettings {
     fn client(&self) -> ClientConfig {

@@ -8,6 +8,7 @@
 
 pub mod db;
 pub mod embedded;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod meta;
 pub mod offsets;
@@ -103,9 +104,24 @@ pub trait Storage {
     ) -> Result<u64, StorageError>;
 }
 
+/// How evmesh reaches Kafka (from `[kafka]` in the configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub replication_factor: i32,
+    pub acks: String,
+    pub compression: String,
+    /// Put before every evmesh topic name to make its Kafka topic name, so several evmesh
+    /// clusters (or test runs) can share one Kafka cluster.
+    pub topic_prefix: String,
+    /// librdkafka properties passed through (security, timeouts, ...), applied last.
+    pub properties: Vec<(String, String)>,
+}
+
 /// The log a shard uses: the embedded engine, or Kafka with a local copy for reads.
 pub enum Log {
     Embedded(embedded::EmbeddedLog),
+    #[cfg(feature = "kafka")]
     Kafka(kafka::KafkaLog),
 }
 
@@ -114,6 +130,7 @@ impl Log {
     pub fn local(&self) -> &embedded::EmbeddedLog {
         match self {
             Log::Embedded(l) => l,
+            #[cfg(feature = "kafka")]
             Log::Kafka(k) => &k.mirror,
         }
     }
@@ -128,6 +145,7 @@ impl Log {
     ) -> Result<(u64, bool), StorageError> {
         match self {
             Log::Embedded(l) => l.append(topic, partition, frames).await.map(|first| (first, true)),
+            #[cfg(feature = "kafka")]
             Log::Kafka(k) => k.append_mirrored(topic, partition, frames).await,
         }
     }

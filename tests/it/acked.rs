@@ -537,6 +537,7 @@ fn a_last_event_id_past_the_end_neither_skips_nor_rewinds() {
 }
 
 /// The same end-to-end delivery tests on the Kafka backend.
+#[cfg(feature = "kafka")]
 mod on_kafka {
     use super::super::util::on_kafka;
 

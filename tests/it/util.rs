@@ -23,6 +23,7 @@ thread_local! {
     static KAFKA: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+#[cfg(feature = "kafka")]
 /// Runs a test with every broker it starts on the Kafka backend (the test broker that
 /// scripts/test.sh starts, EVMESH_TEST_KAFKA), its topics under a prefix of their own.
 pub fn on_kafka(test: fn()) {
