@@ -1,8 +1,8 @@
 //! Opening the one RocksDB instance: its column families and their names.
 //!
-//! One `meta` family (topics, later subscriptions), and per shard `log.N` (the embedded log's
-//! partitions owned by shard N) and `offsets.N` (subscription offsets, issue 3). Names come only
-//! from this module.
+//! One `meta` family (topics, subscriptions, DLQ replay marks), and per shard `log.N` (the
+//! embedded log's partitions owned by shard N, or the Kafka backend's local copy of them) and
+//! `offsets.N` (subscription offsets). Names come only from this module.
 
 use std::path::Path;
 use std::sync::Arc;
