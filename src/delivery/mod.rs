@@ -309,6 +309,9 @@ impl Shard {
             let next = self.start_offset(&def, key, p, persist)?;
             parts.insert(p.0, Part { next, stored: persist.then_some(next), ..Part::default() });
         }
+        if parts.is_empty() {
+            return Ok(()); // no partition of the topic lives here: nothing to keep for it
+        }
         let gen = self.delivery.next_gen.get() + 1;
         self.delivery.next_gen.set(gen);
         let c = Consumer { gen, def, filters, persist, sessions: Vec::new(), parts };
