@@ -51,6 +51,9 @@ pub const MAX_WINDOW: u32 = 4096;
 const PART_INFLIGHT: usize = 4096;
 /// Events read from the log at once when catching up.
 const READ_BATCH: usize = 256;
+/// Events one pump of a partition may read (a selective filter can skip many per delivery);
+/// past it the pump continues in a task of its own, so the core serves others meanwhile.
+const SCAN_BUDGET: usize = 4096;
 /// How often ack timeouts and due redeliveries are checked.
 const TICK: Duration = Duration::from_millis(20);
 
@@ -460,6 +463,7 @@ impl Shard {
         let mut read: Vec<Frame> = Vec::new();
         let mut read_attempts: Vec<u16> = Vec::new();
         let mut pick: Vec<u32> = Vec::new();
+        let mut more = false;
         let (target, subscription) = {
             let mut cs = self.delivery.consumers.borrow_mut();
             let Some(c) = cs.get_mut(key) else { return };
@@ -475,6 +479,7 @@ impl Shard {
             let sess = &mut sessions[holder];
             part.stalled = false;
             let wanted = |f: &Frame, s: &Sess| matches_all(filters, f.body()) && matches_all(&s.filters, f.body());
+            let mut scanned = 0;
             loop {
                 let room_s = sess.window.saturating_sub(sess.inflight) as usize;
                 let room = room_s.min(PART_INFLIGHT.saturating_sub(part.inflight.len() + part.dead.len()));
@@ -487,8 +492,11 @@ impl Shard {
                         break; // newer events wait behind a redelivery (sticky order)
                     }
                     let attempt = r.attempt.saturating_add(1);
+                    let Ok(mut got) = self.log.read(&topic, PartitionId(p), o, 1) else {
+                        // Unreadable for now: it stays first in line, tried again next tick.
+                        break;
+                    };
                     part.retry.remove(&o);
-                    let mut got = self.log.read(&topic, PartitionId(p), o, 1).unwrap_or_default();
                     if let Some(f) = got.pop().filter(|f| f.header().offset == o) {
                         part.inflight.insert(o, InFlight { attempt, session: sess.at });
                         part.deadlines.push_back((now + timeout, o, attempt));
@@ -524,10 +532,15 @@ impl Shard {
                 if !pick.is_empty() {
                     break; // the fresh batch went out; anything after it is read next time
                 }
+                if scanned >= SCAN_BUDGET {
+                    more = true; // a selective filter over a long backlog: continue in a new task
+                    break;
+                }
                 let got = self.log.read(&topic, PartitionId(p), part.next, room.min(READ_BATCH)).unwrap_or_default();
                 if got.is_empty() {
                     break;
                 }
+                scanned += got.len();
                 for f in got {
                     let o = f.header().offset;
                     part.next = o + 1;
@@ -560,6 +573,14 @@ impl Shard {
             let attempts = vec![1; pick.len()];
             let d = Delivery { subscription, session: Some(target.id), frames: fr.clone(), pick: Some(pick), attempts };
             self.send_delivery(target.shard, d);
+        }
+        if more {
+            // Bounded work per turn: let other tasks of this core run, then go on reading.
+            let (me, key) = (self.clone(), key.clone());
+            monoio::spawn(async move {
+                monoio::time::sleep(Duration::ZERO).await;
+                me.pump_part(&key, p, None);
+            });
         }
     }
 

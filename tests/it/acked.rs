@@ -536,6 +536,30 @@ fn a_last_event_id_past_the_end_neither_skips_nor_rewinds() {
     }
 }
 
+/// One pump of a partition reads a bounded number of events; a selective filter over a longer
+/// backlog still finds what matches, in later turns.
+#[test]
+fn a_selective_filter_over_a_long_backlog_finds_its_event() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    for batch in 0..5 {
+        let events: Vec<Value> = (0..1000).map(|i| event(&format!("hay-{batch}-{i}"))).collect();
+        let r = b.client().post(
+            "/events/publish?topic=hay",
+            "application/cloudevents-batch+json",
+            json!(events).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 202);
+    }
+    let mut needle = event("needle");
+    needle["type"] = json!("com.example.needle");
+    assert_eq!(b.publish("hay", &needle).status, 202);
+    let filters = json!([{"exact": {"type": "com.example.needle"}}]);
+    subscribe(&b, json!({"subscription": "n", "topic": "hay", "start": "earliest", "filters": filters}));
+    let mut ws = attach(&b, "subscription=n");
+    let e = recv(&mut ws, LONG);
+    assert_eq!((id(&e), e["emoffset"].as_str()), ("needle", Some("5000")));
+}
+
 /// The same end-to-end delivery tests on the Kafka backend.
 #[cfg(feature = "kafka")]
 mod on_kafka {
