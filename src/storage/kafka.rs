@@ -262,11 +262,13 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, de
                     }
                 }
                 Some(Err(e)) => {
-                    // Broker away: librdkafka reconnects by itself; say so now and then.
+                    // Broker away: librdkafka reconnects by itself; say so now and then, and do
+                    // not spin on the errors meanwhile.
                     if logged.elapsed() > Duration::from_secs(10) {
                         eprintln!("evmesh: kafka tail: {e}");
                         logged = std::time::Instant::now();
                     }
+                    std::thread::sleep(Duration::from_millis(50));
                     break;
                 }
                 None => break,
