@@ -143,15 +143,44 @@ pub struct Started {
 /// copy, and starts the tail, which hands fetched records to their owner's mailbox.
 fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), StartError> {
     let shards = shared.config.shards;
+    let mut known = Vec::new();
     for (topic, m) in crate::storage::meta::list(&shared.db)? {
-        futures::executor::block_on(kafka.ensure_topic(&topic, m.partitions))?;
+        let mut ends = Vec::new();
         for p in (0..m.partitions).map(crate::shard::PartitionId) {
             let owner = crate::shard::owner(&topic, p, shards);
             let local = crate::storage::embedded::EmbeddedLog::new(shared.db.clone(), owner, Durability::Memory, None);
-            let from = local.bounds(&topic, p)?.end;
-            kafka.follow(Follow { topic: topic.clone(), partition: p.0, from });
+            ends.push(local.bounds(&topic, p)?.end);
         }
+        known.push((topic, m.partitions, ends));
     }
+    // The broker may be away right now: check the topics and start following them from a
+    // thread of their own, retrying, so the shards serve (and answer 503) meanwhile.
+    let k = kafka.clone();
+    std::thread::Builder::new().name("evmesh-kafka-start".into()).spawn(move || {
+        for (topic, partitions, ends) in known {
+            let mut wait = Duration::from_millis(100);
+            let checked = loop {
+                match futures::executor::block_on(k.ensure_topic(&topic, partitions)) {
+                    Ok(()) => break true,
+                    Err(e @ StorageError::Conflict { .. }) => {
+                        eprintln!("evmesh: kafka: {topic} is not followed: {e}");
+                        break false;
+                    }
+                    Err(e) => {
+                        eprintln!("evmesh: kafka: checking {topic}: {e}; retrying in {wait:?}");
+                        std::thread::sleep(wait);
+                        wait = (wait * 2).min(Duration::from_secs(10));
+                    }
+                }
+            };
+            if !checked {
+                continue;
+            }
+            for (p, from) in ends.into_iter().enumerate() {
+                k.follow(Follow { topic: topic.clone(), partition: p as u32, from });
+            }
+        }
+    })?;
     let to = shared.clone();
     kafka.start_tail(move |(partition, frames)| {
         let Some(topic) = frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };

@@ -238,6 +238,16 @@ fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
     kafka.signal("-CONT");
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("1"));
+    // evmesh (re)starting while the broker is away still comes up and answers; it catches up
+    // once the broker is back.
+    drop(ws);
+    kafka.signal("-STOP");
+    let mut b = b;
+    b.restart();
+    let r = b.publish(&topic, &e);
+    kafka.signal("-CONT");
+    assert_eq!(r.status, 503, "{}", r.text());
+    let mut ws = attach(&b, &format!("subscription={sub}"));
     // Back: publishing and delivery carry on by themselves.
     wait_for(LONG, || {
         let mut e = event("after");
