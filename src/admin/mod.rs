@@ -22,6 +22,13 @@ use crate::shard::{meta_owner, owner, valid_topic, PartitionId, MAX_PARTITIONS};
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Storage, StorageError, TopicMeta};
 
+/// A subscription's partitions' end offsets and its stored committed offsets.
+struct SubscriptionLag {
+    def: crate::subscription::definition::Definition,
+    ends: Vec<u64>,
+    stored: Vec<crate::storage::offsets::Committed>,
+}
+
 pub struct Admin {
     pub shared: Arc<Shared>,
     /// A DLQ replay is running (one at a time, so none replays an event twice).
@@ -67,6 +74,7 @@ impl Handler for Admin {
                     let depth = self.shared.mailboxes.depth(crate::shard::ShardId(s as u16));
                     out.push_str(&format!("{name}{{shard=\"{s}\"}} {depth}\n"));
                 }
+                self.lag_metrics(&mut out);
                 Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
             }
             (Method::Get, ["admin", "topics"]) => self.topics(),
@@ -97,42 +105,77 @@ impl Admin {
         EmbeddedLog::new(self.shared.db.clone(), s, self.shared.config.durability, None)
     }
 
-    /// Every subscription's definition with, per partition, its end offset and each stored
-    /// consumer's committed offset and lag (`client` is null for the subscription's own
-    /// `LOAD_BALANCE` offsets). A partition no session has read yet has no consumers.
-    fn subscriptions(&self) -> Response {
+    /// Every subscription with, per partition, its end offset and each stored consumer's
+    /// committed offset (`client` empty for the subscription's own `LOAD_BALANCE` offsets).
+    fn lag(&self) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
         let shards = self.shared.config.shards;
-        let lag = || -> Result<Vec<serde_json::Value>, crate::storage::StorageError> {
-            let mut out = Vec::new();
-            for def in meta::list_subscriptions(&self.shared.db)? {
-                let partitions = meta::get(&self.shared.db, &def.topic)?.map_or(0, |m| m.partitions);
-                let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
-                for s in 0..shards {
-                    let s = crate::shard::ShardId(s as u16);
-                    stored.extend(crate::storage::offsets::list(&self.shared.db, s, &def.topic, &def.subscription)?);
-                }
-                let mut parts = Vec::new();
-                for p in (0..partitions).map(PartitionId) {
-                    let end = self.log_of(&def.topic, p).bounds(&def.topic, p)?.end;
-                    let consumers: Vec<serde_json::Value> = stored
+        let mut out = Vec::new();
+        for def in meta::list_subscriptions(&self.shared.db)? {
+            let partitions = meta::get(&self.shared.db, &def.topic)?.map_or(0, |m| m.partitions);
+            let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
+            for s in 0..shards {
+                let s = crate::shard::ShardId(s as u16);
+                stored.extend(crate::storage::offsets::list(&self.shared.db, s, &def.topic, &def.subscription)?);
+            }
+            let mut ends = Vec::with_capacity(partitions as usize);
+            for p in (0..partitions).map(PartitionId) {
+                ends.push(self.log_of(&def.topic, p).bounds(&def.topic, p)?.end);
+            }
+            out.push(SubscriptionLag { def, ends, stored });
+        }
+        Ok(out)
+    }
+
+    /// `GET /admin/subscriptions`: each definition with `partitions`: end offset and, per stored
+    /// consumer, `client` (null for the subscription's own offsets), `committed` and `lag`. A
+    /// partition no session has read yet has no consumers.
+    fn subscriptions(&self) -> Response {
+        let list = match self.lag() {
+            Ok(l) => l,
+            Err(e) => return storage_problem(&e),
+        };
+        let mut out = Vec::with_capacity(list.len());
+        for s in list {
+            let parts: Vec<serde_json::Value> = s
+                .ends
+                .iter()
+                .enumerate()
+                .map(|(p, &end)| {
+                    let consumers: Vec<serde_json::Value> = s
+                        .stored
                         .iter()
-                        .filter(|c| c.partition == p.0)
+                        .filter(|c| c.partition as usize == p)
                         .map(|c| {
                             let client = (!c.client.is_empty()).then_some(c.client.as_str());
                             serde_json::json!({"client": client, "committed": c.offset, "lag": end.saturating_sub(c.offset)})
                         })
                         .collect();
-                    parts.push(serde_json::json!({"partition": p.0, "end_offset": end, "consumers": consumers}));
-                }
-                let mut v = serde_json::to_value(&def).expect("json");
-                v["partitions"] = serde_json::Value::Array(parts);
-                out.push(v);
+                    serde_json::json!({"partition": p, "end_offset": end, "consumers": consumers})
+                })
+                .collect();
+            let mut v = serde_json::to_value(&s.def).expect("json");
+            v["partitions"] = serde_json::Value::Array(parts);
+            out.push(v);
+        }
+        Response::json(StatusCode::OK, serde_json::to_vec(&out).expect("json"))
+    }
+
+    /// Consumer lag as Prometheus gauges, one series per stored consumer and partition.
+    fn lag_metrics(&self, out: &mut String) {
+        let Ok(list) = self.lag() else { return };
+        let name = "evmesh_consumer_lag";
+        out.push_str(&format!("# HELP {name} Events published but not yet acknowledged, per consumer and partition\n# TYPE {name} gauge\n"));
+        for s in list {
+            for c in &s.stored {
+                let end = s.ends.get(c.partition as usize).copied().unwrap_or(0);
+                out.push_str(&format!(
+                    "{name}{{subscription=\"{}\",client=\"{}\",partition=\"{}\"}} {}\n",
+                    s.def.subscription,
+                    c.client,
+                    c.partition,
+                    end.saturating_sub(c.offset)
+                ));
             }
-            Ok(out)
-        };
-        match lag() {
-            Ok(list) => Response::json(StatusCode::OK, serde_json::to_vec(&list).expect("json")),
-            Err(e) => storage_problem(&e),
         }
     }
 

@@ -350,6 +350,14 @@ fn multicast_filters_per_session_and_broadcast_offsets_per_client() {
         (lag == 2).then_some(bc)
     });
     assert!(subs["partitions"][0]["consumers"].as_array().unwrap().iter().any(|c| c["client"] == "a"));
+    // The same lag, as Prometheus gauges.
+    let metrics = b.admin().get("/metrics").text();
+    let lag_of_b: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("evmesh_consumer_lag{subscription=\"bc\",client=\"b\","))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(lag_of_b, 2, "{metrics}");
     assert!(ids_until_quiet(&mut attach(&b, "subscription=bc&clientId=a")).is_empty(), "a has everything");
     assert_eq!(sorted(ids_until_quiet(&mut attach(&b, "subscription=bc&clientId=b"))), ["c2", "c3"]);
 }
