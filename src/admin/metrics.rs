@@ -105,7 +105,11 @@ impl Metrics {
                 "Deliveries dropped at a full mailbox (acked ones are redelivered)",
                 |m| &m.deliveries_dropped,
             ),
-            ("evmesh_deliveries_total", "Acknowledged deliveries sent, by partition owner", |m| &m.deliveries),
+            (
+                "evmesh_deliveries_total",
+                "Events queued to sessions (all transports), by the shard holding the session",
+                |m| &m.deliveries,
+            ),
             ("evmesh_redeliveries_total", "Deliveries after the first attempt", |m| &m.redeliveries),
             ("evmesh_acks_total", "Acks and nacks received", |m| &m.acks),
             ("evmesh_dead_lettered_total", "Events appended to a dead-letter topic", |m| &m.dead_lettered),

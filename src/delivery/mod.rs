@@ -557,7 +557,6 @@ impl Shard {
             (sess.at, key.subscription.clone())
         };
         let m = self.shared.metrics.shard(self.id);
-        m.deliveries.add((read.len() + pick.len()) as u64);
         m.redeliveries.add(read_attempts.iter().filter(|&&a| a > 1).count() as u64);
         if !read.is_empty() {
             let d = Delivery {
@@ -586,7 +585,7 @@ impl Shard {
 
     fn send_delivery(&self, to: ShardId, d: Delivery) {
         if to == self.id {
-            self.sessions.deliver(&d);
+            self.deliver_here(&d);
         } else if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Deliver(Box::new(d))).is_err() {
             // In flight all the same: the ack timeout redelivers them.
             self.shared.metrics.shard(self.id).deliveries_dropped.inc();

@@ -191,8 +191,9 @@ impl Sessions {
     }
 
     /// Queues delivered events: to one acknowledged session, or rendered once for every
-    /// `ack=none` session of the subscription.
-    pub fn deliver(&self, d: &Delivery) {
+    /// `ack=none` session of the subscription. Returns how many (event, session) deliveries
+    /// were queued.
+    pub fn deliver(&self, d: &Delivery) -> u64 {
         let picked = || -> Box<dyn Iterator<Item = &Frame>> {
             match &d.pick {
                 None => Box::new(d.frames.iter()),
@@ -201,7 +202,8 @@ impl Sessions {
         };
         if let Some(id) = d.session {
             let mut acked = self.acked.borrow_mut();
-            let Some(s) = acked.get_mut(&id) else { return };
+            let Some(s) = acked.get_mut(&id) else { return 0 };
+            let mut queued = 0;
             let mut cache = self.rendered.borrow_mut();
             let fresh = !matches!(&*cache, Some(c) if std::sync::Arc::ptr_eq(&c.frames, &d.frames) && c.kind == s.kind);
             if fresh {
@@ -222,14 +224,16 @@ impl Sessions {
                 if s.tx.try_send(Outbound::Frame(bytes)).is_err() {
                     // Gone (the owners learn it from its detach) or past every window.
                     s.tx.close_channel();
-                    return;
+                    return queued;
                 }
+                queued += 1;
             }
-            return;
+            return queued;
         }
         let mut map = self.by_subscription.borrow_mut();
-        let Some(list) = map.get_mut(&d.subscription) else { return };
+        let Some(list) = map.get_mut(&d.subscription) else { return 0 };
         let rendered: Vec<Rc<Vec<u8>>> = picked().map(|f| render(f, 1, Kind::Ws)).collect();
+        let mut queued = 0;
         for s in list.iter_mut() {
             for bytes in &rendered {
                 if s.tx.try_send(Outbound::Frame(bytes.clone())).is_err() {
@@ -237,8 +241,10 @@ impl Sessions {
                     s.tx.close_channel();
                     break;
                 }
+                queued += 1;
             }
         }
+        queued
     }
 
     /// Closes every session of a subscription (it was removed).

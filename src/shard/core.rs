@@ -108,7 +108,7 @@ impl Shard {
             }
             ShardMessage::Mirror(m) => self.mirror_in(*m),
             ShardMessage::Interest(i) => self.interest_changed(*i),
-            ShardMessage::Deliver(d) => self.sessions.deliver(&d),
+            ShardMessage::Deliver(d) => self.deliver_here(&d),
             ShardMessage::Session(e) => self.session_event(*e),
             ShardMessage::Ack(a) => self.acks(*a),
             ShardMessage::Poll(req) => {
@@ -341,6 +341,12 @@ impl Shard {
         }
     }
 
+    /// Queues events to this shard's sessions, counting the deliveries.
+    pub fn deliver_here(&self, d: &Delivery) {
+        let n = self.sessions.deliver(d);
+        self.shared.metrics.shard(self.id).deliveries.add(n);
+    }
+
     /// Sends freshly stored events to their consumers: to every shard with `ack=none` sessions
     /// (once per shard, frames shared), and to acknowledged delivery.
     fn fan_out(self: &Rc<Self>, frames: Vec<Frame>) {
@@ -369,7 +375,7 @@ impl Shard {
                 attempts: Vec::new(),
             };
             if i.shard == self.id {
-                self.sessions.deliver(&d);
+                self.deliver_here(&d);
             } else if self
                 .shared
                 .mailboxes

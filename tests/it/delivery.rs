@@ -127,6 +127,14 @@ fn broadcast_sessions_get_every_matching_event_once_per_shard_fan_out() {
         }
         assert_eq!(items.len(), 20);
     }
+    // Every queued delivery is counted where its session lives.
+    let metrics = b.admin().get("/metrics").text();
+    let delivered: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("evmesh_deliveries_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(delivered >= 3 * 24, "{delivered} deliveries counted");
     // Removing the subscription closes every attached session cleanly.
     let r = b.client().post("/events/unsubscribe", "application/json", br#"{"subscription":"fan"}"#);
     assert_eq!(r.status, 200);
