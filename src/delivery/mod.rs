@@ -622,6 +622,8 @@ impl Shard {
                         part.retry.remove(&o);
                     }
                 }
+                // Only what was delivered can be confirmed: an id past that is ignored.
+                AckKind::UpTo if a.offsets.iter().any(|&o| o >= part.next) => {}
                 AckKind::UpTo => {
                     let upto = a.offsets.iter().copied().max().unwrap_or(0);
                     let done: Vec<u64> = part.inflight.range(..=upto).map(|(&o, _)| o).collect();
@@ -668,9 +670,13 @@ impl Shard {
         let db = &self.shared.db;
         let Ok(Some(def)) = meta::get_subscription(db, &a.consumer.subscription) else { return };
         let k = offsets::key(&def.topic, &a.consumer.subscription, a.partition, &a.consumer.client);
-        // Never past what exists: a client cannot skip events by naming offsets not yet written.
+        // An id of an event that does not exist cannot have been received: ignored, so a client
+        // naming offsets not yet written skips nothing (also those published meanwhile).
         let Ok(end) = self.log.next_offset_of(&def.topic, a.partition) else { return };
-        let next = upto.saturating_add(1).min(end);
+        if upto >= end {
+            return;
+        }
+        let next = upto + 1;
         if let Ok(Some(stored)) = offsets::get(db, self.id, &k) {
             if stored < next {
                 if let Err(e) = offsets::put(db, self.id, &k, next) {
