@@ -671,7 +671,8 @@ impl Shard {
         let Ok(Some(def)) = meta::get_subscription(db, &a.consumer.subscription) else { return };
         let k = offsets::key(&def.topic, &a.consumer.subscription, a.partition, &a.consumer.client);
         // An id of an event that does not exist cannot have been received: ignored, so a client
-        // naming offsets not yet written skips nothing (also those published meanwhile).
+        // naming offsets not yet written skips nothing (also those published meanwhile). With
+        // no session left, what was delivered is not known here; the log's end is the bound.
         let Ok(end) = self.log.next_offset_of(&def.topic, a.partition) else { return };
         if upto >= end {
             return;
