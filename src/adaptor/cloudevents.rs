@@ -269,12 +269,12 @@ fn percent_decode(v: &[u8]) -> Result<String, CeError> {
     String::from_utf8(out).map_err(|_| invalid("a ce- header is not UTF-8 after percent-decoding"))
 }
 
-fn is_json_media(ct: &str) -> bool {
+pub(crate) fn is_json_media(ct: &str) -> bool {
     let m = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     m == "application/json" || m == "text/json" || m.ends_with("+json")
 }
 
-fn is_text_media(ct: &str) -> bool {
+pub(crate) fn is_text_media(ct: &str) -> bool {
     let m = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     m.starts_with("text/") || m == "application/xml" || m.ends_with("+xml")
 }

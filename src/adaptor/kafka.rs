@@ -14,7 +14,7 @@
 
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
 
-use super::cloudevents::CeError;
+use super::cloudevents::{is_json_media, is_text_media, CeError};
 
 /// A Kafka record's parts, as the storage backend hands them to the client library.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -75,16 +75,6 @@ pub fn to_record(frame: &Frame) -> Record {
     headers.push((DATA.to_owned(), data.as_bytes().to_vec()));
     headers.push((TS.to_owned(), h.timestamp_us.to_string().into_bytes()));
     Record { key, headers, value: body.data.as_slice().to_vec(), timestamp_ms: h.timestamp_us.div_euclid(1000) }
-}
-
-fn is_json_media(ct: &str) -> bool {
-    let m = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    m == "application/json" || m == "text/json" || m.ends_with("+json")
-}
-
-fn is_text_media(ct: &str) -> bool {
-    let m = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    m.starts_with("text/") || m == "application/xml" || m.ends_with("+xml")
 }
 
 /// The frame for a record read from `topic`, at `partition` and `offset`. `Err` for a record
