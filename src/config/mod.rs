@@ -135,6 +135,17 @@ pub enum StorageKind {
     Kafka(crate::storage::KafkaSettings),
 }
 
+/// The value `v` names among `choices`, or an error listing them.
+fn one_of<T: Copy>(key: &'static str, v: &str, choices: &[(&str, T)]) -> Result<T, ConfigError> {
+    match choices.iter().find(|(name, _)| *name == v) {
+        Some(&(_, t)) => Ok(t),
+        None => {
+            let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+            Err(ConfigError::Invalid { key, message: format!("{v:?} is not one of {}", names.join(", ")) })
+        }
+    }
+}
+
 fn range(key: &'static str, v: u64, lo: u64, hi: u64) -> Result<u64, ConfigError> {
     if (lo..=hi).contains(&v) {
         Ok(v)
@@ -149,15 +160,9 @@ impl KafkaRaw {
         if self.brokers.trim().is_empty() {
             return Err(bad("kafka.brokers", "must name at least one HOST:PORT".into()));
         }
-        if !matches!(self.acks.as_str(), "all" | "-1" | "0" | "1") {
-            return Err(bad("kafka.acks", format!("{:?} is not all, 1 or 0", self.acks)));
-        }
-        if !matches!(self.compression.as_str(), "none" | "gzip" | "snappy" | "lz4" | "zstd") {
-            return Err(bad(
-                "kafka.compression",
-                format!("{:?} is not none, gzip, snappy, lz4 or zstd", self.compression),
-            ));
-        }
+        one_of("kafka.acks", &self.acks, &[("all", ()), ("-1", ()), ("1", ()), ("0", ())])?;
+        let codecs = [("none", ()), ("gzip", ()), ("snappy", ()), ("lz4", ()), ("zstd", ())];
+        one_of("kafka.compression", &self.compression, &codecs)?;
         let replication_factor = range("kafka.replication_factor", self.replication_factor, 1, 32)? as i32;
         if !self.topic_prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
             return Err(bad("kafka.topic_prefix", "must be [A-Za-z0-9._-]*".into()));
@@ -336,28 +341,16 @@ impl RawConfig {
                 })
             }
         };
-        let durability = match self.durability.as_str() {
-            "memory" => Durability::Memory,
-            "os" => Durability::Os,
-            "fsync" => Durability::Fsync,
-            other => {
-                return Err(ConfigError::Invalid {
-                    key: "durability",
-                    message: format!("{other:?} is not memory, os or fsync"),
-                })
-            }
-        };
-        let io_driver = match self.io_driver.as_str() {
-            "auto" => IoDriver::Auto,
-            "uring" => IoDriver::Uring,
-            "epoll" => IoDriver::Epoll,
-            other => {
-                return Err(ConfigError::Invalid {
-                    key: "io_driver",
-                    message: format!("{other:?} is not auto, uring or epoll"),
-                })
-            }
-        };
+        let durability = one_of(
+            "durability",
+            &self.durability,
+            &[("memory", Durability::Memory), ("os", Durability::Os), ("fsync", Durability::Fsync)],
+        )?;
+        let io_driver = one_of(
+            "io_driver",
+            &self.io_driver,
+            &[("auto", IoDriver::Auto), ("uring", IoDriver::Uring), ("epoll", IoDriver::Epoll)],
+        )?;
         let default_partitions = if self.default_partitions == 0 {
             shards as u32
         } else {
