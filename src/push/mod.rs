@@ -194,11 +194,10 @@ impl Sessions {
     /// `ack=none` session of the subscription. Returns how many (event, session) deliveries
     /// were queued.
     pub fn deliver(&self, d: &Delivery) -> u64 {
-        let picked = || -> Box<dyn Iterator<Item = &Frame>> {
-            match &d.pick {
-                None => Box::new(d.frames.iter()),
-                Some(pick) => Box::new(pick.iter().map(|&i| &d.frames[i as usize])),
-            }
+        // The indexes to deliver, without allocating: all frames, or the picked ones.
+        let picked = || {
+            let all = d.pick.is_none().then_some(0..d.frames.len()).into_iter().flatten();
+            all.chain(d.pick.iter().flatten().map(|&i| i as usize))
         };
         if let Some(id) = d.session {
             let mut acked = self.acked.borrow_mut();
@@ -211,11 +210,7 @@ impl Sessions {
                 *cache = Some(RenderCache { frames: d.frames.clone(), kind: s.kind, out });
             }
             let cache = cache.as_mut().expect("just filled");
-            let indexes: Box<dyn Iterator<Item = usize>> = match &d.pick {
-                None => Box::new(0..d.frames.len()),
-                Some(pick) => Box::new(pick.iter().map(|&i| i as usize)),
-            };
-            for (k, i) in indexes.enumerate() {
+            for (k, i) in picked().enumerate() {
                 let attempt = d.attempts.get(k).copied().unwrap_or(1);
                 let bytes = match attempt {
                     1 => cache.out[i].get_or_insert_with(|| render(&d.frames[i], 1, s.kind)).clone(),
@@ -232,7 +227,7 @@ impl Sessions {
         }
         let mut map = self.by_subscription.borrow_mut();
         let Some(list) = map.get_mut(&d.subscription) else { return 0 };
-        let rendered: Vec<Rc<Vec<u8>>> = picked().map(|f| render(f, 1, Kind::Ws)).collect();
+        let rendered: Vec<Rc<Vec<u8>>> = picked().map(|i| render(&d.frames[i], 1, Kind::Ws)).collect();
         let mut queued = 0;
         for s in list.iter_mut() {
             for bytes in &rendered {
