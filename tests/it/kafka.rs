@@ -178,6 +178,24 @@ fn a_restart_replays_from_kafka_and_resumes_every_subscription() {
     receive(&mut attach(&b, &format!("subscription={sub}")), &rest);
 }
 
+/// A Kafka topic that exists with another partition count is refused, not silently misused.
+#[test]
+fn a_kafka_topic_with_other_partitions_is_a_conflict() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let brokers = broker();
+    let topic = unique("taken");
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
+    let new = NewTopic::new(&topic, 3, TopicReplication::Fixed(1));
+    let made = futures::executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+    assert!(made[0].is_ok(), "{made:?}");
+    let b = on_kafka(&brokers, &[]);
+    let r = b.admin().request("PUT", &format!("/admin/topics/{topic}"), &[], br#"{"partitions":2}"#);
+    r.assert_problem(409);
+    let r = b.admin().request("PUT", &format!("/admin/topics/{topic}"), &[], br#"{"partitions":3}"#);
+    assert_eq!(r.status, 201, "the same count is accepted: {}", r.text());
+}
+
 /// A tansu of this test's own, so it can be paused without disturbing the others.
 struct OwnBroker {
     child: Child,
