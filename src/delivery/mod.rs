@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use frame_codec::{AttrValue, Attribute, Frame};
+use futures::channel::oneshot;
 
 use crate::shard::core::Shard;
 use crate::shard::mailbox::Sender;
@@ -63,7 +64,8 @@ type SharedDef = (Rc<Definition>, Rc<Vec<Filter>>);
 /// This shard's consumers of the partitions it owns.
 #[derive(Default)]
 pub struct Dispatcher {
-    consumers: RefCell<HashMap<ConsumerKey, Consumer>>,
+    /// Keyed by `Rc` so the per-append walk over a topic's consumers copies no strings.
+    consumers: RefCell<HashMap<Rc<ConsumerKey>, Consumer>>,
     /// Each subscription's definition and compiled filters, shared by all its consumers here
     /// (thousands of BROADCAST clients must not hold a copy each).
     defs: RefCell<HashMap<String, SharedDef>>,
@@ -209,11 +211,6 @@ impl Dispatcher {
         let jitter = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
         d + d.mul_f64(0.2 * jitter)
     }
-
-    /// How many consumers this shard serves (metrics).
-    pub fn consumers(&self) -> usize {
-        self.consumers.borrow().len()
-    }
 }
 
 fn engine(e: frame_codec::FrameError) -> StorageError {
@@ -245,16 +242,24 @@ impl Shard {
     }
 
     /// Sends acks to the owners of their partitions (this shard's own are settled at once).
+    /// With `confirm`, returns what resolves once every owner has applied them.
     pub fn route_acks(
         self: &Rc<Self>,
         consumer: &ConsumerKey,
         topic: &str,
         by: BTreeMap<u32, Vec<u64>>,
         kind: AckKind,
-    ) {
+        confirm: bool,
+    ) -> Vec<oneshot::Receiver<()>> {
+        let mut applied = Vec::new();
         for (p, offsets) in by {
             let partition = PartitionId(p);
-            let acks = Acks { consumer: consumer.clone(), partition, offsets, kind };
+            let done = confirm.then(|| {
+                let (tx, rx) = oneshot::channel();
+                applied.push(rx);
+                tx
+            });
+            let acks = Acks { consumer: consumer.clone(), partition, offsets, kind, applied: done };
             let to = owner(topic, partition, self.shared.config.shards);
             if to == self.id {
                 self.acks(acks);
@@ -262,9 +267,10 @@ impl Shard {
             {
                 // Lost acks only mean redeliveries: at-least-once holds. One line, not one per id.
                 eprintln!("evmesh: {}: mailbox to {to} full, acks of {} dropped", self.id, consumer.subscription);
-                return;
+                break;
             }
         }
+        applied
     }
 
     /// A session attached, left, or changed its window.
@@ -356,7 +362,7 @@ impl Shard {
         let gen = self.delivery.next_gen.get() + 1;
         self.delivery.next_gen.set(gen);
         let c = Consumer { gen, def, filters, persist, sessions: Vec::new(), parts };
-        self.delivery.consumers.borrow_mut().insert(key.clone(), c);
+        self.delivery.consumers.borrow_mut().insert(Rc::new(key.clone()), c);
         Ok(())
     }
 
@@ -443,7 +449,7 @@ impl Shard {
     /// them, straight from `frames` when it is caught up (no log read).
     pub fn deliver_new(self: &Rc<Self>, topic: &str, frames: &Arc<[Frame]>) {
         let Some(p) = frames.first().map(|f| f.header().partition) else { return };
-        let keys: Vec<ConsumerKey> = self
+        let keys: Vec<Rc<ConsumerKey>> = self
             .delivery
             .consumers
             .borrow()
@@ -464,7 +470,7 @@ impl Shard {
         let mut read_attempts: Vec<u16> = Vec::new();
         let mut pick: Vec<u32> = Vec::new();
         let mut more = false;
-        let (target, subscription) = {
+        let target = {
             let mut cs = self.delivery.consumers.borrow_mut();
             let Some(c) = cs.get_mut(key) else { return };
             if c.sessions.is_empty() {
@@ -472,8 +478,9 @@ impl Shard {
             }
             let holder = p as usize % c.sessions.len();
             let timeout = Duration::from_millis(c.def.ack_timeout_ms);
-            let topic = c.def.topic.clone();
-            let end = self.log.next_offset_of(&topic, PartitionId(p)).ok();
+            let def = c.def.clone();
+            let topic = def.topic.as_str();
+            let end = self.log.next_offset_of(topic, PartitionId(p)).ok();
             let Consumer { parts, sessions, filters, persist, .. } = c;
             let Some(part) = parts.get_mut(&p) else { return };
             let sess = &mut sessions[holder];
@@ -492,7 +499,7 @@ impl Shard {
                         break; // newer events wait behind a redelivery (sticky order)
                     }
                     let attempt = r.attempt.saturating_add(1);
-                    let Ok(mut got) = self.log.read(&topic, PartitionId(p), o, 1) else {
+                    let Ok(mut got) = self.log.read(topic, PartitionId(p), o, 1) else {
                         // Unreadable for now: it stays first in line, tried again next tick.
                         break;
                     };
@@ -536,7 +543,7 @@ impl Shard {
                     more = true; // a selective filter over a long backlog: continue in a new task
                     break;
                 }
-                let got = self.log.read(&topic, PartitionId(p), part.next, room.min(READ_BATCH)).unwrap_or_default();
+                let got = self.log.read(topic, PartitionId(p), part.next, room.min(READ_BATCH)).unwrap_or_default();
                 if got.is_empty() {
                     break;
                 }
@@ -553,14 +560,14 @@ impl Shard {
                     }
                 }
             }
-            self.save(*persist, &topic, key, p, part);
-            (sess.at, key.subscription.clone())
+            self.save(*persist, topic, key, p, part);
+            sess.at
         };
         let m = self.shared.metrics.shard(self.id);
         m.redeliveries.add(read_attempts.iter().filter(|&&a| a > 1).count() as u64);
         if !read.is_empty() {
             let d = Delivery {
-                subscription: subscription.clone(),
+                subscription: key.subscription.clone(),
                 session: Some(target.id),
                 frames: read.into(),
                 pick: None,
@@ -570,6 +577,7 @@ impl Shard {
         }
         if let (false, Some(fr)) = (pick.is_empty(), fresh) {
             let attempts = vec![1; pick.len()];
+            let subscription = key.subscription.clone();
             let d = Delivery { subscription, session: Some(target.id), frames: fr.clone(), pick: Some(pick), attempts };
             self.send_delivery(target.shard, d);
         }
@@ -602,7 +610,7 @@ impl Shard {
             let mut cs = self.delivery.consumers.borrow_mut();
             let Some(c) = cs.get_mut(&a.consumer) else {
                 drop(cs);
-                return self.resume_detached(&a);
+                return self.settle_detached(&a);
             };
             let gen = c.gen;
             let (base, max) = (self.shared.config.redelivery_backoff, c.def.max_attempts);
@@ -652,7 +660,7 @@ impl Shard {
             self.save(*persist, &def.topic, &a.consumer, p, part);
             unblocked.extend(parts.iter().filter(|(&q, x)| q != p && x.stalled).map(|(&q, _)| q));
             for (o, attempt) in dead.drain(..) {
-                self.dead_letter(a.consumer.clone(), gen, p, o, attempt, "nack");
+                self.dead_letter(Rc::new(a.consumer.clone()), gen, p, o, attempt, "nack");
             }
         }
         for q in unblocked {
@@ -660,13 +668,13 @@ impl Shard {
         }
     }
 
-    /// `UpTo` for a consumer with no session here (an SSE client reconnecting after its old
-    /// stream ended): moves the stored offset past what the client confirmed it has.
-    fn resume_detached(&self, a: &Acks) {
-        if a.kind != AckKind::UpTo || a.consumer.client.starts_with('~') {
+    /// Acks for a consumer with no session here (its last one left before they arrived, or an
+    /// SSE client resumes after its old stream ended): they move the stored offset forward as
+    /// far as they are contiguous from it. Nacks change nothing (it is redelivered anyway).
+    fn settle_detached(&self, a: &Acks) {
+        if a.kind == AckKind::Nack || a.consumer.client.starts_with('~') {
             return;
         }
-        let Some(upto) = a.offsets.iter().copied().max() else { return };
         let db = &self.shared.db;
         let Ok(Some(def)) = meta::get_subscription(db, &a.consumer.subscription) else { return };
         let k = offsets::key(&def.topic, &a.consumer.subscription, a.partition, &a.consumer.client);
@@ -674,22 +682,38 @@ impl Shard {
         // naming offsets not yet written skips nothing (also those published meanwhile). With
         // no session left, what was delivered is not known here; the log's end is the bound.
         let Ok(end) = self.log.next_offset_of(&def.topic, a.partition) else { return };
-        if upto >= end {
-            return;
-        }
-        let next = upto + 1;
-        if let Ok(Some(stored)) = offsets::get(db, self.id, &k) {
-            if stored < next {
-                if let Err(e) = offsets::put(db, self.id, &k, next) {
-                    eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, a.consumer.subscription);
+        let Ok(Some(stored)) = offsets::get(db, self.id, &k) else { return };
+        let next = match a.kind {
+            AckKind::UpTo => match a.offsets.iter().copied().max() {
+                Some(upto) if upto < end => upto + 1,
+                _ => return,
+            },
+            _ => {
+                let mut next = stored;
+                while next < end && a.offsets.contains(&next) {
+                    next += 1;
                 }
+                next
+            }
+        };
+        if stored < next {
+            if let Err(e) = offsets::put(db, self.id, &k, next) {
+                eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, a.consumer.subscription);
             }
         }
     }
 
     /// Appends an event that ran out of attempts to `<topic>.dlq`, then settles it on the
     /// source (or, if the append failed, schedules it again).
-    fn dead_letter(self: &Rc<Self>, key: ConsumerKey, gen: u64, p: u32, o: u64, attempts: u16, reason: &'static str) {
+    fn dead_letter(
+        self: &Rc<Self>,
+        key: Rc<ConsumerKey>,
+        gen: u64,
+        p: u32,
+        o: u64,
+        attempts: u16,
+        reason: &'static str,
+    ) {
         let me = self.clone();
         monoio::spawn(async move {
             let r = me.append_dead(&key, p, o, attempts, reason).await;
@@ -762,8 +786,8 @@ impl Shard {
         loop {
             monoio::time::sleep(TICK).await;
             let now = Instant::now();
-            let mut work: Vec<(ConsumerKey, u32)> = Vec::new();
-            let mut dead: Vec<(ConsumerKey, u64, u32, u64, u16)> = Vec::new();
+            let mut work: Vec<(Rc<ConsumerKey>, u32)> = Vec::new();
+            let mut dead: Vec<(Rc<ConsumerKey>, u64, u32, u64, u16)> = Vec::new();
             {
                 let mut cs = self.delivery.consumers.borrow_mut();
                 let base = self.shared.config.redelivery_backoff;

@@ -124,7 +124,7 @@ impl Handler for Traffic {
                 Err(r) => r,
             },
             (Method::Get, "/events/poll") => self.poll(&req).await,
-            (Method::Post, "/events/ack") => self.ack(req.body),
+            (Method::Post, "/events/ack") => self.ack(req.body).await,
             (_, "/events/ws" | "/events/sse" | "/events/poll") => {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET")
             }
@@ -247,7 +247,9 @@ impl Traffic {
     }
 
     /// `POST /events/ack` `{"subscription": S, "ids": [...], "clientId"?: C, "nack"?: bool}`.
-    fn ack(&self, body: &[u8]) -> Response {
+    /// Answers once every owner applied the acks, so a request made after the 200 (a
+    /// reconnect, say) never sees an acknowledged event again.
+    async fn ack(&self, body: &[u8]) -> Response {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields, rename_all = "camelCase")]
         struct AckBody {
@@ -288,7 +290,9 @@ impl Traffic {
         };
         let consumer = ConsumerKey { subscription: def.subscription, client };
         let kind = if a.nack { AckKind::Nack } else { AckKind::Ack };
-        self.shard.route_acks(&consumer, &def.topic, by, kind);
+        for applied in self.shard.route_acks(&consumer, &def.topic, by, kind, true) {
+            let _ = applied.await; // dropped by the owner once applied (or with the message)
+        }
         Response::json(StatusCode::OK, serde_json::json!({ "acked": a.ids.len() }).to_string())
     }
 

@@ -56,7 +56,7 @@ impl AckedSession {
             }
         };
         let by = group_ids(ids.iter().map(String::as_str)).map_err(|_| CloseCode::POLICY)?;
-        self.shard.route_acks(&self.consumer, &self.topic, by, kind);
+        self.shard.route_acks(&self.consumer, &self.topic, by, kind, false);
         Ok(())
     }
 }

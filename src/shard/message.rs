@@ -127,6 +127,8 @@ pub struct Acks {
     pub partition: PartitionId,
     pub offsets: Vec<u64>,
     pub kind: AckKind,
+    /// Dropped once the owner applied the acks (`POST /events/ack` answers after that).
+    pub applied: Option<oneshot::Sender<()>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
