@@ -100,6 +100,21 @@ impl TestBroker {
         self.spawn();
     }
 
+    /// The broker's process id (for /proc readings such as [`rss_bytes`]).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The broker's resident memory now.
+    pub fn rss_bytes(&self) -> u64 {
+        rss_bytes(self.pid())
+    }
+
+    /// Whether the broker process is still running (`None`), or how it ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(self.traffic)
     }
@@ -239,6 +254,17 @@ pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &
     let mut r = r.into_bytes();
     r.extend_from_slice(body);
     r
+}
+
+/// Resident memory of a process, from /proc/PID/status.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
 }
 
 /// A valid structured CloudEvent.
