@@ -60,6 +60,7 @@ fn serve(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    evmesh::runtime::exit_on_panic();
     // Block the stop signals in every thread (the mask is inherited), and take them here.
     let signals = evmesh::sys::block_stop_signals();
     let shards = config.shards;

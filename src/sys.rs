@@ -26,12 +26,62 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     sig
 }
 
+/// Raises the soft open-files limit to the hard one; returns the limit in force.
+pub fn raise_nofile() -> u64 {
+    // SAFETY: plain libc calls on a local rlimit value.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+        lim.rlim_cur as u64
+    }
+}
+
+/// Sets TCP_USER_TIMEOUT on a connected socket: data unacknowledged by a vanished peer for
+/// `ms` fails the connection instead of retransmitting for many minutes.
+pub fn set_tcp_user_timeout(fd: std::os::fd::RawFd, ms: u32) {
+    // SAFETY: setsockopt on a socket this process owns, with a valid u32 option value.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Ends the process at once with `code`: no destructors, no atexit handlers (other threads
+/// may be in the middle of anything; what the WAL has written is with the OS already).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: `_exit` takes a plain integer and never returns.
+    unsafe { libc::_exit(code) }
+}
+
 /// Rendered frames, shared with other sessions, gathered for one `writev`: the bytes are
 /// written from where they lie, never copied into a per-session buffer.
+///
+/// A socket may take only part of a batch; [`SharedFrames::advance`] moves the iovec view past
+/// what was written (whole buffers dropped from the front, the first remaining one cut), so the
+/// next `writev` sends exactly the rest. (monoio 0.2.4's own `write_vectored_all` forgets the
+/// advanced base of a partly written iovec and then panics; this type replaces it.)
 #[derive(Default)]
 pub struct SharedFrames {
     frames: Vec<Rc<Vec<u8>>>,
     iovecs: Vec<libc::iovec>,
+    /// Index of the first frame not completely written.
+    start: usize,
+    /// Bytes of `frames[start]` already written.
+    skip: usize,
+    /// Bytes not written yet.
     bytes: usize,
 }
 
@@ -45,6 +95,7 @@ impl SharedFrames {
         self.frames.push(frame);
     }
 
+    /// Buffers gathered (written or not).
     pub fn len(&self) -> usize {
         self.frames.len()
     }
@@ -53,28 +104,112 @@ impl SharedFrames {
         self.frames.is_empty()
     }
 
+    /// Bytes not written yet.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Marks the first `n` unwritten bytes as written (`n` is what a `writev` returned).
+    pub fn advance(&mut self, n: usize) {
+        let mut n = n.min(self.bytes);
+        self.bytes -= n;
+        while n > 0 {
+            let left = self.frames[self.start].len() - self.skip;
+            if n >= left {
+                n -= left;
+                self.start += 1;
+                self.skip = 0;
+            } else {
+                self.skip += n;
+                n = 0;
+            }
+        }
+        // Zero-length buffers at the front are written too.
+        while self.start < self.frames.len() && self.frames[self.start].len() == self.skip {
+            self.start += 1;
+            self.skip = 0;
+        }
+        if let Some(first) = self.frames.get(self.start) {
+            let rest = &first[self.skip..];
+            self.iovecs[self.start] = libc::iovec { iov_base: rest.as_ptr() as *mut libc::c_void, iov_len: rest.len() };
+        }
+    }
+
+    /// The unwritten bytes, in order (tests and diagnostics; copies).
+    pub fn unwritten(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes);
+        for (i, iov) in self.iovecs.iter().enumerate().skip(self.start) {
+            let f = &self.frames[i];
+            let from = if i == self.start { self.skip } else { 0 };
+            debug_assert_eq!(iov.iov_len, f.len() - from);
+            out.extend_from_slice(&f[from..]);
+        }
+        out
     }
 
     pub fn clear(&mut self) {
         self.frames.clear();
         self.iovecs.clear();
+        self.start = 0;
+        self.skip = 0;
         self.bytes = 0;
     }
 }
 
-// SAFETY: every iovec points into the heap buffer of an `Rc<Vec<u8>>` held in `frames` for as
-// long as the value lives. Those buffers are never mutated (an `Rc` hands out no `&mut`), and
-// their heap allocations do not move when `frames` grows (only the `Rc` pointers do). `iovecs`
-// is only changed through `&mut self`, which the runtime does not hand out while it owns the
-// value for a write.
+// SAFETY: every iovec from `start` on points into the heap buffer of an `Rc<Vec<u8>>` held in
+// `frames` (the first one `skip` bytes in, with the length left after that) for as long as the
+// value lives. Those buffers are never mutated (an `Rc` hands out no `&mut`), and their heap
+// allocations do not move when `frames` grows (only the `Rc` pointers do). `iovecs` is only
+// changed through `&mut self`, which the runtime does not hand out while it owns the value for
+// a write.
 unsafe impl monoio::buf::IoVecBuf for SharedFrames {
     fn read_iovec_ptr(&self) -> *const libc::iovec {
-        self.iovecs.as_ptr()
+        self.iovecs[self.start..].as_ptr()
     }
 
     fn read_iovec_len(&self) -> usize {
-        self.iovecs.len()
+        self.iovecs.len() - self.start
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(sizes: &[usize]) -> (SharedFrames, Vec<u8>) {
+        let mut f = SharedFrames::default();
+        let mut all = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let b: Vec<u8> = (0..n).map(|j| (i * 31 + j) as u8).collect();
+            all.extend_from_slice(&b);
+            f.push(Rc::new(b));
+        }
+        (f, all)
+    }
+
+    /// Every way of taking a batch in partial writes leaves exactly the rest, in order, with an
+    /// iovec view that matches it.
+    #[test]
+    fn partial_writes_advance_the_iovecs_exactly() {
+        let sizes = [5, 3, 0, 10, 1, 7];
+        let (_, all) = frames(&sizes);
+        for step in 1..=all.len() {
+            let (mut f, _) = frames(&sizes);
+            let mut written = 0;
+            while f.bytes() > 0 {
+                let n = step.min(f.bytes());
+                f.advance(n);
+                written += n;
+                assert_eq!(f.unwritten(), &all[written..], "step {step} after {written}");
+                let iov = &f.iovecs[f.start..];
+                assert_eq!(iov.len(), monoio::buf::IoVecBuf::read_iovec_len(&f));
+                assert_eq!(iov.iter().map(|v| v.iov_len).sum::<usize>(), f.bytes());
+                if let Some(first) = iov.first() {
+                    assert_eq!(first.iov_base as *const u8, f.frames[f.start][f.skip..].as_ptr());
+                }
+            }
+            assert_eq!(written, all.len());
+            assert_eq!(monoio::buf::IoVecBuf::read_iovec_len(&f), 0);
+        }
     }
 }

@@ -70,6 +70,8 @@ pub struct ShardMetrics {
     pub redeliveries: Counter,
     pub acks: Counter,
     pub dead_lettered: Counter,
+    pub control_deferred: Counter,
+    pub acks_rejected: Counter,
     pub publish_latency: Histogram,
 }
 
@@ -91,7 +93,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 11] = [
+        let counters: [(&str, &str, CounterOf); 13] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
@@ -113,6 +115,16 @@ impl Metrics {
             ("evmesh_redeliveries_total", "Deliveries after the first attempt", |m| &m.redeliveries),
             ("evmesh_acks_total", "Acks and nacks received", |m| &m.acks),
             ("evmesh_dead_lettered_total", "Events appended to a dead-letter topic", |m| &m.dead_lettered),
+            (
+                "evmesh_control_deferred_total",
+                "Control messages that found their ring full and waited in the sender's outbox (never dropped)",
+                |m| &m.control_deferred,
+            ),
+            (
+                "evmesh_acks_rejected_total",
+                "Ack requests refused at the edge (ids naming no partition of the topic, too many ids)",
+                |m| &m.acks_rejected,
+            ),
         ];
         for (name, help, get) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

@@ -45,6 +45,10 @@ struct TopicSpec {
     retention_bytes: Option<u64>,
 }
 
+/// Stored events one admin answer carries at most (about: the event that crosses it is kept);
+/// listings are paged with `from=`.
+const RESPONSE_BYTES: usize = 4 << 20;
+
 impl Handler for Admin {
     async fn handle(&self, req: Request<'_>) -> Response {
         let path = req.path();
@@ -53,8 +57,12 @@ impl Handler for Admin {
             (Method::Get, ["healthz"]) => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
             (Method::Get, ["readyz"]) => {
                 let ready = self.shared.ready.load(Ordering::Acquire);
-                if ready == self.shared.config.shards {
+                let stalled = self.shared.stalled_shards();
+                if ready == self.shared.config.shards && stalled.is_empty() {
                     Response::json(StatusCode::OK, r#"{"status":"ready"}"#)
+                } else if ready == self.shared.config.shards {
+                    let detail = format!("shards {stalled:?} have not run their event loop for over 5 s");
+                    problem(StatusCode::SERVICE_UNAVAILABLE, &detail).with_header("retry-after", "1")
                 } else {
                     problem(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -233,9 +241,9 @@ impl Admin {
 
     async fn ensure(&self, topic: &str, spec: TopicMeta) -> EnsureReply {
         let to = meta_owner(topic, self.shared.config.shards);
-        let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), Some(spec));
+        let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), Some(spec), false);
         self.shared.mailboxes.send(Sender::Admin, to, msg).map_err(|_| StorageError::Unavailable("mailbox full"))?;
-        rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+        crate::shard::core::reply(rx).await
     }
 
     /// The settings of `topic` and of `<topic>.dlq`; 404 when the topic does not exist.
@@ -265,8 +273,12 @@ impl Admin {
         let name = format!("{topic}.dlq");
         let mut out = vec![b'['];
         for p in (0..dlq.partitions).map(PartitionId) {
+            let room = RESPONSE_BYTES.saturating_sub(out.len());
+            if room == 0 {
+                break; // bounded like every answer; replaying (or a smaller max) shows the rest
+            }
             let read = meta::dlq_replayed(&self.shared.db, topic, p.0)
-                .and_then(|from| self.log_of(&name, p).read(&name, p, from, max));
+                .and_then(|from| self.log_of(&name, p).read(&name, p, from, max, room));
             let frames = match read {
                 Ok(f) => f,
                 Err(e) => return storage_problem(&e),
@@ -314,7 +326,7 @@ impl Admin {
         for dp in (0..dlq.partitions).map(PartitionId) {
             loop {
                 let from = meta::dlq_replayed(&self.shared.db, topic, dp.0).map_err(Err)?;
-                let frames = self.log_of(&name, dp).read(&name, dp, from, 256).map_err(Err)?;
+                let frames = self.log_of(&name, dp).read(&name, dp, from, 256, RESPONSE_BYTES).map_err(Err)?;
                 let Some(last) = frames.last().map(|f| f.header().offset) else { break };
                 let mut by_partition: Vec<(PartitionId, Vec<frame_codec::Frame>)> = Vec::new();
                 for f in &frames {
@@ -344,7 +356,7 @@ impl Admin {
                         .mailboxes
                         .send(Sender::Admin, owner(topic, p, shards), msg)
                         .map_err(|_| Err(StorageError::Unavailable("mailbox full")))?;
-                    rx.await.map_err(|_| Err(StorageError::Unavailable("shard stopped")))?.map_err(Err)?;
+                    crate::shard::core::reply(rx).await.map_err(Err)?;
                     replayed += n;
                 }
                 meta::set_dlq_replayed(&self.shared.db, topic, dp.0, last + 1).map_err(Err)?;
@@ -374,7 +386,7 @@ impl Admin {
             (Ok(f), Ok(m)) => (f, m.min(1000) as usize),
             (Err(r), _) | (_, Err(r)) => return r,
         };
-        let frames = match self.log_of(topic, p).read(topic, p, from, max) {
+        let frames = match self.log_of(topic, p).read(topic, p, from, max, RESPONSE_BYTES) {
             Ok(f) => f,
             Err(e) => return storage_problem(&e),
         };

@@ -71,13 +71,27 @@ pub const KEYS: &[(&str, &str)] = &[
     ("session_window", "unacknowledged deliveries a session may hold per owning shard, until it sends credit"),
     ("redelivery_backoff_ms", "first redelivery backoff; doubles per attempt up to 16x, with jitter"),
     ("delivery_linger_us", "how long a session waits to gather more events into one write; 0 = write at once"),
+    (
+        "session_window_bytes",
+        "bytes of unacknowledged deliveries a session may hold per owning shard (at least one event)",
+    ),
+    ("ws_ping_interval_ms", "a WebSocket session silent this long is pinged; silent twice as long, it is closed"),
+    ("max_topics", "topics in all (dead-letter topics not counted); creating more is refused (409)"),
+    ("max_subscriptions", "subscriptions in all; creating more is refused (409)"),
+    (
+        "max_clients_per_subscription",
+        "clientIds with stored offsets per subscription; a new one beyond is refused (409)",
+    ),
+    ("client_offset_ttl_ms", "offsets of a client not seen for this long are forgotten; 0 = never"),
+    ("auto_create_topics", "create a topic on its first publish or subscription (false: 404 until PUT /admin/topics)"),
+    ("admin_max_connections", "open connections on the admin listener; more are closed at accept"),
 ];
 
 fn kind(key: &str) -> Kind {
     match key {
         "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
         | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" => Kind::Str,
-        "ws_echo_endpoint" => Kind::Bool,
+        "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }
 }
@@ -120,6 +134,14 @@ pub struct RawConfig {
     session_window: u64,
     redelivery_backoff_ms: u64,
     delivery_linger_us: u64,
+    session_window_bytes: u64,
+    ws_ping_interval_ms: u64,
+    max_topics: u64,
+    max_subscriptions: u64,
+    max_clients_per_subscription: u64,
+    client_offset_ttl_ms: u64,
+    auto_create_topics: bool,
+    admin_max_connections: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +232,16 @@ pub struct Config {
     pub redelivery_backoff: Duration,
     /// Sessions gather events for this long before writing (fewer, larger writes under fan-out).
     pub delivery_linger: Duration,
+    /// Bytes of unacknowledged deliveries a session may hold per owning shard.
+    pub session_window_bytes: usize,
+    pub ws_ping_interval: Duration,
+    pub max_topics: usize,
+    pub max_subscriptions: usize,
+    pub max_clients_per_subscription: usize,
+    /// `None`: client offsets never expire.
+    pub client_offset_ttl: Option<Duration>,
+    pub auto_create_topics: bool,
+    pub admin_max_connections: usize,
 }
 
 fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
@@ -398,6 +430,24 @@ impl RawConfig {
                 600_000,
             )?),
             delivery_linger: Duration::from_micros(range("delivery_linger_us", self.delivery_linger_us, 0, 100_000)?),
+            session_window_bytes: range("session_window_bytes", self.session_window_bytes, 1024, 1 << 30)? as usize,
+            ws_ping_interval: Duration::from_millis(range(
+                "ws_ping_interval_ms",
+                self.ws_ping_interval_ms,
+                100,
+                3_600_000,
+            )?),
+            max_topics: range("max_topics", self.max_topics, 1, 10_000_000)? as usize,
+            max_subscriptions: range("max_subscriptions", self.max_subscriptions, 1, 10_000_000)? as usize,
+            max_clients_per_subscription: range(
+                "max_clients_per_subscription",
+                self.max_clients_per_subscription,
+                1,
+                10_000_000,
+            )? as usize,
+            client_offset_ttl: nonzero(self.client_offset_ttl_ms).map(Duration::from_millis),
+            auto_create_topics: self.auto_create_topics,
+            admin_max_connections: range("admin_max_connections", self.admin_max_connections, 1, 1_000_000)? as usize,
         })
     }
 }

@@ -27,7 +27,7 @@
 //!   reason as `emdlq*` extensions, then counted as done on the source.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,13 +90,35 @@ struct Sess {
     window: u32,
     /// Its unacknowledged events from this shard.
     inflight: u32,
+    /// Their stored size: with `session_window_bytes` this bounds what a session that does not
+    /// read can pin (its queue holds their renderings), and how far a new consumer reads ahead.
+    bytes: usize,
     /// `MULTICAST`: the session's own filters.
     filters: Vec<Filter>,
+}
+
+impl Sess {
+    /// Puts offset `o` in flight to this session.
+    fn take(&mut self, part: &mut Part, o: u64, attempt: u16, f: &Frame, deadline: Instant) {
+        let bytes = f.as_bytes().len() as u32;
+        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes });
+        part.deadlines.push_back((deadline, o, attempt));
+        self.inflight += 1;
+        self.bytes += bytes as usize;
+    }
+
+    /// Gives back the room an in-flight event took.
+    fn release(&mut self, f: &InFlight) {
+        self.inflight = self.inflight.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(f.bytes as usize);
+    }
 }
 
 struct InFlight {
     attempt: u16,
     session: SessionRef,
+    /// The event's stored size, counted against its session's byte window.
+    bytes: u32,
 }
 
 struct Retry {
@@ -113,10 +135,10 @@ struct Part {
     /// whose delivery was settled meanwhile are skipped and compacted away.
     deadlines: VecDeque<(Instant, u64, u16)>,
     retry: BTreeMap<u64, Retry>,
-    /// Being appended to the dead-letter topic.
-    dead: BTreeSet<u64>,
-    /// The committed offset last stored.
-    stored: Option<u64>,
+    /// Being appended to the dead-letter topic, with the attempts made.
+    dead: BTreeMap<u64, u16>,
+    /// What was last stored (`None`: nothing yet, or a consumer whose offsets are not kept).
+    stored: Option<offsets::Stored>,
     /// Stopped because its session's window was full: an ack elsewhere may unblock it.
     stalled: bool,
 }
@@ -153,17 +175,38 @@ impl Parts {
     fn iter_mut(&mut self) -> impl Iterator<Item = (&u32, &mut Part)> {
         self.0.iter_mut().map(|(p, part)| (&*p, part))
     }
-
-    fn values_mut(&mut self) -> impl Iterator<Item = &mut Part> {
-        self.0.iter_mut().map(|(_, part)| part)
-    }
 }
 
 impl Part {
     fn committed(&self) -> u64 {
         let firsts =
-            [self.inflight.keys().next().copied(), self.retry.keys().next().copied(), self.dead.iter().next().copied()];
+            [self.inflight.keys().next().copied(), self.retry.keys().next().copied(), self.dead.keys().next().copied()];
         firsts.into_iter().flatten().fold(self.next, u64::min)
+    }
+
+    /// What to store: the committed offset, how far delivery got, and the attempts made for
+    /// every delivered offset not settled yet (in flight, waiting to be redelivered, or being
+    /// dead-lettered), so a disconnect or a restart does not reset `emattempt`.
+    fn snapshot(&self) -> offsets::Stored {
+        let mut attempts: Vec<(u64, u16)> = self.inflight.iter().map(|(&o, f)| (o, f.attempt)).collect();
+        attempts.extend(self.retry.iter().map(|(&o, r)| (o, r.attempt)));
+        attempts.extend(self.dead.iter().map(|(&o, &a)| (o, a)));
+        attempts.sort_unstable();
+        offsets::Stored { committed: self.committed(), next: self.next, seen_ms: offsets::now_ms(), attempts }
+    }
+
+    /// A partition resumed from what was stored: every delivered, unsettled offset is due for
+    /// redelivery at once, counting the attempts already made.
+    fn restored(st: &offsets::Stored, persist: bool) -> Part {
+        let now = Instant::now();
+        let next = st.next.max(st.committed);
+        let retry = st
+            .attempts
+            .iter()
+            .filter(|(o, _)| (st.committed..next).contains(o))
+            .map(|&(o, attempt)| (o, Retry { attempt, due: now }))
+            .collect();
+        Part { next, retry, stored: persist.then(|| st.clone()), ..Part::default() }
     }
 }
 
@@ -184,13 +227,26 @@ pub fn parse_delivery_id(id: &str) -> Option<(u32, u64)> {
     }
 }
 
-/// Delivery ids grouped by partition; `Err` names the first id that is not one.
+/// The most delivery ids one ack message or request may name: more than any consumer can have
+/// in flight from one request's worth of sessions, few enough that settling them is bounded.
+pub const MAX_ACK_IDS: usize = 10_000;
+
+/// Delivery ids grouped by partition, each partition's offsets sorted and deduplicated (so
+/// settling them is linear); `Err` names the first id that is not one, or says there are more
+/// than [`MAX_ACK_IDS`].
 pub fn group_ids<'a>(ids: impl IntoIterator<Item = &'a str>) -> Result<BTreeMap<u32, Vec<u64>>, String> {
     let mut by: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-    for id in ids {
+    for (n, id) in ids.into_iter().enumerate() {
+        if n == MAX_ACK_IDS {
+            return Err(format!("at most {MAX_ACK_IDS} delivery ids per ack"));
+        }
         let (p, o) =
             parse_delivery_id(id).ok_or_else(|| format!("{id:?} is not a delivery id (partition:offset:attempt)"))?;
         by.entry(p).or_default().push(o);
+    }
+    for offsets in by.values_mut() {
+        offsets.sort_unstable();
+        offsets.dedup();
     }
     Ok(by)
 }
@@ -231,18 +287,15 @@ impl Shard {
                 session: event.session,
                 change: event.change.clone(),
             };
-            if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Session(Box::new(copy))).is_err() {
-                eprintln!(
-                    "evmesh: {}: mailbox to {to} full, session change of {} lost",
-                    self.id, event.consumer.subscription
-                );
-            }
+            self.send_control(to, ShardMessage::Session(Box::new(copy)));
         }
         self.session_event(event);
     }
 
-    /// Sends acks to the owners of their partitions (this shard's own are settled at once).
-    /// With `confirm`, returns what resolves once every owner has applied them.
+    /// Sends acks to the owners of their partitions (this shard's own are settled at once) on
+    /// the control lane, so they are never lost. Ids naming a partition the topic does not have
+    /// are refused here, before any state or message: `Err` says which. With `confirm`, returns
+    /// what resolves once each owner has applied them.
     pub fn route_acks(
         self: &Rc<Self>,
         consumer: &ConsumerKey,
@@ -250,7 +303,12 @@ impl Shard {
         by: BTreeMap<u32, Vec<u64>>,
         kind: AckKind,
         confirm: bool,
-    ) -> Vec<oneshot::Receiver<()>> {
+    ) -> Result<Vec<oneshot::Receiver<()>>, String> {
+        let partitions = self.partitions_of(topic).unwrap_or(0);
+        if let Some((&p, _)) = by.range(partitions..).next() {
+            self.shared.metrics.shard(self.id).acks_rejected.inc();
+            return Err(format!("delivery ids name partition {p}; topic {topic} has {partitions}"));
+        }
         let mut applied = Vec::new();
         for (p, offsets) in by {
             let partition = PartitionId(p);
@@ -263,14 +321,11 @@ impl Shard {
             let to = owner(topic, partition, self.shared.config.shards);
             if to == self.id {
                 self.acks(acks);
-            } else if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Ack(Box::new(acks))).is_err()
-            {
-                // Lost acks only mean redeliveries: at-least-once holds. One line, not one per id.
-                eprintln!("evmesh: {}: mailbox to {to} full, acks of {} dropped", self.id, consumer.subscription);
-                break;
+            } else {
+                self.send_control(to, ShardMessage::Ack(Box::new(acks)));
             }
         }
-        applied
+        Ok(applied)
     }
 
     /// A session attached, left, or changed its window.
@@ -288,7 +343,7 @@ impl Shard {
                     .unwrap_or_default();
                 let mut cs = self.delivery.consumers.borrow_mut();
                 let Some(c) = cs.get_mut(&key) else { return };
-                let sess = Sess { at: e.session, window: window.min(MAX_WINDOW), inflight: 0, filters };
+                let sess = Sess { at: e.session, window: window.min(MAX_WINDOW), inflight: 0, bytes: 0, filters };
                 match c.sessions.binary_search_by(|s| s.at.cmp(&e.session)) {
                     Ok(i) => c.sessions[i] = sess,
                     Err(i) => c.sessions.insert(i, sess),
@@ -299,7 +354,11 @@ impl Shard {
                 let Some(c) = cs.get_mut(&key) else { return };
                 c.sessions.retain(|s| s.at != e.session);
                 let now = Instant::now();
-                for part in c.parts.values_mut() {
+                let max = c.def.max_attempts;
+                // A delivery whose session ended before an ack was an attempt all the same: the
+                // next one counts on from it, and the last one dead-letters the event.
+                let mut exhausted = Vec::new();
+                for (&p, part) in c.parts.iter_mut() {
                     let gone: Vec<(u64, u16)> = part
                         .inflight
                         .iter()
@@ -308,13 +367,25 @@ impl Shard {
                         .collect();
                     for (o, attempt) in gone {
                         part.inflight.remove(&o);
-                        part.retry.insert(o, Retry { attempt, due: now });
+                        if u32::from(attempt) >= max {
+                            part.dead.insert(o, attempt);
+                            exhausted.push((p, o, attempt));
+                        } else {
+                            part.retry.insert(o, Retry { attempt, due: now });
+                        }
+                    }
+                }
+                if !exhausted.is_empty() {
+                    let (k, gen) = (Rc::new(key.clone()), c.gen);
+                    for (p, o, attempt) in exhausted {
+                        self.dead_letter(k.clone(), gen, p, o, attempt, "ack-timeout");
                     }
                 }
                 if c.sessions.is_empty() {
                     // Nobody left to deliver to: the stored offsets are all that must remain.
                     let mut c = cs.remove(&key).expect("just looked up");
                     for (&p, part) in c.parts.iter_mut() {
+                        part.stored = None; // written in any case: it records when it was last seen
                         self.save(c.persist, &c.def.topic, &key, p, part);
                     }
                     return;
@@ -353,8 +424,8 @@ impl Shard {
         let Some(topic) = meta::get(db, &def.topic)? else { return Err(StorageError::Unavailable("no such topic")) };
         let mut parts = Parts::default();
         for p in owned_partitions(&def.topic, topic.partitions, self.id, self.shared.config.shards) {
-            let next = self.start_offset(&def, key, p, persist)?;
-            parts.insert(p.0, Part { next, stored: persist.then_some(next), ..Part::default() });
+            let st = self.start_offset(&def, key, p, persist)?;
+            parts.insert(p.0, Part::restored(&st, persist));
         }
         if parts.is_empty() {
             return Ok(()); // no partition of the topic lives here: nothing to keep for it
@@ -366,20 +437,21 @@ impl Shard {
         Ok(())
     }
 
-    /// Where a consumer reads a partition from: its stored offset, else the subscription's
-    /// `start` (stored at once, so the start does not move on a restart).
+    /// Where a consumer reads a partition from: what is stored for it (position and attempts
+    /// made), else the subscription's `start` (stored at once, so the start does not move on a
+    /// restart).
     fn start_offset(
         &self,
         def: &Definition,
         key: &ConsumerKey,
         p: PartitionId,
         persist: bool,
-    ) -> Result<u64, StorageError> {
+    ) -> Result<offsets::Stored, StorageError> {
         let db = &self.shared.db;
         let k = offsets::key(&def.topic, &key.subscription, p, &key.client);
         if persist {
-            if let Some(o) = offsets::get(db, self.id, &k)? {
-                return Ok(o);
+            if let Some(st) = offsets::get(db, self.id, &k)? {
+                return Ok(st);
             }
         }
         let b = self.log.bounds(&def.topic, p)?;
@@ -395,10 +467,11 @@ impl Shard {
                 self.first_at(&def.topic, p, b, crate::adaptor::rfc3339_micros(time).unwrap_or(0))?
             }
         };
+        let st = offsets::Stored::at(o);
         if persist {
-            offsets::put(db, self.id, &k, o)?;
+            offsets::put(db, self.id, &k, &st)?;
         }
-        Ok(o)
+        Ok(st)
     }
 
     /// The first offset in `b` published at or after `micros` (binary search over the log;
@@ -413,7 +486,7 @@ impl Shard {
         let (mut lo, mut hi) = (b.start, b.end);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match self.log.read(topic, p, mid, 1)?.first() {
+            match self.log.read(topic, p, mid, 1, usize::MAX)?.first() {
                 Some(f) if f.header().timestamp_us < micros => lo = f.header().offset + 1,
                 Some(_) => hi = mid,
                 None => hi = mid,
@@ -422,15 +495,23 @@ impl Shard {
         Ok(lo)
     }
 
-    /// Stores a consumer's committed offset of `p` if it moved.
+    /// Stores a consumer's position of `p` (committed offset and attempts) if it changed.
+    /// Runs before deliveries are sent, so an attempt is on record before a client can see it.
     fn save(&self, persist: bool, topic: &str, key: &ConsumerKey, p: u32, part: &mut Part) {
-        let committed = part.committed();
-        if !persist || part.stored == Some(committed) {
+        if !persist {
+            return;
+        }
+        let snap = part.snapshot();
+        let same = part
+            .stored
+            .as_ref()
+            .is_some_and(|st| st.committed == snap.committed && st.next == snap.next && st.attempts == snap.attempts);
+        if same {
             return;
         }
         let k = offsets::key(topic, &key.subscription, PartitionId(p), &key.client);
-        match offsets::put(&self.shared.db, self.id, &k, committed) {
-            Ok(()) => part.stored = Some(committed),
+        match offsets::put(&self.shared.db, self.id, &k, &snap) {
+            Ok(()) => part.stored = Some(snap),
             Err(e) => eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, key.subscription),
         }
     }
@@ -470,12 +551,15 @@ impl Shard {
         let mut read_attempts: Vec<u16> = Vec::new();
         let mut pick: Vec<u32> = Vec::new();
         let mut more = false;
-        let target = {
+        // Offsets whose attempts ran out while no session held them (a disconnect, a restart).
+        let mut exhausted: Vec<(u64, u16)> = Vec::new();
+        let (target, gen) = {
             let mut cs = self.delivery.consumers.borrow_mut();
             let Some(c) = cs.get_mut(key) else { return };
             if c.sessions.is_empty() {
                 return;
             }
+            let (gen, max) = (c.gen, c.def.max_attempts);
             let holder = p as usize % c.sessions.len();
             let timeout = Duration::from_millis(c.def.ack_timeout_ms);
             let def = c.def.clone();
@@ -487,27 +571,37 @@ impl Shard {
             part.stalled = false;
             let wanted = |f: &Frame, s: &Sess| matches_all(filters, f.body()) && matches_all(&s.filters, f.body());
             let mut scanned = 0;
+            let window_bytes = self.shared.config.session_window_bytes;
             loop {
                 let room_s = sess.window.saturating_sub(sess.inflight) as usize;
                 let room = room_s.min(PART_INFLIGHT.saturating_sub(part.inflight.len() + part.dead.len()));
-                if room == 0 {
-                    part.stalled = room_s == 0;
+                // At least one event may always be in flight, however large.
+                let full_bytes = sess.inflight > 0 && sess.bytes >= window_bytes;
+                if room == 0 || full_bytes {
+                    part.stalled = room_s == 0 || full_bytes;
                     break;
                 }
-                if let Some((&o, r)) = part.retry.first_key_value() {
-                    if r.due > now {
-                        break; // newer events wait behind a redelivery (sticky order)
+                let bytes_room = window_bytes.saturating_sub(sess.bytes).max(1);
+                if let Some((&o, &Retry { attempt: made, due })) = part.retry.first_key_value() {
+                    if u32::from(made) >= max {
+                        part.retry.remove(&o);
+                        part.dead.insert(o, made);
+                        exhausted.push((o, made));
+                        continue;
                     }
-                    let attempt = r.attempt.saturating_add(1);
-                    let Ok(mut got) = self.log.read(topic, PartitionId(p), o, 1) else {
+                    if due > now || end.is_none_or(|e| o >= e) {
+                        // Newer events wait behind a redelivery (sticky order); so does one not
+                        // readable yet (the Kafka backend's local copy refilling after a crash).
+                        break;
+                    }
+                    let attempt = made.saturating_add(1);
+                    let Ok(mut got) = self.log.read(topic, PartitionId(p), o, 1, usize::MAX) else {
                         // Unreadable for now: it stays first in line, tried again next tick.
                         break;
                     };
                     part.retry.remove(&o);
                     if let Some(f) = got.pop().filter(|f| f.header().offset == o) {
-                        part.inflight.insert(o, InFlight { attempt, session: sess.at });
-                        part.deadlines.push_back((now + timeout, o, attempt));
-                        sess.inflight += 1;
+                        sess.take(part, o, attempt, &f, now + timeout);
                         read.push(f);
                         read_attempts.push(attempt);
                     } // else: gone by retention, nothing left to redeliver
@@ -521,15 +615,13 @@ impl Shard {
                 if let Some(fr) = from_fresh {
                     let mut taken = 0;
                     for (i, f) in fr.iter().enumerate() {
-                        if taken == room {
+                        if taken == room || (sess.inflight > 0 && sess.bytes >= window_bytes) {
                             break;
                         }
                         let o = f.header().offset;
                         part.next = o + 1;
                         if wanted(f, sess) {
-                            part.inflight.insert(o, InFlight { attempt: 1, session: sess.at });
-                            part.deadlines.push_back((now + timeout, o, 1));
-                            sess.inflight += 1;
+                            sess.take(part, o, 1, f, now + timeout);
                             pick.push(i as u32);
                             taken += 1;
                         }
@@ -543,26 +635,38 @@ impl Shard {
                     more = true; // a selective filter over a long backlog: continue in a new task
                     break;
                 }
-                let got = self.log.read(topic, PartitionId(p), part.next, room.min(READ_BATCH)).unwrap_or_default();
+                // Read ahead lazily: no more events, and no more bytes, than the session has room
+                // for (a new consumer of large events does not pull hundreds into memory).
+                let got = self
+                    .log
+                    .read(topic, PartitionId(p), part.next, room.min(READ_BATCH), bytes_room)
+                    .unwrap_or_default();
                 if got.is_empty() {
                     break;
                 }
                 scanned += got.len();
                 for f in got {
+                    if sess.inflight > 0 && sess.bytes >= window_bytes {
+                        break; // read but not taken: read again when there is room
+                    }
                     let o = f.header().offset;
                     part.next = o + 1;
                     if wanted(&f, sess) {
-                        part.inflight.insert(o, InFlight { attempt: 1, session: sess.at });
-                        part.deadlines.push_back((now + timeout, o, 1));
-                        sess.inflight += 1;
+                        sess.take(part, o, 1, &f, now + timeout);
                         read.push(f);
                         read_attempts.push(1);
                     }
                 }
             }
             self.save(*persist, topic, key, p, part);
-            sess.at
+            (sess.at, gen)
         };
+        if !exhausted.is_empty() {
+            let key = Rc::new(key.clone());
+            for (o, attempts) in exhausted {
+                self.dead_letter(key.clone(), gen, p, o, attempts, "ack-timeout");
+            }
+        }
         let m = self.shared.metrics.shard(self.id);
         m.redeliveries.add(read_attempts.iter().filter(|&&a| a > 1).count() as u64);
         if !read.is_empty() {
@@ -600,8 +704,17 @@ impl Shard {
         }
     }
 
-    /// Acks or nacks from a consumer for a partition this shard owns.
-    pub fn acks(self: &Rc<Self>, a: Acks) {
+    /// Acks or nacks from a consumer for a partition this shard owns; answers `applied` (the
+    /// 200 of `POST /events/ack` waits for it) once they took effect.
+    pub fn acks(self: &Rc<Self>, mut a: Acks) {
+        let applied = a.applied.take();
+        self.apply_acks(a);
+        if let Some(done) = applied {
+            let _ = done.send(());
+        }
+    }
+
+    fn apply_acks(self: &Rc<Self>, a: Acks) {
         let p = a.partition.0;
         let now = Instant::now();
         let mut dead = Vec::new();
@@ -619,7 +732,7 @@ impl Shard {
             let mut settle = |o: u64, part: &mut Part| -> Option<InFlight> {
                 let f = part.inflight.remove(&o)?;
                 if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
-                    s.inflight = s.inflight.saturating_sub(1);
+                    s.release(&f);
                 }
                 Some(f)
             };
@@ -644,7 +757,7 @@ impl Shard {
                     for &o in &a.offsets {
                         let Some(f) = settle(o, part) else { continue };
                         if u32::from(f.attempt) >= max {
-                            part.dead.insert(o);
+                            part.dead.insert(o, f.attempt);
                             dead.push((o, f.attempt));
                         } else {
                             part.retry.insert(
@@ -669,36 +782,38 @@ impl Shard {
     }
 
     /// Acks for a consumer with no session here (its last one left before they arrived, or an
-    /// SSE client resumes after its old stream ended): they move the stored offset forward as
-    /// far as they are contiguous from it. Nacks change nothing (it is redelivered anyway).
+    /// SSE client resumes after its old stream ended): they settle what is stored. Only what
+    /// was delivered (below the stored `next`) can have been received, so an id naming
+    /// anything else changes nothing and keeps nothing. Nacks change nothing (the event is
+    /// redelivered anyway).
     fn settle_detached(&self, a: &Acks) {
         if a.kind == AckKind::Nack || a.consumer.client.starts_with('~') {
             return;
         }
-        let db = &self.shared.db;
-        let Ok(Some(def)) = meta::get_subscription(db, &a.consumer.subscription) else { return };
-        let k = offsets::key(&def.topic, &a.consumer.subscription, a.partition, &a.consumer.client);
-        // An id of an event that does not exist cannot have been received: ignored, so a client
-        // naming offsets not yet written skips nothing (also those published meanwhile). With
-        // no session left, what was delivered is not known here; the log's end is the bound.
-        let Ok(end) = self.log.next_offset_of(&def.topic, a.partition) else { return };
-        let Ok(Some(stored)) = offsets::get(db, self.id, &k) else { return };
-        let next = match a.kind {
-            AckKind::UpTo => match a.offsets.iter().copied().max() {
-                Some(upto) if upto < end => upto + 1,
-                _ => return,
+        self.settle_stored(&a.consumer, a.partition, |st| match a.kind {
+            AckKind::UpTo => match a.offsets.last() {
+                Some(&upto) if upto < st.next => st.attempts.retain(|&(o, _)| o > upto),
+                _ => {}
             },
-            _ => {
-                let mut next = stored;
-                while next < end && a.offsets.contains(&next) {
-                    next += 1;
-                }
-                next
-            }
-        };
-        if stored < next {
-            if let Err(e) = offsets::put(db, self.id, &k, next) {
-                eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, a.consumer.subscription);
+            // `offsets` is sorted (`group_ids`): linear in the ids and the stored attempts.
+            _ => st.attempts.retain(|(o, _)| a.offsets.binary_search(o).is_err()),
+        });
+    }
+
+    /// Changes the stored position of a consumer that has no state here, then recomputes its
+    /// committed offset (the lowest delivered-but-unsettled offset, else `next`).
+    fn settle_stored(&self, consumer: &ConsumerKey, p: PartitionId, change: impl FnOnce(&mut offsets::Stored)) {
+        let db = &self.shared.db;
+        let Ok(Some(def)) = meta::get_subscription(db, &consumer.subscription) else { return };
+        let k = offsets::key(&def.topic, &consumer.subscription, p, &consumer.client);
+        let Ok(Some(mut st)) = offsets::get(db, self.id, &k) else { return };
+        let before = st.clone();
+        change(&mut st);
+        st.committed = st.attempts.first().map_or(st.next, |&(o, _)| o).max(st.committed);
+        if st != before {
+            st.seen_ms = offsets::now_ms();
+            if let Err(e) = offsets::put(db, self.id, &k, &st) {
+                eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, consumer.subscription);
             }
         }
     }
@@ -724,7 +839,15 @@ impl Shard {
             }
             {
                 let mut cs = me.delivery.consumers.borrow_mut();
-                let Some(c) = cs.get_mut(&key).filter(|c| c.gen == gen) else { return };
+                let Some(c) = cs.get_mut(&key).filter(|c| c.gen == gen) else {
+                    drop(cs);
+                    // Its sessions left meanwhile: settle what was stored for it, so the event
+                    // is not dead-lettered again when the consumer comes back.
+                    if r.is_ok() {
+                        me.settle_stored(&key, PartitionId(p), |st| st.attempts.retain(|&(x, _)| x != o));
+                    }
+                    return;
+                };
                 let Some(part) = c.parts.get_mut(&p) else { return };
                 part.dead.remove(&o);
                 if r.is_err() {
@@ -745,11 +868,17 @@ impl Shard {
         attempts: u16,
         reason: &str,
     ) -> Result<(), StorageError> {
-        let topic = match self.delivery.consumers.borrow().get(key) {
-            Some(c) => c.def.topic.clone(),
-            None => return Ok(()),
+        let here = self.delivery.consumers.borrow().get(key).map(|c| c.def.topic.clone());
+        let topic = match here {
+            Some(t) => t,
+            // Its last session left meanwhile: the event is dead-lettered all the same.
+            None => match meta::get_subscription(&self.shared.db, &key.subscription)? {
+                Some(def) => def.topic,
+                None => return Ok(()), // the subscription was removed: nothing to keep
+            },
         };
-        let Some(f) = self.log.read(&topic, PartitionId(p), o, 1)?.pop().filter(|f| f.header().offset == o) else {
+        let Some(f) = self.log.read(&topic, PartitionId(p), o, 1, usize::MAX)?.pop().filter(|f| f.header().offset == o)
+        else {
             return Ok(()); // gone by retention
         };
         let mut body = f.to_body();
@@ -773,7 +902,7 @@ impl Shard {
         }
         let mut frame = Frame::encode(&f.header(), &body).map_err(engine)?;
         frame.set_timestamp(crate::runtime::now_micros());
-        let (m, _) = self.topic(&dlq, None).await?;
+        let (m, _) = self.topic(&dlq, None, true).await?;
         let partition = match frame.body().attr_str("partitionkey") {
             Some(k) => partition_for_key(k.as_bytes(), m.partitions),
             None => self.local_partition(&dlq, &m),
@@ -807,11 +936,11 @@ impl Shard {
                             }
                             let f = part.inflight.remove(&o).expect("live");
                             if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
-                                s.inflight = s.inflight.saturating_sub(1);
+                                s.release(&f);
                             }
                             expired = true;
                             if u32::from(attempt) >= max {
-                                part.dead.insert(o);
+                                part.dead.insert(o, attempt);
                                 dead.push((key.clone(), *gen, p, o, attempt));
                             } else {
                                 part.retry
@@ -830,6 +959,35 @@ impl Shard {
             }
             for (key, p) in work {
                 self.pump_part(&key, p, None);
+            }
+        }
+    }
+
+    /// Forgets the stored offsets of clients not seen for `client_offset_ttl_ms` (those with a
+    /// session attached are seen now, and kept). Bounded work per pass.
+    pub fn expire_clients(&self) {
+        let Some(ttl) = self.shared.config.client_offset_ttl else { return };
+        let before = offsets::now_ms().saturating_sub(ttl.as_millis() as u64);
+        let db = &self.shared.db;
+        let keys = match offsets::expired_clients(db, self.id, before, 10_000) {
+            Ok(k) => k,
+            Err(e) => return eprintln!("evmesh: {}: listing client offsets: {e}", self.id),
+        };
+        let consumers = self.delivery.consumers.borrow();
+        for k in keys {
+            let text = String::from_utf8_lossy(&k);
+            let mut parts = text.splitn(4, '#');
+            let (Some(_topic), Some(subscription), Some(_p), Some(client)) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let live = ConsumerKey { subscription: subscription.to_owned(), client: client.to_owned() };
+            if consumers.contains_key(&live) {
+                continue;
+            }
+            if let Err(e) = offsets::delete(db, self.id, &k) {
+                eprintln!("evmesh: {}: expiring client offsets: {e}", self.id);
             }
         }
     }
@@ -892,11 +1050,11 @@ mod tests {
         let mut part = Part { next: 10, ..Part::default() };
         assert_eq!(part.committed(), 10);
         let s = SessionRef { shard: ShardId(0), id: 1 };
-        part.inflight.insert(7, InFlight { attempt: 1, session: s });
+        part.inflight.insert(7, InFlight { attempt: 1, session: s, bytes: 10 });
         part.retry.insert(5, Retry { attempt: 1, due: Instant::now() });
         assert_eq!(part.committed(), 5);
         part.retry.clear();
-        part.dead.insert(6);
+        part.dead.insert(6, 3);
         assert_eq!(part.committed(), 6);
     }
 }

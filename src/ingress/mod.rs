@@ -14,7 +14,7 @@ use crate::delivery::group_ids;
 use crate::http::{problem, Method, Response, SessionSpec, StatusCode, Upgrade};
 use crate::server::conn::{ConnGuard, ConnLimits};
 use crate::server::{Handler, Request};
-use crate::shard::core::Shard;
+use crate::shard::core::{Shard, CROSS_CORE_DEADLINE, OUTBOX_HIGH};
 use crate::shard::mailbox::Sender;
 use crate::shard::message::{AckKind, ConsumerKey, InterestChange, PollRequest, ShardMessage, SubOutcome, SubRequest};
 use crate::shard::partitioner::partition_for_key;
@@ -32,7 +32,8 @@ pub struct Traffic {
 /// Maps a storage failure to the status a client sees.
 pub fn storage_problem(e: &StorageError) -> Response {
     match e {
-        StorageError::Conflict { .. } => problem(StatusCode::CONFLICT, &e.to_string()),
+        StorageError::Conflict { .. } | StorageError::Limit(_) => problem(StatusCode::CONFLICT, &e.to_string()),
+        StorageError::NoTopic(_) => problem(StatusCode::NOT_FOUND, &e.to_string()),
         StorageError::Corrupt { .. } => problem(StatusCode::INTERNAL, &e.to_string()),
         StorageError::Engine(_) | StorageError::Unavailable(_) => {
             problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()).with_header("retry-after", "1")
@@ -159,6 +160,9 @@ impl Traffic {
         if client.as_deref().is_some_and(|c| !valid_topic(c)) {
             return Err(bad("clientId must be [A-Za-z0-9._-]{1,249}"));
         }
+        if let (Some(c), true) = (&client, def.mode != SubMode::LoadBalance) {
+            self.check_client_cap(&def, c).map_err(|e| storage_problem(&e))?;
+        }
         let mut filters: Vec<serde_json::Value> = match req.query("filters") {
             None => Vec::new(),
             Some(f) => match serde_json::from_str(&f) {
@@ -188,6 +192,25 @@ impl Traffic {
             filters,
             last_event_id,
         })
+    }
+
+    /// A `clientId` new to a per-client subscription is refused once `max_clients_per_subscription`
+    /// clients have offsets stored (partition 0's entries, on its owner, count them).
+    fn check_client_cap(&self, def: &Definition, client: &str) -> Result<(), StorageError> {
+        use crate::storage::offsets;
+        let shared = &self.shard.shared;
+        let (p0, cap) = (PartitionId(0), shared.config.max_clients_per_subscription);
+        let home = crate::shard::owner(&def.topic, p0, shared.config.shards);
+        if offsets::get(&shared.db, home, &offsets::key(&def.topic, &def.subscription, p0, client))?.is_some() {
+            return Ok(());
+        }
+        if offsets::clients(&shared.db, home, &def.topic, &def.subscription, p0, cap)? >= cap {
+            return Err(StorageError::Limit(format!(
+                "max_clients_per_subscription ({cap}) clients of {} have offsets; reuse a clientId or wait for client_offset_ttl_ms",
+                def.subscription
+            )));
+        }
+        Ok(())
     }
 
     /// `GET /events/poll?subscription=S&max=N&waitMs=W`: 200 with a batch of events, or 204
@@ -222,13 +245,13 @@ impl Traffic {
         } else {
             let (reply, rx) = futures::channel::oneshot::channel();
             let msg = ShardMessage::Poll(Box::new(PollRequest { spec, max, wait, reply }));
-            let sent = self.shard.shared.mailboxes.send(Sender::Shard(self.shard.id), home, msg);
-            match (sent, rx) {
-                (Ok(()), rx) => match rx.await {
-                    Ok(events) => events,
-                    Err(_) => return storage_problem(&StorageError::Unavailable("shard stopped")),
-                },
-                (Err(_), _) => return storage_problem(&StorageError::Unavailable("mailbox full")),
+            if self.shard.shared.mailboxes.send(Sender::Shard(self.shard.id), home, msg).is_err() {
+                return storage_problem(&StorageError::Unavailable("mailbox full"));
+            }
+            match monoio::time::timeout(wait + CROSS_CORE_DEADLINE, rx).await {
+                Ok(Ok(events)) => events,
+                Ok(Err(_)) => return storage_problem(&StorageError::Unavailable("shard stopped")),
+                Err(_) => return storage_problem(&StorageError::Unavailable("no answer from the poll's home shard")),
             }
         };
         if events.is_empty() {
@@ -290,8 +313,19 @@ impl Traffic {
         };
         let consumer = ConsumerKey { subscription: def.subscription, client };
         let kind = if a.nack { AckKind::Nack } else { AckKind::Ack };
-        for applied in self.shard.route_acks(&consumer, &def.topic, by, kind, true) {
-            let _ = applied.await; // dropped by the owner once applied (or with the message)
+        let unavailable = |m| storage_problem(&StorageError::Unavailable(m));
+        if self.shard.outbox_len() >= OUTBOX_HIGH {
+            return unavailable("too many acks waiting for their owners");
+        }
+        let applied = match self.shard.route_acks(&consumer, &def.topic, by, kind, true) {
+            Ok(applied) => applied,
+            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+        };
+        for done in applied {
+            match monoio::time::timeout(CROSS_CORE_DEADLINE, done).await {
+                Ok(Ok(())) => {}
+                _ => return unavailable("an owning shard did not apply the acks in time"),
+            }
         }
         Response::json(StatusCode::OK, serde_json::json!({ "acked": a.ids.len() }).to_string())
     }
@@ -305,13 +339,17 @@ impl Traffic {
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
         def.created_us = crate::runtime::now_micros();
-        if let Err(e) = self.shard.topic(&def.topic, None).await {
+        if let Err(e) = self.shard.topic(&def.topic, None, false).await {
             return storage_problem(&e);
         }
         let json = serde_json::to_vec(&def).expect("Definition serializes");
         match self.shard.subscription(SubRequest::Create(def)).await {
             Ok(SubOutcome::Created) => Response::json(StatusCode(201), json),
             Ok(SubOutcome::Unchanged) => Response::json(StatusCode::OK, json),
+            Ok(SubOutcome::Limit) => problem(
+                StatusCode::CONFLICT,
+                &format!("max_subscriptions ({}) subscriptions exist", self.shard.shared.config.max_subscriptions),
+            ),
             Ok(_) => {
                 problem(StatusCode::CONFLICT, "a different subscription of that name exists; unsubscribe it first")
             }
@@ -407,7 +445,7 @@ impl Traffic {
         if frames.is_empty() {
             return Ok(Vec::new());
         }
-        let (meta, _) = self.shard.topic(topic, None).await?;
+        let (meta, _) = self.shard.topic(topic, None, false).await?;
         let partition_of = |f: &Frame, local: PartitionId| match f.body().attr_str("partitionkey") {
             Some(key) => partition_for_key(key.as_bytes(), meta.partitions),
             None => local,

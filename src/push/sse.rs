@@ -97,7 +97,8 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, spec: Bo
     // Resuming only means something for a consumer whose offsets are kept (no anonymous one).
     if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id) {
         let (named, _) = consumer_of(&spec, shard.id, 0);
-        shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo, false);
+        // A Last-Event-ID naming a partition the topic does not have is ignored.
+        let _ = shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo, false);
     }
     let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Sse);
     let (rd, wr) = stream.into_split();

@@ -2,13 +2,14 @@
 //! `ack` / `nack` / `credit` text messages of acknowledged delivery) and a writer half draining
 //! the session's bounded queue, batching whatever is queued into one write.
 
+use std::cell::Cell;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::channel::mpsc;
 use futures::future::{select, Either};
 use futures::StreamExt;
-use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncWriteRent, Splitable};
 use monoio::net::TcpStream;
 
 use super::{attach_acked, detach_acked, Kind, Outbound};
@@ -56,7 +57,7 @@ impl AckedSession {
             }
         };
         let by = group_ids(ids.iter().map(String::as_str)).map_err(|_| CloseCode::POLICY)?;
-        self.shard.route_acks(&self.consumer, &self.topic, by, kind, false);
+        self.shard.route_acks(&self.consumer, &self.topic, by, kind, false).map_err(|_| CloseCode::POLICY)?;
         Ok(())
     }
 }
@@ -82,6 +83,7 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
     max_message: usize,
     ctl: mpsc::Sender<Outbound>,
     acked: Option<AckedSession>,
+    heard: Rc<Cell<Instant>>,
 ) {
     let mut ctl = ctl;
     let mut reader = MessageReader::new(max_message);
@@ -112,9 +114,14 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
                 }
                 Some(Message::Text(text)) => {
                     // ack / nack / credit: meaningless for ack=none sessions.
-                    if let Some(Err(code)) = acked.as_ref().map(|a| a.control(&text)) {
-                        let _ = ctl.try_send(Outbound::Close(code.0));
-                        return;
+                    if let Some(a) = &acked {
+                        if let Err(code) = a.control(&text) {
+                            let _ = ctl.try_send(Outbound::Close(code.0));
+                            return;
+                        }
+                        // A client flooding acks waits here, at its own socket, for the
+                        // control lane to drain.
+                        a.shard.control_room().await;
                     }
                 }
                 Some(Message::Pong(_)) => {}
@@ -122,8 +129,43 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
         }
         // A subscriber may stay silent for as long as it likes; only the socket closing ends it.
         match read_more_sized(&mut rd, &mut buf, None, SESSION_READ_CHUNK).await {
-            ReadOutcome::Data => {}
+            ReadOutcome::Data => heard.set(Instant::now()),
             ReadOutcome::Closed | ReadOutcome::TimedOut => return,
+        }
+    }
+}
+
+/// Writes all of `batch`, a `writev` at a time, advancing past what each one took; `false` if
+/// the socket broke or a write made no progress for `WRITE_STALL` (the client stopped reading).
+pub(crate) async fn write_shared<W: AsyncWriteRent>(wr: &mut W, mut batch: SharedFrames) -> (bool, SharedFrames) {
+    while batch.bytes() > 0 {
+        match monoio::time::timeout(WRITE_STALL, wr.writev(batch)).await {
+            Ok((Ok(n), back)) if n > 0 => {
+                batch = back;
+                batch.advance(n);
+            }
+            // Cancelled by the timeout: the runtime owned (and dropped) the batch.
+            Err(_) => return (false, SharedFrames::default()),
+            Ok((_, back)) => return (false, back),
+        }
+    }
+    (true, batch)
+}
+
+/// Pings a session from which nothing arrived for `every`, and ends (returns) once nothing
+/// arrived for twice that: a peer that vanished without a FIN must not hold a session forever.
+async fn keepalive(mut ctl: mpsc::Sender<Outbound>, heard: Rc<Cell<Instant>>, every: Duration) {
+    loop {
+        monoio::time::sleep(every).await;
+        let silent = heard.get().elapsed();
+        if silent >= every * 2 {
+            let _ = ctl.try_send(Outbound::Close(CloseCode::GOING_AWAY.0));
+            return;
+        }
+        if silent >= every {
+            let mut ping = Vec::with_capacity(2);
+            encode_frame(OpCode::Ping, true, b"", &mut ping);
+            let _ = ctl.try_send(Outbound::Frame(Rc::new(ping)));
         }
     }
 }
@@ -167,13 +209,12 @@ async fn write_half<W: AsyncWriteRent>(
         if let Some(code) = close {
             batch.push(Rc::new(close_bytes(code)));
         }
-        match monoio::time::timeout(WRITE_STALL, wr.write_vectored_all(batch)).await {
-            Ok((Ok(_), mut back)) => {
-                back.clear();
-                batch = back;
-            }
-            _ => return,
+        let (ok, mut back) = write_shared(&mut wr, batch).await;
+        if !ok {
+            return;
         }
+        back.clear();
+        batch = back;
         if close.is_some() {
             let _ = wr.shutdown().await;
             return;
@@ -199,7 +240,14 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: 
     buf.shrink_to_fit();
     let (rd, wr) = stream.into_split();
     let (ctl_tx, ctl_rx) = mpsc::channel(16);
-    let reader = Box::pin(read_half(rd, buf, limits.ws_max_message, ctl_tx, acked));
+    let heard = Rc::new(Cell::new(Instant::now()));
+    let alive = keepalive(ctl_tx.clone(), heard.clone(), shard.shared.config.ws_ping_interval);
+    let reader = Box::pin(async move {
+        // A dead peer ends the reading side like a closed socket does (both senders of the
+        // control queue are dropped then, which tells the writer the peer is gone).
+        let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, acked, heard);
+        let _ = select(Box::pin(read), Box::pin(alive)).await;
+    });
     let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger));
     match select(reader, writer).await {
         // The reader is done (close asked or peer gone): let the writer send what it must.

@@ -7,9 +7,9 @@
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::admin::metrics::Metrics;
 use crate::admin::Admin;
@@ -41,6 +41,14 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Shards that accept connections; `/readyz` is 200 when it equals the shard count.
     pub ready: AtomicUsize,
+    /// Per shard, when its event loop last ran its heartbeat task (ms since `epoch`); a shard
+    /// whose beat is old is stalled (a blocked core), and `/readyz` says so.
+    pub beats: Box<[AtomicU64]>,
+    pub epoch: Instant,
+    /// Topics and subscriptions that exist, against `max_topics` / `max_subscriptions`
+    /// (counted at start, then kept by the shards that create and remove them).
+    pub topic_count: AtomicUsize,
+    pub subscription_count: AtomicUsize,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
@@ -57,6 +65,53 @@ pub enum StartError {
 /// Microseconds since the Unix epoch.
 pub fn now_micros() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+}
+
+/// How often each shard's event loop stamps its heartbeat.
+const BEAT: Duration = Duration::from_millis(100);
+/// A shard whose heartbeat is older than this is not ready: its core is blocked.
+pub const STALLED_AFTER: Duration = Duration::from_secs(5);
+
+/// Makes any panic, on any thread, end the whole process with a clear message and exit code
+/// 101: a broker with a dead shard must not go on half-serving (a supervisor restarts it, and
+/// the partitions the dead shard owned would otherwise hang every request routed to them).
+pub fn exit_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        let thread = std::thread::current();
+        eprintln!(
+            "evmesh: fatal: thread {} panicked; exiting (status 101) so that nothing is served half-alive",
+            thread.name().unwrap_or("<unnamed>")
+        );
+        crate::sys::exit_now(101);
+    }));
+}
+
+impl Shared {
+    /// Shards whose event loop has not run for `STALLED_AFTER` (or that never started).
+    pub fn stalled_shards(&self) -> Vec<usize> {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let limit = STALLED_AFTER.as_millis() as u64;
+        (0..self.beats.len()).filter(|&i| now.saturating_sub(self.beats[i].load(Ordering::Relaxed)) > limit).collect()
+    }
+}
+
+/// Stamps this shard's heartbeat while its event loop turns.
+async fn heartbeat(shared: Arc<Shared>, shard: usize) {
+    loop {
+        shared.beats[shard].store(shared.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        monoio::time::sleep(BEAT).await;
+    }
+}
+
+/// Fault injection for the tests that prove a dead shard is a dead process:
+/// `EVMESH_TEST_FAULT=panic-shard-N` panics shard N shortly after it starts.
+async fn injected_fault(shard: usize) {
+    if std::env::var("EVMESH_TEST_FAULT").ok().as_deref() == Some(&format!("panic-shard-{shard}")) {
+        monoio::time::sleep(Duration::from_millis(200)).await;
+        panic!("injected fault (EVMESH_TEST_FAULT=panic-shard-{shard})");
+    }
 }
 
 /// The driver a shard will really use.
@@ -87,11 +142,13 @@ fn conn_limits(c: &Config) -> ConnLimits {
     }
 }
 
+/// Accepts connections forever; `admit` counts one in (returning the guard that counts it out)
+/// or refuses it (`None`: closed at once, over its listener's cap).
 async fn accept_loop<H: Handler + 'static>(
     listener: monoio::net::TcpListener,
     handler: Rc<H>,
     limits: ConnLimits,
-    shard: Option<Rc<Shard>>,
+    admit: impl Fn() -> Option<ConnGuard>,
 ) {
     loop {
         let stream = match listener.accept().await {
@@ -103,30 +160,54 @@ async fn accept_loop<H: Handler + 'static>(
                 continue;
             }
         };
-        if let Some(shard) = &shard {
-            let m = shard.shared.metrics.shard(shard.id);
-            if shard.connections.get() >= shard.shared.config.max_connections {
-                m.connections_rejected.inc();
-                drop(stream);
-                continue;
-            }
-            m.connections_accepted.inc();
-            m.connections_open.inc();
-            shard.connections.set(shard.connections.get() + 1);
-        }
-        let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let guard = match &shard {
-            Some(shard) => {
-                let shard = shard.clone();
-                ConnGuard::new(move || {
-                    shard.connections.set(shard.connections.get() - 1);
-                    shard.shared.metrics.shard(shard.id).connections_open.sub(1);
-                })
-            }
-            None => ConnGuard::uncounted(),
+        let Some(guard) = admit() else {
+            drop(stream);
+            continue;
         };
+        let _ = stream.set_nodelay(true);
+        // A peer that vanished without a FIN fails its connection once our data has gone
+        // unacknowledged this long, instead of after many minutes of retransmission.
+        crate::sys::set_tcp_user_timeout(std::os::fd::AsRawFd::as_raw_fd(&stream), TCP_USER_TIMEOUT_MS);
+        let handler = handler.clone();
         monoio::spawn(async move { serve(stream, &*handler, limits, guard).await });
+    }
+}
+
+const TCP_USER_TIMEOUT_MS: u32 = 30_000;
+
+/// Counts a traffic connection in on its shard (`max_connections`).
+fn admit_traffic(shard: &Rc<Shard>) -> Option<ConnGuard> {
+    let m = shard.shared.metrics.shard(shard.id);
+    if shard.connections.get() >= shard.shared.config.max_connections {
+        m.connections_rejected.inc();
+        return None;
+    }
+    m.connections_accepted.inc();
+    m.connections_open.inc();
+    shard.connections.set(shard.connections.get() + 1);
+    let shard = shard.clone();
+    Some(ConnGuard::new(move || {
+        shard.connections.set(shard.connections.get() - 1);
+        shard.shared.metrics.shard(shard.id).connections_open.sub(1);
+    }))
+}
+
+/// Descriptors kept free of connections: RocksDB's files (`db::MAX_OPEN_FILES`), listeners,
+/// librdkafka's sockets, the WAL and the odd pipe.
+const FD_RESERVE: u64 = crate::storage::db::MAX_OPEN_FILES as u64 + 256;
+
+/// Raises the open-files limit and fits the connection caps under it, with room for storage,
+/// so running out of descriptors refuses a connection and never fails a storage write.
+fn fit_connection_caps(config: &mut Config) {
+    let nofile = crate::sys::raise_nofile();
+    let room = nofile.saturating_sub(FD_RESERVE + config.admin_max_connections as u64);
+    let per_shard = (room / config.shards as u64).max(1) as usize;
+    if config.max_connections > per_shard {
+        eprintln!(
+            "evmesh: open files limit {nofile}: max_connections lowered from {} to {per_shard} per shard",
+            config.max_connections
+        );
+        config.max_connections = per_shard;
     }
 }
 
@@ -196,7 +277,8 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
 }
 
 /// Starts every thread and returns once all shards accept connections.
-pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
+pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
+    fit_connection_caps(&mut config);
     let shards = config.shards;
     let db = db::open(&config.data_dir, shards)?;
     let syncer = if config.durability == Durability::Fsync { Some(Syncer::start(db.clone())?) } else { None };
@@ -216,6 +298,10 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
+        beats: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+        epoch: Instant::now(),
+        topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
+        subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),
         #[cfg(feature = "kafka")]
         kafka,
         db,
@@ -248,9 +334,11 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 monoio::spawn(shard.clone().pump());
                 monoio::spawn(shard.clone().retention_loop());
                 monoio::spawn(shard.clone().delivery_timers());
+                monoio::spawn(heartbeat(shared.clone(), i));
+                monoio::spawn(injected_fault(i));
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);
-                accept_loop(listener, Rc::new(Traffic { shard: shard.clone() }), limits, Some(shard)).await
+                accept_loop(listener, Rc::new(Traffic { shard: shard.clone() }), limits, || admit_traffic(&shard)).await
             };
             if let Err(e) = block_on(driver, run) {
                 eprintln!("evmesh: shard {i}: cannot start the {driver:?} driver: {e}");
@@ -264,7 +352,16 @@ pub fn start(config: Config) -> Result<(Started, Arc<Shared>), StartError> {
             let run = async move {
                 let listener = monoio::net::TcpListener::from_std(admin).expect("admin listener");
                 let limits = conn_limits(&shared.config);
-                accept_loop(listener, Rc::new(Admin { shared, replaying: Default::default() }), limits, None).await
+                let (open, cap) = (Rc::new(std::cell::Cell::new(0usize)), shared.config.admin_max_connections);
+                let admit = move || {
+                    if open.get() >= cap {
+                        return None;
+                    }
+                    open.set(open.get() + 1);
+                    let open = open.clone();
+                    Some(ConnGuard::new(move || open.set(open.get() - 1)))
+                };
+                accept_loop(listener, Rc::new(Admin { shared, replaying: Default::default() }), limits, admit).await
             };
             if let Err(e) = block_on(IoDriver::Epoll, run) {
                 eprintln!("evmesh: admin thread: {e}");

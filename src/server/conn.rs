@@ -99,11 +99,6 @@ impl ConnGuard {
     pub fn new(on_close: impl FnOnce() + 'static) -> Self {
         ConnGuard(Some(Box::new(on_close)))
     }
-
-    /// A connection nobody counts (the admin listener's).
-    pub fn uncounted() -> Self {
-        ConnGuard(None)
-    }
 }
 
 impl Drop for ConnGuard {

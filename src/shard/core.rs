@@ -5,9 +5,10 @@
 //! are never held across an `.await`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use frame_codec::Frame;
 
@@ -51,10 +52,33 @@ pub struct Shard {
     interest: RefCell<HashMap<String, Vec<Interested>>>,
     /// Acknowledged delivery from the partitions this shard owns (`crate::delivery`).
     pub delivery: crate::delivery::Dispatcher,
+    /// Per destination shard, control messages its full control ring could not take yet, in
+    /// order; a task per non-empty outbox retries them (`send_control`).
+    outbox: RefCell<Vec<VecDeque<ShardMessage>>>,
+    flushing: RefCell<Vec<bool>>,
+}
+
+/// How long a request to another core may take before its caller answers 503: longer than any
+/// storage wait (fsync, a Kafka ack), short enough that no request hangs.
+pub const CROSS_CORE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Control messages waiting in one outbox past which acks are refused (503) or a session's
+/// reader waits: what a client floods us with is held at its socket, not here.
+pub const OUTBOX_HIGH: usize = 1024;
+
+/// Awaits a cross-core reply with [`CROSS_CORE_DEADLINE`]: a dropped reply (the message was
+/// lost in shutdown) or the deadline is `Unavailable`, which callers answer with 503.
+pub async fn reply<T>(rx: futures::channel::oneshot::Receiver<Result<T, StorageError>>) -> Result<T, StorageError> {
+    match monoio::time::timeout(CROSS_CORE_DEADLINE, rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(StorageError::Unavailable("shard stopped")),
+        Err(_) => Err(StorageError::Unavailable("no answer from the owning shard in time")),
+    }
 }
 
 impl Shard {
     pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
+        let shards = shared.config.shards;
         let embedded = || EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone());
         #[cfg(feature = "kafka")]
         let log = match &shared.kafka {
@@ -77,6 +101,87 @@ impl Shard {
             sessions: Sessions::default(),
             interest: RefCell::new(HashMap::new()),
             delivery: Default::default(),
+            outbox: RefCell::new((0..shards).map(|_| VecDeque::new()).collect()),
+            flushing: RefCell::new(vec![false; shards]),
+        }
+    }
+
+    /// Sends a request on the data lane to `to` and awaits its answer: a full ring, a stopped
+    /// shard or [`CROSS_CORE_DEADLINE`] are `Unavailable` (503). The one way requests cross
+    /// cores.
+    pub async fn ask<T>(
+        &self,
+        to: ShardId,
+        msg: ShardMessage,
+        rx: futures::channel::oneshot::Receiver<Result<T, StorageError>>,
+    ) -> Result<T, StorageError> {
+        self.shared
+            .mailboxes
+            .send(Sender::Shard(self.id), to, msg)
+            .map_err(|_| StorageError::Unavailable("mailbox full"))?;
+        reply(rx).await
+    }
+
+    /// Sends a control message to another shard. Never dropped: if its control ring is full it
+    /// waits in this shard's outbox for that shard, in order, and a task retries it.
+    pub fn send_control(self: &Rc<Self>, to: ShardId, msg: ShardMessage) {
+        debug_assert_ne!(to, self.id, "local control messages are handled in place");
+        {
+            let mut outbox = self.outbox.borrow_mut();
+            let queue = &mut outbox[to.index()];
+            if queue.is_empty() {
+                match self.shared.mailboxes.send_control(Sender::Shard(self.id), to, msg) {
+                    Ok(()) => return,
+                    Err(back) => queue.push_back(back),
+                }
+            } else {
+                queue.push_back(msg);
+            }
+        }
+        self.shared.metrics.shard(self.id).control_deferred.inc();
+        let mut flushing = self.flushing.borrow_mut();
+        if !flushing[to.index()] {
+            flushing[to.index()] = true;
+            monoio::spawn(self.clone().flush_outbox(to));
+        }
+    }
+
+    /// Moves an outbox into its control ring as room appears.
+    async fn flush_outbox(self: Rc<Self>, to: ShardId) {
+        let mut wait = Duration::from_micros(20);
+        loop {
+            {
+                let mut outbox = self.outbox.borrow_mut();
+                let queue = &mut outbox[to.index()];
+                while let Some(m) = queue.pop_front() {
+                    if let Err(back) = self.shared.mailboxes.send_control(Sender::Shard(self.id), to, m) {
+                        queue.push_front(back);
+                        break;
+                    }
+                    wait = Duration::from_micros(20);
+                }
+                if queue.is_empty() {
+                    self.flushing.borrow_mut()[to.index()] = false;
+                    return;
+                }
+            }
+            monoio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Control messages waiting in this shard's outboxes.
+    pub fn outbox_len(&self) -> usize {
+        self.outbox.borrow().iter().map(VecDeque::len).sum()
+    }
+
+    /// Waits until the outboxes are below [`OUTBOX_HIGH`]: a session's reader calls this before
+    /// reading more acks, so a client that floods acks is slowed at its own socket.
+    pub async fn control_room(&self) {
+        let mut wait = Duration::from_micros(200);
+        while self.outbox_len() >= OUTBOX_HIGH {
+            monoio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_millis(10));
         }
     }
 
@@ -127,7 +232,7 @@ impl Shard {
             ShardMessage::EnsureTopic { request, reply } => {
                 let me = self.clone();
                 monoio::spawn(async move {
-                    let _ = reply.send(me.ensure_topic_local(&request.topic, request.spec).await);
+                    let _ = reply.send(me.ensure_topic_local(&request.topic, request.spec, request.internal).await);
                 });
             }
         }
@@ -155,7 +260,7 @@ impl Shard {
     }
 
     /// Creates or checks a topic; only the topic's meta owner runs this, so creation is serial.
-    async fn ensure_topic_local(&self, topic: &str, spec: Option<TopicMeta>) -> EnsureReply {
+    async fn ensure_topic_local(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
         let db = &self.shared.db;
         if let Some(existing) = meta::get(db, topic)? {
             return match spec {
@@ -166,6 +271,28 @@ impl Shard {
             };
         }
         let c = &self.shared.config;
+        let count = &self.shared.topic_count;
+        if !internal {
+            if spec.is_none() && !c.auto_create_topics {
+                return Err(StorageError::NoTopic(topic.to_owned()));
+            }
+            // Meta owners of different topics create concurrently: claim a slot first.
+            if count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= c.max_topics {
+                count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                return Err(StorageError::Limit(format!("max_topics ({}) topics exist", c.max_topics)));
+            }
+        } else {
+            count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        let created = self.create_topic(topic, spec).await;
+        if created.is_err() {
+            count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        created
+    }
+
+    async fn create_topic(&self, topic: &str, spec: Option<TopicMeta>) -> EnsureReply {
+        let (db, c) = (&self.shared.db, &self.shared.config);
         let m = spec.unwrap_or(TopicMeta {
             partitions: c.default_partitions,
             retention_ms: c.retention_ms,
@@ -201,7 +328,15 @@ impl Shard {
                 Some(existing) if existing.same_as(&def) => SubOutcome::Unchanged,
                 Some(_) => SubOutcome::Conflict,
                 None => {
-                    meta::put_subscription(db, &def)?;
+                    let count = &self.shared.subscription_count;
+                    if count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= self.shared.config.max_subscriptions {
+                        count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        return Ok(SubOutcome::Limit);
+                    }
+                    if let Err(e) = meta::put_subscription(db, &def) {
+                        count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                        return Err(e);
+                    }
                     SubOutcome::Created
                 }
             },
@@ -209,6 +344,7 @@ impl Shard {
                 None => SubOutcome::Unknown,
                 Some(_) => {
                     meta::delete_subscription(db, &name)?;
+                    self.shared.subscription_count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     SubOutcome::Removed
                 }
             },
@@ -220,7 +356,7 @@ impl Shard {
     }
 
     /// Creates or removes a subscription through the owner shard of its name.
-    pub async fn subscription(&self, request: SubRequest) -> SubReply {
+    pub async fn subscription(self: &Rc<Self>, request: SubRequest) -> SubReply {
         let name = match &request {
             SubRequest::Create(d) => d.subscription.as_str(),
             SubRequest::Remove(n) => n.as_str(),
@@ -230,15 +366,14 @@ impl Shard {
             return self.subscription_local(request).await;
         }
         let (msg, rx) = ShardMessage::subscription(request);
-        self.shared
-            .mailboxes
-            .send(Sender::Shard(self.id), owner, msg)
-            .map_err(|_| StorageError::Unavailable("mailbox full"))?;
-        rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+        // A subscription change (an unsubscribe above all) is control: never lost to a full ring.
+        self.send_control(owner, msg);
+        reply(rx).await
     }
 
     /// The topic's settings, creating it with the defaults (or `spec`) if it does not exist.
-    pub async fn topic(&self, topic: &str, spec: Option<TopicMeta>) -> EnsureReply {
+    /// `internal`: evmesh's own (a dead-letter topic), not subject to the client caps.
+    pub async fn topic(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
         if spec.is_none() {
             if let Some(known) = self.topics.borrow().get(topic) {
                 return Ok((known.meta, false));
@@ -246,20 +381,25 @@ impl Shard {
         }
         let owner = meta_owner(topic, self.shards());
         let reply = if owner == self.id {
-            self.ensure_topic_local(topic, spec).await
+            self.ensure_topic_local(topic, spec, internal).await
         } else {
-            let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), spec);
-            self.shared
-                .mailboxes
-                .send(Sender::Shard(self.id), owner, msg)
-                .map_err(|_| StorageError::Unavailable("mailbox full"))?;
-            rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+            let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), spec, internal);
+            self.ask(owner, msg, rx).await
         };
         if let Ok((m, _)) = &reply {
             let mine = owned_partitions(topic, m.partitions, self.id, self.shards()).collect();
             self.topics.borrow_mut().insert(topic.to_owned(), KnownTopic { meta: *m, mine });
         }
         reply
+    }
+
+    /// The partition count of an existing topic (this shard's cache, else the metadata); never
+    /// creates one.
+    pub fn partitions_of(&self, topic: &str) -> Option<u32> {
+        if let Some(known) = self.topics.borrow().get(topic) {
+            return Some(known.meta.partitions);
+        }
+        meta::get(&self.shared.db, topic).ok().flatten().map(|m| m.partitions)
     }
 
     /// The partition for an unkeyed event: one this shard owns if any, so no core hop is needed.
@@ -292,12 +432,8 @@ impl Shard {
             return Ok(first);
         }
         let (msg, rx) = ShardMessage::append(partition, frames);
-        self.shared
-            .mailboxes
-            .send(Sender::Shard(self.id), owner, msg)
-            .map_err(|_| StorageError::Unavailable("mailbox full"))?;
         self.shared.metrics.shard(self.id).cross_core.inc();
-        rx.await.map_err(|_| StorageError::Unavailable("shard stopped"))?
+        self.ask(owner, msg, rx).await
     }
 
     /// Announces to every shard (this one included) that this shard's sessions of a
@@ -308,13 +444,8 @@ impl Shard {
             let to = ShardId(s as u16);
             if to == self.id {
                 self.interest_changed(i);
-            } else if self
-                .shared
-                .mailboxes
-                .send(Sender::Shard(self.id), to, ShardMessage::Interest(Box::new(i)))
-                .is_err()
-            {
-                eprintln!("evmesh: {}: mailbox to {to} full, interest in {subscription} not announced", self.id);
+            } else {
+                self.send_control(to, ShardMessage::Interest(Box::new(i)));
             }
         }
     }
@@ -393,6 +524,7 @@ impl Shard {
         let every = self.shared.config.retention_check;
         loop {
             monoio::time::sleep(every).await;
+            self.expire_clients();
             let Ok(topics) = meta::list(&self.shared.db) else { continue };
             let now = crate::runtime::now_micros();
             for (name, m) in topics {

@@ -1,8 +1,13 @@
-//! Bounded mailboxes between cores: one ring per ordered (sender, receiver) pair, so each ring has
-//! a single producer and a single consumer, plus one wake-up per receiving shard.
+//! Bounded mailboxes between cores: per ordered (sender, receiver) pair two rings, a *data* lane
+//! (appends, deliveries, polls, mirrored records) and a *control* lane (session and interest
+//! changes, acks, subscription changes), each with a single producer and a single consumer, plus
+//! one wake-up per receiving shard.
 //!
-//! Built once, before any shard starts, and never resized. A full ring hands the message back to
-//! the sender, which sheds load (503 + Retry-After) instead of blocking or queueing without bound.
+//! Built once, before any shard starts, and never resized. A full data ring hands the message
+//! back to the sender, which sheds load (503 + Retry-After) instead of blocking or queueing
+//! without bound. Control messages must never be lost: a flood of data cannot fill their lane,
+//! and a full control ring is retried by the sender (`Shard::send_control`), in order. The
+//! receiver drains its control rings before its data rings.
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,21 +32,29 @@ struct Doorbell {
     waker: AtomicWaker,
 }
 
+/// The least room of a control ring: session changes come in bursts (a reconnect storm), and
+/// each one that does not fit waits in the sender's outbox.
+pub const CONTROL_CAPACITY: usize = 256;
+
 pub struct Mailboxes {
     shards: usize,
     /// `rings[from * shards + to]`; `from == shards` is the admin thread.
     rings: Box<[CachePadded<ArrayQueue<ShardMessage>>]>,
+    /// The control lane, laid out like `rings`.
+    control: Box<[CachePadded<ArrayQueue<ShardMessage>>]>,
     bells: Box<[CachePadded<Doorbell>]>,
 }
 
 impl Mailboxes {
-    /// `capacity` messages per ring; memory is `(shards + 1) * shards * capacity * 64` bytes.
+    /// `capacity` messages per data ring, at least [`CONTROL_CAPACITY`] per control ring; memory
+    /// is `(shards + 1) * shards * (capacity + control capacity) * 64` bytes.
     pub fn new(shards: usize, capacity: usize) -> Self {
-        let rings = (0..(shards + 1) * shards).map(|_| CachePadded::new(ArrayQueue::new(capacity))).collect();
+        let lane = |n: usize| (0..(shards + 1) * shards).map(|_| CachePadded::new(ArrayQueue::new(n))).collect();
+        let (rings, control) = (lane(capacity), lane(capacity.max(CONTROL_CAPACITY)));
         let bells = (0..shards)
             .map(|_| CachePadded::new(Doorbell { rung: AtomicBool::new(false), waker: AtomicWaker::new() }))
             .collect();
-        Mailboxes { shards, rings, bells }
+        Mailboxes { shards, rings, control, bells }
     }
 
     fn row(&self, from: Sender) -> usize {
@@ -51,28 +64,48 @@ impl Mailboxes {
         }
     }
 
-    /// Queues `msg` for `to` and rings its doorbell; a full ring gives the message back.
+    /// Queues `msg` for `to` on the data lane and rings its doorbell; a full ring gives the
+    /// message back.
     pub fn send(&self, from: Sender, to: ShardId, msg: ShardMessage) -> Result<(), ShardMessage> {
         self.rings[self.row(from) * self.shards + to.index()].push(msg)?;
-        let bell = &self.bells[to.index()];
-        bell.rung.store(true, Ordering::Release);
-        bell.waker.wake();
+        self.ring(to);
         Ok(())
     }
 
-    /// Messages waiting for `to`, over all its rings (a gauge; racy by nature).
-    pub fn depth(&self, to: ShardId) -> usize {
-        (0..=self.shards).map(|from| self.rings[from * self.shards + to.index()].len()).sum()
+    /// Queues `msg` for `to` on the control lane; a full ring gives it back (the caller retries:
+    /// control messages are never dropped).
+    pub fn send_control(&self, from: Sender, to: ShardId, msg: ShardMessage) -> Result<(), ShardMessage> {
+        self.control[self.row(from) * self.shards + to.index()].push(msg)?;
+        self.ring(to);
+        Ok(())
     }
 
-    /// Hands every queued message for `me` to `f`; returns how many there were.
+    fn ring(&self, to: ShardId) {
+        let bell = &self.bells[to.index()];
+        bell.rung.store(true, Ordering::Release);
+        bell.waker.wake();
+    }
+
+    /// Messages waiting for `to`, over all its rings of both lanes (a gauge; racy by nature).
+    pub fn depth(&self, to: ShardId) -> usize {
+        (0..=self.shards)
+            .map(|from| {
+                self.rings[from * self.shards + to.index()].len() + self.control[from * self.shards + to.index()].len()
+            })
+            .sum()
+    }
+
+    /// Hands every queued message for `me` to `f`, control lane first; returns how many there
+    /// were.
     pub fn drain(&self, me: ShardId, mut f: impl FnMut(ShardMessage)) -> usize {
         let mut n = 0;
-        for from in 0..=self.shards {
-            let ring = &self.rings[from * self.shards + me.index()];
-            while let Some(m) = ring.pop() {
-                f(m);
-                n += 1;
+        for lane in [&self.control, &self.rings] {
+            for from in 0..=self.shards {
+                let ring = &lane[from * self.shards + me.index()];
+                while let Some(m) = ring.pop() {
+                    f(m);
+                    n += 1;
+                }
             }
         }
         n
@@ -116,5 +149,26 @@ mod tests {
         assert_eq!(m.drain(ShardId(1), drop), 2);
         assert_eq!(m.depth(ShardId(1)), 0);
         assert_eq!(m.drain(ShardId(0), drop), 0);
+    }
+
+    #[test]
+    fn a_full_data_lane_leaves_the_control_lane_free_and_control_drains_first() {
+        let m = Mailboxes::new(2, 1);
+        let control = |n: u64| ShardMessage::subscription(crate::shard::message::SubRequest::Remove(n.to_string())).0;
+        let from = Sender::Shard(ShardId(0));
+        let (a, _rx) = ShardMessage::append(PartitionId(0), Vec::new());
+        assert!(m.send(from, ShardId(1), a).is_ok());
+        let (b, _rx2) = ShardMessage::append(PartitionId(1), Vec::new());
+        assert!(m.send(from, ShardId(1), b).is_err(), "data lane full");
+        let (c, _rx3) = ShardMessage::subscription(crate::shard::message::SubRequest::Remove("s".into()));
+        assert!(m.send_control(from, ShardId(1), c).is_ok(), "control lane has its own room");
+        let mut order = Vec::new();
+        m.drain(ShardId(1), |msg| order.push(matches!(msg, ShardMessage::Subscription { .. })));
+        assert_eq!(order, [true, false], "control first");
+        // A control ring has its own, larger room; a full one hands the message back too.
+        for n in 0..CONTROL_CAPACITY as u64 {
+            assert!(m.send_control(from, ShardId(1), control(n)).is_ok(), "{n}");
+        }
+        assert!(m.send_control(from, ShardId(1), control(0)).is_err());
     }
 }

@@ -25,6 +25,9 @@ pub type EnsureReply = Result<(TopicMeta, bool), StorageError>;
 pub struct TopicRequest {
     pub topic: String,
     pub spec: Option<TopicMeta>,
+    /// Created by evmesh itself (a dead-letter topic): not refused by `auto_create_topics` or
+    /// `max_topics`, whose caps are for what clients name.
+    pub internal: bool,
 }
 
 /// A change to a subscription, decided by the owner shard of its name.
@@ -42,6 +45,8 @@ pub enum SubOutcome {
     Unchanged,
     /// Another definition exists under that name; nothing changed.
     Conflict,
+    /// `max_subscriptions` are defined already; nothing changed.
+    Limit,
     Removed,
     /// No subscription of that name.
     Unknown,
@@ -127,7 +132,8 @@ pub struct Acks {
     pub partition: PartitionId,
     pub offsets: Vec<u64>,
     pub kind: AckKind,
-    /// Dropped once the owner applied the acks (`POST /events/ack` answers after that).
+    /// Answered once the owner applied the acks (`POST /events/ack` answers 200 only then; a
+    /// dropped sender means they were not applied).
     pub applied: Option<oneshot::Sender<()>>,
 }
 
@@ -207,9 +213,13 @@ impl ShardMessage {
         (ShardMessage::Append { partition, frames, reply }, rx)
     }
 
-    pub fn ensure_topic(topic: String, spec: Option<TopicMeta>) -> (Self, oneshot::Receiver<EnsureReply>) {
+    pub fn ensure_topic(
+        topic: String,
+        spec: Option<TopicMeta>,
+        internal: bool,
+    ) -> (Self, oneshot::Receiver<EnsureReply>) {
         let (reply, rx) = oneshot::channel();
-        (ShardMessage::EnsureTopic { request: Box::new(TopicRequest { topic, spec }), reply }, rx)
+        (ShardMessage::EnsureTopic { request: Box::new(TopicRequest { topic, spec, internal }), reply }, rx)
     }
 }
 

@@ -13,6 +13,9 @@ use super::StorageError;
 
 pub const META: &str = "meta";
 
+/// Files RocksDB keeps open at most: bounded, so the connection caps can leave it room.
+pub const MAX_OPEN_FILES: i32 = 512;
+
 pub fn log_cf(shard: usize) -> String {
     format!("log.{shard}")
 }
@@ -35,6 +38,7 @@ pub fn open(dir: &Path, shards: usize) -> Result<Arc<DB>, StorageError> {
     opts.set_max_background_jobs(2);
     opts.increase_parallelism(2);
     opts.set_keep_log_file_num(4);
+    opts.set_max_open_files(MAX_OPEN_FILES);
     let mut cf_opts = Options::default();
     cf_opts.set_write_buffer_size(64 << 20);
     cf_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);

@@ -274,14 +274,22 @@ impl Storage for EmbeddedLog {
         Ok(first)
     }
 
-    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError> {
+    fn read(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Frame>, StorageError> {
         let pre = prefix(topic, partition);
         let mut ro = ReadOptions::default();
         ro.set_iterate_upper_bound(upper_bound(&pre));
         let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
         it.seek(key(&pre, from));
         let mut out = Vec::new();
-        while it.valid() && out.len() < max {
+        let mut bytes = 0usize;
+        while it.valid() && out.len() < max && bytes < max_bytes {
             let (k, v) = (it.key().expect("valid"), it.value().expect("valid"));
             let frame = Frame::decode(v).map_err(|e| StorageError::Corrupt {
                 topic: topic.to_owned(),
@@ -289,6 +297,7 @@ impl Storage for EmbeddedLog {
                 offset: offset_of(k),
                 reason: e.to_string(),
             })?;
+            bytes += v.len();
             out.push(frame);
             it.next();
         }

@@ -322,8 +322,15 @@ impl Storage for KafkaLog {
         self.append_mirrored(topic, partition, frames).await.map(|(first, _)| first)
     }
 
-    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError> {
-        self.mirror.read(topic, partition, from, max)
+    fn read(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Frame>, StorageError> {
+        self.mirror.read(topic, partition, from, max, max_bytes)
     }
 
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {

@@ -62,6 +62,12 @@ pub enum StorageError {
     /// The shard is overloaded or shutting down; clients see 503 and retry.
     #[error("shard unavailable: {0}")]
     Unavailable(&'static str),
+    /// A configured cap on what clients may create (`max_topics`, ...); clients see 409.
+    #[error("{0}")]
+    Limit(String),
+    /// The topic does not exist and `auto_create_topics` is off; clients see 404.
+    #[error("no topic {0} (auto_create_topics is off: create it with PUT /admin/topics/{0})")]
+    NoTopic(String),
 }
 
 impl From<rocksdb::Error> for StorageError {
@@ -88,8 +94,17 @@ pub trait Storage {
         frames: &mut [Frame],
     ) -> impl Future<Output = Result<u64, StorageError>>;
 
-    /// Up to `max` frames from `from` on (fewer at the end of the log).
-    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError>;
+    /// Up to `max` frames from `from` on (fewer at the end of the log), stopping after the
+    /// frame that reaches `max_bytes` (at least one frame is returned when one exists): every
+    /// read is bounded in memory, whatever the events' sizes.
+    fn read(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Frame>, StorageError>;
 
     /// Current start and end offsets.
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError>;
@@ -161,8 +176,15 @@ impl Storage for Log {
         self.append_mirrored(topic, partition, frames).await.map(|(first, _)| first)
     }
 
-    fn read(&self, topic: &str, partition: PartitionId, from: u64, max: usize) -> Result<Vec<Frame>, StorageError> {
-        self.local().read(topic, partition, from, max)
+    fn read(
+        &self,
+        topic: &str,
+        partition: PartitionId,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Frame>, StorageError> {
+        self.local().read(topic, partition, from, max, max_bytes)
     }
 
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {

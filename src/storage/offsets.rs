@@ -1,8 +1,10 @@
 //! Subscription offsets, owned by evmesh: one entry per `topic#subscription#partition` (plus
 //! `#client` for the per-client offsets of `BROADCAST` and `MULTICAST`), in the `offsets.N`
-//! family of the shard that owns the partition. The value is the committed offset (the lowest
-//! unacknowledged one), a big-endian u64. Names are `[A-Za-z0-9._-]`, so `#` never occurs inside
-//! one and a prefix scan by `topic#subscription#` finds exactly that subscription's entries.
+//! family of the shard that owns the partition. The value ([`Stored`]) is the committed offset
+//! (the lowest unacknowledged one), how far delivery got, when the consumer was last seen, and
+//! the attempts made for every delivered but unsettled offset, so `emattempt` survives
+//! disconnects and restarts. Names are `[A-Za-z0-9._-]`, so `#` never occurs inside one and a
+//! prefix scan by `topic#subscription#` finds exactly that subscription's entries.
 
 use rocksdb::DB;
 
@@ -24,12 +26,83 @@ fn cf(db: &DB, shard: ShardId) -> &rocksdb::ColumnFamily {
     db.cf_handle(&offsets_cf(shard.index())).expect("every shard's offsets family is opened")
 }
 
-pub fn get(db: &DB, shard: ShardId, key: &[u8]) -> Result<Option<u64>, StorageError> {
-    Ok(db.get_pinned_cf(cf(db, shard), key)?.and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes)))
+/// What is kept per consumer and partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// The lowest offset not settled: delivery resumes here.
+    pub committed: u64,
+    /// The next offset never delivered (`>= committed`): offsets in between that are not in
+    /// `attempts` were settled.
+    pub next: u64,
+    /// When the consumer was last active, ms since the epoch (client offsets expire by it).
+    pub seen_ms: u64,
+    /// `(offset, deliveries made)` of every delivered, unsettled offset, ascending.
+    pub attempts: Vec<(u64, u16)>,
 }
 
-pub fn put(db: &DB, shard: ShardId, key: &[u8], offset: u64) -> Result<(), StorageError> {
-    Ok(db.put_cf(cf(db, shard), key, offset.to_be_bytes())?)
+/// Format tag of a [`Stored`] value; a value of exactly 8 bytes is the first format (the
+/// committed offset alone).
+const V2: u8 = 2;
+
+impl Stored {
+    /// Just a position, nothing delivered past it.
+    pub fn at(offset: u64) -> Stored {
+        Stored { committed: offset, next: offset, seen_ms: now_ms(), attempts: Vec::new() }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(27 + 10 * self.attempts.len());
+        v.push(V2);
+        v.extend_from_slice(&self.committed.to_be_bytes());
+        v.extend_from_slice(&self.next.to_be_bytes());
+        v.extend_from_slice(&self.seen_ms.to_be_bytes());
+        v.extend_from_slice(&(self.attempts.len() as u16).to_be_bytes());
+        for (o, a) in &self.attempts {
+            v.extend_from_slice(&o.to_be_bytes());
+            v.extend_from_slice(&a.to_be_bytes());
+        }
+        v
+    }
+
+    /// `None` for a value that is neither format (never written by evmesh).
+    pub fn decode(v: &[u8]) -> Option<Stored> {
+        if let Ok(b) = <[u8; 8]>::try_from(v) {
+            let o = u64::from_be_bytes(b);
+            return Some(Stored { committed: o, next: o, seen_ms: 0, attempts: Vec::new() });
+        }
+        let (&tag, rest) = v.split_first()?;
+        if tag != V2 || rest.len() < 26 {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_be_bytes(rest[i..i + 8].try_into().expect("8 bytes"));
+        let n = u16::from_be_bytes([rest[24], rest[25]]) as usize;
+        let list = &rest[26..];
+        if list.len() != n * 10 {
+            return None;
+        }
+        let attempts = list
+            .chunks_exact(10)
+            .map(|c| (u64::from_be_bytes(c[..8].try_into().expect("8")), u16::from_be_bytes([c[8], c[9]])))
+            .collect();
+        Some(Stored { committed: u64_at(0), next: u64_at(8), seen_ms: u64_at(16), attempts })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+pub fn get(db: &DB, shard: ShardId, key: &[u8]) -> Result<Option<Stored>, StorageError> {
+    Ok(db.get_pinned_cf(cf(db, shard), key)?.and_then(|v| Stored::decode(&v)))
+}
+
+pub fn put(db: &DB, shard: ShardId, key: &[u8], value: &Stored) -> Result<(), StorageError> {
+    Ok(db.put_cf(cf(db, shard), key, value.encode())?)
+}
+
+pub fn delete(db: &DB, shard: ShardId, key: &[u8]) -> Result<(), StorageError> {
+    Ok(db.delete_cf(cf(db, shard), key)?)
 }
 
 /// One stored offset of a subscription.
@@ -39,6 +112,8 @@ pub struct Committed {
     /// Empty for the subscription's own (`LOAD_BALANCE`) offsets.
     pub client: String,
     pub offset: u64,
+    /// When the consumer was last active, ms since the epoch (0: not recorded).
+    pub seen_ms: u64,
 }
 
 fn prefix(topic: &str, subscription: &str) -> Vec<u8> {
@@ -54,8 +129,51 @@ pub fn list(db: &DB, shard: ShardId, topic: &str, subscription: &str) -> Result<
         let Some(rest) = k.strip_prefix(pre.as_slice()) else { break };
         let rest = String::from_utf8_lossy(rest);
         let (p, client) = rest.split_once('#').unwrap_or((&rest, ""));
-        let (Ok(partition), Ok(bytes)) = (p.parse(), <[u8; 8]>::try_from(v.as_ref())) else { continue };
-        out.push(Committed { partition, client: client.to_owned(), offset: u64::from_be_bytes(bytes) });
+        let (Ok(partition), Some(st)) = (p.parse(), Stored::decode(&v)) else { continue };
+        out.push(Committed { partition, client: client.to_owned(), offset: st.committed, seen_ms: st.seen_ms });
+    }
+    Ok(out)
+}
+
+/// How many clients of a subscription have offsets of `partition` stored by `shard`; counting
+/// stops at `limit` (a cap check is bounded work).
+pub fn clients(
+    db: &DB,
+    shard: ShardId,
+    topic: &str,
+    subscription: &str,
+    partition: PartitionId,
+    limit: usize,
+) -> Result<usize, StorageError> {
+    let pre = format!("{topic}#{subscription}#{}#", partition.0).into_bytes();
+    let mut n = 0;
+    for item in db.prefix_iterator_cf(cf(db, shard), &pre) {
+        let (k, _) = item?;
+        if !k.starts_with(&pre) || n >= limit {
+            break;
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Every per-client entry kept by `shard` whose consumer was last seen before `before_ms`, as
+/// keys; at most `max` of them (a sweep is bounded work).
+pub fn expired_clients(db: &DB, shard: ShardId, before_ms: u64, max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+    let mut out = Vec::new();
+    for item in db.iterator_cf(cf(db, shard), rocksdb::IteratorMode::Start) {
+        let (k, v) = item?;
+        // topic#subscription#partition#client: only per-client entries have three '#'.
+        if k.iter().filter(|&&b| b == b'#').count() != 3 {
+            continue;
+        }
+        match Stored::decode(&v) {
+            Some(st) if st.seen_ms < before_ms => out.push(k.to_vec()),
+            _ => {}
+        }
+        if out.len() >= max {
+            break;
+        }
     }
     Ok(out)
 }
@@ -77,20 +195,37 @@ mod tests {
         let dir = super::super::suite::TempDir::new("offsets");
         let db = crate::storage::db::open(&dir.0, 1).unwrap();
         let s = ShardId(0);
-        put(&db, s, &key("orders", "a", PartitionId(0), ""), 5).unwrap();
-        put(&db, s, &key("orders", "a", PartitionId(1), "c1"), 7).unwrap();
-        put(&db, s, &key("orders", "ab", PartitionId(0), ""), 9).unwrap();
+        put(&db, s, &key("orders", "a", PartitionId(0), ""), &Stored { seen_ms: 1, ..Stored::at(5) }).unwrap();
+        put(&db, s, &key("orders", "a", PartitionId(1), "c1"), &Stored { seen_ms: 2, ..Stored::at(7) }).unwrap();
+        put(&db, s, &key("orders", "ab", PartitionId(0), ""), &Stored::at(9)).unwrap();
         assert_eq!(key("orders", "a", PartitionId(1), "c1"), b"orders#a#1#c1");
         let got = list(&db, s, "orders", "a").unwrap();
         assert_eq!(
             got,
             vec![
-                Committed { partition: 0, client: String::new(), offset: 5 },
-                Committed { partition: 1, client: "c1".into(), offset: 7 },
+                Committed { partition: 0, client: String::new(), offset: 5, seen_ms: 1 },
+                Committed { partition: 1, client: "c1".into(), offset: 7, seen_ms: 2 },
             ]
         );
         delete_all(&db, s, "orders", "a").unwrap();
         assert!(list(&db, s, "orders", "a").unwrap().is_empty());
-        assert_eq!(get(&db, s, &key("orders", "ab", PartitionId(0), "")).unwrap(), Some(9), "a prefix of another name");
+        let other = get(&db, s, &key("orders", "ab", PartitionId(0), "")).unwrap().unwrap();
+        assert_eq!(other.committed, 9, "a prefix of another name");
+        assert_eq!(expired_clients(&db, s, u64::MAX, 10).unwrap(), Vec::<Vec<u8>>::new(), "no client entries left");
+        put(&db, s, &key("orders", "x", PartitionId(0), "old"), &Stored { seen_ms: 10, ..Stored::at(1) }).unwrap();
+        put(&db, s, &key("orders", "x", PartitionId(0), "new"), &Stored { seen_ms: 30, ..Stored::at(1) }).unwrap();
+        assert_eq!(expired_clients(&db, s, 20, 10).unwrap(), vec![b"orders#x#0#old".to_vec()]);
+    }
+
+    #[test]
+    fn stored_values_round_trip_and_read_the_first_format() {
+        let st = Stored { committed: 3, next: 9, seen_ms: 77, attempts: vec![(3, 2), (5, 1), (8, 6)] };
+        assert_eq!(Stored::decode(&st.encode()), Some(st));
+        let old = Stored::decode(&42u64.to_be_bytes()).unwrap();
+        assert_eq!((old.committed, old.next, old.attempts.len()), (42, 42, 0));
+        assert_eq!(Stored::decode(b"garbage"), None);
+        let mut truncated = Stored { attempts: vec![(1, 1)], ..Stored::at(1) }.encode();
+        truncated.pop();
+        assert_eq!(Stored::decode(&truncated), None);
     }
 }

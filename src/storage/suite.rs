@@ -115,13 +115,17 @@ fn offsets_are_dense_per_partition_and_stamped() {
         assert_eq!(append(&log, t, 1, vec![frame(t, "z", 3, 10)]), 0, "partitions are independent");
         // A topic whose name extends another's must not see its events.
         assert_eq!(append(&log, tt, 0, vec![frame(tt, "y", 3, 10)]), 0);
-        let got = log.read(t, PartitionId(0), 0, 100).unwrap();
+        let got = log.read(t, PartitionId(0), 0, 100, usize::MAX).unwrap();
         assert_eq!(ids(&got), ["a", "b", "c"], "{backend:?}");
         let offsets: Vec<u64> = got.iter().map(|f| f.header().offset).collect();
         assert_eq!(offsets, [0, 1, 2]);
         assert!(got.iter().all(|f| f.header().partition == 0));
-        assert_eq!(ids(&log.read(t, PartitionId(0), 1, 1).unwrap()), ["b"]);
-        assert!(log.read(t, PartitionId(0), 3, 10).unwrap().is_empty());
+        assert_eq!(ids(&log.read(t, PartitionId(0), 1, 1, usize::MAX).unwrap()), ["b"]);
+        // The byte budget stops a read after the frame that reaches it, never before the first.
+        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100, 1).unwrap()), ["a"]);
+        let one = got[0].as_bytes().len();
+        assert_eq!(log.read(t, PartitionId(0), 0, 100, one + 1).unwrap().len(), 2);
+        assert!(log.read(t, PartitionId(0), 3, 10, usize::MAX).unwrap().is_empty());
         assert_eq!(log.bounds(t, PartitionId(0)).unwrap(), Bounds { start: 0, end: 3 });
         assert_eq!(log.bounds("nope", PartitionId(0)).unwrap(), Bounds { start: 0, end: 0 });
     }
@@ -136,7 +140,7 @@ fn a_reopened_log_continues_where_it_ended() {
     }
     let log = log(&dir, Durability::Os);
     assert_eq!(append(&log, "t", 3, vec![frame("t", "5", 1, 10)]), 5);
-    assert_eq!(ids(&log.read("t", PartitionId(3), 0, 100).unwrap()), ["0", "1", "2", "3", "4", "5"]);
+    assert_eq!(ids(&log.read("t", PartitionId(3), 0, 100, usize::MAX).unwrap()), ["0", "1", "2", "3", "4", "5"]);
 }
 
 #[test]
@@ -150,15 +154,15 @@ fn retention_by_size_and_age_keeps_the_newest() {
         // Room for three events: the oldest seven go.
         let by_size = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: Some(3 * size + size / 2) };
         assert_eq!(log.enforce_retention(t, &by_size, PartitionId(0), 0).unwrap(), 7);
-        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100).unwrap()), ["7", "8", "9"]);
+        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100, usize::MAX).unwrap()), ["7", "8", "9"]);
         assert_eq!(log.bounds(t, PartitionId(0)).unwrap(), Bounds { start: 7, end: 10 });
         // Events older than 1 ms at now = 9 ms: the ones at 8 and 9 ms survive.
         let by_age = TopicMeta { partitions: 1, retention_ms: Some(1), retention_bytes: None };
         log.enforce_retention(t, &by_age, PartitionId(0), 9_000).unwrap();
-        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100).unwrap()), ["8", "9"]);
+        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100, usize::MAX).unwrap()), ["8", "9"]);
         // Everything expired: the newest event still stays, so the end offset survives a restart.
         log.enforce_retention(t, &by_age, PartitionId(0), 1_000_000).unwrap();
-        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100).unwrap()), ["9"]);
+        assert_eq!(ids(&log.read(t, PartitionId(0), 0, 100, usize::MAX).unwrap()), ["9"]);
         assert_eq!(append(&log, t, 0, vec![frame(t, "10", 0, 1)]), 10);
         // No limits: nothing is touched.
         let none = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None };
@@ -174,7 +178,7 @@ fn a_corrupt_record_is_reported_not_trusted() {
     append(&log, "t", 0, vec![frame("t", "a", 1, 10)]);
     let cf = db.cf_handle(&db::log_cf(0)).unwrap();
     db.put_cf(cf, super::embedded::key(&super::embedded::prefix("t", PartitionId(0)), 1), b"EMFR garbage").unwrap();
-    match log.read("t", PartitionId(0), 0, 10) {
+    match log.read("t", PartitionId(0), 0, 10, usize::MAX) {
         Err(super::StorageError::Corrupt { offset: 1, .. }) => {}
         other => panic!("{other:?}"),
     }
@@ -201,7 +205,7 @@ fn concurrent_appends_share_a_write_and_keep_dense_offsets() {
             assert_eq!(*first, expected, "append {i}");
             expected += i as u64 % 3 + 1;
         }
-        let got = ids(&log.read(t, PartitionId(0), 0, 1000).unwrap());
+        let got = ids(&log.read(t, PartitionId(0), 0, 1000, usize::MAX).unwrap());
         let want: Vec<String> = (0..50u64).flat_map(|i| (0..=i % 3).map(move |k| format!("{i}.{k}"))).collect();
         assert_eq!(got, want, "{backend:?}");
     }

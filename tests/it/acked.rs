@@ -12,12 +12,12 @@ use tungstenite::Message;
 use super::delivery::{attach, keys, next_event, Ws};
 use super::util::{event, wait_for, TestBroker};
 
-fn subscribe(b: &TestBroker, def: Value) {
+pub(super) fn subscribe(b: &TestBroker, def: Value) {
     let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
     assert_eq!(r.status, 201, "{}", r.text());
 }
 
-fn publish_to(b: &TestBroker, topic: &str, id: &str, key: Option<&str>) -> (u64, u64) {
+pub(super) fn publish_to(b: &TestBroker, topic: &str, id: &str, key: Option<&str>) -> (u64, u64) {
     let mut e = event(id);
     if let Some(k) = key {
         e["partitionkey"] = json!(k);
@@ -29,12 +29,12 @@ fn publish_to(b: &TestBroker, topic: &str, id: &str, key: Option<&str>) -> (u64,
 }
 
 /// The next event, failing after `limit`.
-fn recv(ws: &mut Ws, limit: Duration) -> Value {
+pub(super) fn recv(ws: &mut Ws, limit: Duration) -> Value {
     wait_for(limit, || next_event(ws))
 }
 
 /// Asserts nothing arrives for `d`.
-fn quiet(ws: &mut Ws, d: Duration) {
+pub(super) fn quiet(ws: &mut Ws, d: Duration) {
     let start = Instant::now();
     while start.elapsed() < d {
         if let Some(e) = next_event(ws) {
@@ -43,20 +43,20 @@ fn quiet(ws: &mut Ws, d: Duration) {
     }
 }
 
-fn send(ws: &mut Ws, v: Value) {
+pub(super) fn send(ws: &mut Ws, v: Value) {
     ws.send(Message::text(v.to_string())).unwrap();
 }
 
-fn ack(ws: &mut Ws, events: &[&Value]) {
+pub(super) fn ack(ws: &mut Ws, events: &[&Value]) {
     let ids: Vec<&Value> = events.iter().map(|e| &e["emdeliveryid"]).collect();
     send(ws, json!({"type": "ack", "ids": ids}));
 }
 
-fn id(e: &Value) -> &str {
+pub(super) fn id(e: &Value) -> &str {
     e["id"].as_str().unwrap()
 }
 
-const LONG: Duration = Duration::from_secs(20);
+pub(super) const LONG: Duration = Duration::from_secs(20);
 
 /// LOAD_BALANCE: each event to exactly one session, each partition to one session in order,
 /// and a leaving session's partitions (with its unacknowledged events) move to the other.
@@ -138,7 +138,7 @@ fn load_balance_spreads_partitions_keeps_order_and_rebalances() {
 }
 
 /// The dead letters of a one-partition topic, none before the DLQ topic exists.
-fn dlq(b: &TestBroker, topic: &str) -> Vec<(u64, Value)> {
+pub(super) fn dlq(b: &TestBroker, topic: &str) -> Vec<(u64, Value)> {
     let r = b.admin().get(&format!("/admin/topics/{topic}.dlq/partitions/0/events?from=0&max=100"));
     if r.status == 404 {
         return Vec::new();
@@ -392,12 +392,12 @@ fn a_client_that_stops_acking_is_paused_and_does_not_hold_back_another() {
 }
 
 /// Reads an SSE stream's events: (id, event JSON), undoing the chunked framing.
-struct Sse {
+pub(super) struct Sse {
     r: BufReader<TcpStream>,
 }
 
 impl Sse {
-    fn open(b: &TestBroker, query: &str, last_event_id: Option<&str>) -> Sse {
+    pub(super) fn open(b: &TestBroker, query: &str, last_event_id: Option<&str>) -> Sse {
         let mut s = TcpStream::connect(b.traffic).unwrap();
         let extra = last_event_id.map(|l| format!("last-event-id: {l}\r\n")).unwrap_or_default();
         write!(s, "GET /events/sse?{query} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n{extra}\r\n").unwrap();
@@ -415,7 +415,7 @@ impl Sse {
         Sse { r }
     }
 
-    fn next(&mut self) -> (String, Value) {
+    pub(super) fn next(&mut self) -> (String, Value) {
         let (mut id, mut data) = (String::new(), String::new());
         loop {
             let mut size = String::new();

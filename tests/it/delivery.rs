@@ -23,6 +23,8 @@ pub(super) fn attach(b: &TestBroker, query: &str) -> Ws {
 pub(super) fn next_event(ws: &mut Ws) -> Option<Value> {
     match ws.read() {
         Ok(Message::Text(t)) => Some(serde_json::from_str(t.as_str()).unwrap()),
+        // Keepalive pings (answered by tungstenite) are not events.
+        Ok(Message::Ping(_) | Message::Pong(_)) => None,
         Ok(other) => panic!("unexpected {other:?}"),
         Err(tungstenite::Error::Io(e))
             if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>

@@ -14,6 +14,7 @@ pub struct TestBroker {
     pub traffic: SocketAddr,
     pub admin: SocketAddr,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -35,6 +36,11 @@ pub fn on_kafka(test: fn()) {
 impl TestBroker {
     /// Starts a broker with 2 shards and `extra` flags.
     pub fn start(extra: &[&str]) -> TestBroker {
+        Self::start_env(extra, &[])
+    }
+
+    /// [`TestBroker::start`] with extra environment variables.
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> TestBroker {
         let dir = std::env::temp_dir().join(format!(
             "evmesh-it-{}-{}",
             std::process::id(),
@@ -57,6 +63,7 @@ impl TestBroker {
             traffic: "0.0.0.0:0".parse().unwrap(),
             admin: "0.0.0.0:0".parse().unwrap(),
             args,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         b.spawn();
         b
@@ -68,6 +75,7 @@ impl TestBroker {
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir"])
             .arg(&self.dir)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

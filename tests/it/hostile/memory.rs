@@ -1,0 +1,65 @@
+//! Bytes held for clients are bounded: consumers read ahead lazily and by bytes, so many new
+//! consumers of a backlog of large events, or sessions that never read, do not pin memory.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::super::acked::{send, subscribe};
+use super::super::delivery::attach;
+use super::super::util::{event, TestBroker};
+
+/// A backlog of large events on one partition.
+fn backlog(b: &TestBroker, topic: &str, n: usize, size: usize) {
+    let mut c = b.client();
+    for i in 0..n {
+        let mut e = event(&format!("big{i}"));
+        e["data"] = json!("x".repeat(size));
+        let r =
+            c.post(&format!("/events/publish?topic={topic}"), "application/cloudevents+json", e.to_string().as_bytes());
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+}
+
+const MB: u64 = 1 << 20;
+
+/// 30 long-polls, each a new clientId of a BROADCAST subscription with a backlog of 60 events of
+/// 200 KB: each poll session may hold one session_window_bytes (1 MiB) of it, not its window of
+/// 256 events (the measured bug pinned 1.8 GB for 30 s).
+#[test]
+fn new_poll_consumers_of_a_large_backlog_hold_a_byte_window_each() {
+    let b = TestBroker::start(&["--default-partitions", "1", "--max-body-bytes", "1048576"]);
+    subscribe(&b, json!({"subscription": "bb", "topic": "big", "mode": "BROADCAST", "start": "earliest"}));
+    backlog(&b, "big", 60, 200_000);
+    let before = b.rss_bytes();
+    let mut largest = 0;
+    for i in 0..30 {
+        let r = b.client().get(&format!("/events/poll?subscription=bb&clientId=p{i}&max=1000&waitMs=2000"));
+        assert_eq!(r.status, 200);
+        largest = largest.max(r.body.len());
+    }
+    let grown = b.rss_bytes().saturating_sub(before);
+    assert!(largest < 2 * MB as usize, "a poll answer holds about one byte window: {largest}");
+    assert!(grown < 150 * MB, "30 new consumers pinned {} MB", grown / MB);
+}
+
+/// Acked WebSocket sessions that raise their credit to 4096 and never read hold at most their
+/// byte window of a 300 x 100 KB backlog each.
+#[test]
+fn sessions_that_never_read_hold_a_byte_window_each() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    subscribe(&b, json!({"subscription": "nr", "topic": "nr", "mode": "BROADCAST", "start": "earliest"}));
+    backlog(&b, "nr", 300, 100_000);
+    let before = b.rss_bytes();
+    let mut sessions = Vec::new();
+    for i in 0..10 {
+        let mut ws = attach(&b, &format!("subscription=nr&clientId=r{i}"));
+        send(&mut ws, json!({"type": "credit", "n": 4096}));
+        sessions.push(ws);
+    }
+    // Give every owner time to push what the windows allow.
+    std::thread::sleep(Duration::from_secs(2));
+    let grown = b.rss_bytes().saturating_sub(before);
+    assert!(grown < 100 * MB, "10 non-reading sessions pinned {} MB", grown / MB);
+    drop(sessions);
+}
