@@ -255,6 +255,10 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError
                 content_length = Some(n);
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if minor == 0 {
+                // HTTP/1.0 has no transfer codings: its framing cannot be trusted (RFC 9112 6.1).
+                return Err(HttpError::bad("Transfer-Encoding in an HTTP/1.0 request"));
+            }
             saw_te = true;
             let last = value.rsplit(|&b| b == b',').next().unwrap_or(b"").trim_ascii();
             chunked = last.eq_ignore_ascii_case(b"chunked");
@@ -285,6 +289,9 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError
             saw_host = true;
         }
         next = after;
+    }
+    if next > limits.max_header_bytes {
+        return Err(too_big);
     }
     if minor == 1 && !saw_host {
         return Err(HttpError::bad("missing Host header"));

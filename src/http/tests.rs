@@ -50,6 +50,8 @@ cases! {
     conflicting_lengths: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n" => Want::Err(400);
     te_and_cl: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
     te_gzip: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n" => Want::Err(400);
+    te_http10: b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
+    te_http10_keepalive: b"POST / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
     te_gzip_chunked: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" => Want::Err(501);
     body_too_big: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 65\r\n\r\n" => Want::Err(413);
     expect_other: b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\n\r\n" => Want::Err(417);
@@ -134,6 +136,17 @@ fn differential_against_httparse() {
             (t, o) => panic!("{name}: httparse {t:?}, ours {o:?}"),
         }
     }
+}
+
+#[test]
+fn the_head_limit_counts_the_blank_line() {
+    let mut req = b"GET / HTTP/1.1\r\nHost: a\r\nx: ".to_vec();
+    req.extend(std::iter::repeat_n(b'a', L.max_header_bytes - req.len() - 4));
+    req.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(req.len(), L.max_header_bytes);
+    assert!(matches!(parse_head(&req, &L), Ok(Status::Complete(h)) if h.len == req.len()));
+    req.insert(req.len() - 4, b'a');
+    assert_eq!(parse_head(&req, &L).unwrap_err().status.0, 431);
 }
 
 #[test]
