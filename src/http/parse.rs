@@ -13,6 +13,14 @@ pub struct Limits {
     pub max_body_bytes: usize,
 }
 
+impl Limits {
+    /// Raw bytes one request may take, head and body framing included (chunk sizes, extensions,
+    /// CRLFs, trailers): the most a connection buffers for it. Beyond is 413.
+    pub fn request_budget(&self) -> usize {
+        self.max_header_bytes.saturating_add(self.max_body_bytes)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits { max_header_bytes: 16 * 1024, max_headers: 100, max_body_bytes: 1024 * 1024 }
@@ -109,11 +117,11 @@ const VALUE_CHAR: [bool; 256] = {
     t
 };
 
-fn is_tchar(b: u8) -> bool {
+pub(super) fn is_tchar(b: u8) -> bool {
     TCHAR[b as usize]
 }
 
-fn is_value_char(b: u8) -> bool {
+pub(super) fn is_value_char(b: u8) -> bool {
     VALUE_CHAR[b as usize]
 }
 

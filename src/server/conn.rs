@@ -2,8 +2,9 @@
 //! responses in request order.
 //!
 //! Pipelined requests already in the buffer are handled before the responses are flushed, so a
-//! pipelining client gets one write for many responses. Memory per connection is bounded by the
-//! header and body limits. Runs on the shard that accepted the socket; never blocks it.
+//! pipelining client gets one write for many responses. Memory per connection is bounded: the
+//! bytes of one request never exceed [`Limits::request_budget`] (framing included; 413 beyond).
+//! Runs on the shard that accepted the socket; never blocks it.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -14,7 +15,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use crate::http::{
-    self, decode_chunked, parse_head, scan_chunked, BodyKind, Head, Limits, Response, Status, StatusCode,
+    self, parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Head, Limits, Response, Status, StatusCode,
 };
 
 /// One complete request, borrowed from the connection's buffer.
@@ -168,6 +169,29 @@ pub(crate) async fn read_more_sized<R: AsyncReadRent>(
     }
 }
 
+/// Reads at most `max` more bytes onto the end of `buf` (so the caller can keep a hard bound on
+/// what it buffers); otherwise as [`read_more`].
+pub(crate) async fn read_at_most<R: AsyncReadRent>(
+    stream: &mut R,
+    buf: &mut Vec<u8>,
+    timeout: Duration,
+    max: usize,
+) -> ReadOutcome {
+    buf.reserve(max);
+    let len = buf.len();
+    let owned = std::mem::take(buf);
+    let read = stream.read(owned.slice_mut(len..len + max));
+    let (res, slice) = match monoio::time::timeout(timeout, read).await {
+        Err(_) => return ReadOutcome::TimedOut,
+        Ok(r) => r,
+    };
+    *buf = slice.into_inner();
+    match res {
+        Ok(0) | Err(_) => ReadOutcome::Closed,
+        Ok(_) => ReadOutcome::Data,
+    }
+}
+
 pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>) -> bool {
     if out.is_empty() {
         return true;
@@ -202,6 +226,7 @@ pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, respons
 
 /// Serves requests on `stream` until the client closes, an error closes it, or it idles out.
 pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
+    let budget = limits.http.request_budget();
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut chunked_body: Vec<u8> = Vec::new();
@@ -211,6 +236,13 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
     let remaining = |deadline: &mut Option<std::time::Instant>| {
         let d = *deadline.get_or_insert_with(|| std::time::Instant::now() + limits.header_read_timeout);
         d.saturating_duration_since(std::time::Instant::now())
+    };
+    // While a request is incomplete every byte of `buf` is part of it, and the parsers refuse it
+    // once it is over the budget: reading at most one byte past the budget bounds the buffer.
+    // (Up to the spare capacity, as `read_more` does, so large bodies take few reads.)
+    let room = |buf: &Vec<u8>| {
+        let spare = READ_CHUNK.max(buf.capacity() - buf.len());
+        (budget + 1).saturating_sub(buf.len()).min(spare).max(1)
     };
     loop {
         // Parse the next head, reading until one is complete.
@@ -224,7 +256,8 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                     // A timed-out read keeps the buffer it was given, so decide before reading.
                     let started = !buf.is_empty();
                     let timeout = if started { remaining(&mut deadline) } else { limits.idle_timeout };
-                    match read_more(&mut stream, &mut buf, timeout).await {
+                    let max = room(&buf);
+                    match read_at_most(&mut stream, &mut buf, timeout, max).await {
                         ReadOutcome::Data => {}
                         ReadOutcome::Closed => return,
                         ReadOutcome::TimedOut => {
@@ -239,18 +272,27 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
             }
         };
-        // Then its body.
+        // Then its body. A chunked one is scanned (and decoded into `chunked_body`) as it
+        // arrives, each byte once.
         let mut continue_sent = false;
-        let (body_range, consumed, chunked) = loop {
+        let mut scanner = match head.body {
+            BodyKind::Chunked => {
+                chunked_body.clear();
+                Some(ChunkedScanner::new(ChunkedLimits::for_request(&limits.http, head.len)))
+            }
+            BodyKind::Length(_) => None,
+        };
+        let (body_range, consumed) = loop {
             let avail = &buf[head.len..];
-            let done = match head.body {
-                BodyKind::Length(n) if avail.len() >= n => Some((head.len..head.len + n, head.len + n, None)),
-                BodyKind::Length(_) => None,
-                BodyKind::Chunked => match scan_chunked(avail, limits.http.max_body_bytes) {
-                    Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed, Some(end))),
+            let done = match (head.body, &mut scanner) {
+                (BodyKind::Length(n), _) if avail.len() >= n => Some((head.len..head.len + n, head.len + n)),
+                (BodyKind::Length(_), _) => None,
+                (BodyKind::Chunked, Some(scanner)) => match scanner.scan(avail, &mut chunked_body) {
+                    Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed)),
                     Ok(Status::Partial) => None,
                     Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
                 },
+                (BodyKind::Chunked, None) => unreachable!("a chunked body has a scanner"),
             };
             if let Some(d) = done {
                 break d;
@@ -262,7 +304,8 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             if !flush(&mut stream, &mut out).await {
                 return;
             }
-            match read_more(&mut stream, &mut buf, remaining(&mut deadline)).await {
+            let max = room(&buf);
+            match read_at_most(&mut stream, &mut buf, remaining(&mut deadline), max).await {
                 ReadOutcome::Data => {}
                 ReadOutcome::Closed => return,
                 ReadOutcome::TimedOut => {
@@ -271,14 +314,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 }
             }
         };
-        let body: &[u8] = match &chunked {
-            Some(end) => {
-                chunked_body.clear();
-                decode_chunked(&buf[head.len..], end, &mut chunked_body);
-                &chunked_body
-            }
-            None => &buf[body_range],
-        };
+        let body: &[u8] = if scanner.is_some() { &chunked_body } else { &buf[body_range] };
         let keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
         let response = handler.handle(Request { head: &head, buf: &buf, body }).await;
@@ -300,6 +336,9 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         // Keep idle buffers small: a burst of large bodies must not pin memory forever.
         if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
             buf = Vec::new();
+        }
+        if chunked_body.capacity() > 4 * READ_CHUNK {
+            chunked_body = Vec::new();
         }
     }
 }
