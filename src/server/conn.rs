@@ -2,16 +2,19 @@
 //! responses in request order.
 //!
 //! Pipelined requests already in the buffer are handled before the responses are flushed, so a
-//! pipelining client gets one write for many responses. Memory per connection is bounded: the
-//! bytes of one request never exceed [`Limits::request_budget`] (framing included; 413 beyond).
-//! Runs on the shard that accepted the socket; never blocks it.
+//! pipelining client gets one write for many responses (at most [`OUT_HIGH_WATER`] bytes of them
+//! are gathered before a flush). Memory per connection is bounded: the bytes of one request never
+//! exceed [`Limits::request_budget`] (framing included; 413 beyond), and every write must make
+//! progress within `write_timeout` or the connection is closed. Runs on the shard that accepted
+//! the socket; never blocks it.
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
+use monoio::buf::IoBuf;
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 
 use crate::http::{
@@ -121,6 +124,8 @@ pub struct ConnLimits {
     pub http: Limits,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    /// A response write that makes no progress for this long closes the connection.
+    pub write_timeout: Duration,
     /// Largest WebSocket message accepted (1009 beyond).
     pub ws_max_message: usize,
     /// Delivery sessions gather events this long before a write.
@@ -128,6 +133,10 @@ pub struct ConnLimits {
 }
 
 const READ_CHUNK: usize = 16 * 1024;
+
+/// Responses gathered for pipelined requests are flushed once they reach this many bytes, so a
+/// client that pipelines without reading holds at most this much (plus one response) of ours.
+pub const OUT_HIGH_WATER: usize = 64 * 1024;
 
 pub(crate) enum ReadOutcome {
     Data,
@@ -192,22 +201,38 @@ pub(crate) async fn read_at_most<R: AsyncReadRent>(
     }
 }
 
-pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>) -> bool {
+/// Writes all of `out` and clears it. `false` if the peer is gone, or if one write made no
+/// progress within `timeout` (a client that stopped reading): the caller then drops the
+/// connection, and with it what was not written.
+pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>, timeout: Duration) -> bool {
     if out.is_empty() {
         return true;
     }
-    let (res, mut back) = stream.write_all(std::mem::take(out)).await;
-    back.clear();
-    *out = back;
-    res.is_ok()
+    let mut buf = std::mem::take(out);
+    let mut written = 0;
+    while written < buf.len() {
+        let Ok((res, slice)) = monoio::time::timeout(timeout, stream.write(buf.slice(written..))).await else {
+            return false;
+        };
+        buf = slice.into_inner();
+        match res {
+            Ok(0) => return false,
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    buf.clear();
+    *out = buf;
+    true
 }
 
 /// Answers `response` and closes without resetting: the write side is shut, then whatever the
 /// client is still sending (a body we refused) is read and dropped for a bounded time and size,
 /// so the client reads the response instead of a connection reset.
-pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, response: Response) {
+pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, response: Response, write_timeout: Duration) {
     response.write(out, false, false);
-    if !flush(&mut stream, out).await {
+    if !flush(&mut stream, out, write_timeout).await {
         return;
     }
     let _ = stream.shutdown().await;
@@ -226,6 +251,7 @@ pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, respons
 
 /// Serves requests on `stream` until the client closes, an error closes it, or it idles out.
 pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
+    let wt = limits.write_timeout;
     let budget = limits.http.request_budget();
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
@@ -250,7 +276,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             match parse_head(&buf, &limits.http) {
                 Ok(Status::Complete(h)) => break h,
                 Ok(Status::Partial) => {
-                    if !flush(&mut stream, &mut out).await {
+                    if !flush(&mut stream, &mut out, wt).await {
                         return;
                     }
                     // A timed-out read keeps the buffer it was given, so decide before reading.
@@ -263,13 +289,13 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                         ReadOutcome::TimedOut => {
                             if started {
                                 let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request not received in time");
-                                close_with(stream, &mut out, r).await;
+                                close_with(stream, &mut out, r, wt).await;
                             }
                             return;
                         }
                     }
                 }
-                Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
+                Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await,
             }
         };
         // Then its body. A chunked one is scanned (and decoded into `chunked_body`) as it
@@ -290,7 +316,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 (BodyKind::Chunked, Some(scanner)) => match scanner.scan(avail, &mut chunked_body) {
                     Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed)),
                     Ok(Status::Partial) => None,
-                    Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
+                    Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await,
                 },
                 (BodyKind::Chunked, None) => unreachable!("a chunked body has a scanner"),
             };
@@ -301,7 +327,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
                 continue_sent = true;
             }
-            if !flush(&mut stream, &mut out).await {
+            if !flush(&mut stream, &mut out, wt).await {
                 return;
             }
             let max = room(&buf);
@@ -310,7 +336,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 ReadOutcome::Closed => return,
                 ReadOutcome::TimedOut => {
                     let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request body not received in time");
-                    return close_with(stream, &mut out, r).await;
+                    return close_with(stream, &mut out, r, wt).await;
                 }
             }
         };
@@ -322,7 +348,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         buf.drain(..consumed);
         deadline = None;
         if let Some(upgrade) = response.upgrade {
-            if !flush(&mut stream, &mut out).await {
+            if !flush(&mut stream, &mut out, wt).await {
                 return;
             }
             // The connection may now live for days: free what only HTTP needed.
@@ -330,7 +356,12 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             return handler.upgraded(upgrade, stream, buf, limits, guard);
         }
         if !keep_alive {
-            flush(&mut stream, &mut out).await;
+            flush(&mut stream, &mut out, wt).await;
+            return;
+        }
+        // A client that pipelines without reading gets its answers pushed (and, if it still
+        // does not read, the write timeout) before more of its requests are taken in.
+        if out.len() >= OUT_HIGH_WATER && !flush(&mut stream, &mut out, wt).await {
             return;
         }
         // Keep idle buffers small: a burst of large bodies must not pin memory forever.

@@ -1,11 +1,12 @@
-//! HTTP framing attacks: long chunk extensions, endless trailers, framing RFC 9112 forbids. Each
-//! case asserts the answer (a problem, then a close) and the bound that holds: bytes taken in,
-//! the broker's memory.
+//! HTTP framing attacks: long chunk extensions, endless trailers, framing RFC 9112 forbids, and
+//! a client that pipelines but never reads. Each case asserts the answer (a problem, then a
+//! close) and the bound that holds: bytes taken in, the broker's memory, the connection's life.
 
 use std::io::Write;
+use std::net::TcpStream;
 use std::time::Duration;
 
-use crate::it::util::{event, rss_bytes, Resp, TestBroker};
+use crate::it::util::{event, rss_bytes, wait_for, Client, Resp, TestBroker};
 
 const CE: &str = "application/cloudevents+json";
 
@@ -205,4 +206,34 @@ fn bare_lf_after_first_data(mut body: Vec<u8>) -> Vec<u8> {
     let size = usize::from_str_radix(std::str::from_utf8(&body[..size_end]).unwrap(), 16).unwrap();
     assert_eq!(body.remove(size_end + 2 + size), b'\r');
     body
+}
+
+/// A client that pipelines requests and never reads the answers: once the socket buffers are
+/// full the broker's write stalls, and after write_timeout_ms it closes the connection instead
+/// of holding it (and the responses) forever.
+#[test]
+fn a_client_that_never_reads_is_disconnected_after_the_write_timeout() {
+    let b = TestBroker::start(&["--write-timeout-ms", "300"]);
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    // Small before connecting, so the advertised window stays small.
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&b.traffic.into()).unwrap();
+    let mut s = TcpStream::from(sock);
+    s.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+    let batch = b"GET /nowhere HTTP/1.1\r\nhost: t\r\n\r\n".repeat(100);
+    let mut sent = 0usize;
+    let error = wait_for(Duration::from_secs(60), || match s.write(&batch) {
+        Ok(n) => {
+            sent += n;
+            None
+        }
+        // The broker is not reading: it is stuck writing to us. Keep trying.
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => None,
+        Err(e) => Some(e),
+    });
+    assert!(matches!(error.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe), "{error}");
+    assert!(sent > 0);
+    // Others are served meanwhile and afterwards.
+    let mut other = Client::connect(b.traffic);
+    other.get("/nowhere").assert_problem(404);
 }
