@@ -249,6 +249,13 @@ pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, respons
     }
 }
 
+/// How the body of the request being read is delimited.
+enum Framing {
+    Length(usize),
+    /// Scanned (and decoded into the connection's `chunked_body`) as it arrives.
+    Chunked(ChunkedScanner),
+}
+
 /// Serves requests on `stream` until the client closes, an error closes it, or it idles out.
 pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
     let wt = limits.write_timeout;
@@ -301,24 +308,23 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         // Then its body. A chunked one is scanned (and decoded into `chunked_body`) as it
         // arrives, each byte once.
         let mut continue_sent = false;
-        let mut scanner = match head.body {
+        let mut framing = match head.body {
+            BodyKind::Length(n) => Framing::Length(n),
             BodyKind::Chunked => {
                 chunked_body.clear();
-                Some(ChunkedScanner::new(ChunkedLimits::for_request(&limits.http, head.len)))
+                Framing::Chunked(ChunkedScanner::new(ChunkedLimits::for_request(&limits.http, head.len)))
             }
-            BodyKind::Length(_) => None,
         };
         let (body_range, consumed) = loop {
             let avail = &buf[head.len..];
-            let done = match (head.body, &mut scanner) {
-                (BodyKind::Length(n), _) if avail.len() >= n => Some((head.len..head.len + n, head.len + n)),
-                (BodyKind::Length(_), _) => None,
-                (BodyKind::Chunked, Some(scanner)) => match scanner.scan(avail, &mut chunked_body) {
+            let done = match &mut framing {
+                Framing::Length(n) if avail.len() >= *n => Some((head.len..head.len + *n, head.len + *n)),
+                Framing::Length(_) => None,
+                Framing::Chunked(scanner) => match scanner.scan(avail, &mut chunked_body) {
                     Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed)),
                     Ok(Status::Partial) => None,
                     Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await,
                 },
-                (BodyKind::Chunked, None) => unreachable!("a chunked body has a scanner"),
             };
             if let Some(d) = done {
                 break d;
@@ -340,7 +346,10 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 }
             }
         };
-        let body: &[u8] = if scanner.is_some() { &chunked_body } else { &buf[body_range] };
+        let body: &[u8] = match framing {
+            Framing::Length(_) => &buf[body_range],
+            Framing::Chunked(_) => &chunked_body,
+        };
         let keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
         let response = handler.handle(Request { head: &head, buf: &buf, body }).await;
