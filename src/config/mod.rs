@@ -62,6 +62,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("max_connections", "open connections per shard; more are closed at accept"),
     ("header_read_timeout_ms", "time to receive a whole request once it started"),
     ("idle_timeout_ms", "keep-alive connection idle time before it is closed"),
+    ("write_timeout_ms", "a response write making no progress this long closes the connection"),
     ("mailbox_capacity", "messages per shard-to-shard ring (503 when full)"),
     ("retention_ms", "age limit of auto-created topics; 0 = none"),
     ("retention_bytes", "size limit per partition of auto-created topics; 0 = none"),
@@ -125,6 +126,7 @@ pub struct RawConfig {
     max_connections: u64,
     header_read_timeout_ms: u64,
     idle_timeout_ms: u64,
+    write_timeout_ms: u64,
     mailbox_capacity: u64,
     retention_ms: u64,
     retention_bytes: u64,
@@ -221,6 +223,8 @@ pub struct Config {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    /// A response write that makes no progress for this long closes the connection.
+    pub write_timeout: Duration,
     pub mailbox_capacity: usize,
     pub retention_ms: Option<u64>,
     pub retention_bytes: Option<u64>,
@@ -411,6 +415,7 @@ impl RawConfig {
                 3_600_000,
             )?),
             idle_timeout: Duration::from_millis(range("idle_timeout_ms", self.idle_timeout_ms, 1, 86_400_000)?),
+            write_timeout: Duration::from_millis(range("write_timeout_ms", self.write_timeout_ms, 1, 3_600_000)?),
             mailbox_capacity: range("mailbox_capacity", self.mailbox_capacity, 2, 1 << 20)? as usize,
             retention_ms: nonzero(self.retention_ms),
             retention_bytes: nonzero(self.retention_bytes),
@@ -472,6 +477,8 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("./data"));
         assert_eq!(c.limits.max_body_bytes, 1 << 20);
         assert_eq!(c.limits.max_header_bytes, 16 << 10);
+        assert_eq!(c.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.write_timeout, Duration::from_secs(10));
         assert_eq!(c.shards, std::thread::available_parallelism().unwrap().get());
     }
 
@@ -489,12 +496,17 @@ mod tests {
         assert_eq!(c.io_driver, IoDriver::Epoll);
         let c = load(&["--config", f], &[("EVMESH_SHARDS", "4")]).unwrap();
         assert_eq!(c.shards, 4);
+        let c = load(&["--write-timeout-ms", "250"], &[]).unwrap();
+        assert_eq!(c.write_timeout, Duration::from_millis(250));
+        let c = load(&[], &[("EVMESH_WRITE_TIMEOUT_MS", "750")]).unwrap();
+        assert_eq!(c.write_timeout, Duration::from_millis(750));
     }
 
     #[test]
     fn bad_values_are_named() {
         let err = |args: &[&str], env: &[(&str, &str)]| load(args, env).unwrap_err().to_string();
         assert!(err(&["--durability", "disk"], &[]).contains("durability"));
+        assert!(err(&["--write-timeout-ms", "0"], &[]).contains("write_timeout_ms"));
         assert!(err(&["--listen", "nowhere"], &[]).contains("listen"));
         assert!(err(&["--bogus", "1"], &[]).contains("--bogus"));
         assert!(err(&["--shards"], &[]).contains("needs a value"));

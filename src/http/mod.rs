@@ -1,15 +1,17 @@
-//! HTTP/1.1, sans-io: a request-head parser, a chunked-body scanner and a response writer.
+//! HTTP/1.1, sans-io: a request-head parser, a resumable chunked-body scanner and a response
+//! writer.
 //!
 //! Pure functions over byte slices: no sockets, no async, no runtime types. Incomplete input is
 //! `Status::Partial` and consumes nothing; the connection code (in `server`) owns the buffers and
-//! calls these again when more bytes arrive. Errors carry the HTTP status they map to.
+//! calls these again when more bytes arrive (the chunked scanner remembers how far it got, so it
+//! never rescans). Errors carry the HTTP status they map to.
 
 mod chunked;
 pub mod date;
 mod parse;
 mod response;
 
-pub use chunked::{decode_chunked, scan_chunked, ChunkedEnd};
+pub use chunked::{ChunkedEnd, ChunkedLimits, ChunkedScanner};
 pub use parse::{parse_head, BodyKind, Head, HeaderPos, Limits, Method};
 pub use response::{itoa_buf::Buf as Decimal, problem, Response, SessionSpec, StatusCode, Upgrade};
 

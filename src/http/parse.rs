@@ -13,6 +13,14 @@ pub struct Limits {
     pub max_body_bytes: usize,
 }
 
+impl Limits {
+    /// Raw bytes one request may take, head and body framing included (chunk sizes, extensions,
+    /// CRLFs, trailers): the most a connection buffers for it. Beyond is 413.
+    pub fn request_budget(&self) -> usize {
+        self.max_header_bytes.saturating_add(self.max_body_bytes)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits { max_header_bytes: 16 * 1024, max_headers: 100, max_body_bytes: 1024 * 1024 }
@@ -109,11 +117,11 @@ const VALUE_CHAR: [bool; 256] = {
     t
 };
 
-fn is_tchar(b: u8) -> bool {
+pub(super) fn is_tchar(b: u8) -> bool {
     TCHAR[b as usize]
 }
 
-fn is_value_char(b: u8) -> bool {
+pub(super) fn is_value_char(b: u8) -> bool {
     VALUE_CHAR[b as usize]
 }
 
@@ -255,6 +263,10 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError
                 content_length = Some(n);
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if minor == 0 {
+                // HTTP/1.0 has no transfer codings: its framing cannot be trusted (RFC 9112 6.1).
+                return Err(HttpError::bad("Transfer-Encoding in an HTTP/1.0 request"));
+            }
             saw_te = true;
             let last = value.rsplit(|&b| b == b',').next().unwrap_or(b"").trim_ascii();
             chunked = last.eq_ignore_ascii_case(b"chunked");
@@ -285,6 +297,9 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError
             saw_host = true;
         }
         next = after;
+    }
+    if next > limits.max_header_bytes {
+        return Err(too_big);
     }
     if minor == 1 && !saw_host {
         return Err(HttpError::bad("missing Host header"));

@@ -50,6 +50,8 @@ cases! {
     conflicting_lengths: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n" => Want::Err(400);
     te_and_cl: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
     te_gzip: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n" => Want::Err(400);
+    te_http10: b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
+    te_http10_keepalive: b"POST / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
     te_gzip_chunked: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" => Want::Err(501);
     body_too_big: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 65\r\n\r\n" => Want::Err(413);
     expect_other: b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\n\r\n" => Want::Err(417);
@@ -137,21 +139,235 @@ fn differential_against_httparse() {
 }
 
 #[test]
-fn chunked_bodies() {
-    let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nTrailer: x\r\n\r\nNEXT";
-    let Ok(Status::Complete(end)) = scan_chunked(body, 64) else { panic!() };
-    assert_eq!(end.consumed, body.len() - 4);
-    assert_eq!(end.data_len, 11);
-    let mut out = Vec::new();
-    decode_chunked(body, &end, &mut out);
-    assert_eq!(out, b"hello world");
-    for cut in 0..end.consumed {
-        assert_eq!(scan_chunked(&body[..cut], 64), Ok(Status::Partial), "cut {cut}");
+fn the_head_limit_counts_the_blank_line() {
+    let mut req = b"GET / HTTP/1.1\r\nHost: a\r\nx: ".to_vec();
+    req.extend(std::iter::repeat_n(b'a', L.max_header_bytes - req.len() - 4));
+    req.extend_from_slice(b"\r\n\r\n");
+    assert_eq!(req.len(), L.max_header_bytes);
+    assert!(matches!(parse_head(&req, &L), Ok(Status::Complete(h)) if h.len == req.len()));
+    req.insert(req.len() - 4, b'a');
+    assert_eq!(parse_head(&req, &L).unwrap_err().status.0, 431);
+}
+
+/// Budgets of the chunked table: 64 data bytes, 32 extension bytes, 32 trailer bytes, 200 raw.
+const CL: ChunkedLimits = ChunkedLimits { max_data: 64, max_extensions: 32, max_trailers: 32, max_raw: 200 };
+
+#[derive(Debug)]
+enum Body {
+    /// Complete, taking every byte of the case, with this decoded data.
+    Ok(&'static [u8]),
+    Err(u16),
+    Partial,
+}
+
+macro_rules! chunked_cases {
+    ($($name:ident: $bytes:expr => $want:expr;)*) => {
+        fn chunked_cases() -> Vec<(&'static str, Vec<u8>, Body)> {
+            vec![$((stringify!($name), ($bytes)[..].to_vec(), $want)),*]
+        }
+    };
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+fn rep(part: &[u8], n: usize) -> Vec<u8> {
+    part.repeat(n)
+}
+
+const X64: &[u8] = b"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+
+chunked_cases! {
+    two_chunks: b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n" => Body::Ok(b"hello world");
+    empty_body: b"0\r\n\r\n" => Body::Ok(b"");
+    upper_and_lower_hex: b"A\r\n0123456789\r\na\r\n0123456789\r\n0\r\n\r\n" => Body::Ok(b"01234567890123456789");
+    leading_zeros: b"005\r\nhello\r\n000\r\n\r\n" => Body::Ok(b"hello");
+    ext_token: b"5;a=b\r\nhello\r\n0;last\r\n\r\n" => Body::Ok(b"hello");
+    ext_bws: b"5 ; a = b\r\nhello\r\n0\t;\tz\r\n\r\n" => Body::Ok(b"hello");
+    ext_quoted: b"5;a=\"x y\\\"z;\"\r\nhello\r\n0\r\n\r\n" => Body::Ok(b"hello");
+    ext_several: b"5;a;b=c;d=\"\"\r\nhello\r\n0\r\n\r\n" => Body::Ok(b"hello");
+    trailers: b"1\r\nx\r\n0\r\nExp: never\r\nX-Empty:\r\nX-Ws: \t a b \r\n\r\n" => Body::Ok(b"x");
+    data_at_limit: cat(&[b"40\r\n", X64, b"\r\n0\r\n\r\n"]) => Body::Ok(X64);
+    ext_at_limit: cat(&[b"1;", &X64[..15], b"\r\nx\r\n0;", &X64[..15], b"\r\n\r\n"]) => Body::Ok(b"x");
+    trailers_at_limit: cat(&[b"0\r\na:", &X64[..14], b"\r\nb:", &X64[..14], b"\r\n\r\n"]) => Body::Ok(b"");
+    raw_at_limit: cat(&[&rep(b"1\r\nx\r\n", 31), b"4\r\nxxxx\r\n0\r\n\r\n"]) => Body::Ok(&X64[..35]);
+    empty: b"" => Body::Partial;
+    partial_size: b"5" => Body::Partial;
+    partial_size_cr: b"5;a=b\r" => Body::Partial;
+    partial_data: b"5\r\nhel" => Body::Partial;
+    partial_data_cr: b"5\r\nhello\r" => Body::Partial;
+    partial_last: b"5\r\nhello\r\n0\r\n" => Body::Partial;
+    partial_trailer: b"0\r\nA: b" => Body::Partial;
+    partial_end_cr: b"0\r\nA: b\r\n\r" => Body::Partial;
+    size_not_hex: b"zz\r\n" => Body::Err(400);
+    size_missing: b"\r\n" => Body::Err(400);
+    size_negative: b"-1\r\n" => Body::Err(400);
+    size_too_many_digits: b"0000000000000001\r\n" => Body::Err(400);
+    size_bare_lf: b"5\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    size_cr_cr_lf: b"5\r\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    size_bare_cr: b"5\rhello\r\n0\r\n\r\n" => Body::Err(400);
+    size_trailing_space: b"5 \r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    size_then_garbage: b"5 a\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    size_0x: b"0x5\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    data_not_followed_by_crlf: b"5\r\nhelloXX" => Body::Err(400);
+    data_bare_lf: b"5\r\nhello\n0\r\n\r\n" => Body::Err(400);
+    data_bare_cr: b"5\r\nhello\rX0\r\n\r\n" => Body::Err(400);
+    data_cr_cr_lf: b"5\r\nhello\r\r\n0\r\n\r\n" => Body::Err(400);
+    ext_cr: b"5;a\rb\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_lf_in_quotes: b"5;a=\"x\ny\"\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_ctl: b"5;a\x01\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_nul_in_quotes: b"5;a=\"\x00\"\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_del: b"5;a=\x7f\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_empty_name: b"5;=b\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_empty_value: b"5;a=\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_trailing_space: b"5;a \r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_unterminated_quote: b"5;a=\"x\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    ext_two_values: b"5;a=b c\r\nhello\r\n0\r\n\r\n" => Body::Err(400);
+    last_bare_lf: b"5\r\nhello\r\n0\n\r\n" => Body::Err(400);
+    end_bare_lf: b"0\r\n\n" => Body::Err(400);
+    end_bare_cr: b"0\r\n\rX" => Body::Err(400);
+    trailer_bare_lf: b"0\r\nA: b\n\r\n" => Body::Err(400);
+    trailer_bare_cr: b"0\r\nA: b\rc\r\n\r\n" => Body::Err(400);
+    trailer_garbage: b"0\r\ngarbage\r\n\r\n" => Body::Err(400);
+    trailer_folded: b"0\r\nA: b\r\n c\r\n\r\n" => Body::Err(400);
+    trailer_bad_name: b"0\r\nA b: c\r\n\r\n" => Body::Err(400);
+    trailer_empty_name: b"0\r\n: c\r\n\r\n" => Body::Err(400);
+    trailer_ctl: b"0\r\nA: \x01\r\n\r\n" => Body::Err(400);
+    data_over_limit: b"41\r\n" => Body::Err(413);
+    data_sum_over_limit: cat(&[b"40\r\n", X64, b"\r\n1\r\n"]) => Body::Err(413);
+    size_huge: b"fffffffffffffff\r\n" => Body::Err(413);
+    ext_total_over_limit: cat(&[b"1;", &X64[..15], b"\r\nx\r\n0;", &X64[..16], b"\r\n\r\n"]) => Body::Err(413);
+    ext_line_without_end: cat(&[b"1;", X64]) => Body::Err(413);
+    trailer_over_limit: cat(&[b"0\r\na:", &X64[..14], b"\r\nb:", &X64[..15], b"\r\n\r\n"]) => Body::Err(431);
+    trailer_line_without_end: cat(&[b"0\r\na: ", X64]) => Body::Err(431);
+    trailers_without_end: cat(&[b"0\r\n", &rep(b"a: b\r\n", 40)]) => Body::Err(431);
+    raw_over_limit: cat(&[&rep(b"1\r\nx\r\n", 31), b"5\r\nxxxxx\r\n0\r\n\r\n"]) => Body::Err(413);
+    raw_without_end: rep(b"1\r\nx\r\n", 60) => Body::Err(413);
+}
+
+/// Feeds `bytes` to `scanner` as the growing prefixes ending at each of `cuts`, then whole;
+/// every answer before the last must be `Partial` or the case's own error.
+fn feed(
+    name: &str,
+    scanner: &mut ChunkedScanner,
+    out: &mut Vec<u8>,
+    bytes: &[u8],
+    cuts: impl Iterator<Item = usize>,
+    want: &Body,
+) -> Result<Status<ChunkedEnd>, HttpError> {
+    for cut in cuts {
+        match (scanner.scan(&bytes[..cut], out), want) {
+            (Ok(Status::Partial), _) => {}
+            (Err(e), Body::Err(s)) if e.status.0 == *s => {}
+            (other, _) => panic!("{name} cut at {cut}: {other:?}"),
+        }
     }
-    assert_eq!(scan_chunked(b"zz\r\n", 64).unwrap_err().status.0, 400);
-    assert_eq!(scan_chunked(b"5\r\nhelloXX", 64).unwrap_err().status.0, 400);
-    assert_eq!(scan_chunked(b"41\r\n", 64).unwrap_err().status.0, 413);
-    assert_eq!(scan_chunked(b"ffffffffffffffff\r\n", 64).unwrap_err().status.0, 400);
+    scanner.scan(bytes, out)
+}
+
+fn check_body(name: &str, bytes: &[u8], got: Result<Status<ChunkedEnd>, HttpError>, out: &[u8], want: &Body) {
+    match (want, &got) {
+        (Body::Ok(data), Ok(Status::Complete(end))) => {
+            assert_eq!(end.consumed, bytes.len(), "{name}: consumed");
+            assert_eq!(end.data_len, data.len(), "{name}: data_len");
+            assert_eq!(out, *data, "{name}: data");
+        }
+        (Body::Err(s), Err(e)) => assert_eq!(e.status.0, *s, "{name}: {e}"),
+        (Body::Partial, Ok(Status::Partial)) => {}
+        _ => panic!("{name}: want {want:?}, got {got:?}"),
+    }
+}
+
+#[test]
+fn chunked_table() {
+    for (name, bytes, want) in &chunked_cases() {
+        let (mut scanner, mut out) = (ChunkedScanner::new(CL), Vec::new());
+        let got = scanner.scan(bytes, &mut out);
+        check_body(name, bytes, got, &out, want);
+    }
+}
+
+/// Each case cut in two at every byte offset: the first half alone is `Partial` or already the
+/// case's error, and the same scanner given the whole then answers exactly as in one piece.
+#[test]
+fn chunked_table_at_every_split_point() {
+    for (name, bytes, want) in &chunked_cases() {
+        for cut in 0..bytes.len() {
+            let (mut scanner, mut out) = (ChunkedScanner::new(CL), Vec::new());
+            let got = feed(name, &mut scanner, &mut out, bytes, std::iter::once(cut), want);
+            check_body(&format!("{name} cut at {cut}"), bytes, got, &out, want);
+        }
+    }
+}
+
+/// Each case arriving one byte at a time, to one scanner: the same answer, and the work done is
+/// linear in the input (no call looks again at what an earlier call examined).
+#[test]
+fn chunked_table_one_byte_at_a_time() {
+    for (name, bytes, want) in &chunked_cases() {
+        let (mut scanner, mut out) = (ChunkedScanner::new(CL), Vec::new());
+        let got = feed(name, &mut scanner, &mut out, bytes, 0..bytes.len(), want);
+        check_body(name, bytes, got, &out, want);
+        assert!(scanner.bytes_examined() <= 5 * bytes.len() + 16, "{name}: {} examined", scanner.bytes_examined());
+    }
+}
+
+/// After an error or the end, the scanner keeps its answer whatever else arrives.
+#[test]
+fn chunked_answers_are_final() {
+    let (mut scanner, mut out) = (ChunkedScanner::new(CL), Vec::new());
+    assert_eq!(scanner.scan(b"5\nhello", &mut out).unwrap_err().status.0, 400);
+    assert_eq!(scanner.scan(b"5\nhello\r\n0\r\n\r\n", &mut out).unwrap_err().status.0, 400);
+    let (mut scanner, mut out) = (ChunkedScanner::new(CL), Vec::new());
+    let body = b"1\r\na\r\n0\r\n\r\nPOST / HTTP/1.1\r\n";
+    let end = ChunkedEnd { consumed: 11, data_len: 1 };
+    assert_eq!(scanner.scan(body, &mut out), Ok(Status::Complete(end)), "bytes past the body are not its");
+    assert_eq!(scanner.scan(body, &mut out), Ok(Status::Complete(end)));
+    assert_eq!(out, b"a");
+}
+
+/// The regression the hostile suite found: a body of 1-byte chunks with long extensions, and a
+/// long line, trickled in. Rescanning from the start on every read examined O(n^2) bytes; the
+/// scanner examines a few bytes per byte received, however the input is split.
+#[test]
+fn chunked_scanner_work_is_linear() {
+    let limits = ChunkedLimits { max_data: 1 << 20, max_extensions: 1 << 20, max_trailers: 1 << 20, max_raw: 1 << 24 };
+    let mut ext = b";e=".to_vec();
+    ext.extend(std::iter::repeat_n(b'v', 1000));
+    let mut body = Vec::new();
+    for _ in 0..200 {
+        body.extend_from_slice(b"1");
+        body.extend_from_slice(&ext);
+        body.extend_from_slice(b"\r\nx\r\n");
+    }
+    body.extend_from_slice(b"0\r\n");
+    for _ in 0..2000 {
+        body.extend_from_slice(b"t: v\r\n");
+    }
+    body.extend_from_slice(b"\r\n");
+    let n = body.len();
+    for step in [1, 7, 1000] {
+        let (mut scanner, mut out) = (ChunkedScanner::new(limits), Vec::new());
+        let want = Body::Ok(b"");
+        let got = feed("linear", &mut scanner, &mut out, &body, (0..n).step_by(step), &want);
+        assert_eq!(got, Ok(Status::Complete(ChunkedEnd { consumed: n, data_len: 200 })));
+        assert_eq!(out, vec![b'x'; 200]);
+        let examined = scanner.bytes_examined();
+        assert!(examined <= 5 * n, "step {step}: {examined} bytes examined for {n}");
+        assert!(examined >= n, "step {step}: the counter counts ({examined} for {n})");
+    }
+}
+
+/// The raw budget of a request is what the head left of max_header_bytes + max_body_bytes.
+#[test]
+fn chunked_limits_follow_the_request_budget() {
+    let limits = Limits { max_header_bytes: 100, max_headers: 8, max_body_bytes: 50 };
+    let cl = ChunkedLimits::for_request(&limits, 40);
+    assert_eq!(cl, ChunkedLimits { max_data: 50, max_extensions: 100, max_trailers: 100, max_raw: 110 });
+    let (mut scanner, mut out) = (ChunkedScanner::new(cl), Vec::new());
+    assert_eq!(scanner.scan(&rep(b"1\r\nx\r\n", 18), &mut out), Ok(Status::Partial), "108 bytes");
+    assert_eq!(scanner.scan(&rep(b"1\r\nx\r\n", 19), &mut out).unwrap_err().status.0, 413, "114 bytes");
 }
 
 #[test]

@@ -137,6 +137,7 @@ fn conn_limits(c: &Config) -> ConnLimits {
         http: c.limits,
         header_read_timeout: c.header_read_timeout,
         idle_timeout: c.idle_timeout,
+        write_timeout: c.write_timeout,
         ws_max_message: c.ws_max_message,
         delivery_linger: c.delivery_linger,
     }

@@ -2,19 +2,23 @@
 //! responses in request order.
 //!
 //! Pipelined requests already in the buffer are handled before the responses are flushed, so a
-//! pipelining client gets one write for many responses. Memory per connection is bounded by the
-//! header and body limits. Runs on the shard that accepted the socket; never blocks it.
+//! pipelining client gets one write for many responses (at most [`OUT_HIGH_WATER`] bytes of them
+//! are gathered before a flush). Memory per connection is bounded: the bytes of one request never
+//! exceed [`Limits::request_budget`] (framing included; 413 beyond), and every write must make
+//! progress within `write_timeout` or the connection is closed. Runs on the shard that accepted
+//! the socket; never blocks it.
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
+use monoio::buf::IoBuf;
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 
 use crate::http::{
-    self, decode_chunked, parse_head, scan_chunked, BodyKind, Head, Limits, Response, Status, StatusCode,
+    self, parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Head, Limits, Response, Status, StatusCode,
 };
 
 /// One complete request, borrowed from the connection's buffer.
@@ -115,6 +119,8 @@ pub struct ConnLimits {
     pub http: Limits,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    /// A response write that makes no progress for this long closes the connection.
+    pub write_timeout: Duration,
     /// Largest WebSocket message accepted (1009 beyond).
     pub ws_max_message: usize,
     /// Delivery sessions gather events this long before a write.
@@ -122,6 +128,10 @@ pub struct ConnLimits {
 }
 
 const READ_CHUNK: usize = 16 * 1024;
+
+/// Responses gathered for pipelined requests are flushed once they reach this many bytes, so a
+/// client that pipelines without reading holds at most this much (plus one response) of ours.
+pub const OUT_HIGH_WATER: usize = 64 * 1024;
 
 pub(crate) enum ReadOutcome {
     Data,
@@ -163,22 +173,61 @@ pub(crate) async fn read_more_sized<R: AsyncReadRent>(
     }
 }
 
-pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>) -> bool {
+/// Reads at most `max` more bytes onto the end of `buf` (so the caller can keep a hard bound on
+/// what it buffers); otherwise as [`read_more`].
+pub(crate) async fn read_at_most<R: AsyncReadRent>(
+    stream: &mut R,
+    buf: &mut Vec<u8>,
+    timeout: Duration,
+    max: usize,
+) -> ReadOutcome {
+    buf.reserve(max);
+    let len = buf.len();
+    let owned = std::mem::take(buf);
+    let read = stream.read(owned.slice_mut(len..len + max));
+    let (res, slice) = match monoio::time::timeout(timeout, read).await {
+        Err(_) => return ReadOutcome::TimedOut,
+        Ok(r) => r,
+    };
+    *buf = slice.into_inner();
+    match res {
+        Ok(0) | Err(_) => ReadOutcome::Closed,
+        Ok(_) => ReadOutcome::Data,
+    }
+}
+
+/// Writes all of `out` and clears it. `false` if the peer is gone, or if one write made no
+/// progress within `timeout` (a client that stopped reading): the caller then drops the
+/// connection, and with it what was not written.
+pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>, timeout: Duration) -> bool {
     if out.is_empty() {
         return true;
     }
-    let (res, mut back) = stream.write_all(std::mem::take(out)).await;
-    back.clear();
-    *out = back;
-    res.is_ok()
+    let mut buf = std::mem::take(out);
+    let mut written = 0;
+    while written < buf.len() {
+        let Ok((res, slice)) = monoio::time::timeout(timeout, stream.write(buf.slice(written..))).await else {
+            return false;
+        };
+        buf = slice.into_inner();
+        match res {
+            Ok(0) => return false,
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    buf.clear();
+    *out = buf;
+    true
 }
 
 /// Answers `response` and closes without resetting: the write side is shut, then whatever the
 /// client is still sending (a body we refused) is read and dropped for a bounded time and size,
 /// so the client reads the response instead of a connection reset.
-pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, response: Response) {
+pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, response: Response, write_timeout: Duration) {
     response.write(out, false, false);
-    if !flush(&mut stream, out).await {
+    if !flush(&mut stream, out, write_timeout).await {
         return;
     }
     let _ = stream.shutdown().await;
@@ -195,8 +244,17 @@ pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, respons
     }
 }
 
+/// How the body of the request being read is delimited.
+enum Framing {
+    Length(usize),
+    /// Scanned (and decoded into the connection's `chunked_body`) as it arrives.
+    Chunked(ChunkedScanner),
+}
+
 /// Serves requests on `stream` until the client closes, an error closes it, or it idles out.
 pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
+    let wt = limits.write_timeout;
+    let budget = limits.http.request_budget();
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut chunked_body: Vec<u8> = Vec::new();
@@ -207,44 +265,60 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         let d = *deadline.get_or_insert_with(|| std::time::Instant::now() + limits.header_read_timeout);
         d.saturating_duration_since(std::time::Instant::now())
     };
+    // While a request is incomplete every byte of `buf` is part of it, and the parsers refuse it
+    // once it is over the budget: reading at most one byte past the budget bounds the buffer.
+    // (Up to the spare capacity, as `read_more` does, so large bodies take few reads.)
+    let room = |buf: &Vec<u8>| {
+        let spare = READ_CHUNK.max(buf.capacity() - buf.len());
+        (budget + 1).saturating_sub(buf.len()).min(spare).max(1)
+    };
     loop {
         // Parse the next head, reading until one is complete.
         let head = loop {
             match parse_head(&buf, &limits.http) {
                 Ok(Status::Complete(h)) => break h,
                 Ok(Status::Partial) => {
-                    if !flush(&mut stream, &mut out).await {
+                    if !flush(&mut stream, &mut out, wt).await {
                         return;
                     }
                     // A timed-out read keeps the buffer it was given, so decide before reading.
                     let started = !buf.is_empty();
                     let timeout = if started { remaining(&mut deadline) } else { limits.idle_timeout };
-                    match read_more(&mut stream, &mut buf, timeout).await {
+                    let max = room(&buf);
+                    match read_at_most(&mut stream, &mut buf, timeout, max).await {
                         ReadOutcome::Data => {}
                         ReadOutcome::Closed => return,
                         ReadOutcome::TimedOut => {
                             if started {
                                 let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request not received in time");
-                                close_with(stream, &mut out, r).await;
+                                close_with(stream, &mut out, r, wt).await;
                             }
                             return;
                         }
                     }
                 }
-                Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
+                Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await,
             }
         };
-        // Then its body.
+        // Then its body. A chunked one is scanned (and decoded into `chunked_body`) as it
+        // arrives, each byte once.
         let mut continue_sent = false;
-        let (body_range, consumed, chunked) = loop {
+        let mut framing = match head.body {
+            BodyKind::Length(n) => Framing::Length(n),
+            BodyKind::Chunked => {
+                chunked_body.clear();
+                Framing::Chunked(ChunkedScanner::new(ChunkedLimits::for_request(&limits.http, head.len)))
+            }
+        };
+        let (body_range, consumed) = loop {
             let avail = &buf[head.len..];
-            let done = match head.body {
-                BodyKind::Length(n) if avail.len() >= n => Some((head.len..head.len + n, head.len + n, None)),
-                BodyKind::Length(_) => None,
-                BodyKind::Chunked => match scan_chunked(avail, limits.http.max_body_bytes) {
-                    Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed, Some(end))),
+            let done = match &mut framing {
+                Framing::Length(n) if avail.len() >= *n => Some((head.len..head.len + *n, head.len + *n)),
+                Framing::Length(_) => None,
+                Framing::Chunked(scanner) => match scanner.scan(avail, &mut chunked_body) {
+                    Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed)),
                     Ok(Status::Partial) => None,
-                    Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail)).await,
+                    Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await,
                 },
             };
             if let Some(d) = done {
@@ -254,25 +328,22 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
                 continue_sent = true;
             }
-            if !flush(&mut stream, &mut out).await {
+            if !flush(&mut stream, &mut out, wt).await {
                 return;
             }
-            match read_more(&mut stream, &mut buf, remaining(&mut deadline)).await {
+            let max = room(&buf);
+            match read_at_most(&mut stream, &mut buf, remaining(&mut deadline), max).await {
                 ReadOutcome::Data => {}
                 ReadOutcome::Closed => return,
                 ReadOutcome::TimedOut => {
                     let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request body not received in time");
-                    return close_with(stream, &mut out, r).await;
+                    return close_with(stream, &mut out, r, wt).await;
                 }
             }
         };
-        let body: &[u8] = match &chunked {
-            Some(end) => {
-                chunked_body.clear();
-                decode_chunked(&buf[head.len..], end, &mut chunked_body);
-                &chunked_body
-            }
-            None => &buf[body_range],
+        let body: &[u8] = match framing {
+            Framing::Length(_) => &buf[body_range],
+            Framing::Chunked(_) => &chunked_body,
         };
         let keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
@@ -281,7 +352,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         buf.drain(..consumed);
         deadline = None;
         if let Some(upgrade) = response.upgrade {
-            if !flush(&mut stream, &mut out).await {
+            if !flush(&mut stream, &mut out, wt).await {
                 return;
             }
             // The connection may now live for days: free what only HTTP needed.
@@ -289,12 +360,20 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
             return handler.upgraded(upgrade, stream, buf, limits, guard);
         }
         if !keep_alive {
-            flush(&mut stream, &mut out).await;
+            flush(&mut stream, &mut out, wt).await;
+            return;
+        }
+        // A client that pipelines without reading gets its answers pushed (and, if it still
+        // does not read, the write timeout) before more of its requests are taken in.
+        if out.len() >= OUT_HIGH_WATER && !flush(&mut stream, &mut out, wt).await {
             return;
         }
         // Keep idle buffers small: a burst of large bodies must not pin memory forever.
         if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
             buf = Vec::new();
+        }
+        if chunked_body.capacity() > 4 * READ_CHUNK {
+            chunked_body = Vec::new();
         }
     }
 }

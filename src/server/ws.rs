@@ -16,9 +16,9 @@ fn close_frame(code: CloseCode, out: &mut Vec<u8>) {
 }
 
 /// Sends our close frame, then waits briefly for the peer's before dropping the socket.
-async fn close(mut stream: TcpStream, out: &mut Vec<u8>, code: CloseCode) {
+async fn close(mut stream: TcpStream, out: &mut Vec<u8>, code: CloseCode, write_timeout: Duration) {
     close_frame(code, out);
-    if flush(&mut stream, out).await {
+    if flush(&mut stream, out, write_timeout).await {
         let _ = stream.shutdown().await;
         let mut sink = Vec::new();
         let _ = read_more(&mut stream, &mut sink, Duration::from_secs(1)).await;
@@ -33,7 +33,7 @@ pub async fn echo(mut stream: TcpStream, mut buf: Vec<u8>, limits: ConnLimits) {
         loop {
             let (msg, used) = match reader.read(&mut buf) {
                 Ok(r) => r,
-                Err(e) => return close(stream, &mut out, e.code).await,
+                Err(e) => return close(stream, &mut out, e.code, limits.write_timeout).await,
             };
             buf.drain(..used);
             match msg {
@@ -44,17 +44,17 @@ pub async fn echo(mut stream: TcpStream, mut buf: Vec<u8>, limits: ConnLimits) {
                 Some(Message::Pong(_)) => {}
                 Some(Message::Close(code, _)) => {
                     let code = code.map_or(CloseCode::NORMAL, CloseCode);
-                    return close(stream, &mut out, code).await;
+                    return close(stream, &mut out, code, limits.write_timeout).await;
                 }
             }
         }
-        if !flush(&mut stream, &mut out).await {
+        if !flush(&mut stream, &mut out, limits.write_timeout).await {
             return;
         }
         match read_more(&mut stream, &mut buf, limits.idle_timeout).await {
             ReadOutcome::Data => {}
             ReadOutcome::Closed => return,
-            ReadOutcome::TimedOut => return close(stream, &mut out, CloseCode::GOING_AWAY).await,
+            ReadOutcome::TimedOut => return close(stream, &mut out, CloseCode::GOING_AWAY, limits.write_timeout).await,
         }
     }
 }

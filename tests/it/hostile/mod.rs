@@ -3,5 +3,6 @@
 //! not only that the broker survived. One module per attack category.
 mod crash;
 mod delivery;
+mod http;
 mod limits;
 mod memory;
