@@ -26,6 +26,7 @@ fn run_script(program: &str, script: &str) {
 }
 
 #[test]
+#[ignore = "needs Python with the CloudEvents SDK (SDK_PYTHON; scripts/test.sh installs it)"]
 fn python_sdk_events_round_trip() {
     let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
     run_script(&python, "python_sdk.py");
@@ -33,12 +34,14 @@ fn python_sdk_events_round_trip() {
 
 /// Independent clients of delivery: Python `websockets`, `httpx-sse` and `httpx`.
 #[test]
+#[ignore = "needs Python with websockets, httpx and httpx-sse (SDK_PYTHON; scripts/test.sh installs them)"]
 fn python_websocket_sse_and_poll_clients_receive_and_ack() {
     let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
     run_script(&python, "python_delivery.py");
 }
 
 #[test]
+#[ignore = "needs Node with the CloudEvents SDK (NODE_PATH; scripts/test.sh installs it)"]
 fn javascript_sdk_events_round_trip() {
     run_script("node", "node_sdk.js");
 }

@@ -71,6 +71,7 @@ fn reader(brokers: &str, group: &str) -> BaseConsumer {
 }
 
 #[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn events_go_to_kafka_in_the_binary_binding_and_no_group_is_used() {
     let brokers = broker();
     let b = on_kafka(&brokers, &[]);
@@ -126,6 +127,7 @@ fn events_go_to_kafka_in_the_binary_binding_and_no_group_is_used() {
 }
 
 #[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn events_other_producers_write_are_delivered() {
     let brokers = broker();
     let b = on_kafka(&brokers, &[]);
@@ -153,6 +155,7 @@ fn events_other_producers_write_are_delivered() {
 }
 
 #[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn a_restart_replays_from_kafka_and_resumes_every_subscription() {
     let brokers = broker();
     let mut b = on_kafka(&brokers, &[]);
@@ -180,6 +183,7 @@ fn a_restart_replays_from_kafka_and_resumes_every_subscription() {
 
 /// A Kafka topic that exists with another partition count is refused, not silently misused.
 #[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn a_kafka_topic_with_other_partitions_is_a_conflict() {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let brokers = broker();
@@ -239,6 +243,7 @@ impl Drop for OwnBroker {
 }
 
 #[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
     let kafka = OwnBroker::start();
     let b = on_kafka(&kafka.addr, &["--kafka-properties", "message.timeout.ms=1500"]);
