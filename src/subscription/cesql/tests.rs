@@ -95,9 +95,9 @@ fn regression_concat_chain_is_cut_by_the_byte_budget() {
     for text in [
         format!("length(concat({args})) > 0"),
         format!("length(concat_ws(x, {})) > 0", vec!["x"; MAX_ARGS - 1].join(", ")),
-        format!("length(concat(concat(x, x), concat(x, x), concat(x, x))) > 0"),
+        "length(concat(concat(x, x), concat(x, x), concat(x, x))) > 0".to_string(),
         vec!["length(x)"; 60].join(" + ") + " > 0",
-        format!("length(upper(lower(upper(lower(concat(x, x)))))) > 0"),
+        "length(upper(lower(upper(lower(concat(x, x)))))) > 0".to_string(),
         format!("x IN ({args})"),
     ] {
         let before = ev.handed_out.get();
