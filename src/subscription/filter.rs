@@ -104,8 +104,8 @@ pub fn compile(filters: Option<&Json>) -> Result<Vec<Filter>, FilterError> {
     }
 }
 
-/// Every pair's attribute, as text, passes `test` against the wanted value: one step per
-/// lookup, the attribute's text borrowed, so the cost is the wanted values' length.
+/// Every pair's attribute, as text, passes `test` against the wanted value: each lookup paid
+/// for, the attribute's text borrowed, so comparing costs the wanted value's length at most.
 fn pairs_verdict<E: Event + ?Sized>(
     pairs: &[(String, String)],
     ev: &E,
@@ -113,7 +113,7 @@ fn pairs_verdict<E: Event + ?Sized>(
     test: fn(&str, &str) -> bool,
 ) -> Verdict {
     for (k, want) in pairs {
-        if !budget.spend(1, 0) {
+        if !budget.spend(ev.lookup_steps(), 0) {
             return Verdict::OverBudget;
         }
         if ev.attribute_text(k, &mut |got| test(got, want)) != Some(true) {
@@ -236,6 +236,10 @@ impl Event for ArchivedFrameBody {
         })
     }
 
+    fn lookup_steps(&self) -> usize {
+        self.attributes.len().max(1)
+    }
+
     fn has_attribute(&self, name: &str) -> bool {
         self.attr(name).is_some()
     }
@@ -329,6 +333,22 @@ mod tests {
         let fs = compile(Some(&json!(vec![json!({"sql": "length(x) > 0"}); 11]))).unwrap();
         assert_eq!(verdict_all(&fs, ev), Verdict::OverBudget);
         assert_eq!(verdict_all(&fs[..10], ev), Verdict::Match);
+    }
+
+    /// Lookups by name scan the event's attributes, so they are paid for by that length: many
+    /// filters naming many attributes of a 1000-attribute event stop at the step budget.
+    #[test]
+    fn lookups_are_paid_for_by_the_attributes_they_scan() {
+        let names: Vec<String> = (0..1000).map(|i| format!("a{i}")).collect();
+        let attrs: Vec<(&str, AttrValue)> = names.iter().map(|n| (n.as_str(), AttrValue::Str("v".into()))).collect();
+        let f = frame(&attrs);
+        let pairs: serde_json::Map<String, Json> = names.iter().map(|n| (n.clone(), json!("v"))).collect();
+        let one = json!([{"exact": pairs}]);
+        assert_eq!(verdict_all(&compile(Some(&one)).unwrap(), f.body()), Verdict::Match);
+        let many = json!(vec![json!({"exact": pairs}); 10]);
+        assert_eq!(verdict_all(&compile(Some(&many)).unwrap(), f.body()), Verdict::OverBudget);
+        let sql = json!([{"sql": vec!["EXISTS a999"; 30].join(" AND ")}]);
+        assert_eq!(verdict_all(&compile(Some(&sql)).unwrap(), f.body()), Verdict::Match);
     }
 
     #[test]

@@ -18,6 +18,12 @@ use super::{ErrorKind, Value};
 pub trait Event {
     fn attribute(&self, name: &str) -> Option<Value>;
 
+    /// Steps one lookup by name costs, charged to the budget: how many attributes it may
+    /// compare (a stored event scans its list, at most 1024 long).
+    fn lookup_steps(&self) -> usize {
+        1
+    }
+
     /// Whether the attribute is present, without copying its value where the event can avoid it.
     fn has_attribute(&self, name: &str) -> bool {
         self.attribute(name).is_some()
@@ -43,8 +49,8 @@ pub const MAX_BYTES: u64 = 4 << 20;
 /// What is left to spend; shared by every filter of a subscription for one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
-    /// One per node evaluated, per character a LIKE or a string function walks, per set member
-    /// compared.
+    /// One per node evaluated, per attribute a lookup by name may compare, per character a LIKE
+    /// or a string function walks, per set member compared.
     pub steps: u64,
     /// One per byte of string produced.
     pub bytes: u64,
@@ -189,6 +195,7 @@ impl<E: Event + ?Sized> Ctx<'_, '_, E> {
                 }
                 Res::Ok(v.clone())
             }
+            Expr::Attr(_) | Expr::Exists(_) if !self.spend(self.event.lookup_steps(), 0) => Res::Missing,
             Expr::Attr(name) => match self.event.attribute(name) {
                 Some(v) => {
                     if let Value::Str(s) = &v {
