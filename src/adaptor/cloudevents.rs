@@ -10,7 +10,9 @@
 //! SDK users would be lost. A span-keeping structural pass is the way to take that 2.5x.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
+use std::hash::Hash;
 
 use base64::Engine as _;
 use frame_codec::{ArchivedAttrValue, AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
@@ -68,6 +70,26 @@ pub fn mode(content_type: Option<&[u8]>, has_ce_specversion: bool) -> Result<Mod
     }
 }
 
+/// Most attributes one event may carry (context attributes and extensions together). Real
+/// events carry a dozen; the cap keeps every per-attribute cost downstream (lookups by name in
+/// filters, rendering, storage) bounded per event.
+pub const MAX_ATTRIBUTES: usize = 1024;
+
+fn too_many_attributes() -> CeError {
+    invalid(format!("an event carries at most {MAX_ATTRIBUTES} attributes"))
+}
+
+/// The first item equal to an earlier one, in linear time on any input: a pairwise scan while
+/// there are few (no allocation on the common path of a dozen attributes), a hash set beyond.
+fn first_duplicate<'a, T, K: Hash + Eq + ?Sized + 'a>(items: &'a [T], key: impl Fn(&'a T) -> &'a K) -> Option<&'a T> {
+    const SCAN: usize = 16;
+    if items.len() <= SCAN {
+        return items.iter().enumerate().find(|&(i, a)| items[..i].iter().any(|b| key(b) == key(a))).map(|(_, a)| a);
+    }
+    let mut seen = HashSet::with_capacity(items.len());
+    items.iter().find(|&a| !seen.insert(key(a)))
+}
+
 fn check_name(name: &str) -> Result<(), CeError> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
         return Err(invalid(format!("attribute name {name:?} is not [a-z0-9]+")));
@@ -77,6 +99,12 @@ fn check_name(name: &str) -> Result<(), CeError> {
 
 /// Checks the rules shared by every mode once the attributes are collected.
 fn check_event(attrs: &[Attribute]) -> Result<(), CeError> {
+    if attrs.len() > MAX_ATTRIBUTES {
+        return Err(too_many_attributes());
+    }
+    if let Some(a) = first_duplicate(attrs, |a| a.name.as_str()) {
+        return Err(invalid(format!("attribute {} appears twice", a.name)));
+    }
     for req in REQUIRED {
         match attrs.iter().find(|a| a.name == req) {
             Some(Attribute { value: AttrValue::Str(s), .. }) if !s.is_empty() => {}
@@ -193,8 +221,8 @@ fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
             continue;
         }
         check_name(&key)?;
-        if attributes.iter().any(|a: &Attribute| a.name == key) {
-            return Err(invalid(format!("attribute {key} appears twice")));
+        if attributes.len() == MAX_ATTRIBUTES {
+            return Err(too_many_attributes());
         }
         let value = match text.as_bytes()[0] {
             b'"' => AttrValue::Str(serde_json::from_str::<String>(text).map_err(json_err)?),
@@ -296,8 +324,8 @@ pub fn parse_binary<'h>(
         if attr == "datacontenttype" || attr == "data" || attr == "data_base64" {
             return Err(invalid(format!("ce-{attr} is not allowed in binary mode")));
         }
-        if attributes.iter().any(|a| a.name == attr) {
-            return Err(invalid(format!("header ce-{attr} appears twice")));
+        if attributes.len() == MAX_ATTRIBUTES {
+            return Err(too_many_attributes());
         }
         attributes.push(Attribute { name: attr, value: AttrValue::Str(percent_decode(value)?) });
     }
@@ -488,6 +516,92 @@ mod tests {
         for h in bad {
             assert!(matches!(parse_binary("t", h.iter().copied(), None, b""), Err(CeError::Invalid(_))), "{h:?}");
         }
+    }
+
+    /// A name whose comparisons are counted, to measure the duplicate check's work.
+    struct Counted<'c>(String, &'c std::cell::Cell<u64>);
+
+    impl PartialEq for Counted<'_> {
+        fn eq(&self, o: &Self) -> bool {
+            self.1.set(self.1.get() + 1);
+            self.0 == o.0
+        }
+    }
+    impl Eq for Counted<'_> {}
+    impl Hash for Counted<'_> {
+        fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+            self.0.hash(h);
+        }
+    }
+
+    fn with_extensions(n: usize, name: impl Fn(usize) -> String) -> String {
+        let mut ev = String::from(r#"{"specversion":"1.0","id":"1","source":"/s","type":"t""#);
+        for i in 0..n {
+            ev.push_str(&format!(r#","{}":"v""#, name(i)));
+        }
+        ev.push('}');
+        ev
+    }
+
+    /// Regression (hostile suite, issue 8): one event with 80,000 extension attributes kept its
+    /// shard busy 10.8 s in a pairwise duplicate check.
+    #[test]
+    fn regression_80000_attributes_duplicate_check_is_linear() {
+        let eqs = std::cell::Cell::new(0);
+        let mut names: Vec<Counted> = (0..80_000).map(|i| Counted(format!("x{i}"), &eqs)).collect();
+        names.push(Counted("x0".into(), &eqs));
+        let dup = first_duplicate(&names, |c| c).expect("the repeated name is found");
+        assert_eq!(dup.0, "x0");
+        // A pairwise scan would compare ~3.2e9 times; a set compares about once per collision.
+        assert!(eqs.get() < 2 * names.len() as u64, "{} comparisons for {} names", eqs.get(), names.len());
+        let eqs_small = std::cell::Cell::new(0);
+        let few: Vec<Counted> = ["a", "b", "c", "b"].iter().map(|n| Counted(n.to_string(), &eqs_small)).collect();
+        assert_eq!(first_duplicate(&few, |c| c).map(|c| c.0.as_str()), Some("b"));
+
+        // The whole event: refused at the attribute cap, before any per-attribute check.
+        let body = with_extensions(80_000, |i| format!("x{i}"));
+        match parse_structured("t", body.as_bytes()) {
+            Err(CeError::Invalid(m)) => assert!(m.contains("at most 1024 attributes"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn attribute_cap_and_duplicates_on_every_mode() {
+        // 4 required + 1020 extensions = the cap exactly.
+        let at_cap = with_extensions(MAX_ATTRIBUTES - 4, |i| format!("x{i}"));
+        assert_eq!(parse_structured("t", at_cap.as_bytes()).unwrap().body().attributes.len(), MAX_ATTRIBUTES);
+        let over = with_extensions(MAX_ATTRIBUTES - 3, |i| format!("x{i}"));
+        assert!(matches!(parse_structured("t", over.as_bytes()), Err(CeError::Invalid(m)) if m.contains("at most")));
+        let batch = format!("[{EV},{over}]");
+        assert!(matches!(parse_batch("t", batch.as_bytes()), Err(CeError::Invalid(m)) if m.contains("at most")));
+        // A duplicate among many (the hash-set path) and among few (the scan).
+        let dup_late = with_extensions(1000, |i| if i == 999 { "x3".into() } else { format!("x{i}") });
+        assert!(
+            matches!(parse_structured("t", dup_late.as_bytes()), Err(CeError::Invalid(m)) if m.contains("x3 appears twice"))
+        );
+        let batch = format!("[{EV},{dup_late}]");
+        assert!(matches!(parse_batch("t", batch.as_bytes()), Err(CeError::Invalid(m)) if m.contains("appears twice")));
+
+        let names: Vec<String> = (0..MAX_ATTRIBUTES).map(|i| format!("ce-x{i}")).collect();
+        let base: [(&str, &[u8]); 4] =
+            [("ce-specversion", b"1.0"), ("ce-id", b"1"), ("ce-source", b"s"), ("ce-type", b"t")];
+        let headers = base.iter().copied().chain(names.iter().map(|n| (n.as_str(), &b"v"[..])));
+        assert!(matches!(parse_binary("t", headers, None, b""), Err(CeError::Invalid(m)) if m.contains("at most")));
+        let headers = base.iter().copied().chain(names[..100].iter().map(|n| (n.as_str(), &b"v"[..])));
+        assert_eq!(parse_binary("t", headers, None, b"").unwrap().body().attributes.len(), 104);
+        let headers = base
+            .iter()
+            .copied()
+            .chain(names[..100].iter().map(|n| (n.as_str(), &b"v"[..])))
+            .chain([("CE-X7", &b"w"[..])]);
+        assert!(
+            matches!(parse_binary("t", headers, None, b""), Err(CeError::Invalid(m)) if m.contains("x7 appears twice"))
+        );
+        let headers = base.iter().copied().chain([("ce-id", &b"2"[..])]);
+        assert!(
+            matches!(parse_binary("t", headers, None, b""), Err(CeError::Invalid(m)) if m.contains("id appears twice"))
+        );
     }
 
     #[test]

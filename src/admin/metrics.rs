@@ -1,7 +1,8 @@
 //! Per-shard counters and histograms, rendered as Prometheus text.
 //!
 //! Each shard writes only its own cache-padded slot with relaxed atomics (no sharing on the hot
-//! path); the admin thread reads them all when scraped.
+//! path); the admin thread reads them all when scraped. Filter evaluations over budget are
+//! tallied by the filter code on the evaluating thread and read here by shard thread name.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,6 +132,17 @@ impl Metrics {
             for (i, m) in self.shards.iter().enumerate() {
                 let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", get(m).get());
             }
+        }
+        // Tallied per thread by the filter code itself (no hook on the delivery path); the
+        // runtime names shard i's thread `evmesh-shard-{i}` (src/runtime/mod.rs).
+        let name = "evmesh_filter_budget_exceeded_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Filter evaluations stopped at their step or byte budget (the event did not match)\n# TYPE {name} counter"
+        );
+        for i in 0..self.shards.len() {
+            let n = crate::subscription::filter::over_budget_on(&format!("evmesh-shard-{i}"));
+            let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {n}");
         }
         let name = "evmesh_connections_open";
         let _ = writeln!(out, "# HELP {name} Open connections\n# TYPE {name} gauge");

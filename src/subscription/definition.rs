@@ -177,5 +177,15 @@ mod tests {
             let err = Definition::parse(body.as_bytes()).unwrap_err();
             assert!(err.contains(want), "{body}: {err}");
         }
+        // CESQL beyond its compile limits is refused at subscribe, saying which limit.
+        for (sql, want) in [
+            (format!("n{} > 0", " + n".repeat(70)), "nested deeper than 64"),
+            (format!("length(concat({})) > 0", vec!["x"; 65].join(",")), "at most 64 arguments"),
+            (format!("n IN ({})", vec!["1"; 1100].join(",")), "longer than 2048 tokens"),
+        ] {
+            let body = serde_json::json!({"subscription": "s", "topic": "t", "filters": [{"sql": sql}]});
+            let err = Definition::parse(body.to_string().as_bytes()).unwrap_err();
+            assert!(err.contains("filters[0].sql: CESQL parse error") && err.contains(want), "{err}");
+        }
     }
 }

@@ -4,21 +4,95 @@
 //! first error is reported in the [`Outcome`]. A missing attribute makes the operation that uses
 //! it yield its zero value without computing (so `missing / 0` is a missing-attribute error, not
 //! a division by zero), as the TCK requires.
+//!
+//! Every evaluation spends from a [`Budget`] of steps and of bytes produced, checked before the
+//! costly part of each operation where it can be. A filter that runs out stops at once and does
+//! not match ([`Verdict::OverBudget`]): filters come from clients and run on the shard that owns
+//! the partition, so no expression may cost more than the budget, whatever the event holds.
+//! This module only reports it; callers count and log.
 
-use super::parser::{BinOp, Expr, Function, PatTok};
+use super::parser::{BinOp, Expr, Function, Pattern, Piece};
 use super::{ErrorKind, Value};
 
 /// What an expression can read: the event's context attributes and extensions by name.
 pub trait Event {
     fn attribute(&self, name: &str) -> Option<Value>;
+
+    /// Steps one lookup by name costs, charged to the budget: how many attributes it may
+    /// compare (a stored event scans its list, at most 1024 long).
+    fn lookup_steps(&self) -> usize {
+        1
+    }
+
+    /// Whether the attribute is present, without copying its value where the event can avoid it.
+    fn has_attribute(&self, name: &str) -> bool {
+        self.attribute(name).is_some()
+    }
+
+    /// `test` applied to the attribute's text form (integers and booleans as CESQL prints
+    /// them), `None` when absent; events that hold the text lend it instead of copying it.
+    fn attribute_text(&self, name: &str, test: &mut dyn FnMut(&str) -> bool) -> Option<bool> {
+        self.attribute(name).map(|v| test(&string(v)))
+    }
+}
+
+/// Steps one evaluation of a subscription's filters against one event may take: four linear
+/// passes (a LIKE, a LENGTH...) over the largest attribute an event can carry at the default
+/// `max_body_bytes` (1 MiB). Spent in full, that is a few milliseconds of one core.
+pub const MAX_STEPS: u64 = 4 << 20;
+
+/// Bytes of strings one evaluation may produce (attribute values read, literals, function
+/// results): room to read the largest attribute four times at the default `max_body_bytes`,
+/// and with it a bound on the memory one evaluation holds.
+pub const MAX_BYTES: u64 = 4 << 20;
+
+/// What is left to spend; shared by every filter of a subscription for one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// One per node evaluated, per attribute a lookup by name may compare, per character a LIKE
+    /// or a string function walks, per set member compared.
+    pub steps: u64,
+    /// One per byte of string produced.
+    pub bytes: u64,
+    /// Set by the first spend that did not fit; every later spend fails too.
+    pub exhausted: bool,
+}
+
+impl Budget {
+    /// The budget of one event's evaluation: [`MAX_STEPS`] and [`MAX_BYTES`].
+    pub const PER_EVENT: Budget = Budget { steps: MAX_STEPS, bytes: MAX_BYTES, exhausted: false };
+
+    /// Takes `steps` and `bytes` if both fit; otherwise takes nothing and is exhausted.
+    pub fn spend(&mut self, steps: usize, bytes: usize) -> bool {
+        let (steps, bytes) = (steps as u64, bytes as u64);
+        if self.exhausted || steps > self.steps || bytes > self.bytes {
+            self.exhausted = true;
+            return false;
+        }
+        self.steps -= steps;
+        self.bytes -= bytes;
+        true
+    }
+}
+
+/// Whether an event passes a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Match,
+    NoMatch,
+    /// The evaluation ran out of budget and stopped: the event does not match.
+    OverBudget,
 }
 
 /// The result of one evaluation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
+    /// `false` when over budget.
     pub value: Value,
     /// The first error met, if any.
     pub error: Option<ErrorKind>,
+    /// Whether the budget ran out (the value is then `false`, whatever was computed).
+    pub over_budget: bool,
 }
 
 /// The result of evaluating one node.
@@ -30,14 +104,19 @@ enum Res {
     Missing,
 }
 
-struct Ctx<'e, E: Event + ?Sized> {
+struct Ctx<'e, 'b, E: Event + ?Sized> {
     event: &'e E,
     error: Option<ErrorKind>,
     /// How many errors were raised so far (only the first is reported).
     raised: usize,
+    budget: &'b mut Budget,
 }
 
-impl<E: Event + ?Sized> Ctx<'_, E> {
+impl<E: Event + ?Sized> Ctx<'_, '_, E> {
+    fn spend(&mut self, steps: usize, bytes: usize) -> bool {
+        self.budget.spend(steps, bytes)
+    }
+
     fn fail(&mut self, kind: ErrorKind) {
         self.error.get_or_insert(kind);
         self.raised += 1;
@@ -47,10 +126,15 @@ impl<E: Event + ?Sized> Ctx<'_, E> {
         match v {
             Value::Int(i) => i,
             Value::Bool(b) => i32::from(b),
-            Value::Str(s) => s.parse().unwrap_or_else(|_| {
-                self.fail(ErrorKind::Cast);
-                0
-            }),
+            Value::Str(s) => {
+                if !self.spend(s.len(), 0) {
+                    return 0;
+                }
+                s.parse().unwrap_or_else(|_| {
+                    self.fail(ErrorKind::Cast);
+                    0
+                })
+            }
         }
     }
 
@@ -71,24 +155,60 @@ impl<E: Event + ?Sized> Ctx<'_, E> {
         match like {
             Value::Bool(_) => Value::Bool(self.bool(v)),
             Value::Int(_) => Value::Int(self.int(v)),
-            Value::Str(_) => Value::Str(string(v)),
+            Value::Str(_) => Value::Str(self.text(v)),
         }
+    }
+
+    /// The text form of a value, its bytes spent when it had to be printed.
+    fn text(&mut self, v: Value) -> String {
+        match v {
+            Value::Str(s) => s,
+            v => {
+                let s = string(v);
+                self.spend(0, s.len());
+                s
+            }
+        }
+    }
+
+    /// Evaluates `e` within the budget: once it is exhausted every node yields "missing", so
+    /// the operators above it compute nothing and evaluation unwinds at once.
+    fn eval(&mut self, e: &Expr) -> Res {
+        if !self.spend(1, 0) {
+            return Res::Missing;
+        }
+        let r = self.eval_node(e);
+        if self.budget.exhausted {
+            return Res::Missing;
+        }
+        r
     }
 
     /// Evaluates `e`. An operand that errored (or is missing) makes its operator yield that
     /// operator's zero value, marked as errored too; the operator that raised an error keeps the
     /// value it computed with zero-valued inputs (so `NOT 10` is true with a cast error).
-    fn eval(&mut self, e: &Expr) -> Res {
+    fn eval_node(&mut self, e: &Expr) -> Res {
         match e {
-            Expr::Lit(v) => Res::Ok(v.clone()),
+            Expr::Lit(v) => {
+                if let Value::Str(s) = v {
+                    self.spend(0, s.len());
+                }
+                Res::Ok(v.clone())
+            }
+            Expr::Attr(_) | Expr::Exists(_) if !self.spend(self.event.lookup_steps(), 0) => Res::Missing,
             Expr::Attr(name) => match self.event.attribute(name) {
-                Some(v) => Res::Ok(v),
+                Some(v) => {
+                    if let Value::Str(s) = &v {
+                        self.spend(0, s.len());
+                    }
+                    Res::Ok(v)
+                }
                 None => {
                     self.fail(ErrorKind::MissingAttribute);
                     Res::Missing
                 }
             },
-            Expr::Exists(name) => Res::Ok(Value::Bool(self.event.attribute(name).is_some())),
+            Expr::Exists(name) => Res::Ok(Value::Bool(self.event.has_attribute(name))),
             Expr::Not(x) => {
                 let Res::Ok(v) = self.eval(x) else { return Res::Err(Value::Bool(false)) };
                 self.raising(|c| Value::Bool(!c.bool(v)))
@@ -123,7 +243,8 @@ impl<E: Event + ?Sized> Ctx<'_, E> {
             }
             Expr::Like { expr, pattern, negated } => {
                 let Res::Ok(v) = self.eval(expr) else { return Res::Err(Value::Bool(false)) };
-                Res::Ok(Value::Bool(like(&string(v), pattern) != *negated))
+                let s = self.text(v);
+                Res::Ok(Value::Bool(self.like(&s, pattern) != *negated))
             }
             Expr::In { expr, set, negated } => {
                 let Res::Ok(v) = self.eval(expr) else { return Res::Err(Value::Bool(false)) };
@@ -135,6 +256,7 @@ impl<E: Event + ?Sized> Ctx<'_, E> {
                     }
                 }
                 self.raising(|c| {
+                    c.spend(items.len(), 0);
                     let found = items.into_iter().any(|x| c.cast_like(x, &v) == v);
                     Value::Bool(found != *negated)
                 })
@@ -215,7 +337,7 @@ impl<E: Event + ?Sized> Ctx<'_, E> {
                 Value::Int(i) => Value::Bool(i != 0),
                 v => Value::Bool(self.bool(v)),
             },
-            Function::String => Value::Str(string(next!())),
+            Function::String => Value::Str(self.text(next!())),
             Function::IsBool => Value::Bool(match next!() {
                 Value::Bool(_) => true,
                 Value::Str(s) => s.eq_ignore_ascii_case("true") || s.eq_ignore_ascii_case("false"),
@@ -233,37 +355,64 @@ impl<E: Event + ?Sized> Ctx<'_, E> {
                     i32::MAX
                 }))
             }
-            Function::Length => Value::Int(string(next!()).chars().count().min(i32::MAX as usize) as i32),
-            Function::Lower => Value::Str(string(next!()).to_lowercase()),
-            Function::Upper => Value::Str(string(next!()).to_uppercase()),
-            Function::Trim => Value::Str(string(next!()).trim().to_owned()),
-            Function::Concat => Value::Str(args.by_ref().map(string).collect()),
-            Function::ConcatWs => {
-                let sep = string(next!());
+            Function::Length => {
+                let s = string(next!());
+                if !self.spend(s.len(), 0) {
+                    return Value::Int(0);
+                }
+                Value::Int(s.chars().count().min(i32::MAX as usize) as i32)
+            }
+            Function::Lower | Function::Upper | Function::Trim => {
+                let s = string(next!());
+                if !self.spend(s.len(), 0) {
+                    return Value::Str(String::new());
+                }
+                let out = match f {
+                    Function::Lower => s.to_lowercase(),
+                    Function::Upper => s.to_uppercase(),
+                    _ => s.trim().to_owned(),
+                };
+                drop(s);
+                self.produced(out)
+            }
+            Function::Concat | Function::ConcatWs => {
+                let sep = if f == Function::ConcatWs { string(next!()) } else { String::new() };
                 let parts: Vec<String> = args.by_ref().map(string).collect();
+                // Sized and paid for before anything is copied.
+                let len = parts.iter().map(String::len).sum::<usize>() + sep.len() * parts.len().saturating_sub(1);
+                if !self.spend(parts.len(), len) {
+                    return Value::Str(String::new());
+                }
                 Value::Str(parts.join(&sep))
             }
             Function::Left | Function::Right => {
-                let s = string(next!());
+                let mut s = string(next!());
                 let n = self.int(next!());
                 if n < 0 {
                     self.fail(ErrorKind::FunctionEvaluation);
                     return Value::Str(s);
                 }
-                let chars: Vec<char> = s.chars().collect();
-                let n = (n as usize).min(chars.len());
-                Value::Str(if f == Function::Left {
-                    chars[..n].iter().collect()
+                let n = n as usize;
+                if !self.spend(n.min(s.len()), 0) {
+                    return Value::Str(String::new());
+                }
+                if f == Function::Left {
+                    s.truncate(s.char_indices().nth(n).map_or(s.len(), |(i, _)| i));
+                } else if n == 0 {
+                    s.clear();
                 } else {
-                    chars[chars.len() - n..].iter().collect()
-                })
+                    s.drain(..s.char_indices().rev().nth(n - 1).map_or(0, |(i, _)| i));
+                }
+                Value::Str(s)
             }
             Function::Substring => {
-                let s = string(next!());
+                let mut s = string(next!());
                 let pos = self.int(next!());
                 let len = args.next().map(|v| self.int(v));
-                let chars: Vec<char> = s.chars().collect();
-                let n = chars.len() as i64;
+                if !self.spend(s.len(), 0) {
+                    return Value::Str(String::new());
+                }
+                let n = s.chars().count() as i64;
                 let pos = i64::from(pos);
                 if pos == 0 {
                     return Value::Str(String::new());
@@ -273,9 +422,87 @@ impl<E: Event + ?Sized> Ctx<'_, E> {
                     return Value::Str(String::new());
                 }
                 let start = if pos > 0 { pos - 1 } else { n + pos } as usize;
-                let end = len.map_or(chars.len(), |l| (start + l as usize).min(chars.len()));
-                Value::Str(chars[start..end].iter().collect())
+                let end = len.map_or(n as usize, |l| (start + l as usize).min(n as usize));
+                let byte = |s: &str, k: usize| s.char_indices().nth(k).map_or(s.len(), |(i, _)| i);
+                s.truncate(byte(&s, end));
+                s.drain(..byte(&s, start));
+                Value::Str(s)
             }
+        }
+    }
+
+    /// A function's fresh string result, its bytes spent (the empty string when they do not fit).
+    fn produced(&mut self, out: String) -> Value {
+        if self.spend(0, out.len()) {
+            Value::Str(out)
+        } else {
+            Value::Str(String::new())
+        }
+    }
+
+    /// LIKE: the pattern's first piece at the start, its last at the end, and each piece between
+    /// at its leftmost place after the previous one. Literal pieces are found by a linear-time
+    /// substring search; pieces with `_` are tried at each position, which the step budget bounds.
+    fn like(&mut self, s: &str, p: &Pattern) -> bool {
+        let (first, rest) = p.pieces.split_first().expect("a pattern has a first piece");
+        let Some(mut pos) = self.piece_at(s, 0, first) else { return false };
+        if !p.percent {
+            return pos == s.len();
+        }
+        let (last, middle) = rest.split_last().expect("a pattern with % has a last piece");
+        let k = last.chars.len();
+        if !self.spend(k, 0) {
+            return false;
+        }
+        let tail = if k == 0 { Some(s.len()) } else { s.char_indices().rev().nth(k - 1).map(|(i, _)| i) };
+        let Some(tail) = tail.filter(|&t| t >= pos) else { return false };
+        if self.piece_at(s, tail, last) != Some(s.len()) {
+            return false;
+        }
+        let head = &s[..tail];
+        for piece in middle {
+            match self.find(head, pos, piece) {
+                Some(end) => pos = end,
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Where `piece` ends if it matches `s` at byte `at`.
+    fn piece_at(&mut self, s: &str, at: usize, piece: &Piece) -> Option<usize> {
+        if !self.spend(piece.chars.len(), 0) {
+            return None;
+        }
+        if let Some(lit) = &piece.literal {
+            return s[at..].starts_with(lit.as_str()).then_some(at + lit.len());
+        }
+        let mut rest = s[at..].chars();
+        for want in &piece.chars {
+            let c = rest.next()?;
+            if want.is_some_and(|w| w != c) {
+                return None;
+            }
+        }
+        Some(s.len() - rest.as_str().len())
+    }
+
+    /// Where the leftmost match of `piece` in `s` at or after byte `from` ends.
+    fn find(&mut self, s: &str, from: usize, piece: &Piece) -> Option<usize> {
+        if let Some(lit) = &piece.literal {
+            let found = s[from..].find(lit.as_str()).map(|i| from + i + lit.len());
+            // Two-way search: its work is linear in what it walked.
+            return self.spend(found.unwrap_or(s.len()) - from, 0).then_some(found).flatten();
+        }
+        let mut at = from;
+        loop {
+            if let Some(end) = self.piece_at(s, at, piece) {
+                return Some(end);
+            }
+            if self.budget.exhausted {
+                return None;
+            }
+            at += s[at..].chars().next()?.len_utf8();
         }
     }
 }
@@ -303,51 +530,40 @@ fn zero_of_fn(f: Function) -> Value {
     }
 }
 
-/// LIKE matching: `%` any run, `_` one character; backtracks only to the last `%`.
-fn like(s: &str, p: &[PatTok]) -> bool {
-    let s: Vec<char> = s.chars().collect();
-    let (mut i, mut j) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while i < s.len() {
-        match p.get(j) {
-            Some(PatTok::Many) => {
-                star = Some((j, i));
-                j += 1;
-            }
-            Some(PatTok::One) => {
-                i += 1;
-                j += 1;
-            }
-            Some(PatTok::Lit(c)) if *c == s[i] => {
-                i += 1;
-                j += 1;
-            }
-            _ => match star {
-                Some((sj, si)) => {
-                    star = Some((sj, si + 1));
-                    j = sj + 1;
-                    i = si + 1;
-                }
-                None => return false,
-            },
-        }
-    }
-    p[j..].iter().all(|t| *t == PatTok::Many)
-}
-
 impl Expr {
-    /// Evaluates against `event`; never fails (see the module docs).
+    /// Evaluates against `event` within a fresh [`Budget::PER_EVENT`]; never fails (see the
+    /// module docs).
     pub fn evaluate<E: Event + ?Sized>(&self, event: &E) -> Outcome {
-        let mut ctx = Ctx { event, error: None, raised: 0 };
+        let mut budget = Budget::PER_EVENT;
+        self.evaluate_within(event, &mut budget)
+    }
+
+    /// Evaluates against `event`, spending from `budget`.
+    pub fn evaluate_within<E: Event + ?Sized>(&self, event: &E, budget: &mut Budget) -> Outcome {
+        let mut ctx = Ctx { event, error: None, raised: 0, budget };
         let value = match ctx.eval(self) {
             Res::Ok(v) | Res::Err(v) => v,
             Res::Missing => Value::Bool(false),
         };
-        Outcome { value, error: ctx.error }
+        let over_budget = ctx.budget.exhausted;
+        let value = if over_budget { Value::Bool(false) } else { value };
+        Outcome { value, error: ctx.error, over_budget }
     }
 
-    /// Whether `event` passes this filter: the expression is exactly boolean true.
+    /// Whether `event` passes this filter (the expression is exactly boolean true), spending
+    /// from `budget`.
+    pub fn verdict<E: Event + ?Sized>(&self, event: &E, budget: &mut Budget) -> Verdict {
+        let out = self.evaluate_within(event, budget);
+        match out.value {
+            _ if out.over_budget => Verdict::OverBudget,
+            Value::Bool(true) => Verdict::Match,
+            _ => Verdict::NoMatch,
+        }
+    }
+
+    /// Whether `event` passes this filter within a fresh budget.
     pub fn matches<E: Event + ?Sized>(&self, event: &E) -> bool {
-        self.evaluate(event).value == Value::Bool(true)
+        let mut budget = Budget::PER_EVENT;
+        self.verdict(event, &mut budget) == Verdict::Match
     }
 }

@@ -34,6 +34,11 @@ fn err(at: usize, message: impl Into<String>) -> ParseError {
     ParseError { at, message: message.into() }
 }
 
+/// Most tokens an expression may have. Every node of the tree consumes at least one token, so
+/// this also bounds the tree's size, and with it the compile-time work and the memory a
+/// subscription's filter holds. Real filters have tens of tokens.
+pub const MAX_TOKENS: usize = 2048;
+
 pub fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
     let b = text.as_bytes();
     let mut out = Vec::new();
@@ -107,6 +112,9 @@ pub fn lex(text: &str) -> Result<Vec<Token>, ParseError> {
             }
             _ => return Err(err(at, format!("unexpected character {:?}", text[i..].chars().next().unwrap_or('?')))),
         };
+        if out.len() == MAX_TOKENS {
+            return Err(err(at, format!("expression longer than {MAX_TOKENS} tokens")));
+        }
         out.push(Token { tok, at });
         i += len;
     }

@@ -5,13 +5,21 @@
 //! then evaluated per event against anything that can look up attributes ([`Event`]).
 //! Evaluation never fails: like the spec, an error (missing attribute, bad cast, division by
 //! zero...) yields the zero value of the operation's type and is reported beside the result.
+//!
+//! Filters come from clients, so every cost is bounded. Compiling: at most [`MAX_TOKENS`]
+//! tokens, [`MAX_ARGS`] arguments per call, a tree at most [`MAX_DEPTH`] high (operator
+//! chains included), so parsing, evaluating and dropping never recurse deeper. Evaluating: a
+//! [`Budget`] of steps and bytes produced per event ([`MAX_STEPS`], [`MAX_BYTES`]), LIKE as
+//! substring searches rather than backtracking; past the budget an event does not match and
+//! the caller is told ([`Verdict::OverBudget`]).
 
 mod eval;
 mod lexer;
 mod parser;
 
-pub use eval::{Event, Outcome};
-pub use parser::Expr;
+pub use eval::{Budget, Event, Outcome, Verdict, MAX_BYTES, MAX_STEPS};
+pub use lexer::MAX_TOKENS;
+pub use parser::{Expr, MAX_ARGS, MAX_DEPTH};
 
 /// A CESQL value: the language has three types.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,3 +72,5 @@ pub fn compile(text: &str) -> Result<Expr, ParseError> {
 
 #[cfg(test)]
 mod tck;
+#[cfg(test)]
+mod tests;

@@ -68,14 +68,25 @@ impl Function {
     }
 }
 
-/// One element of a compiled LIKE pattern.
+/// One piece of a LIKE pattern between two `%`: a fixed number of characters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PatTok {
-    Lit(char),
-    /// `_`: exactly one character.
-    One,
-    /// `%`: any run of characters.
-    Many,
+pub struct Piece {
+    /// Each character, `None` for `_` (exactly one character).
+    pub chars: Vec<Option<char>>,
+    /// The same piece as text when it has no `_`: found with a linear-time substring search.
+    pub literal: Option<String>,
+}
+
+/// A compiled LIKE pattern: the pieces between `%`s, so matching is a few substring searches
+/// (greedy leftmost placement is exact when every piece has a fixed length), never a
+/// backtracking walk over the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    /// The first piece is anchored at the start and, if `percent`, the last at the end; those
+    /// two may be empty, the ones between never are.
+    pub pieces: Vec<Piece>,
+    /// Whether the pattern has any `%`; without one, the single piece must match the whole value.
+    pub percent: bool,
 }
 
 /// A compiled CESQL expression.
@@ -90,7 +101,7 @@ pub enum Expr {
     Binary(BinOp, Box<Expr>, Box<Expr>),
     Like {
         expr: Box<Expr>,
-        pattern: Vec<PatTok>,
+        pattern: Pattern,
         negated: bool,
     },
     In {
@@ -104,29 +115,46 @@ pub enum Expr {
     MissingFunction(String),
 }
 
-fn compile_like(p: &str) -> Vec<PatTok> {
-    let mut out = Vec::new();
+fn compile_like(p: &str) -> Pattern {
+    let mut pieces: Vec<Vec<Option<char>>> = vec![Vec::new()];
     let mut chars = p.chars().peekable();
     while let Some(c) = chars.next() {
-        match c {
+        let c = match c {
             '\\' => match chars.peek() {
-                Some('%') | Some('_') => out.push(PatTok::Lit(chars.next().expect("peeked"))),
-                _ => out.push(PatTok::Lit('\\')),
+                Some('%') | Some('_') => chars.next(),
+                _ => Some('\\'),
             },
             '%' => {
-                if out.last() != Some(&PatTok::Many) {
-                    out.push(PatTok::Many);
-                }
+                pieces.push(Vec::new());
+                continue;
             }
-            '_' => out.push(PatTok::One),
-            c => out.push(PatTok::Lit(c)),
-        }
+            '_' => None,
+            c => Some(c),
+        };
+        pieces.last_mut().expect("never empty").push(c);
     }
-    out
+    let percent = pieces.len() > 1;
+    let last = pieces.len() - 1;
+    let pieces = pieces
+        .into_iter()
+        .enumerate()
+        .filter(|(i, p)| *i == 0 || *i == last || !p.is_empty())
+        .map(|(_, chars)| {
+            let literal = chars.iter().copied().collect::<Option<String>>();
+            Piece { chars, literal }
+        })
+        .collect();
+    Pattern { pieces, percent }
 }
 
-/// Deepest nesting accepted: filters come from clients, and both parsing and evaluation recurse.
+/// Deepest nesting accepted: filters come from clients, and parsing, evaluation and dropping
+/// recurse. It bounds both the parser's recursion and the height of the tree it builds, where
+/// each operator of a chain such as `a + b + c` is one level.
 pub const MAX_DEPTH: usize = 64;
+
+/// Most arguments of one function call (CESQL's functions take at most three, except
+/// `CONCAT` and `CONCAT_WS`).
+pub const MAX_ARGS: usize = 64;
 
 struct Parser<'t> {
     toks: &'t [Token],
@@ -340,6 +368,9 @@ impl Parser<'_> {
                     if self.peek() != Some(&Tok::RParen) {
                         args.push(self.logic()?);
                         while self.peek() == Some(&Tok::Comma) {
+                            if args.len() == MAX_ARGS {
+                                return self.err(format!("a function takes at most {MAX_ARGS} arguments"));
+                            }
                             self.pos += 1;
                             args.push(self.logic()?);
                         }
@@ -364,11 +395,44 @@ impl Parser<'_> {
     }
 }
 
+/// The height of a tree, walked without recursion (it may not be checked yet).
+fn height(e: &Expr) -> usize {
+    let mut max = 0;
+    let mut stack = vec![(e, 1)];
+    while let Some((e, h)) = stack.pop() {
+        max = max.max(h);
+        match e {
+            Expr::Lit(_) | Expr::Attr(_) | Expr::Exists(_) | Expr::MissingFunction(_) => {}
+            Expr::Not(x) | Expr::Neg(x) | Expr::Like { expr: x, .. } => stack.push((&**x, h + 1)),
+            Expr::Binary(_, l, r) => {
+                stack.push((&**l, h + 1));
+                stack.push((&**r, h + 1));
+            }
+            Expr::In { expr, set, .. } => {
+                stack.push((&**expr, h + 1));
+                stack.extend(set.iter().map(|c| (c, h + 1)));
+            }
+            Expr::Call(_, args) => stack.extend(args.iter().map(|c| (c, h + 1))),
+        }
+    }
+    max
+}
+
 pub fn parse(toks: &[Token], end: usize) -> Result<Expr, ParseError> {
     let mut p = Parser { toks, pos: 0, end, depth: 0 };
     let e = p.logic()?;
     if p.pos != toks.len() {
         return p.err("unexpected trailing input");
+    }
+    // Left-associative chains are built by a loop, not by recursion, so their height is
+    // checked here: evaluation recurses once per level.
+    if height(&e) > MAX_DEPTH {
+        return Err(ParseError {
+            at: 0,
+            message: format!(
+                "expression nested deeper than {MAX_DEPTH} (each operator of a chain such as a + b + c is one level)"
+            ),
+        });
     }
     Ok(e)
 }
