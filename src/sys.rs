@@ -59,6 +59,36 @@ pub fn set_tcp_user_timeout(fd: std::os::fd::RawFd, ms: u32) {
     }
 }
 
+/// The process's resident set, from `/proc/self/statm`.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * page_size())
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf takes a constant and returns a number.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if n > 0 {
+        n as u64
+    } else {
+        4096
+    }
+}
+
+/// The memory this process may use by default: 80% of the cgroup limit if there is one, else
+/// of the machine's memory.
+pub fn default_memory_limit() -> u64 {
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/sys/fs/cgroup/memory/memory.limit_in_bytes").ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    // SAFETY: sysconf takes a constant and returns a number.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    let machine = if pages > 0 { pages as u64 * page_size() } else { 8 << 30 };
+    cgroup.filter(|&c| c < machine).unwrap_or(machine) / 10 * 8
+}
+
 /// Ends the process at once with `code`: no destructors, no atexit handlers (other threads
 /// may be in the middle of anything; what the WAL has written is with the OS already).
 pub fn exit_now(code: i32) -> ! {

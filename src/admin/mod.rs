@@ -74,6 +74,24 @@ impl Handler for Admin {
             (Method::Get, ["metrics"]) => {
                 let mut out = String::new();
                 self.shared.metrics.render(&mut out);
+                let mem = &self.shared.memory;
+                for (name, kind, help, v) in [
+                    (
+                        "evmesh_memory_resident_bytes",
+                        "gauge",
+                        "Resident memory, sampled every 100 ms",
+                        mem.resident.load(Ordering::Relaxed),
+                    ),
+                    ("evmesh_memory_limit_bytes", "gauge", "memory_limit_bytes: new work is shed past it", mem.limit),
+                    (
+                        "evmesh_memory_shed_total",
+                        "counter",
+                        "Requests refused (503) while over memory_limit_bytes",
+                        mem.shed.load(Ordering::Relaxed),
+                    ),
+                ] {
+                    out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
+                }
                 let name = "evmesh_mailbox_depth";
                 out.push_str(&format!(
                     "# HELP {name} Messages waiting in a shard's inbound rings\n# TYPE {name} gauge\n"

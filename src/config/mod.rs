@@ -86,6 +86,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ("client_offset_ttl_ms", "offsets of a client not seen for this long are forgotten; 0 = never"),
     ("auto_create_topics", "create a topic on its first publish or subscription (false: 404 until PUT /admin/topics)"),
     ("admin_max_connections", "open connections on the admin listener; more are closed at accept"),
+    (
+        "memory_limit_bytes",
+        "resident memory past which new work is refused (503); 0 = 80% of the cgroup or machine memory",
+    ),
 ];
 
 fn kind(key: &str) -> Kind {
@@ -144,6 +148,7 @@ pub struct RawConfig {
     client_offset_ttl_ms: u64,
     auto_create_topics: bool,
     admin_max_connections: u64,
+    memory_limit_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,6 +251,8 @@ pub struct Config {
     pub client_offset_ttl: Option<Duration>,
     pub auto_create_topics: bool,
     pub admin_max_connections: usize,
+    /// Resident memory past which new work is shed.
+    pub memory_limit_bytes: u64,
 }
 
 fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
@@ -453,6 +460,10 @@ impl RawConfig {
             client_offset_ttl: nonzero(self.client_offset_ttl_ms).map(Duration::from_millis),
             auto_create_topics: self.auto_create_topics,
             admin_max_connections: range("admin_max_connections", self.admin_max_connections, 1, 1_000_000)? as usize,
+            memory_limit_bytes: match self.memory_limit_bytes {
+                0 => crate::sys::default_memory_limit(),
+                n => n,
+            },
         })
     }
 }

@@ -415,7 +415,7 @@ impl Shard {
                 let Some(def) = meta::get_subscription(db, &key.subscription)? else {
                     return Err(StorageError::Unavailable("subscription removed"));
                 };
-                let filters = Rc::new(def.compile().unwrap_or_default());
+                let filters = Rc::new(def.compile_stored());
                 let d = (Rc::new(def), filters);
                 self.delivery.defs.borrow_mut().insert(key.subscription.clone(), d.clone());
                 d

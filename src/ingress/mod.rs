@@ -41,6 +41,12 @@ pub fn storage_problem(e: &StorageError) -> Response {
     }
 }
 
+/// New work refused while the process is over `memory_limit_bytes`.
+fn shed() -> Response {
+    problem(StatusCode::SERVICE_UNAVAILABLE, "the broker is over its memory limit; retry later")
+        .with_header("retry-after", "1")
+}
+
 /// Answers a WebSocket upgrade request: 101 with the handshake headers, or the refusal.
 fn ws_upgrade(req: &Request<'_>, upgrade: Upgrade) -> Response {
     match check_upgrade(req.head, req.buf) {
@@ -141,6 +147,9 @@ impl Traffic {
     /// offsets of BROADCAST and MULTICAST) and, for MULTICAST, the session's own filters:
     /// `filters=<JSON array of Subscriptions API filters>` and/or `sql=<CESQL>`.
     fn session_spec(&self, req: &Request<'_>) -> Result<SessionSpec, Response> {
+        if self.shard.shared.memory.shed_now() {
+            return Err(shed());
+        }
         let bad = |m: &str| problem(StatusCode::BAD_REQUEST, m);
         let name = req.query("subscription").ok_or_else(|| bad("missing ?subscription="))?;
         let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
@@ -384,6 +393,9 @@ impl Traffic {
     }
 
     async fn publish(&self, req: &Request<'_>) -> Response {
+        if self.shard.shared.memory.shed_now() {
+            return shed();
+        }
         let Some(topic) = req.query("topic") else {
             return problem(StatusCode::BAD_REQUEST, "missing ?topic=");
         };

@@ -49,6 +49,8 @@ pub struct Shared {
     /// (counted at start, then kept by the shards that create and remove them).
     pub topic_count: AtomicUsize,
     pub subscription_count: AtomicUsize,
+    /// The process-wide memory budget (`memory_limit_bytes`) and what is in use.
+    pub memory: Memory,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
@@ -65,6 +67,50 @@ pub enum StartError {
 /// Microseconds since the Unix epoch.
 pub fn now_micros() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+}
+
+/// The process-wide memory budget. A watcher thread samples the resident set every 100 ms;
+/// while it is over the limit the broker sheds new work (publishes and new sessions get 503
+/// with `Retry-After`) instead of growing, until it is back under 90% of it.
+pub struct Memory {
+    pub limit: u64,
+    pub resident: AtomicU64,
+    pub shedding: std::sync::atomic::AtomicBool,
+    /// Requests refused because of it.
+    pub shed: AtomicU64,
+}
+
+impl Memory {
+    fn new(limit: u64) -> Self {
+        Memory { limit, resident: AtomicU64::new(0), shedding: Default::default(), shed: AtomicU64::new(0) }
+    }
+
+    /// Whether new work must be refused now (counts the refusal).
+    pub fn shed_now(&self) -> bool {
+        let shed = self.shedding.load(Ordering::Relaxed);
+        if shed {
+            self.shed.fetch_add(1, Ordering::Relaxed);
+        }
+        shed
+    }
+
+    fn sample(&self) {
+        let Some(rss) = crate::sys::resident_bytes() else { return };
+        self.resident.store(rss, Ordering::Relaxed);
+        let was = self.shedding.load(Ordering::Relaxed);
+        let now = if was { rss > self.limit / 10 * 9 } else { rss > self.limit };
+        if now != was {
+            self.shedding.store(now, Ordering::Relaxed);
+            let (mb, limit) = (rss >> 20, self.limit >> 20);
+            if now {
+                eprintln!(
+                    "evmesh: resident memory {mb} MiB is over memory_limit_bytes ({limit} MiB): shedding new work"
+                );
+            } else {
+                eprintln!("evmesh: resident memory {mb} MiB is back under the limit ({limit} MiB)");
+            }
+        }
+    }
 }
 
 /// How often each shard's event loop stamps its heartbeat.
@@ -303,6 +349,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         epoch: Instant::now(),
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),
+        memory: Memory::new(config.memory_limit_bytes),
         #[cfg(feature = "kafka")]
         kafka,
         db,
@@ -312,6 +359,13 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     #[cfg(feature = "kafka")]
     if let Some(k) = &shared.kafka {
         start_kafka(&shared, k)?;
+    }
+    {
+        let shared = shared.clone();
+        std::thread::Builder::new().name("evmesh-memwatch".into()).spawn(move || loop {
+            shared.memory.sample();
+            std::thread::sleep(Duration::from_millis(100));
+        })?;
     }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     for (i, listener) in traffic.into_iter().enumerate() {

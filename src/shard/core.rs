@@ -456,7 +456,7 @@ impl Shard {
         match i.change {
             InterestChange::Attach => {
                 let filters = match crate::storage::meta::get_subscription(&self.shared.db, &i.subscription) {
-                    Ok(Some(def)) => def.compile().unwrap_or_default(),
+                    Ok(Some(def)) => def.compile_stored(),
                     _ => return,
                 };
                 list.retain(|x| !(x.subscription == i.subscription && x.shard == i.shard));

@@ -128,6 +128,19 @@ impl Definition {
     pub fn compile(&self) -> Result<Vec<Filter>, filter::FilterError> {
         filter::compile(Some(&Json::Array(self.filters.clone())))
     }
+
+    /// The filters of a stored definition. One that no longer compiles (stored by an older
+    /// evmesh whose limits were looser) matches nothing, and says so: delivering every event
+    /// to a subscriber that asked for a filter would be worse than delivering none.
+    pub fn compile_stored(&self) -> Vec<Filter> {
+        self.compile().unwrap_or_else(|e| {
+            eprintln!(
+                "evmesh: subscription {}: stored filter no longer compiles ({e}); it matches nothing",
+                self.subscription
+            );
+            vec![Filter::Any(Vec::new())]
+        })
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +170,17 @@ mod tests {
         assert_eq!(d.start, Start::Time { time: "2026-01-01T00:00:00Z".into() });
         let stored = serde_json::to_vec(&d).unwrap();
         assert_eq!(serde_json::from_slice::<Definition>(&stored).unwrap(), d);
+    }
+
+    /// Regression: a stored filter that no longer compiles (an older evmesh's looser limits)
+    /// was replaced by no filter at all, so the subscriber got every event.
+    #[test]
+    fn a_stored_filter_that_no_longer_compiles_matches_nothing() {
+        let mut d = Definition::parse(br#"{"subscription":"s","topic":"t"}"#).unwrap();
+        assert!(d.compile_stored().is_empty(), "no filter: everything matches");
+        d.filters = vec![serde_json::json!({"sql": "(".repeat(500)})];
+        let compiled = d.compile_stored();
+        assert!(matches!(compiled.as_slice(), [Filter::Any(none)] if none.is_empty()), "{compiled:?}");
     }
 
     #[test]
