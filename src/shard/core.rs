@@ -79,6 +79,7 @@ pub async fn reply<T>(rx: futures::channel::oneshot::Receiver<Result<T, StorageE
 impl Shard {
     pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
         let shards = shared.config.shards;
+        let delivery = crate::delivery::Dispatcher::new(&shared.config);
         let embedded = || EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone());
         #[cfg(feature = "kafka")]
         let log = match &shared.kafka {
@@ -100,7 +101,7 @@ impl Shard {
             connections: Cell::new(0),
             sessions: Sessions::default(),
             interest: RefCell::new(HashMap::new()),
-            delivery: Default::default(),
+            delivery,
             outbox: RefCell::new((0..shards).map(|_| VecDeque::new()).collect()),
             flushing: RefCell::new(vec![false; shards]),
         }
