@@ -14,4 +14,5 @@ pub mod shard;
 pub mod storage;
 pub mod subscription;
 pub mod sys;
+pub mod task;
 pub mod ws;

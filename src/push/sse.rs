@@ -50,7 +50,13 @@ fn chunk(payload: &[u8], out: &mut Vec<u8>) {
 
 /// Reads (and drops) whatever the client sends until it closes.
 async fn until_closed<R: AsyncReadRent>(mut rd: R, mut buf: Vec<u8>) {
+    let mut turns: u32 = 0;
     loop {
+        // A client that keeps sending must not hold the core (see `task::yield_now`).
+        turns += 1;
+        if turns % crate::task::TURN == 0 {
+            crate::task::yield_now().await;
+        }
         buf.clear();
         match read_more_sized(&mut rd, &mut buf, None, 512).await {
             ReadOutcome::Data => {}

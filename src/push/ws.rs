@@ -87,7 +87,13 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
 ) {
     let mut ctl = ctl;
     let mut reader = MessageReader::new(max_message);
+    let mut turns: u32 = 0;
     loop {
+        // A client streaming frames must not hold the core (see `task::yield_now`).
+        turns += 1;
+        if turns % crate::task::TURN == 0 {
+            crate::task::yield_now().await;
+        }
         loop {
             let (msg, used) = match reader.read(&mut buf) {
                 Ok(r) => r,

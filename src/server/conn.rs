@@ -258,6 +258,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut chunked_body: Vec<u8> = Vec::new();
+    let mut served: u32 = 0;
     // The whole of a request must arrive within header_read_timeout of its first byte, however
     // it is trickled in: a per-read timeout alone would let a slow client hold the slot forever.
     let mut deadline: Option<std::time::Instant> = None;
@@ -367,6 +368,12 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         // does not read, the write timeout) before more of its requests are taken in.
         if out.len() >= OUT_HIGH_WATER && !flush(&mut stream, &mut out, wt).await {
             return;
+        }
+        // Bounded work per turn: a client whose next requests are always waiting (pipelining
+        // on the epoll driver, where ready reads never wait) must not hold the core.
+        served += 1;
+        if served % crate::task::TURN == 0 {
+            crate::task::yield_now().await;
         }
         // Keep idle buffers small: a burst of large bodies must not pin memory forever.
         if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {

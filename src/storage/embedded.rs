@@ -113,26 +113,14 @@ struct Inner {
     pending: RefCell<Pending>,
 }
 
-/// Resolves on its second poll: lets every task already queued on this thread run first.
-fn yield_now() -> impl std::future::Future<Output = ()> {
-    let mut yielded = false;
-    std::future::poll_fn(move |cx| {
-        if yielded {
-            return std::task::Poll::Ready(());
-        }
-        yielded = true;
-        cx.waker().wake_by_ref();
-        std::task::Poll::Pending
-    })
-}
-
 impl Inner {
     fn cf(&self) -> &rocksdb::ColumnFamily {
         self.db.cf_handle(&self.cf).expect("log family opened at start")
     }
 
     async fn flush(self: Rc<Self>) {
-        yield_now().await;
+        // Behind every task already woken, so appends made meanwhile join this batch.
+        crate::task::yield_now().await;
         let (batch, waiters) = {
             let mut p = self.pending.borrow_mut();
             p.scheduled = false;

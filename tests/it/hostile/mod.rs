@@ -4,6 +4,7 @@
 mod cesql;
 mod crash;
 mod delivery;
+mod fairness;
 mod http;
 mod limits;
 mod memory;
