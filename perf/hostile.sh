@@ -55,8 +55,10 @@ phase() { # driver round attack
   wait "$probe" || true
   after_kb=$(kb "$EV_PID" VmRSS); peak_kb=$(kb "$EV_PID" VmHWM)
   readyz=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$ADMIN/readyz" || true)
-  # The counters that moved (the rest of /metrics is zeros and help text).
-  { curl -s --max-time 5 "$ADMIN/metrics" || true; } | awk '!/^#/ && $2 != 0' > "$OUT/$name.metrics.txt"
+  # The counters that moved (the rest of /metrics is zeros and help text); per-consumer lag
+  # lines (thousands after pollclients) only counted.
+  { curl -s --max-time 5 "$ADMIN/metrics" || true; } | awk '!/^#/ && $2 != 0 && !/^evmesh_consumer_lag/ {print}
+    /^evmesh_consumer_lag/ && $2 != 0 {n++} END {print "# non-zero evmesh_consumer_lag lines: " n+0}' > "$OUT/$name.metrics.txt"
   if kill -0 "$EV_PID" 2>/dev/null; then kill "$EV_PID"; wait "$EV_PID" || true
   else wait "$EV_PID" && exited=0 || exited=$?; fi
   EV_PID=; rm -rf "$dir"
