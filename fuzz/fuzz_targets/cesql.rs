@@ -1,7 +1,7 @@
 //! The CESQL parser and evaluator on arbitrary text: never panic, never overflow the stack.
 #![no_main]
 
-use evmesh::subscription::cesql::{compile, Event, Value};
+use evmesh_protocol::subscription::cesql::{compile, Event, Value};
 use libfuzzer_sys::fuzz_target;
 
 struct Ev;

@@ -2,7 +2,7 @@
 //! to JSON that parses again to the same event.
 #![no_main]
 
-use evmesh::adaptor::cloudevents::{parse_batch, parse_structured, write_structured};
+use evmesh_protocol::adaptor::cloudevents::{parse_batch, parse_structured, write_structured};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

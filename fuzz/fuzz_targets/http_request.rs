@@ -3,7 +3,7 @@
 //! in two pieces as in one, doing work linear in its input.
 #![no_main]
 
-use evmesh::http::{parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Limits, Status};
+use evmesh_protocol::http::{parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Limits, Status};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
