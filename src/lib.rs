@@ -1,11 +1,14 @@
 //! evmesh: a thread-per-core CloudEvents broker front. See ARCHITECTURE.md for the map.
+//!
+//! The sans-io protocol code (HTTP, WebSocket, the CloudEvents and Kafka adaptors, CESQL and
+//! filters) is the `evmesh-protocol` crate, re-exported here under its old paths.
 
-pub mod adaptor;
+pub use evmesh_protocol::{adaptor, http, ws};
+
 pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod delivery;
-pub mod http;
 pub mod ingress;
 pub mod push;
 pub mod runtime;
@@ -15,4 +18,3 @@ pub mod storage;
 pub mod subscription;
 pub mod sys;
 pub mod task;
-pub mod ws;

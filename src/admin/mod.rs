@@ -12,10 +12,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::adaptor::cloudevents::write_structured;
-use crate::http::{problem, Method, Response, StatusCode};
+use crate::http::{problem, Method, StatusCode};
 use crate::ingress::storage_problem;
 use crate::runtime::Shared;
-use crate::server::{Handler, Request};
+use crate::server::{Handler, Request, Response};
 use crate::shard::mailbox::Sender;
 use crate::shard::message::{EnsureReply, ShardMessage};
 use crate::shard::{meta_owner, owner, valid_topic, PartitionId, MAX_PARTITIONS};
@@ -116,7 +116,7 @@ impl Handler for Admin {
     /// The admin listener never answers 101; a connection handed here is simply dropped.
     fn upgraded(
         &self,
-        _: crate::http::Upgrade,
+        _: crate::server::Upgrade,
         _: monoio::net::TcpStream,
         _: Vec<u8>,
         _: crate::server::conn::ConnLimits,

@@ -11,9 +11,9 @@ use futures::future::join_all;
 
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::delivery::group_ids;
-use crate::http::{problem, Method, Response, SessionSpec, StatusCode, Upgrade};
+use crate::http::{problem, Method, StatusCode};
 use crate::server::conn::{ConnGuard, ConnLimits};
-use crate::server::{Handler, Request};
+use crate::server::{Handler, Request, Response, SessionSpec, Upgrade};
 use crate::shard::core::{Shard, CROSS_CORE_DEADLINE, OUTBOX_HIGH};
 use crate::shard::mailbox::Sender;
 use crate::shard::message::{AckKind, ConsumerKey, InterestChange, PollRequest, ShardMessage, SubOutcome, SubRequest};

@@ -23,7 +23,7 @@ use futures::channel::mpsc;
 
 use crate::adaptor::cloudevents::write_structured;
 use crate::delivery::delivery_id;
-use crate::http::SessionSpec;
+use crate::server::SessionSpec;
 use crate::shard::core::Shard;
 use crate::shard::message::{ConsumerKey, Delivery, SessionChange, SessionEvent, SessionRef};
 use crate::shard::ShardId;

@@ -12,7 +12,7 @@ use futures::channel::mpsc;
 use futures::StreamExt;
 
 use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
-use crate::http::SessionSpec;
+use crate::server::SessionSpec;
 use crate::shard::core::Shard;
 use crate::shard::message::{ConsumerKey, SessionRef};
 

@@ -17,8 +17,8 @@ use monoio::net::TcpStream;
 
 use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
 use crate::delivery::parse_delivery_id;
-use crate::http::SessionSpec;
 use crate::server::conn::{read_more_sized, ReadOutcome};
+use crate::server::SessionSpec;
 use crate::shard::core::Shard;
 use crate::shard::message::AckKind;
 

@@ -14,8 +14,8 @@ use monoio::net::TcpStream;
 
 use super::{attach_acked, detach_acked, Kind, Outbound};
 use crate::delivery::{group_ids, MAX_WINDOW};
-use crate::http::SessionSpec;
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
+use crate::server::SessionSpec;
 use crate::shard::core::Shard;
 use crate::shard::message::{AckKind, ConsumerKey, InterestChange, SessionChange, SessionEvent, SessionRef};
 use crate::sys::SharedFrames;

@@ -17,9 +17,8 @@ use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 
-use crate::http::{
-    self, parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Head, Limits, Response, Status, StatusCode,
-};
+use super::upgrade::{Response, Upgrade};
+use crate::http::{self, parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Head, Limits, Status, StatusCode};
 
 /// One complete request, borrowed from the connection's buffer.
 pub struct Request<'a> {
@@ -92,7 +91,7 @@ pub trait Handler {
     /// already read past the request. Spawns whatever serves it from now on (so the HTTP
     /// connection's state is freed) and hands it `guard`, which counts the connection as open
     /// until dropped.
-    fn upgraded(&self, upgrade: http::Upgrade, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, guard: ConnGuard);
+    fn upgraded(&self, upgrade: Upgrade, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, guard: ConnGuard);
 }
 
 /// Accounts for one open connection: runs its closing action when dropped, by whichever task

@@ -6,6 +6,8 @@
 
 pub mod conn;
 pub mod listen;
+pub mod upgrade;
 pub mod ws;
 
 pub use conn::{serve, ConnGuard, Handler, Request};
+pub use upgrade::{Response, SessionSpec, Upgrade};

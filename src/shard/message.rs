@@ -157,7 +157,7 @@ pub struct Mirrored {
 /// A long-poll forwarded to the consumer's home shard.
 #[derive(Debug)]
 pub struct PollRequest {
-    pub spec: crate::http::SessionSpec,
+    pub spec: crate::server::SessionSpec,
     pub max: usize,
     pub wait: std::time::Duration,
     pub reply: oneshot::Sender<Vec<Vec<u8>>>,

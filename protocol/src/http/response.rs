@@ -61,46 +61,22 @@ impl std::fmt::Display for StatusCode {
     }
 }
 
-/// What a connection turns into after a `101 Switching Protocols` (or, for a server-sent event
-/// stream, after its `200` head).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Upgrade {
-    /// The WebSocket echo endpoint (conformance testing only).
-    WsEcho,
-    /// A WebSocket session receiving a subscription's events.
-    WsDeliver(Box<SessionSpec>),
-    /// A `text/event-stream` of a subscription's events (chunked).
-    Sse(Box<SessionSpec>),
-}
-
-/// A delivery session as the client asked for it, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionSpec {
-    pub subscription: String,
-    pub topic: String,
-    /// `false`: `ack=none`, live fan-out without offsets.
-    pub acked: bool,
-    /// Offsets per client (`BROADCAST`, `MULTICAST`) rather than per subscription.
-    pub per_client: bool,
-    pub client: Option<String>,
-    /// `MULTICAST`: the session's own filters, a JSON array of Subscriptions API filters.
-    pub filters: Option<String>,
-    /// SSE: the `Last-Event-ID` the client resumes after.
-    pub last_event_id: Option<String>,
-}
-
 /// A response ready to be written: status, extra headers, content type and body.
+///
+/// `U` is what the connection turns into once this response is written (after a `101`, or a
+/// streaming `200`): the caller's own type, which this module never looks into, so the protocol
+/// code knows no application types (the broker's is `evmesh::server::Upgrade`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
+pub struct Response<U> {
     pub status: StatusCode,
     pub content_type: &'static str,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
     /// Set on a 101: the connection stops speaking HTTP once this response is written.
-    pub upgrade: Option<Upgrade>,
+    pub upgrade: Option<U>,
 }
 
-impl Response {
+impl<U> Response<U> {
     pub fn new(status: StatusCode, content_type: &'static str, body: impl Into<Vec<u8>>) -> Self {
         Response { status, content_type, headers: Vec::new(), body: body.into(), upgrade: None }
     }
@@ -115,7 +91,7 @@ impl Response {
 
     /// A `101 Switching Protocols` to `upgrade`, with its handshake headers.
     /// A `200` whose body is a chunked stream written by whatever takes the connection over.
-    pub fn streaming(upgrade: Upgrade, content_type: &'static str) -> Self {
+    pub fn streaming(upgrade: U, content_type: &'static str) -> Self {
         Response {
             status: StatusCode::OK,
             content_type,
@@ -125,7 +101,7 @@ impl Response {
         }
     }
 
-    pub fn switching(upgrade: Upgrade, headers: Vec<(&'static str, String)>) -> Self {
+    pub fn switching(upgrade: U, headers: Vec<(&'static str, String)>) -> Self {
         Response {
             status: StatusCode::SWITCHING_PROTOCOLS,
             content_type: "",
@@ -193,7 +169,7 @@ pub fn write_head(
 }
 
 /// An RFC 9457 problem response.
-pub fn problem(status: StatusCode, detail: &str) -> Response {
+pub fn problem<U>(status: StatusCode, detail: &str) -> Response<U> {
     let body = format!(
         r#"{{"type":"about:blank","title":{},"status":{},"detail":{}}}"#,
         serde_json::Value::from(status.reason()),

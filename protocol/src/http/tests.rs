@@ -373,7 +373,7 @@ fn chunked_limits_follow_the_request_budget() {
 #[test]
 fn responses_and_problems() {
     let mut out = Vec::new();
-    problem(StatusCode::PAYLOAD_TOO_LARGE, "too \"big\"").write(&mut out, false, false);
+    problem::<()>(StatusCode::PAYLOAD_TOO_LARGE, "too \"big\"").write(&mut out, false, false);
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("HTTP/1.1 413 Content Too Large\r\ndate: "), "{text}");
     assert!(text.contains(" GMT\r\ncontent-type: application/problem+json\r\n"), "{text}");

@@ -10,11 +10,13 @@
 //! (attributes that are JSON booleans or integers, which Kafka headers cannot type:
 //! `name=b,name=i`), `evmesh_data` (how the data renders: `none|json|text|binary`),
 //! `evmesh_ts` (publish time in µs). Records without them are typed as the HTTP binary mode
-//! types a body: by media type.
+//! types a body: by media type. A record is held to the rules the HTTP binding applies to an
+//! event (`cloudevents::check_event`, 32-bit integers, at most `MAX_ATTRIBUTES` attributes);
+//! one that fails them is no CloudEvent, and the Kafka tail skips it with a log line.
 
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
 
-use super::cloudevents::{is_json_media, is_text_media, CeError};
+use super::cloudevents::{check_event, is_json, is_json_media, is_text_media, CeError, MAX_ATTRIBUTES};
 
 /// A Kafka record's parts, as the storage backend hands them to the client library.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -109,10 +111,19 @@ pub fn from_record(
         if attributes.iter().any(|a| a.name == attr) {
             continue;
         }
+        // Bounds the duplicate scan above (quadratic) as the HTTP binding bounds an event.
+        if attributes.len() == MAX_ATTRIBUTES {
+            return Err(invalid(format!("an event carries at most {MAX_ATTRIBUTES} attributes")));
+        }
         let s = text(v)?;
         let value = match type_of(&attr).as_deref() {
             Some("b") => AttrValue::Bool(s == "true"),
-            Some("i") => AttrValue::Int(s.parse().map_err(|_| invalid(format!("{attr} is not an integer")))?),
+            Some("i") => {
+                let n: i64 = s.parse().map_err(|_| invalid(format!("{attr} is not an integer")))?;
+                // CloudEvents integers are 32-bit, as the JSON format checks.
+                i32::try_from(n).map_err(|_| invalid(format!("{attr}: integer out of the 32-bit range")))?;
+                AttrValue::Int(n)
+            }
             _ => AttrValue::Str(s),
         };
         attributes.push(Attribute { name: attr, value });
@@ -125,6 +136,10 @@ pub fn from_record(
             return Err(invalid(format!("not a binary-mode CloudEvent: no ce_{req}")));
         }
     }
+    // Any producer can write to the topic: its event is held to the rules the HTTP ingress
+    // applies (specversion, time, dataschema, string-typed context attributes...), so what
+    // subscribers receive is always a valid CloudEvent.
+    check_event(&attributes)?;
     let ct = attributes.iter().find(|a| a.name == "datacontenttype").and_then(|a| match &a.value {
         AttrValue::Str(s) => Some(s.clone()),
         _ => None,
@@ -136,20 +151,19 @@ pub fn from_record(
         Some(b"binary") => DataKind::Binary,
         _ if value.is_empty() => DataKind::None,
         _ => match &ct {
-            Some(ct) if is_json_media(ct) && serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() => {
-                DataKind::Json
-            }
+            Some(ct) if is_json_media(ct) && is_json(value) => DataKind::Json,
             Some(ct) if is_text_media(ct) && std::str::from_utf8(value).is_ok() => DataKind::Text,
             _ => DataKind::Binary,
         },
     };
     // Whatever a foreign producer wrote, the stored frame must render: JSON data must parse.
     let data_kind = match data_kind {
-        DataKind::Json if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_err() => DataKind::Binary,
+        DataKind::Json if !is_json(value) => DataKind::Binary,
         DataKind::Text if std::str::from_utf8(value).is_err() => DataKind::Binary,
         k => k,
     };
-    let ts = header(TS).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(timestamp_ms * 1000);
+    let ts =
+        header(TS).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(timestamp_ms.saturating_mul(1000));
     let body = FrameBody { topic: topic.to_owned(), attributes, data: value.to_vec() };
     let mut frame = Frame::encode(&FrameHeader::event(data_kind), &body).map_err(|e| invalid(e.to_string()))?;
     frame.set_partition(partition);
@@ -218,5 +232,84 @@ mod tests {
         assert_eq!(f.header().timestamp_us, 5000);
         let not_ce: Vec<(&str, &[u8])> = vec![("ce_id", b"x")];
         assert!(from_record("t", 0, 0, None, &not_ce, b"", 0).is_err());
+    }
+
+    fn foreign<'a>(extra: &[(&'a str, &'a [u8])]) -> Vec<(&'a str, &'a [u8])> {
+        let mut h: Vec<(&str, &[u8])> =
+            vec![("ce_specversion", b"1.0"), ("ce_id", b"x"), ("ce_source", b"/other"), ("ce_type", b"t")];
+        h.extend_from_slice(extra);
+        h
+    }
+
+    /// Found by the `kafka_binding` fuzz target: a record from another producer was only
+    /// checked for the four required attributes, so an invalid `ce_time` (or `ce_specversion`
+    /// 2.0, or a `ce_dataschema` that is no URI) reached subscribers as an event the HTTP
+    /// ingress would have refused. Such records are skipped now, like records that are no
+    /// CloudEvent at all.
+    #[test]
+    fn foreign_records_with_invalid_attributes_are_refused() {
+        for bad in
+            [("ce_time", &b"2026-12-01T08ecversion:1.0"[..]), ("ce_dataschema", b"not a uri"), ("ce_subject", b"")]
+        {
+            let mut h = foreign(&[]);
+            h.push(bad);
+            let r = from_record("t", 0, 0, None, &h, b"", 0);
+            if bad.0 == "ce_subject" {
+                assert!(r.is_ok(), "an empty extension is fine");
+            } else {
+                assert!(matches!(r, Err(CeError::Invalid(_))), "{bad:?}");
+            }
+        }
+        let h = foreign(&[("evmesh_types", b"specversion=b")]);
+        let h: Vec<_> =
+            h.into_iter().map(|(n, v)| if n == "ce_specversion" { (n, &b"true"[..]) } else { (n, v) }).collect();
+        assert!(from_record("t", 0, 0, None, &h, b"", 0).is_err(), "specversion must be a string");
+        let h = foreign(&[("ce_n", b"4294967296"), ("evmesh_types", b"n=i")]);
+        assert!(from_record("t", 0, 0, None, &h, b"", 0).is_err(), "integers are 32-bit");
+        let h = foreign(&[("ce_n", b"-2147483648"), ("evmesh_types", b"n=i")]);
+        assert!(from_record("t", 0, 0, None, &h, b"", 0).is_ok());
+    }
+
+    /// Found by the `kafka_binding` fuzz target: a JSON value with invalid UTF-8 inside a
+    /// string passed serde_json's check and was stored as JSON data, rendering as an event
+    /// that is not JSON.
+    #[test]
+    fn foreign_json_value_with_invalid_utf8_is_binary() {
+        for data in [&b""[..], b"json"] {
+            let mut h = foreign(&[("content-type", b"application/json")]);
+            if !data.is_empty() {
+                h.push(("evmesh_data", data));
+            }
+            let f = from_record("t", 0, 0, None, &h, b"\"\xff\"", 0).unwrap();
+            assert_eq!(f.header().data_kind, DataKind::Binary, "evmesh_data {data:?}");
+        }
+    }
+
+    /// A record's timestamp is any i64 a producer set: converting it to microseconds saturates
+    /// instead of overflowing (a panic in a debug build, a wrapped time in a release one).
+    #[test]
+    fn extreme_record_timestamps_saturate() {
+        let f = from_record("t", 0, 0, None, &foreign(&[]), b"", i64::MAX).unwrap();
+        assert_eq!(f.header().timestamp_us, i64::MAX);
+        let f = from_record("t", 0, 0, None, &foreign(&[]), b"", i64::MIN).unwrap();
+        assert_eq!(f.header().timestamp_us, i64::MIN);
+    }
+
+    /// An attribute header repeated a million times costs a bounded duplicate scan: past
+    /// [`MAX_ATTRIBUTES`] distinct ones the record is refused.
+    #[test]
+    fn records_with_too_many_attributes_are_refused() {
+        let names: Vec<String> = (0..MAX_ATTRIBUTES + 1).map(|i| format!("ce_x{i}")).collect();
+        let mut h = foreign(&[]);
+        h.extend(names.iter().map(|n| (n.as_str(), &b"v"[..])));
+        assert!(matches!(from_record("t", 0, 0, None, &h, b"", 0), Err(CeError::Invalid(m)) if m.contains("at most")));
+    }
+
+    /// Found by the `kafka_binding` fuzz target: a `ce_data` header became an attribute named
+    /// `data`, rendered beside the event's real data as a second data member.
+    #[test]
+    fn a_ce_data_header_is_refused() {
+        let h = foreign(&[("ce_data", b"jsov")]);
+        assert!(matches!(from_record("t", 0, 0, None, &h, b"\x00", 0), Err(CeError::Invalid(m)) if m.contains("data")));
     }
 }

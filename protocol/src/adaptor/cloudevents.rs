@@ -98,12 +98,17 @@ fn check_name(name: &str) -> Result<(), CeError> {
 }
 
 /// Checks the rules shared by every mode once the attributes are collected.
-fn check_event(attrs: &[Attribute]) -> Result<(), CeError> {
+pub(crate) fn check_event(attrs: &[Attribute]) -> Result<(), CeError> {
     if attrs.len() > MAX_ATTRIBUTES {
         return Err(too_many_attributes());
     }
     if let Some(a) = first_duplicate(attrs, |a| a.name.as_str()) {
         return Err(invalid(format!("attribute {} appears twice", a.name)));
+    }
+    // `data` is the event's data member in the JSON format: an attribute of that name would
+    // render as a second one (binary mode refuses `ce-data` with its own message first).
+    if attrs.iter().any(|a| a.name == "data") {
+        return Err(invalid("no attribute may be named data"));
     }
     for req in REQUIRED {
         match attrs.iter().find(|a| a.name == req) {
@@ -286,8 +291,9 @@ fn percent_decode(v: &[u8]) -> Result<String, CeError> {
     while i < v.len() {
         if v[i] == b'%' {
             let hex = v.get(i + 1..i + 3).ok_or_else(|| invalid("truncated percent-encoding in a ce- header"))?;
-            let s = std::str::from_utf8(hex).map_err(|_| invalid("bad percent-encoding in a ce- header"))?;
-            out.push(u8::from_str_radix(s, 16).map_err(|_| invalid("bad percent-encoding in a ce- header"))?);
+            // `%` HEXDIG HEXDIG (RFC 3986): from_str_radix alone would also take a sign ("%+5").
+            let digit = |b: u8| (b as char).to_digit(16).ok_or_else(|| invalid("bad percent-encoding in a ce- header"));
+            out.push((digit(hex[0])? * 16 + digit(hex[1])?) as u8);
             i += 3;
         } else {
             out.push(v[i]);
@@ -295,6 +301,15 @@ fn percent_decode(v: &[u8]) -> Result<String, CeError> {
         }
     }
     String::from_utf8(out).map_err(|_| invalid("a ce- header is not UTF-8 after percent-decoding"))
+}
+
+/// Whether `bytes` are one JSON text, and so can be stored as JSON data and written verbatim
+/// into a structured event. UTF-8 is checked first: serde_json skips the bytes of strings it
+/// ignores without checking them, so `from_slice::<IgnoredAny>` alone lets invalid UTF-8
+/// through, and the event would render as JSON that no client can read (and as a WebSocket
+/// text frame a client must close the connection on).
+pub(crate) fn is_json(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok_and(|s| serde_json::from_str::<serde::de::IgnoredAny>(s).is_ok())
 }
 
 pub(crate) fn is_json_media(ct: &str) -> bool {
@@ -339,9 +354,7 @@ pub fn parse_binary<'h>(
     check_event(&attributes)?;
     let kind = match &ct {
         _ if body.is_empty() => DataKind::None,
-        Some(ct) if is_json_media(ct) && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok() => {
-            DataKind::Json
-        }
+        Some(ct) if is_json_media(ct) && is_json(body) => DataKind::Json,
         Some(ct) if is_text_media(ct) && std::str::from_utf8(body).is_ok() => DataKind::Text,
         _ => DataKind::Binary,
     };
@@ -623,5 +636,33 @@ mod tests {
         assert_eq!(mode(Some(b"application/json"), true), Ok(Mode::Binary));
         assert!(matches!(mode(Some(b"application/cloudevents+avro"), false), Err(CeError::UnsupportedMedia(_))));
         assert!(matches!(mode(Some(b"application/json"), false), Err(CeError::UnsupportedMedia(_))));
+    }
+
+    /// Found by the `cloudevent_binary` fuzz target: serde_json ignores the bytes of strings
+    /// without checking their UTF-8, so a binary-mode body with a JSON media type and invalid
+    /// UTF-8 inside a string was stored as JSON data and delivered as an event that is not
+    /// JSON (and, on a WebSocket, as a text frame the client must close the connection on).
+    #[test]
+    fn binary_json_body_with_invalid_utf8_is_not_stored_as_json() {
+        let headers = [("ce-specversion", &b"1.0"[..]), ("ce-id", b"1"), ("ce-source", b"/s"), ("ce-type", b"t")];
+        let body = b"[{\"sp\xd2rsion\":1}]";
+        let f = parse_binary("t", headers.iter().copied(), Some(b"application/json"), body).unwrap();
+        assert_eq!(f.header().data_kind, DataKind::Binary);
+        let mut out = Vec::new();
+        write_structured(&f, &[], &mut out);
+        let json: serde_json::Value = serde_json::from_slice(&out).expect("the rendered event is JSON");
+        assert_eq!(json["data_base64"], "W3sic3DScnNpb24iOjF9XQ==");
+        let ok = parse_binary("t", headers.iter().copied(), Some(b"application/json"), b"[{\"a\":1}]").unwrap();
+        assert_eq!(ok.header().data_kind, DataKind::Json);
+    }
+
+    /// Found by the `cloudevent_binary` fuzz target: `u8::from_str_radix` accepts a leading
+    /// sign, so `%+5` in a `ce-` header decoded to the byte 5 instead of being refused.
+    #[test]
+    fn percent_decoding_refuses_a_sign_in_place_of_a_hex_digit() {
+        for bad in [&b"100%+5"[..], b"%-1", b"%+", b"%g0", b"%0", b"%"] {
+            assert!(matches!(percent_decode(bad), Err(CeError::Invalid(_))), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(percent_decode(b"100%25 %C3%A9%2b%2B").unwrap(), "100% \u{e9}++");
     }
 }

@@ -4,7 +4,8 @@
 //! Pure functions over byte slices: no sockets, no async, no runtime types. Incomplete input is
 //! `Status::Partial` and consumes nothing; the connection code (in `server`) owns the buffers and
 //! calls these again when more bytes arrive (the chunked scanner remembers how far it got, so it
-//! never rescans). Errors carry the HTTP status they map to.
+//! never rescans). Errors carry the HTTP status they map to. It knows no application
+//! types: what a connection becomes after a response is the caller's type parameter.
 
 mod chunked;
 pub mod date;
@@ -13,7 +14,7 @@ mod response;
 
 pub use chunked::{ChunkedEnd, ChunkedLimits, ChunkedScanner};
 pub use parse::{parse_head, BodyKind, Head, HeaderPos, Limits, Method};
-pub use response::{itoa_buf::Buf as Decimal, problem, Response, SessionSpec, StatusCode, Upgrade};
+pub use response::{itoa_buf::Buf as Decimal, problem, Response, StatusCode};
 
 /// Outcome of parsing a prefix of a byte stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

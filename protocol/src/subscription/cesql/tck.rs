@@ -1,4 +1,5 @@
-//! The CESQL TCK, read at run time from ../shared/conformance/cesql_tck: every case must give
+//! The CESQL TCK, read at run time from the shared/ folder beside the repository
+//! (`../../shared/conformance/cesql_tck` from this crate): every case must give
 //! the expected value and the expected error kind.
 
 use std::collections::HashMap;
@@ -27,7 +28,7 @@ fn tck_dir() -> PathBuf {
     let dir = std::env::var_os("EVMESH_CONFORMANCE").map(PathBuf::from).unwrap_or_else(|| {
         // Resolved at run time: a test binary built in another checkout reads this one's.
         let root = std::env::var_os("CARGO_MANIFEST_DIR").map_or(env!("CARGO_MANIFEST_DIR").into(), PathBuf::from);
-        root.join("../shared/conformance")
+        root.join("../../shared/conformance")
     });
     dir.join("cesql_tck")
 }
@@ -35,7 +36,7 @@ fn tck_dir() -> PathBuf {
 #[test]
 fn cesql_tck_passes_completely() {
     let mut files: Vec<_> = std::fs::read_dir(tck_dir())
-        .expect("the CESQL TCK under ../shared/conformance")
+        .expect("the CESQL TCK under shared/conformance beside the repository")
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .collect();

@@ -1,0 +1,35 @@
+//! What a connection becomes after its HTTP exchange: the broker's side of `http::Response`'s
+//! upgrade slot. The sans-io `http` module knows none of this (it carries the value as an
+//! opaque type parameter); `conn` hands it to the [`Handler`](super::Handler) that asked for it.
+
+/// What a connection turns into after a `101 Switching Protocols` (or, for a server-sent event
+/// stream, after its `200` head).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upgrade {
+    /// The WebSocket echo endpoint (conformance testing only).
+    WsEcho,
+    /// A WebSocket session receiving a subscription's events.
+    WsDeliver(Box<SessionSpec>),
+    /// A `text/event-stream` of a subscription's events (chunked).
+    Sse(Box<SessionSpec>),
+}
+
+/// A delivery session as the client asked for it, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSpec {
+    pub subscription: String,
+    pub topic: String,
+    /// `false`: `ack=none`, live fan-out without offsets.
+    pub acked: bool,
+    /// Offsets per client (`BROADCAST`, `MULTICAST`) rather than per subscription.
+    pub per_client: bool,
+    pub client: Option<String>,
+    /// `MULTICAST`: the session's own filters, a JSON array of Subscriptions API filters.
+    pub filters: Option<String>,
+    /// SSE: the `Last-Event-ID` the client resumes after.
+    pub last_event_id: Option<String>,
+}
+
+/// A response of the broker's: the protocol's response, which may turn the connection into an
+/// [`Upgrade`].
+pub type Response = crate::http::Response<Upgrade>;
