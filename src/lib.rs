@@ -7,9 +7,11 @@ pub use evmesh_protocol::{adaptor, http, ws};
 
 pub mod admin;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod delivery;
 pub mod ingress;
+pub mod metrics;
 pub mod push;
 pub mod runtime;
 pub mod server;

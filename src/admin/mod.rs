@@ -4,8 +4,6 @@
 //! shard's traffic. It reads the log and metadata directly (reads never mutate a shard's state)
 //! and asks the owning shard, through the mailbox, for anything that writes.
 
-pub mod metrics;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -14,10 +12,10 @@ use serde::Deserialize;
 use crate::adaptor::cloudevents::write_structured;
 use crate::http::{problem, Method, StatusCode};
 use crate::ingress::storage_problem;
-use crate::runtime::Shared;
 use crate::server::{Handler, Request, Response};
 use crate::shard::mailbox::Sender;
 use crate::shard::message::{EnsureReply, ShardMessage};
+use crate::shard::shared::Shared;
 use crate::shard::{meta_owner, owner, valid_topic, PartitionId, MAX_PARTITIONS};
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Storage, StorageError, TopicMeta};
@@ -357,7 +355,7 @@ impl Admin {
                     body.attributes.retain(|a| !a.name.starts_with("emdlq"));
                     let mut frame = frame_codec::Frame::encode(&f.header(), &body)
                         .map_err(|e| Err(StorageError::Engine(e.to_string())))?;
-                    frame.set_timestamp(crate::runtime::now_micros());
+                    frame.set_timestamp(crate::clock::now_micros());
                     let p = match frame.body().attr_str("partitionkey") {
                         Some(k) => crate::shard::partitioner::partition_for_key(k.as_bytes(), source.partitions),
                         None => PartitionId(original.filter(|&p| p < source.partitions).unwrap_or(0)),

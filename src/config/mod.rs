@@ -13,6 +13,10 @@ use serde::Deserialize;
 use crate::http::Limits;
 use crate::storage::Durability;
 
+/// The largest window (unacknowledged events per session and owning shard) a session may ask
+/// for, with `session_window` or `credit`.
+pub const MAX_WINDOW: u32 = 4096;
+
 /// The commented defaults; `evmesh.toml` in the repository is this file.
 pub const DEFAULT_TOML: &str = include_str!("../../evmesh.toml");
 
@@ -434,7 +438,7 @@ impl RawConfig {
             )?),
             ws_max_message: range("ws_max_message_bytes", self.ws_max_message_bytes, 125, 1 << 30)? as usize,
             ws_echo_endpoint: self.ws_echo_endpoint,
-            session_window: range("session_window", self.session_window, 1, crate::delivery::MAX_WINDOW as u64)? as u32,
+            session_window: range("session_window", self.session_window, 1, MAX_WINDOW as u64)? as u32,
             redelivery_backoff: Duration::from_millis(range(
                 "redelivery_backoff_ms",
                 self.redelivery_backoff_ms,

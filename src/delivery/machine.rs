@@ -41,8 +41,7 @@ use crate::storage::offsets::Stored;
 use crate::subscription::definition::Definition;
 use crate::subscription::filter::{matches_all, Filter};
 
-/// The largest window a session may ask for.
-pub const MAX_WINDOW: u32 = 4096;
+pub use crate::config::MAX_WINDOW;
 /// Unacknowledged events per consumer and partition, whatever the windows say.
 const PART_INFLIGHT: usize = 4096;
 /// Events read from the log at once when catching up.

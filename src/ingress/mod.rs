@@ -347,7 +347,7 @@ impl Traffic {
             Ok(d) => d,
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
-        def.created_us = crate::runtime::now_micros();
+        def.created_us = crate::clock::now_micros();
         if let Err(e) = self.shard.topic(&def.topic, None, false).await {
             return storage_problem(&e);
         }
@@ -445,7 +445,7 @@ impl Traffic {
             Mode::Batch => (cloudevents::parse_batch(topic, req.body)?, true),
             Mode::Binary => (vec![cloudevents::parse_binary(topic, req.headers(), ct, req.body)?], false),
         };
-        let now = crate::runtime::now_micros();
+        let now = crate::clock::now_micros();
         for f in &mut frames.0 {
             f.set_timestamp(now);
         }

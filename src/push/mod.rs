@@ -3,117 +3,23 @@
 //! (`crate::delivery`), and live fan-out to WebSocket sessions that attached with `?ack=none`
 //! (at-most-once, from the moment they attach).
 //!
-//! Fan-out cost is paid once per shard, not per session: the partition owner sends one
-//! [`Delivery`] per interested shard, carrying the stored frames by handle; this shard renders
-//! each event once as a WebSocket text frame and queues the same bytes to every session, which
-//! writes that shared buffer itself when it is the only one queued (no copy per session).
-//! Sessions have bounded queues: a session that falls `SESSION_QUEUE` frames behind is closed
-//! with 1008 instead of growing memory or slowing the others.
+//! The queues they drain and the renderings in them are the shard's session registry
+//! (`crate::shard::sessions`); this module attaches and detaches acknowledged sessions, and its
+//! submodules own the sockets.
 
 pub mod poll;
 pub mod sse;
 pub mod ws;
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 
-use frame_codec::{AttrValue, Frame};
 use futures::channel::mpsc;
 
-use crate::adaptor::cloudevents::write_structured;
-use crate::delivery::delivery_id;
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
-use crate::shard::message::{ConsumerKey, Delivery, SessionChange, SessionEvent, SessionRef};
+use crate::shard::message::{ConsumerKey, SessionChange, SessionEvent, SessionRef};
+pub use crate::shard::sessions::{Kind, Outbound, Sessions};
 use crate::shard::ShardId;
-use crate::ws::{encode_frame, OpCode};
-
-/// Frames a session may have queued before it counts as too slow.
-pub const SESSION_QUEUE: usize = 1024;
-
-/// What the writer half of a session sends.
-#[derive(Debug, Clone)]
-pub enum Outbound {
-    /// A ready WebSocket frame, shared by every session that gets it.
-    Frame(Rc<Vec<u8>>),
-    /// Close with this code after what is queued.
-    Close(u16),
-}
-
-struct SessionTx {
-    id: u64,
-    tx: mpsc::Sender<Outbound>,
-}
-
-/// How a session's events go out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// One WebSocket text frame per event.
-    Ws,
-    /// One `text/event-stream` event per event, as an HTTP chunk.
-    Sse,
-    /// The event's JSON, gathered into a batch by the next poll.
-    Poll,
-}
-
-/// A session of acknowledged delivery on this shard.
-struct AckedTx {
-    subscription: String,
-    kind: Kind,
-    tx: mpsc::Sender<Outbound>,
-}
-
-/// This shard's attached sessions.
-#[derive(Default)]
-pub struct Sessions {
-    next_id: Cell<u64>,
-    /// `ack=none` sessions, by subscription.
-    by_subscription: RefCell<HashMap<String, Vec<SessionTx>>>,
-    /// Acknowledged sessions, by id.
-    acked: RefCell<HashMap<u64, AckedTx>>,
-    /// Long-poll sessions, by consumer: they outlive the requests that poll them.
-    polls: RefCell<HashMap<ConsumerKey, Rc<poll::PollSession>>>,
-    /// First-attempt renderings of the frames last delivered: the owner sends the same frames
-    /// to every acknowledged session of a broadcast one after another, so each event is
-    /// rendered once per shard and kind, not once per session.
-    rendered: RefCell<Option<RenderCache>>,
-}
-
-struct RenderCache {
-    frames: std::sync::Arc<[Frame]>,
-    kind: Kind,
-    out: Vec<Option<Rc<Vec<u8>>>>,
-}
-
-/// A delivered event as structured-mode JSON with the `em*` extensions.
-pub fn event_json(frame: &Frame, attempt: u16) -> Vec<u8> {
-    let h = frame.header();
-    let extra = [
-        ("emdeliveryid", AttrValue::Str(delivery_id(h.partition, h.offset, attempt))),
-        ("empartition", AttrValue::Int(i64::from(h.partition))),
-        ("emoffset", AttrValue::Str(h.offset.to_string())),
-        ("emattempt", AttrValue::Int(i64::from(attempt))),
-    ];
-    let mut json = Vec::with_capacity(frame.as_bytes().len() + 160);
-    write_structured(frame, &extra, &mut json);
-    json
-}
-
-/// The rendering of one stored event for a session of `kind`.
-pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
-    let json = event_json(frame, attempt);
-    let mut out = Vec::with_capacity(json.len() + 64);
-    match kind {
-        Kind::Ws => encode_frame(OpCode::Text, true, &json, &mut out),
-        Kind::Sse => {
-            let h = frame.header();
-            sse::event(&delivery_id(h.partition, h.offset, attempt), &json, &mut out)
-        }
-        Kind::Poll => out = json,
-    }
-    Rc::new(out)
-}
 
 /// The offsets owner of a session: the subscription, or one client of it (a session without a
 /// `clientId` is a client of its own whose offsets are never stored). Returns the key and
@@ -149,109 +55,4 @@ pub fn detach_acked(shard: &Rc<Shard>, consumer: ConsumerKey, topic: &str, at: S
     shard.sessions.remove_acked(at.id);
     let change = SessionChange::Detach;
     shard.announce_session(SessionEvent { consumer, topic: topic.to_owned(), session: at, change });
-}
-
-impl Sessions {
-    /// Registers a session; returns its id, its queue, and whether it is the subscription's
-    /// first on this shard (then the shard must announce its interest).
-    pub fn add(&self, subscription: &str) -> (u64, mpsc::Receiver<Outbound>, bool) {
-        let id = self.next_id.get();
-        self.next_id.set(id + 1);
-        let (tx, rx) = mpsc::channel(SESSION_QUEUE);
-        let mut map = self.by_subscription.borrow_mut();
-        let list = map.entry(subscription.to_owned()).or_default();
-        list.push(SessionTx { id, tx });
-        (id, rx, list.len() == 1)
-    }
-
-    /// Unregisters a session; returns whether it was the subscription's last on this shard.
-    pub fn remove(&self, subscription: &str, id: u64) -> bool {
-        let mut map = self.by_subscription.borrow_mut();
-        let Some(list) = map.get_mut(subscription) else { return false };
-        list.retain(|s| s.id != id);
-        if list.is_empty() {
-            map.remove(subscription);
-            return true;
-        }
-        false
-    }
-
-    /// Registers a session of acknowledged delivery; returns its id and its queue, which can
-    /// hold every event the shards may have in flight to it.
-    pub fn add_acked(&self, subscription: &str, kind: Kind, shards: usize) -> (u64, mpsc::Receiver<Outbound>) {
-        let id = self.next_id.get();
-        self.next_id.set(id + 1);
-        let (tx, rx) = mpsc::channel(crate::delivery::MAX_WINDOW as usize * shards);
-        self.acked.borrow_mut().insert(id, AckedTx { subscription: subscription.to_owned(), kind, tx });
-        (id, rx)
-    }
-
-    pub fn remove_acked(&self, id: u64) {
-        self.acked.borrow_mut().remove(&id);
-    }
-
-    /// Queues delivered events: to one acknowledged session, or rendered once for every
-    /// `ack=none` session of the subscription. Returns how many (event, session) deliveries
-    /// were queued.
-    pub fn deliver(&self, d: &Delivery) -> u64 {
-        // The indexes to deliver, without allocating: all frames, or the picked ones.
-        let picked = || {
-            let all = d.pick.is_none().then_some(0..d.frames.len()).into_iter().flatten();
-            all.chain(d.pick.iter().flatten().map(|&i| i as usize))
-        };
-        if let Some(id) = d.session {
-            let mut acked = self.acked.borrow_mut();
-            let Some(s) = acked.get_mut(&id) else { return 0 };
-            let mut queued = 0;
-            let mut cache = self.rendered.borrow_mut();
-            let fresh = !matches!(&*cache, Some(c) if std::sync::Arc::ptr_eq(&c.frames, &d.frames) && c.kind == s.kind);
-            if fresh {
-                let out = vec![None; d.frames.len()];
-                *cache = Some(RenderCache { frames: d.frames.clone(), kind: s.kind, out });
-            }
-            let cache = cache.as_mut().expect("just filled");
-            for (k, i) in picked().enumerate() {
-                let attempt = d.attempts.get(k).copied().unwrap_or(1);
-                let bytes = match attempt {
-                    1 => cache.out[i].get_or_insert_with(|| render(&d.frames[i], 1, s.kind)).clone(),
-                    _ => render(&d.frames[i], attempt, s.kind),
-                };
-                if s.tx.try_send(Outbound::Frame(bytes)).is_err() {
-                    // Gone (the owners learn it from its detach) or past every window.
-                    s.tx.close_channel();
-                    return queued;
-                }
-                queued += 1;
-            }
-            return queued;
-        }
-        let mut map = self.by_subscription.borrow_mut();
-        let Some(list) = map.get_mut(&d.subscription) else { return 0 };
-        let rendered: Vec<Rc<Vec<u8>>> = picked().map(|i| render(&d.frames[i], 1, Kind::Ws)).collect();
-        let mut queued = 0;
-        for s in list.iter_mut() {
-            for bytes in &rendered {
-                if s.tx.try_send(Outbound::Frame(bytes.clone())).is_err() {
-                    // Too slow (or gone): close it rather than queue without bound.
-                    s.tx.close_channel();
-                    break;
-                }
-                queued += 1;
-            }
-        }
-        queued
-    }
-
-    /// Closes every session of a subscription (it was removed).
-    pub fn close_all(&self, subscription: &str, code: u16) {
-        if let Some(list) = self.by_subscription.borrow_mut().get_mut(subscription) {
-            for s in list.iter_mut() {
-                let _ = s.tx.try_send(Outbound::Close(code));
-            }
-        }
-        for s in self.acked.borrow_mut().values_mut().filter(|s| s.subscription == subscription) {
-            let _ = s.tx.try_send(Outbound::Close(code));
-        }
-        self.polls.borrow_mut().retain(|k, _| k.subscription != subscription);
-    }
 }

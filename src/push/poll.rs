@@ -8,63 +8,14 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use futures::channel::mpsc;
-use futures::StreamExt;
-
-use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
+use super::{attach_acked, consumer_of, detach_acked, Kind};
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
 use crate::shard::message::{ConsumerKey, SessionRef};
+use crate::shard::sessions::PollSession;
 
 /// How long a poll session stays attached after its last poll.
 pub const LINGER: Duration = Duration::from_secs(30);
-
-pub struct PollSession {
-    id: u64,
-    /// Taken by the poll in progress (one at a time per consumer and shard).
-    rx: RefCell<Option<mpsc::Receiver<Outbound>>>,
-    last: Cell<Instant>,
-    closed: Cell<bool>,
-}
-
-impl PollSession {
-    /// Up to `max` events' JSON, waiting up to `wait` for the first.
-    pub async fn poll(&self, max: usize, wait: Duration) -> Vec<Rc<Vec<u8>>> {
-        self.last.set(Instant::now());
-        let taken = self.rx.borrow_mut().take();
-        let Some(mut rx) = taken else {
-            // Another poll of the same consumer is waiting here: this one gets nothing.
-            monoio::time::sleep(wait).await;
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        self.drain(&mut rx, &mut out, max);
-        if out.is_empty() && !self.closed.get() {
-            match monoio::time::timeout(wait, rx.next()).await {
-                Ok(Some(Outbound::Frame(b))) => {
-                    out.push(b);
-                    self.drain(&mut rx, &mut out, max);
-                }
-                Ok(Some(Outbound::Close(_)) | None) => self.closed.set(true),
-                Err(_) => {}
-            }
-        }
-        self.last.set(Instant::now());
-        *self.rx.borrow_mut() = Some(rx);
-        out
-    }
-
-    fn drain(&self, rx: &mut mpsc::Receiver<Outbound>, out: &mut Vec<Rc<Vec<u8>>>, max: usize) {
-        while out.len() < max {
-            match rx.try_recv() {
-                Ok(Outbound::Frame(b)) => out.push(b),
-                Ok(Outbound::Close(_)) => return self.closed.set(true),
-                Err(e) if e.is_closed() => return self.closed.set(true),
-                Err(_) => return,
-            }
-        }
-    }
-}
 
 /// The shard where a consumer's poll session lives.
 pub fn home(spec: &SessionSpec, shards: usize) -> crate::shard::ShardId {

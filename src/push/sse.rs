@@ -21,32 +21,11 @@ use crate::server::conn::{read_more_sized, ReadOutcome};
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
 use crate::shard::message::AckKind;
+use crate::shard::sessions::chunk;
 
 /// A comment line every so often lets both sides notice a dead connection.
 const HEARTBEAT: Duration = Duration::from_secs(15);
 const WRITE_STALL: Duration = Duration::from_secs(10);
-
-/// Appends one event, as an HTTP chunk. JSON may hold line breaks between tokens (the event's
-/// `data` is kept as sent); each line becomes its own `data:` line, which clients join again.
-pub fn event(id: &str, json: &[u8], out: &mut Vec<u8>) {
-    let mut payload = Vec::with_capacity(json.len() + id.len() + 16);
-    payload.extend_from_slice(b"id: ");
-    payload.extend_from_slice(id.as_bytes());
-    payload.push(b'\n');
-    for line in json.split(|&b| b == b'\n' || b == b'\r').filter(|l| !l.is_empty()) {
-        payload.extend_from_slice(b"data: ");
-        payload.extend_from_slice(line);
-        payload.push(b'\n');
-    }
-    payload.push(b'\n');
-    chunk(&payload, out);
-}
-
-fn chunk(payload: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(format!("{:x}\r\n", payload.len()).as_bytes());
-    out.extend_from_slice(payload);
-    out.extend_from_slice(b"\r\n");
-}
 
 /// Reads (and drops) whatever the client sends until it closes.
 async fn until_closed<R: AsyncReadRent>(mut rd: R, mut buf: Vec<u8>) {
@@ -112,18 +91,4 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, spec: Bo
         Either::Left(_) | Either::Right(_) => {}
     }
     detach_acked(&shard, consumer, &spec.topic, at);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn events_are_chunks_with_one_data_line_per_json_line() {
-        let mut out = Vec::new();
-        event("0:7:1", b"{\"data\":\r\n {\"a\": 1}\n}", &mut out);
-        let text = String::from_utf8(out).unwrap();
-        let payload = "id: 0:7:1\ndata: {\"data\":\ndata:  {\"a\": 1}\ndata: }\n\n";
-        assert_eq!(text, format!("{:x}\r\n{payload}\r\n", payload.len()));
-    }
 }

@@ -2,7 +2,7 @@
 //! spawn one named, pinned thread per shard (each its own monoio runtime) and the admin thread.
 //!
 //! Everything shared between threads is built here, before any shard starts, and is immutable or
-//! atomic afterwards ([`Shared`]).
+//! atomic afterwards ([`Shared`], defined with the shards that use it).
 
 use std::io;
 use std::net::SocketAddr;
@@ -11,15 +11,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::admin::metrics::Metrics;
 use crate::admin::Admin;
 use crate::config::{Config, IoDriver};
 use crate::ingress::Traffic;
+use crate::metrics::Metrics;
 use crate::server::conn::{serve, ConnLimits};
 use crate::server::listen::bind_shared;
 use crate::server::{ConnGuard, Handler};
 use crate::shard::core::Shard;
 use crate::shard::mailbox::Mailboxes;
+pub use crate::shard::shared::{Memory, Shared};
 use crate::shard::ShardId;
 use crate::storage::embedded::Syncer;
 use crate::storage::{db, Durability, StorageError};
@@ -32,30 +33,6 @@ use crate::{
     storage::Storage,
 };
 
-/// What every thread can see: built before the shards start, never replaced.
-pub struct Shared {
-    pub config: Config,
-    pub mailboxes: Mailboxes,
-    pub db: Arc<rocksdb::DB>,
-    pub syncer: Option<Syncer>,
-    pub metrics: Metrics,
-    /// Shards that accept connections; `/readyz` is 200 when it equals the shard count.
-    pub ready: AtomicUsize,
-    /// Per shard, when its event loop last ran its heartbeat task (ms since `epoch`); a shard
-    /// whose beat is old is stalled (a blocked core), and `/readyz` says so.
-    pub beats: Box<[AtomicU64]>,
-    pub epoch: Instant,
-    /// Topics and subscriptions that exist, against `max_topics` / `max_subscriptions`
-    /// (counted at start, then kept by the shards that create and remove them).
-    pub topic_count: AtomicUsize,
-    pub subscription_count: AtomicUsize,
-    /// The process-wide memory budget (`memory_limit_bytes`) and what is in use.
-    pub memory: Memory,
-    /// With `storage = kafka`: the connection every shard produces through.
-    #[cfg(feature = "kafka")]
-    pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("storage: {0}")]
@@ -64,59 +41,8 @@ pub enum StartError {
     Io(#[from] io::Error),
 }
 
-/// Microseconds since the Unix epoch.
-pub fn now_micros() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
-}
-
-/// The process-wide memory budget. A watcher thread samples the resident set every 100 ms;
-/// while it is over the limit the broker sheds new work (publishes and new sessions get 503
-/// with `Retry-After`) instead of growing, until it is back under 90% of it.
-pub struct Memory {
-    pub limit: u64,
-    pub resident: AtomicU64,
-    pub shedding: std::sync::atomic::AtomicBool,
-    /// Requests refused because of it.
-    pub shed: AtomicU64,
-}
-
-impl Memory {
-    fn new(limit: u64) -> Self {
-        Memory { limit, resident: AtomicU64::new(0), shedding: Default::default(), shed: AtomicU64::new(0) }
-    }
-
-    /// Whether new work must be refused now (counts the refusal).
-    pub fn shed_now(&self) -> bool {
-        let shed = self.shedding.load(Ordering::Relaxed);
-        if shed {
-            self.shed.fetch_add(1, Ordering::Relaxed);
-        }
-        shed
-    }
-
-    fn sample(&self) {
-        let Some(rss) = crate::sys::resident_bytes() else { return };
-        self.resident.store(rss, Ordering::Relaxed);
-        let was = self.shedding.load(Ordering::Relaxed);
-        let now = if was { rss > self.limit / 10 * 9 } else { rss > self.limit };
-        if now != was {
-            self.shedding.store(now, Ordering::Relaxed);
-            let (mb, limit) = (rss >> 20, self.limit >> 20);
-            if now {
-                eprintln!(
-                    "evmesh: resident memory {mb} MiB is over memory_limit_bytes ({limit} MiB): shedding new work"
-                );
-            } else {
-                eprintln!("evmesh: resident memory {mb} MiB is back under the limit ({limit} MiB)");
-            }
-        }
-    }
-}
-
 /// How often each shard's event loop stamps its heartbeat.
 const BEAT: Duration = Duration::from_millis(100);
-/// A shard whose heartbeat is older than this is not ready: its core is blocked.
-pub const STALLED_AFTER: Duration = Duration::from_secs(5);
 
 /// Makes any panic, on any thread, end the whole process with a clear message and exit code
 /// 101: a broker with a dead shard must not go on half-serving (a supervisor restarts it, and
@@ -132,15 +58,6 @@ pub fn exit_on_panic() {
         );
         crate::sys::exit_now(101);
     }));
-}
-
-impl Shared {
-    /// Shards whose event loop has not run for `STALLED_AFTER` (or that never started).
-    pub fn stalled_shards(&self) -> Vec<usize> {
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let limit = STALLED_AFTER.as_millis() as u64;
-        (0..self.beats.len()).filter(|&i| now.saturating_sub(self.beats[i].load(Ordering::Relaxed)) > limit).collect()
-    }
 }
 
 /// Stamps this shard's heartbeat while its event loop turns.

@@ -14,9 +14,9 @@ use frame_codec::Frame;
 
 use super::mailbox::Sender;
 use super::message::{Delivery, EnsureReply, Interest, InterestChange, ShardMessage, SubOutcome, SubReply, SubRequest};
+use super::sessions::Sessions;
 use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
-use crate::push::Sessions;
-use crate::runtime::Shared;
+use crate::shard::shared::Shared;
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
 use crate::subscription::filter::{matches_all, Filter};
@@ -190,57 +190,12 @@ impl Shard {
         self.shared.config.shards
     }
 
-    /// Waits for messages from other cores and handles them, forever.
-    pub async fn pump(self: Rc<Self>) {
-        let mailboxes = &self.shared.mailboxes;
-        loop {
-            mailboxes.drain(self.id, |m| self.handle(m));
-            mailboxes.wait(self.id).await;
-        }
-    }
-
-    fn handle(self: &Rc<Self>, msg: ShardMessage) {
-        match msg {
-            ShardMessage::Append { partition, mut frames, reply } => {
-                let me = self.clone();
-                monoio::spawn(async move {
-                    let r = me.append_local(partition, &mut frames).await;
-                    let readable = matches!(r, Ok((_, true)));
-                    let _ = reply.send(r.map(|(first, _)| first));
-                    if readable {
-                        me.fan_out(frames);
-                    }
-                });
-            }
-            ShardMessage::Mirror(m) => self.mirror_in(*m),
-            ShardMessage::Interest(i) => self.interest_changed(*i),
-            ShardMessage::Deliver(d) => self.deliver_here(&d),
-            ShardMessage::Session(e) => self.session_event(*e),
-            ShardMessage::Ack(a) => self.acks(*a),
-            ShardMessage::Poll(req) => {
-                let me = self.clone();
-                monoio::spawn(async move {
-                    let events = crate::push::poll::session(&me, &req.spec).poll(req.max, req.wait).await;
-                    let _ = req.reply.send(events.iter().map(|e| e.to_vec()).collect());
-                });
-            }
-            ShardMessage::Subscription { request, reply } => {
-                let me = self.clone();
-                monoio::spawn(async move {
-                    let _ = reply.send(me.subscription_local(*request).await);
-                });
-            }
-            ShardMessage::EnsureTopic { request, reply } => {
-                let me = self.clone();
-                monoio::spawn(async move {
-                    let _ = reply.send(me.ensure_topic_local(&request.topic, request.spec, request.internal).await);
-                });
-            }
-        }
-    }
-
     /// Appends to a partition this shard owns; says whether the frames are readable here now.
-    async fn append_local(&self, partition: PartitionId, frames: &mut [Frame]) -> Result<(u64, bool), StorageError> {
+    pub(super) async fn append_local(
+        &self,
+        partition: PartitionId,
+        frames: &mut [Frame],
+    ) -> Result<(u64, bool), StorageError> {
         let Some(first) = frames.first() else { return Err(StorageError::Unavailable("empty append")) };
         let topic = first.body().topic.as_str().to_owned();
         self.log.append_mirrored(&topic, partition, frames).await
@@ -248,7 +203,7 @@ impl Shard {
 
     /// Kafka backend: stores fetched records in the local copy (those not there yet) and
     /// delivers them.
-    fn mirror_in(self: &Rc<Self>, m: crate::shard::message::Mirrored) {
+    pub(super) fn mirror_in(self: &Rc<Self>, m: crate::shard::message::Mirrored) {
         let Some(topic) = m.frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };
         match self.log.local().put_mirrored(&topic, m.partition, &m.frames, false) {
             Ok(Some(skip)) if skip < m.frames.len() => {
@@ -261,7 +216,7 @@ impl Shard {
     }
 
     /// Creates or checks a topic; only the topic's meta owner runs this, so creation is serial.
-    async fn ensure_topic_local(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
+    pub(super) async fn ensure_topic_local(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
         let db = &self.shared.db;
         if let Some(existing) = meta::get(db, topic)? {
             return match spec {
@@ -322,7 +277,7 @@ impl Shard {
     }
 
     /// Creates or removes a subscription; only the owner shard of its name runs this.
-    async fn subscription_local(&self, request: SubRequest) -> SubReply {
+    pub(super) async fn subscription_local(&self, request: SubRequest) -> SubReply {
         let db = &self.shared.db;
         let outcome = match request {
             SubRequest::Create(def) => match meta::get_subscription(db, &def.subscription)? {
@@ -451,7 +406,7 @@ impl Shard {
         }
     }
 
-    fn interest_changed(self: &Rc<Self>, i: Interest) {
+    pub(super) fn interest_changed(self: &Rc<Self>, i: Interest) {
         let mut interest = self.interest.borrow_mut();
         let list = interest.entry(i.topic.clone()).or_default();
         match i.change {
@@ -481,7 +436,7 @@ impl Shard {
 
     /// Sends freshly stored events to their consumers: to every shard with `ack=none` sessions
     /// (once per shard, frames shared), and to acknowledged delivery.
-    fn fan_out(self: &Rc<Self>, frames: Vec<Frame>) {
+    pub(super) fn fan_out(self: &Rc<Self>, frames: Vec<Frame>) {
         let Some(first) = frames.first() else { return };
         let topic = first.body().topic.as_str().to_owned();
         let frames: Arc<[Frame]> = frames.into();
@@ -527,7 +482,7 @@ impl Shard {
             monoio::time::sleep(every).await;
             self.expire_clients();
             let Ok(topics) = meta::list(&self.shared.db) else { continue };
-            let now = crate::runtime::now_micros();
+            let now = crate::clock::now_micros();
             for (name, m) in topics {
                 for p in owned_partitions(&name, m.partitions, self.id, self.shards()) {
                     if let Err(e) = self.log.enforce_retention(&name, &m, p, now) {

@@ -5,9 +5,13 @@
 //! cores reach it through the bounded [`mailbox`] with a [`message::ShardMessage`].
 
 pub mod core;
+pub mod delivery;
 pub mod mailbox;
 pub mod message;
 pub mod partitioner;
+pub mod pump;
+pub mod sessions;
+pub mod shared;
 
 use std::fmt;
 

@@ -90,7 +90,7 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 properties: Vec::new(),
             };
             let k = KafkaBackend::connect(settings).unwrap();
-            let stamp = format!("{}-{}", std::process::id(), crate::runtime::now_micros());
+            let stamp = format!("{}-{}", std::process::id(), crate::clock::now_micros());
             let names: Vec<String> = topics.iter().map(|t| format!("suite-{stamp}-{t}")).collect();
             for n in &names {
                 block_on(k.ensure_topic(n, 4)).unwrap();

@@ -1,0 +1,445 @@
+//! The shard's side of acknowledged delivery: it builds each consumer's state from what is
+//! stored, feeds the pure [`crate::delivery::machine`] its inputs (session changes, acks,
+//! appends, the clock), executes the effects it returns, and settles what is stored for
+//! consumers that have no state here. The routing of session changes and acks to the owning
+//! shards is here too.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use frame_codec::{AttrValue, Attribute, Frame};
+use futures::channel::oneshot;
+
+use super::core::Shard;
+use super::mailbox::Sender;
+use super::message::{AckKind, Acks, ConsumerKey, Delivery, SessionChange, SessionEvent, ShardMessage};
+use super::partitioner::partition_for_key;
+use super::{owned_partitions, owner, PartitionId, ShardId};
+use crate::delivery::machine::{Effect, Machine, Source};
+use crate::storage::{meta, offsets, Log, Storage, StorageError};
+use crate::subscription::definition::{Definition, Mode, Start};
+use crate::subscription::filter;
+
+/// How often ack timeouts and due redeliveries are checked.
+const TICK: Duration = Duration::from_millis(20);
+
+/// The shard's log as the machine reads it.
+struct LogSource<'a>(&'a Log);
+
+impl Source for LogSource<'_> {
+    fn end(&self, topic: &str, partition: u32) -> Option<u64> {
+        self.0.next_offset_of(topic, PartitionId(partition)).ok()
+    }
+
+    fn read(&self, topic: &str, partition: u32, from: u64, max: usize, max_bytes: usize) -> Option<Vec<Frame>> {
+        self.0.read(topic, PartitionId(partition), from, max, max_bytes).ok()
+    }
+}
+
+fn engine(e: frame_codec::FrameError) -> StorageError {
+    StorageError::Engine(e.to_string())
+}
+
+impl Shard {
+    /// Tells every shard (this one too) about a session of acknowledged delivery.
+    pub fn announce_session(self: &Rc<Self>, event: SessionEvent) {
+        for s in 0..self.shared.config.shards {
+            let to = ShardId(s as u16);
+            if to == self.id {
+                continue;
+            }
+            let copy = SessionEvent {
+                consumer: event.consumer.clone(),
+                topic: event.topic.clone(),
+                session: event.session,
+                change: event.change.clone(),
+            };
+            self.send_control(to, ShardMessage::Session(Box::new(copy)));
+        }
+        self.session_event(event);
+    }
+
+    /// Sends acks to the owners of their partitions (this shard's own are settled at once) on
+    /// the control lane, so they are never lost. Ids naming a partition the topic does not have
+    /// are refused here, before any state or message: `Err` says which. With `confirm`, returns
+    /// what resolves once each owner has applied them.
+    pub fn route_acks(
+        self: &Rc<Self>,
+        consumer: &ConsumerKey,
+        topic: &str,
+        by: BTreeMap<u32, Vec<u64>>,
+        kind: AckKind,
+        confirm: bool,
+    ) -> Result<Vec<oneshot::Receiver<()>>, String> {
+        let partitions = self.partitions_of(topic).unwrap_or(0);
+        if let Some((&p, _)) = by.range(partitions..).next() {
+            self.shared.metrics.shard(self.id).acks_rejected.inc();
+            return Err(format!("delivery ids name partition {p}; topic {topic} has {partitions}"));
+        }
+        let mut applied = Vec::new();
+        for (p, offsets) in by {
+            let partition = PartitionId(p);
+            let done = confirm.then(|| {
+                let (tx, rx) = oneshot::channel();
+                applied.push(rx);
+                tx
+            });
+            let acks = Acks { consumer: consumer.clone(), partition, offsets, kind, applied: done };
+            let to = owner(topic, partition, self.shared.config.shards);
+            if to == self.id {
+                self.acks(acks);
+            } else {
+                self.send_control(to, ShardMessage::Ack(Box::new(acks)));
+            }
+        }
+        Ok(applied)
+    }
+
+    /// A session attached, left, or changed its window.
+    pub fn session_event(self: &Rc<Self>, e: SessionEvent) {
+        let (key, at) = (e.consumer, e.session);
+        match e.change {
+            SessionChange::Attach { window, filters, persist } => {
+                if let Err(err) = self.ensure_consumer(&key, persist) {
+                    eprintln!("evmesh: {}: cannot serve {}: {err}", self.id, key.subscription);
+                    return;
+                }
+                let filters = filters
+                    .and_then(|j| serde_json::from_str(&j).ok())
+                    .and_then(|j: serde_json::Value| filter::compile(Some(&j)).ok())
+                    .unwrap_or_default();
+                self.run(|m, now, src, out| m.attach(&key, at, window, filters, now, src, out));
+            }
+            SessionChange::Detach => self.run(|m, now, src, out| m.detach(&key, at, now, src, out)),
+            SessionChange::Window(n) => self.run(|m, now, src, out| m.window(&key, at, n, now, src, out)),
+        }
+    }
+
+    /// Feeds the machine one input and executes the effects it returns. The machine is not
+    /// borrowed while they run (a delivery to this shard's own sessions, say).
+    fn run<R>(self: &Rc<Self>, input: impl FnOnce(&mut Machine, Instant, &LogSource<'_>, &mut Vec<Effect>) -> R) -> R {
+        let mut out = Vec::new();
+        let r = {
+            let mut m = self.delivery.machine.borrow_mut();
+            input(&mut m, Instant::now(), &LogSource(&self.log), &mut out)
+        };
+        self.execute(out);
+        r
+    }
+
+    /// Executes the machine's effects, in order.
+    fn execute(self: &Rc<Self>, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Persist { key, topic, partition, stored } => {
+                    let k = offsets::key(&topic, &key.subscription, PartitionId(partition), &key.client);
+                    if let Err(e) = offsets::put(&self.shared.db, self.id, &k, &stored) {
+                        eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, key.subscription);
+                    }
+                }
+                Effect::Deliver { to, subscription, frames, pick, attempts } => {
+                    let m = self.shared.metrics.shard(self.id);
+                    m.redeliveries.add(attempts.iter().filter(|&&a| a > 1).count() as u64);
+                    let d = Delivery { subscription, session: Some(to.id), frames, pick, attempts };
+                    self.send_delivery(to.shard, d);
+                }
+                Effect::DeadLetter { key, gen, partition, offset, attempts, reason } => {
+                    self.dead_letter(key, gen, partition, offset, attempts, reason)
+                }
+                Effect::Continue { key, partition } => {
+                    // Bounded work per turn: let other tasks of this core run, then go on.
+                    let me = self.clone();
+                    monoio::spawn(async move {
+                        monoio::time::sleep(Duration::ZERO).await;
+                        me.run(|m, now, src, out| m.pump(&key, partition, None, now, src, out));
+                    });
+                }
+            }
+        }
+    }
+
+    /// Creates the consumer's state for the partitions this shard owns, if it has none yet,
+    /// from what is stored for it (or its start position).
+    fn ensure_consumer(&self, key: &ConsumerKey, persist: bool) -> Result<(), StorageError> {
+        if self.delivery.machine.borrow().contains(key) {
+            return Ok(());
+        }
+        let db = &self.shared.db;
+        let cached = self.delivery.defs.borrow().get(&key.subscription).cloned();
+        let (def, filters) = match cached {
+            Some(d) => d,
+            None => {
+                let Some(def) = meta::get_subscription(db, &key.subscription)? else {
+                    return Err(StorageError::Unavailable("subscription removed"));
+                };
+                let filters = Rc::new(def.compile_stored());
+                let d = (Rc::new(def), filters);
+                self.delivery.defs.borrow_mut().insert(key.subscription.clone(), d.clone());
+                d
+            }
+        };
+        let Some(topic) = meta::get(db, &def.topic)? else { return Err(StorageError::Unavailable("no such topic")) };
+        let mut positions = Vec::new();
+        for p in owned_partitions(&def.topic, topic.partitions, self.id, self.shared.config.shards) {
+            positions.push((p.0, self.start_offset(&def, key, p, persist)?));
+        }
+        self.delivery.machine.borrow_mut().create(key, def, filters, persist, positions, Instant::now());
+        Ok(())
+    }
+
+    /// Where a consumer reads a partition from: what is stored for it (position and attempts
+    /// made), else the subscription's `start` (stored at once, so the start does not move on a
+    /// restart).
+    fn start_offset(
+        &self,
+        def: &Definition,
+        key: &ConsumerKey,
+        p: PartitionId,
+        persist: bool,
+    ) -> Result<offsets::Stored, StorageError> {
+        let db = &self.shared.db;
+        let k = offsets::key(&def.topic, &key.subscription, p, &key.client);
+        if persist {
+            if let Some(st) = offsets::get(db, self.id, &k)? {
+                return Ok(st);
+            }
+        }
+        let b = self.log.bounds(&def.topic, p)?;
+        let o = match &def.start {
+            Start::Named(n) if n == "earliest" => b.start,
+            // A LOAD_BALANCE subscription keeps what was published since it was created.
+            Start::Named(_) if def.mode == Mode::LoadBalance && def.created_us > 0 => {
+                self.first_at(&def.topic, p, b, def.created_us)?
+            }
+            Start::Named(_) => b.end,
+            Start::Offset { offset } => (*offset).clamp(b.start, b.end),
+            Start::Time { time } => {
+                self.first_at(&def.topic, p, b, crate::adaptor::rfc3339_micros(time).unwrap_or(0))?
+            }
+        };
+        let st = offsets::Stored::at(o);
+        if persist {
+            offsets::put(db, self.id, &k, &st)?;
+        }
+        Ok(st)
+    }
+
+    /// The first offset in `b` published at or after `micros` (binary search over the log;
+    /// publish times follow offsets within a partition, up to clock steps between cores).
+    fn first_at(
+        &self,
+        topic: &str,
+        p: PartitionId,
+        b: crate::storage::Bounds,
+        micros: i64,
+    ) -> Result<u64, StorageError> {
+        let (mut lo, mut hi) = (b.start, b.end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.log.read(topic, p, mid, 1, usize::MAX)?.first() {
+                Some(f) if f.header().timestamp_us < micros => lo = f.header().offset + 1,
+                Some(_) => hi = mid,
+                None => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// Newly stored events of a partition this shard owns: every consumer of the topic gets
+    /// them, straight from `frames` when it is caught up (no log read).
+    pub fn deliver_new(self: &Rc<Self>, topic: &str, frames: &Arc<[Frame]>) {
+        self.run(|m, now, src, out| m.appended(topic, frames, now, src, out));
+    }
+
+    fn send_delivery(&self, to: ShardId, d: Delivery) {
+        if to == self.id {
+            self.deliver_here(&d);
+        } else if self.shared.mailboxes.send(Sender::Shard(self.id), to, ShardMessage::Deliver(Box::new(d))).is_err() {
+            // In flight all the same: the ack timeout redelivers them.
+            self.shared.metrics.shard(self.id).deliveries_dropped.inc();
+        }
+    }
+
+    /// Acks or nacks from a consumer for a partition this shard owns; answers `applied` (the
+    /// 200 of `POST /events/ack` waits for it) once they took effect.
+    pub fn acks(self: &Rc<Self>, mut a: Acks) {
+        let applied = a.applied.take();
+        self.apply_acks(a);
+        if let Some(done) = applied {
+            let _ = done.send(());
+        }
+    }
+
+    fn apply_acks(self: &Rc<Self>, a: Acks) {
+        self.shared.metrics.shard(self.id).acks.add(a.offsets.len() as u64);
+        let (p, kind) = (a.partition.0, a.kind);
+        let here = self.run(|m, now, src, out| m.ack(&a.consumer, p, &a.offsets, kind, now, src, out));
+        if !here {
+            self.settle_detached(&a);
+        }
+    }
+
+    /// Acks for a consumer with no session here (its last one left before they arrived, or an
+    /// SSE client resumes after its old stream ended): they settle what is stored. Only what
+    /// was delivered (below the stored `next`) can have been received, so an id naming
+    /// anything else changes nothing and keeps nothing. Nacks change nothing (the event is
+    /// redelivered anyway).
+    fn settle_detached(&self, a: &Acks) {
+        if a.kind == AckKind::Nack || a.consumer.client.starts_with('~') {
+            return;
+        }
+        self.settle_stored(&a.consumer, a.partition, |st| match a.kind {
+            AckKind::UpTo => match a.offsets.last() {
+                Some(&upto) if upto < st.next => st.attempts.retain(|&(o, _)| o > upto),
+                _ => {}
+            },
+            // `offsets` is sorted (`group_ids`): linear in the ids and the stored attempts.
+            _ => st.attempts.retain(|(o, _)| a.offsets.binary_search(o).is_err()),
+        });
+    }
+
+    /// Changes the stored position of a consumer that has no state here, then recomputes its
+    /// committed offset (the lowest delivered-but-unsettled offset, else `next`).
+    fn settle_stored(&self, consumer: &ConsumerKey, p: PartitionId, change: impl FnOnce(&mut offsets::Stored)) {
+        let db = &self.shared.db;
+        let Ok(Some(def)) = meta::get_subscription(db, &consumer.subscription) else { return };
+        let k = offsets::key(&def.topic, &consumer.subscription, p, &consumer.client);
+        let Ok(Some(mut st)) = offsets::get(db, self.id, &k) else { return };
+        let before = st.clone();
+        change(&mut st);
+        st.committed = st.attempts.first().map_or(st.next, |&(o, _)| o).max(st.committed);
+        if st != before {
+            st.seen_ms = offsets::now_ms();
+            if let Err(e) = offsets::put(db, self.id, &k, &st) {
+                eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, consumer.subscription);
+            }
+        }
+    }
+
+    /// Appends an event that ran out of attempts to `<topic>.dlq`, then tells the machine
+    /// (which settles it on the source, or schedules it again if the append failed).
+    fn dead_letter(
+        self: &Rc<Self>,
+        key: Rc<ConsumerKey>,
+        gen: u64,
+        p: u32,
+        o: u64,
+        attempts: u16,
+        reason: &'static str,
+    ) {
+        let me = self.clone();
+        monoio::spawn(async move {
+            let r = me.append_dead(&key, p, o, attempts, reason).await;
+            if let Err(e) = &r {
+                eprintln!("evmesh: {}: dead-lettering {}@{p}:{o} failed, retrying: {e}", me.id, key.subscription);
+            } else {
+                me.shared.metrics.shard(me.id).dead_lettered.inc();
+            }
+            let ok = r.is_ok();
+            let here = me.run(|m, now, src, out| m.dead_lettered(&key, gen, p, o, attempts, ok, now, src, out));
+            if !here && ok {
+                // Its sessions left meanwhile: settle what was stored for it, so the event is
+                // not dead-lettered again when the consumer comes back.
+                me.settle_stored(&key, PartitionId(p), |st| st.attempts.retain(|&(x, _)| x != o));
+            }
+        });
+    }
+
+    async fn append_dead(
+        self: &Rc<Self>,
+        key: &ConsumerKey,
+        p: u32,
+        o: u64,
+        attempts: u16,
+        reason: &str,
+    ) -> Result<(), StorageError> {
+        // Also when its last session left meanwhile: the event is dead-lettered all the same.
+        let cached = self.delivery.defs.borrow().get(&key.subscription).map(|(d, _)| d.topic.clone());
+        let topic = match cached {
+            Some(t) => t,
+            None => match meta::get_subscription(&self.shared.db, &key.subscription)? {
+                Some(def) => def.topic,
+                None => return Ok(()), // the subscription was removed: nothing to keep
+            },
+        };
+        let Some(f) = self.log.read(&topic, PartitionId(p), o, 1, usize::MAX)?.pop().filter(|f| f.header().offset == o)
+        else {
+            return Ok(()); // gone by retention
+        };
+        let mut body = f.to_body();
+        let dlq = format!("{topic}.dlq");
+        body.topic = dlq.clone();
+        body.attributes.retain(|a| !a.name.starts_with("emdlq"));
+        let ext = [
+            ("emdlqreason", AttrValue::Str(reason.to_owned())),
+            ("emdlqsubscription", AttrValue::Str(key.subscription.clone())),
+            ("emdlqclient", AttrValue::Str(key.client.clone())),
+            ("emdlqtopic", AttrValue::Str(topic.clone())),
+            ("emdlqpartition", AttrValue::Int(i64::from(p))),
+            ("emdlqoffset", AttrValue::Str(o.to_string())),
+            ("emdlqattempts", AttrValue::Int(i64::from(attempts))),
+        ];
+        for (name, value) in ext {
+            if name == "emdlqclient" && key.client.is_empty() {
+                continue;
+            }
+            body.attributes.push(Attribute { name: name.to_owned(), value });
+        }
+        let mut frame = Frame::encode(&f.header(), &body).map_err(engine)?;
+        frame.set_timestamp(crate::clock::now_micros());
+        let (m, _) = self.topic(&dlq, None, true).await?;
+        let partition = match frame.body().attr_str("partitionkey") {
+            Some(k) => partition_for_key(k.as_bytes(), m.partitions),
+            None => self.local_partition(&dlq, &m),
+        };
+        self.append(&dlq, partition, vec![frame]).await.map(|_| ())
+    }
+
+    /// Expires unacknowledged deliveries and sends due redeliveries, forever.
+    pub async fn delivery_timers(self: Rc<Self>) {
+        loop {
+            monoio::time::sleep(TICK).await;
+            self.run(|m, now, src, out| m.tick(now, src, out));
+        }
+    }
+
+    /// Forgets the stored offsets of clients not seen for `client_offset_ttl_ms` (those with a
+    /// session attached are seen now, and kept). Bounded work per pass.
+    pub fn expire_clients(&self) {
+        let Some(ttl) = self.shared.config.client_offset_ttl else { return };
+        let before = offsets::now_ms().saturating_sub(ttl.as_millis() as u64);
+        let db = &self.shared.db;
+        let keys = match offsets::expired_clients(db, self.id, before, 10_000) {
+            Ok(k) => k,
+            Err(e) => return eprintln!("evmesh: {}: listing client offsets: {e}", self.id),
+        };
+        let machine = self.delivery.machine.borrow();
+        for k in keys {
+            let text = String::from_utf8_lossy(&k);
+            let mut parts = text.splitn(4, '#');
+            let (Some(_topic), Some(subscription), Some(_p), Some(client)) =
+                (parts.next(), parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let live = ConsumerKey { subscription: subscription.to_owned(), client: client.to_owned() };
+            if machine.contains(&live) {
+                continue;
+            }
+            if let Err(e) = offsets::delete(db, self.id, &k) {
+                eprintln!("evmesh: {}: expiring client offsets: {e}", self.id);
+            }
+        }
+    }
+
+    /// A subscription was removed: its consumers here end and their offsets are forgotten.
+    pub fn forget_subscription(&self, subscription: &str, topic: &str) {
+        self.delivery.machine.borrow_mut().forget(subscription);
+        self.delivery.defs.borrow_mut().remove(subscription);
+        if let Err(e) = offsets::delete_all(&self.shared.db, self.id, topic, subscription) {
+            eprintln!("evmesh: {}: forgetting offsets of {subscription}: {e}", self.id);
+        }
+    }
+}

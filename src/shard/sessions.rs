@@ -1,0 +1,299 @@
+//! The sessions a shard accepted, as the delivery path sees them: a registry of their bounded
+//! queues (live `ack=none` fan-out by subscription, acknowledged sessions by id, long-poll
+//! sessions by consumer) and the renderings queued to them. No sockets here: the transports in
+//! `crate::push` drain the queues.
+//!
+//! Fan-out cost is paid once per shard, not per session: the partition owner sends one
+//! [`Delivery`] per interested shard, carrying the stored frames by handle; this shard renders
+//! each event once and queues the same bytes to every session. Queues are bounded: a live
+//! session that falls `SESSION_QUEUE` frames behind is closed with 1008 instead of growing
+//! memory or slowing the others.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use frame_codec::{AttrValue, Frame};
+use futures::channel::mpsc;
+use futures::StreamExt;
+
+use super::message::{ConsumerKey, Delivery};
+use crate::adaptor::cloudevents::write_structured;
+use crate::delivery::delivery_id;
+use crate::ws::{encode_frame, OpCode};
+
+/// Frames a session may have queued before it counts as too slow.
+pub const SESSION_QUEUE: usize = 1024;
+
+/// What the writer half of a session sends.
+#[derive(Debug, Clone)]
+pub enum Outbound {
+    /// A ready WebSocket frame, shared by every session that gets it.
+    Frame(Rc<Vec<u8>>),
+    /// Close with this code after what is queued.
+    Close(u16),
+}
+
+struct SessionTx {
+    id: u64,
+    tx: mpsc::Sender<Outbound>,
+}
+
+/// How a session's events go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// One WebSocket text frame per event.
+    Ws,
+    /// One `text/event-stream` event per event, as an HTTP chunk.
+    Sse,
+    /// The event's JSON, gathered into a batch by the next poll.
+    Poll,
+}
+
+/// A session of acknowledged delivery on this shard.
+struct AckedTx {
+    subscription: String,
+    kind: Kind,
+    tx: mpsc::Sender<Outbound>,
+}
+
+/// This shard's attached sessions.
+#[derive(Default)]
+pub struct Sessions {
+    next_id: Cell<u64>,
+    /// `ack=none` sessions, by subscription.
+    by_subscription: RefCell<HashMap<String, Vec<SessionTx>>>,
+    /// Acknowledged sessions, by id.
+    acked: RefCell<HashMap<u64, AckedTx>>,
+    /// Long-poll sessions, by consumer: they outlive the requests that poll them.
+    pub polls: RefCell<HashMap<ConsumerKey, Rc<PollSession>>>,
+    /// First-attempt renderings of the frames last delivered: the owner sends the same frames
+    /// to every acknowledged session of a broadcast one after another, so each event is
+    /// rendered once per shard and kind, not once per session.
+    rendered: RefCell<Option<RenderCache>>,
+}
+
+struct RenderCache {
+    frames: std::sync::Arc<[Frame]>,
+    kind: Kind,
+    out: Vec<Option<Rc<Vec<u8>>>>,
+}
+
+/// A delivered event as structured-mode JSON with the `em*` extensions.
+pub fn event_json(frame: &Frame, attempt: u16) -> Vec<u8> {
+    let h = frame.header();
+    let extra = [
+        ("emdeliveryid", AttrValue::Str(delivery_id(h.partition, h.offset, attempt))),
+        ("empartition", AttrValue::Int(i64::from(h.partition))),
+        ("emoffset", AttrValue::Str(h.offset.to_string())),
+        ("emattempt", AttrValue::Int(i64::from(attempt))),
+    ];
+    let mut json = Vec::with_capacity(frame.as_bytes().len() + 160);
+    write_structured(frame, &extra, &mut json);
+    json
+}
+
+/// The rendering of one stored event for a session of `kind`.
+pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
+    let json = event_json(frame, attempt);
+    let mut out = Vec::with_capacity(json.len() + 64);
+    match kind {
+        Kind::Ws => encode_frame(OpCode::Text, true, &json, &mut out),
+        Kind::Sse => {
+            let h = frame.header();
+            event(&delivery_id(h.partition, h.offset, attempt), &json, &mut out)
+        }
+        Kind::Poll => out = json,
+    }
+    Rc::new(out)
+}
+
+impl Sessions {
+    /// Registers a session; returns its id, its queue, and whether it is the subscription's
+    /// first on this shard (then the shard must announce its interest).
+    pub fn add(&self, subscription: &str) -> (u64, mpsc::Receiver<Outbound>, bool) {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let (tx, rx) = mpsc::channel(SESSION_QUEUE);
+        let mut map = self.by_subscription.borrow_mut();
+        let list = map.entry(subscription.to_owned()).or_default();
+        list.push(SessionTx { id, tx });
+        (id, rx, list.len() == 1)
+    }
+
+    /// Unregisters a session; returns whether it was the subscription's last on this shard.
+    pub fn remove(&self, subscription: &str, id: u64) -> bool {
+        let mut map = self.by_subscription.borrow_mut();
+        let Some(list) = map.get_mut(subscription) else { return false };
+        list.retain(|s| s.id != id);
+        if list.is_empty() {
+            map.remove(subscription);
+            return true;
+        }
+        false
+    }
+
+    /// Registers a session of acknowledged delivery; returns its id and its queue, which can
+    /// hold every event the shards may have in flight to it.
+    pub fn add_acked(&self, subscription: &str, kind: Kind, shards: usize) -> (u64, mpsc::Receiver<Outbound>) {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let (tx, rx) = mpsc::channel(crate::delivery::MAX_WINDOW as usize * shards);
+        self.acked.borrow_mut().insert(id, AckedTx { subscription: subscription.to_owned(), kind, tx });
+        (id, rx)
+    }
+
+    pub fn remove_acked(&self, id: u64) {
+        self.acked.borrow_mut().remove(&id);
+    }
+
+    /// Queues delivered events: to one acknowledged session, or rendered once for every
+    /// `ack=none` session of the subscription. Returns how many (event, session) deliveries
+    /// were queued.
+    pub fn deliver(&self, d: &Delivery) -> u64 {
+        // The indexes to deliver, without allocating: all frames, or the picked ones.
+        let picked = || {
+            let all = d.pick.is_none().then_some(0..d.frames.len()).into_iter().flatten();
+            all.chain(d.pick.iter().flatten().map(|&i| i as usize))
+        };
+        if let Some(id) = d.session {
+            let mut acked = self.acked.borrow_mut();
+            let Some(s) = acked.get_mut(&id) else { return 0 };
+            let mut queued = 0;
+            let mut cache = self.rendered.borrow_mut();
+            let fresh = !matches!(&*cache, Some(c) if std::sync::Arc::ptr_eq(&c.frames, &d.frames) && c.kind == s.kind);
+            if fresh {
+                let out = vec![None; d.frames.len()];
+                *cache = Some(RenderCache { frames: d.frames.clone(), kind: s.kind, out });
+            }
+            let cache = cache.as_mut().expect("just filled");
+            for (k, i) in picked().enumerate() {
+                let attempt = d.attempts.get(k).copied().unwrap_or(1);
+                let bytes = match attempt {
+                    1 => cache.out[i].get_or_insert_with(|| render(&d.frames[i], 1, s.kind)).clone(),
+                    _ => render(&d.frames[i], attempt, s.kind),
+                };
+                if s.tx.try_send(Outbound::Frame(bytes)).is_err() {
+                    // Gone (the owners learn it from its detach) or past every window.
+                    s.tx.close_channel();
+                    return queued;
+                }
+                queued += 1;
+            }
+            return queued;
+        }
+        let mut map = self.by_subscription.borrow_mut();
+        let Some(list) = map.get_mut(&d.subscription) else { return 0 };
+        let rendered: Vec<Rc<Vec<u8>>> = picked().map(|i| render(&d.frames[i], 1, Kind::Ws)).collect();
+        let mut queued = 0;
+        for s in list.iter_mut() {
+            for bytes in &rendered {
+                if s.tx.try_send(Outbound::Frame(bytes.clone())).is_err() {
+                    // Too slow (or gone): close it rather than queue without bound.
+                    s.tx.close_channel();
+                    break;
+                }
+                queued += 1;
+            }
+        }
+        queued
+    }
+
+    /// Closes every session of a subscription (it was removed).
+    pub fn close_all(&self, subscription: &str, code: u16) {
+        if let Some(list) = self.by_subscription.borrow_mut().get_mut(subscription) {
+            for s in list.iter_mut() {
+                let _ = s.tx.try_send(Outbound::Close(code));
+            }
+        }
+        for s in self.acked.borrow_mut().values_mut().filter(|s| s.subscription == subscription) {
+            let _ = s.tx.try_send(Outbound::Close(code));
+        }
+        self.polls.borrow_mut().retain(|k, _| k.subscription != subscription);
+    }
+}
+
+/// A consumer's long-poll session: its queue outlives the requests that poll it.
+pub struct PollSession {
+    pub id: u64,
+    /// Taken by the poll in progress (one at a time per consumer and shard).
+    pub rx: RefCell<Option<mpsc::Receiver<Outbound>>>,
+    pub last: Cell<Instant>,
+    pub closed: Cell<bool>,
+}
+
+impl PollSession {
+    /// Up to `max` events' JSON, waiting up to `wait` for the first.
+    pub async fn poll(&self, max: usize, wait: Duration) -> Vec<Rc<Vec<u8>>> {
+        self.last.set(Instant::now());
+        let taken = self.rx.borrow_mut().take();
+        let Some(mut rx) = taken else {
+            // Another poll of the same consumer is waiting here: this one gets nothing.
+            monoio::time::sleep(wait).await;
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        self.drain(&mut rx, &mut out, max);
+        if out.is_empty() && !self.closed.get() {
+            match monoio::time::timeout(wait, rx.next()).await {
+                Ok(Some(Outbound::Frame(b))) => {
+                    out.push(b);
+                    self.drain(&mut rx, &mut out, max);
+                }
+                Ok(Some(Outbound::Close(_)) | None) => self.closed.set(true),
+                Err(_) => {}
+            }
+        }
+        self.last.set(Instant::now());
+        *self.rx.borrow_mut() = Some(rx);
+        out
+    }
+
+    fn drain(&self, rx: &mut mpsc::Receiver<Outbound>, out: &mut Vec<Rc<Vec<u8>>>, max: usize) {
+        while out.len() < max {
+            match rx.try_recv() {
+                Ok(Outbound::Frame(b)) => out.push(b),
+                Ok(Outbound::Close(_)) => return self.closed.set(true),
+                Err(e) if e.is_closed() => return self.closed.set(true),
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Appends one event, as an HTTP chunk. JSON may hold line breaks between tokens (the event's
+/// `data` is kept as sent); each line becomes its own `data:` line, which clients join again.
+pub fn event(id: &str, json: &[u8], out: &mut Vec<u8>) {
+    let mut payload = Vec::with_capacity(json.len() + id.len() + 16);
+    payload.extend_from_slice(b"id: ");
+    payload.extend_from_slice(id.as_bytes());
+    payload.push(b'\n');
+    for line in json.split(|&b| b == b'\n' || b == b'\r').filter(|l| !l.is_empty()) {
+        payload.extend_from_slice(b"data: ");
+        payload.extend_from_slice(line);
+        payload.push(b'\n');
+    }
+    payload.push(b'\n');
+    chunk(&payload, out);
+}
+
+pub fn chunk(payload: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("{:x}\r\n", payload.len()).as_bytes());
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_chunks_with_one_data_line_per_json_line() {
+        let mut out = Vec::new();
+        event("0:7:1", b"{\"data\":\r\n {\"a\": 1}\n}", &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let payload = "id: 0:7:1\ndata: {\"data\":\ndata:  {\"a\": 1}\ndata: }\n\n";
+        assert_eq!(text, format!("{:x}\r\n{payload}\r\n", payload.len()));
+    }
+}
