@@ -74,7 +74,20 @@ pub struct ShardMetrics {
     pub control_deferred: Counter,
     pub acks_rejected: Counter,
     pub publish_latency: Histogram,
+    /// Requests refused by the connection itself before a close, by status: 400 (framing),
+    /// 408, 413, 431, other.
+    pub http_refused: [Counter; 5],
 }
+
+impl ShardMetrics {
+    pub fn refused(&self, status: u16) {
+        let i = REFUSED.iter().position(|&s| s == status).unwrap_or(REFUSED.len());
+        self.http_refused[i].inc();
+    }
+}
+
+/// The statuses `http_refused` counts apart; anything else is the last slot.
+const REFUSED: [u16; 4] = [400, 408, 413, 431];
 
 /// Picks one counter out of a shard's metrics.
 type CounterOf = fn(&ShardMetrics) -> &Counter;
@@ -143,6 +156,17 @@ impl Metrics {
         for i in 0..self.shards.len() {
             let n = crate::subscription::filter::over_budget_on(&format!("evmesh-shard-{i}"));
             let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {n}");
+        }
+        let name = "evmesh_http_refused_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests the connection refused and closed after (framing 400, 408, 413, 431)\n# TYPE {name} counter"
+        );
+        for (i, m) in self.shards.iter().enumerate() {
+            for (k, c) in m.http_refused.iter().enumerate() {
+                let status = REFUSED.get(k).map_or("other".to_string(), |s| s.to_string());
+                let _ = writeln!(out, "{name}{{shard=\"{i}\",status=\"{status}\"}} {}", c.get());
+            }
         }
         let name = "evmesh_connections_open";
         let _ = writeln!(out, "# HELP {name} Open connections\n# TYPE {name} gauge");

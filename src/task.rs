@@ -1,7 +1,31 @@
 //! Cooperative scheduling helpers for the shards' monoio event loops.
 
+use std::cell::RefCell;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::Poll;
+use std::time::Instant;
+
+thread_local! {
+    /// This thread's heartbeat (ms since the epoch given), if it is a shard's.
+    static BEAT: RefCell<Option<(Arc<AtomicU64>, Instant)>> = const { RefCell::new(None) };
+}
+
+/// Makes this thread's turns stamp `beat` with the milliseconds since `epoch`: a busy loop that
+/// yields is a core that turns, even while timers (the periodic heartbeat) wait behind it.
+pub fn set_heartbeat(beat: Arc<AtomicU64>, epoch: Instant) {
+    BEAT.with(|b| *b.borrow_mut() = Some((beat, epoch)));
+}
+
+/// Stamps this thread's heartbeat, if it has one.
+pub fn beat() {
+    BEAT.with(|b| {
+        if let Some((beat, epoch)) = &*b.borrow() {
+            beat.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+    });
+}
 
 /// Gives the event loop a turn: resolves after every task already queued on this thread has
 /// run, and after the driver has had a chance to poll for I/O.
@@ -13,6 +37,7 @@ use std::task::Poll;
 /// be ready completes without ever returning `Pending`: a loop over a client that always has
 /// more bytes waiting (pipelined requests, a stream of frames) would otherwise hold the core.
 pub async fn yield_now() {
+    beat();
     let mut yielded = false;
     poll_fn(|cx| {
         if yielded {

@@ -73,6 +73,19 @@ pub enum Effect {
     Continue { key: Rc<ConsumerKey>, partition: u32 },
 }
 
+impl Effect {
+    fn dead_letter(
+        key: &Rc<ConsumerKey>,
+        gen: u64,
+        partition: u32,
+        offset: u64,
+        attempts: u16,
+        reason: &'static str,
+    ) -> Effect {
+        Effect::DeadLetter { key: key.clone(), gen, partition, offset, attempts, reason }
+    }
+}
+
 /// Why an event is dead-lettered.
 pub const ACK_TIMEOUT: &str = "ack-timeout";
 pub const NACK: &str = "nack";
@@ -297,15 +310,7 @@ impl Machine {
             for (o, attempt) in gone {
                 part.inflight.remove(&o);
                 if part.failed(o, attempt, max, now) {
-                    let (key, gen, partition) = (rc.clone(), c.gen, *p);
-                    out.push(Effect::DeadLetter {
-                        key,
-                        gen,
-                        partition,
-                        offset: o,
-                        attempts: attempt,
-                        reason: ACK_TIMEOUT,
-                    });
+                    out.push(Effect::dead_letter(&rc, c.gen, *p, o, attempt, ACK_TIMEOUT));
                 }
             }
         }
@@ -385,15 +390,7 @@ impl Machine {
                 for &o in offsets {
                     let Some(f) = settle(o, part) else { continue };
                     if part.failed(o, f.attempt, max, now + jitter.backoff(base, f.attempt)) {
-                        let key = rc.clone();
-                        out.push(Effect::DeadLetter {
-                            key,
-                            gen,
-                            partition: p,
-                            offset: o,
-                            attempts: f.attempt,
-                            reason: NACK,
-                        });
+                        out.push(Effect::dead_letter(&rc, gen, p, o, f.attempt, NACK));
                     }
                 }
             }
@@ -455,15 +452,7 @@ impl Machine {
                     }
                     expired = true;
                     if part.failed(o, attempt, max, now + jitter.backoff(base, attempt)) {
-                        let (key, gen, partition) = (key.clone(), *gen, *p);
-                        out.push(Effect::DeadLetter {
-                            key,
-                            gen,
-                            partition,
-                            offset: o,
-                            attempts: attempt,
-                            reason: ACK_TIMEOUT,
-                        });
+                        out.push(Effect::dead_letter(key, *gen, *p, o, attempt, ACK_TIMEOUT));
                     }
                 }
                 let due = part.retry.first_key_value().is_some_and(|(_, r)| r.due <= now);
@@ -642,8 +631,7 @@ impl Machine {
         let to = sess.at;
         persist(&rc, topic, *keep, p, part, now_ms(), out);
         for (o, attempts) in dead {
-            let key = rc.clone();
-            out.push(Effect::DeadLetter { key, gen, partition: p, offset: o, attempts, reason: ACK_TIMEOUT });
+            out.push(Effect::dead_letter(&rc, gen, p, o, attempts, ACK_TIMEOUT));
         }
         if !read.is_empty() {
             let subscription = key.subscription.clone();

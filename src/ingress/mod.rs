@@ -101,6 +101,10 @@ impl Handler for Traffic {
         }
     }
 
+    fn refused(&self, status: StatusCode) {
+        self.shard.shared.metrics.shard(self.shard.id).refused(status.0);
+    }
+
     async fn handle(&self, req: Request<'_>) -> Response {
         match (req.method(), req.path()) {
             (Method::Post, "/events/publish") => {

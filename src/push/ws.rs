@@ -184,11 +184,20 @@ async fn write_half<W: AsyncWriteRent>(
     mut events: mpsc::Receiver<Outbound>,
     mut ctl: mpsc::Receiver<Outbound>,
     linger: Duration,
+    queued: Option<Rc<Cell<usize>>>,
 ) {
+    // What is taken off the events queue no longer counts against the session's queued bytes.
+    let taken = |m: Outbound| {
+        if let (Some(q), Outbound::Frame(b)) = (&queued, &m) {
+            q.set(q.get().saturating_sub(b.len()));
+        }
+        m
+    };
     let mut batch = SharedFrames::default();
     loop {
         let next = match select(events.next(), ctl.next()).await {
-            Either::Left((Some(m), _)) | Either::Right((Some(m), _)) => m,
+            Either::Left((Some(m), _)) => taken(m),
+            Either::Right((Some(m), _)) => m,
             // Our queue was closed by the fan-out: this session fell too far behind.
             Either::Left((None, _)) => Outbound::Close(CloseCode::POLICY.0),
             // The reader finished without asking for a close: the peer is gone.
@@ -209,7 +218,7 @@ async fn write_half<W: AsyncWriteRent>(
                 }
             }
             if batch.bytes() < WRITE_BATCH && batch.len() < SharedFrames::MAX - 1 {
-                pending = ctl.try_recv().ok().or_else(|| events.try_recv().ok());
+                pending = ctl.try_recv().ok().or_else(|| events.try_recv().ok().map(taken));
             }
         }
         if let Some(code) = close {
@@ -230,15 +239,15 @@ async fn write_half<W: AsyncWriteRent>(
 
 /// Runs a WebSocket session on this shard until either side closes it.
 pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, spec: Box<SessionSpec>) {
-    let (events, acked, live_id) = if spec.acked {
+    let (events, acked, live_id, queued) = if spec.acked {
         let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Ws);
-        (events, Some(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at }), None)
+        (events, Some(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at }), None, None)
     } else {
-        let (id, events, first) = shard.sessions.add(&spec.subscription);
+        let (id, events, queued, first) = shard.sessions.add(&spec.subscription);
         if first {
             shard.announce(&spec.subscription, &spec.topic, InterestChange::Attach);
         }
-        (events, None, Some(id))
+        (events, None, Some(id), Some(queued))
     };
     let detach = acked.as_ref().map(|a| (a.consumer.clone(), a.at));
     // The HTTP read buffer came along with the upgrade; keep only what it holds.
@@ -254,7 +263,7 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: 
         let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, acked, heard);
         let _ = select(Box::pin(read), Box::pin(alive)).await;
     });
-    let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger));
+    let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger, queued));
     match select(reader, writer).await {
         // The reader is done (close asked or peer gone): let the writer send what it must.
         Either::Left(((), writer)) => writer.await,

@@ -61,9 +61,9 @@ pub fn exit_on_panic() {
 }
 
 /// Stamps this shard's heartbeat while its event loop turns.
-async fn heartbeat(shared: Arc<Shared>, shard: usize) {
+async fn heartbeat() {
     loop {
-        shared.beats[shard].store(shared.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        crate::task::beat();
         monoio::time::sleep(BEAT).await;
     }
 }
@@ -262,7 +262,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
-        beats: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+        beats: (0..shards).map(|_| Arc::new(AtomicU64::new(0))).collect(),
         epoch: Instant::now(),
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),
@@ -306,7 +306,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 monoio::spawn(shard.clone().pump());
                 monoio::spawn(shard.clone().retention_loop());
                 monoio::spawn(shard.clone().delivery_timers());
-                monoio::spawn(heartbeat(shared.clone(), i));
+                crate::task::set_heartbeat(shared.beats[i].clone(), shared.epoch);
+                monoio::spawn(heartbeat());
                 monoio::spawn(injected_fault(i));
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);

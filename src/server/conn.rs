@@ -92,6 +92,10 @@ pub trait Handler {
     /// connection's state is freed) and hands it `guard`, which counts the connection as open
     /// until dropped.
     fn upgraded(&self, upgrade: Upgrade, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, guard: ConnGuard);
+
+    /// The connection refused a request it could not take (framing, a limit, a timeout) and
+    /// closes after this status; for the metrics.
+    fn refused(&self, _status: StatusCode) {}
 }
 
 /// Accounts for one open connection: runs its closing action when dropped, by whichever task
@@ -233,13 +237,23 @@ pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, respons
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
     let mut sink = Vec::new();
     let mut drained = 0usize;
+    let mut turns = 0;
     while drained < 4 << 20 {
+        take_turn(&mut turns).await;
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         sink.clear();
         match read_more(&mut stream, &mut sink, left).await {
             ReadOutcome::Data => drained += sink.len(),
             ReadOutcome::Closed | ReadOutcome::TimedOut => return,
         }
+    }
+}
+
+/// Counts one read or request of a connection, yielding the core every `task::TURN` of them.
+async fn take_turn(turns: &mut u32) {
+    *turns = turns.wrapping_add(1);
+    if *turns % crate::task::TURN == 0 {
+        crate::task::yield_now().await;
     }
 }
 
@@ -257,7 +271,9 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
     let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut chunked_body: Vec<u8> = Vec::new();
-    let mut served: u32 = 0;
+    // Reads and requests taken in a row: every `task::TURN` of them the connection yields, so a
+    // client whose input is always waiting (on epoll a ready read never waits) cannot hold the core.
+    let mut turns: u32 = 0;
     // The whole of a request must arrive within header_read_timeout of its first byte, however
     // it is trickled in: a per-read timeout alone would let a slow client hold the slot forever.
     let mut deadline: Option<std::time::Instant> = None;
@@ -285,19 +301,24 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                     let started = !buf.is_empty();
                     let timeout = if started { remaining(&mut deadline) } else { limits.idle_timeout };
                     let max = room(&buf);
+                    take_turn(&mut turns).await;
                     match read_at_most(&mut stream, &mut buf, timeout, max).await {
                         ReadOutcome::Data => {}
                         ReadOutcome::Closed => return,
                         ReadOutcome::TimedOut => {
                             if started {
                                 let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request not received in time");
+                                handler.refused(r.status);
                                 close_with(stream, &mut out, r, wt).await;
                             }
                             return;
                         }
                     }
                 }
-                Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await,
+                Err(e) => {
+                    handler.refused(e.status);
+                    return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await;
+                }
             }
         };
         // Then its body. A chunked one is scanned (and decoded into `chunked_body`) as it
@@ -318,7 +339,10 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 Framing::Chunked(scanner) => match scanner.scan(avail, &mut chunked_body) {
                     Ok(Status::Complete(end)) => Some((0..0, head.len + end.consumed)),
                     Ok(Status::Partial) => None,
-                    Err(e) => return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await,
+                    Err(e) => {
+                        handler.refused(e.status);
+                        return close_with(stream, &mut out, http::problem(e.status, e.detail), wt).await;
+                    }
                 },
             };
             if let Some(d) = done {
@@ -332,11 +356,13 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
                 return;
             }
             let max = room(&buf);
+            take_turn(&mut turns).await;
             match read_at_most(&mut stream, &mut buf, remaining(&mut deadline), max).await {
                 ReadOutcome::Data => {}
                 ReadOutcome::Closed => return,
                 ReadOutcome::TimedOut => {
                     let r = http::problem(StatusCode::REQUEST_TIMEOUT, "request body not received in time");
+                    handler.refused(r.status);
                     return close_with(stream, &mut out, r, wt).await;
                 }
             }
@@ -368,12 +394,7 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         if out.len() >= OUT_HIGH_WATER && !flush(&mut stream, &mut out, wt).await {
             return;
         }
-        // Bounded work per turn: a client whose next requests are always waiting (pipelining
-        // on the epoll driver, where ready reads never wait) must not hold the core.
-        served += 1;
-        if served % crate::task::TURN == 0 {
-            crate::task::yield_now().await;
-        }
+        take_turn(&mut turns).await;
         // Keep idle buffers small: a burst of large bodies must not pin memory forever.
         if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
             buf = Vec::new();

@@ -38,7 +38,14 @@ pub enum Outbound {
 struct SessionTx {
     id: u64,
     tx: mpsc::Sender<Outbound>,
+    /// Bytes queued and not yet taken by its writer (the renderings are shared, but a slow
+    /// session pins them).
+    queued: Rc<Cell<usize>>,
 }
+
+/// Bytes a live (`ack=none`) session may have queued before it counts as too slow and is
+/// closed with 1008, whatever the number of frames.
+pub const LIVE_QUEUE_BYTES: usize = 8 << 20;
 
 /// How a session's events go out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,14 +119,17 @@ pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
 impl Sessions {
     /// Registers a session; returns its id, its queue, and whether it is the subscription's
     /// first on this shard (then the shard must announce its interest).
-    pub fn add(&self, subscription: &str) -> (u64, mpsc::Receiver<Outbound>, bool) {
+    /// The returned counter is the session's queued bytes: its writer takes off what it
+    /// dequeues.
+    pub fn add(&self, subscription: &str) -> (u64, mpsc::Receiver<Outbound>, Rc<Cell<usize>>, bool) {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         let (tx, rx) = mpsc::channel(SESSION_QUEUE);
+        let queued = Rc::new(Cell::new(0));
         let mut map = self.by_subscription.borrow_mut();
         let list = map.entry(subscription.to_owned()).or_default();
-        list.push(SessionTx { id, tx });
-        (id, rx, list.len() == 1)
+        list.push(SessionTx { id, tx, queued: queued.clone() });
+        (id, rx, queued, list.len() == 1)
     }
 
     /// Unregisters a session; returns whether it was the subscription's last on this shard.
@@ -189,11 +199,13 @@ impl Sessions {
         let mut queued = 0;
         for s in list.iter_mut() {
             for bytes in &rendered {
-                if s.tx.try_send(Outbound::Frame(bytes.clone())).is_err() {
+                let held = s.queued.get() + bytes.len();
+                if held > LIVE_QUEUE_BYTES || s.tx.try_send(Outbound::Frame(bytes.clone())).is_err() {
                     // Too slow (or gone): close it rather than queue without bound.
                     s.tx.close_channel();
                     break;
                 }
+                s.queued.set(held);
                 queued += 1;
             }
         }

@@ -25,7 +25,7 @@ pub struct Shared {
     pub ready: AtomicUsize,
     /// Per shard, when its event loop last ran its heartbeat task (ms since `epoch`); a shard
     /// whose beat is old is stalled (a blocked core), and `/readyz` says so.
-    pub beats: Box<[AtomicU64]>,
+    pub beats: Box<[Arc<AtomicU64>]>,
     pub epoch: Instant,
     /// Topics and subscriptions that exist, against `max_topics` / `max_subscriptions`
     /// (counted at start, then kept by the shards that create and remove them).

@@ -40,6 +40,17 @@ fn every_client_error_is_a_problem() {
     admin.get("/admin/topics/fixed/partitions/0/events?from=x").assert_problem(400);
     // Still serving on the original keep-alive connection.
     assert_eq!(c.post("/events/publish?topic=t", ce, event("after").to_string().as_bytes()).status, 202);
+    // The refusals that closed a connection are counted by status.
+    let metrics = b.admin().get("/metrics").text();
+    let refused = |status: &str| -> u64 {
+        let tag = format!("status=\"{status}\"}} ");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("evmesh_http_refused_total{"))
+            .filter_map(|l| l.split_once(&tag).and_then(|(_, v)| v.parse::<u64>().ok()))
+            .sum()
+    };
+    assert_eq!((refused("400"), refused("413"), refused("431")), (1, 1, 1), "{metrics}");
 }
 
 #[test]

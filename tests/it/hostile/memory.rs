@@ -90,3 +90,31 @@ fn over_the_memory_limit_new_work_is_shed() {
     assert!(metrics.contains("evmesh_memory_limit_bytes 1048576"));
     assert_eq!(b.admin().get("/readyz").status, 200, "shedding is not unreadiness");
 }
+
+/// A live (`ack=none`) session that does not read is closed with 1008 once it holds 8 MiB of
+/// queued events, long before its 1024-frame queue is full (1024 large events would pin 1 GiB).
+#[test]
+fn a_live_session_that_does_not_read_is_closed_at_its_byte_bound() {
+    let b = TestBroker::start(&["--shards", "1"]);
+    subscribe(&b, json!({"subscription": "live", "topic": "lv", "mode": "BROADCAST"}));
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&b.traffic.into()).unwrap();
+    let stream: std::net::TcpStream = sock.into();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (mut ws, _) =
+        tungstenite::client(format!("ws://{}/events/ws?subscription=live&ack=none", b.traffic), stream).unwrap();
+    // One shard: the interest is registered before the 101 is answered, so nothing is missed.
+    backlog(&b, "lv", 40, 500_000);
+    let mut events = 0;
+    let code = loop {
+        match ws.read() {
+            Ok(tungstenite::Message::Text(_)) => events += 1,
+            Ok(tungstenite::Message::Close(f)) => break f.map(|f| u16::from(f.code)),
+            Ok(_) => {}
+            Err(e) => panic!("no close frame after {events} events: {e}"),
+        }
+    };
+    assert_eq!(code, Some(1008));
+    assert!(events < 40, "closed before all 20 MB were queued for it, got {events}");
+}
