@@ -15,6 +15,8 @@ pub struct TestBroker {
     pub admin: SocketAddr,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// Run under this open-files limit (soft and hard), through util-linux's `prlimit`.
+    nofile: Option<u64>,
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -64,13 +66,31 @@ impl TestBroker {
             admin: "0.0.0.0:0".parse().unwrap(),
             args,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            nofile: None,
         };
         b.spawn();
         b
     }
 
+    /// [`TestBroker::start`] under an open-files limit of `nofile` (soft and hard).
+    pub fn start_with_nofile(extra: &[&str], nofile: u64) -> TestBroker {
+        let mut b = Self::start(extra);
+        b.kill9();
+        b.nofile = Some(nofile);
+        b.spawn();
+        b
+    }
+
     fn spawn(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_evmesh"))
+        let mut cmd = match self.nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg(env!("CARGO_BIN_EXE_evmesh"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_evmesh")),
+        };
+        let mut child = cmd
             .arg("serve")
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--data-dir"])
             .arg(&self.dir)

@@ -101,3 +101,44 @@ fn a_silent_websocket_peer_is_closed_after_two_ping_intervals() {
     assert!(frames.starts_with(&[0x89, 0x00]), "pinged first: {frames:?}");
     assert!(frames.windows(4).any(|w| w == [0x88, 0x02, 0x03, 0xe9]), "then closed with 1001: {frames:?}");
 }
+
+/// Out of descriptors: connections past the caps fitted under the open-files limit are refused
+/// at accept, and storage (RocksDB keeps files open) goes on working for those already in.
+#[test]
+fn running_out_of_descriptors_refuses_connections_not_storage_writes() {
+    // 1,100 descriptors: after RocksDB's 512, a reserve of 256 and the admin listener's 256,
+    // about 38 connections per shard fit.
+    let b = TestBroker::start_with_nofile(&[], 1100);
+    let mut keep = b.client();
+    let mut flood = Vec::new();
+    for _ in 0..400 {
+        match std::net::TcpStream::connect(b.traffic) {
+            Ok(s) => flood.push(s),
+            Err(_) => break,
+        }
+    }
+    // Those over the cap are closed at accept: a read sees EOF at once.
+    let closed = wait_for(Duration::from_secs(10), || {
+        let mut n = 0;
+        for s in flood.iter_mut() {
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            if matches!(s.read(&mut [0u8; 1]), Ok(0)) {
+                n += 1;
+            }
+        }
+        (n > 0).then_some(n)
+    });
+    assert!(closed >= 300, "only {closed} of {} refused", flood.len());
+    // Many writes (and the files RocksDB opens for them) still succeed for a connection that
+    // was let in.
+    for i in 0..200 {
+        let e = event(&format!("fd{i}"));
+        let r = keep.post("/events/publish?topic=fd", "application/cloudevents+json", e.to_string().as_bytes());
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let metrics = b.admin().get("/metrics").text();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("evmesh_connections_rejected_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
