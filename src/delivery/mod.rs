@@ -33,13 +33,19 @@ pub(crate) type SharedDef = (Rc<Definition>, Rc<Vec<Filter>>);
 pub struct Dispatcher {
     pub(crate) machine: RefCell<Machine>,
     pub(crate) defs: RefCell<HashMap<String, SharedDef>>,
+    /// Where the next client-offset expiry pass goes on in `offsets.N` (empty: the start).
+    pub(crate) expire_cursor: RefCell<Vec<u8>>,
 }
 
 impl Dispatcher {
     pub fn new(config: &crate::config::Config) -> Dispatcher {
         let seed = crate::clock::now_micros() as u64;
         let machine = Machine::new(config.session_window_bytes, config.redelivery_backoff, seed);
-        Dispatcher { machine: RefCell::new(machine), defs: RefCell::new(HashMap::new()) }
+        Dispatcher {
+            machine: RefCell::new(machine),
+            defs: RefCell::new(HashMap::new()),
+            expire_cursor: RefCell::default(),
+        }
     }
 }
 

@@ -22,6 +22,9 @@ use crate::storage::{meta, offsets, Log, Storage, StorageError};
 use crate::subscription::definition::{Definition, Mode, Start};
 use crate::subscription::filter;
 
+/// Stored positions one client-expiry pass looks at (it goes on where it stopped next pass).
+const EXPIRE_SCAN: usize = 10_000;
+
 /// How often ack timeouts and due redeliveries are checked.
 const TICK: Duration = Duration::from_millis(20);
 
@@ -411,8 +414,12 @@ impl Shard {
         let Some(ttl) = self.shared.config.client_offset_ttl else { return };
         let before = offsets::now_ms().saturating_sub(ttl.as_millis() as u64);
         let db = &self.shared.db;
-        let keys = match offsets::expired_clients(db, self.id, before, 10_000) {
-            Ok(k) => k,
+        let from = std::mem::take(&mut *self.delivery.expire_cursor.borrow_mut());
+        let keys = match offsets::expired_clients(db, self.id, &from, before, EXPIRE_SCAN) {
+            Ok((keys, next)) => {
+                *self.delivery.expire_cursor.borrow_mut() = next.unwrap_or_default();
+                keys
+            }
             Err(e) => return eprintln!("evmesh: {}: listing client offsets: {e}", self.id),
         };
         let machine = self.delivery.machine.borrow();

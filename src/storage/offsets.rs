@@ -157,25 +157,36 @@ pub fn clients(
     Ok(n)
 }
 
-/// Every per-client entry kept by `shard` whose consumer was last seen before `before_ms`, as
-/// keys; at most `max` of them (a sweep is bounded work).
-pub fn expired_clients(db: &DB, shard: ShardId, before_ms: u64, max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+/// What one expiry sweep found (keys) and where the next goes on (`None`: start over).
+pub type Sweep = (Vec<Vec<u8>>, Option<Vec<u8>>);
+
+/// Per-client entries kept by `shard` whose consumer was last seen before `before_ms`, as
+/// keys, looking at no more than `max_scan` entries from `from` on (a sweep is bounded work,
+/// however many clients there are). Returns them and where the next sweep goes on (`None`:
+/// the end was reached, start over).
+pub fn expired_clients(
+    db: &DB,
+    shard: ShardId,
+    from: &[u8],
+    before_ms: u64,
+    max_scan: usize,
+) -> Result<Sweep, StorageError> {
     let mut out = Vec::new();
-    for item in db.iterator_cf(cf(db, shard), rocksdb::IteratorMode::Start) {
+    let mode = rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward);
+    for (seen, item) in db.iterator_cf(cf(db, shard), mode).enumerate() {
         let (k, v) = item?;
+        if seen == max_scan {
+            return Ok((out, Some(k.to_vec())));
+        }
         // topic#subscription#partition#client: only per-client entries have three '#'.
         if k.iter().filter(|&&b| b == b'#').count() != 3 {
             continue;
         }
-        match Stored::decode(&v) {
-            Some(st) if st.seen_ms < before_ms => out.push(k.to_vec()),
-            _ => {}
-        }
-        if out.len() >= max {
-            break;
+        if Stored::decode(&v).is_some_and(|st| st.seen_ms < before_ms) {
+            out.push(k.to_vec());
         }
     }
-    Ok(out)
+    Ok((out, None))
 }
 
 /// Forgets a removed subscription's offsets kept by `shard`.
@@ -211,10 +222,18 @@ mod tests {
         assert!(list(&db, s, "orders", "a").unwrap().is_empty());
         let other = get(&db, s, &key("orders", "ab", PartitionId(0), "")).unwrap().unwrap();
         assert_eq!(other.committed, 9, "a prefix of another name");
-        assert_eq!(expired_clients(&db, s, u64::MAX, 10).unwrap(), Vec::<Vec<u8>>::new(), "no client entries left");
+        assert_eq!(expired_clients(&db, s, b"", u64::MAX, 10).unwrap(), (Vec::new(), None), "no client entries left");
         put(&db, s, &key("orders", "x", PartitionId(0), "old"), &Stored { seen_ms: 10, ..Stored::at(1) }).unwrap();
         put(&db, s, &key("orders", "x", PartitionId(0), "new"), &Stored { seen_ms: 30, ..Stored::at(1) }).unwrap();
-        assert_eq!(expired_clients(&db, s, 20, 10).unwrap(), vec![b"orders#x#0#old".to_vec()]);
+        assert_eq!(expired_clients(&db, s, b"", 20, 10).unwrap(), (vec![b"orders#x#0#old".to_vec()], None));
+        // A sweep looks at no more than it is allowed to, and says where to go on.
+        // (orders#ab#0 is no client's; #new sorts before #old.)
+        let (first, next) = expired_clients(&db, s, b"", 20, 1).unwrap();
+        assert_eq!((first.len(), next.clone()), (0, Some(b"orders#x#0#new".to_vec())), "one entry looked at");
+        let (second, next) = expired_clients(&db, s, &next.unwrap(), 20, 1).unwrap();
+        assert_eq!((second.len(), next.clone()), (0, Some(b"orders#x#0#old".to_vec())));
+        let (third, end) = expired_clients(&db, s, &next.unwrap(), 20, 1).unwrap();
+        assert_eq!((third, end), (vec![b"orders#x#0#old".to_vec()], None), "the end: start over");
     }
 
     #[test]
