@@ -5,24 +5,27 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::super::util::{event, TestBroker};
+use super::super::util::{event, wait_for, TestBroker};
 
 fn a_pipelining_client_does_not_starve_a_bystander(driver: &str) {
     let b = TestBroker::start(&["--shards", "1", "--io-driver", driver]);
     let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
     let mut attacker = TcpStream::connect(b.traffic).unwrap();
     let mut drain = attacker.try_clone().unwrap();
     let reader = {
-        let stop = stop.clone();
+        let (stop, answered) = (stop.clone(), answered.clone());
         std::thread::spawn(move || {
             let mut sink = vec![0u8; 1 << 16];
             drain.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
             while !stop.load(Ordering::Relaxed) {
-                let _ = drain.read(&mut sink);
+                if let Ok(n) = drain.read(&mut sink) {
+                    answered.fetch_add(n, Ordering::Relaxed);
+                }
             }
         })
     };
@@ -38,9 +41,9 @@ fn a_pipelining_client_does_not_starve_a_bystander(driver: &str) {
             }
         })
     };
-    // Let the attack get going, then publish beside it: each answer must come (the bug: none
-    // came while the attack lasted). The bound is generous; the failure was total.
-    std::thread::sleep(Duration::from_millis(300));
+    // Once the attack is being answered, publish beside it: each answer must come (the bug:
+    // none came while the attack lasted). The bound is generous; the failure was total.
+    wait_for(Duration::from_secs(10), || (answered.load(Ordering::Relaxed) > 1 << 20).then_some(()));
     let mut c = b.client();
     let mut slowest = Duration::ZERO;
     for i in 0..20 {
