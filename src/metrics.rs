@@ -73,6 +73,9 @@ pub struct ShardMetrics {
     pub dead_lettered: Counter,
     pub control_deferred: Counter,
     pub acks_rejected: Counter,
+    /// Requests over `task::HEAVY` of the core, and the core time they took.
+    pub heavy_requests: Counter,
+    pub heavy_core_us: Counter,
     pub publish_latency: Histogram,
     /// Requests refused by the connection itself before a close, by status: 400 (framing),
     /// 408, 413, 431, other.
@@ -107,7 +110,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 13] = [
+        let counters: [(&str, &str, CounterOf); 15] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
@@ -139,6 +142,12 @@ impl Metrics {
                 "Ack requests refused at the edge (ids naming no partition of the topic, too many ids)",
                 |m| &m.acks_rejected,
             ),
+            (
+                "evmesh_heavy_requests_total",
+                "Requests that took over 200 µs of their shard's core (their connection then waited its turn in the heavy lane)",
+                |m| &m.heavy_requests,
+            ),
+            ("evmesh_heavy_core_microseconds_total", "Core time taken by heavy requests", |m| &m.heavy_core_us),
         ];
         for (name, help, get) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

@@ -1,11 +1,13 @@
 //! Cooperative scheduling helpers for the shards' monoio event loops.
 
-use std::cell::RefCell;
-use std::future::poll_fn;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
-use std::time::Instant;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
 
 thread_local! {
     /// This thread's heartbeat (ms since the epoch given), if it is a shard's.
@@ -18,13 +20,17 @@ pub fn set_heartbeat(beat: Arc<AtomicU64>, epoch: Instant) {
     BEAT.with(|b| *b.borrow_mut() = Some((beat, epoch)));
 }
 
-/// Stamps this thread's heartbeat, if it has one.
+/// Stamps this thread's heartbeat, if it has one, and lets the heavy lane's first waiter in
+/// if its share of the core has come (timers do not fire while the loop stays busy).
 pub fn beat() {
+    active();
+    let now = Instant::now();
     BEAT.with(|b| {
         if let Some((beat, epoch)) = &*b.borrow() {
-            beat.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+            beat.store(now.duration_since(*epoch).as_millis() as u64, Ordering::Relaxed);
         }
     });
+    lane_tick(now);
 }
 
 /// Gives the event loop a turn: resolves after every task already queued on this thread has
@@ -53,6 +59,259 @@ pub async fn yield_now() {
 
 /// Requests (or session reads) one connection may take in a row before it yields.
 pub const TURN: u32 = 8;
+
+/// The core time one task has taken, measured around each of its polls (see [`metered`]).
+#[derive(Default)]
+pub struct Meter {
+    spent: Cell<Duration>,
+    /// When the poll in progress began, if one is.
+    polling: Cell<Option<Instant>>,
+}
+
+impl Meter {
+    /// The core time taken since the last `take`, the poll in progress included.
+    pub fn take(&self) -> Duration {
+        let mut spent = self.spent.replace(Duration::ZERO);
+        if let Some(t) = self.polling.get() {
+            let now = Instant::now();
+            spent += now - t;
+            self.polling.set(Some(now));
+        }
+        spent
+    }
+}
+
+/// Runs `f`, adding the time each of its polls takes to `meter`. Two clock readings per poll.
+pub async fn metered<F: Future>(meter: &Meter, f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    poll_fn(|cx| {
+        active();
+        meter.polling.set(Some(Instant::now()));
+        let r = f.as_mut().poll(cx);
+        let now = Instant::now();
+        if let Some(t) = meter.polling.take() {
+            meter.spent.set(meter.spent.get() + (now - t));
+        }
+        lane_tick(now);
+        r
+    })
+    .await
+}
+
+/// A request (or turn) that took more of the core than this is heavy: it is charged to the
+/// shard's heavy lane ([`charge`]) and its connection waits its [`turn`] before it is served
+/// again.
+pub const HEAVY: Duration = Duration::from_micros(200);
+/// The share of a saturated core heavy work is sure to get (percent). Otherwise it runs when
+/// nothing else is waiting for the core.
+const HEAVY_SHARE: u32 = 25;
+/// Heavy work a lane may bank while the core is free.
+const HEAVY_BURST: Duration = Duration::from_millis(20);
+
+/// One shard's heavy lane. Connections whose last request was heavy wait here, first come
+/// first served, until either nothing else wants the core (the event loop went idle and no
+/// other task ran since) or the lane's guaranteed share of the core has paid for the heavy
+/// work done so far. So however many clients send costly requests, a light request waits
+/// behind about one of them at most, and costly clients still get at least [`HEAVY_SHARE`] of
+/// a saturated core between them.
+struct Lane {
+    /// Banked core time for heavy work, in ns (negative: owed).
+    credit: i128,
+    refilled: Instant,
+    /// Waiters by ticket, first in line at the front: (ticket, waker, left the line).
+    waiting: VecDeque<(u64, Option<Waker>, bool)>,
+    next_ticket: u64,
+    /// When the first waiter's share will have come, if it waits for it.
+    due: Option<Instant>,
+    /// Requests of connections let out of the lane still being handled (see [`handling`]):
+    /// while any is, the core is not idle for the next waiter, even when that request waits
+    /// (for the log, say) and nothing else runs.
+    handling: u32,
+}
+
+thread_local! {
+    static LANE: RefCell<Lane> = RefCell::new(Lane {
+        credit: HEAVY_BURST.as_nanos() as i128,
+        refilled: Instant::now(),
+        waiting: VecDeque::new(),
+        next_ticket: 0,
+        due: None,
+        handling: 0,
+    });
+    /// Polls of metered tasks and turns given by [`yield_now`] on this thread: the heavy lane
+    /// reads it to tell an idle core from one where other work is waiting.
+    static ACTIVITY: Cell<u64> = const { Cell::new(0) };
+}
+
+fn active() {
+    ACTIVITY.with(|a| a.set(a.get().wrapping_add(1)));
+}
+
+fn activity() -> u64 {
+    ACTIVITY.with(Cell::get)
+}
+
+impl Lane {
+    fn refill(&mut self, now: Instant) {
+        let earned = now.saturating_duration_since(self.refilled).as_nanos() as i128 * HEAVY_SHARE as i128 / 100;
+        self.credit = (self.credit + earned).min(HEAVY_BURST.as_nanos() as i128);
+        self.refilled = now;
+    }
+
+    fn first(&self) -> Option<u64> {
+        self.waiting.front().map(|w| w.0)
+    }
+
+    fn wake_first(&mut self) {
+        if let Some(w) = self.waiting.front_mut().and_then(|w| w.1.take()) {
+            w.wake();
+        }
+    }
+
+    /// Drops the first waiter and those behind it that left, and wakes the next.
+    fn advance(&mut self) {
+        self.waiting.pop_front();
+        while self.waiting.front().is_some_and(|w| w.2) {
+            self.waiting.pop_front();
+        }
+        self.due = None;
+        self.wake_first();
+    }
+}
+
+/// Wakes the heavy lane's first waiter if its share has come.
+fn lane_tick(now: Instant) {
+    let _ = LANE.try_with(|l| {
+        let Ok(mut l) = l.try_borrow_mut() else { return };
+        if l.due.is_some_and(|d| d <= now) {
+            l.due = None;
+            l.wake_first();
+        }
+    });
+}
+
+/// Charges `cost` of heavy work done on this thread to its heavy lane.
+pub fn charge(cost: Duration) {
+    LANE.with(|l| {
+        let mut l = l.borrow_mut();
+        l.refill(Instant::now());
+        l.credit -= cost.as_nanos() as i128;
+    });
+}
+
+/// Whether heavy work on this thread is over its share or waiting: a new connection then
+/// waits its [`turn`] before its first request (it may be one more costly client).
+pub fn lane_busy() -> bool {
+    LANE.with(|l| {
+        let mut l = l.borrow_mut();
+        l.refill(Instant::now());
+        l.credit < 0 || !l.waiting.is_empty()
+    })
+}
+
+/// A request of a connection that waited its [`turn`], being handled: the heavy lane lets no
+/// one else in on an idle core until it is dropped.
+pub struct Handling(());
+
+/// Marks the handling of a request let out of the heavy lane (see [`Handling`]).
+pub fn handling() -> Handling {
+    LANE.with(|l| l.borrow_mut().handling += 1);
+    Handling(())
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        let _ = LANE.try_with(|l| {
+            let mut l = l.borrow_mut();
+            l.handling -= 1;
+            if l.handling == 0 {
+                l.wake_first();
+            }
+        });
+    }
+}
+
+/// Waits for a turn in this thread's heavy lane: first in line, and either the lane's credit
+/// covers what it owes or the core is idle. Idle is told in steps: no request let out of the
+/// lane is still being handled ([`handling`]), a zero timer fires (monoio runs timers only
+/// when its run queue has drained), then after one more trip through the run queue no other
+/// task has run (the drain may have found sockets ready).
+pub async fn turn() {
+    struct Ticket(u64);
+    impl Drop for Ticket {
+        fn drop(&mut self) {
+            // Left the line (served, or its task went away): let the next one in.
+            let _ = LANE.try_with(|l| {
+                let mut l = l.borrow_mut();
+                if l.first() == Some(self.0) {
+                    l.advance();
+                } else if let Some(w) = l.waiting.iter_mut().find(|w| w.0 == self.0) {
+                    w.2 = true;
+                }
+            });
+        }
+    }
+    enum Idle {
+        Sleeping(Pin<Box<monoio::time::Sleep>>),
+        /// The timer fired with the activity count then; a wake is queued behind every task.
+        Probing(u64),
+    }
+    let ticket = LANE.with(|l| {
+        let mut l = l.borrow_mut();
+        let t = l.next_ticket;
+        l.next_ticket += 1;
+        l.waiting.push_back((t, None, false));
+        Ticket(t)
+    });
+    let mut idle: Option<Idle> = None;
+    poll_fn(|cx| {
+        let first = LANE.with(|l| l.borrow().first()) == Some(ticket.0);
+        if first {
+            let now = Instant::now();
+            let (owed, handling) = LANE.with(|l| {
+                let mut l = l.borrow_mut();
+                l.refill(now);
+                ((l.credit < 0).then(|| (-l.credit) as u64 * 100 / HEAVY_SHARE as u64), l.handling > 0)
+            });
+            let Some(owed) = owed else { return Poll::Ready(()) };
+            if handling {
+                // Not idle: a request let out before is still at work (woken when it is done).
+                idle = None;
+            } else {
+                loop {
+                    match idle.get_or_insert_with(|| Idle::Sleeping(Box::pin(monoio::time::sleep(Duration::ZERO)))) {
+                        Idle::Sleeping(sleep) => {
+                            if sleep.as_mut().poll(cx).is_ready() {
+                                // One more trip through the run queue (the wake comes from a task
+                                // spawned behind every queued one) to see whether anything else runs.
+                                idle = Some(Idle::Probing(activity()));
+                                let waker = cx.waker().clone();
+                                monoio::spawn(async move { waker.wake() });
+                            }
+                            break;
+                        }
+                        Idle::Probing(seen) => {
+                            // This poll itself counts once (it runs inside a metered task).
+                            if activity().wrapping_sub(*seen) <= 1 {
+                                return Poll::Ready(());
+                            }
+                            idle = None;
+                        }
+                    }
+                }
+            }
+            LANE.with(|l| l.borrow_mut().due = Some(now + Duration::from_nanos(owed)));
+        }
+        LANE.with(|l| {
+            if let Some(w) = l.borrow_mut().waiting.iter_mut().find(|w| w.0 == ticket.0) {
+                w.1 = Some(cx.waker().clone());
+            }
+        });
+        Poll::Pending
+    })
+    .await;
+    drop(ticket);
+}
 
 #[cfg(test)]
 mod tests {
@@ -85,5 +344,109 @@ mod tests {
         let order = order.borrow();
         let other = order.iter().position(|s| s == "other").unwrap();
         assert!(other <= 1, "the other task ran after the busy one's first turn: {order:?}");
+    }
+
+    fn runtime() -> monoio::Runtime<monoio::time::TimeDriver<monoio::LegacyDriver>> {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap()
+    }
+
+    #[test]
+    fn a_lane_in_credit_lets_a_turn_in_at_once() {
+        runtime().block_on(async {
+            super::charge(std::time::Duration::from_millis(1));
+            assert!(!super::lane_busy());
+            super::turn().await;
+        });
+    }
+
+    /// With the credit spent, waiters get in only when the core is idle, in arrival order.
+    #[test]
+    fn waiters_get_in_first_come_first_served_on_an_idle_core() {
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let o = order.clone();
+        runtime().block_on(async move {
+            super::charge(std::time::Duration::from_secs(10));
+            assert!(super::lane_busy());
+            let waiters: Vec<_> = (0..3)
+                .map(|i| {
+                    let o = o.clone();
+                    monoio::spawn(async move {
+                        super::turn().await;
+                        o.borrow_mut().push(i);
+                    })
+                })
+                .collect();
+            for w in waiters {
+                w.await;
+            }
+        });
+        assert_eq!(*order.borrow(), [0, 1, 2]);
+    }
+
+    /// A core that keeps turning (a task that yields, a stand-in for light requests) is not
+    /// idle: the waiter stays out until that work is done (its share of 10 s would take 40 s).
+    #[test]
+    fn a_busy_core_keeps_a_waiter_out() {
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let o = order.clone();
+        runtime().block_on(async move {
+            super::charge(std::time::Duration::from_secs(10));
+            let waiter = {
+                let o = o.clone();
+                monoio::spawn(async move {
+                    super::turn().await;
+                    o.borrow_mut().push("waiter");
+                })
+            };
+            let busy = {
+                let o = o.clone();
+                monoio::spawn(async move {
+                    for _ in 0..2000 {
+                        super::yield_now().await;
+                    }
+                    o.borrow_mut().push("busy done");
+                })
+            };
+            busy.await;
+            waiter.await;
+        });
+        assert_eq!(*order.borrow(), ["busy done", "waiter"]);
+    }
+
+    /// A request let out of the lane and still being handled (here: waiting on a timer, the
+    /// core idle meanwhile) keeps the next waiter out until it is done.
+    #[test]
+    fn a_request_being_handled_keeps_the_next_waiter_out() {
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let o = order.clone();
+        runtime().block_on(async move {
+            super::charge(std::time::Duration::from_secs(10));
+            let handling = super::handling();
+            let waiter = {
+                let o = o.clone();
+                monoio::spawn(async move {
+                    super::turn().await;
+                    o.borrow_mut().push("waiter");
+                })
+            };
+            monoio::time::sleep(std::time::Duration::from_millis(20)).await;
+            o.borrow_mut().push("handled");
+            drop(handling);
+            waiter.await;
+        });
+        assert_eq!(*order.borrow(), ["handled", "waiter"]);
+    }
+
+    /// A waiter whose connection went away does not hold the line.
+    #[test]
+    fn a_waiter_that_goes_away_lets_the_next_in() {
+        runtime().block_on(async {
+            super::charge(std::time::Duration::from_secs(10));
+            let mut first = Box::pin(super::turn());
+            assert!(futures::poll!(&mut first).is_pending());
+            let second = monoio::spawn(super::turn());
+            drop(first);
+            second.await;
+        });
     }
 }

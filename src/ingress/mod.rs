@@ -105,6 +105,12 @@ impl Handler for Traffic {
         self.shard.shared.metrics.shard(self.shard.id).refused(status.0);
     }
 
+    fn heavy(&self, cost: std::time::Duration) {
+        let m = self.shard.shared.metrics.shard(self.shard.id);
+        m.heavy_requests.inc();
+        m.heavy_core_us.add(cost.as_micros() as u64);
+    }
+
     async fn handle(&self, req: Request<'_>) -> Response {
         match (req.method(), req.path()) {
             (Method::Post, "/events/publish") => {

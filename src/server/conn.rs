@@ -96,6 +96,10 @@ pub trait Handler {
     /// The connection refused a request it could not take (framing, a limit, a timeout) and
     /// closes after this status; for the metrics.
     fn refused(&self, _status: StatusCode) {}
+
+    /// A request took `cost` of the core (over [`crate::task::HEAVY`]): the connection now
+    /// waits in the heavy lane; for the metrics.
+    fn heavy(&self, _cost: Duration) {}
 }
 
 /// Accounts for one open connection: runs its closing action when dropped, by whichever task
@@ -265,7 +269,32 @@ enum Framing {
 }
 
 /// Serves requests on `stream` until the client closes, an error closes it, or it idles out.
-pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
+///
+/// The connection's use of the core is metered: after a request that took more than
+/// [`crate::task::HEAVY`] of it, the connection waits its turn in the shard's heavy lane before
+/// reading on (and so does a new connection while that lane is busy), so clients of costly
+/// requests share what light requests leave of the core.
+pub async fn serve<H: Handler>(stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
+    let meter = crate::task::Meter::default();
+    crate::task::metered(&meter, serve_metered(stream, handler, limits, guard, &meter)).await
+}
+
+async fn serve_metered<H: Handler>(
+    mut stream: TcpStream,
+    handler: &H,
+    limits: ConnLimits,
+    guard: ConnGuard,
+    meter: &crate::task::Meter,
+) {
+    // While costly requests are over their share of the core, a new connection may be one more
+    // costly client (one request per connection gets no second turn to wait for): it waits its
+    // turn first. Its request waits in the kernel meanwhile, holding nothing of ours.
+    // `waited`: the next request comes out of the heavy lane, and is handled as such.
+    let mut waited = false;
+    if crate::task::lane_busy() {
+        crate::task::turn().await;
+        waited = true;
+    }
     let wt = limits.write_timeout;
     let budget = limits.http.request_budget();
     let mut buf: Vec<u8> = Vec::new();
@@ -373,7 +402,9 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         };
         let keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
+        let handling = std::mem::take(&mut waited).then(crate::task::handling);
         let response = handler.handle(Request { head: &head, buf: &buf, body }).await;
+        drop(handling);
         response.write(&mut out, keep_alive, head_only);
         buf.drain(..consumed);
         deadline = None;
@@ -394,13 +425,32 @@ pub async fn serve<H: Handler>(mut stream: TcpStream, handler: &H, limits: ConnL
         if out.len() >= OUT_HIGH_WATER && !flush(&mut stream, &mut out, wt).await {
             return;
         }
-        take_turn(&mut turns).await;
-        // Keep idle buffers small: a burst of large bodies must not pin memory forever.
+        let cost = meter.take();
+        let heavy = cost > crate::task::HEAVY;
+        if heavy {
+            // Answered before the wait, so the client is not kept from its answer.
+            if !flush(&mut stream, &mut out, wt).await {
+                return;
+            }
+            handler.heavy(cost);
+            crate::task::charge(cost);
+        }
+        // Keep idle buffers small: a burst of large bodies must not pin memory forever (nor
+        // while the connection waits in the heavy lane).
         if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
             buf = Vec::new();
         }
         if chunked_body.capacity() > 4 * READ_CHUNK {
             chunked_body = Vec::new();
+        }
+        if out.is_empty() && out.capacity() > 4 * READ_CHUNK {
+            out = Vec::new();
+        }
+        if heavy {
+            crate::task::turn().await;
+            waited = true;
+        } else {
+            take_turn(&mut turns).await;
         }
     }
 }

@@ -155,7 +155,7 @@ impl Shard {
                     // Bounded work per turn: let other tasks of this core run, then go on.
                     let me = self.clone();
                     monoio::spawn(async move {
-                        monoio::time::sleep(Duration::ZERO).await;
+                        crate::task::yield_now().await;
                         me.run(|m, now, src, out| m.pump(&key, partition, None, now, src, out));
                     });
                 }

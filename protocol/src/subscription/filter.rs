@@ -329,10 +329,10 @@ mod tests {
             assert_eq!(matches_all(&fs, ev), want == Verdict::Match, "{filters}");
         }
         assert_eq!(over_budget_on(&thread) - before, 3, "matches_all tallies each over-budget verdict");
-        // All the filters of a subscription share one budget: 11 reads of 400 KB pass 4 MiB.
-        let fs = compile(Some(&json!(vec![json!({"sql": "length(x) > 0"}); 11]))).unwrap();
+        // All the filters of a subscription share one budget: 7 walks of 400 KB pass its steps.
+        let fs = compile(Some(&json!(vec![json!({"sql": "length(x) > 0"}); 7]))).unwrap();
         assert_eq!(verdict_all(&fs, ev), Verdict::OverBudget);
-        assert_eq!(verdict_all(&fs[..10], ev), Verdict::Match);
+        assert_eq!(verdict_all(&fs[..6], ev), Verdict::Match);
     }
 
     /// Lookups by name scan the event's attributes, so they are paid for by that length: many
