@@ -87,7 +87,9 @@ pub async fn metered<F: Future>(meter: &Meter, f: F) -> F::Output {
     poll_fn(|cx| {
         active();
         meter.polling.set(Some(Instant::now()));
+        let outer = IN_METERED.replace(true);
         let r = f.as_mut().poll(cx);
+        IN_METERED.set(outer);
         let now = Instant::now();
         if let Some(t) = meter.polling.take() {
             meter.spent.set(meter.spent.get() + (now - t));
@@ -107,13 +109,19 @@ pub const HEAVY: Duration = Duration::from_micros(200);
 const HEAVY_SHARE: u32 = 25;
 /// Heavy work a lane may bank while the core is free.
 const HEAVY_BURST: Duration = Duration::from_millis(20);
+/// Trips through the run queue with no other task running that make a core idle: enough for
+/// monoio to have polled for I/O in between (it does when a round of its run queue ends).
+const IDLE_TRIPS: u32 = 3;
+/// How long a request let out of the lane keeps the next waiter out while it is handled
+/// ([`Handling`]): long enough for a group commit, short of a long-poll's wait.
+const HANDLING_HOLD: Duration = Duration::from_millis(if cfg!(test) { 500 } else { 5 });
 
 /// One shard's heavy lane. Connections whose last request was heavy wait here, first come
-/// first served, until either nothing else wants the core (the event loop went idle and no
-/// other task ran since) or the lane's guaranteed share of the core has paid for the heavy
+/// first served, until either nothing else wants the core (no other task ran for a few trips
+/// through the run queue) or the lane's guaranteed share of the core has paid for the heavy
 /// work done so far. So however many clients send costly requests, a light request waits
 /// behind about one of them at most, and costly clients still get at least [`HEAVY_SHARE`] of
-/// a saturated core between them.
+/// a saturated core between them (and all of an idle one).
 struct Lane {
     /// Banked core time for heavy work, in ns (negative: owed).
     credit: i128,
@@ -123,10 +131,10 @@ struct Lane {
     next_ticket: u64,
     /// When the first waiter's share will have come, if it waits for it.
     due: Option<Instant>,
-    /// Requests of connections let out of the lane still being handled (see [`handling`]):
-    /// while any is, the core is not idle for the next waiter, even when that request waits
-    /// (for the log, say) and nothing else runs.
-    handling: u32,
+    /// Requests let out of the lane still being handled, by id, with when they began (see
+    /// [`handling`]).
+    handling: Vec<(u64, Instant)>,
+    next_handling: u64,
 }
 
 thread_local! {
@@ -136,11 +144,14 @@ thread_local! {
         waiting: VecDeque::new(),
         next_ticket: 0,
         due: None,
-        handling: 0,
+        handling: Vec::new(),
+        next_handling: 0,
     });
     /// Polls of metered tasks and turns given by [`yield_now`] on this thread: the heavy lane
     /// reads it to tell an idle core from one where other work is waiting.
     static ACTIVITY: Cell<u64> = const { Cell::new(0) };
+    /// Whether a metered task is being polled (its poll counted once in [`ACTIVITY`]).
+    static IN_METERED: Cell<bool> = const { Cell::new(false) };
 }
 
 fn active() {
@@ -177,6 +188,11 @@ impl Lane {
         self.due = None;
         self.wake_first();
     }
+
+    /// Until when a request let out earlier still keeps the next waiter out, if one does.
+    fn held_until(&self, now: Instant) -> Option<Instant> {
+        self.handling.iter().map(|&(_, since)| since + HANDLING_HOLD).filter(|&t| t > now).max()
+    }
 }
 
 /// Wakes the heavy lane's first waiter if its share has come.
@@ -209,33 +225,38 @@ pub fn lane_busy() -> bool {
     })
 }
 
-/// A request of a connection that waited its [`turn`], being handled: the heavy lane lets no
-/// one else in on an idle core until it is dropped.
-pub struct Handling(());
+/// A request of a connection that waited its [`turn`], being handled: for up to
+/// [`HANDLING_HOLD`] the heavy lane lets no one else in on an idle core (an admitted publish
+/// waiting for the log's group commit is still at work) until it is dropped.
+pub struct Handling(u64);
 
 /// Marks the handling of a request let out of the heavy lane (see [`Handling`]).
 pub fn handling() -> Handling {
-    LANE.with(|l| l.borrow_mut().handling += 1);
-    Handling(())
+    LANE.with(|l| {
+        let mut l = l.borrow_mut();
+        let id = l.next_handling;
+        l.next_handling += 1;
+        l.handling.push((id, Instant::now()));
+        Handling(id)
+    })
 }
 
 impl Drop for Handling {
     fn drop(&mut self) {
         let _ = LANE.try_with(|l| {
             let mut l = l.borrow_mut();
-            l.handling -= 1;
-            if l.handling == 0 {
-                l.wake_first();
-            }
+            l.handling.retain(|h| h.0 != self.0);
+            l.wake_first();
         });
     }
 }
 
 /// Waits for a turn in this thread's heavy lane: first in line, and either the lane's credit
-/// covers what it owes or the core is idle. Idle is told in steps: no request let out of the
-/// lane is still being handled ([`handling`]), a zero timer fires (monoio runs timers only
-/// when its run queue has drained), then after one more trip through the run queue no other
-/// task has run (the drain may have found sockets ready).
+/// covers what it owes or the core is idle. Idle means no request let out of the lane is still
+/// being handled ([`handling`], for up to [`HANDLING_HOLD`]) and [`IDLE_TRIPS`] trips through
+/// the run queue (each woken by a task spawned behind every queued one) saw no other metered
+/// poll or [`yield_now`]. When a trip sees other work, the waiter waits for a zero timer first
+/// (monoio runs timers only once its run queue has drained), so it never keeps the loop busy.
 pub async fn turn() {
     struct Ticket(u64);
     impl Drop for Ticket {
@@ -252,9 +273,11 @@ pub async fn turn() {
         }
     }
     enum Idle {
-        Sleeping(Pin<Box<monoio::time::Sleep>>),
-        /// The timer fired with the activity count then; a wake is queued behind every task.
-        Probing(u64),
+        /// Trips so far, and the activity count when the last one began.
+        Trips(u32, u64),
+        /// Other work ran: wait for the run queue to drain first (`false`), or for a request
+        /// let out earlier to stop holding the core (`true`).
+        Timer(Pin<Box<monoio::time::Sleep>>, bool),
     }
     let ticket = LANE.with(|l| {
         let mut l = l.borrow_mut();
@@ -264,43 +287,55 @@ pub async fn turn() {
         Ticket(t)
     });
     let mut idle: Option<Idle> = None;
+    let trip = |cx: &mut std::task::Context<'_>, n: u32| {
+        let waker = cx.waker().clone();
+        monoio::spawn(async move { waker.wake() });
+        Idle::Trips(n, activity())
+    };
     poll_fn(|cx| {
-        let first = LANE.with(|l| l.borrow().first()) == Some(ticket.0);
-        if first {
+        if LANE.with(|l| l.borrow().first()) == Some(ticket.0) {
             let now = Instant::now();
-            let (owed, handling) = LANE.with(|l| {
+            let (owed, held) = LANE.with(|l| {
                 let mut l = l.borrow_mut();
                 l.refill(now);
-                ((l.credit < 0).then(|| (-l.credit) as u64 * 100 / HEAVY_SHARE as u64), l.handling > 0)
+                ((l.credit < 0).then(|| (-l.credit) as u64 * 100 / HEAVY_SHARE as u64), l.held_until(now))
             });
             let Some(owed) = owed else { return Poll::Ready(()) };
-            if handling {
-                // Not idle: a request let out before is still at work (woken when it is done).
-                idle = None;
-            } else {
-                loop {
-                    match idle.get_or_insert_with(|| Idle::Sleeping(Box::pin(monoio::time::sleep(Duration::ZERO)))) {
-                        Idle::Sleeping(sleep) => {
-                            if sleep.as_mut().poll(cx).is_ready() {
-                                // One more trip through the run queue (the wake comes from a task
-                                // spawned behind every queued one) to see whether anything else runs.
-                                idle = Some(Idle::Probing(activity()));
-                                let waker = cx.waker().clone();
-                                monoio::spawn(async move { waker.wake() });
-                            }
-                            break;
+            LANE.with(|l| l.borrow_mut().due = Some(now + Duration::from_nanos(owed)));
+            match (held, &idle) {
+                (Some(until), _) => {
+                    let t = monoio::time::Instant::from_std(until);
+                    idle = Some(Idle::Timer(Box::pin(monoio::time::sleep_until(t)), true));
+                }
+                // The hold ended early (the request was done): look for idle at once.
+                (None, Some(Idle::Timer(_, true))) => idle = None,
+                _ => {}
+            }
+            loop {
+                match idle.take() {
+                    None => idle = Some(trip(cx, 0)),
+                    Some(Idle::Trips(n, seen)) => {
+                        // This poll itself counted once if it runs inside a metered task.
+                        let own = u64::from(IN_METERED.get());
+                        if activity().wrapping_sub(seen) > own {
+                            idle = Some(Idle::Timer(Box::pin(monoio::time::sleep(Duration::ZERO)), false));
+                            continue;
                         }
-                        Idle::Probing(seen) => {
-                            // This poll itself counts once (it runs inside a metered task).
-                            if activity().wrapping_sub(*seen) <= 1 {
-                                return Poll::Ready(());
-                            }
+                        if n + 1 >= IDLE_TRIPS {
+                            return Poll::Ready(());
+                        }
+                        idle = Some(trip(cx, n + 1));
+                    }
+                    Some(Idle::Timer(mut sleep, hold)) => {
+                        if sleep.as_mut().poll(cx).is_ready() {
                             idle = None;
+                            continue;
                         }
+                        idle = Some(Idle::Timer(sleep, hold));
                     }
                 }
+                break;
             }
-            LANE.with(|l| l.borrow_mut().due = Some(now + Duration::from_nanos(owed)));
         }
         LANE.with(|l| {
             if let Some(w) = l.borrow_mut().waiting.iter_mut().find(|w| w.0 == ticket.0) {
@@ -414,7 +449,7 @@ mod tests {
     }
 
     /// A request let out of the lane and still being handled (here: waiting on a timer, the
-    /// core idle meanwhile) keeps the next waiter out until it is done.
+    /// core idle meanwhile) keeps the next waiter out until it is done...
     #[test]
     fn a_request_being_handled_keeps_the_next_waiter_out() {
         let order = Rc::new(RefCell::new(Vec::new()));
@@ -437,16 +472,31 @@ mod tests {
         assert_eq!(*order.borrow(), ["handled", "waiter"]);
     }
 
+    /// ... but only for a while (a long-poll waits for up to a minute).
+    #[test]
+    fn a_long_handled_request_stops_holding_the_lane() {
+        runtime().block_on(async move {
+            super::charge(std::time::Duration::from_secs(10));
+            let _long_poll = super::handling();
+            let waiter = monoio::spawn(super::turn());
+            let limit = std::time::Duration::from_secs(10);
+            assert!(monoio::time::timeout(limit, waiter).await.is_ok(), "the waiter never got in");
+        });
+    }
+
     /// A waiter whose connection went away does not hold the line.
     #[test]
     fn a_waiter_that_goes_away_lets_the_next_in() {
         runtime().block_on(async {
             super::charge(std::time::Duration::from_secs(10));
+            let _busy = super::handling(); // so nobody gets in as long as the first is in line
             let mut first = Box::pin(super::turn());
             assert!(futures::poll!(&mut first).is_pending());
-            let second = monoio::spawn(super::turn());
+            let mut second = Box::pin(super::turn());
+            assert!(futures::poll!(&mut second).is_pending(), "the second is queued behind the first");
             drop(first);
-            second.await;
+            let limit = std::time::Duration::from_secs(10);
+            assert!(monoio::time::timeout(limit, second).await.is_ok(), "the second never got in");
         });
     }
 }

@@ -408,6 +408,14 @@ async fn serve_metered<H: Handler>(
         response.write(&mut out, keep_alive, head_only);
         buf.drain(..consumed);
         deadline = None;
+        // Charged whatever comes next (an upgrade, a close): a client that opens a connection
+        // per costly request pays all the same, and new connections wait while it owes.
+        let cost = meter.take();
+        let heavy = cost > crate::task::HEAVY;
+        if heavy {
+            handler.heavy(cost);
+            crate::task::charge(cost);
+        }
         if let Some(upgrade) = response.upgrade {
             if !flush(&mut stream, &mut out, wt).await {
                 return;
@@ -421,24 +429,15 @@ async fn serve_metered<H: Handler>(
             return;
         }
         // A client that pipelines without reading gets its answers pushed (and, if it still
-        // does not read, the write timeout) before more of its requests are taken in.
-        if out.len() >= OUT_HIGH_WATER && !flush(&mut stream, &mut out, wt).await {
+        // does not read, the write timeout) before more of its requests are taken in; after a
+        // heavy request it is answered before it waits its turn.
+        if (heavy || out.len() >= OUT_HIGH_WATER) && !flush(&mut stream, &mut out, wt).await {
             return;
         }
-        let cost = meter.take();
-        let heavy = cost > crate::task::HEAVY;
-        if heavy {
-            // Answered before the wait, so the client is not kept from its answer.
-            if !flush(&mut stream, &mut out, wt).await {
-                return;
-            }
-            handler.heavy(cost);
-            crate::task::charge(cost);
-        }
         // Keep idle buffers small: a burst of large bodies must not pin memory forever (nor
-        // while the connection waits in the heavy lane).
-        if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
-            buf = Vec::new();
+        // while the connection waits in the heavy lane, pipelined bytes or not).
+        if buf.capacity() > 4 * READ_CHUNK {
+            buf.shrink_to(buf.len().max(READ_CHUNK));
         }
         if chunked_body.capacity() > 4 * READ_CHUNK {
             chunked_body = Vec::new();
