@@ -42,8 +42,18 @@ pub fn beat() {
 /// of the queue. Needed because on the epoll driver a read or write whose socket is known to
 /// be ready completes without ever returning `Pending`: a loop over a client that always has
 /// more bytes waiting (pipelined requests, a stream of frames) would otherwise hold the core.
+///
+/// monoio runs timers only when its run queue has drained, and a loop of tasks that always
+/// yield never lets it drain: every timeout, deadline and timer of the thread (write timeouts,
+/// long-poll waits, pings) would wait until the flood ends. So once this thread's timers are
+/// [`TIMERS_LATE`] overdue (see [`timers_ran`]), a yield waits for the queue to drain instead.
 pub async fn yield_now() {
     beat();
+    let late = TIMERS_RAN.with(Cell::get).is_some_and(|t| t.elapsed() > TIMERS_LATE);
+    if late {
+        // Fires once the run queue drains: every yielding task waits here, so it does.
+        return monoio::time::sleep(Duration::ZERO).await;
+    }
     let mut yielded = false;
     poll_fn(|cx| {
         if yielded {
@@ -55,6 +65,20 @@ pub async fn yield_now() {
         Poll::Pending
     })
     .await
+}
+
+thread_local! {
+    /// When this thread's timers last ran, if a periodic timer task says so ([`timers_ran`]).
+    static TIMERS_RAN: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// How late this thread's timers may run before [`yield_now`] lets the run queue drain.
+const TIMERS_LATE: Duration = Duration::from_millis(200);
+
+/// Says that this thread's timers just ran: called by a task woken by a periodic timer (the
+/// shard's heartbeat, every 100 ms), it is how [`yield_now`] tells that timers are overdue.
+pub fn timers_ran() {
+    TIMERS_RAN.with(|t| t.set(Some(Instant::now())));
 }
 
 /// Requests (or session reads) one connection may take in a row before it yields.
@@ -379,6 +403,28 @@ mod tests {
         let order = order.borrow();
         let other = order.iter().position(|s| s == "other").unwrap();
         assert!(other <= 1, "the other task ran after the busy one's first turn: {order:?}");
+    }
+
+    /// Regression: a loop of tasks that always yield never let monoio's run queue drain, so
+    /// no timer of the thread fired while it lasted (a long-poll of 200 ms answered after 24 s
+    /// beside a pipelining client). Once timers are overdue, yields let the queue drain.
+    #[test]
+    fn timers_fire_while_tasks_keep_yielding() {
+        let fired = Rc::new(std::cell::Cell::new(false));
+        let f = fired.clone();
+        runtime().block_on(async move {
+            super::timers_ran();
+            let timer = monoio::spawn(async move {
+                monoio::time::sleep(std::time::Duration::from_millis(20)).await;
+                f.set(true);
+            });
+            let started = std::time::Instant::now();
+            while !fired.get() && started.elapsed() < std::time::Duration::from_secs(10) {
+                super::yield_now().await;
+            }
+            assert!(fired.get(), "the timer never fired while this task kept yielding");
+            timer.await;
+        });
     }
 
     fn runtime() -> monoio::Runtime<monoio::time::TimeDriver<monoio::LegacyDriver>> {

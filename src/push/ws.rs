@@ -78,12 +78,28 @@ fn close_bytes(code: u16) -> Vec<u8> {
 }
 
 async fn read_half<R: monoio::io::AsyncReadRent>(
+    rd: R,
+    buf: Vec<u8>,
+    max_message: usize,
+    ctl: mpsc::Sender<Outbound>,
+    acked: Option<AckedSession>,
+    heard: Rc<Cell<Instant>>,
+) {
+    // Metered like an HTTP connection (see `server::conn::serve`): after a message that took
+    // over `task::HEAVY` of the core (a 10,000-id ack), the session waits its turn in the heavy
+    // lane before it reads on.
+    let meter = crate::task::Meter::default();
+    crate::task::metered(&meter, read_messages(rd, buf, max_message, ctl, acked, heard, &meter)).await
+}
+
+async fn read_messages<R: monoio::io::AsyncReadRent>(
     mut rd: R,
     mut buf: Vec<u8>,
     max_message: usize,
     ctl: mpsc::Sender<Outbound>,
     acked: Option<AckedSession>,
     heard: Rc<Cell<Instant>>,
+    meter: &crate::task::Meter,
 ) {
     let mut ctl = ctl;
     let mut reader = MessageReader::new(max_message);
@@ -126,8 +142,13 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
                             return;
                         }
                         // A client flooding acks waits here, at its own socket, for the
-                        // control lane to drain.
+                        // control lane to drain, and after a costly one for its turn.
                         a.shard.control_room().await;
+                        let cost = meter.take();
+                        if cost > crate::task::HEAVY {
+                            crate::task::charge(cost);
+                            crate::task::turn().await;
+                        }
                     }
                 }
                 Some(Message::Pong(_)) => {}

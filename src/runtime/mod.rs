@@ -60,10 +60,12 @@ pub fn exit_on_panic() {
     }));
 }
 
-/// Stamps this shard's heartbeat while its event loop turns.
+/// Stamps this shard's heartbeat while its event loop turns, and tells `task::yield_now` that
+/// its timers run.
 async fn heartbeat() {
     loop {
         crate::task::beat();
+        crate::task::timers_ran();
         monoio::time::sleep(BEAT).await;
     }
 }

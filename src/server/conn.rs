@@ -276,7 +276,14 @@ enum Framing {
 /// requests share what light requests leave of the core.
 pub async fn serve<H: Handler>(stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
     let meter = crate::task::Meter::default();
-    crate::task::metered(&meter, serve_metered(stream, handler, limits, guard, &meter)).await
+    crate::task::metered(&meter, serve_metered(stream, handler, limits, guard, &meter)).await;
+    // What the connection's last, unfinished or refused request took (a body streamed until it
+    // was over its budget): a client refused on every connection pays all the same.
+    let cost = meter.take();
+    if cost > crate::task::HEAVY {
+        handler.heavy(cost);
+        crate::task::charge(cost);
+    }
 }
 
 async fn serve_metered<H: Handler>(

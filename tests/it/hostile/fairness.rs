@@ -1,7 +1,9 @@
-//! One client's cheap requests must not hold its shard: on the epoll driver a read whose
-//! socket is ready completes at once, so a client that always has more pipelined requests
-//! waiting kept the connection loop running and every other client of the shard got no answer
-//! at all (found by perf/hostile.sh). Both drivers, one shard, a bystander publishing.
+//! One client must not hold its shard. Cheap requests: on the epoll driver a read whose socket
+//! is ready completes at once, so a client that always had more pipelined requests waiting kept
+//! the connection loop running (every other client got no answer at all, found by
+//! perf/hostile.sh), and kept the run queue from draining, so no timer of the shard fired.
+//! Costly requests: fair turns by count left a bystander behind every attacking connection.
+//! Both drivers, one shard.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -11,39 +13,61 @@ use std::time::{Duration, Instant};
 
 use super::super::util::{event, request_bytes, wait_for, Client, TestBroker};
 
+/// A client that pipelines cheap requests as fast as it can and reads the answers, until
+/// stopped (or for 60 s at most).
+struct Pipeliner {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Pipeliner {
+    /// Starts, and returns once the broker is answering the flood.
+    fn start(b: &TestBroker) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let mut attacker = TcpStream::connect(b.traffic).unwrap();
+        let mut drain = attacker.try_clone().unwrap();
+        let reader = {
+            let (stop, answered) = (stop.clone(), answered.clone());
+            std::thread::spawn(move || {
+                let mut sink = vec![0u8; 1 << 16];
+                drain.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(n) = drain.read(&mut sink) {
+                        answered.fetch_add(n, Ordering::Relaxed);
+                    }
+                }
+            })
+        };
+        let writer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let burst = "GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n".repeat(256);
+                let start = Instant::now();
+                while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) {
+                    if attacker.write_all(burst.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        wait_for(Duration::from_secs(10), || (answered.load(Ordering::Relaxed) > 1 << 20).then_some(()));
+        Pipeliner { stop, threads: vec![reader, writer] }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+    }
+}
+
 fn a_pipelining_client_does_not_starve_a_bystander(driver: &str) {
     let b = TestBroker::start(&["--shards", "1", "--io-driver", driver]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(AtomicUsize::new(0));
-    let mut attacker = TcpStream::connect(b.traffic).unwrap();
-    let mut drain = attacker.try_clone().unwrap();
-    let reader = {
-        let (stop, answered) = (stop.clone(), answered.clone());
-        std::thread::spawn(move || {
-            let mut sink = vec![0u8; 1 << 16];
-            drain.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(n) = drain.read(&mut sink) {
-                    answered.fetch_add(n, Ordering::Relaxed);
-                }
-            }
-        })
-    };
-    let writer = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let burst = "GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n".repeat(256);
-            let start = Instant::now();
-            while !stop.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(30) {
-                if attacker.write_all(burst.as_bytes()).is_err() {
-                    return;
-                }
-            }
-        })
-    };
     // Once the attack is being answered, publish beside it: each answer must come (the bug:
     // none came while the attack lasted). The bound is generous; the failure was total.
-    wait_for(Duration::from_secs(10), || (answered.load(Ordering::Relaxed) > 1 << 20).then_some(()));
+    let flood = Pipeliner::start(&b);
     let mut c = b.client();
     let mut slowest = Duration::ZERO;
     for i in 0..20 {
@@ -56,9 +80,7 @@ fn a_pipelining_client_does_not_starve_a_bystander(driver: &str) {
         assert_eq!(r.status, 202, "{}", r.text());
         slowest = slowest.max(t.elapsed());
     }
-    stop.store(true, Ordering::Relaxed);
-    writer.join().unwrap();
-    reader.join().unwrap();
+    flood.stop();
     assert!(slowest < Duration::from_secs(5), "{driver}: a bystander's publish took {slowest:?}");
 }
 
@@ -70,6 +92,38 @@ fn a_pipelining_client_does_not_starve_a_bystander_on_epoll() {
 #[test]
 fn a_pipelining_client_does_not_starve_a_bystander_on_io_uring() {
     a_pipelining_client_does_not_starve_a_bystander("uring");
+}
+
+/// Regression: while a pipelining client kept the shard's run queue from draining, monoio ran
+/// no timers, so every wait of the shard (long-poll `waitMs`, write timeouts, pings) ended only
+/// with the flood: a 200 ms long-poll was answered after 5 s and after 24 s on epoll.
+fn timers_fire_beside_a_pipelining_client(driver: &str) {
+    let b = TestBroker::start(&["--shards", "1", "--io-driver", driver]);
+    let mut c = b.client();
+    let r = c.post("/events/subscribe", "application/json", br#"{"subscription": "lp", "topic": "lp"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let flood = Pipeliner::start(&b);
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = c.get("/events/poll?subscription=lp&waitMs=200");
+        assert_eq!(r.status, 204, "{}", r.text());
+        slowest = slowest.max(t.elapsed());
+    }
+    flood.stop();
+    // The bound is generous (timers may run up to ~200 ms late under the flood); the failure
+    // was seconds to tens of seconds.
+    assert!(slowest < Duration::from_secs(3), "{driver}: a 200 ms long-poll took {slowest:?}");
+}
+
+#[test]
+fn timers_fire_beside_a_pipelining_client_on_epoll() {
+    timers_fire_beside_a_pipelining_client("epoll");
+}
+
+#[test]
+fn timers_fire_beside_a_pipelining_client_on_io_uring() {
+    timers_fire_beside_a_pipelining_client("uring");
 }
 
 /// Requests costly to serve (10,000-id acks, about a millisecond of the core each) from many
