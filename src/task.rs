@@ -81,6 +81,95 @@ pub fn timers_ran() {
     TIMERS_RAN.with(|t| t.set(Some(Instant::now())));
 }
 
+/// Work a loop over a client-controlled collection (the consumers and live subscriptions of
+/// a topic a publish fans out to) does before it yields: see [`Slice`].
+pub const SLICE: Duration = Duration::from_micros(500);
+
+/// Times a loop's work since its last yield: [`Slice::next`] yields once it is over [`SLICE`].
+pub struct Slice(Instant);
+
+impl Slice {
+    pub fn start() -> Self {
+        Slice(Instant::now())
+    }
+
+    /// Yields if this slice is used up (one clock reading otherwise).
+    pub async fn next(&mut self) {
+        if self.0.elapsed() > SLICE {
+            yield_now().await;
+            self.0 = Instant::now();
+        }
+    }
+}
+
+/// A first-come-first-served gate on one thread: work that may yield half-way but must not
+/// interleave with the next of its kind (fan-outs of a partition's events, in offset order)
+/// passes one at a time, in the order it arrived. Uncontended, entering costs no wait.
+#[derive(Default)]
+pub struct Gate {
+    inner: RefCell<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    next: u64,
+    serving: u64,
+    /// Wakers of those waiting, by ticket.
+    waiting: VecDeque<(u64, Waker)>,
+    /// Tickets whose holders went away before their turn: skipped when it comes.
+    abandoned: Vec<u64>,
+}
+
+/// A place in a [`Gate`]'s line; holds the gate, once entered, until dropped.
+pub struct Passage<'a> {
+    gate: &'a Gate,
+    ticket: u64,
+}
+
+impl Gate {
+    pub async fn enter(&self) -> Passage<'_> {
+        let ticket = {
+            let mut g = self.inner.borrow_mut();
+            g.next += 1;
+            g.next - 1
+        };
+        // Dropped while waiting (its task went away), it gives up its place.
+        let passage = Passage { gate: self, ticket };
+        poll_fn(|cx| {
+            let mut g = self.inner.borrow_mut();
+            if g.serving == ticket {
+                return Poll::Ready(());
+            }
+            g.waiting.retain(|w| w.0 != ticket);
+            g.waiting.push_back((ticket, cx.waker().clone()));
+            Poll::Pending
+        })
+        .await;
+        passage
+    }
+}
+
+impl Drop for Passage<'_> {
+    fn drop(&mut self) {
+        let mut g = self.gate.inner.borrow_mut();
+        g.waiting.retain(|w| w.0 != self.ticket);
+        if g.serving != self.ticket {
+            g.abandoned.push(self.ticket);
+            return;
+        }
+        g.serving += 1;
+        while let Some(i) = g.abandoned.iter().position(|&t| t == g.serving) {
+            g.abandoned.swap_remove(i);
+            g.serving += 1;
+        }
+        let serving = g.serving;
+        if let Some(i) = g.waiting.iter().position(|w| w.0 == serving) {
+            let (_, w) = g.waiting.remove(i).expect("found");
+            w.wake();
+        }
+    }
+}
+
 /// Requests (or session reads) one connection may take in a row before it yields.
 pub const TURN: u32 = 8;
 
@@ -543,6 +632,48 @@ mod tests {
             drop(first);
             let limit = std::time::Duration::from_secs(10);
             assert!(monoio::time::timeout(limit, second).await.is_ok(), "the second never got in");
+        });
+    }
+
+    /// Fan-outs of a topic may yield half-way; the gate keeps them whole and in order.
+    #[test]
+    fn a_gate_lets_entrants_through_one_at_a_time_in_arrival_order() {
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let o = order.clone();
+        runtime().block_on(async move {
+            let gate = Rc::new(super::Gate::default());
+            let entrants: Vec<_> = (0..3)
+                .map(|i| {
+                    let (o, gate) = (o.clone(), gate.clone());
+                    monoio::spawn(async move {
+                        let _passage = gate.enter().await;
+                        o.borrow_mut().push(format!("{i} in"));
+                        for _ in 0..3 {
+                            super::yield_now().await;
+                        }
+                        o.borrow_mut().push(format!("{i} out"));
+                    })
+                })
+                .collect();
+            for e in entrants {
+                e.await;
+            }
+        });
+        assert_eq!(*order.borrow(), ["0 in", "0 out", "1 in", "1 out", "2 in", "2 out"]);
+    }
+
+    #[test]
+    fn a_gate_entrant_that_goes_away_gives_up_its_place() {
+        runtime().block_on(async {
+            let gate = super::Gate::default();
+            let first = gate.enter().await;
+            let mut second = Box::pin(gate.enter());
+            assert!(futures::poll!(&mut second).is_pending());
+            let mut third = Box::pin(gate.enter());
+            assert!(futures::poll!(&mut third).is_pending());
+            drop(second);
+            drop(first);
+            assert!(futures::poll!(&mut third).is_ready(), "the third waited for one who left");
         });
     }
 }

@@ -416,15 +416,20 @@ impl Machine {
         out: &mut Vec<Effect>,
     ) {
         let Some(p) = frames.first().map(|f| f.header().partition) else { return };
-        let keys: Vec<Rc<ConsumerKey>> = self
-            .consumers
+        for k in self.consumers_of(topic) {
+            self.pump(&k, p, Some(frames), now, src, out);
+        }
+    }
+
+    /// The consumers of `topic` with a session: those [`Machine::appended`] pumps. The shard
+    /// pumps them one by one itself when it must yield between them (many consumers, costly
+    /// filters).
+    pub fn consumers_of(&self, topic: &str) -> Vec<Rc<ConsumerKey>> {
+        self.consumers
             .iter()
             .filter(|(_, c)| c.def.topic == topic && !c.sessions.is_empty())
             .map(|(k, _)| k.clone())
-            .collect();
-        for k in keys {
-            self.pump(&k, p, Some(frames), now, src, out);
-        }
+            .collect()
     }
 
     /// Expires unacknowledged deliveries past their deadline and sends due redeliveries.

@@ -29,6 +29,7 @@ struct KnownTopic {
 }
 
 /// A shard that wants a subscription's events from this shard's partitions.
+#[derive(Clone)]
 struct Interested {
     subscription: String,
     shard: ShardId,
@@ -49,13 +50,17 @@ pub struct Shard {
     /// Sessions this shard accepted.
     pub sessions: Sessions,
     /// Per topic, the shards that want events of its partitions this shard owns.
-    interest: RefCell<HashMap<String, Vec<Interested>>>,
+    /// Per topic; shared with fan-outs in progress (changed copy-on-write).
+    interest: RefCell<HashMap<String, Rc<Vec<Interested>>>>,
     /// Acknowledged delivery from the partitions this shard owns (`crate::delivery`).
     pub delivery: crate::delivery::Dispatcher,
     /// Per destination shard, control messages its full control ring could not take yet, in
     /// order; a task per non-empty outbox retries them (`send_control`).
     outbox: RefCell<Vec<VecDeque<ShardMessage>>>,
     flushing: RefCell<Vec<bool>>,
+    /// Per topic: its fan-outs of stored events pass one at a time, in append order (they
+    /// may yield half-way). At most one small entry per topic.
+    fanning: RefCell<HashMap<String, Rc<crate::task::Gate>>>,
 }
 
 /// How long a request to another core may take before its caller answers 503: longer than any
@@ -104,6 +109,7 @@ impl Shard {
             delivery,
             outbox: RefCell::new((0..shards).map(|_| VecDeque::new()).collect()),
             flushing: RefCell::new(vec![false; shards]),
+            fanning: RefCell::new(HashMap::new()),
         }
     }
 
@@ -208,7 +214,9 @@ impl Shard {
         match self.log.local().put_mirrored(&topic, m.partition, &m.frames, false) {
             Ok(Some(skip)) if skip < m.frames.len() => {
                 let mut frames = m.frames;
-                self.fan_out(frames.split_off(skip));
+                let (me, fresh) = (self.clone(), frames.split_off(skip));
+                // Spawned in arrival order: the fan-out gate keeps that order.
+                monoio::spawn(async move { me.fan_out(fresh).await });
             }
             Ok(_) => {}
             Err(e) => eprintln!("evmesh: {}: local copy of {topic}/{}: {e}", self.id, m.partition.0),
@@ -383,7 +391,7 @@ impl Shard {
         if owner == self.id {
             let (first, readable) = self.log.append_mirrored(topic, partition, &mut frames).await?;
             if readable {
-                self.fan_out(frames);
+                self.fan_out(frames).await;
             }
             return Ok(first);
         }
@@ -408,7 +416,7 @@ impl Shard {
 
     pub(super) fn interest_changed(self: &Rc<Self>, i: Interest) {
         let mut interest = self.interest.borrow_mut();
-        let list = interest.entry(i.topic.clone()).or_default();
+        let list = Rc::make_mut(interest.entry(i.topic.clone()).or_default());
         match i.change {
             InterestChange::Attach => {
                 let filters = match crate::storage::meta::get_subscription(&self.shared.db, &i.subscription) {
@@ -435,15 +443,31 @@ impl Shard {
     }
 
     /// Sends freshly stored events to their consumers: to every shard with `ack=none` sessions
-    /// (once per shard, frames shared), and to acknowledged delivery.
-    pub(super) fn fan_out(self: &Rc<Self>, frames: Vec<Frame>) {
+    /// (once per shard, frames shared), and to acknowledged delivery. Yields every
+    /// `task::SLICE` of work (a topic's subscriptions are client-made and many, each filter
+    /// may take a millisecond or two), and a topic's fan-outs pass its gate one at a time, in
+    /// the order their appends completed, so every session still gets a partition's events in
+    /// offset order (other topics' fan-outs go on meanwhile).
+    pub(super) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>) {
         let Some(first) = frames.first() else { return };
         let topic = first.body().topic.as_str().to_owned();
         let frames: Arc<[Frame]> = frames.into();
-        self.deliver_new(&topic, &frames);
-        let interest = self.interest.borrow();
-        let Some(list) = interest.get(&topic).filter(|l| !l.is_empty()) else { return };
-        for i in list {
+        let gate = {
+            let mut gates = self.fanning.borrow_mut();
+            match gates.get(&topic) {
+                Some(g) => g.clone(),
+                None => gates.entry(topic.clone()).or_default().clone(),
+            }
+        };
+        let _passage = gate.enter().await;
+        let mut slice = crate::task::Slice::start();
+        self.deliver_new(&topic, &frames, &mut slice).await;
+        let list = match self.interest.borrow().get(&topic) {
+            Some(l) if !l.is_empty() => l.clone(),
+            _ => return,
+        };
+        for i in list.iter() {
+            slice.next().await;
             let pick = if i.filters.is_empty() {
                 None
             } else {

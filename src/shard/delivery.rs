@@ -251,9 +251,16 @@ impl Shard {
     }
 
     /// Newly stored events of a partition this shard owns: every consumer of the topic gets
-    /// them, straight from `frames` when it is caught up (no log read).
-    pub fn deliver_new(self: &Rc<Self>, topic: &str, frames: &Arc<[Frame]>) {
-        self.run(|m, now, src, out| m.appended(topic, frames, now, src, out));
+    /// them, straight from `frames` when it is caught up (no log read). Consumers are many and
+    /// their filters may each take a millisecond or two: this yields every `task::SLICE` of
+    /// work (the caller keeps fan-outs in order, see `Shard::fan_out`).
+    pub async fn deliver_new(self: &Rc<Self>, topic: &str, frames: &Arc<[Frame]>, slice: &mut crate::task::Slice) {
+        let Some(p) = frames.first().map(|f| f.header().partition) else { return };
+        let keys = self.delivery.machine.borrow().consumers_of(topic);
+        for k in keys {
+            self.run(|m, now, src, out| m.pump(&k, p, Some(frames), now, src, out));
+            slice.next().await;
+        }
     }
 
     fn send_delivery(&self, to: ShardId, d: Delivery) {

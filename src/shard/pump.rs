@@ -26,7 +26,7 @@ impl Shard {
                     let readable = matches!(r, Ok((_, true)));
                     let _ = reply.send(r.map(|(first, _)| first));
                     if readable {
-                        me.fan_out(frames);
+                        me.fan_out(frames).await;
                     }
                 });
             }

@@ -190,3 +190,58 @@ fn regression_80000_attributes_are_refused_and_bystanders_answer() {
     assert_eq!(c.post("/events/publish?topic=many", "application/cloudevents+json", e.as_bytes()).status, 202);
     assert!(b.exited().is_none(), "the broker is still running");
 }
+
+/// Regression: a publish to a topic with many subscriptions whose filters each run out their
+/// budget costs its shard a millisecond or two per subscription, and the fan-out did all of it
+/// in one go: a bystander publishing to another topic waited behind every filter. The fan-out
+/// now yields every 500 µs, so the bystander's publishes are answered while it goes on.
+#[test]
+fn a_costly_fan_out_yields_to_a_bystander() {
+    let b = TestBroker::start(&["--shards", "1", "--default-partitions", "1"]);
+    let wild = format!("x LIKE '%{}b%'", "a_".repeat(1000));
+    let subscriptions = 100;
+    for n in 0..subscriptions {
+        let name = format!("w{n}");
+        assert_eq!(subscribe(&b, json!({"subscription": name, "topic": "cq", "filters": [{"sql": wild}]})), 201);
+        // A long-poll gives the consumer a session for a while (its linger): the fan-out
+        // evaluates the consumer's filter.
+        let r = b.client().get(&format!("/events/poll?subscription={name}&waitMs=0"));
+        assert_eq!(r.status, 204, "{}", r.text());
+    }
+    let evaluated = |b: &TestBroker| -> u64 {
+        let text = b.admin().get("/metrics").text();
+        text.lines()
+            .filter(|l| l.starts_with("evmesh_filter_budget_exceeded_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    let mut attacker = b.client();
+    let body = big_event("big", "k", "a".repeat(300_000)).to_string();
+    let json_ce = [("content-type", "application/cloudevents+json")];
+    attacker.send_raw(&request_bytes("POST", "/events/publish?topic=cq", &json_ce, body.as_bytes()));
+    // The fan-out has begun once a filter has run out of its budget.
+    wait_for(Duration::from_secs(10), || (evaluated(&b) > 0).then_some(()));
+    let mut batch = Vec::new();
+    for i in 0..10 {
+        batch.extend(request_bytes(
+            "POST",
+            "/events/publish?topic=v",
+            &json_ce,
+            event(&format!("v{i}")).to_string().as_bytes(),
+        ));
+    }
+    let mut c = b.client();
+    c.send_raw(&batch);
+    for _ in 0..10 {
+        let r = c.read_response().expect("an answer");
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let during = evaluated(&b);
+    let r = attacker.read_response().expect("an answer");
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(evaluated(&b), subscriptions, "every subscription's filter ran out of its budget");
+    assert!(
+        during < subscriptions,
+        "the bystander was answered only once all {subscriptions} filters had run ({during})"
+    );
+}
