@@ -4,6 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
@@ -46,7 +47,8 @@ pub fn beat() {
 /// monoio runs timers only when its run queue has drained, and a loop of tasks that always
 /// yield never lets it drain: every timeout, deadline and timer of the thread (write timeouts,
 /// long-poll waits, pings) would wait until the flood ends. So once this thread's timers are
-/// [`TIMERS_LATE`] overdue (see [`timers_ran`]), a yield waits for the queue to drain instead.
+/// `TIMERS_LATE` (200 ms) overdue (see [`timers_ran`]), a yield waits for the queue to drain
+/// instead.
 pub async fn yield_now() {
     beat();
     let late = TIMERS_RAN.with(Cell::get).is_some_and(|t| t.elapsed() > TIMERS_LATE);
@@ -103,8 +105,10 @@ impl Slice {
 }
 
 /// A first-come-first-served gate on one thread: work that may yield half-way but must not
-/// interleave with the next of its kind (fan-outs of a partition's events, in offset order)
-/// passes one at a time, in the order it arrived. Uncontended, entering costs no wait.
+/// interleave with the next of its kind (fan-outs of a topic's events, in offset order) passes
+/// one at a time, in the order places were taken ([`Gate::join`], synchronous, so a place can
+/// be taken where the order is decided and used later in a spawned task). Uncontended,
+/// entering costs no wait.
 #[derive(Default)]
 pub struct Gate {
     inner: RefCell<GateState>,
@@ -120,51 +124,58 @@ struct GateState {
     abandoned: Vec<u64>,
 }
 
-/// A place in a [`Gate`]'s line; holds the gate, once entered, until dropped.
-pub struct Passage<'a> {
-    gate: &'a Gate,
+/// A place in a [`Gate`]'s line. Once [`Place::enter`] resolves it holds the gate until dropped;
+/// dropped before its turn, it gives the place up.
+pub struct Place {
+    gate: Rc<Gate>,
     ticket: u64,
 }
 
 impl Gate {
-    pub async fn enter(&self) -> Passage<'_> {
-        let ticket = {
-            let mut g = self.inner.borrow_mut();
-            g.next += 1;
-            g.next - 1
-        };
-        // Dropped while waiting (its task went away), it gives up its place.
-        let passage = Passage { gate: self, ticket };
-        poll_fn(|cx| {
-            let mut g = self.inner.borrow_mut();
-            if g.serving == ticket {
-                return Poll::Ready(());
-            }
-            g.waiting.retain(|w| w.0 != ticket);
-            g.waiting.push_back((ticket, cx.waker().clone()));
-            Poll::Pending
-        })
-        .await;
-        passage
+    /// Takes the next place in line.
+    pub fn join(gate: &Rc<Gate>) -> Place {
+        let mut g = gate.inner.borrow_mut();
+        g.next += 1;
+        Place { gate: gate.clone(), ticket: g.next - 1 }
     }
 }
 
-impl Drop for Passage<'_> {
+impl Place {
+    /// Waits until it is this place's turn.
+    pub async fn enter(&self) {
+        poll_fn(|cx| {
+            let mut g = self.gate.inner.borrow_mut();
+            if g.serving == self.ticket {
+                return Poll::Ready(());
+            }
+            match g.waiting.iter_mut().find(|w| w.0 == self.ticket) {
+                Some(w) => w.1.clone_from(cx.waker()),
+                None => g.waiting.push_back((self.ticket, cx.waker().clone())),
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+impl Drop for Place {
     fn drop(&mut self) {
-        let mut g = self.gate.inner.borrow_mut();
-        g.waiting.retain(|w| w.0 != self.ticket);
-        if g.serving != self.ticket {
-            g.abandoned.push(self.ticket);
-            return;
-        }
-        g.serving += 1;
-        while let Some(i) = g.abandoned.iter().position(|&t| t == g.serving) {
-            g.abandoned.swap_remove(i);
+        let next = {
+            let mut g = self.gate.inner.borrow_mut();
+            g.waiting.retain(|w| w.0 != self.ticket);
+            if g.serving != self.ticket {
+                g.abandoned.push(self.ticket);
+                return;
+            }
             g.serving += 1;
-        }
-        let serving = g.serving;
-        if let Some(i) = g.waiting.iter().position(|w| w.0 == serving) {
-            let (_, w) = g.waiting.remove(i).expect("found");
+            while let Some(i) = g.abandoned.iter().position(|&t| t == g.serving) {
+                g.abandoned.swap_remove(i);
+                g.serving += 1;
+            }
+            let serving = g.serving;
+            g.waiting.iter().position(|w| w.0 == serving).and_then(|i| g.waiting.remove(i))
+        };
+        if let Some((_, w)) = next {
             w.wake();
         }
     }
@@ -339,7 +350,7 @@ pub fn lane_busy() -> bool {
 }
 
 /// A request of a connection that waited its [`turn`], being handled: for up to
-/// [`HANDLING_HOLD`] the heavy lane lets no one else in on an idle core (an admitted publish
+/// `HANDLING_HOLD` (5 ms) the heavy lane lets no one else in on an idle core (an admitted publish
 /// waiting for the log's group commit is still at work) until it is dropped.
 pub struct Handling(u64);
 
@@ -366,7 +377,7 @@ impl Drop for Handling {
 
 /// Waits for a turn in this thread's heavy lane: first in line, and either the lane's credit
 /// covers what it owes or the core is idle. Idle means no request let out of the lane is still
-/// being handled ([`handling`], for up to [`HANDLING_HOLD`]) and [`IDLE_TRIPS`] trips through
+/// being handled ([`handling`], for up to `HANDLING_HOLD`) and `IDLE_TRIPS` trips through
 /// the run queue (each woken by a task spawned behind every queued one) saw no other metered
 /// poll or [`yield_now`]. When a trip sees other work, the waiter waits for a zero timer first
 /// (monoio runs timers only once its run queue has drained), so it never keeps the loop busy.
@@ -644,18 +655,20 @@ mod tests {
             let gate = Rc::new(super::Gate::default());
             let entrants: Vec<_> = (0..3)
                 .map(|i| {
-                    let (o, gate) = (o.clone(), gate.clone());
+                    let (o, place) = (o.clone(), super::Gate::join(&gate));
                     monoio::spawn(async move {
-                        let _passage = gate.enter().await;
+                        place.enter().await;
                         o.borrow_mut().push(format!("{i} in"));
                         for _ in 0..3 {
                             super::yield_now().await;
                         }
                         o.borrow_mut().push(format!("{i} out"));
+                        drop(place);
                     })
                 })
                 .collect();
-            for e in entrants {
+            // Places taken in order 0, 1, 2 are served in that order, however the tasks run.
+            for e in entrants.into_iter().rev() {
                 e.await;
             }
         });
@@ -665,15 +678,19 @@ mod tests {
     #[test]
     fn a_gate_entrant_that_goes_away_gives_up_its_place() {
         runtime().block_on(async {
-            let gate = super::Gate::default();
-            let first = gate.enter().await;
-            let mut second = Box::pin(gate.enter());
-            assert!(futures::poll!(&mut second).is_pending());
-            let mut third = Box::pin(gate.enter());
-            assert!(futures::poll!(&mut third).is_pending());
+            let gate = Rc::new(super::Gate::default());
+            let first = super::Gate::join(&gate);
+            first.enter().await;
+            let second = super::Gate::join(&gate);
+            let third = super::Gate::join(&gate);
+            {
+                let mut waiting = Box::pin(third.enter());
+                assert!(futures::poll!(&mut waiting).is_pending());
+            }
             drop(second);
             drop(first);
-            assert!(futures::poll!(&mut third).is_ready(), "the third waited for one who left");
+            let mut entering = Box::pin(third.enter());
+            assert!(futures::poll!(&mut entering).is_ready(), "the third waited for one who left");
         });
     }
 }

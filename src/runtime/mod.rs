@@ -20,6 +20,7 @@ use crate::server::listen::bind_shared;
 use crate::server::{ConnGuard, Handler};
 use crate::shard::core::Shard;
 use crate::shard::mailbox::Mailboxes;
+use crate::shard::shared::MIRROR_FAN_OUTS_HIGH;
 pub use crate::shard::shared::{Memory, Shared};
 use crate::shard::ShardId;
 use crate::storage::embedded::Syncer;
@@ -233,6 +234,10 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
         let Some(topic) = frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };
         let owner = crate::shard::owner(&topic, partition, shards);
         let mut msg = ShardMessage::Mirror(Box::new(Mirrored { partition, frames }));
+        // Nor faster than the owner fans them out (its fan-outs yield, so they may queue).
+        while to.mirror_fan_outs[owner.index()].load(Ordering::Relaxed) >= MIRROR_FAN_OUTS_HIGH {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // Never dropped: the local copy must not get a hole. Wait for room instead.
         while let Err(back) = to.mailboxes.send(Sender::Admin, owner, msg) {
             msg = back;
@@ -265,6 +270,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
         beats: (0..shards).map(|_| Arc::new(AtomicU64::new(0))).collect(),
+        mirror_fan_outs: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
         epoch: Instant::now(),
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),

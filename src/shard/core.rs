@@ -7,6 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use crate::shard::shared::Shared;
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
 use crate::subscription::filter::{matches_all, Filter};
+use crate::task::{Gate, Place};
 
 /// A topic as one shard knows it.
 struct KnownTopic {
@@ -29,7 +31,6 @@ struct KnownTopic {
 }
 
 /// A shard that wants a subscription's events from this shard's partitions.
-#[derive(Clone)]
 struct Interested {
     subscription: String,
     shard: ShardId,
@@ -51,7 +52,7 @@ pub struct Shard {
     pub sessions: Sessions,
     /// Per topic, the shards that want events of its partitions this shard owns.
     /// Per topic; shared with fan-outs in progress (changed copy-on-write).
-    interest: RefCell<HashMap<String, Rc<Vec<Interested>>>>,
+    interest: RefCell<HashMap<String, Rc<Vec<Rc<Interested>>>>>,
     /// Acknowledged delivery from the partitions this shard owns (`crate::delivery`).
     pub delivery: crate::delivery::Dispatcher,
     /// Per destination shard, control messages its full control ring could not take yet, in
@@ -60,7 +61,7 @@ pub struct Shard {
     flushing: RefCell<Vec<bool>>,
     /// Per topic: its fan-outs of stored events pass one at a time, in append order (they
     /// may yield half-way). At most one small entry per topic.
-    fanning: RefCell<HashMap<String, Rc<crate::task::Gate>>>,
+    fanning: RefCell<HashMap<String, Rc<Gate>>>,
 }
 
 /// How long a request to another core may take before its caller answers 503: longer than any
@@ -215,8 +216,15 @@ impl Shard {
             Ok(Some(skip)) if skip < m.frames.len() => {
                 let mut frames = m.frames;
                 let (me, fresh) = (self.clone(), frames.split_off(skip));
-                // Spawned in arrival order: the fan-out gate keeps that order.
-                monoio::spawn(async move { me.fan_out(fresh).await });
+                // The place in line is taken now, as the frames become readable, so a local
+                // append after them fans out after them. The tail waits while too many wait.
+                let place = self.fan_out_place(&topic);
+                let pending = &self.shared.mirror_fan_outs[self.id.index()];
+                pending.fetch_add(1, Ordering::Relaxed);
+                monoio::spawn(async move {
+                    me.fan_out(fresh, Some(place)).await;
+                    me.shared.mirror_fan_outs[me.id.index()].fetch_sub(1, Ordering::Relaxed);
+                });
             }
             Ok(_) => {}
             Err(e) => eprintln!("evmesh: {}: local copy of {topic}/{}: {e}", self.id, m.partition.0),
@@ -391,7 +399,7 @@ impl Shard {
         if owner == self.id {
             let (first, readable) = self.log.append_mirrored(topic, partition, &mut frames).await?;
             if readable {
-                self.fan_out(frames).await;
+                self.fan_out(frames, None).await;
             }
             return Ok(first);
         }
@@ -424,7 +432,11 @@ impl Shard {
                     _ => return,
                 };
                 list.retain(|x| !(x.subscription == i.subscription && x.shard == i.shard));
-                list.push(Interested { subscription: i.subscription, shard: i.shard, filters: Rc::new(filters) });
+                list.push(Rc::new(Interested {
+                    subscription: i.subscription,
+                    shard: i.shard,
+                    filters: Rc::new(filters),
+                }));
             }
             InterestChange::Detach => list.retain(|x| !(x.subscription == i.subscription && x.shard == i.shard)),
             InterestChange::Removed => {
@@ -448,18 +460,15 @@ impl Shard {
     /// may take a millisecond or two), and a topic's fan-outs pass its gate one at a time, in
     /// the order their appends completed, so every session still gets a partition's events in
     /// offset order (other topics' fan-outs go on meanwhile).
-    pub(super) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>) {
+    ///
+    /// `place`: a place in the topic's line taken when the frames became readable (a spawned
+    /// fan-out); `None` takes it now, before anything can yield.
+    pub(super) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>, place: Option<Place>) {
         let Some(first) = frames.first() else { return };
         let topic = first.body().topic.as_str().to_owned();
+        let place = place.unwrap_or_else(|| self.fan_out_place(&topic));
         let frames: Arc<[Frame]> = frames.into();
-        let gate = {
-            let mut gates = self.fanning.borrow_mut();
-            match gates.get(&topic) {
-                Some(g) => g.clone(),
-                None => gates.entry(topic.clone()).or_default().clone(),
-            }
-        };
-        let _passage = gate.enter().await;
+        place.enter().await;
         let mut slice = crate::task::Slice::start();
         self.deliver_new(&topic, &frames, &mut slice).await;
         let list = match self.interest.borrow().get(&topic) {
@@ -496,6 +505,15 @@ impl Shard {
                 // ack=none sessions are at-most-once: a full mailbox drops, it never blocks.
                 self.shared.metrics.shard(self.id).deliveries_dropped.inc();
             }
+        }
+    }
+
+    /// The next place in line for fan-outs of `topic`.
+    pub(super) fn fan_out_place(&self, topic: &str) -> Place {
+        let mut gates = self.fanning.borrow_mut();
+        match gates.get(topic) {
+            Some(g) => Gate::join(g),
+            None => Gate::join(gates.entry(topic.to_owned()).or_default()),
         }
     }
 

@@ -23,11 +23,12 @@ impl Shard {
                 let me = self.clone();
                 monoio::spawn(async move {
                     let r = me.append_local(partition, &mut frames).await;
-                    let readable = matches!(r, Ok((_, true)));
-                    let _ = reply.send(r.map(|(first, _)| first));
-                    if readable {
-                        me.fan_out(frames).await;
+                    if matches!(r, Ok((_, true))) {
+                        // Answered after its fan-out, as a local publish is: a publisher
+                        // on another core waits for it too (so fan-outs cannot pile up).
+                        me.fan_out(frames, None).await;
                     }
+                    let _ = reply.send(r.map(|(first, _)| first));
                 });
             }
             ShardMessage::Mirror(m) => self.mirror_in(*m),

@@ -14,6 +14,10 @@ use crate::storage::embedded::Syncer;
 /// A shard whose heartbeat is older than this is not ready: its core is blocked.
 pub const STALLED_AFTER: Duration = Duration::from_secs(5);
 
+/// Mirrored fan-outs a shard may have waiting before the Kafka tail waits (see
+/// `Shared::mirror_fan_outs`).
+pub const MIRROR_FAN_OUTS_HIGH: usize = 64;
+
 /// What every thread can see: built before the shards start, never replaced.
 pub struct Shared {
     pub config: Config,
@@ -26,6 +30,9 @@ pub struct Shared {
     /// Per shard, when its event loop last ran its heartbeat task (ms since `epoch`); a shard
     /// whose beat is old is stalled (a blocked core), and `/readyz` says so.
     pub beats: Box<[Arc<AtomicU64>]>,
+    /// Per shard: fan-outs of records mirrored from Kafka not done yet. The tail waits while
+    /// a shard has [`MIRROR_FAN_OUTS_HIGH`] of them, as it waits for room in a full mailbox.
+    pub mirror_fan_outs: Box<[AtomicUsize]>,
     pub epoch: Instant,
     /// Topics and subscriptions that exist, against `max_topics` / `max_subscriptions`
     /// (counted at start, then kept by the shards that create and remove them).
