@@ -4,8 +4,10 @@
 #   BEFORE=/path/to/old/evmesh bash perf/ab_publish.sh     (ROUNDS=3 DUR=10 CONNS=64 DRIVERS="epoll uring")
 #
 # AFTER defaults to this checkout's release build. Each round runs every (build, driver) and
-# nchan once, closed loop (max rate), in alternation; the table gives the median server CPU
-# µs per publish and throughput over rounds, and each build's ratio to nchan in the same run.
+# nchan once, closed loop (max rate), in alternation, with both load generators the spec names:
+# loadgen, then `wrk -t1 -c64` posting the same 1 KiB event (server CPU from /proc/PID/stat).
+# The tables give the median server CPU µs per publish and throughput over rounds, and each
+# build's ratio to nchan in the same run.
 # Raw loadgen reports in perf/results/ab-publish-<stamp>/, the table is appended to RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,34 @@ ROUNDS=${ROUNDS:-3}; DUR=${DUR:-10}; CONNS=${CONNS:-64}; DRIVERS=${DRIVERS:-epol
 source perf/common.sh
 AFTER=${AFTER:-$EVMESH}
 OUT=$ROOT/perf/results/ab-publish-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
-cp "$BEFORE" "$OUT/.before-bin"; trap 'rm -f "$OUT/.before-bin"' EXIT
+cp "$BEFORE" "$OUT/.before-bin"; trap 'rm -f "$OUT/.before-bin" "$OUT/.post.lua"' EXIT
+python3 - "$OUT/.post.lua" <<'PY'
+import json, sys
+event = {"specversion": "1.0", "id": "wrk", "source": "/perf", "type": "perf.event", "data": "x" * 900}
+body = json.dumps(event)
+open(sys.argv[1], "w").write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/cloudevents+json"\n'
+                             f"wrk.body = {json.dumps(body)}\n")
+PY
+
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+wrk_run() { # name url pid: wrk -t1 -c64, server CPU µs per request from /proc
+  local before after out
+  wrk -t1 -c"$CONNS" -d1s -s "$OUT/.post.lua" "$2" > /dev/null # warm-up
+  before=$(ticks "$3")
+  out=$(wrk -t1 -c"$CONNS" -d"${DUR}s" -s "$OUT/.post.lua" "$2")
+  after=$(ticks "$3")
+  echo "$out" >> "$OUT/log.txt"
+  python3 - "$OUT/$1.wrk.json" "$before" "$after" "$(getconf CLK_TCK)" <<PY
+import json, re, sys
+out = """$out"""
+path, before, after, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+n = int(re.search(r"(\d+) requests in", out).group(1))
+bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+cpu_us = (after - before) * 1e6 / tck
+json.dump({"throughput": rate, "server_cpu_us_per_op": cpu_us / max(n, 1), "errors": int(bad.group(1)) if bad else 0}, open(path, "w"))
+PY
+}
 
 for r in $(seq "$ROUNDS"); do
   for build in before after; do
@@ -27,33 +56,36 @@ for r in $(seq "$ROUNDS"); do
       wait_ready http://127.0.0.1:18181 || { cat "$OUT/evmesh.log" >&2; exit 1; }
       "$LOADGEN" --url "http://127.0.0.1:18180/events/publish?topic=perf" --connections "$CONNS" --duration "${DUR}s" \
         --warmup 1s --server-pid "$pid" --json "$OUT/r$r-$build-$drv.json" | tee -a "$OUT/log.txt"
+      wrk_run "r$r-$build-$drv" "http://127.0.0.1:18180/events/publish?topic=perf" "$pid"
       kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
     done
   done
   "$LOADGEN" --url "http://127.0.0.1:18080/pub?id=ab_$r" --connections "$CONNS" --duration "${DUR}s" --warmup 1s \
     --server-pid "$NCHAN_PID" --json "$OUT/r$r-nchan.json" | tee -a "$OUT/log.txt"
+  wrk_run "r$r-nchan" "http://127.0.0.1:18080/pub?id=ab_$r" "$NCHAN_PID"
 done
 
 python3 - "$OUT" "$ROUNDS" "$DUR" "$CONNS" "$DRIVERS" <<'PY' | tee "$OUT/summary.md"
 import json, sys, glob, os, statistics as st
 out, rounds, dur, conns, drivers = sys.argv[1:]
-def runs(name):
-    return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{name}.json"))]
-def med(name, key):
-    return st.median(r[key] for r in runs(name))
+def runs(name, kind):
+    return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{name}.{kind}"))]
+def med(name, kind, key):
+    return st.median(r[key] for r in runs(name, kind))
 print(f"### publish A/B, {os.path.basename(out)}\n")
 print(f"1 shard, durability os, {conns} keep-alive connections, closed loop, {dur}s per run after 1s warm-up, "
       f"{rounds} rounds in alternation; nchan (1 worker) in the same rounds. CPU is the server's, from /proc.\n")
-print("| build | driver | throughput (req/s, median) | server CPU µs/publish (median) | per round | / nchan |")
-print("|---|---|---|---|---|---|")
-nchan = med("nchan", "server_cpu_us_per_op")
-for build in ["before", "after"]:
-    for drv in drivers.split():
-        name = f"{build}-{drv}"
-        cpu = med(name, "server_cpu_us_per_op")
-        per = ", ".join(f"{r['server_cpu_us_per_op']:.2f}" for r in runs(name))
-        print(f"| {build} | {drv} | {med(name, 'throughput'):.0f} | {cpu:.2f} | {per} | {cpu / nchan:.2f}x |")
-per = ", ".join(f"{r['server_cpu_us_per_op']:.2f}" for r in runs("nchan"))
-print(f"| nchan | - | {med('nchan', 'throughput'):.0f} | {nchan:.2f} | {per} | 1.00x |")
+for kind, label in [("json", "loadgen"), ("wrk.json", "wrk -t1")]:
+    print(f"| {label}: build | driver | throughput (req/s, median) | server CPU µs/publish (median) | per round | / nchan |")
+    print("|---|---|---|---|---|---|")
+    nchan = med("nchan", kind, "server_cpu_us_per_op")
+    for build in ["before", "after"]:
+        for drv in drivers.split():
+            name = f"{build}-{drv}"
+            cpu = med(name, kind, "server_cpu_us_per_op")
+            per = ", ".join(f"{r['server_cpu_us_per_op']:.2f}" for r in runs(name, kind))
+            print(f"| {build} | {drv} | {med(name, kind, 'throughput'):.0f} | {cpu:.2f} | {per} | {cpu / nchan:.2f}x |")
+    per = ", ".join(f"{r['server_cpu_us_per_op']:.2f}" for r in runs("nchan", kind))
+    print(f"| nchan | - | {med('nchan', kind, 'throughput'):.0f} | {nchan:.2f} | {per} | 1.00x |\n")
 PY
 { echo; echo "Command: \`BEFORE=$BEFORE ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS DRIVERS=\"$DRIVERS\" bash perf/ab_publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
