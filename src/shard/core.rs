@@ -466,6 +466,12 @@ impl Shard {
     pub(super) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>, place: Option<Place>) {
         let Some(first) = frames.first() else { return };
         let topic = first.body().topic.as_str().to_owned();
+        let audience = self.interest.borrow().get(&topic).is_some_and(|l| !l.is_empty())
+            || self.delivery.machine.borrow().has_consumers_of(&topic);
+        if !audience && place.is_none() {
+            // Nobody to deliver to (a consumer attaching later reads the log): no line to join.
+            return;
+        }
         let place = place.unwrap_or_else(|| self.fan_out_place(&topic));
         let frames: Arc<[Frame]> = frames.into();
         place.enter().await;
