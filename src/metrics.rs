@@ -83,6 +83,12 @@ pub struct ShardMetrics {
 }
 
 impl ShardMetrics {
+    /// A request (or WebSocket message) that took `cost` of the core, over `task::HEAVY`.
+    pub fn heavy(&self, cost: std::time::Duration) {
+        self.heavy_requests.inc();
+        self.heavy_core_us.add(cost.as_micros() as u64);
+    }
+
     pub fn refused(&self, status: u16) {
         let i = REFUSED.iter().position(|&s| s == status).unwrap_or(REFUSED.len());
         self.http_refused[i].inc();
@@ -144,7 +150,7 @@ impl Metrics {
             ),
             (
                 "evmesh_heavy_requests_total",
-                "Requests that took over 200 µs of their shard's core (their connection then waited its turn in the heavy lane)",
+                "Requests and WebSocket messages that took over 200 µs of their shard's core (their connection then waited its turn in the heavy lane)",
                 |m| &m.heavy_requests,
             ),
             ("evmesh_heavy_core_microseconds_total", "Core time taken by heavy requests", |m| &m.heavy_core_us),

@@ -116,12 +116,11 @@ pub struct Gate {
 
 #[derive(Default)]
 struct GateState {
-    next: u64,
+    /// The ticket now served: the first slot's.
     serving: u64,
-    /// Wakers of those waiting, by ticket.
-    waiting: VecDeque<(u64, Waker)>,
-    /// Tickets whose holders went away before their turn: skipped when it comes.
-    abandoned: Vec<u64>,
+    /// One slot per place taken and not yet done, in ticket order from `serving`: the waker of
+    /// one waiting, and whether its holder went away before its turn (skipped when it comes).
+    slots: VecDeque<(Option<Waker>, bool)>,
 }
 
 /// A place in a [`Gate`]'s line. Once [`Place::enter`] resolves it holds the gate until dropped;
@@ -135,8 +134,15 @@ impl Gate {
     /// Takes the next place in line.
     pub fn join(gate: &Rc<Gate>) -> Place {
         let mut g = gate.inner.borrow_mut();
-        g.next += 1;
-        Place { gate: gate.clone(), ticket: g.next - 1 }
+        g.slots.push_back((None, false));
+        Place { gate: gate.clone(), ticket: g.serving + g.slots.len() as u64 - 1 }
+    }
+}
+
+impl GateState {
+    fn slot(&mut self, ticket: u64) -> &mut (Option<Waker>, bool) {
+        let i = (ticket - self.serving) as usize;
+        &mut self.slots[i]
     }
 }
 
@@ -148,10 +154,7 @@ impl Place {
             if g.serving == self.ticket {
                 return Poll::Ready(());
             }
-            match g.waiting.iter_mut().find(|w| w.0 == self.ticket) {
-                Some(w) => w.1.clone_from(cx.waker()),
-                None => g.waiting.push_back((self.ticket, cx.waker().clone())),
-            }
+            g.slot(self.ticket).0 = Some(cx.waker().clone());
             Poll::Pending
         })
         .await
@@ -162,20 +165,19 @@ impl Drop for Place {
     fn drop(&mut self) {
         let next = {
             let mut g = self.gate.inner.borrow_mut();
-            g.waiting.retain(|w| w.0 != self.ticket);
             if g.serving != self.ticket {
-                g.abandoned.push(self.ticket);
+                *g.slot(self.ticket) = (None, true);
                 return;
             }
+            g.slots.pop_front();
             g.serving += 1;
-            while let Some(i) = g.abandoned.iter().position(|&t| t == g.serving) {
-                g.abandoned.swap_remove(i);
+            while g.slots.front().is_some_and(|s| s.1) {
+                g.slots.pop_front();
                 g.serving += 1;
             }
-            let serving = g.serving;
-            g.waiting.iter().position(|w| w.0 == serving).and_then(|i| g.waiting.remove(i))
+            g.slots.front_mut().and_then(|s| s.0.take())
         };
-        if let Some((_, w)) = next {
+        if let Some(w) = next {
             w.wake();
         }
     }
@@ -297,6 +299,12 @@ impl Lane {
         self.waiting.front().map(|w| w.0)
     }
 
+    /// A waiter's entry: tickets are consecutive and leave from the front only.
+    fn slot(&mut self, ticket: u64) -> Option<&mut (u64, Option<Waker>, bool)> {
+        let first = self.first()?;
+        self.waiting.get_mut(ticket.checked_sub(first)? as usize)
+    }
+
     fn wake_first(&mut self) {
         if let Some(w) = self.waiting.front_mut().and_then(|w| w.1.take()) {
             w.wake();
@@ -390,7 +398,7 @@ pub async fn turn() {
                 let mut l = l.borrow_mut();
                 if l.first() == Some(self.0) {
                     l.advance();
-                } else if let Some(w) = l.waiting.iter_mut().find(|w| w.0 == self.0) {
+                } else if let Some(w) = l.slot(self.0) {
                     w.2 = true;
                 }
             });
@@ -462,7 +470,7 @@ pub async fn turn() {
             }
         }
         LANE.with(|l| {
-            if let Some(w) = l.borrow_mut().waiting.iter_mut().find(|w| w.0 == ticket.0) {
+            if let Some(w) = l.borrow_mut().slot(ticket.0) {
                 w.1 = Some(cx.waker().clone());
             }
         });
@@ -643,6 +651,26 @@ mod tests {
             drop(first);
             let limit = std::time::Duration::from_secs(10);
             assert!(monoio::time::timeout(limit, second).await.is_ok(), "the second never got in");
+        });
+    }
+
+    /// One leaving from the middle of the line is skipped when its turn comes.
+    #[test]
+    fn a_waiter_leaving_from_the_middle_is_skipped() {
+        runtime().block_on(async {
+            super::charge(std::time::Duration::from_secs(10));
+            let held = super::handling(); // nobody gets in while the line forms
+            let mut first = Box::pin(super::turn());
+            let mut second = Box::pin(super::turn());
+            let mut third = Box::pin(super::turn());
+            for w in [&mut first, &mut second, &mut third] {
+                assert!(futures::poll!(w).is_pending());
+            }
+            drop(second);
+            drop(held);
+            let limit = std::time::Duration::from_secs(10);
+            assert!(monoio::time::timeout(limit, first).await.is_ok(), "the first never got in");
+            assert!(monoio::time::timeout(limit, third).await.is_ok(), "the third waited for one who left");
         });
     }
 

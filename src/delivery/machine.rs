@@ -421,14 +421,8 @@ impl Machine {
         }
     }
 
-    /// Whether `topic` has consumers with a session: those [`Machine::appended`] pumps. The
-    /// shard pumps them one by one itself, to yield between them (many consumers, costly
-    /// filters).
-    pub fn has_consumers_of(&self, topic: &str) -> bool {
-        self.consumers.values().any(|c| c.def.topic == topic && !c.sessions.is_empty())
-    }
-
-    /// The consumers of `topic` with a session (see [`Machine::has_consumers_of`]).
+    /// The consumers of `topic` with a session: those [`Machine::appended`] pumps. The shard
+    /// pumps them one by one itself, to yield between them (many consumers, costly filters).
     pub fn consumers_of(&self, topic: &str) -> Vec<Rc<ConsumerKey>> {
         self.consumers
             .iter()

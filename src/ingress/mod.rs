@@ -106,9 +106,7 @@ impl Handler for Traffic {
     }
 
     fn heavy(&self, cost: std::time::Duration) {
-        let m = self.shard.shared.metrics.shard(self.shard.id);
-        m.heavy_requests.inc();
-        m.heavy_core_us.add(cost.as_micros() as u64);
+        self.shard.shared.metrics.shard(self.shard.id).heavy(cost);
     }
 
     async fn handle(&self, req: Request<'_>) -> Response {

@@ -146,6 +146,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                         a.shard.control_room().await;
                         let cost = meter.take();
                         if cost > crate::task::HEAVY {
+                            a.shard.shared.metrics.shard(a.shard.id).heavy(cost);
                             crate::task::charge(cost);
                             crate::task::turn().await;
                         }

@@ -279,11 +279,19 @@ pub async fn serve<H: Handler>(stream: TcpStream, handler: &H, limits: ConnLimit
     crate::task::metered(&meter, serve_metered(stream, handler, limits, guard, &meter)).await;
     // What the connection's last, unfinished or refused request took (a body streamed until it
     // was over its budget): a client refused on every connection pays all the same.
+    charge_heavy(handler, &meter);
+}
+
+/// Charges what the connection took since the last call to the heavy lane if that is over
+/// [`crate::task::HEAVY`]; says whether it was.
+fn charge_heavy<H: Handler>(handler: &H, meter: &crate::task::Meter) -> bool {
     let cost = meter.take();
-    if cost > crate::task::HEAVY {
+    let heavy = cost > crate::task::HEAVY;
+    if heavy {
         handler.heavy(cost);
         crate::task::charge(cost);
     }
+    heavy
 }
 
 async fn serve_metered<H: Handler>(
@@ -417,12 +425,7 @@ async fn serve_metered<H: Handler>(
         deadline = None;
         // Charged whatever comes next (an upgrade, a close): a client that opens a connection
         // per costly request pays all the same, and new connections wait while it owes.
-        let cost = meter.take();
-        let heavy = cost > crate::task::HEAVY;
-        if heavy {
-            handler.heavy(cost);
-            crate::task::charge(cost);
-        }
+        let heavy = charge_heavy(handler, meter);
         if let Some(upgrade) = response.upgrade {
             if !flush(&mut stream, &mut out, wt).await {
                 return;

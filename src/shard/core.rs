@@ -466,17 +466,18 @@ impl Shard {
     pub(super) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>, place: Option<Place>) {
         let Some(first) = frames.first() else { return };
         let topic = first.body().topic.as_str().to_owned();
-        let audience = self.interest.borrow().get(&topic).is_some_and(|l| !l.is_empty())
-            || self.delivery.machine.borrow().has_consumers_of(&topic);
-        if !audience && place.is_none() {
-            // Nobody to deliver to (a consumer attaching later reads the log): no line to join.
+        // Acked consumers as of now: one attaching later starts from the log, which has these.
+        let consumers = self.delivery.machine.borrow().consumers_of(&topic);
+        let live = self.interest.borrow().get(&topic).is_some_and(|l| !l.is_empty());
+        if consumers.is_empty() && !live && place.is_none() {
+            // Nobody to deliver to: no line to join.
             return;
         }
         let place = place.unwrap_or_else(|| self.fan_out_place(&topic));
         let frames: Arc<[Frame]> = frames.into();
         place.enter().await;
         let mut slice = crate::task::Slice::start();
-        self.deliver_new(&topic, &frames, &mut slice).await;
+        self.deliver_new(consumers, &frames, &mut slice).await;
         let list = match self.interest.borrow().get(&topic) {
             Some(l) if !l.is_empty() => l.clone(),
             _ => return,

@@ -250,14 +250,18 @@ impl Shard {
         Ok(lo)
     }
 
-    /// Newly stored events of a partition this shard owns: every consumer of the topic gets
-    /// them, straight from `frames` when it is caught up (no log read). Consumers are many and
+    /// Newly stored events of a partition this shard owns, for its acked `consumers`: each gets
+    /// them straight from `frames` when it is caught up (no log read). Consumers are many and
     /// their filters may each take a millisecond or two: this yields every `task::SLICE` of
     /// work (the caller keeps fan-outs in order, see `Shard::fan_out`).
-    pub async fn deliver_new(self: &Rc<Self>, topic: &str, frames: &Arc<[Frame]>, slice: &mut crate::task::Slice) {
+    pub async fn deliver_new(
+        self: &Rc<Self>,
+        consumers: Vec<Rc<ConsumerKey>>,
+        frames: &Arc<[Frame]>,
+        slice: &mut crate::task::Slice,
+    ) {
         let Some(p) = frames.first().map(|f| f.header().partition) else { return };
-        let keys = self.delivery.machine.borrow().consumers_of(topic);
-        for k in keys {
+        for k in consumers {
             self.run(|m, now, src, out| m.pump(&k, p, Some(frames), now, src, out));
             slice.next().await;
         }
