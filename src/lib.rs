@@ -10,6 +10,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod delivery;
+pub mod governance;
 pub mod ingress;
 pub mod metrics;
 pub mod push;

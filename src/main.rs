@@ -8,7 +8,9 @@ const USAGE: &str = "usage:
                [--io-driver auto|uring|epoll] [--<any other key in evmesh.toml> VALUE]
   evmesh pub   --topic T [--url http://127.0.0.1:8080] [--type TYPE] [--source SRC] [--id ID]
                [--partition-key K] [--data JSON | --data-text TEXT]   (or a CloudEvent JSON on stdin)
+               [--token T]   (a bearer token; also EVMESH_TOKEN)
   evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--client-id C] [--no-ack] [--max N]
+               [--token T]
                (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   evmesh print-config   (the commented defaults)";
 

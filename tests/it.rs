@@ -10,6 +10,7 @@ mod it {
     mod delivery;
     mod durability;
     mod errors;
+    mod governance;
     mod hostile;
     mod interop;
     #[cfg(feature = "kafka")]

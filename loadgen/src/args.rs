@@ -6,7 +6,7 @@ use std::time::Duration;
 pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--connections 64] [--threads 1]
        [--duration 10s] [--warmup 1s] [--rate 0 (closed loop) | R requests/s (open loop)]
        [--body structured|binary|raw] [--body-bytes 1024] [--body-file FILE]
-       [--server-pid PID] [--json FILE]
+       [--server-pid PID] [--json FILE] [--header 'Name: value' ...]
        [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
        subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
        every event, one evmesh ack message per read)";
@@ -32,6 +32,8 @@ pub struct Args {
     pub subscribers: usize,
     /// Subscribers acknowledge what they receive (evmesh acknowledged delivery).
     pub ack: bool,
+    /// Extra request header lines (`Name: value`), e.g. `Authorization: Bearer T`.
+    pub headers: Vec<String>,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -66,6 +68,7 @@ impl Args {
             subscribe: None,
             subscribers: 0,
             ack: false,
+            headers: Vec::new(),
         };
         let mut subscribe_url: Option<String> = None;
         while let Some(flag) = it.next() {
@@ -85,6 +88,13 @@ impl Args {
                 "--subscribe-url" => subscribe_url = Some(val()?),
                 "--subscribers" => a.subscribers = val()?.parse().map_err(|_| "bad --subscribers")?,
                 "--ack" => a.ack = true,
+                "--header" | "-H" => {
+                    let h = val()?;
+                    if !h.contains(':') || h.contains(['\r', '\n']) {
+                        return Err(format!("--header {h:?} is not 'Name: value'"));
+                    }
+                    a.headers.push(h);
+                }
                 "--help" | "-h" => return Err("help".into()),
                 other => return Err(format!("unknown argument {other}")),
             }

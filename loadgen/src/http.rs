@@ -35,6 +35,10 @@ pub fn build_request(args: &Args) -> Vec<u8> {
         ),
         _ => head.push_str("Content-Type: application/json\r\n"),
     }
+    for h in &args.headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
     head.push_str("\r\n");
     let mut r = head.into_bytes();
     r.extend_from_slice(&body);

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use crate::adaptor::cloudevents::write_structured;
+use crate::governance::acl::{Action, Kind as AclKind, RuleSpec};
+use crate::governance::identity::{AuthError, Principal};
+use crate::governance::AuthMode;
 use crate::http::{problem, Method, StatusCode};
 use crate::ingress::storage_problem;
 use crate::server::{Handler, Request, Response};
@@ -47,11 +50,124 @@ struct TopicSpec {
 /// listings are paged with `from=`.
 const RESPONSE_BYTES: usize = 4 << 20;
 
+/// Who may use the admin API, and how they proved it.
+enum Access {
+    /// Nobody is asked (`auth = none`, no `admin_token`).
+    Open,
+    /// The `admin_token`.
+    Token,
+    /// A principal the ACL allows ADMIN on `admin`.
+    Principal(Principal),
+}
+
+impl Access {
+    fn principal(&self) -> Option<&Principal> {
+        match self {
+            Access::Principal(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
 impl Handler for Admin {
-    async fn handle(&self, req: Request<'_>) -> Response {
+    type Conn = Option<std::net::IpAddr>;
+
+    fn connect(&self, peer: Option<std::net::SocketAddr>) -> Self::Conn {
+        peer.map(|p| p.ip())
+    }
+
+    async fn handle(&self, peer: &mut Self::Conn, req: Request<'_>) -> Response {
         let path = req.path();
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        match (req.method(), segs.as_slice()) {
+        // Health, readiness and metrics stay open (probes and scrapers); the rest is the admin API.
+        if segs.first() == Some(&"admin") {
+            let write = req.method() != Method::Get && req.method() != Method::Head;
+            let access = match self.access(&req, write, *peer) {
+                Ok(a) => a,
+                Err(r) => return r,
+            };
+            // A tenant's administrator sees and touches only its tenant's names; the ACL (global:
+            // its rules name principals of every tenant) is for administrators without a tenant.
+            let tenant = access.principal().and_then(|p| p.tenant.clone());
+            let r = match tenant {
+                Some(t) => self.tenant_admin(&req, &segs, &t).await,
+                None => self.admin(&req, &segs).await,
+            };
+            if write {
+                let g = &self.shared.governance;
+                let who = match &access {
+                    Access::Principal(_) => None,
+                    Access::Token => Some("admin_token"),
+                    Access::Open => Some("-"),
+                };
+                let action = format!("{} {path}", req.head.method_str(req.buf));
+                g.audit(access.principal(), &action, "admin", &r.status.0.to_string(), who.map(str::to_owned), *peer);
+            }
+            return r;
+        }
+        self.admin(&req, &segs).await
+    }
+
+    /// The admin listener never answers 101; a connection handed here is simply dropped.
+    fn upgraded(
+        &self,
+        _: crate::server::Upgrade,
+        _: monoio::net::TcpStream,
+        _: Vec<u8>,
+        _: crate::server::conn::ConnLimits,
+        _: crate::server::ConnGuard,
+    ) {
+    }
+}
+
+impl Admin {
+    /// Whether the request may use the admin API: the `admin_token`, or a principal with
+    /// ADMIN on `admin`; with neither configured, reads are open and writes only on a loopback
+    /// admin listener.
+    fn access(&self, req: &Request<'_>, write: bool, peer: Option<std::net::IpAddr>) -> Result<Access, Response> {
+        let g = &self.shared.governance;
+        let token = req.header("authorization").and_then(|v| {
+            let scheme = v.get(..7)?;
+            scheme.eq_ignore_ascii_case(b"bearer ").then(|| v[7..].trim_ascii())
+        });
+        let auth_on = g.config.mode != AuthMode::None;
+        let unauthenticated = |e: AuthError| {
+            g.audit(None, "ADMIN", "admin", "unauthenticated", Some(e.to_string()), peer);
+            let challenge = match e {
+                AuthError::Missing => r#"Bearer realm="evmesh-admin""#.to_owned(),
+                _ => r#"Bearer realm="evmesh-admin", error="invalid_token""#.to_owned(),
+            };
+            problem(StatusCode::UNAUTHORIZED, &e.to_string()).with_header("www-authenticate", &challenge)
+        };
+        match token {
+            Some(t) if g.is_admin_token(t) => Ok(Access::Token),
+            Some(t) if auth_on => {
+                let snap = g.snapshot();
+                let who = snap.keys.verify(t, crate::clock::now_micros()).map_err(unauthenticated)?;
+                match snap.acl.decide(&who.name, AclKind::Admin, "", Action::Admin) {
+                    (true, _) => Ok(Access::Principal(who)),
+                    (false, rule) => {
+                        g.audit(Some(&who), "ADMIN", "admin", "denied", rule.map(|r| format!("rule {r}")), peer);
+                        Err(problem(StatusCode::FORBIDDEN, &format!("{} may not ADMIN admin", who.name)))
+                    }
+                }
+            }
+            Some(_) => Err(unauthenticated(AuthError::UnknownToken)),
+            None if auth_on || g.has_admin_token() => Err(unauthenticated(AuthError::Missing)),
+            None if write && !self.shared.config.admin_listen.ip().is_loopback() => {
+                g.audit(None, "ADMIN", "admin", "denied", Some("no admin credentials configured".into()), peer);
+                Err(problem(
+                    StatusCode::FORBIDDEN,
+                    "admin writes need admin_token or auth (the admin listener is not loopback)",
+                ))
+            }
+            None => Ok(Access::Open),
+        }
+    }
+
+    async fn admin(&self, req: &Request<'_>, segs: &[&str]) -> Response {
+        let path = req.path();
+        match (req.method(), segs) {
             (Method::Get, ["healthz"]) => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
             (Method::Get, ["readyz"]) => {
                 let ready = self.shared.ready.load(Ordering::Acquire);
@@ -104,26 +220,132 @@ impl Handler for Admin {
             (Method::Get, ["admin", "topics"]) => self.topics(),
             (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
-            (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, &req),
-            (Method::Get, ["admin", "dlq", t]) => self.dead_letters(t, &req),
+            (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, req),
+            (Method::Get, ["admin", "dlq", t]) => self.dead_letters(t, req),
             (Method::Post, ["admin", "dlq", t, "replay"]) => self.replay(t).await,
+            (Method::Get, ["admin", "acl"]) => self.acl_rules(None),
+            (Method::Get, ["admin", "acl", id]) => self.acl_rules(Some(id)),
+            (Method::Put, ["admin", "acl", id]) => self.put_acl(id, req.body),
+            (Method::Delete, ["admin", "acl", id]) => self.delete_acl(id),
             _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
         }
     }
 
-    /// The admin listener never answers 101; a connection handed here is simply dropped.
-    fn upgraded(
-        &self,
-        _: crate::server::Upgrade,
-        _: monoio::net::TcpStream,
-        _: Vec<u8>,
-        _: crate::server::conn::ConnLimits,
-        _: crate::server::ConnGuard,
-    ) {
+    /// The admin API for an administrator of tenant `t`: topics, subscriptions, stored events and
+    /// dead letters of its namespace, under the names it uses; nothing else.
+    async fn tenant_admin(&self, req: &Request<'_>, segs: &[&str], t: &str) -> Response {
+        let stored = |name: &str| format!("{t}.{name}");
+        let local = |v: &mut serde_json::Value, key: &str| {
+            if let Some(n) = v[key].as_str().and_then(|n| n.strip_prefix(t)).and_then(|n| n.strip_prefix('.')) {
+                v[key] = n.to_owned().into();
+                true
+            } else {
+                false
+            }
+        };
+        let scoped_list = |r: Response, keys: &[&str]| -> Response {
+            if r.status != StatusCode::OK {
+                return r;
+            }
+            let Ok(serde_json::Value::Array(items)) = serde_json::from_slice(&r.body) else { return r };
+            let mine: Vec<serde_json::Value> =
+                items.into_iter().filter_map(|mut v| keys.iter().all(|k| local(&mut v, k)).then_some(v)).collect();
+            Response::json(StatusCode::OK, serde_json::to_vec(&mine).expect("json"))
+        };
+        let one = |r: Response| -> Response {
+            if r.status.0 >= 300 {
+                return r;
+            }
+            match serde_json::from_slice::<serde_json::Value>(&r.body) {
+                Ok(mut v) if v.get("topic").is_some() => {
+                    local(&mut v, "topic");
+                    Response::json(r.status, serde_json::to_vec(&v).expect("json"))
+                }
+                _ => r,
+            }
+        };
+        match (req.method(), segs) {
+            (Method::Get, ["admin", "topics"]) => scoped_list(self.topics(), &["topic"]),
+            (Method::Get, ["admin", "subscriptions"]) => scoped_list(self.subscriptions(), &["subscription", "topic"]),
+            (Method::Put, ["admin", "topics", name]) => one(self.create_topic(&stored(name), req.body).await),
+            (Method::Get, ["admin", "topics", name, "partitions", p, "events"]) => self.events(&stored(name), p, req),
+            (Method::Get, ["admin", "dlq", name]) => self.dead_letters(&stored(name), req),
+            (Method::Post, ["admin", "dlq", name, "replay"]) => self.replay(&stored(name)).await,
+            _ => problem(
+                StatusCode::FORBIDDEN,
+                &format!("an administrator of tenant {t} manages its topics, subscriptions and dead letters only"),
+            ),
+        }
     }
-}
 
-impl Admin {
+    /// `GET /admin/acl`: every rule in decision order (`source`: `config` or `api`);
+    /// `GET /admin/acl/{id}`: one.
+    fn acl_rules(&self, id: Option<&str>) -> Response {
+        let g = &self.shared.governance;
+        let snap = g.snapshot();
+        let json = |r: &crate::governance::acl::Rule| {
+            let mut v = serde_json::to_value(&r.spec).expect("a rule serializes");
+            v["id"] = r.id.clone().into();
+            v["source"] = if g.is_config_rule(&r.id) { "config" } else { "api" }.into();
+            v
+        };
+        match id {
+            None => {
+                let all: Vec<_> = snap.acl.rules().iter().map(json).collect();
+                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
+            }
+            Some(id) => match snap.acl.rules().iter().find(|r| r.id == id) {
+                Some(r) => Response::json(StatusCode::OK, serde_json::to_vec(&json(r)).expect("json")),
+                None => problem(StatusCode::NOT_FOUND, &format!("no acl rule {id}")),
+            },
+        }
+    }
+
+    /// `PUT /admin/acl/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
+    fn put_acl(&self, id: &str, body: &[u8]) -> Response {
+        let g = &self.shared.governance;
+        let spec: RuleSpec = match serde_json::from_slice(body) {
+            Ok(s) => s,
+            Err(e) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    &format!("expected {{\"principal\", \"resource\", \"actions\", \"effect\", \"priority\"}}: {e}"),
+                )
+            }
+        };
+        let rule = match crate::governance::acl::Rule::new(id, spec.clone()) {
+            Ok(r) => r,
+            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+        };
+        if g.is_config_rule(id) {
+            return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
+        }
+        let existed = g.snapshot().acl.rules().iter().any(|r| r.id == id);
+        if let Err(e) = meta::put_acl(&self.shared.db, id, &spec) {
+            return storage_problem(&e);
+        }
+        g.set_rule(id, Some(rule));
+        let mut v = serde_json::to_value(&spec).expect("a rule serializes");
+        v["id"] = id.into();
+        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+    }
+
+    /// `DELETE /admin/acl/{id}`: 200 removed, 404 unknown.
+    fn delete_acl(&self, id: &str) -> Response {
+        let g = &self.shared.governance;
+        if g.is_config_rule(id) {
+            return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
+        }
+        if !g.snapshot().acl.rules().iter().any(|r| r.id == id) {
+            return problem(StatusCode::NOT_FOUND, &format!("no acl rule {id}"));
+        }
+        if let Err(e) = meta::delete_acl(&self.shared.db, id) {
+            return storage_problem(&e);
+        }
+        g.set_rule(id, None);
+        Response::json(StatusCode::OK, serde_json::json!({"id": id, "removed": true}).to_string())
+    }
+
     fn log_of(&self, topic: &str, p: PartitionId) -> EmbeddedLog {
         let s = owner(topic, p, self.shared.config.shards);
         EmbeddedLog::new(self.shared.db.clone(), s, self.shared.config.durability, None)

@@ -30,6 +30,12 @@ fn broker<'a>(args: &'a [String], known: &[&str]) -> Result<&'a str, String> {
     Ok(url.strip_prefix("http://").ok_or("--url must be http://HOST:PORT")?.trim_end_matches('/'))
 }
 
+/// The `authorization` header line for `--token T` (or `EVMESH_TOKEN`), if any.
+fn auth_line(args: &[String]) -> String {
+    let token = flag(args, "--token").map(str::to_owned).or_else(|| std::env::var("EVMESH_TOKEN").ok());
+    token.map_or_else(String::new, |t| format!("authorization: Bearer {t}\r\n"))
+}
+
 fn new_id() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     format!("{:x}-{:x}", t.as_nanos(), std::process::id())
@@ -38,8 +44,8 @@ fn new_id() -> String {
 /// `evmesh pub`: builds a structured CloudEvent from flags (or reads one from stdin), posts it,
 /// prints the broker's answer. Errors are the broker's problem+json or the I/O failure.
 pub fn publish(args: &[String]) -> Result<(), String> {
-    const KNOWN: [&str; 8] =
-        ["--url", "--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text"];
+    const KNOWN: [&str; 9] =
+        ["--url", "--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text", "--token"];
     let hostport = broker(args, &KNOWN)?;
     let topic = flag(args, "--topic").ok_or("--topic is required")?;
     let event =
@@ -69,7 +75,8 @@ pub fn publish(args: &[String]) -> Result<(), String> {
     let mut stream = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
     let req = format!(
-        "POST /events/publish?topic={topic} HTTP/1.1\r\nhost: {hostport}\r\ncontent-type: application/cloudevents+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{event}",
+        "POST /events/publish?topic={topic} HTTP/1.1\r\nhost: {hostport}\r\n{}content-type: application/cloudevents+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{event}",
+        auth_line(args),
         event.len()
     );
     stream.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
@@ -154,7 +161,7 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
     let no_ack = args.iter().any(|a| a == "--no-ack");
     let rest: Vec<String> = args.iter().filter(|a| *a != "--no-ack").cloned().collect();
     let args = &rest[..];
-    let hostport = broker(args, &["--url", "--subscription", "--max", "--client-id"])?;
+    let hostport = broker(args, &["--url", "--subscription", "--max", "--client-id", "--token"])?;
     let sub = flag(args, "--subscription").ok_or("--subscription is required")?;
     let mut query = format!("subscription={sub}");
     if no_ack {
@@ -166,7 +173,8 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
     let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
     let mut s = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
     let req = format!(
-        "GET /events/ws?{query} HTTP/1.1\r\nhost: {hostport}\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n"
+        "GET /events/ws?{query} HTTP/1.1\r\nhost: {hostport}\r\n{}upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n",
+        auth_line(args)
     );
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut head = Vec::new();

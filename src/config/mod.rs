@@ -94,12 +94,23 @@ pub const KEYS: &[(&str, &str)] = &[
         "memory_limit_bytes",
         "resident memory past which new work is refused (503); 0 = 80% of the cgroup or machine memory",
     ),
+    ("auth", "none | token | jwt: how callers prove who they are (none only while both listeners are loopback)"),
+    ("auth_tokens_file", "auth = token: JSON lines {\"principal\",\"tenant\",\"sha256\"} (re-read when it changes)"),
+    ("jwt_jwks_file", "auth = jwt: the JWKS of the verification keys, by kid (re-read when it changes)"),
+    ("jwt_audience", "auth = jwt: the aud a token must name; empty = not checked"),
+    ("jwt_issuer", "auth = jwt: the iss a token must name; empty = not checked"),
+    ("jwt_leeway_ms", "auth = jwt: clock skew allowed on exp and nbf"),
+    ("admin_token", "Bearer token of the admin API (besides ADMIN principals); empty = none"),
+    ("audit_log", "audit log file (JSON lines); empty = audit.log in data_dir"),
+    ("audit_max_per_second", "audit lines written per second at most (the rest are counted)"),
+    ("audit_max_bytes", "audit log size at which it is rotated to <file>.1"),
 ];
 
 fn kind(key: &str) -> Kind {
     match key {
         "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
-        | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" => Kind::Str,
+        | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" | "auth" | "auth_tokens_file"
+        | "jwt_jwks_file" | "jwt_audience" | "jwt_issuer" | "admin_token" | "audit_log" => Kind::Str,
         "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -153,6 +164,28 @@ pub struct RawConfig {
     auto_create_topics: bool,
     admin_max_connections: u64,
     memory_limit_bytes: u64,
+    auth: String,
+    auth_tokens_file: String,
+    jwt_jwks_file: String,
+    jwt_audience: String,
+    jwt_issuer: String,
+    jwt_leeway_ms: u64,
+    admin_token: String,
+    audit_log: String,
+    audit_max_per_second: u64,
+    audit_max_bytes: u64,
+    /// `[[acl]]` tables: the config file's ACL rules (only in a file, not as flags).
+    #[serde(default)]
+    acl: Vec<AclRaw>,
+}
+
+/// One `[[acl]]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AclRaw {
+    id: String,
+    #[serde(flatten)]
+    rule: crate::governance::acl::RuleSpec,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +290,8 @@ pub struct Config {
     pub admin_max_connections: usize,
     /// Resident memory past which new work is shed.
     pub memory_limit_bytes: u64,
+    /// Identity, the config file's ACL rules, the admin token, the audit log.
+    pub auth: crate::governance::AuthConfig,
 }
 
 fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
@@ -404,11 +439,15 @@ impl RawConfig {
             range("default_partitions", self.default_partitions, 1, crate::shard::MAX_PARTITIONS as u64)? as u32
         };
         let nonzero = |v: u64| (v > 0).then_some(v);
+        let listen = addr("listen", &self.listen)?;
+        let admin_listen = addr("admin_listen", &self.admin_listen)?;
+        let data_dir = PathBuf::from(&self.data_dir);
+        let auth = self.auth_config(&listen, &admin_listen, &data_dir)?;
         Ok(Config {
-            listen: addr("listen", &self.listen)?,
-            admin_listen: addr("admin_listen", &self.admin_listen)?,
+            listen,
+            admin_listen,
             shards,
-            data_dir: PathBuf::from(self.data_dir),
+            data_dir,
             storage,
             durability,
             io_driver,
@@ -468,6 +507,67 @@ impl RawConfig {
                 0 => crate::sys::default_memory_limit(),
                 n => n,
             },
+            auth,
+        })
+    }
+
+    /// The governance keys, checked against each other and against the listeners.
+    fn auth_config(
+        &self,
+        listen: &SocketAddr,
+        admin_listen: &SocketAddr,
+        data_dir: &std::path::Path,
+    ) -> Result<crate::governance::AuthConfig, ConfigError> {
+        use crate::governance::AuthMode;
+        let bad = |key: &'static str, message: String| ConfigError::Invalid { key, message };
+        let mode = one_of(
+            "auth",
+            &self.auth,
+            &[("none", AuthMode::None), ("token", AuthMode::Token), ("jwt", AuthMode::Jwt)],
+        )?;
+        if mode == AuthMode::None && !(listen.ip().is_loopback() && admin_listen.ip().is_loopback()) {
+            return Err(bad(
+                "auth",
+                format!(
+                    "auth = none serves anyone who can connect: it is allowed only while listen ({listen}) and \
+                     admin_listen ({admin_listen}) are loopback; set auth = token or jwt"
+                ),
+            ));
+        }
+        let path = |v: &str| (!v.is_empty()).then(|| PathBuf::from(v));
+        let text = |v: &str| (!v.is_empty()).then(|| v.to_owned());
+        let tokens_file = path(&self.auth_tokens_file);
+        let jwks_file = path(&self.jwt_jwks_file);
+        if mode == AuthMode::Token && tokens_file.is_none() {
+            return Err(bad("auth_tokens_file", "auth = token needs the tokens file".into()));
+        }
+        if mode == AuthMode::Jwt && jwks_file.is_none() {
+            return Err(bad("jwt_jwks_file", "auth = jwt needs the JWKS file".into()));
+        }
+        if !self.admin_token.is_empty() && self.admin_token.len() < 16 {
+            return Err(bad("admin_token", "must be at least 16 characters".into()));
+        }
+        let mut acl = Vec::new();
+        for r in &self.acl {
+            crate::governance::acl::Rule::new(&r.id, r.rule.clone())
+                .map_err(|e| bad("acl", format!("rule {:?}: {e}", r.id)))?;
+            if acl.iter().any(|(id, _)| *id == r.id) {
+                return Err(bad("acl", format!("rule id {:?} appears twice", r.id)));
+            }
+            acl.push((r.id.clone(), r.rule.clone()));
+        }
+        Ok(crate::governance::AuthConfig {
+            mode,
+            tokens_file,
+            jwks_file,
+            audience: text(&self.jwt_audience),
+            issuer: text(&self.jwt_issuer),
+            leeway_ms: range("jwt_leeway_ms", self.jwt_leeway_ms, 0, 86_400_000)?,
+            admin_token: text(&self.admin_token),
+            acl,
+            audit_log: path(&self.audit_log).unwrap_or_else(|| data_dir.join("audit.log")),
+            audit_max_per_second: range("audit_max_per_second", self.audit_max_per_second, 1, 1_000_000)? as u32,
+            audit_max_bytes: range("audit_max_bytes", self.audit_max_bytes, 4096, 1 << 40)?,
         })
     }
 }

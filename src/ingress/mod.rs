@@ -4,6 +4,8 @@
 //! owns; keyed ones to their murmur2 partition, wherever it lives. A batch is split per
 //! partition and the parts are appended concurrently; the 202 waits for all of them.
 
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use frame_codec::Frame;
@@ -11,6 +13,9 @@ use futures::future::join_all;
 
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::delivery::group_ids;
+use crate::governance::acl::{Action, Kind};
+use crate::governance::identity::{AuthError, Keys, Principal};
+use crate::governance::{Caller, Failures, View};
 use crate::http::{problem, Method, StatusCode};
 use crate::server::conn::{ConnGuard, ConnLimits};
 use crate::server::{Handler, Request, Response, SessionSpec, Upgrade};
@@ -27,6 +32,38 @@ use crate::ws::{check_upgrade, HandshakeError};
 /// The traffic listener's handler on one shard.
 pub struct Traffic {
     pub shard: Rc<Shard>,
+    /// This shard's copy of the governance snapshot.
+    view: View,
+    /// Failed authentications per source address (throttled past a few).
+    failures: RefCell<Failures>,
+}
+
+/// The bearer credential of a request: `Authorization: Bearer T`, or for the sessions a browser
+/// opens (WebSocket, SSE; no headers of its own there) `?access_token=T`.
+fn credential<'a>(req: &Request<'a>, browser: bool) -> Option<Cow<'a, [u8]>> {
+    if let Some(v) = req.header("authorization") {
+        let scheme = v.get(..7)?;
+        return scheme.eq_ignore_ascii_case(b"bearer ").then(|| Cow::Borrowed(v[7..].trim_ascii()));
+    }
+    if !browser {
+        return None;
+    }
+    match req.query("access_token")? {
+        Cow::Borrowed(s) => Some(Cow::Borrowed(s.as_bytes())),
+        Cow::Owned(s) => Some(Cow::Owned(s.into_bytes())),
+    }
+}
+
+/// 401, with the challenge RFC 6750 asks for.
+fn unauthorized(e: &AuthError) -> Response {
+    let challenge = match e {
+        AuthError::Missing => r#"Bearer realm="evmesh""#.to_owned(),
+        e => format!(
+            r#"Bearer realm="evmesh", error="invalid_token", error_description="{}""#,
+            e.to_string().replace('"', "'")
+        ),
+    };
+    problem(StatusCode::UNAUTHORIZED, &e.to_string()).with_header("www-authenticate", &challenge)
 }
 
 /// Maps a storage failure to the status a client sees.
@@ -69,6 +106,11 @@ fn ws_upgrade(req: &Request<'_>, upgrade: Upgrade) -> Response {
 }
 
 impl Handler for Traffic {
+    type Conn = Caller;
+
+    fn connect(&self, peer: Option<std::net::SocketAddr>) -> Caller {
+        Caller::new(peer.map(|p| p.ip()))
+    }
     fn upgraded(
         &self,
         upgrade: Upgrade,
@@ -109,13 +151,33 @@ impl Handler for Traffic {
         self.shard.shared.metrics.shard(self.shard.id).heavy(cost);
     }
 
-    async fn handle(&self, req: Request<'_>) -> Response {
-        match (req.method(), req.path()) {
+    async fn handle(&self, caller: &mut Caller, req: Request<'_>) -> Response {
+        let path = req.path();
+        if !matches!(
+            path,
+            "/events/publish"
+                | "/events/subscribe"
+                | "/events/unsubscribe"
+                | "/events/ws"
+                | "/events/sse"
+                | "/events/poll"
+                | "/events/ack"
+                | "/ws/echo"
+        ) {
+            return problem(StatusCode::NOT_FOUND, &format!("no route for {path}"));
+        }
+        let browser = matches!(path, "/events/ws" | "/events/sse" | "/ws/echo");
+        let who = match self.authenticate(caller, &req, browser) {
+            Ok(who) => who,
+            Err(r) => return r,
+        };
+        let mut gate = Gate { traffic: self, caller, who: &who };
+        match (req.method(), path) {
             (Method::Post, "/events/publish") => {
                 let started = std::time::Instant::now();
                 let m = self.shard.shared.metrics.shard(self.shard.id);
                 m.publish_requests.inc();
-                let r = self.publish(&req).await;
+                let r = self.publish(&mut gate, &req).await;
                 if r.status.0 >= 400 {
                     m.publish_errors.inc();
                 }
@@ -123,23 +185,23 @@ impl Handler for Traffic {
                 r
             }
             (_, "/events/publish") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
-            (Method::Post, "/events/subscribe") => self.subscribe(req.body).await,
-            (Method::Post, "/events/unsubscribe") => self.unsubscribe(req.body).await,
+            (Method::Post, "/events/subscribe") => self.subscribe(&mut gate, req.body).await,
+            (Method::Post, "/events/unsubscribe") => self.unsubscribe(&mut gate, req.body).await,
             (_, "/events/subscribe" | "/events/unsubscribe") => {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST")
             }
             (Method::Get, "/ws/echo") if self.shard.shared.config.ws_echo_endpoint => ws_upgrade(&req, Upgrade::WsEcho),
-            (Method::Get, "/events/ws") => match self.session_spec(&req) {
+            (Method::Get, "/events/ws") => match self.session_spec(&mut gate, &req) {
                 Ok(spec) => ws_upgrade(&req, Upgrade::WsDeliver(Box::new(spec))),
                 Err(r) => r,
             },
-            (Method::Get, "/events/sse") => match self.session_spec(&req) {
+            (Method::Get, "/events/sse") => match self.session_spec(&mut gate, &req) {
                 Ok(spec) if !spec.acked => problem(StatusCode::BAD_REQUEST, "ack=none is for WebSocket sessions"),
                 Ok(spec) => Response::streaming(Upgrade::Sse(Box::new(spec)), "text/event-stream"),
                 Err(r) => r,
             },
-            (Method::Get, "/events/poll") => self.poll(&req).await,
-            (Method::Post, "/events/ack") => self.ack(req.body).await,
+            (Method::Get, "/events/poll") => self.poll(&mut gate, &req).await,
+            (Method::Post, "/events/ack") => self.ack(&mut gate, req.body).await,
             (_, "/events/ws" | "/events/sse" | "/events/poll") => {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET")
             }
@@ -149,18 +211,107 @@ impl Handler for Traffic {
     }
 }
 
+/// What one request may do: the caller's connection state and who it proved to be.
+struct Gate<'a> {
+    traffic: &'a Traffic,
+    caller: &'a mut Caller,
+    who: &'a Rc<Principal>,
+}
+
+impl Gate<'_> {
+    /// Whether the caller may do `action` to `kind:name`: 403 (and an audit line) if not.
+    fn allow(&mut self, action: Action, kind: Kind, name: &str) -> Result<(), Response> {
+        let t = self.traffic;
+        let g = &t.shard.shared.governance;
+        let snap = t.view.current(g);
+        match self.caller.authorize(&snap, self.who, action, kind, name) {
+            Ok(()) => Ok(()),
+            Err(rule) => {
+                let resource = format!("{}{name}", kind.prefix());
+                let detail = rule.map(|r| format!("rule {r}"));
+                g.audit(Some(self.who), action.name(), &resource, "denied", detail, self.caller.peer);
+                t.shard.shared.metrics.shard(t.shard.id).refused(403);
+                Err(problem(StatusCode::FORBIDDEN, &format!("{} may not {} {resource}", self.who.name, action.name())))
+            }
+        }
+    }
+
+    /// The stored name of a topic or subscription the caller names: its tenant's namespace
+    /// (`tenant.name`), or the name itself for a principal without a tenant. 400 when the
+    /// stored name would be over the 249 characters of a topic name.
+    fn scoped<'n>(&self, name: &'n str) -> Result<Cow<'n, str>, Response> {
+        match &self.who.tenant {
+            None => Ok(Cow::Borrowed(name)),
+            Some(t) => {
+                let stored = format!("{t}.{name}");
+                if !valid_topic(&stored) {
+                    return Err(problem(
+                        StatusCode::BAD_REQUEST,
+                        &format!("names of tenant {t} are at most {} characters", 248 - t.len()),
+                    ));
+                }
+                Ok(Cow::Owned(stored))
+            }
+        }
+    }
+
+    /// The principal's name for a session's record (`None` with `auth = none`).
+    fn principal(&self) -> Option<String> {
+        let g = &self.traffic.shard.shared.governance;
+        (g.config.mode != crate::governance::AuthMode::None).then(|| self.who.name.clone())
+    }
+}
+
 impl Traffic {
+    pub fn new(shard: Rc<Shard>) -> Traffic {
+        let view = View::new(&shard.shared.governance);
+        Traffic { shard, view, failures: RefCell::new(Failures::default()) }
+    }
+
+    /// Who the request comes from: 401 without valid credentials (429 for an address that
+    /// failed too often lately).
+    fn authenticate(&self, caller: &mut Caller, req: &Request<'_>, browser: bool) -> Result<Rc<Principal>, Response> {
+        let g = &self.shard.shared.governance;
+        let snap = self.view.current(g);
+        if matches!(*snap.keys, Keys::None) {
+            return Ok(crate::governance::anonymous());
+        }
+        let now = std::time::Instant::now();
+        if let Some(secs) = self.failures.borrow().throttled(caller.peer, now) {
+            self.shard.shared.metrics.shard(self.shard.id).refused(429);
+            return Err(problem(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many failed authentications from this address; retry later",
+            )
+            .with_header("retry-after", secs.to_string()));
+        }
+        let token = credential(req, browser);
+        match caller.authenticate(&snap, token.as_deref(), crate::clock::now_micros) {
+            Ok(who) => Ok(who),
+            Err(e) => {
+                if e != AuthError::Missing {
+                    self.failures.borrow_mut().failed(caller.peer, now);
+                }
+                g.audit(None, "AUTHENTICATE", req.path(), "unauthenticated", Some(e.to_string()), caller.peer);
+                self.shard.shared.metrics.shard(self.shard.id).refused(401);
+                Err(unauthorized(&e))
+            }
+        }
+    }
+
     /// The session a delivery request asks for: `?subscription=S` (404 if unknown), then
     /// `ack=none` (live fan-out, BROADCAST only, WebSocket only), `clientId=C` (per-client
     /// offsets of BROADCAST and MULTICAST) and, for MULTICAST, the session's own filters:
     /// `filters=<JSON array of Subscriptions API filters>` and/or `sql=<CESQL>`.
-    fn session_spec(&self, req: &Request<'_>) -> Result<SessionSpec, Response> {
+    fn session_spec(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Result<SessionSpec, Response> {
         if self.shard.shared.memory.shed_now() {
             return Err(shed());
         }
         let bad = |m: &str| problem(StatusCode::BAD_REQUEST, m);
         let name = req.query("subscription").ok_or_else(|| bad("missing ?subscription="))?;
-        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
+        gate.allow(Action::Subscribe, Kind::Subscription, &name)?;
+        let stored = gate.scoped(&name)?;
+        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &stored) {
             Ok(Some(d)) => d,
             Ok(None) => return Err(problem(StatusCode::NOT_FOUND, &format!("no subscription {name}"))),
             Err(e) => return Err(storage_problem(&e)),
@@ -208,6 +359,9 @@ impl Traffic {
             client,
             filters,
             last_event_id,
+            principal: gate.principal(),
+            tenant: gate.who.tenant.clone(),
+            expires_us: gate.who.expires_us,
         })
     }
 
@@ -232,8 +386,8 @@ impl Traffic {
 
     /// `GET /events/poll?subscription=S&max=N&waitMs=W`: 200 with a batch of events, or 204
     /// when none arrived within `waitMs`.
-    async fn poll(&self, req: &Request<'_>) -> Response {
-        let spec = match self.session_spec(req) {
+    async fn poll(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+        let spec = match self.session_spec(gate, req) {
             Ok(s) => s,
             Err(r) => return r,
         };
@@ -289,7 +443,7 @@ impl Traffic {
     /// `POST /events/ack` `{"subscription": S, "ids": [...], "clientId"?: C, "nack"?: bool}`.
     /// Answers once every owner applied the acks, so a request made after the 200 (a
     /// reconnect, say) never sees an acknowledged event again.
-    async fn ack(&self, body: &[u8]) -> Response {
+    async fn ack(&self, gate: &mut Gate<'_>, body: &[u8]) -> Response {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields, rename_all = "camelCase")]
         struct AckBody {
@@ -309,7 +463,14 @@ impl Traffic {
                 )
             }
         };
-        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &a.subscription) {
+        let stored = match gate
+            .allow(Action::Subscribe, Kind::Subscription, &a.subscription)
+            .and_then(|()| gate.scoped(&a.subscription))
+        {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &stored) {
             Ok(Some(d)) => d,
             Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no subscription {}", a.subscription)),
             Err(e) => return storage_problem(&e),
@@ -350,16 +511,28 @@ impl Traffic {
     /// `POST /events/subscribe`: 201 created, 200 the same definition exists, 409 another one
     /// does, 400 invalid. The topic is created with the defaults if it does not exist yet, so
     /// subscribers may come before publishers.
-    async fn subscribe(&self, body: &[u8]) -> Response {
+    async fn subscribe(&self, gate: &mut Gate<'_>, body: &[u8]) -> Response {
         let mut def = match Definition::parse(body) {
             Ok(d) => d,
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
+        // A subscription reads its topic: it needs SUBSCRIBE on both.
+        if let Err(r) = gate
+            .allow(Action::Subscribe, Kind::Subscription, &def.subscription)
+            .and_then(|()| gate.allow(Action::Subscribe, Kind::Topic, &def.topic))
+        {
+            return r;
+        }
         def.created_us = crate::clock::now_micros();
+        // Answered with the names the client used; stored in its tenant's namespace.
+        let json = serde_json::to_vec(&def).expect("Definition serializes");
+        match (gate.scoped(&def.subscription), gate.scoped(&def.topic)) {
+            (Ok(s), Ok(t)) => (def.subscription, def.topic) = (s.into_owned(), t.into_owned()),
+            (Err(r), _) | (_, Err(r)) => return r,
+        }
         if let Err(e) = self.shard.topic(&def.topic, None, false).await {
             return storage_problem(&e);
         }
-        let json = serde_json::to_vec(&def).expect("Definition serializes");
         match self.shard.subscription(SubRequest::Create(def)).await {
             Ok(SubOutcome::Created) => Response::json(StatusCode(201), json),
             Ok(SubOutcome::Unchanged) => Response::json(StatusCode::OK, json),
@@ -375,7 +548,7 @@ impl Traffic {
     }
 
     /// `POST /events/unsubscribe` `{"subscription": S}`: 200 removed, 404 unknown.
-    async fn unsubscribe(&self, body: &[u8]) -> Response {
+    async fn unsubscribe(&self, gate: &mut Gate<'_>, body: &[u8]) -> Response {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Unsubscribe {
@@ -385,6 +558,11 @@ impl Traffic {
             Ok(u) => u.subscription,
             Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("expected {{\"subscription\": S}}: {e}")),
         };
+        let local = name;
+        let name = match gate.allow(Action::Subscribe, Kind::Subscription, &local).and_then(|()| gate.scoped(&local)) {
+            Ok(s) => s.into_owned(),
+            Err(r) => return r,
+        };
         let topic = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
             Ok(d) => d.map(|d| d.topic).unwrap_or_default(),
             Err(e) => return storage_problem(&e),
@@ -393,14 +571,14 @@ impl Traffic {
             Ok(SubOutcome::Removed) => {
                 // Attached sessions, on whatever shard, are closed cleanly (1000).
                 self.shard.announce(&name, &topic, InterestChange::Removed);
-                Response::json(StatusCode::OK, serde_json::json!({"subscription": name, "removed": true}).to_string())
+                Response::json(StatusCode::OK, serde_json::json!({"subscription": local, "removed": true}).to_string())
             }
-            Ok(_) => problem(StatusCode::NOT_FOUND, &format!("no subscription {name}")),
+            Ok(_) => problem(StatusCode::NOT_FOUND, &format!("no subscription {local}")),
             Err(e) => storage_problem(&e),
         }
     }
 
-    async fn publish(&self, req: &Request<'_>) -> Response {
+    async fn publish(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
@@ -410,6 +588,10 @@ impl Traffic {
         if !valid_topic(&topic) {
             return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
         }
+        let topic = match gate.allow(Action::Publish, Kind::Topic, &topic).and_then(|()| gate.scoped(&topic)) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
         let frames = match self.parse(req, &topic) {
             Ok(f) => f,
             Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),

@@ -56,3 +56,37 @@ pub fn detach_acked(shard: &Rc<Shard>, consumer: ConsumerKey, topic: &str, at: S
     let change = SessionChange::Detach;
     shard.announce_session(SessionEvent { consumer, topic: topic.to_owned(), session: at, change });
 }
+
+/// How often a session opened by a principal checks that the ACL still lets it subscribe.
+const ACL_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Returns, with the reason, once the session must end: its credential expired or the ACL no
+/// longer allows SUBSCRIBE on its subscription (checked within a second of a change).
+/// Never returns for a session opened without a principal (`auth = none`).
+pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
+    use crate::governance::acl::{Action, Kind};
+    let Some(principal) = spec.principal.as_deref() else { return std::future::pending().await };
+    // The ACL speaks of the names the principal uses, inside its tenant.
+    let name = match &spec.tenant {
+        Some(t) => {
+            spec.subscription.strip_prefix(t.as_str()).and_then(|n| n.strip_prefix('.')).unwrap_or(&spec.subscription)
+        }
+        None => &spec.subscription,
+    };
+    let g = &shard.shared.governance;
+    let mut generation = g.generation();
+    loop {
+        let left = spec.expires_us.map(|e| (e - crate::clock::now_micros()).max(0) as u64);
+        if left == Some(0) {
+            return "token expired";
+        }
+        let wait = left.map_or(ACL_RECHECK, |us| std::time::Duration::from_micros(us).min(ACL_RECHECK));
+        monoio::time::sleep(wait).await;
+        if g.generation() != generation {
+            generation = g.generation();
+            if !g.snapshot().acl.decide(principal, Kind::Subscription, name, Action::Subscribe).0 {
+                return "access revoked";
+            }
+        }
+    }
+}

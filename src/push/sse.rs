@@ -58,7 +58,7 @@ async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<O
                 }
             }
             // Closed (subscription removed) or dropped: end the stream properly.
-            Ok(Some(Outbound::Close(_))) | Ok(None) => {
+            Ok(Some(Outbound::Close(..))) | Ok(None) => {
                 out.extend_from_slice(b"0\r\n\r\n");
                 let _ = monoio::time::timeout(WRITE_STALL, wr.write_all(out)).await;
                 let _ = wr.shutdown().await;
@@ -87,7 +87,15 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, spec: Bo
     }
     let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Sse);
     let (rd, wr) = stream.into_split();
-    match select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events))).await {
+    // An expired credential or a revoked permission ends the stream like a removed
+    // subscription does (the writer ends the chunked body when the queue closes).
+    let ended = async {
+        let reason = super::authority(&shard, &spec).await;
+        shard.sessions.close_acked(at.id, crate::ws::CloseCode::POLICY.0, reason);
+        std::future::pending::<()>().await
+    };
+    let serve = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events)));
+    match select(Box::pin(serve), Box::pin(ended)).await {
         Either::Left(_) | Either::Right(_) => {}
     }
     detach_acked(&shard, consumer, &spec.topic, at);

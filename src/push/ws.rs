@@ -71,9 +71,11 @@ const WRITE_BATCH: usize = 256 * 1024;
 /// ends (its queue would have closed it with 1008 anyway, but a blocked write never sees that).
 const WRITE_STALL: Duration = Duration::from_secs(10);
 
-fn close_bytes(code: u16) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4);
-    encode_frame(OpCode::Close, true, &code.to_be_bytes(), &mut out);
+fn close_bytes(code: u16, reason: &str) -> Vec<u8> {
+    let mut payload = code.to_be_bytes().to_vec();
+    payload.extend_from_slice(reason.as_bytes());
+    let mut out = Vec::with_capacity(payload.len() + 2);
+    encode_frame(OpCode::Close, true, &payload, &mut out);
     out
 }
 
@@ -114,7 +116,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
             let (msg, used) = match reader.read(&mut buf) {
                 Ok(r) => r,
                 Err(e) => {
-                    let _ = ctl.try_send(Outbound::Close(e.code.0));
+                    let _ = ctl.try_send(Outbound::Close(e.code.0, ""));
                     return;
                 }
             };
@@ -127,18 +129,18 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                     let _ = ctl.try_send(Outbound::Frame(Rc::new(out)));
                 }
                 Some(Message::Close(code, _)) => {
-                    let _ = ctl.try_send(Outbound::Close(code.unwrap_or(CloseCode::NORMAL.0)));
+                    let _ = ctl.try_send(Outbound::Close(code.unwrap_or(CloseCode::NORMAL.0), ""));
                     return;
                 }
                 Some(Message::Binary(_)) => {
-                    let _ = ctl.try_send(Outbound::Close(CloseCode::UNSUPPORTED.0));
+                    let _ = ctl.try_send(Outbound::Close(CloseCode::UNSUPPORTED.0, ""));
                     return;
                 }
                 Some(Message::Text(text)) => {
                     // ack / nack / credit: meaningless for ack=none sessions.
                     if let Some(a) = &acked {
                         if let Err(code) = a.control(&text) {
-                            let _ = ctl.try_send(Outbound::Close(code.0));
+                            let _ = ctl.try_send(Outbound::Close(code.0, ""));
                             return;
                         }
                         // A client flooding acks waits here, at its own socket, for the
@@ -187,7 +189,7 @@ async fn keepalive(mut ctl: mpsc::Sender<Outbound>, heard: Rc<Cell<Instant>>, ev
         monoio::time::sleep(every).await;
         let silent = heard.get().elapsed();
         if silent >= every * 2 {
-            let _ = ctl.try_send(Outbound::Close(CloseCode::GOING_AWAY.0));
+            let _ = ctl.try_send(Outbound::Close(CloseCode::GOING_AWAY.0, ""));
             return;
         }
         if silent >= every {
@@ -221,7 +223,7 @@ async fn write_half<W: AsyncWriteRent>(
             Either::Left((Some(m), _)) => taken(m),
             Either::Right((Some(m), _)) => m,
             // Our queue was closed by the fan-out: this session fell too far behind.
-            Either::Left((None, _)) => Outbound::Close(CloseCode::POLICY.0),
+            Either::Left((None, _)) => Outbound::Close(CloseCode::POLICY.0, ""),
             // The reader finished without asking for a close: the peer is gone.
             Either::Right((None, _)) => return,
         };
@@ -234,8 +236,8 @@ async fn write_half<W: AsyncWriteRent>(
         while let Some(m) = pending.take() {
             match m {
                 Outbound::Frame(bytes) => batch.push(bytes),
-                Outbound::Close(code) => {
-                    close = Some(code);
+                Outbound::Close(code, reason) => {
+                    close = Some((code, reason));
                     break;
                 }
             }
@@ -243,8 +245,8 @@ async fn write_half<W: AsyncWriteRent>(
                 pending = ctl.try_recv().ok().or_else(|| events.try_recv().ok().map(taken));
             }
         }
-        if let Some(code) = close {
-            batch.push(Rc::new(close_bytes(code)));
+        if let Some((code, reason)) = close {
+            batch.push(Rc::new(close_bytes(code, reason)));
         }
         let (ok, mut back) = write_shared(&mut wr, batch).await;
         if !ok {
@@ -279,11 +281,19 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: 
     let (ctl_tx, ctl_rx) = mpsc::channel(16);
     let heard = Rc::new(Cell::new(Instant::now()));
     let alive = keepalive(ctl_tx.clone(), heard.clone(), shard.shared.config.ws_ping_interval);
+    let guard = {
+        let (shard, spec, mut ctl) = (shard.clone(), spec.clone(), ctl_tx.clone());
+        async move {
+            let reason = super::authority(&shard, &spec).await;
+            let _ = ctl.try_send(Outbound::Close(CloseCode::POLICY.0, reason));
+        }
+    };
     let reader = Box::pin(async move {
         // A dead peer ends the reading side like a closed socket does (both senders of the
-        // control queue are dropped then, which tells the writer the peer is gone).
+        // control queue are dropped then, which tells the writer the peer is gone); so do an
+        // expired credential and a revoked permission, once their close is queued.
         let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, acked, heard);
-        let _ = select(Box::pin(read), Box::pin(alive)).await;
+        let _ = select(Box::pin(read), select(Box::pin(alive), Box::pin(guard))).await;
     });
     let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger, queued));
     match select(reader, writer).await {

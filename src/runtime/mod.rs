@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use crate::admin::Admin;
 use crate::config::{Config, IoDriver};
+use crate::governance::audit::Audit;
+use crate::governance::Governance;
 use crate::ingress::Traffic;
 use crate::metrics::Metrics;
 use crate::server::conn::{serve, ConnLimits};
@@ -40,7 +42,12 @@ pub enum StartError {
     Storage(#[from] StorageError),
     #[error("{0}")]
     Io(#[from] io::Error),
+    #[error("auth: {0}")]
+    Auth(String),
 }
+
+/// How often the auth key file is checked for a change.
+const KEY_WATCH: Duration = Duration::from_millis(500);
 
 /// How often each shard's event loop stamps its heartbeat.
 const BEAT: Duration = Duration::from_millis(100);
@@ -118,8 +125,8 @@ async fn accept_loop<H: Handler + 'static>(
     admit: impl Fn() -> Option<ConnGuard>,
 ) {
     loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept().await {
+            Ok((s, peer)) => (s, peer),
             Err(e) => {
                 // Out of descriptors or a transient error: back off instead of spinning.
                 eprintln!("evmesh: accept: {e}");
@@ -136,7 +143,7 @@ async fn accept_loop<H: Handler + 'static>(
         // unacknowledged this long, instead of after many minutes of retransmission.
         crate::sys::set_tcp_user_timeout(std::os::fd::AsRawFd::as_raw_fd(&stream), TCP_USER_TIMEOUT_MS);
         let handler = handler.clone();
-        monoio::spawn(async move { serve(stream, &*handler, limits, guard).await });
+        monoio::spawn(async move { serve(stream, Some(peer), &*handler, limits, guard).await });
     }
 }
 
@@ -265,7 +272,13 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         StorageKind::Kafka(settings) => Some(KafkaBackend::connect(settings.clone())?),
         StorageKind::Embedded => None,
     };
+    let audit = &config.auth;
+    let audit = Audit::start(audit.audit_log.clone(), audit.audit_max_per_second, audit.audit_max_bytes)
+        .map_err(|e| StartError::Auth(format!("audit log {}: {e}", config.auth.audit_log.display())))?;
+    let stored = crate::storage::meta::list_acl(&db)?;
+    let governance = Governance::new(config.auth.clone(), stored, audit).map_err(StartError::Auth)?;
     let shared = Arc::new(Shared {
+        governance,
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
@@ -290,6 +303,18 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         std::thread::Builder::new().name("evmesh-memwatch".into()).spawn(move || loop {
             shared.memory.sample();
             std::thread::sleep(Duration::from_millis(100));
+        })?;
+    }
+    {
+        // Key rotation without a restart: the tokens file or JWKS is re-read once it changes.
+        let shared = shared.clone();
+        std::thread::Builder::new().name("evmesh-keywatch".into()).spawn(move || loop {
+            std::thread::sleep(KEY_WATCH);
+            match shared.governance.reload_keys_if_changed() {
+                Ok(true) => eprintln!("evmesh: auth keys reloaded"),
+                Ok(false) => {}
+                Err(e) => eprintln!("evmesh: auth keys not reloaded, the old ones stay in force: {e}"),
+            }
         })?;
     }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
@@ -319,7 +344,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 monoio::spawn(injected_fault(i));
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);
-                accept_loop(listener, Rc::new(Traffic { shard: shard.clone() }), limits, || admit_traffic(&shard)).await
+                accept_loop(listener, Rc::new(Traffic::new(shard.clone())), limits, || admit_traffic(&shard)).await
             };
             if let Err(e) = block_on(driver, run) {
                 eprintln!("evmesh: shard {i}: cannot start the {driver:?} driver: {e}");

@@ -85,7 +85,13 @@ fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
 
 /// What a listener does with requests.
 pub trait Handler {
-    fn handle(&self, req: Request<'_>) -> impl Future<Output = Response>;
+    /// What the handler keeps per connection (who the client proved to be, say).
+    type Conn;
+
+    /// The state of a new connection from `peer`.
+    fn connect(&self, peer: Option<std::net::SocketAddr>) -> Self::Conn;
+
+    fn handle(&self, conn: &mut Self::Conn, req: Request<'_>) -> impl Future<Output = Response>;
 
     /// Takes the connection over after a `101` answered with `upgrade`; `buf` holds the bytes
     /// already read past the request. Spawns whatever serves it from now on (so the HTTP
@@ -274,9 +280,16 @@ enum Framing {
 /// [`crate::task::HEAVY`] of it, the connection waits its turn in the shard's heavy lane before
 /// reading on (and so does a new connection while that lane is busy), so clients of costly
 /// requests share what light requests leave of the core.
-pub async fn serve<H: Handler>(stream: TcpStream, handler: &H, limits: ConnLimits, guard: ConnGuard) {
+pub async fn serve<H: Handler>(
+    stream: TcpStream,
+    peer: Option<std::net::SocketAddr>,
+    handler: &H,
+    limits: ConnLimits,
+    guard: ConnGuard,
+) {
     let meter = crate::task::Meter::default();
-    crate::task::metered(&meter, serve_metered(stream, handler, limits, guard, &meter)).await;
+    let conn = handler.connect(peer);
+    crate::task::metered(&meter, serve_metered(stream, conn, handler, limits, guard, &meter)).await;
     // What the connection's last, unfinished or refused request took (a body streamed until it
     // was over its budget): a client refused on every connection pays all the same.
     charge_heavy(handler, &meter);
@@ -296,6 +309,7 @@ fn charge_heavy<H: Handler>(handler: &H, meter: &crate::task::Meter) -> bool {
 
 async fn serve_metered<H: Handler>(
     mut stream: TcpStream,
+    mut conn: H::Conn,
     handler: &H,
     limits: ConnLimits,
     guard: ConnGuard,
@@ -418,7 +432,7 @@ async fn serve_metered<H: Handler>(
         let keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
         let handling = std::mem::take(&mut waited).then(crate::task::handling);
-        let response = handler.handle(Request { head: &head, buf: &buf, body }).await;
+        let response = handler.handle(&mut conn, Request { head: &head, buf: &buf, body }).await;
         drop(handling);
         response.write(&mut out, keep_alive, head_only);
         buf.drain(..consumed);

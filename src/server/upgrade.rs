@@ -28,6 +28,13 @@ pub struct SessionSpec {
     pub filters: Option<String>,
     /// SSE: the `Last-Event-ID` the client resumes after.
     pub last_event_id: Option<String>,
+    /// Who opened the session (`None` with `auth = none`): it is closed (WebSocket 1008) once
+    /// the credential expires or the ACL no longer lets it subscribe.
+    pub principal: Option<String>,
+    /// The principal's tenant: `subscription` is stored as `tenant.name`.
+    pub tenant: Option<String>,
+    /// When the credential expires, µs since the Unix epoch.
+    pub expires_us: Option<i64>,
 }
 
 /// A response of the broker's: the protocol's response, which may turn the connection into an

@@ -31,8 +31,8 @@ pub const SESSION_QUEUE: usize = 1024;
 pub enum Outbound {
     /// A ready WebSocket frame, shared by every session that gets it.
     Frame(Rc<Vec<u8>>),
-    /// Close with this code after what is queued.
-    Close(u16),
+    /// Close with this code and reason (WebSocket; may be empty) after what is queued.
+    Close(u16, &'static str),
 }
 
 struct SessionTx {
@@ -158,6 +158,13 @@ impl Sessions {
         self.acked.borrow_mut().remove(&id);
     }
 
+    /// Asks one acknowledged session to close after what is queued.
+    pub fn close_acked(&self, id: u64, code: u16, reason: &'static str) {
+        if let Some(s) = self.acked.borrow_mut().get_mut(&id) {
+            let _ = s.tx.try_send(Outbound::Close(code, reason));
+        }
+    }
+
     /// Queues delivered events: to one acknowledged session, or rendered once for every
     /// `ack=none` session of the subscription. Returns how many (event, session) deliveries
     /// were queued.
@@ -216,11 +223,11 @@ impl Sessions {
     pub fn close_all(&self, subscription: &str, code: u16) {
         if let Some(list) = self.by_subscription.borrow_mut().get_mut(subscription) {
             for s in list.iter_mut() {
-                let _ = s.tx.try_send(Outbound::Close(code));
+                let _ = s.tx.try_send(Outbound::Close(code, ""));
             }
         }
         for s in self.acked.borrow_mut().values_mut().filter(|s| s.subscription == subscription) {
-            let _ = s.tx.try_send(Outbound::Close(code));
+            let _ = s.tx.try_send(Outbound::Close(code, ""));
         }
         self.polls.borrow_mut().retain(|k, _| k.subscription != subscription);
     }
@@ -253,7 +260,7 @@ impl PollSession {
                     out.push(b);
                     self.drain(&mut rx, &mut out, max);
                 }
-                Ok(Some(Outbound::Close(_)) | None) => self.closed.set(true),
+                Ok(Some(Outbound::Close(..)) | None) => self.closed.set(true),
                 Err(_) => {}
             }
         }
@@ -266,7 +273,7 @@ impl PollSession {
         while out.len() < max {
             match rx.try_recv() {
                 Ok(Outbound::Frame(b)) => out.push(b),
-                Ok(Outbound::Close(_)) => return self.closed.set(true),
+                Ok(Outbound::Close(..)) => return self.closed.set(true),
                 Err(e) if e.is_closed() => return self.closed.set(true),
                 Err(_) => return,
             }

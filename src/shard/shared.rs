@@ -21,6 +21,8 @@ pub const MIRROR_FAN_OUTS_HIGH: usize = 64;
 /// What every thread can see: built before the shards start, never replaced.
 pub struct Shared {
     pub config: Config,
+    /// Identity, the ACL, the audit log.
+    pub governance: crate::governance::Governance,
     pub mailboxes: Mailboxes,
     pub db: Arc<rocksdb::DB>,
     pub syncer: Option<Syncer>,

@@ -1,6 +1,7 @@
 //! Metadata in the `meta` column family: `topic/<name>` -> JSON [`TopicMeta`],
 //! `sub/<name>` -> JSON subscription [`Definition`], and `dlq/<topic>/<partition>` -> how far the
-//! dead letters of that partition of `<topic>.dlq` were replayed.
+//! dead letters of that partition of `<topic>.dlq` were replayed, and `acl/<id>` -> an ACL rule
+//! of the admin API.
 //!
 //! Topics and subscriptions are written only by the owner shard of the name (which serializes
 //! creation), replay marks only by the admin thread; read by anyone.
@@ -99,4 +100,26 @@ pub fn dlq_replayed(db: &DB, topic: &str, partition: u32) -> Result<u64, Storage
 pub fn set_dlq_replayed(db: &DB, topic: &str, partition: u32, next: u64) -> Result<(), StorageError> {
     let cf = db.cf_handle(META).expect("meta family exists");
     Ok(db.put_cf(cf, dlq_key(topic, partition), next.to_string())?)
+}
+
+fn acl_key(id: &str) -> Vec<u8> {
+    format!("acl/{id}").into_bytes()
+}
+
+/// The admin API's ACL rules, `(id, rule)` in id order (the rule's JSON is the governance
+/// layer's business).
+pub fn list_acl<T: serde::de::DeserializeOwned>(db: &DB) -> Result<Vec<(String, T)>, StorageError> {
+    list_json(db, b"acl/")
+}
+
+/// Stores one ACL rule (WAL durability).
+pub fn put_acl<T: serde::Serialize>(db: &DB, id: &str, rule: &T) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    let v = serde_json::to_vec(rule).expect("a rule serializes");
+    Ok(db.put_cf(cf, acl_key(id), v)?)
+}
+
+pub fn delete_acl(db: &DB, id: &str) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    Ok(db.delete_cf(cf, acl_key(id))?)
 }

@@ -16,3 +16,8 @@ pub fn is_rfc3339(s: &str) -> bool {
 pub fn rfc3339_micros(s: &str) -> Option<i64> {
     rfc3339::to_micros(s)
 }
+
+/// The RFC 3339 (UTC, microseconds) form of a time in microseconds since the epoch.
+pub fn rfc3339_from_micros(micros: i64) -> String {
+    rfc3339::from_micros(micros)
+}

@@ -87,9 +87,35 @@ pub fn to_micros(s: &str) -> Option<i64> {
     Some(secs * 1_000_000 + micros)
 }
 
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ` for `micros` since the Unix epoch (years 0 to 9999).
+pub fn from_micros(micros: i64) -> String {
+    let (secs, frac) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's civil_from_days).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{frac:06}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{is_valid, to_micros};
+    use super::{from_micros, is_valid, to_micros};
+
+    #[test]
+    fn formats_epoch_micros() {
+        assert_eq!(from_micros(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(from_micros(1_796_040_000_500_000), "2026-11-30T12:00:00.500000Z");
+        for s in ["2000-02-29T23:59:59.000001Z", "1969-12-31T23:59:59.999999Z", "2400-12-31T00:00:00.000000Z"] {
+            assert_eq!(from_micros(to_micros(s).unwrap()), s);
+        }
+    }
 
     #[test]
     fn converts_to_epoch_micros() {

@@ -11,6 +11,8 @@ impl StatusCode {
     pub const ACCEPTED: StatusCode = StatusCode(202);
     pub const NO_CONTENT: StatusCode = StatusCode(204);
     pub const BAD_REQUEST: StatusCode = StatusCode(400);
+    pub const UNAUTHORIZED: StatusCode = StatusCode(401);
+    pub const FORBIDDEN: StatusCode = StatusCode(403);
     pub const NOT_FOUND: StatusCode = StatusCode(404);
     pub const METHOD_NOT_ALLOWED: StatusCode = StatusCode(405);
     pub const REQUEST_TIMEOUT: StatusCode = StatusCode(408);
@@ -35,6 +37,8 @@ impl StatusCode {
             202 => "Accepted",
             204 => "No Content",
             400 => "Bad Request",
+            401 => "Unauthorized",
+            403 => "Forbidden",
             404 => "Not Found",
             405 => "Method Not Allowed",
             408 => "Request Timeout",

@@ -387,9 +387,10 @@ fn responses_and_problems() {
 /// Regression: 201 went out as "201 Unknown".
 #[test]
 fn every_status_evmesh_sends_has_its_reason_phrase() {
-    for code in
-        [100, 101, 200, 201, 202, 204, 400, 404, 405, 408, 409, 413, 415, 417, 426, 429, 431, 500, 501, 503, 504, 505]
-    {
+    for code in [
+        100, 101, 200, 201, 202, 204, 400, 401, 403, 404, 405, 408, 409, 413, 415, 417, 426, 429, 431, 500, 501, 503,
+        504, 505,
+    ] {
         assert_ne!(StatusCode(code).reason(), "Unknown", "{code}");
     }
     assert_eq!(StatusCode(201).reason(), "Created");

@@ -1,0 +1,362 @@
+//! Ingress governance: who a request comes from (`identity`), what it may do (`acl`), and the
+//! record of refusals and admin changes (`audit`).
+//!
+//! One [`Governance`] per process, in `Shared`. What can change while the broker runs (the
+//! token or JWKS file, the ACL) lives in an immutable [`Snapshot`] swapped whole under a
+//! generation counter: a shard's [`View`] compares one atomic per request and takes the new
+//! snapshot only after a change, so reading the policy never contends across cores. Per
+//! connection a [`Caller`] caches the last credential it verified and the last permission it
+//! checked, so a keep-alive publisher pays for neither twice.
+
+pub mod acl;
+pub mod audit;
+pub mod identity;
+
+use std::cell::RefCell;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use acl::{Acl, Action, Kind, Rule, RuleSpec};
+use identity::{AuthError, Keys, Principal};
+
+/// `auth`: how callers prove who they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Nobody is asked; everything is allowed (only while both listeners are loopback).
+    None,
+    /// Static tokens (`auth_tokens_file`).
+    Token,
+    /// JSON Web Tokens verified with the keys of `jwt_jwks_file`.
+    Jwt,
+}
+
+/// The validated governance keys of the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    pub tokens_file: Option<PathBuf>,
+    pub jwks_file: Option<PathBuf>,
+    pub audience: Option<String>,
+    pub issuer: Option<String>,
+    pub leeway_ms: u64,
+    pub admin_token: Option<String>,
+    /// The config file's ACL rules, `(id, rule)`: read-only at run time.
+    pub acl: Vec<(String, RuleSpec)>,
+    pub audit_log: PathBuf,
+    pub audit_max_per_second: u32,
+    pub audit_max_bytes: u64,
+}
+
+/// What the policy is at one moment (cloned per shard: its parts are shared).
+#[derive(Clone)]
+pub struct Snapshot {
+    pub generation: u64,
+    pub keys: Arc<Keys>,
+    pub acl: Arc<Acl>,
+}
+
+/// A file's identity and version, to notice a replacement or an edit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+fn stamp(path: &PathBuf) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp { modified: m.modified().ok(), len: m.len(), inode: m.ino() })
+}
+
+pub struct Governance {
+    pub config: AuthConfig,
+    admin_token: Option<[u8; 32]>,
+    config_rules: Vec<Rule>,
+    /// The admin API's rules, as stored.
+    stored_rules: Mutex<Vec<Rule>>,
+    current: RwLock<Arc<Snapshot>>,
+    generation: AtomicU64,
+    key_file: Mutex<Option<Stamp>>,
+    pub audit: audit::Audit,
+}
+
+impl Governance {
+    /// Loads the key file and builds the ACL from the config's rules and `stored` (the admin
+    /// API's, from the metadata).
+    pub fn new(config: AuthConfig, stored: Vec<(String, RuleSpec)>, audit: audit::Audit) -> Result<Governance, String> {
+        let config_rules = config
+            .acl
+            .iter()
+            .map(|(id, spec)| Rule::new(id, spec.clone()).map_err(|e| format!("acl rule {id}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        // A stored rule that no longer parses (written by a newer version) is skipped, loudly.
+        let stored: Vec<Rule> = stored
+            .into_iter()
+            .filter_map(|(id, spec)| match Rule::new(&id, spec) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    eprintln!("evmesh: ignoring stored acl rule {id}: {e}");
+                    None
+                }
+            })
+            .collect();
+        let file = Governance::key_path(&config).cloned();
+        let key_stamp = file.as_ref().and_then(stamp);
+        let keys = Arc::new(Governance::load_keys(&config)?);
+        let acl = Arc::new(Acl::new(config_rules.iter().chain(&stored).cloned().collect()));
+        let admin_token = config.admin_token.as_deref().map(|t| identity::sha256(t.as_bytes()));
+        Ok(Governance {
+            config,
+            admin_token,
+            config_rules,
+            stored_rules: Mutex::new(stored),
+            current: RwLock::new(Arc::new(Snapshot { generation: 1, keys, acl })),
+            generation: AtomicU64::new(1),
+            key_file: Mutex::new(key_stamp),
+            audit,
+        })
+    }
+
+    fn key_path(config: &AuthConfig) -> Option<&PathBuf> {
+        match config.mode {
+            AuthMode::None => None,
+            AuthMode::Token => config.tokens_file.as_ref(),
+            AuthMode::Jwt => config.jwks_file.as_ref(),
+        }
+    }
+
+    fn load_keys(config: &AuthConfig) -> Result<Keys, String> {
+        let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+        match (config.mode, Governance::key_path(config)) {
+            (AuthMode::None, _) => Ok(Keys::None),
+            (AuthMode::Token, Some(p)) => Keys::parse_tokens(&read(p)?).map_err(|e| format!("{}: {e}", p.display())),
+            (AuthMode::Jwt, Some(p)) => {
+                Keys::parse_jwks(&read(p)?, config.audience.clone(), config.issuer.clone(), config.leeway_ms)
+                    .map_err(|e| format!("{}: {e}", p.display()))
+            }
+            (_, None) => Err("auth needs its key file".into()),
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Installs a snapshot built from the current one by `change`.
+    fn publish(&self, change: impl FnOnce(&Snapshot) -> Snapshot) {
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = change(&cur);
+        next.generation = cur.generation + 1;
+        let g = next.generation;
+        *cur = Arc::new(next);
+        self.generation.store(g, Ordering::Release);
+    }
+
+    /// Re-reads the key file if it changed since it was last read (rotation without a
+    /// restart). A file that no longer parses keeps the old keys in force; the error says why.
+    pub fn reload_keys_if_changed(&self) -> Result<bool, String> {
+        let Some(path) = Governance::key_path(&self.config) else { return Ok(false) };
+        let now = stamp(path);
+        let mut seen = self.key_file.lock().unwrap_or_else(|e| e.into_inner());
+        if *seen == now {
+            return Ok(false);
+        }
+        *seen = now;
+        let keys = Arc::new(Governance::load_keys(&self.config)?);
+        self.publish(|cur| Snapshot { generation: 0, keys, acl: cur.acl.clone() });
+        Ok(true)
+    }
+
+    /// Whether `id` is one of the config file's rules (which the admin API cannot change).
+    pub fn is_config_rule(&self, id: &str) -> bool {
+        self.config_rules.iter().any(|r| r.id == id)
+    }
+
+    /// Replaces (`Some`) or removes (`None`) one of the admin API's rules in force.
+    pub fn set_rule(&self, id: &str, rule: Option<Rule>) {
+        let mut stored = self.stored_rules.lock().unwrap_or_else(|e| e.into_inner());
+        stored.retain(|r| r.id != id);
+        stored.extend(rule);
+        let acl = Arc::new(Acl::new(self.config_rules.iter().chain(stored.iter()).cloned().collect()));
+        self.publish(|cur| Snapshot { generation: 0, keys: cur.keys.clone(), acl });
+    }
+
+    /// Whether `token` is the admin token.
+    pub fn is_admin_token(&self, token: &[u8]) -> bool {
+        self.admin_token.is_some_and(|h| h == identity::sha256(token))
+    }
+
+    pub fn has_admin_token(&self) -> bool {
+        self.admin_token.is_some()
+    }
+
+    /// Writes one record to the audit log.
+    pub fn audit(
+        &self,
+        who: Option<&Principal>,
+        action: &str,
+        resource: &str,
+        outcome: &str,
+        detail: Option<String>,
+        peer: Option<IpAddr>,
+    ) {
+        self.audit.record(audit::Record {
+            time: crate::adaptor::rfc3339_from_micros(crate::clock::now_micros()),
+            principal: who.map_or_else(|| "-".to_owned(), |p| p.name.clone()),
+            tenant: who.and_then(|p| p.tenant.clone()),
+            action: action.to_owned(),
+            resource: resource.to_owned(),
+            outcome: outcome.to_owned(),
+            detail,
+            peer: peer.map(|p| p.to_string()),
+        });
+    }
+}
+
+/// A shard's copy of the current snapshot.
+pub struct View {
+    local: RefCell<Rc<Snapshot>>,
+}
+
+impl View {
+    pub fn new(g: &Governance) -> View {
+        View { local: RefCell::new(Rc::new(Snapshot::clone(&g.snapshot()))) }
+    }
+
+    /// The snapshot in force: one atomic load, plus a lock only right after a change (the
+    /// shard's own `Rc`, so no reference count is shared between cores per request).
+    pub fn current(&self, g: &Governance) -> Rc<Snapshot> {
+        if self.local.borrow().generation != g.generation() {
+            *self.local.borrow_mut() = Rc::new(Snapshot::clone(&g.snapshot()));
+        }
+        self.local.borrow().clone()
+    }
+}
+
+/// The anonymous principal of `auth = none`.
+pub fn anonymous() -> Rc<Principal> {
+    thread_local! {
+        static ANON: Rc<Principal> = Rc::new(Principal { name: "anonymous".into(), tenant: None, expires_us: None });
+    }
+    ANON.with(Rc::clone)
+}
+
+/// One connection's caller: its address and what it proved and was allowed last.
+#[derive(Default)]
+pub struct Caller {
+    pub peer: Option<IpAddr>,
+    token: Vec<u8>,
+    who: Option<(u64, Rc<Principal>)>,
+    allowed: Option<(u64, Action, Kind, Box<str>)>,
+}
+
+impl Caller {
+    pub fn new(peer: Option<IpAddr>) -> Caller {
+        Caller { peer, ..Caller::default() }
+    }
+
+    /// Who `token` proves at `now_us`, verified once per connection and token (again after the
+    /// keys changed, or once it expired).
+    pub fn authenticate(
+        &mut self,
+        snap: &Snapshot,
+        token: Option<&[u8]>,
+        now_us: impl Fn() -> i64,
+    ) -> Result<Rc<Principal>, AuthError> {
+        if matches!(*snap.keys, Keys::None) {
+            return Ok(anonymous());
+        }
+        let token = token.ok_or(AuthError::Missing)?;
+        if let Some((g, who)) = &self.who {
+            if *g == snap.generation && self.token == token {
+                if who.expires_us.is_some_and(|e| now_us() >= e) {
+                    return Err(AuthError::Expired);
+                }
+                return Ok(who.clone());
+            }
+        }
+        self.who = None;
+        self.allowed = None;
+        let who = Rc::new(snap.keys.verify(token, now_us())?);
+        self.token.clear();
+        self.token.extend_from_slice(token);
+        self.who = Some((snap.generation, who.clone()));
+        Ok(who)
+    }
+
+    /// Whether `who` may do `action` to `kind:name`: `Err` carries the deciding rule, if any.
+    pub fn authorize(
+        &mut self,
+        snap: &Snapshot,
+        who: &Principal,
+        action: Action,
+        kind: Kind,
+        name: &str,
+    ) -> Result<(), Option<String>> {
+        if matches!(*snap.keys, Keys::None) {
+            return Ok(());
+        }
+        if let Some((g, a, k, n)) = &self.allowed {
+            if *g == snap.generation && *a == action && *k == kind && **n == *name {
+                return Ok(());
+            }
+        }
+        match snap.acl.decide(&who.name, kind, name, action) {
+            (true, _) => {
+                self.allowed = Some((snap.generation, action, kind, name.into()));
+                Ok(())
+            }
+            (false, rule) => Err(rule.map(str::to_owned)),
+        }
+    }
+}
+
+/// Failed authentications per source address, on one shard: past [`FAILURES`] within
+/// [`FAILURE_WINDOW`], the address is answered 429 until the window ends (verification is the
+/// costly part of a bad request; guessing must be slow).
+#[derive(Default)]
+pub struct Failures {
+    by_peer: std::collections::HashMap<IpAddr, (u32, Instant)>,
+}
+
+pub const FAILURES: u32 = 20;
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(10);
+/// Addresses tracked at most per shard; beyond, the oldest windows are forgotten.
+const FAILURE_PEERS: usize = 16_384;
+
+impl Failures {
+    /// `Some(seconds)` to wait if `peer` is throttled now.
+    pub fn throttled(&self, peer: Option<IpAddr>, now: Instant) -> Option<u64> {
+        let (n, since) = self.by_peer.get(&peer?)?;
+        let left = FAILURE_WINDOW.saturating_sub(now.duration_since(*since));
+        (*n >= FAILURES && !left.is_zero()).then(|| left.as_secs().max(1))
+    }
+
+    pub fn failed(&mut self, peer: Option<IpAddr>, now: Instant) {
+        let Some(peer) = peer else { return };
+        if self.by_peer.len() >= FAILURE_PEERS && !self.by_peer.contains_key(&peer) {
+            self.by_peer.retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
+            if self.by_peer.len() >= FAILURE_PEERS {
+                // All recent: forget an arbitrary half rather than grow.
+                let drop: Vec<IpAddr> = self.by_peer.keys().step_by(2).copied().collect();
+                for k in drop {
+                    self.by_peer.remove(&k);
+                }
+            }
+        }
+        let e = self.by_peer.entry(peer).or_insert((0, now));
+        if now.duration_since(e.1) >= FAILURE_WINDOW {
+            *e = (0, now);
+        }
+        e.0 += 1;
+    }
+}

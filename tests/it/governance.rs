@@ -1,0 +1,499 @@
+//! Governance end to end: static tokens, the ACL from the config file and from the admin API,
+//! the admin token, 401 / 403 / 429 and the audit log. JWT (minted by PyJWT) is in
+//! `tests/interop/python_jwt.py`, run by `interop::python_jwt_tokens_keys_and_rotation`.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tungstenite::protocol::frame::coding::CloseCode;
+
+use super::delivery::read_until_closed;
+use super::util::{event, wait_for, Client, Resp, TestBroker};
+
+pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
+
+/// The SHA-256 of `secret` in hex, by coreutils (not by the code under test).
+fn sha256_hex(secret: &str) -> String {
+    let mut child = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("sha256sum");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(secret.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
+}
+
+/// A directory of governance files for one test.
+fn files(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("evmesh-gov-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A broker with auth = token over `tokens` (principal, tenant, secret), the config file's
+/// `acl` (TOML `[[acl]]` tables), the admin token and an audit log in the test's directory.
+fn broker_with(name: &str, tokens: &[(&str, Option<&str>, &str)], acl: &str, extra: &[&str]) -> (TestBroker, PathBuf) {
+    let dir = files(name);
+    let file = dir.join("tokens.jsonl");
+    let mut lines = String::from("# principal, tenant, SHA-256 of the token\n");
+    for (p, tenant, secret) in tokens {
+        lines.push_str(&format!("{}\n", json!({"principal": p, "tenant": tenant, "sha256": sha256_hex(secret)})));
+    }
+    std::fs::write(&file, lines).unwrap();
+    let config = dir.join("evmesh.toml");
+    std::fs::write(&config, acl).unwrap();
+    let audit = dir.join("audit.log");
+    let mut args = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "--auth",
+        "token",
+        "--auth-tokens-file",
+        file.to_str().unwrap(),
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--audit-log",
+        audit.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (TestBroker::start(&args), dir)
+}
+
+/// Tokens `alice-secret` (alice), `bob-secret` (bob), `ops-secret` (ops), none with a tenant,
+/// and the config file's rules: alice publishes `orders.*`, bob subscribes to `billing*` on
+/// `orders.*`, ops administers.
+fn token_broker(name: &str, extra: &[&str]) -> (TestBroker, PathBuf) {
+    let tokens = [("alice", None, "alice-secret"), ("bob", None, "bob-secret"), ("ops", None, "ops-secret")];
+    let acl = r#"
+[[acl]]
+id = "alice-publishes-orders"
+principal = "alice"
+resource = "topic:orders.*"
+actions = ["PUBLISH"]
+effect = "ALLOW"
+priority = 10
+
+[[acl]]
+id = "bob-reads-billing"
+principal = "bob"
+resource = "subscription:billing*"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+
+[[acl]]
+id = "bob-reads-orders"
+principal = "bob"
+resource = "topic:orders.*"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+
+[[acl]]
+id = "ops-admin"
+principal = "ops"
+resource = "admin"
+actions = ["ADMIN"]
+effect = "ALLOW"
+"#;
+    broker_with(name, &tokens, acl, extra)
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+fn publish_as(c: &mut Client, token: Option<&str>, topic: &str, id: &str) -> Resp {
+    let auth = token.map(bearer);
+    let mut headers = vec![("content-type", "application/cloudevents+json")];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a));
+    }
+    c.request("POST", &format!("/events/publish?topic={topic}"), &headers, event(id).to_string().as_bytes())
+}
+
+fn admin_as(b: &TestBroker, token: Option<&str>, method: &str, path: &str, body: &Value) -> Resp {
+    let auth = token.map(bearer);
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a));
+    }
+    let body = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };
+    b.admin().request(method, path, &headers, &body)
+}
+
+fn audit_lines(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("audit.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn auth_none_is_refused_on_a_listener_that_is_not_loopback() {
+    let dir = files("none-public");
+    let out = Command::new(env!("CARGO_BIN_EXE_evmesh"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--admin-listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid auth") && err.contains("0.0.0.0"), "{err}");
+    // The same address with auth on starts (and is stopped at once).
+    let tokens = dir.join("t.jsonl");
+    std::fs::write(&tokens, "").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_evmesh"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--admin-listen", "127.0.0.1:0", "--auth", "token"])
+        .arg("--auth-tokens-file")
+        .arg(&tokens)
+        .arg("--data-dir")
+        .arg(dir.join("data2"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    assert!(line.contains("traffic="), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn static_tokens_401_403_and_a_verified_keep_alive_publisher() {
+    let (b, dir) = token_broker("tokens", &[]);
+    let mut c = b.client();
+    // No credentials: 401 with the Bearer challenge; a token nobody issued: 401 too.
+    let r = publish_as(&mut c, None, "orders.eu", "e0");
+    r.assert_problem(401);
+    assert!(r.header("www-authenticate").unwrap().starts_with("Bearer"), "{:?}", r.headers);
+    let r = publish_as(&mut c, Some("mallory-guess"), "orders.eu", "e0");
+    r.assert_problem(401);
+    assert!(r.header("www-authenticate").unwrap().contains("invalid_token"));
+    // alice may publish orders.*, on one keep-alive connection, again and again.
+    for i in 0..5 {
+        let r = publish_as(&mut c, Some("alice-secret"), "orders.eu", &format!("a{i}"));
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    // ... but nothing else; bob may not publish at all (no rule: default deny).
+    let r = publish_as(&mut c, Some("alice-secret"), "payments", "x");
+    r.assert_problem(403);
+    assert!(r.json()["detail"].as_str().unwrap().contains("alice may not PUBLISH topic:payments"));
+    publish_as(&mut c, Some("bob-secret"), "orders.eu", "x").assert_problem(403);
+    // A different token on the same connection is verified afresh.
+    assert_eq!(publish_as(&mut c, Some("alice-secret"), "orders.us", "a9").status, 202);
+    // Only alice's five events were stored in orders.eu.
+    let stored: usize = (0..2)
+        .map(|p| {
+            let path = format!("/admin/topics/orders.eu/partitions/{p}/events?from=0&max=100");
+            let r = admin_as(&b, Some(ADMIN_TOKEN), "GET", &path, &Value::Null);
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.json().as_array().unwrap().len()
+        })
+        .sum();
+    assert_eq!(stored, 5);
+    // The refusals are in the audit log (written by its own thread: wait for it).
+    let lines = wait_for(Duration::from_secs(10), || {
+        let l = audit_lines(&dir);
+        (l.iter().filter(|l| l["outcome"] == "denied").count() >= 2).then_some(l)
+    });
+    assert!(lines.iter().any(|l| l["principal"] == "alice"
+        && l["action"] == "PUBLISH"
+        && l["resource"] == "topic:payments"
+        && l["outcome"] == "denied"));
+    assert!(lines.iter().any(|l| l["outcome"] == "unauthenticated" && l["detail"] == "unknown token"));
+}
+
+#[test]
+fn subscribing_attaching_polling_acking_and_last_event_id_all_need_subscribe() {
+    let (b, _dir) = token_broker("subscribe", &["--redelivery-backoff-ms", "50"]);
+    let mut c = b.client();
+    let sub = json!({"subscription": "billing", "topic": "orders.eu", "mode": "LOAD_BALANCE", "start": "earliest"});
+    let bob = bearer("bob-secret");
+    let alice = bearer("alice-secret");
+    let post = |c: &mut Client, who: &str, path: &str, body: &Value| {
+        c.request(
+            "POST",
+            path,
+            &[("content-type", "application/json"), ("authorization", who)],
+            body.to_string().as_bytes(),
+        )
+    };
+    // alice may publish, not subscribe; bob may subscribe to billing* on orders.*.
+    post(&mut c, &alice, "/events/subscribe", &sub).assert_problem(403);
+    assert_eq!(post(&mut c, &bob, "/events/subscribe", &sub).status, 201);
+    let other = json!({"subscription": "billing-all", "topic": "payments", "mode": "LOAD_BALANCE"});
+    let r = post(&mut c, &bob, "/events/subscribe", &other);
+    r.assert_problem(403);
+    assert!(r.text().contains("topic:payments"), "the topic needs SUBSCRIBE too: {}", r.text());
+    for i in 0..3 {
+        assert_eq!(publish_as(&mut c, Some("alice-secret"), "orders.eu", &format!("e{i}")).status, 202);
+    }
+    // alice cannot poll, ack, attach, resume with Last-Event-ID, or unsubscribe bob's subscription.
+    let get = |c: &mut Client, who: &str, path: &str, extra: &[(&str, &str)]| {
+        let mut h = vec![("authorization", who)];
+        h.extend_from_slice(extra);
+        c.request("GET", path, &h, b"")
+    };
+    get(&mut c, &alice, "/events/poll?subscription=billing&waitMs=0", &[]).assert_problem(403);
+    get(&mut c, &alice, "/events/sse?subscription=billing", &[("last-event-id", "0-2")]).assert_problem(403);
+    post(&mut c, &alice, "/events/ack", &json!({"subscription": "billing", "ids": ["0-0"]})).assert_problem(403);
+    post(&mut c, &alice, "/events/unsubscribe", &json!({"subscription": "billing"})).assert_problem(403);
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    let url = format!("ws://{}/events/ws?subscription=billing&access_token=alice-secret", b.traffic);
+    match tungstenite::client(url, stream) {
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(resp))) => assert_eq!(resp.status(), 403),
+        other => panic!("alice attached: {:?}", other.map(|_| ())),
+    }
+    // bob polls all three (nothing was skipped by alice's attempts), and acks them.
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let r = get(&mut c, &bob, "/events/poll?subscription=billing&max=10&waitMs=2000", &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        got.extend(r.json().as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_owned()));
+    }
+    got.sort();
+    assert_eq!(got, ["e0", "e1", "e2"]);
+}
+
+#[test]
+fn acl_rules_from_the_admin_api_apply_on_every_shard_persist_and_revoke_sessions() {
+    let (mut b, _dir) = token_broker("acl-api", &["--ws-ping-interval-ms", "60000"]);
+    // carol is not in the config's rules: she may do nothing, on any connection (either shard).
+    let rule = json!({"principal": "bob", "resource": "topic:metrics.*", "actions": ["PUBLISH"], "effect": "ALLOW", "priority": 5});
+    let denied_everywhere = |b: &TestBroker| {
+        (0..8).all(|i| publish_as(&mut b.client(), Some("bob-secret"), "metrics.cpu", &format!("d{i}")).status == 403)
+    };
+    assert!(denied_everywhere(&b));
+    // Admin writes need credentials: none 401, bob's token 403 (no ADMIN), ops and the admin token OK.
+    admin_as(&b, None, "PUT", "/admin/acl/bob-metrics", &rule).assert_problem(401);
+    admin_as(&b, Some("bob-secret"), "PUT", "/admin/acl/bob-metrics", &rule).assert_problem(403);
+    admin_as(&b, Some("not-a-token"), "GET", "/admin/acl", &Value::Null).assert_problem(401);
+    let r = admin_as(&b, Some("ops-secret"), "PUT", "/admin/acl/bob-metrics", &rule);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/acl/bob-metrics", &rule);
+    assert_eq!(r.status, 200, "replacing is 200: {}", r.text());
+    // The config's rules cannot be changed through the API.
+    admin_as(&b, Some(ADMIN_TOKEN), "DELETE", "/admin/acl/ops-admin", &Value::Null).assert_problem(409);
+    admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/acl/x", &json!({"principal": "a"})).assert_problem(400);
+    let r = admin_as(
+        &b,
+        Some(ADMIN_TOKEN),
+        "PUT",
+        "/admin/acl/x",
+        &json!({"principal": "a", "resource": "queue:a", "actions": ["PUBLISH"], "effect": "ALLOW"}),
+    );
+    r.assert_problem(400);
+    // In force on both shards without a restart: every connection is allowed now.
+    let allowed_everywhere = |b: &TestBroker| {
+        (0..8).all(|i| publish_as(&mut b.client(), Some("bob-secret"), "metrics.cpu", &format!("a{i}")).status == 202)
+    };
+    assert!(allowed_everywhere(&b));
+    let list = admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/acl", &Value::Null).json();
+    let ids: Vec<&str> = list.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids[0], "alice-publishes-orders", "highest priority first: {ids:?}");
+    assert!(ids.contains(&"bob-metrics"));
+    let one = admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/acl/bob-metrics", &Value::Null).json();
+    assert_eq!((one["source"].as_str(), one["priority"].as_i64()), (Some("api"), Some(5)));
+    // A DENY at the same priority wins the tie.
+    let deny = json!({"principal": "b*", "resource": "topic:metrics.cpu", "actions": ["PUBLISH"], "effect": "DENY", "priority": 5});
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/acl/deny-cpu", &deny).status, 201);
+    assert!(denied_everywhere(&b));
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "DELETE", "/admin/acl/deny-cpu", &Value::Null).status, 200);
+    admin_as(&b, Some(ADMIN_TOKEN), "DELETE", "/admin/acl/deny-cpu", &Value::Null).assert_problem(404);
+    // Persisted: a restart keeps the API's rules.
+    b.restart();
+    assert!(allowed_everywhere(&b));
+    // A session whose permission is revoked is closed with 1008 and a reason.
+    let sub = json!({"subscription": "billing-live", "topic": "orders.eu", "mode": "BROADCAST"});
+    let r = b.client().request(
+        "POST",
+        "/events/subscribe",
+        &[("content-type", "application/json"), ("authorization", &bearer("bob-secret"))],
+        sub.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let url = format!("ws://{}/events/ws?subscription=billing-live&ack=none&access_token=bob-secret", b.traffic);
+    let (mut ws, _) = tungstenite::client(url, stream).unwrap();
+    let deny = json!({"principal": "bob", "resource": "subscription:billing-live", "actions": ["SUBSCRIBE"], "effect": "DENY", "priority": 100});
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/acl/revoke", &deny).status, 201);
+    let (code, _) = read_until_closed(&mut ws, Duration::from_secs(10));
+    assert_eq!(code, Some(CloseCode::Policy));
+}
+
+#[test]
+fn admin_api_without_auth_is_open_on_loopback_and_locked_by_an_admin_token() {
+    // auth = none, loopback, no admin token: the admin API works (the tests' default).
+    let b = TestBroker::start(&[]);
+    let r = admin_as(&b, None, "PUT", "/admin/topics/t1", &json!({"partitions": 1}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    drop(b);
+    // An admin token locks the admin API, reads included, but not health, readiness or metrics.
+    let b = TestBroker::start(&["--admin-token", ADMIN_TOKEN]);
+    admin_as(&b, None, "PUT", "/admin/topics/t1", &json!({"partitions": 1})).assert_problem(401);
+    admin_as(&b, None, "GET", "/admin/topics", &Value::Null).assert_problem(401);
+    admin_as(&b, Some("wrong-token-0123456789"), "GET", "/admin/topics", &Value::Null).assert_problem(401);
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/topics/t1", &json!({"partitions": 1})).status, 201);
+    for open in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(b.admin().get(open).status, 200, "{open}");
+    }
+    // Traffic stays open (auth = none).
+    assert_eq!(b.publish("t1", &event("x")).status, 202);
+}
+
+#[test]
+fn failed_authentications_are_throttled_per_address() {
+    // One shard: each shard counts the failures it saw.
+    let (b, _dir) = token_broker("throttle", &["--shards", "1"]);
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        // New connections: the count is per address, not per connection.
+        let r = publish_as(&mut b.client(), Some(&format!("guess-{i}")), "orders.eu", "x");
+        statuses.push(r.status);
+        if r.status == 429 {
+            assert!(r.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+            r.assert_problem(429);
+        }
+    }
+    let first = statuses.iter().position(|&s| s == 429).expect("throttled");
+    assert!(statuses[..first].iter().all(|&s| s == 401), "{statuses:?}");
+    assert!(statuses[first..].iter().all(|&s| s == 429), "{statuses:?}");
+    assert_eq!(first, 20, "throttled after 20 failures: {statuses:?}");
+    // A valid token from that address is throttled too (until the window ends).
+    publish_as(&mut b.client(), Some("alice-secret"), "orders.eu", "x").assert_problem(429);
+}
+
+#[test]
+fn two_tenants_using_the_same_names_never_see_each_others_events() {
+    let tokens = [
+        ("svc-acme", Some("acme"), "acme-secret"),
+        ("svc-globex", Some("globex"), "globex-secret"),
+        ("ops-acme", Some("acme"), "acme-ops-secret"),
+    ];
+    let acl = r#"
+[[acl]]
+id = "services"
+principal = "svc-*"
+resource = "topic:orders"
+actions = ["PUBLISH", "SUBSCRIBE"]
+effect = "ALLOW"
+
+[[acl]]
+id = "services-subscriptions"
+principal = "svc-*"
+resource = "subscription:*"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+
+[[acl]]
+id = "tenant-ops"
+principal = "ops-*"
+resource = "admin"
+actions = ["ADMIN"]
+effect = "ALLOW"
+"#;
+    let (b, _dir) = broker_with("tenants", &tokens, acl, &[]);
+    let post = |who: &str, path: &str, body: &Value| {
+        b.client().request(
+            "POST",
+            path,
+            &[("content-type", "application/json"), ("authorization", &bearer(who))],
+            body.to_string().as_bytes(),
+        )
+    };
+    // The same subscription and topic names in both tenants: two subscriptions, two topics.
+    for who in ["acme-secret", "globex-secret"] {
+        let sub = json!({"subscription": "billing", "topic": "orders", "mode": "LOAD_BALANCE", "start": "earliest"});
+        let r = post(who, "/events/subscribe", &sub);
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(r.json()["topic"], "orders", "answered with the tenant's own names");
+    }
+    for i in 0..3 {
+        assert_eq!(publish_as(&mut b.client(), Some("acme-secret"), "orders", &format!("acme-{i}")).status, 202);
+        assert_eq!(publish_as(&mut b.client(), Some("globex-secret"), "orders", &format!("globex-{i}")).status, 202);
+    }
+    for (who, tenant) in [("acme-secret", "acme"), ("globex-secret", "globex")] {
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let r = b.client().request(
+                "GET",
+                "/events/poll?subscription=billing&max=10&waitMs=2000",
+                &[("authorization", &bearer(who))],
+                b"",
+            );
+            assert_eq!(r.status, 200, "{}", r.text());
+            got.extend(r.json().as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_owned()));
+        }
+        assert!(got.iter().all(|id| id.starts_with(tenant)), "{tenant} got {got:?}");
+        // Nothing more: the other tenant's events are not in this subscription.
+        let r = b.client().request(
+            "GET",
+            "/events/poll?subscription=billing&max=10&waitMs=300",
+            &[("authorization", &bearer(who))],
+            b"",
+        );
+        assert_eq!(r.status, 204, "{tenant}: {}", r.text());
+    }
+    // acme's administrator sees acme's topic under its own name, and nothing of globex's.
+    let topics = admin_as(&b, Some("acme-ops-secret"), "GET", "/admin/topics", &Value::Null).json();
+    let names: Vec<&str> = topics.as_array().unwrap().iter().map(|t| t["topic"].as_str().unwrap()).collect();
+    assert!(names.contains(&"orders") && names.iter().all(|n| !n.contains("globex")), "{names:?}");
+    let subs = admin_as(&b, Some("acme-ops-secret"), "GET", "/admin/subscriptions", &Value::Null).json();
+    assert_eq!(subs.as_array().unwrap().len(), 1, "{subs}");
+    assert_eq!(subs[0]["subscription"], "billing");
+    let mut stored = Vec::new();
+    for p in 0..2 {
+        let path = format!("/admin/topics/orders/partitions/{p}/events?from=0&max=100");
+        let r = admin_as(&b, Some("acme-ops-secret"), "GET", &path, &Value::Null);
+        assert_eq!(r.status, 200, "{}", r.text());
+        stored.extend(r.json().as_array().unwrap().iter().map(|e| e["event"]["id"].as_str().unwrap().to_owned()));
+    }
+    stored.sort();
+    assert_eq!(stored, ["acme-0", "acme-1", "acme-2"]);
+    // ... and may not change the ACL, which governs every tenant.
+    admin_as(&b, Some("acme-ops-secret"), "GET", "/admin/acl", &Value::Null).assert_problem(403);
+    // The operator (admin token, no tenant) sees both namespaces.
+    let all = admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/topics", &Value::Null).text();
+    assert!(all.contains("acme.orders") && all.contains("globex.orders"), "{all}");
+}
+
+#[test]
+fn evmesh_pub_and_sub_take_a_token() {
+    let (b, _dir) = token_broker("cli", &[]);
+    let url = format!("http://{}", b.traffic);
+    let cli = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_evmesh")).args(args).output().unwrap();
+    let publish = ["pub", "--url", &url, "--topic", "orders.cli", "--type", "t", "--data", "1"];
+    let out = cli(&publish);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stdout).contains("401"), "{out:?}");
+    let out = cli(&[&publish[..], &["--token", "alice-secret"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sub = json!({"subscription": "billing-cli", "topic": "orders.cli", "mode": "BROADCAST", "start": "earliest"});
+    let r = b.client().request(
+        "POST",
+        "/events/subscribe",
+        &[("content-type", "application/json"), ("authorization", &bearer("bob-secret"))],
+        sub.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let out = cli(&["sub", "--url", &url, "--subscription", "billing-cli", "--client-id", "c", "--max", "1"]);
+    assert!(!out.status.success(), "attached without a token");
+    let out = cli(&[
+        "sub",
+        "--url",
+        &url,
+        "--subscription",
+        "billing-cli",
+        "--client-id",
+        "c",
+        "--max",
+        "1",
+        "--token",
+        "bob-secret",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}
