@@ -32,6 +32,9 @@ struct SubscriptionLag {
 
 pub struct Admin {
     pub shared: Arc<Shared>,
+    /// Failed authentications per source address (throttled past a few, as on the traffic
+    /// listener: verification is the costly part of a bad request, and this is one thread).
+    pub failures: std::cell::RefCell<crate::governance::Failures>,
     /// A DLQ replay is running (one at a time, so none replays an event twice).
     pub replaying: std::cell::Cell<bool>,
 }
@@ -82,7 +85,7 @@ impl Handler for Admin {
         // Health, readiness and metrics stay open (probes and scrapers); the rest is the admin API.
         if segs.first() == Some(&"admin") {
             let write = req.method() != Method::Get && req.method() != Method::Head;
-            let access = match self.access(&req, write, *peer) {
+            let access = match self.access(&req, *peer) {
                 Ok(a) => a,
                 Err(r) => return r,
             };
@@ -122,16 +125,27 @@ impl Handler for Admin {
 
 impl Admin {
     /// Whether the request may use the admin API: the `admin_token`, or a principal with
-    /// ADMIN on `admin`; with neither configured, reads are open and writes only on a loopback
-    /// admin listener.
-    fn access(&self, req: &Request<'_>, write: bool, peer: Option<std::net::IpAddr>) -> Result<Access, Response> {
+    /// ADMIN on `admin`. With neither configured (no token, no rule that grants ADMIN) it is
+    /// open on a loopback admin listener and closed (403) on any other.
+    fn access(&self, req: &Request<'_>, peer: Option<std::net::IpAddr>) -> Result<Access, Response> {
         let g = &self.shared.governance;
         let token = req.header("authorization").and_then(|v| {
             let scheme = v.get(..7)?;
             scheme.eq_ignore_ascii_case(b"bearer ").then(|| v[7..].trim_ascii())
         });
         let auth_on = g.config.mode != AuthMode::None;
+        let now = std::time::Instant::now();
+        if let Some(secs) = token.and_then(|_| self.failures.borrow().throttled(peer, now)) {
+            return Err(problem(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many failed authentications from this address; retry later",
+            )
+            .with_header("retry-after", secs.to_string()));
+        }
         let unauthenticated = |e: AuthError| {
+            if e != AuthError::Missing {
+                self.failures.borrow_mut().failed(peer, now);
+            }
             g.audit(None, "ADMIN", "admin", "unauthenticated", Some(e.to_string()), peer);
             let challenge = match e {
                 AuthError::Missing => r#"Bearer realm="evmesh-admin""#.to_owned(),
@@ -153,12 +167,16 @@ impl Admin {
                 }
             }
             Some(_) => Err(unauthenticated(AuthError::UnknownToken)),
-            None if auth_on || g.has_admin_token() => Err(unauthenticated(AuthError::Missing)),
-            None if write && !self.shared.config.admin_listen.ip().is_loopback() => {
+            None if g.has_admin_token() || (auth_on && g.snapshot().acl.grants_admin()) => {
+                Err(unauthenticated(AuthError::Missing))
+            }
+            // Neither an admin token nor an ADMIN principal exists: open on a loopback admin
+            // listener; on any other nothing of /admin/* (stored events included) is served.
+            None if !self.shared.config.admin_listen.ip().is_loopback() => {
                 g.audit(None, "ADMIN", "admin", "denied", Some("no admin credentials configured".into()), peer);
                 Err(problem(
                     StatusCode::FORBIDDEN,
-                    "admin writes need admin_token or auth (the admin listener is not loopback)",
+                    "the admin API needs admin_token or an ADMIN principal when admin_listen is not loopback",
                 ))
             }
             None => Ok(Access::Open),

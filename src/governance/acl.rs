@@ -186,6 +186,13 @@ impl Acl {
         &self.rules
     }
 
+    /// Whether any rule can let a principal administer (an ADMIN principal may exist).
+    pub fn grants_admin(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.kind == Kind::Admin && r.effect == Effect::Allow && r.actions & Action::Admin.bit() != 0)
+    }
+
     /// Whether `principal` may do `action` to the resource `kind:name`; with the deciding rule.
     pub fn decide(&self, principal: &str, kind: Kind, name: &str, action: Action) -> (bool, Option<&str>) {
         match self.rules.iter().find(|r| r.matches(principal, kind, name, action)) {

@@ -97,6 +97,13 @@ impl Governance {
         // A stored rule that no longer parses (written by a newer version) is skipped, loudly.
         let stored: Vec<Rule> = stored
             .into_iter()
+            .filter(|(id, _)| {
+                let shadowed = config_rules.iter().any(|r| r.id == *id);
+                if shadowed {
+                    eprintln!("evmesh: acl rule {id} is now defined in the config file; its stored copy is not used");
+                }
+                !shadowed
+            })
             .filter_map(|(id, spec)| match Rule::new(&id, spec) {
                 Ok(r) => Some(r),
                 Err(e) => {
@@ -264,6 +271,12 @@ impl Caller {
         Caller { peer, ..Caller::default() }
     }
 
+    /// Whether `token` is the one this connection proved under the snapshot in force (no
+    /// verification needed).
+    pub fn verified(&self, snap: &Snapshot, token: Option<&[u8]>) -> bool {
+        matches!((&self.who, token), (Some((g, _)), Some(t)) if *g == snap.generation && self.token == t)
+    }
+
     /// Who `token` proves at `now_us`, verified once per connection and token (again after the
     /// keys changed, or once it expired).
     pub fn authenticate(
@@ -333,20 +346,36 @@ pub const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 /// Addresses tracked at most per shard; beyond, the oldest windows are forgotten.
 const FAILURE_PEERS: usize = 16_384;
 
+/// The address failures are counted under: IPv4 as it is, IPv6 by its /64 (one host usually
+/// has a whole /64 to rotate through).
+fn source(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 impl Failures {
     /// `Some(seconds)` to wait if `peer` is throttled now.
     pub fn throttled(&self, peer: Option<IpAddr>, now: Instant) -> Option<u64> {
-        let (n, since) = self.by_peer.get(&peer?)?;
+        let (n, since) = self.by_peer.get(&source(peer?))?;
         let left = FAILURE_WINDOW.saturating_sub(now.duration_since(*since));
         (*n >= FAILURES && !left.is_zero()).then(|| left.as_secs().max(1))
     }
 
     pub fn failed(&mut self, peer: Option<IpAddr>, now: Instant) {
-        let Some(peer) = peer else { return };
+        let Some(peer) = peer.map(source) else { return };
         if self.by_peer.len() >= FAILURE_PEERS && !self.by_peer.contains_key(&peer) {
+            // Forget ended windows, then addresses not throttled, then (all throttled) half of
+            // them: bounded memory, and a flood of new addresses does not free the throttled.
             self.by_peer.retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
             if self.by_peer.len() >= FAILURE_PEERS {
-                // All recent: forget an arbitrary half rather than grow.
+                self.by_peer.retain(|_, (n, _)| *n >= FAILURES);
+            }
+            if self.by_peer.len() >= FAILURE_PEERS {
                 let drop: Vec<IpAddr> = self.by_peer.keys().step_by(2).copied().collect();
                 for k in drop {
                     self.by_peer.remove(&k);

@@ -18,6 +18,7 @@ use crate::governance::identity::{AuthError, Keys, Principal};
 use crate::governance::{Caller, Failures, View};
 use crate::http::{problem, Method, StatusCode};
 use crate::server::conn::{ConnGuard, ConnLimits};
+use crate::server::upgrade::Credential;
 use crate::server::{Handler, Request, Response, SessionSpec, Upgrade};
 use crate::shard::core::{Shard, CROSS_CORE_DEADLINE, OUTBOX_HIGH};
 use crate::shard::mailbox::Sender;
@@ -167,11 +168,12 @@ impl Handler for Traffic {
             return problem(StatusCode::NOT_FOUND, &format!("no route for {path}"));
         }
         let browser = matches!(path, "/events/ws" | "/events/sse" | "/ws/echo");
-        let who = match self.authenticate(caller, &req, browser) {
+        let token = credential(&req, browser);
+        let who = match self.authenticate(caller, &req, token.as_deref()) {
             Ok(who) => who,
             Err(r) => return r,
         };
-        let mut gate = Gate { traffic: self, caller, who: &who };
+        let mut gate = Gate { traffic: self, caller, who: &who, token: token.as_deref() };
         match (req.method(), path) {
             (Method::Post, "/events/publish") => {
                 let started = std::time::Instant::now();
@@ -216,6 +218,8 @@ struct Gate<'a> {
     traffic: &'a Traffic,
     caller: &'a mut Caller,
     who: &'a Rc<Principal>,
+    /// The credential it proved that with (sessions re-check it when the keys change).
+    token: Option<&'a [u8]>,
 }
 
 impl Gate<'_> {
@@ -270,14 +274,23 @@ impl Traffic {
 
     /// Who the request comes from: 401 without valid credentials (429 for an address that
     /// failed too often lately).
-    fn authenticate(&self, caller: &mut Caller, req: &Request<'_>, browser: bool) -> Result<Rc<Principal>, Response> {
+    fn authenticate(
+        &self,
+        caller: &mut Caller,
+        req: &Request<'_>,
+        token: Option<&[u8]>,
+    ) -> Result<Rc<Principal>, Response> {
         let g = &self.shard.shared.governance;
         let snap = self.view.current(g);
         if matches!(*snap.keys, Keys::None) {
             return Ok(crate::governance::anonymous());
         }
         let now = std::time::Instant::now();
-        if let Some(secs) = self.failures.borrow().throttled(caller.peer, now) {
+        // An address that failed too often waits before anything is verified for it again; a
+        // connection that already proved its token goes on (one bad client behind a NAT must
+        // not shut out the others).
+        let throttled = || self.failures.borrow().throttled(caller.peer, now);
+        if let Some(secs) = (!caller.verified(&snap, token)).then(throttled).flatten() {
             self.shard.shared.metrics.shard(self.shard.id).refused(429);
             return Err(problem(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -285,8 +298,7 @@ impl Traffic {
             )
             .with_header("retry-after", secs.to_string()));
         }
-        let token = credential(req, browser);
-        match caller.authenticate(&snap, token.as_deref(), crate::clock::now_micros) {
+        match caller.authenticate(&snap, token, crate::clock::now_micros) {
             Ok(who) => Ok(who),
             Err(e) => {
                 if e != AuthError::Missing {
@@ -360,6 +372,7 @@ impl Traffic {
             filters,
             last_event_id,
             principal: gate.principal(),
+            credential: gate.principal().and(gate.token.map(|t| Credential(t.to_vec()))),
             tenant: gate.who.tenant.clone(),
             expires_us: gate.who.expires_us,
         })

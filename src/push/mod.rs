@@ -60,8 +60,9 @@ pub fn detach_acked(shard: &Rc<Shard>, consumer: ConsumerKey, topic: &str, at: S
 /// How often a session opened by a principal checks that the ACL still lets it subscribe.
 const ACL_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Returns, with the reason, once the session must end: its credential expired or the ACL no
-/// longer allows SUBSCRIBE on its subscription (checked within a second of a change).
+/// Returns, with the reason, once the session must end: its credential expired, or (checked
+/// within a second of a change of the keys or the ACL) it no longer verifies or the ACL no
+/// longer allows SUBSCRIBE on its subscription.
 /// Never returns for a session opened without a principal (`auth = none`).
 pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
     use crate::governance::acl::{Action, Kind};
@@ -84,7 +85,12 @@ pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
         monoio::time::sleep(wait).await;
         if g.generation() != generation {
             generation = g.generation();
-            if !g.snapshot().acl.decide(principal, Kind::Subscription, name, Action::Subscribe).0 {
+            let snap = g.snapshot();
+            let now = crate::clock::now_micros();
+            if spec.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err()) {
+                return "token revoked";
+            }
+            if !snap.acl.decide(principal, Kind::Subscription, name, Action::Subscribe).0 {
                 return "access revoked";
             }
         }

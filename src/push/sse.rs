@@ -92,7 +92,9 @@ pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, spec: Bo
     let ended = async {
         let reason = super::authority(&shard, &spec).await;
         shard.sessions.close_acked(at.id, crate::ws::CloseCode::POLICY.0, reason);
-        std::future::pending::<()>().await
+        // The close ends the stream properly once the writer gets to it; a writer stuck
+        // behind a full queue or a client that stopped reading ends with the session here.
+        monoio::time::sleep(WRITE_STALL).await;
     };
     let serve = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events)));
     match select(Box::pin(serve), Box::pin(ended)).await {

@@ -367,7 +367,13 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     let open = open.clone();
                     Some(ConnGuard::new(move || open.set(open.get() - 1)))
                 };
-                accept_loop(listener, Rc::new(Admin { shared, replaying: Default::default() }), limits, admit).await
+                accept_loop(
+                    listener,
+                    Rc::new(Admin { shared, replaying: Default::default(), failures: Default::default() }),
+                    limits,
+                    admit,
+                )
+                .await
             };
             if let Err(e) = block_on(IoDriver::Epoll, run) {
                 eprintln!("evmesh: admin thread: {e}");

@@ -31,6 +31,9 @@ pub struct SessionSpec {
     /// Who opened the session (`None` with `auth = none`): it is closed (WebSocket 1008) once
     /// the credential expires or the ACL no longer lets it subscribe.
     pub principal: Option<String>,
+    /// The credential the session was opened with, verified again when the keys change (a
+    /// token removed from the tokens file, a key from the JWKS, ends the session).
+    pub credential: Option<Credential>,
     /// The principal's tenant: `subscription` is stored as `tenant.name`.
     pub tenant: Option<String>,
     /// When the credential expires, µs since the Unix epoch.
@@ -40,3 +43,13 @@ pub struct SessionSpec {
 /// A response of the broker's: the protocol's response, which may turn the connection into an
 /// [`Upgrade`].
 pub type Response = crate::http::Response<Upgrade>;
+
+/// A bearer credential kept by a session; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential(pub Vec<u8>);
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential(..)")
+    }
+}

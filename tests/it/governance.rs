@@ -343,12 +343,23 @@ fn admin_api_without_auth_is_open_on_loopback_and_locked_by_an_admin_token() {
     }
     // Traffic stays open (auth = none).
     assert_eq!(b.publish("t1", &event("x")).status, 202);
+    drop(b);
+    // auth on, but neither an admin token nor a rule granting ADMIN: open on loopback.
+    let dir = files("admin-neither");
+    let tokens = dir.join("t.jsonl");
+    std::fs::write(&tokens, "").unwrap();
+    let b = TestBroker::start(&["--auth", "token", "--auth-tokens-file", tokens.to_str().unwrap()]);
+    assert_eq!(admin_as(&b, None, "PUT", "/admin/topics/t2", &json!({"partitions": 1})).status, 201);
+    assert_eq!(admin_as(&b, None, "GET", "/admin/acl", &Value::Null).status, 200);
 }
 
 #[test]
 fn failed_authentications_are_throttled_per_address() {
     // One shard: each shard counts the failures it saw.
     let (b, _dir) = token_broker("throttle", &["--shards", "1"]);
+    // A keep-alive publisher that proved its token before the flood (same address).
+    let mut verified = b.client();
+    assert_eq!(publish_as(&mut verified, Some("alice-secret"), "orders.eu", "v0").status, 202);
     let mut statuses = Vec::new();
     for i in 0..30 {
         // New connections: the count is per address, not per connection.
@@ -363,8 +374,11 @@ fn failed_authentications_are_throttled_per_address() {
     assert!(statuses[..first].iter().all(|&s| s == 401), "{statuses:?}");
     assert!(statuses[first..].iter().all(|&s| s == 429), "{statuses:?}");
     assert_eq!(first, 20, "throttled after 20 failures: {statuses:?}");
-    // A valid token from that address is throttled too (until the window ends).
+    // A valid token from that address on a new connection is throttled too (until the window
+    // ends), but the connection that had proved its token goes on: one bad client behind a NAT
+    // does not shut out the others.
     publish_as(&mut b.client(), Some("alice-secret"), "orders.eu", "x").assert_problem(429);
+    assert_eq!(publish_as(&mut verified, Some("alice-secret"), "orders.eu", "v1").status, 202);
 }
 
 #[test]
@@ -496,4 +510,42 @@ fn evmesh_pub_and_sub_take_a_token() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}
+
+#[test]
+fn a_session_ends_when_its_token_is_removed_from_the_tokens_file() {
+    let (b, dir) = token_broker("revoke-token", &[]);
+    let sub = json!({"subscription": "billing-rt", "topic": "orders.eu", "mode": "BROADCAST"});
+    let r = b.client().request(
+        "POST",
+        "/events/subscribe",
+        &[("content-type", "application/json"), ("authorization", &bearer("bob-secret"))],
+        sub.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let url = format!("ws://{}/events/ws?subscription=billing-rt&ack=none", b.traffic);
+    let mut req = tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
+    req.headers_mut().insert("authorization", bearer("bob-secret").parse().unwrap());
+    let (mut ws, _) = tungstenite::client(req, stream).unwrap();
+    // bob's line goes; alice's stays. The file is replaced by a rename, as an operator would.
+    let line = json!({"principal": "alice", "sha256": sha256_hex("alice-secret")});
+    std::fs::write(dir.join("tokens.new"), format!("{line}\n")).unwrap();
+    std::fs::rename(dir.join("tokens.new"), dir.join("tokens.jsonl")).unwrap();
+    let start = std::time::Instant::now();
+    let close = loop {
+        assert!(start.elapsed() < Duration::from_secs(10), "the session outlived its token");
+        match ws.read() {
+            Ok(tungstenite::Message::Close(f)) => break f,
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.to_string().contains("Resource temporarily unavailable") => {}
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let f = close.expect("a close frame");
+    assert_eq!((f.code, f.reason.as_str()), (CloseCode::Policy, "token revoked"));
+    // And the token no longer opens anything.
+    publish_as(&mut b.client(), Some("bob-secret"), "orders.eu", "x").assert_problem(401);
 }
