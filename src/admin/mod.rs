@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::adaptor::cloudevents::write_structured;
 use crate::governance::acl::{Action, Kind as AclKind, RuleSpec};
 use crate::governance::identity::{AuthError, Principal};
+use crate::governance::limits::{LimitSpec, Quota};
 use crate::governance::AuthMode;
 use crate::http::{problem, Method, StatusCode};
 use crate::ingress::storage_problem;
@@ -245,6 +246,14 @@ impl Admin {
             (Method::Get, ["admin", "acl", id]) => self.acl_rules(Some(id)),
             (Method::Put, ["admin", "acl", id]) => self.put_acl(id, req.body),
             (Method::Delete, ["admin", "acl", id]) => self.delete_acl(id),
+            (Method::Get, ["admin", "limits"]) => self.limits(None),
+            (Method::Get, ["admin", "limits", id]) => self.limits(Some(id)),
+            (Method::Put, ["admin", "limits", id]) => self.put_limit(id, req.body),
+            (Method::Delete, ["admin", "limits", id]) => self.delete_limit(id),
+            (Method::Get, ["admin", "quotas"]) => self.quotas(None),
+            (Method::Get, ["admin", "quotas", t]) => self.quotas(Some(t)),
+            (Method::Put, ["admin", "quotas", t]) => self.put_quota(t, req.body),
+            (Method::Delete, ["admin", "quotas", t]) => self.delete_quota(t),
             _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
         }
     }
@@ -291,7 +300,10 @@ impl Admin {
             (Method::Post, ["admin", "dlq", name, "replay"]) => self.replay(&stored(name)).await,
             _ => problem(
                 StatusCode::FORBIDDEN,
-                &format!("an administrator of tenant {t} manages its topics, subscriptions and dead letters only"),
+                &format!(
+                    "an administrator of tenant {t} manages its topics, subscriptions and dead letters only (the ACL and \
+                     the limits govern every tenant)"
+                ),
             ),
         }
     }
@@ -346,6 +358,124 @@ impl Admin {
         let mut v = serde_json::to_value(&spec).expect("a rule serializes");
         v["id"] = id.into();
         Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+    }
+
+    /// `GET /admin/limits`: every rate limit, by id, with `id`; `GET /admin/limits/{id}`: one.
+    fn limits(&self, id: Option<&str>) -> Response {
+        let snap = self.shared.governance.snapshot();
+        let json = |l: &crate::governance::limits::Limit| {
+            let mut v = serde_json::to_value(&l.spec).expect("a limit serializes");
+            v["id"] = l.id.clone().into();
+            v
+        };
+        match id {
+            None => {
+                let all: Vec<_> = snap.limits.all().iter().map(|l| json(l)).collect();
+                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
+            }
+            Some(id) => match snap.limits.all().iter().find(|l| l.id == id) {
+                Some(l) => Response::json(StatusCode::OK, serde_json::to_vec(&json(l)).expect("json")),
+                None => problem(StatusCode::NOT_FOUND, &format!("no limit {id}")),
+            },
+        }
+    }
+
+    /// `PUT /admin/limits/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
+    fn put_limit(&self, id: &str, body: &[u8]) -> Response {
+        let g = &self.shared.governance;
+        let spec: LimitSpec = match serde_json::from_slice(body) {
+            Ok(s) => s,
+            Err(e) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    &format!("expected {{\"scope\", \"eventsPerSecond\", \"bytesPerSecond\", \"burst\"}}: {e}"),
+                )
+            }
+        };
+        let limit = match crate::governance::limits::Limit::new(id, spec.clone()) {
+            Ok(l) => l,
+            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+        };
+        let existed = g.snapshot().limits.all().iter().any(|l| l.id == id);
+        if let Err(e) = meta::put_limit(&self.shared.db, id, &spec) {
+            return storage_problem(&e);
+        }
+        g.set_limit(id, Some(limit));
+        let mut v = serde_json::to_value(&spec).expect("a limit serializes");
+        v["id"] = id.into();
+        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+    }
+
+    /// `GET /admin/quotas`: every tenant's quotas, with `tenant`; `GET /admin/quotas/{t}`: one.
+    fn quotas(&self, tenant: Option<&str>) -> Response {
+        let snap = self.shared.governance.snapshot();
+        let json = |t: &str, q: &Quota| {
+            let mut v = serde_json::to_value(q).expect("a quota serializes");
+            v["tenant"] = t.into();
+            v
+        };
+        match tenant {
+            None => {
+                let mut all: Vec<_> = snap.quotas.iter().map(|(t, q)| json(t, q)).collect();
+                all.sort_by(|a, b| a["tenant"].as_str().cmp(&b["tenant"].as_str()));
+                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
+            }
+            Some(t) => match snap.quotas.get(t) {
+                Some(q) => Response::json(StatusCode::OK, serde_json::to_vec(&json(t, q)).expect("json")),
+                None => problem(StatusCode::NOT_FOUND, &format!("no quotas for tenant {t}")),
+            },
+        }
+    }
+
+    /// `PUT /admin/quotas/{tenant}`: 201 new, 200 replaced; in force at once.
+    fn put_quota(&self, tenant: &str, body: &[u8]) -> Response {
+        let g = &self.shared.governance;
+        if !crate::governance::identity::valid_tenant(tenant) {
+            return problem(StatusCode::BAD_REQUEST, "tenant names are [A-Za-z0-9_-]{1,64}");
+        }
+        let quota: Quota = match serde_json::from_slice(body) {
+            Ok(q) => q,
+            Err(e) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    &format!("expected {{\"connections\", \"topics\", \"subscriptions\", \"backlogBytes\"}}: {e}"),
+                )
+            }
+        };
+        let existed = g.snapshot().quotas.contains_key(tenant);
+        if let Err(e) = meta::put_quota(&self.shared.db, tenant, &quota) {
+            return storage_problem(&e);
+        }
+        g.set_quota(tenant, Some(quota.clone()));
+        let mut v = serde_json::to_value(&quota).expect("a quota serializes");
+        v["tenant"] = tenant.into();
+        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+    }
+
+    /// `DELETE /admin/quotas/{tenant}`: 200 removed, 404 unknown.
+    fn delete_quota(&self, tenant: &str) -> Response {
+        let g = &self.shared.governance;
+        if !g.snapshot().quotas.contains_key(tenant) {
+            return problem(StatusCode::NOT_FOUND, &format!("no quotas for tenant {tenant}"));
+        }
+        if let Err(e) = meta::delete_quota(&self.shared.db, tenant) {
+            return storage_problem(&e);
+        }
+        g.set_quota(tenant, None);
+        Response::json(StatusCode::OK, serde_json::json!({"tenant": tenant, "removed": true}).to_string())
+    }
+
+    /// `DELETE /admin/limits/{id}`: 200 removed, 404 unknown.
+    fn delete_limit(&self, id: &str) -> Response {
+        let g = &self.shared.governance;
+        if !g.snapshot().limits.all().iter().any(|l| l.id == id) {
+            return problem(StatusCode::NOT_FOUND, &format!("no limit {id}"));
+        }
+        if let Err(e) = meta::delete_limit(&self.shared.db, id) {
+            return storage_problem(&e);
+        }
+        g.set_limit(id, None);
+        Response::json(StatusCode::OK, serde_json::json!({"id": id, "removed": true}).to_string())
     }
 
     /// `DELETE /admin/acl/{id}`: 200 removed, 404 unknown.

@@ -11,6 +11,7 @@
 pub mod acl;
 pub mod audit;
 pub mod identity;
+pub mod limits;
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use acl::{Acl, Action, Kind, Rule, RuleSpec};
 use identity::{AuthError, Keys, Principal};
+use limits::{Limit, LimitSpec, Limits, Quota};
 
 /// `auth`: how callers prove who they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +59,9 @@ pub struct Snapshot {
     pub generation: u64,
     pub keys: Arc<Keys>,
     pub acl: Arc<Acl>,
+    pub limits: Arc<Limits>,
+    /// Each tenant's quotas.
+    pub quotas: Arc<std::collections::HashMap<String, Quota>>,
 }
 
 /// A file's identity and version, to notice a replacement or an edit.
@@ -79,6 +84,8 @@ pub struct Governance {
     config_rules: Vec<Rule>,
     /// The admin API's rules, as stored.
     stored_rules: Mutex<Vec<Rule>>,
+    /// Nanoseconds of the rate limits' clock count from here.
+    epoch: Instant,
     current: RwLock<Arc<Snapshot>>,
     generation: AtomicU64,
     key_file: Mutex<Option<Stamp>>,
@@ -88,7 +95,13 @@ pub struct Governance {
 impl Governance {
     /// Loads the key file and builds the ACL from the config's rules and `stored` (the admin
     /// API's, from the metadata).
-    pub fn new(config: AuthConfig, stored: Vec<(String, RuleSpec)>, audit: audit::Audit) -> Result<Governance, String> {
+    pub fn new(
+        config: AuthConfig,
+        stored: Vec<(String, RuleSpec)>,
+        stored_limits: Vec<(String, LimitSpec)>,
+        stored_quotas: Vec<(String, Quota)>,
+        audit: audit::Audit,
+    ) -> Result<Governance, String> {
         let config_rules = config
             .acl
             .iter()
@@ -117,12 +130,30 @@ impl Governance {
         let keys = Arc::new(Governance::load_keys(&config)?);
         let acl = Arc::new(Acl::new(config_rules.iter().chain(&stored).cloned().collect()));
         let admin_token = config.admin_token.as_deref().map(|t| identity::sha256(t.as_bytes()));
+        let limits = stored_limits
+            .into_iter()
+            .filter_map(|(id, spec)| match Limit::new(&id, spec) {
+                Ok(l) => Some(Arc::new(l)),
+                Err(e) => {
+                    eprintln!("evmesh: ignoring stored limit {id}: {e}");
+                    None
+                }
+            })
+            .collect();
+        let limits = Arc::new(Limits::new(limits));
         Ok(Governance {
             config,
             admin_token,
             config_rules,
             stored_rules: Mutex::new(stored),
-            current: RwLock::new(Arc::new(Snapshot { generation: 1, keys, acl })),
+            epoch: Instant::now(),
+            current: RwLock::new(Arc::new(Snapshot {
+                generation: 1,
+                keys,
+                acl,
+                limits,
+                quotas: Arc::new(stored_quotas.into_iter().collect()),
+            })),
             generation: AtomicU64::new(1),
             key_file: Mutex::new(key_stamp),
             audit,
@@ -179,7 +210,7 @@ impl Governance {
         }
         *seen = now;
         let keys = Arc::new(Governance::load_keys(&self.config)?);
-        self.publish(|cur| Snapshot { generation: 0, keys, acl: cur.acl.clone() });
+        self.publish(|cur| Snapshot { generation: 0, keys, ..cur.clone() });
         Ok(true)
     }
 
@@ -194,7 +225,34 @@ impl Governance {
         stored.retain(|r| r.id != id);
         stored.extend(rule);
         let acl = Arc::new(Acl::new(self.config_rules.iter().chain(stored.iter()).cloned().collect()));
-        self.publish(|cur| Snapshot { generation: 0, keys: cur.keys.clone(), acl });
+        self.publish(|cur| Snapshot { generation: 0, acl, ..cur.clone() });
+    }
+
+    /// Replaces (`Some`) or removes (`None`) one rate limit. The others keep their buckets (a
+    /// limit that is replaced starts full).
+    pub fn set_limit(&self, id: &str, limit: Option<Limit>) {
+        self.publish(|cur| {
+            let mut all: Vec<Arc<Limit>> = cur.limits.all().iter().filter(|l| l.id != id).cloned().collect();
+            all.extend(limit.map(Arc::new));
+            Snapshot { generation: 0, limits: Arc::new(Limits::new(all)), ..cur.clone() }
+        });
+    }
+
+    /// Sets (`Some`) or removes (`None`) a tenant's quotas.
+    pub fn set_quota(&self, tenant: &str, quota: Option<Quota>) {
+        self.publish(|cur| {
+            let mut quotas = (*cur.quotas).clone();
+            match quota {
+                Some(q) => quotas.insert(tenant.to_owned(), q),
+                None => quotas.remove(tenant),
+            };
+            Snapshot { generation: 0, quotas: Arc::new(quotas), ..cur.clone() }
+        });
+    }
+
+    /// The rate limits' clock: nanoseconds since this process started.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
     }
 
     /// Whether `token` is the admin token.

@@ -213,6 +213,13 @@ impl Handler for Traffic {
     }
 }
 
+/// What a tenant's quotas count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quotaed {
+    Topic,
+    Subscription,
+}
+
 /// What one request may do: the caller's connection state and who it proved to be.
 struct Gate<'a> {
     traffic: &'a Traffic,
@@ -256,6 +263,72 @@ impl Gate<'_> {
                 }
                 Ok(Cow::Owned(stored))
             }
+        }
+    }
+
+    /// Takes `events` events of `bytes` bytes for `topic` (its stored name) from every rate
+    /// limit of the principal, its tenant and the topic: 429 with `Retry-After` if one is out.
+    fn limit(&self, topic: &str, events: u64, bytes: u64) -> Result<(), Response> {
+        let t = self.traffic;
+        let g = &t.shard.shared.governance;
+        let snap = t.view.current(g);
+        if snap.limits.is_empty() {
+            return Ok(());
+        }
+        let tenant = self.who.tenant.as_deref();
+        match snap.limits.take(&self.who.name, tenant, topic, events, bytes, g.now_ns()) {
+            Ok(()) => Ok(()),
+            Err(l) => {
+                t.shard.shared.metrics.shard(t.shard.id).refused(429);
+                let secs = l.retry_after.as_secs() + u64::from(l.retry_after.subsec_nanos() > 0);
+                Err(problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &format!("over rate limit {} ({}); retry in {} ms", l.id, l.scope, l.retry_after.as_millis()),
+                )
+                .with_header("retry-after", secs.max(1).to_string()))
+            }
+        }
+    }
+
+    /// A tenant's quota of topics or subscriptions, checked before a request that would create
+    /// `stored` (nothing is counted when it exists): 429 once the tenant has that many.
+    fn quota(&self, what: Quotaed, stored: &str) -> Result<(), Response> {
+        let Some(tenant) = self.who.tenant.as_deref() else { return Ok(()) };
+        let t = self.traffic;
+        let snap = t.view.current(&t.shard.shared.governance);
+        let Some(q) = snap.quotas.get(tenant) else { return Ok(()) };
+        let db = &t.shard.shared.db;
+        let prefix = format!("{tenant}.");
+        let (max, counted) = match what {
+            Quotaed::Topic => {
+                let Some(max) = q.topics else { return Ok(()) };
+                if t.shard.partitions_of(stored).is_some() {
+                    return Ok(());
+                }
+                (max, crate::storage::meta::count_topics(db, &prefix, max as usize))
+            }
+            Quotaed::Subscription => {
+                let Some(max) = q.subscriptions else { return Ok(()) };
+                match crate::storage::meta::get_subscription(db, stored) {
+                    Ok(Some(_)) => return Ok(()),
+                    Ok(None) => {}
+                    Err(e) => return Err(storage_problem(&e)),
+                }
+                (max, crate::storage::meta::count_subscriptions(db, &prefix, max as usize))
+            }
+        };
+        match counted {
+            Ok(n) if (n as u64) < max => Ok(()),
+            Ok(_) => {
+                t.shard.shared.metrics.shard(t.shard.id).refused(429);
+                let what = if what == Quotaed::Topic { "topics" } else { "subscriptions" };
+                Err(problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &format!("tenant {tenant} has its quota of {max} {what}; remove one or ask for more"),
+                )
+                .with_header("retry-after", "60"))
+            }
+            Err(e) => Err(storage_problem(&e)),
         }
     }
 
@@ -543,6 +616,11 @@ impl Traffic {
             (Ok(s), Ok(t)) => (def.subscription, def.topic) = (s.into_owned(), t.into_owned()),
             (Err(r), _) | (_, Err(r)) => return r,
         }
+        if let Err(r) =
+            gate.quota(Quotaed::Topic, &def.topic).and_then(|()| gate.quota(Quotaed::Subscription, &def.subscription))
+        {
+            return r;
+        }
         if let Err(e) = self.shard.topic(&def.topic, None, false).await {
             return storage_problem(&e);
         }
@@ -611,6 +689,13 @@ impl Traffic {
             Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
         };
         let batch = frames.1;
+        // Rate limits count what was parsed: a refused or malformed request takes nothing.
+        if let Err(r) = gate.limit(&topic, frames.0.len() as u64, req.body.len() as u64) {
+            return r;
+        }
+        if let Err(r) = gate.quota(Quotaed::Topic, &topic) {
+            return r;
+        }
         match self.store(&topic, frames.0).await {
             Ok(placed) => {
                 let m = self.shard.shared.metrics.shard(self.shard.id);

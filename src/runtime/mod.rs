@@ -276,7 +276,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let audit = Audit::start(audit.audit_log.clone(), audit.audit_max_per_second, audit.audit_max_bytes)
         .map_err(|e| StartError::Auth(format!("audit log {}: {e}", config.auth.audit_log.display())))?;
     let stored = crate::storage::meta::list_acl(&db)?;
-    let governance = Governance::new(config.auth.clone(), stored, audit).map_err(StartError::Auth)?;
+    let limits = crate::storage::meta::list_limits(&db)?;
+    let quotas = crate::storage::meta::list_quotas(&db)?;
+    let governance = Governance::new(config.auth.clone(), stored, limits, quotas, audit).map_err(StartError::Auth)?;
     let shared = Arc::new(Shared {
         governance,
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),

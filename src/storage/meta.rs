@@ -1,7 +1,7 @@
 //! Metadata in the `meta` column family: `topic/<name>` -> JSON [`TopicMeta`],
 //! `sub/<name>` -> JSON subscription [`Definition`], and `dlq/<topic>/<partition>` -> how far the
-//! dead letters of that partition of `<topic>.dlq` were replayed, and `acl/<id>` -> an ACL rule
-//! of the admin API.
+//! dead letters of that partition of `<topic>.dlq` were replayed, `acl/<id>` -> an ACL rule and
+//! `limit/<id>` -> a rate limit and `quota/<tenant>` -> a tenant's quotas, of the admin API.
 //!
 //! Topics and subscriptions are written only by the owner shard of the name (which serializes
 //! creation), replay marks only by the admin thread; read by anyone.
@@ -122,4 +122,73 @@ pub fn put_acl<T: serde::Serialize>(db: &DB, id: &str, rule: &T) -> Result<(), S
 pub fn delete_acl(db: &DB, id: &str) -> Result<(), StorageError> {
     let cf = db.cf_handle(META).expect("meta family exists");
     Ok(db.delete_cf(cf, acl_key(id))?)
+}
+
+fn limit_key(id: &str) -> Vec<u8> {
+    format!("limit/{id}").into_bytes()
+}
+
+/// The admin API's rate limits, `(id, limit)` in id order.
+pub fn list_limits<T: serde::de::DeserializeOwned>(db: &DB) -> Result<Vec<(String, T)>, StorageError> {
+    list_json(db, b"limit/")
+}
+
+/// Stores one rate limit (WAL durability).
+pub fn put_limit<T: serde::Serialize>(db: &DB, id: &str, limit: &T) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    let v = serde_json::to_vec(limit).expect("a limit serializes");
+    Ok(db.put_cf(cf, limit_key(id), v)?)
+}
+
+pub fn delete_limit(db: &DB, id: &str) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    Ok(db.delete_cf(cf, limit_key(id))?)
+}
+
+/// How many keys under `prefix` pass `keep`, counting at most `max` (a quota check stops as
+/// soon as the answer is known).
+fn count_keys(db: &DB, prefix: &[u8], max: usize, keep: impl Fn(&[u8]) -> bool) -> Result<usize, StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    let mut n = 0;
+    for item in db.iterator_cf(cf, IteratorMode::From(prefix, rocksdb::Direction::Forward)) {
+        let (k, _) = item?;
+        let Some(name) = k.strip_prefix(prefix) else { break };
+        if keep(name) {
+            n += 1;
+            if n >= max {
+                break;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Topics whose names start with `prefix` (dead-letter topics not counted), at most `max`.
+pub fn count_topics(db: &DB, prefix: &str, max: usize) -> Result<usize, StorageError> {
+    count_keys(db, format!("topic/{prefix}").as_bytes(), max, |name| !name.ends_with(b".dlq"))
+}
+
+/// Subscriptions whose names start with `prefix`, at most `max`.
+pub fn count_subscriptions(db: &DB, prefix: &str, max: usize) -> Result<usize, StorageError> {
+    count_keys(db, format!("sub/{prefix}").as_bytes(), max, |_| true)
+}
+
+fn quota_key(tenant: &str) -> Vec<u8> {
+    format!("quota/{tenant}").into_bytes()
+}
+
+/// Every tenant's quotas, `(tenant, quotas)`.
+pub fn list_quotas<T: serde::de::DeserializeOwned>(db: &DB) -> Result<Vec<(String, T)>, StorageError> {
+    list_json(db, b"quota/")
+}
+
+pub fn put_quota<T: serde::Serialize>(db: &DB, tenant: &str, quota: &T) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    let v = serde_json::to_vec(quota).expect("a quota serializes");
+    Ok(db.put_cf(cf, quota_key(tenant), v)?)
+}
+
+pub fn delete_quota(db: &DB, tenant: &str) -> Result<(), StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    Ok(db.delete_cf(cf, quota_key(tenant))?)
 }

@@ -549,3 +549,109 @@ fn a_session_ends_when_its_token_is_removed_from_the_tokens_file() {
     // And the token no longer opens anything.
     publish_as(&mut b.client(), Some("bob-secret"), "orders.eu", "x").assert_problem(401);
 }
+
+#[test]
+fn rate_limits_per_principal_and_per_topic_answer_429_with_retry_after() {
+    let (b, _dir) = token_broker("limits", &[]);
+    let put = |id: &str, body: Value| admin_as(&b, Some(ADMIN_TOKEN), "PUT", &format!("/admin/limits/{id}"), &body);
+    // Refused shapes first.
+    put("bad", json!({"scope": "user:x", "eventsPerSecond": 1})).assert_problem(400);
+    put("bad", json!({"scope": "principal:alice"})).assert_problem(400);
+    put("bad", json!({"scope": "principal:alice", "eventsPerSecond": 0})).assert_problem(400);
+    admin_as(
+        &b,
+        Some("bob-secret"),
+        "PUT",
+        "/admin/limits/x",
+        &json!({"scope": "principal:bob", "eventsPerSecond": 1}),
+    )
+    .assert_problem(403);
+    // alice: 5 events a second, a burst of 5, on one keep-alive connection.
+    let r = put("alice", json!({"scope": "principal:alice", "eventsPerSecond": 5, "burst": 5}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut c = b.client();
+    let statuses: Vec<u16> =
+        (0..8).map(|i| publish_as(&mut c, Some("alice-secret"), "orders.eu", &format!("l{i}")).status).collect();
+    assert_eq!(statuses.iter().filter(|&&s| s == 202).count(), 5, "{statuses:?}");
+    let r = publish_as(&mut c, Some("alice-secret"), "orders.eu", "over");
+    r.assert_problem(429);
+    assert!(r.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+    assert!(r.json()["detail"].as_str().unwrap().contains("principal:alice"));
+    // Listed, then replaced by a higher limit: in force at once, on every shard.
+    let list = admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/limits", &Value::Null).json();
+    assert_eq!(list[0]["id"], "alice");
+    assert_eq!(list[0]["eventsPerSecond"], 5);
+    assert_eq!(put("alice", json!({"scope": "principal:alice", "eventsPerSecond": 100000})).status, 200);
+    for i in 0..20 {
+        assert_eq!(publish_as(&mut b.client(), Some("alice-secret"), "orders.eu", &format!("m{i}")).status, 202);
+    }
+    // A topic limit, in bytes: 100 bytes a second on orders.slow (an event here is about 90), others unaffected.
+    assert_eq!(put("slow", json!({"scope": "topic:orders.slow", "bytesPerSecond": 100, "burst": 100})).status, 201);
+    assert_eq!(publish_as(&mut c, Some("alice-secret"), "orders.slow", "s0").status, 202);
+    publish_as(&mut c, Some("alice-secret"), "orders.slow", "s1").assert_problem(429);
+    assert_eq!(publish_as(&mut c, Some("alice-secret"), "orders.fast", "f0").status, 202);
+    // Removed: no limit any more. And limits are stored: they survive a restart.
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "DELETE", "/admin/limits/slow", &Value::Null).status, 200);
+    admin_as(&b, Some(ADMIN_TOKEN), "DELETE", "/admin/limits/slow", &Value::Null).assert_problem(404);
+    let mut b = b;
+    b.restart();
+    let one = admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/limits/alice", &Value::Null).json();
+    assert_eq!(one["eventsPerSecond"], 100000);
+    admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/limits/slow", &Value::Null).assert_problem(404);
+}
+
+#[test]
+fn a_tenant_quota_caps_its_topics_and_subscriptions() {
+    let tokens = [("svc-acme", Some("acme"), "acme-secret"), ("svc-globex", Some("globex"), "globex-secret")];
+    let acl = r#"
+[[acl]]
+id = "services"
+principal = "svc-*"
+resource = "topic:*"
+actions = ["PUBLISH", "SUBSCRIBE"]
+effect = "ALLOW"
+
+[[acl]]
+id = "services-subscriptions"
+principal = "svc-*"
+resource = "subscription:*"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+"#;
+    let (b, _dir) = broker_with("quotas", &tokens, acl, &[]);
+    let q = json!({"topics": 2, "subscriptions": 1});
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &q).status, 201);
+    admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/a.b", &q).assert_problem(400);
+    admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &json!({"topicz": 1})).assert_problem(400);
+    let mut c = b.client();
+    assert_eq!(publish_as(&mut c, Some("acme-secret"), "t1", "a").status, 202);
+    assert_eq!(publish_as(&mut c, Some("acme-secret"), "t2", "b").status, 202);
+    let r = publish_as(&mut c, Some("acme-secret"), "t3", "c");
+    r.assert_problem(429);
+    assert!(r.header("retry-after").is_some() && r.text().contains("quota of 2 topics"), "{}", r.text());
+    // Existing topics take more events; another tenant is not counted against acme.
+    assert_eq!(publish_as(&mut c, Some("acme-secret"), "t1", "d").status, 202);
+    for t in ["t1", "t2", "t3"] {
+        assert_eq!(publish_as(&mut c, Some("globex-secret"), t, "g").status, 202);
+    }
+    let sub = |who: &str, name: &str| {
+        let body = json!({"subscription": name, "topic": "t1"});
+        b.client().request(
+            "POST",
+            "/events/subscribe",
+            &[("content-type", "application/json"), ("authorization", &bearer(who))],
+            body.to_string().as_bytes(),
+        )
+    };
+    assert_eq!(sub("acme-secret", "s1").status, 201);
+    assert_eq!(sub("acme-secret", "s1").status, 200, "the same definition again is not a new one");
+    sub("acme-secret", "s2").assert_problem(429);
+    // Raised: in force at once.
+    let q = json!({"topics": 3, "subscriptions": 2});
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &q).status, 200);
+    assert_eq!(publish_as(&mut c, Some("acme-secret"), "t3", "c").status, 202);
+    assert_eq!(sub("acme-secret", "s2").status, 201);
+    let listed = admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/quotas", &Value::Null).json();
+    assert_eq!(listed[0]["tenant"], "acme");
+    assert_eq!(listed[0]["topics"], 3);
+}
