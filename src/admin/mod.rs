@@ -115,6 +115,7 @@ impl Handler for Admin {
     /// The admin listener never answers 101; a connection handed here is simply dropped.
     fn upgraded(
         &self,
+        _: Self::Conn,
         _: crate::server::Upgrade,
         _: monoio::net::TcpStream,
         _: Vec<u8>,
@@ -234,6 +235,7 @@ impl Admin {
                     out.push_str(&format!("{name}{{shard=\"{s}\"}} {depth}\n"));
                 }
                 self.lag_metrics(&mut out);
+                self.tenant_metrics(&mut out);
                 Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
             }
             (Method::Get, ["admin", "topics"]) => self.topics(),
@@ -552,6 +554,41 @@ impl Admin {
             out.push(v);
         }
         Response::json(StatusCode::OK, serde_json::to_vec(&out).expect("json"))
+    }
+
+    /// Per-tenant counters (at most `governance::TENANT_SERIES` tenants by name, the rest as
+    /// `_other`) and the open connections of tenants with a `connections` quota.
+    fn tenant_metrics(&self, out: &mut String) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let g = &self.shared.governance;
+        let tenants = g.tenants();
+        for (name, help, get) in [
+            (
+                "evmesh_tenant_events_published_total",
+                "Events published by a tenant's principals",
+                (|t: &crate::governance::TenantStats| t.published.load(Relaxed)) as fn(&_) -> u64,
+            ),
+            ("evmesh_tenant_denied_total", "Requests of a tenant's principals refused by the ACL (403)", |t| {
+                t.denied.load(Relaxed)
+            }),
+            (
+                "evmesh_tenant_limited_total",
+                "Requests of a tenant's principals over a rate limit or quota (429)",
+                |t| t.limited.load(Relaxed),
+            ),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
+            for t in &tenants {
+                out.push_str(&format!("{name}{{tenant=\"{}\"}} {}\n", t.tenant, get(t)));
+            }
+        }
+        let name = "evmesh_tenant_connections";
+        out.push_str(&format!(
+            "# HELP {name} Open connections of a tenant with a connections quota\n# TYPE {name} gauge\n"
+        ));
+        for (t, n) in g.tenant_connections() {
+            out.push_str(&format!("{name}{{tenant=\"{t}\"}} {n}\n"));
+        }
     }
 
     /// Consumer lag as Prometheus gauges, one series per stored consumer and partition.

@@ -90,6 +90,33 @@ pub struct Governance {
     generation: AtomicU64,
     key_file: Mutex<Option<Stamp>>,
     pub audit: audit::Audit,
+    /// Per-tenant counters for the metrics, at most [`TENANT_SERIES`] tenants (then `_other`).
+    tenants: Mutex<Vec<Arc<TenantStats>>>,
+    /// Open connections per tenant, for tenants with a `connections` quota.
+    connections: Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
+}
+
+/// Tenants with series of their own in the metrics; the rest share `tenant="_other"`.
+pub const TENANT_SERIES: usize = 64;
+
+/// What the metrics count per tenant.
+#[derive(Debug, Default)]
+pub struct TenantStats {
+    pub tenant: String,
+    pub published: AtomicU64,
+    /// Requests refused with 403 (denied), 429 (a rate limit or a quota).
+    pub denied: AtomicU64,
+    pub limited: AtomicU64,
+}
+
+/// One connection counted against its tenant's `connections` quota, until dropped.
+#[derive(Debug)]
+pub struct ConnSlot(Arc<std::sync::atomic::AtomicU64>);
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Governance {
@@ -157,6 +184,8 @@ impl Governance {
             generation: AtomicU64::new(1),
             key_file: Mutex::new(key_stamp),
             audit,
+            tenants: Mutex::new(Vec::new()),
+            connections: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -250,6 +279,43 @@ impl Governance {
         });
     }
 
+    /// The metrics' counters of `tenant` (once per connection: the caller keeps them).
+    pub fn tenant_stats(&self, tenant: &str) -> Arc<TenantStats> {
+        let mut all = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = all.iter().find(|t| t.tenant == tenant) {
+            return t.clone();
+        }
+        let name = if all.len() < TENANT_SERIES { tenant } else { "_other" };
+        if let Some(t) = all.iter().find(|t| t.tenant == name) {
+            return t.clone();
+        }
+        let t = Arc::new(TenantStats { tenant: name.to_owned(), ..TenantStats::default() });
+        all.push(t.clone());
+        t
+    }
+
+    /// Every tenant's counters, for the metrics.
+    pub fn tenants(&self) -> Vec<Arc<TenantStats>> {
+        self.tenants.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Counts a connection of `tenant` against its `connections` quota: `None` when the tenant
+    /// has that many already.
+    pub fn connect_tenant(&self, tenant: &str, max: u64) -> Option<ConnSlot> {
+        let count =
+            self.connections.lock().unwrap_or_else(|e| e.into_inner()).entry(tenant.to_owned()).or_default().clone();
+        count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(ConnSlot(count))
+    }
+
+    /// Open connections of each tenant with a `connections` quota.
+    pub fn tenant_connections(&self) -> Vec<(String, u64)> {
+        let all = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<(String, u64)> = all.iter().map(|(t, n)| (t.clone(), n.load(Ordering::Relaxed))).collect();
+        v.sort();
+        v
+    }
+
     /// The rate limits' clock: nanoseconds since this process started.
     pub fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
@@ -322,6 +388,10 @@ pub struct Caller {
     token: Vec<u8>,
     who: Option<(u64, Rc<Principal>)>,
     allowed: Option<(u64, Action, Kind, Box<str>)>,
+    /// The metrics' counters of the principal's tenant, by its name.
+    pub stats: Option<(Box<str>, Arc<TenantStats>)>,
+    /// This connection, counted against its tenant's `connections` quota.
+    pub slot: Option<(String, ConnSlot)>,
 }
 
 impl Caller {

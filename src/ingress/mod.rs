@@ -15,7 +15,7 @@ use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::delivery::group_ids;
 use crate::governance::acl::{Action, Kind};
 use crate::governance::identity::{AuthError, Keys, Principal};
-use crate::governance::{Caller, Failures, View};
+use crate::governance::{Caller, Failures, TenantStats, View};
 use crate::http::{problem, Method, StatusCode};
 use crate::server::conn::{ConnGuard, ConnLimits};
 use crate::server::upgrade::Credential;
@@ -114,12 +114,16 @@ impl Handler for Traffic {
     }
     fn upgraded(
         &self,
+        caller: Caller,
         upgrade: Upgrade,
         stream: monoio::net::TcpStream,
         buf: Vec<u8>,
         limits: ConnLimits,
         guard: ConnGuard,
     ) {
+        // The caller (its tenant's connection slot) is held as long as the session, like the
+        // connection's own count.
+        let guard = (guard, caller);
         match upgrade {
             Upgrade::WsEcho => {
                 monoio::spawn(async move {
@@ -242,6 +246,7 @@ impl Gate<'_> {
                 let detail = rule.map(|r| format!("rule {r}"));
                 g.audit(Some(self.who), action.name(), &resource, "denied", detail, self.caller.peer);
                 t.shard.shared.metrics.shard(t.shard.id).refused(403);
+                self.tenant_count(|s| &s.denied, 1);
                 Err(problem(StatusCode::FORBIDDEN, &format!("{} may not {} {resource}", self.who.name, action.name())))
             }
         }
@@ -266,6 +271,13 @@ impl Gate<'_> {
         }
     }
 
+    /// Adds `n` to one of the principal's tenant's counters (nothing without a tenant).
+    fn tenant_count(&self, counter: impl Fn(&TenantStats) -> &std::sync::atomic::AtomicU64, n: u64) {
+        if let Some((_, s)) = &self.caller.stats {
+            counter(s).fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// Takes `events` events of `bytes` bytes for `topic` (its stored name) from every rate
     /// limit of the principal, its tenant and the topic: 429 with `Retry-After` if one is out.
     fn limit(&self, topic: &str, events: u64, bytes: u64) -> Result<(), Response> {
@@ -280,6 +292,7 @@ impl Gate<'_> {
             Ok(()) => Ok(()),
             Err(l) => {
                 t.shard.shared.metrics.shard(t.shard.id).refused(429);
+                self.tenant_count(|s| &s.limited, 1);
                 let secs = l.retry_after.as_secs() + u64::from(l.retry_after.subsec_nanos() > 0);
                 Err(problem(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -321,6 +334,7 @@ impl Gate<'_> {
             Ok(n) if (n as u64) < max => Ok(()),
             Ok(_) => {
                 t.shard.shared.metrics.shard(t.shard.id).refused(429);
+                self.tenant_count(|s| &s.limited, 1);
                 let what = if what == Quotaed::Topic { "topics" } else { "subscriptions" };
                 Err(problem(
                     StatusCode::TOO_MANY_REQUESTS,
@@ -372,7 +386,12 @@ impl Traffic {
             .with_header("retry-after", secs.to_string()));
         }
         match caller.authenticate(&snap, token, crate::clock::now_micros) {
-            Ok(who) => Ok(who),
+            Ok(who) => {
+                if let Some(t) = who.tenant.as_deref() {
+                    self.tenant_connection(caller, &snap, t)?;
+                }
+                Ok(who)
+            }
             Err(e) => {
                 if e != AuthError::Missing {
                     self.failures.borrow_mut().failed(caller.peer, now);
@@ -380,6 +399,42 @@ impl Traffic {
                 g.audit(None, "AUTHENTICATE", req.path(), "unauthenticated", Some(e.to_string()), caller.peer);
                 self.shard.shared.metrics.shard(self.shard.id).refused(401);
                 Err(unauthorized(&e))
+            }
+        }
+    }
+
+    /// Keeps the tenant's metrics counters on the connection, and counts the connection against
+    /// the tenant's `connections` quota (once): 429 when the tenant has that many open.
+    fn tenant_connection(
+        &self,
+        caller: &mut Caller,
+        snap: &crate::governance::Snapshot,
+        tenant: &str,
+    ) -> Result<(), Response> {
+        let g = &self.shard.shared.governance;
+        if caller.stats.as_ref().is_none_or(|(t, _)| **t != *tenant) {
+            caller.stats = Some((tenant.into(), g.tenant_stats(tenant)));
+        }
+        if snap.quotas.is_empty() || caller.slot.as_ref().is_some_and(|(t, _)| t == tenant) {
+            return Ok(());
+        }
+        let Some(max) = snap.quotas.get(tenant).and_then(|q| q.connections) else { return Ok(()) };
+        caller.slot = None;
+        match g.connect_tenant(tenant, max) {
+            Some(slot) => {
+                caller.slot = Some((tenant.to_owned(), slot));
+                Ok(())
+            }
+            None => {
+                if let Some((_, s)) = &caller.stats {
+                    s.limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                self.shard.shared.metrics.shard(self.shard.id).refused(429);
+                Err(problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &format!("tenant {tenant} has its quota of {max} connections open"),
+                )
+                .with_header("retry-after", "1"))
             }
         }
     }
@@ -700,6 +755,7 @@ impl Traffic {
             Ok(placed) => {
                 let m = self.shard.shared.metrics.shard(self.shard.id);
                 m.events_published.add(placed.len() as u64);
+                gate.tenant_count(|s| &s.published, placed.len() as u64);
                 let mut body = Vec::with_capacity(40 * placed.len() + 16);
                 if batch {
                     body.extend_from_slice(b"{\"results\":[");

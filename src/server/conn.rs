@@ -97,7 +97,17 @@ pub trait Handler {
     /// already read past the request. Spawns whatever serves it from now on (so the HTTP
     /// connection's state is freed) and hands it `guard`, which counts the connection as open
     /// until dropped.
-    fn upgraded(&self, upgrade: Upgrade, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, guard: ConnGuard);
+    /// `conn` comes along: what it holds for the connection (a tenant's connection slot, say)
+    /// is held until the session ends.
+    fn upgraded(
+        &self,
+        conn: Self::Conn,
+        upgrade: Upgrade,
+        stream: TcpStream,
+        buf: Vec<u8>,
+        limits: ConnLimits,
+        guard: ConnGuard,
+    );
 
     /// The connection refused a request it could not take (framing, a limit, a timeout) and
     /// closes after this status; for the metrics.
@@ -446,7 +456,7 @@ async fn serve_metered<H: Handler>(
             }
             // The connection may now live for days: free what only HTTP needed.
             drop((head, out, chunked_body));
-            return handler.upgraded(upgrade, stream, buf, limits, guard);
+            return handler.upgraded(conn, upgrade, stream, buf, limits, guard);
         }
         if !keep_alive {
             flush(&mut stream, &mut out, wt).await;

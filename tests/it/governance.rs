@@ -655,3 +655,60 @@ effect = "ALLOW"
     assert_eq!(listed[0]["tenant"], "acme");
     assert_eq!(listed[0]["topics"], 3);
 }
+
+#[test]
+fn a_tenant_connections_quota_counts_open_connections_and_sessions_and_shows_in_metrics() {
+    let tokens = [("svc-acme", Some("acme"), "acme-secret")];
+    let acl = r#"
+[[acl]]
+id = "services"
+principal = "svc-*"
+resource = "topic:*"
+actions = ["PUBLISH", "SUBSCRIBE"]
+effect = "ALLOW"
+
+[[acl]]
+id = "services-subscriptions"
+principal = "svc-*"
+resource = "subscription:*"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+"#;
+    let (b, _dir) = broker_with("conn-quota", &tokens, acl, &[]);
+    assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &json!({"connections": 2})).status, 201);
+    // Two open: a keep-alive client and a WebSocket session (counted as long as it lives).
+    let mut first = b.client();
+    let sub = json!({"subscription": "live", "topic": "t", "mode": "BROADCAST"});
+    let r = first.request(
+        "POST",
+        "/events/subscribe",
+        &[("content-type", "application/json"), ("authorization", &bearer("acme-secret"))],
+        sub.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(publish_as(&mut first, Some("acme-secret"), "t", "a").status, 202);
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let url = format!("ws://{}/events/ws?subscription=live&ack=none&access_token=acme-secret", b.traffic);
+    let (mut ws, _) = tungstenite::client(url, stream).unwrap();
+    let r = publish_as(&mut b.client(), Some("acme-secret"), "t", "b");
+    r.assert_problem(429);
+    assert!(r.text().contains("quota of 2 connections"), "{}", r.text());
+    // The open ones go on; once the session ends, a new connection gets in.
+    assert_eq!(publish_as(&mut first, Some("acme-secret"), "t", "c").status, 202);
+    ws.close(None).unwrap();
+    let _ = read_until_closed(&mut ws, Duration::from_secs(5));
+    drop(ws);
+    wait_for(Duration::from_secs(10), || {
+        (publish_as(&mut b.client(), Some("acme-secret"), "t", "d").status == 202).then_some(())
+    });
+    let metrics = b.admin().get("/metrics").text();
+    let line =
+        |name: &str| metrics.lines().find(|l| l.starts_with(&format!("{name}{{tenant=\"acme\"}}"))).map(str::to_owned);
+    let published: u64 =
+        line("evmesh_tenant_events_published_total").unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(published >= 3, "{metrics}");
+    let limited: u64 = line("evmesh_tenant_limited_total").unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(limited >= 1, "{metrics}");
+    assert!(line("evmesh_tenant_connections").is_some(), "{metrics}");
+}
