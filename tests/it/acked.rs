@@ -242,19 +242,7 @@ fn redeliveries_go_ahead_of_newer_events_in_a_partition() {
 /// An RFC 3339 UTC timestamp of now.
 fn now_rfc3339() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    let (secs, micros) = (t.as_secs() as i64, t.subsec_micros());
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // civil_from_days (Howard Hinnant)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    evmesh::adaptor::rfc3339_from_micros(t.as_micros() as i64)
 }
 
 fn ids_until_quiet(ws: &mut Ws) -> Vec<String> {

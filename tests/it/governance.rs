@@ -600,10 +600,8 @@ fn rate_limits_per_principal_and_per_topic_answer_429_with_retry_after() {
     admin_as(&b, Some(ADMIN_TOKEN), "GET", "/admin/limits/slow", &Value::Null).assert_problem(404);
 }
 
-#[test]
-fn a_tenant_quota_caps_its_topics_and_subscriptions() {
-    let tokens = [("svc-acme", Some("acme"), "acme-secret"), ("svc-globex", Some("globex"), "globex-secret")];
-    let acl = r#"
+/// Principals `svc-*` may publish and subscribe to every topic, and subscribe with any name.
+const SERVICES_ACL: &str = r#"
 [[acl]]
 id = "services"
 principal = "svc-*"
@@ -618,7 +616,11 @@ resource = "subscription:*"
 actions = ["SUBSCRIBE"]
 effect = "ALLOW"
 "#;
-    let (b, _dir) = broker_with("quotas", &tokens, acl, &[]);
+
+#[test]
+fn a_tenant_quota_caps_its_topics_and_subscriptions() {
+    let tokens = [("svc-acme", Some("acme"), "acme-secret"), ("svc-globex", Some("globex"), "globex-secret")];
+    let (b, _dir) = broker_with("quotas", &tokens, SERVICES_ACL, &[]);
     let q = json!({"topics": 2, "subscriptions": 1});
     assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &q).status, 201);
     admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/a.b", &q).assert_problem(400);
@@ -659,22 +661,7 @@ effect = "ALLOW"
 #[test]
 fn a_tenant_connections_quota_counts_open_connections_and_sessions_and_shows_in_metrics() {
     let tokens = [("svc-acme", Some("acme"), "acme-secret")];
-    let acl = r#"
-[[acl]]
-id = "services"
-principal = "svc-*"
-resource = "topic:*"
-actions = ["PUBLISH", "SUBSCRIBE"]
-effect = "ALLOW"
-
-[[acl]]
-id = "services-subscriptions"
-principal = "svc-*"
-resource = "subscription:*"
-actions = ["SUBSCRIBE"]
-effect = "ALLOW"
-"#;
-    let (b, _dir) = broker_with("conn-quota", &tokens, acl, &[]);
+    let (b, _dir) = broker_with("conn-quota", &tokens, SERVICES_ACL, &[]);
     assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &json!({"connections": 2})).status, 201);
     // Two open: a keep-alive client and a WebSocket session (counted as long as it lives).
     let mut first = b.client();

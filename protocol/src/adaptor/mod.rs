@@ -7,6 +7,8 @@ pub mod cloudevents;
 pub mod kafka;
 mod rfc3339;
 
+pub(crate) use rfc3339::civil_from_days;
+
 /// Whether `s` is an RFC 3339 timestamp (as CloudEvents `time` must be).
 pub fn is_rfc3339(s: &str) -> bool {
     rfc3339::is_valid(s)

@@ -87,11 +87,9 @@ pub fn to_micros(s: &str) -> Option<i64> {
     Some(secs * 1_000_000 + micros)
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.ffffffZ` for `micros` since the Unix epoch (years 0 to 9999).
-pub fn from_micros(micros: i64) -> String {
-    let (secs, frac) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's civil_from_days).
+/// The civil date `(year, month 1-12, day 1-31)` of `days` since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -100,7 +98,14 @@ pub fn from_micros(micros: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ` for `micros` since the Unix epoch (years 0 to 9999).
+pub fn from_micros(micros: i64) -> String {
+    let (secs, frac) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{frac:06}Z", rem / 3600, rem / 60 % 60, rem % 60)
 }
 

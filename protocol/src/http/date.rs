@@ -12,16 +12,8 @@ const MONTHS: [&[u8; 3]; 12] =
 pub fn format(secs: u64) -> [u8; 29] {
     let days = secs / 86_400;
     let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u64;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as usize;
-    let year = (yoe + era * 400 + i64::from(month <= 2)) as u64;
+    let (year, month, day) = crate::adaptor::civil_from_days(days as i64);
+    let (year, month, day) = (year as u64, month as usize, day as u64);
     let mut out = *b"Thu, 01 Jan 1970 00:00:00 GMT";
     out[..3].copy_from_slice(DAYS[(days % 7) as usize]);
     let two = |v: u64| [b'0' + (v / 10 % 10) as u8, b'0' + (v % 10) as u8];
