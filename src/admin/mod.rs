@@ -296,7 +296,30 @@ impl Admin {
         match (req.method(), segs) {
             (Method::Get, ["admin", "topics"]) => scoped_list(self.topics(), &["topic"]),
             (Method::Get, ["admin", "subscriptions"]) => scoped_list(self.subscriptions(), &["subscription", "topic"]),
-            (Method::Put, ["admin", "topics", name]) => one(self.create_topic(&stored(name), req.body).await),
+            (Method::Put, ["admin", "topics", name]) => {
+                // The tenant's topics quota holds here too (an existing topic is not a new one).
+                let snap = self.shared.governance.snapshot();
+                if let Some(max) = snap.quotas.get(t).and_then(|q| q.topics) {
+                    let db = &self.shared.db;
+                    let counted = match meta::get(db, &stored(name)) {
+                        Ok(Some(_)) => Ok(0),
+                        Ok(None) => meta::count_topics(db, &format!("{t}."), max as usize),
+                        Err(e) => Err(e),
+                    };
+                    match counted {
+                        Ok(n) if n as u64 >= max => {
+                            return problem(
+                                StatusCode::TOO_MANY_REQUESTS,
+                                &format!("tenant {t} has its quota of {max} topics; remove one or ask for more"),
+                            )
+                            .with_header("retry-after", "60")
+                        }
+                        Ok(_) => {}
+                        Err(e) => return storage_problem(&e),
+                    }
+                }
+                one(self.create_topic(&stored(name), req.body).await)
+            }
             (Method::Get, ["admin", "topics", name, "partitions", p, "events"]) => self.events(&stored(name), p, req),
             (Method::Get, ["admin", "dlq", name]) => self.dead_letters(&stored(name), req),
             (Method::Post, ["admin", "dlq", name, "replay"]) => self.replay(&stored(name)).await,

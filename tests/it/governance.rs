@@ -623,6 +623,7 @@ fn a_tenant_quota_caps_its_topics_and_subscriptions() {
     let (b, _dir) = broker_with("quotas", &tokens, SERVICES_ACL, &[]);
     let q = json!({"topics": 2, "subscriptions": 1});
     assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &q).status, 201);
+    // (An administrator of acme would be held to it too: PUT /admin/topics counts the same.)
     admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/a.b", &q).assert_problem(400);
     admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/quotas/acme", &json!({"topicz": 1})).assert_problem(400);
     let mut c = b.client();
