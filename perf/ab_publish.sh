@@ -25,26 +25,6 @@ open(sys.argv[1], "w").write('wrk.method = "POST"\nwrk.headers["Content-Type"] =
                              f"wrk.body = {json.dumps(body)}\n")
 PY
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-wrk_run() { # name url pid: wrk -t1 -c64, server CPU µs per request from /proc
-  local before after out
-  wrk -t1 -c"$CONNS" -d1s -s "$OUT/.post.lua" "$2" > /dev/null # warm-up
-  before=$(ticks "$3")
-  out=$(wrk -t1 -c"$CONNS" -d"${DUR}s" -s "$OUT/.post.lua" "$2")
-  after=$(ticks "$3")
-  echo "$out" >> "$OUT/log.txt"
-  python3 - "$OUT/$1.wrk.json" "$before" "$after" "$(getconf CLK_TCK)" <<PY
-import json, re, sys
-out = """$out"""
-path, before, after, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-n = int(re.search(r"(\d+) requests in", out).group(1))
-bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-cpu_us = (after - before) * 1e6 / tck
-json.dump({"throughput": rate, "server_cpu_us_per_op": cpu_us / max(n, 1), "errors": int(bad.group(1)) if bad else 0}, open(path, "w"))
-PY
-}
-
 for r in $(seq "$ROUNDS"); do
   for build in before after; do
     bin=$AFTER; [ "$build" = before ] && bin=$OUT/.before-bin

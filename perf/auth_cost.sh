@@ -50,24 +50,6 @@ if sys.argv[2]:
 open(sys.argv[1], "w").write(s + f"wrk.body = {json.dumps(json.dumps(event))}\n")
 PY
 }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-wrk_run() { # name url pid lua
-  local before after out
-  wrk -t1 -c"$CONNS" -d1s -s "$4" "$2" > /dev/null
-  before=$(ticks "$3"); out=$(wrk -t1 -c"$CONNS" -d"${DUR}s" -s "$4" "$2"); after=$(ticks "$3")
-  echo "$out" >> "$OUT/log.txt"
-  python3 - "$OUT/$1.wrk.json" "$before" "$after" "$(getconf CLK_TCK)" <<PY
-import json, re, sys
-out = """$out"""
-path, before, after, tck = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-n = int(re.search(r"(\d+) requests in", out).group(1))
-bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-json.dump({"throughput": rate, "server_cpu_us_per_op": (after - before) * 1e6 / tck / max(n, 1),
-           "errors": int(bad.group(1)) if bad else 0}, open(path, "w"))
-PY
-}
-
 for r in $(seq "$ROUNDS"); do
   for mode in none token jwt; do
     dir=$(mktemp -d /var/tmp/evmesh-auth-data.XXXX)

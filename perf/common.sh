@@ -23,3 +23,25 @@ wait_ready() {
   for _ in $(seq 100); do curl -sf "$1/readyz" >/dev/null && return 0; sleep 0.1; done
   echo "evmesh did not become ready" >&2; return 1
 }
+
+# ticks PID: the process's user + system CPU, in clock ticks (1/CLK_TCK s).
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# wrk_run NAME URL PID [LUA]: `wrk -t1 -c$CONNS` for $DUR s after a 1 s warm-up, posting what
+# LUA (default $OUT/.post.lua) says; writes $OUT/NAME.wrk.json with the throughput, the server's
+# CPU µs per request (from /proc) and the non-2xx count, and appends wrk's report to $OUT/log.txt.
+wrk_run() {
+  local before after out lua=${4:-$OUT/.post.lua}
+  wrk -t1 -c"$CONNS" -d1s -s "$lua" "$2" > /dev/null
+  before=$(ticks "$3"); out=$(wrk -t1 -c"$CONNS" -d"${DUR}s" -s "$lua" "$2"); after=$(ticks "$3")
+  echo "$out" >> "$OUT/log.txt"
+  python3 - "$OUT/$1.wrk.json" "$before" "$after" "$(getconf CLK_TCK)" "$out" <<'PY'
+import json, re, sys
+path, before, after, tck, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+n = int(re.search(r"(\d+) requests in", out).group(1))
+bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+json.dump({"throughput": rate, "server_cpu_us_per_op": (after - before) * 1e6 / tck / max(n, 1),
+           "errors": int(bad.group(1)) if bad else 0}, open(path, "w"))
+PY
+}

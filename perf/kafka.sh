@@ -20,7 +20,6 @@ if ! (exec 3<>/dev/tcp/127.0.0.1/9092) 2>/dev/null; then
   for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9092) 2>/dev/null && break; sleep 0.1; done
 fi
 TP=$(pgrep -f "tansu broker --listener-url tcp://127.0.0.1:9092" | head -1)
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }   # user + system, in 1/100 s
 OUT=$ROOT/perf/results/kafka-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 for r in $(seq "$ROUNDS"); do
   dir=$(mktemp -d /var/tmp/evmesh-kafka.XXXX)

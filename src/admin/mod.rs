@@ -22,6 +22,7 @@ use crate::shard::message::{EnsureReply, ShardMessage};
 use crate::shard::shared::Shared;
 use crate::shard::{meta_owner, owner, valid_topic, PartitionId, MAX_PARTITIONS};
 use crate::storage::embedded::EmbeddedLog;
+use crate::storage::meta::Policy;
 use crate::storage::{meta, Storage, StorageError, TopicMeta};
 
 /// A subscription's partitions' end offsets and its stored committed offsets.
@@ -376,7 +377,7 @@ impl Admin {
             return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
         }
         let existed = g.snapshot().acl.rules().iter().any(|r| r.id == id);
-        if let Err(e) = meta::put_acl(&self.shared.db, id, &spec) {
+        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Acl, id, &spec) {
             return storage_problem(&e);
         }
         g.set_rule(id, Some(rule));
@@ -422,7 +423,7 @@ impl Admin {
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
         let existed = g.snapshot().limits.all().iter().any(|l| l.id == id);
-        if let Err(e) = meta::put_limit(&self.shared.db, id, &spec) {
+        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Limit, id, &spec) {
             return storage_problem(&e);
         }
         g.set_limit(id, Some(limit));
@@ -468,7 +469,7 @@ impl Admin {
             }
         };
         let existed = g.snapshot().quotas.contains_key(tenant);
-        if let Err(e) = meta::put_quota(&self.shared.db, tenant, &quota) {
+        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Quota, tenant, &quota) {
             return storage_problem(&e);
         }
         g.set_quota(tenant, Some(quota.clone()));
@@ -483,7 +484,7 @@ impl Admin {
         if !g.snapshot().quotas.contains_key(tenant) {
             return problem(StatusCode::NOT_FOUND, &format!("no quotas for tenant {tenant}"));
         }
-        if let Err(e) = meta::delete_quota(&self.shared.db, tenant) {
+        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Quota, tenant) {
             return storage_problem(&e);
         }
         g.set_quota(tenant, None);
@@ -496,7 +497,7 @@ impl Admin {
         if !g.snapshot().limits.all().iter().any(|l| l.id == id) {
             return problem(StatusCode::NOT_FOUND, &format!("no limit {id}"));
         }
-        if let Err(e) = meta::delete_limit(&self.shared.db, id) {
+        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Limit, id) {
             return storage_problem(&e);
         }
         g.set_limit(id, None);
@@ -512,7 +513,7 @@ impl Admin {
         if !g.snapshot().acl.rules().iter().any(|r| r.id == id) {
             return problem(StatusCode::NOT_FOUND, &format!("no acl rule {id}"));
         }
-        if let Err(e) = meta::delete_acl(&self.shared.db, id) {
+        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Acl, id) {
             return storage_problem(&e);
         }
         g.set_rule(id, None);

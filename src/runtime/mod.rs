@@ -275,9 +275,10 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let audit = &config.auth;
     let audit = Audit::start(audit.audit_log.clone(), audit.audit_max_per_second, audit.audit_max_bytes)
         .map_err(|e| StartError::Auth(format!("audit log {}: {e}", config.auth.audit_log.display())))?;
-    let stored = crate::storage::meta::list_acl(&db)?;
-    let limits = crate::storage::meta::list_limits(&db)?;
-    let quotas = crate::storage::meta::list_quotas(&db)?;
+    use crate::storage::meta::{list_policy, Policy};
+    let stored = list_policy(&db, Policy::Acl)?;
+    let limits = list_policy(&db, Policy::Limit)?;
+    let quotas = list_policy(&db, Policy::Quota)?;
     let governance = Governance::new(config.auth.clone(), stored, limits, quotas, audit).map_err(StartError::Auth)?;
     let shared = Arc::new(Shared {
         governance,

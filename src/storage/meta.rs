@@ -102,47 +102,44 @@ pub fn set_dlq_replayed(db: &DB, topic: &str, partition: u32, next: u64) -> Resu
     Ok(db.put_cf(cf, dlq_key(topic, partition), next.to_string())?)
 }
 
-fn acl_key(id: &str) -> Vec<u8> {
-    format!("acl/{id}").into_bytes()
+/// What the admin API stores besides topics and subscriptions, each kind under its own
+/// prefix, keyed by id (a tenant for quotas); the values' JSON is the governance layer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// `acl/<id>`: an ACL rule.
+    Acl,
+    /// `limit/<id>`: a rate limit.
+    Limit,
+    /// `quota/<tenant>`: a tenant's quotas.
+    Quota,
 }
 
-/// The admin API's ACL rules, `(id, rule)` in id order (the rule's JSON is the governance
-/// layer's business).
-pub fn list_acl<T: serde::de::DeserializeOwned>(db: &DB) -> Result<Vec<(String, T)>, StorageError> {
-    list_json(db, b"acl/")
+impl Policy {
+    fn key(self, id: &str) -> Vec<u8> {
+        let prefix = match self {
+            Policy::Acl => "acl/",
+            Policy::Limit => "limit/",
+            Policy::Quota => "quota/",
+        };
+        format!("{prefix}{id}").into_bytes()
+    }
 }
 
-/// Stores one ACL rule (WAL durability).
-pub fn put_acl<T: serde::Serialize>(db: &DB, id: &str, rule: &T) -> Result<(), StorageError> {
+/// Every entry of one kind, `(id, value)` in id order.
+pub fn list_policy<T: serde::de::DeserializeOwned>(db: &DB, kind: Policy) -> Result<Vec<(String, T)>, StorageError> {
+    list_json(db, &kind.key(""))
+}
+
+/// Stores one entry (WAL durability).
+pub fn put_policy<T: serde::Serialize>(db: &DB, kind: Policy, id: &str, value: &T) -> Result<(), StorageError> {
     let cf = db.cf_handle(META).expect("meta family exists");
-    let v = serde_json::to_vec(rule).expect("a rule serializes");
-    Ok(db.put_cf(cf, acl_key(id), v)?)
+    let v = serde_json::to_vec(value).expect("a policy entry serializes");
+    Ok(db.put_cf(cf, kind.key(id), v)?)
 }
 
-pub fn delete_acl(db: &DB, id: &str) -> Result<(), StorageError> {
+pub fn delete_policy(db: &DB, kind: Policy, id: &str) -> Result<(), StorageError> {
     let cf = db.cf_handle(META).expect("meta family exists");
-    Ok(db.delete_cf(cf, acl_key(id))?)
-}
-
-fn limit_key(id: &str) -> Vec<u8> {
-    format!("limit/{id}").into_bytes()
-}
-
-/// The admin API's rate limits, `(id, limit)` in id order.
-pub fn list_limits<T: serde::de::DeserializeOwned>(db: &DB) -> Result<Vec<(String, T)>, StorageError> {
-    list_json(db, b"limit/")
-}
-
-/// Stores one rate limit (WAL durability).
-pub fn put_limit<T: serde::Serialize>(db: &DB, id: &str, limit: &T) -> Result<(), StorageError> {
-    let cf = db.cf_handle(META).expect("meta family exists");
-    let v = serde_json::to_vec(limit).expect("a limit serializes");
-    Ok(db.put_cf(cf, limit_key(id), v)?)
-}
-
-pub fn delete_limit(db: &DB, id: &str) -> Result<(), StorageError> {
-    let cf = db.cf_handle(META).expect("meta family exists");
-    Ok(db.delete_cf(cf, limit_key(id))?)
+    Ok(db.delete_cf(cf, kind.key(id))?)
 }
 
 /// How many keys under `prefix` pass `keep`, counting at most `max` (a quota check stops as
@@ -171,24 +168,4 @@ pub fn count_topics(db: &DB, prefix: &str, max: usize) -> Result<usize, StorageE
 /// Subscriptions whose names start with `prefix`, at most `max`.
 pub fn count_subscriptions(db: &DB, prefix: &str, max: usize) -> Result<usize, StorageError> {
     count_keys(db, format!("sub/{prefix}").as_bytes(), max, |_| true)
-}
-
-fn quota_key(tenant: &str) -> Vec<u8> {
-    format!("quota/{tenant}").into_bytes()
-}
-
-/// Every tenant's quotas, `(tenant, quotas)`.
-pub fn list_quotas<T: serde::de::DeserializeOwned>(db: &DB) -> Result<Vec<(String, T)>, StorageError> {
-    list_json(db, b"quota/")
-}
-
-pub fn put_quota<T: serde::Serialize>(db: &DB, tenant: &str, quota: &T) -> Result<(), StorageError> {
-    let cf = db.cf_handle(META).expect("meta family exists");
-    let v = serde_json::to_vec(quota).expect("a quota serializes");
-    Ok(db.put_cf(cf, quota_key(tenant), v)?)
-}
-
-pub fn delete_quota(db: &DB, tenant: &str) -> Result<(), StorageError> {
-    let cf = db.cf_handle(META).expect("meta family exists");
-    Ok(db.delete_cf(cf, quota_key(tenant))?)
 }
