@@ -122,12 +122,11 @@ fn admin_as(b: &TestBroker, token: Option<&str>, method: &str, path: &str, body:
     b.admin().request(method, path, &headers, &body)
 }
 
+/// The audit log's lines; a last line the writer has not finished yet is left out.
 fn audit_lines(dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(dir.join("audit.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
+    let text = std::fs::read_to_string(dir.join("audit.log")).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
 }
 
 #[test]
@@ -699,4 +698,63 @@ fn a_tenant_connections_quota_counts_open_connections_and_sessions_and_shows_in_
     let limited: u64 = line("evmesh_tenant_limited_total").unwrap().rsplit(' ').next().unwrap().parse().unwrap();
     assert!(limited >= 1, "{metrics}");
     assert!(line("evmesh_tenant_connections").is_some(), "{metrics}");
+}
+
+#[test]
+fn a_flood_of_denied_requests_cannot_grow_the_audit_log_past_its_bounds() {
+    // Every line written, the file rotated at 4 KiB: at most two files of 4 KiB.
+    let (b, dir) = token_broker("audit-bytes", &["--audit-max-bytes", "4096", "--audit-max-per-second", "1000000"]);
+    let mut c = b.client();
+    for i in 0..300 {
+        publish_as(&mut c, Some("alice-secret"), "payments", &format!("x{i}")).assert_problem(403);
+    }
+    let rotated = dir.join("audit.log.1");
+    wait_for(Duration::from_secs(10), || rotated.exists().then_some(()));
+    // Let the writer drain what is queued, then measure.
+    wait_for(Duration::from_secs(10), || {
+        let l = audit_lines(&dir);
+        l.last().is_some_and(|l| l["resource"] == "topic:payments").then_some(())
+    });
+    for f in ["audit.log", "audit.log.1"] {
+        let len = std::fs::metadata(dir.join(f)).unwrap().len();
+        assert!(len <= 4096, "{f} is {len} bytes");
+    }
+    drop(b);
+    // At 5 lines a second, a flood is summed up instead of written line by line.
+    let (b, dir) = token_broker("audit-rate", &["--audit-max-per-second", "5"]);
+    let mut c = b.client();
+    for i in 0..200 {
+        publish_as(&mut c, Some("alice-secret"), "payments", &format!("y{i}")).assert_problem(403);
+    }
+    let lines = wait_for(Duration::from_secs(10), || {
+        let l = audit_lines(&dir);
+        l.iter().any(|l| l["suppressed"].as_u64().is_some()).then_some(l)
+    });
+    let denied = lines.iter().filter(|l| l["outcome"] == "denied").count();
+    let suppressed: u64 = lines.iter().filter_map(|l| l["suppressed"].as_u64()).sum();
+    assert!(denied < 50, "{denied} lines written at 5 a second");
+    assert!(suppressed >= 100, "{suppressed} suppressed");
+}
+
+#[test]
+fn oversized_and_malformed_credentials_are_refused_cheaply() {
+    let (b, _dir) = token_broker("bad-credentials", &[]);
+    let mut c = b.client();
+    // A 15 KiB token (the head limit is 16 KiB), and JWT-shaped garbage: 401 each, the
+    // connection kept (a bad credential is not a framing error).
+    let huge = "a".repeat(15 * 1024);
+    for token in [huge.as_str(), "e30.e30.", "!!!.???.***", "eyJhbGciOiJub25lIn0.e30.", "Bearer"] {
+        let r = publish_as(&mut c, Some(token), "orders.eu", "x");
+        r.assert_problem(401);
+        assert!(r.text().len() < 1024, "the answer does not echo the credential: {} bytes", r.text().len());
+    }
+    // Another scheme is no credential at all.
+    let r = c.request(
+        "POST",
+        "/events/publish?topic=orders.eu",
+        &[("content-type", "application/cloudevents+json"), ("authorization", "Basic YWxpY2U6c2VjcmV0")],
+        event("b").to_string().as_bytes(),
+    );
+    r.assert_problem(401);
+    assert_eq!(publish_as(&mut c, Some("alice-secret"), "orders.eu", "ok").status, 202);
 }
