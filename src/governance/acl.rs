@@ -236,6 +236,24 @@ mod tests {
         }
     }
 
+    /// The obvious exponential matcher, as the reference.
+    fn reference(p: &[u8], t: &[u8]) -> bool {
+        match (p.first(), t.first()) {
+            (None, _) => t.is_empty(),
+            (Some(b'*'), _) => reference(&p[1..], t) || (!t.is_empty() && reference(p, &t[1..])),
+            (Some(b'?'), Some(_)) => reference(&p[1..], &t[1..]),
+            (Some(c), Some(d)) if c == d => reference(&p[1..], &t[1..]),
+            _ => false,
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn glob_agrees_with_the_reference(p in "[ab*?]{0,8}", t in "[ab]{0,10}") {
+            proptest::prop_assert_eq!(glob(&p, &t), reference(p.as_bytes(), t.as_bytes()));
+        }
+    }
+
     #[test]
     fn a_long_hostile_glob_stays_bounded() {
         // The classic exponential case for backtracking matchers; one backtrack point is linear-ish.
