@@ -219,6 +219,24 @@ impl Admin {
                     ),
                     ("evmesh_memory_limit_bytes", "gauge", "memory_limit_bytes: new work is shed past it", mem.limit),
                     (
+                        "evmesh_auth_key_reloads_total",
+                        "counter",
+                        "Changed tokens files or JWKS put in force",
+                        self.shared.governance.key_reloads.load(Ordering::Relaxed),
+                    ),
+                    (
+                        "evmesh_auth_key_reloads_failed_total",
+                        "counter",
+                        "Changed tokens files or JWKS that did not parse (the old keys stayed in force)",
+                        self.shared.governance.key_reloads_failed.load(Ordering::Relaxed),
+                    ),
+                    (
+                        "evmesh_audit_dropped_total",
+                        "counter",
+                        "Audit records dropped because the audit queue was full",
+                        self.shared.governance.audit.dropped.load(Ordering::Relaxed),
+                    ),
+                    (
                         "evmesh_memory_shed_total",
                         "counter",
                         "Requests refused (503) while over memory_limit_bytes",

@@ -173,11 +173,12 @@ impl Handler for Traffic {
         }
         let browser = matches!(path, "/events/ws" | "/events/sse" | "/ws/echo");
         let token = credential(&req, browser);
-        let who = match self.authenticate(caller, &req, token.as_deref()) {
+        let snap = self.view.current(&self.shard.shared.governance);
+        let who = match self.authenticate(caller, &snap, &req, token.as_deref()) {
             Ok(who) => who,
             Err(r) => return r,
         };
-        let mut gate = Gate { traffic: self, caller, who: &who, token: token.as_deref() };
+        let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
         match (req.method(), path) {
             (Method::Post, "/events/publish") => {
                 let started = std::time::Instant::now();
@@ -227,6 +228,8 @@ enum Quotaed {
 /// What one request may do: the caller's connection state and who it proved to be.
 struct Gate<'a> {
     traffic: &'a Traffic,
+    /// The policy this request is decided under (taken once per request).
+    snap: Rc<crate::governance::Snapshot>,
     caller: &'a mut Caller,
     who: &'a Rc<Principal>,
     /// The credential it proved that with (sessions re-check it when the keys change).
@@ -238,8 +241,7 @@ impl Gate<'_> {
     fn allow(&mut self, action: Action, kind: Kind, name: &str) -> Result<(), Response> {
         let t = self.traffic;
         let g = &t.shard.shared.governance;
-        let snap = t.view.current(g);
-        match self.caller.authorize(&snap, self.who, action, kind, name) {
+        match self.caller.authorize(&self.snap, self.who, action, kind, name) {
             Ok(()) => Ok(()),
             Err(rule) => {
                 let resource = format!("{}{name}", kind.prefix());
@@ -283,12 +285,11 @@ impl Gate<'_> {
     fn limit(&self, topic: &str, events: u64, bytes: u64) -> Result<(), Response> {
         let t = self.traffic;
         let g = &t.shard.shared.governance;
-        let snap = t.view.current(g);
-        if snap.limits.is_empty() {
+        if self.snap.limits.is_empty() {
             return Ok(());
         }
         let tenant = self.who.tenant.as_deref();
-        match snap.limits.take(&self.who.name, tenant, topic, events, bytes, g.now_ns()) {
+        match self.snap.limits.take(&self.who.name, tenant, topic, events, bytes, g.now_ns()) {
             Ok(()) => Ok(()),
             Err(l) => {
                 t.shard.shared.metrics.shard(t.shard.id).refused(429);
@@ -308,8 +309,7 @@ impl Gate<'_> {
     fn quota(&self, what: Quotaed, stored: &str) -> Result<(), Response> {
         let Some(tenant) = self.who.tenant.as_deref() else { return Ok(()) };
         let t = self.traffic;
-        let snap = t.view.current(&t.shard.shared.governance);
-        let Some(q) = snap.quotas.get(tenant) else { return Ok(()) };
+        let Some(q) = self.snap.quotas.get(tenant) else { return Ok(()) };
         let db = &t.shard.shared.db;
         let prefix = format!("{tenant}.");
         let (max, counted) = match what {
@@ -364,11 +364,11 @@ impl Traffic {
     fn authenticate(
         &self,
         caller: &mut Caller,
+        snap: &crate::governance::Snapshot,
         req: &Request<'_>,
         token: Option<&[u8]>,
     ) -> Result<Rc<Principal>, Response> {
         let g = &self.shard.shared.governance;
-        let snap = self.view.current(g);
         if matches!(*snap.keys, Keys::None) {
             return Ok(crate::governance::anonymous());
         }
@@ -377,7 +377,7 @@ impl Traffic {
         // connection that already proved its token goes on (one bad client behind a NAT must
         // not shut out the others).
         let throttled = || self.failures.borrow().throttled(caller.peer, now);
-        if let Some(secs) = (!caller.verified(&snap, token)).then(throttled).flatten() {
+        if let Some(secs) = (!caller.verified(snap, token)).then(throttled).flatten() {
             self.shard.shared.metrics.shard(self.shard.id).refused(429);
             return Err(problem(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -385,10 +385,10 @@ impl Traffic {
             )
             .with_header("retry-after", secs.to_string()));
         }
-        match caller.authenticate(&snap, token, crate::clock::now_micros) {
+        match caller.authenticate(snap, token, crate::clock::now_micros) {
             Ok(who) => {
                 if let Some(t) = who.tenant.as_deref() {
-                    self.tenant_connection(caller, &snap, t)?;
+                    self.tenant_connection(caller, snap, t)?;
                 }
                 Ok(who)
             }

@@ -57,15 +57,25 @@ pub fn detach_acked(shard: &Rc<Shard>, consumer: ConsumerKey, topic: &str, at: S
     shard.announce_session(SessionEvent { consumer, topic: topic.to_owned(), session: at, change });
 }
 
-/// How often a session opened by a principal checks that the ACL still lets it subscribe.
-const ACL_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often each shard looks at the policy generation for its sessions.
+const POLICY_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Returns, with the reason, once the session must end: its credential expired, or (checked
-/// within a second of a change of the keys or the ACL) it no longer verifies or the ACL no
-/// longer allows SUBSCRIBE on its subscription.
-/// Never returns for a session opened without a principal (`auth = none`).
+/// The shard's one ticker for [`authority`]: wakes the sessions waiting on a policy change.
+pub async fn watch_policy(shard: Rc<Shard>) {
+    shard.policy.observe(shard.shared.governance.generation());
+    loop {
+        monoio::time::sleep(POLICY_TICK).await;
+        shard.policy.observe(shard.shared.governance.generation());
+    }
+}
+
+/// Returns, with the reason, once the session must end: its credential expired, or (within
+/// [`POLICY_TICK`] of a change of the keys or the ACL) it no longer verifies or the ACL no
+/// longer allows SUBSCRIBE on its subscription. Never returns for a session opened without a
+/// principal (`auth = none`). A session costs one timer (its expiry) at most, not one a tick.
 pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
     use crate::governance::acl::{Action, Kind};
+    use futures::future::{select, Either};
     let Some(principal) = spec.principal.as_deref() else { return std::future::pending().await };
     // The ACL speaks of the names the principal uses, inside its tenant.
     let name = match &spec.tenant {
@@ -75,24 +85,26 @@ pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
         None => &spec.subscription,
     };
     let g = &shard.shared.governance;
-    let mut generation = g.generation();
     loop {
-        let left = spec.expires_us.map(|e| (e - crate::clock::now_micros()).max(0) as u64);
-        if left == Some(0) {
-            return "token expired";
+        let seen = shard.policy.seen();
+        let changed = std::pin::pin!(shard.policy.after(seen));
+        match spec.expires_us.map(|e| (e - crate::clock::now_micros()).max(0) as u64) {
+            Some(0) => return "token expired",
+            Some(us) => {
+                let expiry = std::pin::pin!(monoio::time::sleep(std::time::Duration::from_micros(us)));
+                if let Either::Left(_) = select(expiry, changed).await {
+                    continue; // expired: said at the top
+                }
+            }
+            None => changed.await,
         }
-        let wait = left.map_or(ACL_RECHECK, |us| std::time::Duration::from_micros(us).min(ACL_RECHECK));
-        monoio::time::sleep(wait).await;
-        if g.generation() != generation {
-            generation = g.generation();
-            let snap = g.snapshot();
-            let now = crate::clock::now_micros();
-            if spec.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err()) {
-                return "token revoked";
-            }
-            if !snap.acl.decide(principal, Kind::Subscription, name, Action::Subscribe).0 {
-                return "access revoked";
-            }
+        let snap = g.snapshot();
+        let now = crate::clock::now_micros();
+        if spec.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err()) {
+            return "token revoked";
+        }
+        if !snap.acl.decide(principal, Kind::Subscription, name, Action::Subscribe).0 {
+            return "access revoked";
         }
     }
 }

@@ -342,6 +342,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 monoio::spawn(shard.clone().pump());
                 monoio::spawn(shard.clone().retention_loop());
                 monoio::spawn(shard.clone().delivery_timers());
+                monoio::spawn(crate::push::watch_policy(shard.clone()));
                 crate::task::set_heartbeat(shared.beats[i].clone(), shared.epoch);
                 monoio::spawn(heartbeat());
                 monoio::spawn(injected_fault(i));

@@ -62,6 +62,9 @@ pub struct Shard {
     /// Per topic: its fan-outs of stored events pass one at a time, in append order (they
     /// may yield half-way). At most one small entry per topic.
     fanning: RefCell<HashMap<String, Rc<Gate>>>,
+    /// Policy changes (keys, ACL) as this shard has seen them, for its sessions
+    /// (`push::authority`, ticked by `push::watch_policy`).
+    pub policy: crate::governance::Changes,
 }
 
 /// How long a request to another core may take before its caller answers 503: longer than any
@@ -111,6 +114,7 @@ impl Shard {
             outbox: RefCell::new((0..shards).map(|_| VecDeque::new()).collect()),
             flushing: RefCell::new(vec![false; shards]),
             fanning: RefCell::new(HashMap::new()),
+            policy: crate::governance::Changes::default(),
         }
     }
 

@@ -112,6 +112,17 @@ fn publish_as(c: &mut Client, token: Option<&str>, topic: &str, id: &str) -> Res
     c.request("POST", &format!("/events/publish?topic={topic}"), &headers, event(id).to_string().as_bytes())
 }
 
+/// POSTs `body` (JSON) to `path` with `token` as the bearer credential.
+fn post_as(c: &mut Client, token: &str, path: &str, body: &Value) -> Resp {
+    let auth = bearer(token);
+    c.request(
+        "POST",
+        path,
+        &[("content-type", "application/json"), ("authorization", &auth)],
+        body.to_string().as_bytes(),
+    )
+}
+
 fn admin_as(b: &TestBroker, token: Option<&str>, method: &str, path: &str, body: &Value) -> Resp {
     let auth = token.map(bearer);
     let mut headers = vec![("content-type", "application/json")];
@@ -210,21 +221,12 @@ fn subscribing_attaching_polling_acking_and_last_event_id_all_need_subscribe() {
     let (b, _dir) = token_broker("subscribe", &["--redelivery-backoff-ms", "50"]);
     let mut c = b.client();
     let sub = json!({"subscription": "billing", "topic": "orders.eu", "mode": "LOAD_BALANCE", "start": "earliest"});
-    let bob = bearer("bob-secret");
-    let alice = bearer("alice-secret");
-    let post = |c: &mut Client, who: &str, path: &str, body: &Value| {
-        c.request(
-            "POST",
-            path,
-            &[("content-type", "application/json"), ("authorization", who)],
-            body.to_string().as_bytes(),
-        )
-    };
+    let (bob, alice) = ("bob-secret", "alice-secret");
     // alice may publish, not subscribe; bob may subscribe to billing* on orders.*.
-    post(&mut c, &alice, "/events/subscribe", &sub).assert_problem(403);
-    assert_eq!(post(&mut c, &bob, "/events/subscribe", &sub).status, 201);
+    post_as(&mut c, alice, "/events/subscribe", &sub).assert_problem(403);
+    assert_eq!(post_as(&mut c, bob, "/events/subscribe", &sub).status, 201);
     let other = json!({"subscription": "billing-all", "topic": "payments", "mode": "LOAD_BALANCE"});
-    let r = post(&mut c, &bob, "/events/subscribe", &other);
+    let r = post_as(&mut c, bob, "/events/subscribe", &other);
     r.assert_problem(403);
     assert!(r.text().contains("topic:payments"), "the topic needs SUBSCRIBE too: {}", r.text());
     for i in 0..3 {
@@ -232,14 +234,15 @@ fn subscribing_attaching_polling_acking_and_last_event_id_all_need_subscribe() {
     }
     // alice cannot poll, ack, attach, resume with Last-Event-ID, or unsubscribe bob's subscription.
     let get = |c: &mut Client, who: &str, path: &str, extra: &[(&str, &str)]| {
-        let mut h = vec![("authorization", who)];
+        let auth = bearer(who);
+        let mut h = vec![("authorization", auth.as_str())];
         h.extend_from_slice(extra);
         c.request("GET", path, &h, b"")
     };
-    get(&mut c, &alice, "/events/poll?subscription=billing&waitMs=0", &[]).assert_problem(403);
-    get(&mut c, &alice, "/events/sse?subscription=billing", &[("last-event-id", "0-2")]).assert_problem(403);
-    post(&mut c, &alice, "/events/ack", &json!({"subscription": "billing", "ids": ["0-0"]})).assert_problem(403);
-    post(&mut c, &alice, "/events/unsubscribe", &json!({"subscription": "billing"})).assert_problem(403);
+    get(&mut c, alice, "/events/poll?subscription=billing&waitMs=0", &[]).assert_problem(403);
+    get(&mut c, alice, "/events/sse?subscription=billing", &[("last-event-id", "0-2")]).assert_problem(403);
+    post_as(&mut c, alice, "/events/ack", &json!({"subscription": "billing", "ids": ["0-0"]})).assert_problem(403);
+    post_as(&mut c, alice, "/events/unsubscribe", &json!({"subscription": "billing"})).assert_problem(403);
     let stream = TcpStream::connect(b.traffic).unwrap();
     let url = format!("ws://{}/events/ws?subscription=billing&access_token=alice-secret", b.traffic);
     match tungstenite::client(url, stream) {
@@ -249,7 +252,7 @@ fn subscribing_attaching_polling_acking_and_last_event_id_all_need_subscribe() {
     // bob polls all three (nothing was skipped by alice's attempts), and acks them.
     let mut got = Vec::new();
     while got.len() < 3 {
-        let r = get(&mut c, &bob, "/events/poll?subscription=billing&max=10&waitMs=2000", &[]);
+        let r = get(&mut c, bob, "/events/poll?subscription=billing&max=10&waitMs=2000", &[]);
         assert_eq!(r.status, 200, "{}", r.text());
         got.extend(r.json().as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_owned()));
     }
@@ -307,12 +310,7 @@ fn acl_rules_from_the_admin_api_apply_on_every_shard_persist_and_revoke_sessions
     assert!(allowed_everywhere(&b));
     // A session whose permission is revoked is closed with 1008 and a reason.
     let sub = json!({"subscription": "billing-live", "topic": "orders.eu", "mode": "BROADCAST"});
-    let r = b.client().request(
-        "POST",
-        "/events/subscribe",
-        &[("content-type", "application/json"), ("authorization", &bearer("bob-secret"))],
-        sub.to_string().as_bytes(),
-    );
+    let r = post_as(&mut b.client(), "bob-secret", "/events/subscribe", &sub);
     assert_eq!(r.status, 201, "{}", r.text());
     let stream = TcpStream::connect(b.traffic).unwrap();
     stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
@@ -387,41 +385,21 @@ fn two_tenants_using_the_same_names_never_see_each_others_events() {
         ("svc-globex", Some("globex"), "globex-secret"),
         ("ops-acme", Some("acme"), "acme-ops-secret"),
     ];
-    let acl = r#"
-[[acl]]
-id = "services"
-principal = "svc-*"
-resource = "topic:orders"
-actions = ["PUBLISH", "SUBSCRIBE"]
-effect = "ALLOW"
-
-[[acl]]
-id = "services-subscriptions"
-principal = "svc-*"
-resource = "subscription:*"
-actions = ["SUBSCRIBE"]
-effect = "ALLOW"
-
+    let acl = format!(
+        r#"{SERVICES_ACL}
 [[acl]]
 id = "tenant-ops"
 principal = "ops-*"
 resource = "admin"
 actions = ["ADMIN"]
 effect = "ALLOW"
-"#;
-    let (b, _dir) = broker_with("tenants", &tokens, acl, &[]);
-    let post = |who: &str, path: &str, body: &Value| {
-        b.client().request(
-            "POST",
-            path,
-            &[("content-type", "application/json"), ("authorization", &bearer(who))],
-            body.to_string().as_bytes(),
-        )
-    };
+"#
+    );
+    let (b, _dir) = broker_with("tenants", &tokens, &acl, &[]);
     // The same subscription and topic names in both tenants: two subscriptions, two topics.
     for who in ["acme-secret", "globex-secret"] {
         let sub = json!({"subscription": "billing", "topic": "orders", "mode": "LOAD_BALANCE", "start": "earliest"});
-        let r = post(who, "/events/subscribe", &sub);
+        let r = post_as(&mut b.client(), who, "/events/subscribe", &sub);
         assert_eq!(r.status, 201, "{}", r.text());
         assert_eq!(r.json()["topic"], "orders", "answered with the tenant's own names");
     }
@@ -485,12 +463,7 @@ fn evmesh_pub_and_sub_take_a_token() {
     let out = cli(&[&publish[..], &["--token", "alice-secret"]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let sub = json!({"subscription": "billing-cli", "topic": "orders.cli", "mode": "BROADCAST", "start": "earliest"});
-    let r = b.client().request(
-        "POST",
-        "/events/subscribe",
-        &[("content-type", "application/json"), ("authorization", &bearer("bob-secret"))],
-        sub.to_string().as_bytes(),
-    );
+    let r = post_as(&mut b.client(), "bob-secret", "/events/subscribe", &sub);
     assert_eq!(r.status, 201, "{}", r.text());
     let out = cli(&["sub", "--url", &url, "--subscription", "billing-cli", "--client-id", "c", "--max", "1"]);
     assert!(!out.status.success(), "attached without a token");
@@ -515,12 +488,7 @@ fn evmesh_pub_and_sub_take_a_token() {
 fn a_session_ends_when_its_token_is_removed_from_the_tokens_file() {
     let (b, dir) = token_broker("revoke-token", &[]);
     let sub = json!({"subscription": "billing-rt", "topic": "orders.eu", "mode": "BROADCAST"});
-    let r = b.client().request(
-        "POST",
-        "/events/subscribe",
-        &[("content-type", "application/json"), ("authorization", &bearer("bob-secret"))],
-        sub.to_string().as_bytes(),
-    );
+    let r = post_as(&mut b.client(), "bob-secret", "/events/subscribe", &sub);
     assert_eq!(r.status, 201, "{}", r.text());
     let stream = TcpStream::connect(b.traffic).unwrap();
     stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
@@ -638,12 +606,7 @@ fn a_tenant_quota_caps_its_topics_and_subscriptions() {
     }
     let sub = |who: &str, name: &str| {
         let body = json!({"subscription": name, "topic": "t1"});
-        b.client().request(
-            "POST",
-            "/events/subscribe",
-            &[("content-type", "application/json"), ("authorization", &bearer(who))],
-            body.to_string().as_bytes(),
-        )
+        post_as(&mut b.client(), who, "/events/subscribe", &body)
     };
     assert_eq!(sub("acme-secret", "s1").status, 201);
     assert_eq!(sub("acme-secret", "s1").status, 200, "the same definition again is not a new one");
@@ -666,12 +629,7 @@ fn a_tenant_connections_quota_counts_open_connections_and_sessions_and_shows_in_
     // Two open: a keep-alive client and a WebSocket session (counted as long as it lives).
     let mut first = b.client();
     let sub = json!({"subscription": "live", "topic": "t", "mode": "BROADCAST"});
-    let r = first.request(
-        "POST",
-        "/events/subscribe",
-        &[("content-type", "application/json"), ("authorization", &bearer("acme-secret"))],
-        sub.to_string().as_bytes(),
-    );
+    let r = post_as(&mut first, "acme-secret", "/events/subscribe", &sub);
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(publish_as(&mut first, Some("acme-secret"), "t", "a").status, 202);
     let stream = TcpStream::connect(b.traffic).unwrap();
@@ -757,4 +715,27 @@ fn oversized_and_malformed_credentials_are_refused_cheaply() {
     );
     r.assert_problem(401);
     assert_eq!(publish_as(&mut c, Some("alice-secret"), "orders.eu", "ok").status, 202);
+}
+
+#[test]
+fn a_tokens_file_that_no_longer_parses_leaves_the_old_keys_in_force() {
+    let (b, dir) = token_broker("bad-reload", &[]);
+    let metric = |b: &TestBroker, name: &str| -> u64 {
+        let text = b.admin().get("/metrics").text();
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let replace = |text: String| {
+        std::fs::write(dir.join("tokens.new"), text).unwrap();
+        std::fs::rename(dir.join("tokens.new"), dir.join("tokens.jsonl")).unwrap();
+    };
+    replace("{\"principal\": \"alice\", \"sha256\": \"not hex\"}\n".into());
+    wait_for(Duration::from_secs(10), || (metric(&b, "evmesh_auth_key_reloads_failed_total") == 1).then_some(()));
+    assert_eq!(publish_as(&mut b.client(), Some("alice-secret"), "orders.eu", "still").status, 202);
+    // Fixed (and carol added): in force, and the old tokens that are gone no longer work.
+    let carol = json!({"principal": "alice", "sha256": sha256_hex("carol-secret")});
+    replace(format!("{carol}\n"));
+    wait_for(Duration::from_secs(10), || (metric(&b, "evmesh_auth_key_reloads_total") == 1).then_some(()));
+    assert_eq!(publish_as(&mut b.client(), Some("carol-secret"), "orders.eu", "new").status, 202);
+    publish_as(&mut b.client(), Some("alice-secret"), "orders.eu", "old").assert_problem(401);
 }
