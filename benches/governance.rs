@@ -48,7 +48,7 @@ fn bench(c: &mut Criterion) {
         quotas: Arc::default(),
     };
     let mut g = c.benchmark_group("governance_per_publish");
-    let mut caller = Caller::new(None);
+    let mut caller = Caller::new(None, None);
     let who = caller.authenticate(&snap, Some(token), || 0).unwrap();
     caller.authorize(&snap, &who, Action::Publish, Kind::Topic, "perf").unwrap();
     g.bench_function("cached_authenticate_and_authorize", |b| {

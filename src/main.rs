@@ -11,6 +11,8 @@ const USAGE: &str = "usage:
                [--token T]   (a bearer token; also EVMESH_TOKEN)
   evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--client-id C] [--no-ack] [--max N]
                [--token T]
+  pub and sub over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
+               [--cert FILE --key FILE]   (a client certificate, for mutual TLS)
                (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   evmesh print-config   (the commented defaults)";
 
@@ -63,8 +65,8 @@ fn serve(args: &[String]) -> ExitCode {
         }
     };
     evmesh::runtime::exit_on_panic();
-    // Block the stop signals in every thread (the mask is inherited), and take them here.
-    let signals = evmesh::sys::block_stop_signals();
+    // Block the signals in every thread (the mask is inherited), and take them here.
+    let signals = evmesh::sys::block_signals();
     let shards = config.shards;
     let durability = config.durability;
     match evmesh::runtime::start(config) {
@@ -73,7 +75,17 @@ fn serve(args: &[String]) -> ExitCode {
                 "evmesh listening traffic={} admin={} shards={} driver={:?} durability={:?}",
                 s.listen, s.admin_listen, shards, s.driver, durability
             );
-            let sig = evmesh::sys::wait_for_signal(&signals);
+            let sig = loop {
+                let sig = evmesh::sys::wait_for_signal(&signals);
+                if sig != libc::SIGHUP {
+                    break sig;
+                }
+                match shared.tls.as_deref().map(|t| t.reload()) {
+                    None => eprintln!("evmesh: SIGHUP: no TLS files to reload"),
+                    Some(Ok(())) => eprintln!("evmesh: SIGHUP: TLS certificate and key reloaded"),
+                    Some(Err(e)) => eprintln!("evmesh: SIGHUP: TLS files not reloaded, the old ones stay: {e}"),
+                }
+            };
             eprintln!("evmesh: signal {sig}, stopping");
             // Whatever durability was chosen, a clean stop loses nothing the OS has.
             let _ = shared.db.flush_wal(true);

@@ -1,25 +1,28 @@
 //! The crate's `unsafe`, in one small module: the process signal mask (for `evmesh serve`'s
-//! shutdown) and the iovec view of shared delivery buffers for vectored writes.
+//! shutdown), the iovec view of shared delivery buffers for vectored writes, and the byte views
+//! of the runtime's owned buffers that the TLS layer copies through.
 
 use std::rc::Rc;
 
-/// Blocks SIGINT and SIGTERM in this thread and every thread it spawns later.
-pub fn block_stop_signals() -> libc::sigset_t {
+/// Blocks SIGINT, SIGTERM (stop) and SIGHUP (reload the TLS files) in this thread and every
+/// thread it spawns later.
+pub fn block_signals() -> libc::sigset_t {
     // SAFETY: plain libc calls on a local, zero-initialized sigset.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
 }
 
-/// Waits for one of the blocked stop signals and returns its number.
+/// Waits for one of the blocked signals and returns its number.
 pub fn wait_for_signal(set: &libc::sigset_t) -> i32 {
     let mut sig = 0;
-    // SAFETY: `set` was filled by `block_stop_signals`; `sig` is a valid out pointer.
+    // SAFETY: `set` was filled by `block_signals`; `sig` is a valid out pointer.
     unsafe {
         libc::sigwait(set, &mut sig);
     }
@@ -94,6 +97,45 @@ pub fn default_memory_limit() -> u64 {
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: `_exit` takes a plain integer and never returns.
     unsafe { libc::_exit(code) }
+}
+
+/// The initialized bytes of a buffer handed over for a write (what the TLS layer encrypts).
+pub fn io_bytes<T: monoio::buf::IoBuf>(buf: &T) -> &[u8] {
+    if buf.bytes_init() == 0 {
+        return &[];
+    }
+    // SAFETY: `IoBuf` promises `bytes_init` initialized bytes at `read_ptr`, alive and unchanged
+    // while the buffer is borrowed.
+    unsafe { std::slice::from_raw_parts(buf.read_ptr(), buf.bytes_init()) }
+}
+
+/// The buffers of a vectored write, as slices (what the TLS layer encrypts in one go).
+pub fn io_slices<T: monoio::buf::IoVecBuf>(bufs: &T) -> Vec<std::io::IoSlice<'_>> {
+    let n = bufs.read_iovec_len();
+    if n == 0 {
+        return Vec::new();
+    }
+    // SAFETY: `IoVecBuf` promises `read_iovec_len` iovecs at `read_iovec_ptr`, each pointing at
+    // that many initialized bytes, alive and unchanged while `bufs` is borrowed.
+    let iovecs = unsafe { std::slice::from_raw_parts(bufs.read_iovec_ptr(), n) };
+    iovecs
+        .iter()
+        .filter(|v| v.iov_len > 0)
+        .map(|v| std::io::IoSlice::new(unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) }))
+        .collect()
+}
+
+/// Copies as much of `src` as fits into a read's destination and marks it initialized;
+/// returns how many bytes that was.
+pub fn fill_io_buf<T: monoio::buf::IoBufMut>(dst: &mut T, src: &[u8]) -> usize {
+    let n = src.len().min(dst.bytes_total());
+    // SAFETY: `IoBufMut` promises `bytes_total` writable bytes at `write_ptr`; `src` is a
+    // distinct, initialized slice of at least `n` bytes, and exactly `n` are marked initialized.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst.write_ptr(), n);
+        dst.set_init(n);
+    }
+    n
 }
 
 /// Rendered frames, shared with other sessions, gathered for one `writev`: the bytes are

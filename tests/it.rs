@@ -17,5 +17,6 @@ mod it {
     mod kafka;
     mod publish;
     mod subscriptions;
+    mod tls;
     mod ws;
 }

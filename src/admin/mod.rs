@@ -75,19 +75,21 @@ impl Access {
 }
 
 impl Handler for Admin {
-    type Conn = Option<std::net::IpAddr>;
+    /// The client's address, and who its certificate names (mutual TLS).
+    type Conn = (Option<std::net::IpAddr>, Option<Principal>);
 
-    fn connect(&self, peer: Option<std::net::SocketAddr>) -> Self::Conn {
-        peer.map(|p| p.ip())
+    fn connect(&self, peer: crate::server::conn::Peer) -> Self::Conn {
+        (peer.addr.map(|p| p.ip()), peer.cert.map(|c| Principal::certified(c.principal, c.expires_us)))
     }
 
-    async fn handle(&self, peer: &mut Self::Conn, req: Request<'_>) -> Response {
+    async fn handle(&self, conn: &mut Self::Conn, req: Request<'_>) -> Response {
+        let (peer, cert) = conn;
         let path = req.path();
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         // Health, readiness and metrics stay open (probes and scrapers); the rest is the admin API.
         if segs.first() == Some(&"admin") {
             let write = req.method() != Method::Get && req.method() != Method::Head;
-            let access = match self.access(&req, *peer) {
+            let access = match self.access(&req, *peer, cert.as_ref()) {
                 Ok(a) => a,
                 Err(r) => return r,
             };
@@ -118,7 +120,7 @@ impl Handler for Admin {
         &self,
         _: Self::Conn,
         _: crate::server::Upgrade,
-        _: monoio::net::TcpStream,
+        _: crate::server::Stream,
         _: Vec<u8>,
         _: crate::server::conn::ConnLimits,
         _: crate::server::ConnGuard,
@@ -130,7 +132,13 @@ impl Admin {
     /// Whether the request may use the admin API: the `admin_token`, or a principal with
     /// ADMIN on `admin`. With neither configured (no token, no rule that grants ADMIN) it is
     /// open on a loopback admin listener and closed (403) on any other.
-    fn access(&self, req: &Request<'_>, peer: Option<std::net::IpAddr>) -> Result<Access, Response> {
+    /// A verified client certificate stands for its principal when no bearer token is sent.
+    fn access(
+        &self,
+        req: &Request<'_>,
+        peer: Option<std::net::IpAddr>,
+        cert: Option<&Principal>,
+    ) -> Result<Access, Response> {
         let g = &self.shared.governance;
         let token = req.header("authorization").and_then(|v| {
             let scheme = v.get(..7)?;
@@ -156,19 +164,26 @@ impl Admin {
             };
             problem(StatusCode::UNAUTHORIZED, &e.to_string()).with_header("www-authenticate", &challenge)
         };
-        match token {
-            Some(t) if g.is_admin_token(t) => Ok(Access::Token),
-            Some(t) if auth_on => {
-                let snap = g.snapshot();
-                let who = snap.keys.verify(t, crate::clock::now_micros()).map_err(unauthenticated)?;
-                match snap.acl.decide(&who.name, AclKind::Admin, "", Action::Admin) {
-                    (true, _) => Ok(Access::Principal(who)),
-                    (false, rule) => {
-                        g.audit(Some(&who), "ADMIN", "admin", "denied", rule.map(|r| format!("rule {r}")), peer);
-                        Err(problem(StatusCode::FORBIDDEN, &format!("{} may not ADMIN admin", who.name)))
-                    }
-                }
+        // A bearer token, when sent, says who the caller is; else a verified client certificate.
+        let certified = cert.filter(|c| auth_on && c.expires_us.is_none_or(|e| crate::clock::now_micros() < e));
+        let who = match (token, certified) {
+            (Some(t), _) if g.is_admin_token(t) => return Ok(Access::Token),
+            (Some(t), _) if auth_on => {
+                Some(g.snapshot().keys.verify(t, crate::clock::now_micros()).map_err(unauthenticated)?)
             }
+            (None, Some(c)) => Some(c.clone()),
+            _ => None,
+        };
+        if let Some(who) = who {
+            return match g.snapshot().acl.decide(&who.name, AclKind::Admin, "", Action::Admin) {
+                (true, _) => Ok(Access::Principal(who)),
+                (false, rule) => {
+                    g.audit(Some(&who), "ADMIN", "admin", "denied", rule.map(|r| format!("rule {r}")), peer);
+                    Err(problem(StatusCode::FORBIDDEN, &format!("{} may not ADMIN admin", who.name)))
+                }
+            };
+        }
+        match token {
             Some(_) => Err(unauthenticated(AuthError::UnknownToken)),
             None if g.has_admin_token() || (auth_on && g.snapshot().acl.grants_admin()) => {
                 Err(unauthenticated(AuthError::Missing))
@@ -210,6 +225,7 @@ impl Admin {
                 let mut out = String::new();
                 self.shared.metrics.render(&mut out);
                 let mem = &self.shared.memory;
+                let tls = self.shared.tls.as_deref();
                 for (name, kind, help, v) in [
                     (
                         "evmesh_memory_resident_bytes",
@@ -235,6 +251,24 @@ impl Admin {
                         "counter",
                         "Audit records dropped because the audit queue was full",
                         self.shared.governance.audit.dropped.load(Ordering::Relaxed),
+                    ),
+                    (
+                        "evmesh_tls_handshakes_failed_total",
+                        "counter",
+                        "TLS handshakes that failed or did not finish within header_read_timeout",
+                        tls.map_or(0, |t| t.handshakes_failed.load(Ordering::Relaxed)),
+                    ),
+                    (
+                        "evmesh_tls_reloads_total",
+                        "counter",
+                        "TLS certificate and key reloads (SIGHUP) put in force",
+                        tls.map_or(0, |t| t.reloads.load(Ordering::Relaxed)),
+                    ),
+                    (
+                        "evmesh_tls_reloads_failed_total",
+                        "counter",
+                        "TLS reloads whose files did not load (the old certificate stayed in force)",
+                        tls.map_or(0, |t| t.reloads_failed.load(Ordering::Relaxed)),
                     ),
                     (
                         "evmesh_memory_shed_total",

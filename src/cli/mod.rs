@@ -18,16 +18,73 @@ fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     None
 }
 
-/// Refuses flags outside `known`; returns the broker's `HOST:PORT` from `--url`.
-fn broker<'a>(args: &'a [String], known: &[&str]) -> Result<&'a str, String> {
+/// Flags every command takes: where the broker is and how to reach it.
+const CONNECTION: [&str; 5] = ["--url", "--token", "--cacert", "--cert", "--key"];
+
+/// A byte stream to the broker, plain or TLS.
+trait Conn: Read + Write {}
+impl<T: Read + Write> Conn for T {}
+
+/// Refuses flags outside `known` (and [`CONNECTION`]); connects to the broker of `--url`
+/// (`http://HOST:PORT`, or `https://HOST:PORT`: TLS, the server verified against `--cacert`,
+/// default the system's CA bundle, with the client certificate `--cert`/`--key` if given).
+/// Returns the stream (reads time out after `read_timeout`) and the `HOST:PORT`.
+fn broker<'a>(
+    args: &'a [String],
+    known: &[&str],
+    read_timeout: Option<Duration>,
+) -> Result<(Box<dyn Conn>, &'a str), String> {
     for a in args.iter().filter(|a| a.starts_with("--")) {
         let name = a.split('=').next().unwrap_or(a);
-        if !known.contains(&name) {
+        if !known.contains(&name) && !CONNECTION.contains(&name) {
             return Err(format!("unknown flag {name}"));
         }
     }
     let url = flag(args, "--url").unwrap_or("http://127.0.0.1:8080");
-    Ok(url.strip_prefix("http://").ok_or("--url must be http://HOST:PORT")?.trim_end_matches('/'))
+    let (tls, hostport) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(h), _) => (false, h),
+        (_, Some(h)) => (true, h),
+        _ => return Err("--url must be http://HOST:PORT or https://HOST:PORT".into()),
+    };
+    let hostport = hostport.trim_end_matches('/');
+    let stream = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
+    stream.set_read_timeout(read_timeout).map_err(|e| e.to_string())?;
+    if !tls {
+        return Ok((Box::new(stream), hostport));
+    }
+    let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    let config = tls_config(args)?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| format!("--url host: {e}"))?;
+    let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+    Ok((Box::new(rustls::StreamOwned::new(conn, stream)), hostport))
+}
+
+fn tls_config(args: &[String]) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let ca = flag(args, "--cacert").unwrap_or("/etc/ssl/certs/ca-certificates.crt");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("--cacert {ca}: {e}"))? {
+        roots.add(c.map_err(|e| format!("--cacert {ca}: {e}"))?).map_err(|e| format!("--cacert {ca}: {e}"))?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+    let mut config = match (flag(args, "--cert"), flag(args, "--key")) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|c| c.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("--cert {cert}: {e}"))?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("--key {key}: {e}"))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| format!("--cert/--key: {e}"))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => return Err("--cert and --key go together".into()),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(std::sync::Arc::new(config))
 }
 
 /// The `authorization` header line for `--token T` (or `EVMESH_TOKEN`), if any.
@@ -44,9 +101,8 @@ fn new_id() -> String {
 /// `evmesh pub`: builds a structured CloudEvent from flags (or reads one from stdin), posts it,
 /// prints the broker's answer. Errors are the broker's problem+json or the I/O failure.
 pub fn publish(args: &[String]) -> Result<(), String> {
-    const KNOWN: [&str; 9] =
-        ["--url", "--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text", "--token"];
-    let hostport = broker(args, &KNOWN)?;
+    const KNOWN: [&str; 7] = ["--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text"];
+    let (mut stream, hostport) = broker(args, &KNOWN, Some(Duration::from_secs(30)))?;
     let topic = flag(args, "--topic").ok_or("--topic is required")?;
     let event =
         if flag(args, "--type").is_some() || flag(args, "--data").is_some() || flag(args, "--data-text").is_some() {
@@ -72,16 +128,20 @@ pub fn publish(args: &[String]) -> Result<(), String> {
             std::io::stdin().read_to_string(&mut s).map_err(|e| format!("stdin: {e}"))?;
             s
         };
-    let mut stream = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
     let req = format!(
         "POST /events/publish?topic={topic} HTTP/1.1\r\nhost: {hostport}\r\n{}content-type: application/cloudevents+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{event}",
         auth_line(args),
         event.len()
     );
     stream.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut resp = String::new();
-    stream.read_to_string(&mut resp).map_err(|e| e.to_string())?;
+    let mut resp = Vec::new();
+    // A TLS server may end without close_notify after `connection: close`: what came is the answer.
+    if let Err(e) = stream.read_to_end(&mut resp) {
+        if resp.is_empty() || e.kind() != std::io::ErrorKind::UnexpectedEof {
+            return Err(e.to_string());
+        }
+    }
+    let resp = String::from_utf8_lossy(&resp);
     let (head, body) = resp.split_once("\r\n\r\n").ok_or("malformed response")?;
     let status = head.split(' ').nth(1).unwrap_or("?");
     println!("{body}");
@@ -96,7 +156,6 @@ pub fn publish(args: &[String]) -> Result<(), String> {
 /// are masked, as RFC 6455 requires of clients).
 mod wsclient {
     use std::io::{Read, Write};
-    use std::net::TcpStream;
 
     pub enum Frame {
         Text(String),
@@ -105,7 +164,7 @@ mod wsclient {
         Other,
     }
 
-    pub fn send(s: &mut TcpStream, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
+    pub fn send(s: &mut impl Write, opcode: u8, payload: &[u8]) -> std::io::Result<()> {
         let mask = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos()
             as u32)
             .to_be_bytes();
@@ -122,7 +181,7 @@ mod wsclient {
         s.write_all(&out)
     }
 
-    pub fn read(s: &mut TcpStream) -> std::io::Result<Frame> {
+    pub fn read(s: &mut impl Read) -> std::io::Result<Frame> {
         let mut h = [0u8; 2];
         s.read_exact(&mut h)?;
         let len = match h[1] & 0x7f {
@@ -161,7 +220,7 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
     let no_ack = args.iter().any(|a| a == "--no-ack");
     let rest: Vec<String> = args.iter().filter(|a| *a != "--no-ack").cloned().collect();
     let args = &rest[..];
-    let hostport = broker(args, &["--url", "--subscription", "--max", "--client-id", "--token"])?;
+    let (mut s, hostport) = broker(args, &["--subscription", "--max", "--client-id"], None)?;
     let sub = flag(args, "--subscription").ok_or("--subscription is required")?;
     let mut query = format!("subscription={sub}");
     if no_ack {
@@ -171,7 +230,6 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
         query.push_str(&format!("&clientId={c}"));
     }
     let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
-    let mut s = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
     let req = format!(
         "GET /events/ws?{query} HTTP/1.1\r\nhost: {hostport}\r\n{}upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n",
         auth_line(args)

@@ -104,13 +104,17 @@ pub const KEYS: &[(&str, &str)] = &[
     ("audit_log", "audit log file (JSON lines); empty = audit.log in data_dir"),
     ("audit_max_per_second", "audit lines written per second at most (the rest are counted)"),
     ("audit_max_bytes", "audit log size at which it is rotated to <file>.1"),
+    ("tls_cert", "TLS on both listeners: certificate chain (PEM), read again on SIGHUP; empty = plain TCP"),
+    ("tls_key", "the private key of tls_cert (PEM), read again on SIGHUP"),
+    ("tls_client_ca", "mutual TLS: the CA clients' certificates must chain to; the subject is the principal"),
 ];
 
 fn kind(key: &str) -> Kind {
     match key {
         "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
         | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" | "auth" | "auth_tokens_file"
-        | "jwt_jwks_file" | "jwt_audience" | "jwt_issuer" | "admin_token" | "audit_log" => Kind::Str,
+        | "jwt_jwks_file" | "jwt_audience" | "jwt_issuer" | "admin_token" | "audit_log" | "tls_cert" | "tls_key"
+        | "tls_client_ca" => Kind::Str,
         "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -174,6 +178,9 @@ pub struct RawConfig {
     audit_log: String,
     audit_max_per_second: u64,
     audit_max_bytes: u64,
+    tls_cert: String,
+    tls_key: String,
+    tls_client_ca: String,
     /// `[[acl]]` tables: the config file's ACL rules (only in a file, not as flags).
     #[serde(default)]
     acl: Vec<AclRaw>,
@@ -292,6 +299,8 @@ pub struct Config {
     pub memory_limit_bytes: u64,
     /// Identity, the config file's ACL rules, the admin token, the audit log.
     pub auth: crate::governance::AuthConfig,
+    /// `None`: plain TCP.
+    pub tls: Option<crate::server::tls::TlsFiles>,
 }
 
 fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
@@ -443,6 +452,7 @@ impl RawConfig {
         let admin_listen = addr("admin_listen", &self.admin_listen)?;
         let data_dir = PathBuf::from(&self.data_dir);
         let auth = self.auth_config(&listen, &admin_listen, &data_dir)?;
+        let tls = self.tls_files()?;
         Ok(Config {
             listen,
             admin_listen,
@@ -508,6 +518,7 @@ impl RawConfig {
                 n => n,
             },
             auth,
+            tls,
         })
     }
 
@@ -569,6 +580,27 @@ impl RawConfig {
             audit_max_per_second: range("audit_max_per_second", self.audit_max_per_second, 1, 1_000_000)? as u32,
             audit_max_bytes: range("audit_max_bytes", self.audit_max_bytes, 4096, 1 << 40)?,
         })
+    }
+}
+
+impl RawConfig {
+    /// The TLS files, both or neither of `tls_cert` and `tls_key`; `tls_client_ca` only with them.
+    /// (Whether they load is known at start, where the error names the file.)
+    fn tls_files(&self) -> Result<Option<crate::server::tls::TlsFiles>, ConfigError> {
+        let bad = |key: &'static str, message: &str| ConfigError::Invalid { key, message: message.to_owned() };
+        match (self.tls_cert.is_empty(), self.tls_key.is_empty()) {
+            (true, true) if !self.tls_client_ca.is_empty() => {
+                Err(bad("tls_client_ca", "mutual TLS needs tls_cert and tls_key too"))
+            }
+            (true, true) => Ok(None),
+            (false, true) => Err(bad("tls_key", "tls_cert needs its private key")),
+            (true, false) => Err(bad("tls_cert", "tls_key needs its certificate")),
+            (false, false) => Ok(Some(crate::server::tls::TlsFiles {
+                cert: PathBuf::from(&self.tls_cert),
+                key: PathBuf::from(&self.tls_key),
+                client_ca: (!self.tls_client_ca.is_empty()).then(|| PathBuf::from(&self.tls_client_ca)),
+            })),
+        }
     }
 }
 

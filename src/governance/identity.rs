@@ -22,6 +22,14 @@ pub struct Principal {
     pub expires_us: Option<i64>,
 }
 
+impl Principal {
+    /// The principal a verified client certificate names (mutual TLS): no tenant, valid until
+    /// the certificate's `notAfter`.
+    pub fn certified(name: String, not_after_us: i64) -> Principal {
+        Principal { name, tenant: None, expires_us: Some(not_after_us) }
+    }
+}
+
 /// Why a credential was refused; the text is the 401's detail.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {

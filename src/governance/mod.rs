@@ -456,6 +456,9 @@ pub fn anonymous() -> Rc<Principal> {
 #[derive(Default)]
 pub struct Caller {
     pub peer: Option<IpAddr>,
+    /// Who the connection's client certificate names (mutual TLS): the principal of its
+    /// requests that carry no bearer token.
+    cert: Option<Rc<Principal>>,
     token: Vec<u8>,
     who: Option<(u64, Rc<Principal>)>,
     allowed: Option<(u64, Action, Kind, Box<str>)>,
@@ -466,14 +469,17 @@ pub struct Caller {
 }
 
 impl Caller {
-    pub fn new(peer: Option<IpAddr>) -> Caller {
-        Caller { peer, ..Caller::default() }
+    pub fn new(peer: Option<IpAddr>, cert: Option<Principal>) -> Caller {
+        Caller { peer, cert: cert.map(Rc::new), ..Caller::default() }
     }
 
     /// Whether `token` is the one this connection proved under the snapshot in force (no
     /// verification needed).
     pub fn verified(&self, snap: &Snapshot, token: Option<&[u8]>) -> bool {
-        matches!((&self.who, token), (Some((g, _)), Some(t)) if *g == snap.generation && self.token == t)
+        match token {
+            Some(t) => matches!(&self.who, Some((g, _)) if *g == snap.generation && self.token == t),
+            None => self.cert.is_some(),
+        }
     }
 
     /// Who `token` proves at `now_us`, verified once per connection and token (again after the
@@ -487,7 +493,14 @@ impl Caller {
         if matches!(*snap.keys, Keys::None) {
             return Ok(anonymous());
         }
-        let token = token.ok_or(AuthError::Missing)?;
+        let Some(token) = token else {
+            // A bearer token, when there is one, says who the caller is; else its certificate.
+            return match &self.cert {
+                Some(c) if c.expires_us.is_some_and(|e| now_us() >= e) => Err(AuthError::Expired),
+                Some(c) => Ok(c.clone()),
+                None => Err(AuthError::Missing),
+            };
+        };
         if let Some((g, who)) = &self.who {
             if *g == snap.generation && self.token == token {
                 if who.expires_us.is_some_and(|e| now_us() >= e) {

@@ -17,7 +17,7 @@ use crate::governance::acl::{Action, Kind};
 use crate::governance::identity::{AuthError, Keys, Principal};
 use crate::governance::{Caller, Failures, TenantStats, View};
 use crate::http::{problem, Method, StatusCode};
-use crate::server::conn::{ConnGuard, ConnLimits};
+use crate::server::conn::{ConnGuard, ConnLimits, Peer};
 use crate::server::upgrade::Credential;
 use crate::server::{Handler, Request, Response, SessionSpec, Upgrade};
 use crate::shard::core::{Shard, CROSS_CORE_DEADLINE, OUTBOX_HIGH};
@@ -109,14 +109,14 @@ fn ws_upgrade(req: &Request<'_>, upgrade: Upgrade) -> Response {
 impl Handler for Traffic {
     type Conn = Caller;
 
-    fn connect(&self, peer: Option<std::net::SocketAddr>) -> Caller {
-        Caller::new(peer.map(|p| p.ip()))
+    fn connect(&self, peer: Peer) -> Caller {
+        Caller::new(peer.addr.map(|p| p.ip()), peer.cert.map(|c| Principal::certified(c.principal, c.expires_us)))
     }
     fn upgraded(
         &self,
         caller: Caller,
         upgrade: Upgrade,
-        stream: monoio::net::TcpStream,
+        stream: crate::server::Stream,
         buf: Vec<u8>,
         limits: ConnLimits,
         guard: ConnGuard,

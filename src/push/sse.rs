@@ -12,8 +12,7 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::future::{select, Either};
 use futures::StreamExt;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
-use monoio::net::TcpStream;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
 use crate::delivery::parse_delivery_id;
@@ -78,7 +77,7 @@ async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<O
 }
 
 /// Runs an SSE session until the client goes away or the subscription is removed.
-pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, spec: Box<SessionSpec>) {
+pub async fn session(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<SessionSpec>) {
     // Resuming only means something for a consumer whose offsets are kept (no anonymous one).
     if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id) {
         let (named, _) = consumer_of(&spec, shard.id, 0);

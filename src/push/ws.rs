@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use futures::channel::mpsc;
 use futures::future::{select, Either};
 use futures::StreamExt;
-use monoio::io::{AsyncWriteRent, Splitable};
-use monoio::net::TcpStream;
+use monoio::io::AsyncWriteRent;
 
 use super::{attach_acked, detach_acked, Kind, Outbound};
 use crate::delivery::{group_ids, MAX_WINDOW};
@@ -262,7 +261,13 @@ async fn write_half<W: AsyncWriteRent>(
 }
 
 /// Runs a WebSocket session on this shard until either side closes it.
-pub async fn session(shard: Rc<Shard>, stream: TcpStream, buf: Vec<u8>, limits: ConnLimits, spec: Box<SessionSpec>) {
+pub async fn session(
+    shard: Rc<Shard>,
+    stream: crate::server::Stream,
+    buf: Vec<u8>,
+    limits: ConnLimits,
+    spec: Box<SessionSpec>,
+) {
     let (events, acked, live_id, queued) = if spec.acked {
         let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Ws);
         (events, Some(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at }), None, None)

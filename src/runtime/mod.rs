@@ -17,9 +17,10 @@ use crate::governance::audit::Audit;
 use crate::governance::Governance;
 use crate::ingress::Traffic;
 use crate::metrics::Metrics;
-use crate::server::conn::{serve, ConnLimits};
+use crate::server::conn::{serve, serve_tls, ConnLimits, Peer};
 use crate::server::listen::bind_shared;
-use crate::server::{ConnGuard, Handler};
+use crate::server::tls::TlsAcceptor;
+use crate::server::{ConnGuard, Handler, Stream};
 use crate::shard::core::Shard;
 use crate::shard::mailbox::Mailboxes;
 use crate::shard::shared::MIRROR_FAN_OUTS_HIGH;
@@ -44,6 +45,8 @@ pub enum StartError {
     Io(#[from] io::Error),
     #[error("auth: {0}")]
     Auth(String),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 /// How often the auth key file is checked for a change.
@@ -121,6 +124,7 @@ fn conn_limits(c: &Config) -> ConnLimits {
 async fn accept_loop<H: Handler + 'static>(
     listener: monoio::net::TcpListener,
     handler: Rc<H>,
+    tls: Option<Arc<TlsAcceptor>>,
     limits: ConnLimits,
     admit: impl Fn() -> Option<ConnGuard>,
 ) {
@@ -143,7 +147,15 @@ async fn accept_loop<H: Handler + 'static>(
         // unacknowledged this long, instead of after many minutes of retransmission.
         crate::sys::set_tcp_user_timeout(std::os::fd::AsRawFd::as_raw_fd(&stream), TCP_USER_TIMEOUT_MS);
         let handler = handler.clone();
-        monoio::spawn(async move { serve(stream, Some(peer), &*handler, limits, guard).await });
+        let tls = tls.clone();
+        monoio::spawn(async move {
+            match tls {
+                Some(tls) => serve_tls(stream, &tls, Some(peer), &*handler, limits, guard).await,
+                None => {
+                    serve(Stream::Plain(stream), Peer { addr: Some(peer), cert: None }, &*handler, limits, guard).await
+                }
+            }
+        });
     }
 }
 
@@ -280,6 +292,10 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let limits = list_policy(&db, Policy::Limit)?;
     let quotas = list_policy(&db, Policy::Quota)?;
     let governance = Governance::new(config.auth.clone(), stored, limits, quotas, audit).map_err(StartError::Auth)?;
+    let tls = match &config.tls {
+        Some(files) => Some(Arc::new(TlsAcceptor::load(files.clone()).map_err(StartError::Tls)?)),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         governance,
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
@@ -291,6 +307,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),
         memory: Memory::new(config.memory_limit_bytes),
+        tls,
         #[cfg(feature = "kafka")]
         kafka,
         db,
@@ -348,7 +365,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 monoio::spawn(injected_fault(i));
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);
-                accept_loop(listener, Rc::new(Traffic::new(shard.clone())), limits, || admit_traffic(&shard)).await
+                let traffic = Rc::new(Traffic::new(shard.clone()));
+                accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard)).await
             };
             if let Err(e) = block_on(driver, run) {
                 eprintln!("evmesh: shard {i}: cannot start the {driver:?} driver: {e}");
@@ -371,9 +389,11 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     let open = open.clone();
                     Some(ConnGuard::new(move || open.set(open.get() - 1)))
                 };
+                let tls = shared.tls.clone();
                 accept_loop(
                     listener,
                     Rc::new(Admin { shared, replaying: Default::default(), failures: Default::default() }),
+                    tls,
                     limits,
                     admit,
                 )

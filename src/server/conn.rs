@@ -15,8 +15,9 @@ use std::time::Duration;
 use monoio::buf::IoBuf;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
-use monoio::net::TcpStream;
 
+use super::stream::Stream;
+use super::tls::PeerCert;
 use super::upgrade::{Response, Upgrade};
 use crate::http::{self, parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Head, Limits, Status, StatusCode};
 
@@ -83,13 +84,21 @@ fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
     String::from_utf8(out).ok().map(Cow::Owned)
 }
 
+/// Who is at the other end of a connection, as the transport knows it.
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    pub addr: Option<std::net::SocketAddr>,
+    /// The client certificate a mutual-TLS handshake verified.
+    pub cert: Option<PeerCert>,
+}
+
 /// What a listener does with requests.
 pub trait Handler {
     /// What the handler keeps per connection (who the client proved to be, say).
     type Conn;
 
     /// The state of a new connection from `peer`.
-    fn connect(&self, peer: Option<std::net::SocketAddr>) -> Self::Conn;
+    fn connect(&self, peer: Peer) -> Self::Conn;
 
     fn handle(&self, conn: &mut Self::Conn, req: Request<'_>) -> impl Future<Output = Response>;
 
@@ -103,7 +112,7 @@ pub trait Handler {
         &self,
         conn: Self::Conn,
         upgrade: Upgrade,
-        stream: TcpStream,
+        stream: Stream,
         buf: Vec<u8>,
         limits: ConnLimits,
         guard: ConnGuard,
@@ -248,7 +257,7 @@ pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>, 
 /// Answers `response` and closes without resetting: the write side is shut, then whatever the
 /// client is still sending (a body we refused) is read and dropped for a bounded time and size,
 /// so the client reads the response instead of a connection reset.
-pub(crate) async fn close_with(mut stream: TcpStream, out: &mut Vec<u8>, response: Response, write_timeout: Duration) {
+pub(crate) async fn close_with(mut stream: Stream, out: &mut Vec<u8>, response: Response, write_timeout: Duration) {
     response.write(out, false, false);
     if !flush(&mut stream, out, write_timeout).await {
         return;
@@ -290,19 +299,36 @@ enum Framing {
 /// [`crate::task::HEAVY`] of it, the connection waits its turn in the shard's heavy lane before
 /// reading on (and so does a new connection while that lane is busy), so clients of costly
 /// requests share what light requests leave of the core.
-pub async fn serve<H: Handler>(
-    stream: TcpStream,
-    peer: Option<std::net::SocketAddr>,
-    handler: &H,
-    limits: ConnLimits,
-    guard: ConnGuard,
-) {
+pub async fn serve<H: Handler>(stream: Stream, peer: Peer, handler: &H, limits: ConnLimits, guard: ConnGuard) {
     let meter = crate::task::Meter::default();
     let conn = handler.connect(peer);
     crate::task::metered(&meter, serve_metered(stream, conn, handler, limits, guard, &meter)).await;
     // What the connection's last, unfinished or refused request took (a body streamed until it
     // was over its budget): a client refused on every connection pays all the same.
     charge_heavy(handler, &meter);
+}
+
+/// [`serve`] over TLS: the handshake first (within `header_read_timeout`), metered like a
+/// request, so a flood of handshakes (each a signature and a key exchange) waits its turn in
+/// the heavy lane like any costly request, and a new connection waits before its handshake
+/// while that lane is busy.
+pub async fn serve_tls<H: Handler>(
+    tcp: monoio::net::TcpStream,
+    tls: &super::tls::TlsAcceptor,
+    addr: Option<std::net::SocketAddr>,
+    handler: &H,
+    limits: ConnLimits,
+    guard: ConnGuard,
+) {
+    if crate::task::lane_busy() {
+        crate::task::turn().await;
+    }
+    let meter = crate::task::Meter::default();
+    let accepted = crate::task::metered(&meter, tls.accept(tcp, limits.header_read_timeout)).await;
+    charge_heavy(handler, &meter);
+    if let Ok((stream, cert)) = accepted {
+        serve(Stream::Tls(Box::new(stream)), Peer { addr, cert }, handler, limits, guard).await;
+    }
 }
 
 /// Charges what the connection took since the last call to the heavy lane if that is over
@@ -318,7 +344,7 @@ fn charge_heavy<H: Handler>(handler: &H, meter: &crate::task::Meter) -> bool {
 }
 
 async fn serve_metered<H: Handler>(
-    mut stream: TcpStream,
+    mut stream: Stream,
     mut conn: H::Conn,
     handler: &H,
     limits: ConnLimits,

@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use monoio::io::AsyncWriteRent;
-use monoio::net::TcpStream;
 
 use super::conn::{flush, read_more, ConnLimits, ReadOutcome};
+use super::Stream;
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 
 fn close_frame(code: CloseCode, out: &mut Vec<u8>) {
@@ -16,7 +16,7 @@ fn close_frame(code: CloseCode, out: &mut Vec<u8>) {
 }
 
 /// Sends our close frame, then waits briefly for the peer's before dropping the socket.
-async fn close(mut stream: TcpStream, out: &mut Vec<u8>, code: CloseCode, write_timeout: Duration) {
+async fn close(mut stream: Stream, out: &mut Vec<u8>, code: CloseCode, write_timeout: Duration) {
     close_frame(code, out);
     if flush(&mut stream, out, write_timeout).await {
         let _ = stream.shutdown().await;
@@ -26,7 +26,7 @@ async fn close(mut stream: TcpStream, out: &mut Vec<u8>, code: CloseCode, write_
 }
 
 /// Echoes every message until the peer closes. `buf` holds bytes read past the handshake.
-pub async fn echo(mut stream: TcpStream, mut buf: Vec<u8>, limits: ConnLimits) {
+pub async fn echo(mut stream: Stream, mut buf: Vec<u8>, limits: ConnLimits) {
     let mut reader = MessageReader::new(limits.ws_max_message);
     let mut out = Vec::new();
     loop {

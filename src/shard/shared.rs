@@ -42,6 +42,8 @@ pub struct Shared {
     pub subscription_count: AtomicUsize,
     /// The process-wide memory budget (`memory_limit_bytes`) and what is in use.
     pub memory: Memory,
+    /// With `tls_cert`: the TLS sessions of both listeners (certificates reloaded on SIGHUP).
+    pub tls: Option<Arc<crate::server::tls::TlsAcceptor>>,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,

@@ -113,3 +113,83 @@ effect = "ALLOW"
     assert!(out.status.success() && text.contains("all checks passed"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// TLS against clients nobody here wrote: Python's `ssl` (ALPN, TLS 1.3 and 1.2, a wrong CA,
+/// keep-alive publishing, mutual TLS) and `openssl s_client` (ALPN, verification, a request, and
+/// a client certificate).
+#[test]
+#[ignore = "needs python3 and the openssl command line (scripts/test.sh checks both)"]
+fn tls_with_python_ssl_and_openssl_s_client() {
+    use super::tls::Pki;
+    let dir = std::env::temp_dir().join(format!("evmesh-tls-interop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pki = Pki::new(&dir, "ca");
+    let (cert, key) = pki.issue("server-a", "server");
+    pki.issue("svc-ingest", "svc-ingest");
+    let other = Pki::new(&dir.join("other"), "other-ca");
+    std::fs::copy(other.dir.join("other-ca.pem"), dir.join("other-ca.pem")).unwrap();
+    let (cert, key, ca) = (cert.to_str().unwrap(), key.to_str().unwrap(), dir.join("ca.pem"));
+    let tls = TestBroker::start(&["--tls-cert", cert, "--tls-key", key]);
+    let config = dir.join("evmesh.toml");
+    std::fs::write(
+        &config,
+        "[[acl]]\nid = \"ingest\"\nprincipal = \"svc-ingest\"\nresource = \"topic:orders.*\"\nactions = [\"PUBLISH\"]\neffect = \"ALLOW\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("tokens.jsonl"), "").unwrap();
+    let mtls = TestBroker::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--auth",
+        "token",
+        "--auth-tokens-file",
+        dir.join("tokens.jsonl").to_str().unwrap(),
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
+    ]);
+    let root =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or(env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from);
+    let out = Command::new("python3")
+        .arg(Path::new(&root).join("tests/interop/python_tls.py"))
+        .args([dir.to_str().unwrap(), &tls.traffic.to_string(), &tls.admin.to_string(), &mtls.traffic.to_string()])
+        .output()
+        .expect("python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("all checks passed"), "python_tls.py:\n{text}");
+
+    // openssl s_client: a request to the admin listener, then mutual TLS on the traffic one.
+    let s_client = |addr: std::net::SocketAddr, extra: &[&str], request: &str| {
+        use std::io::Write;
+        let mut child = Command::new("openssl")
+            .args(["s_client", "-connect", &addr.to_string(), "-servername", "localhost", "-alpn", "http/1.1"])
+            .args(["-CAfile", ca.to_str().unwrap(), "-verify_return_error", "-ign_eof"])
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("openssl");
+        child.stdin.take().unwrap().write_all(request.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let health = "GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n";
+    let text = s_client(tls.admin, &[], health);
+    assert!(text.contains("ALPN protocol: http/1.1"), "{text}");
+    assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
+    assert!(text.contains("HTTP/1.1 200") && text.contains(r#"{"status":"ok"}"#), "{text}");
+    let body = r#"{"specversion":"1.0","id":"s-client-1","source":"/openssl","type":"com.example.tls"}"#;
+    let publish = format!(
+        "POST /events/publish?topic=orders.ssl HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/cloudevents+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (c, k) = (dir.join("svc-ingest.pem"), dir.join("svc-ingest.key"));
+    let text = s_client(mtls.traffic, &["-cert", c.to_str().unwrap(), "-key", k.to_str().unwrap()], &publish);
+    assert!(text.contains("HTTP/1.1 202"), "a client certificate of the CA publishes:\n{text}");
+    let text = s_client(mtls.traffic, &[], &publish);
+    assert!(!text.contains("HTTP/1.1 2"), "without a certificate nothing is published:\n{text}");
+}

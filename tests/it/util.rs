@@ -1,6 +1,6 @@
 //! Test helpers: a broker process per test and a small blocking HTTP/1.1 client.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -231,32 +231,7 @@ impl Client {
 
     /// Reads one response; `None` if the server closed the connection first.
     pub fn read_response(&mut self) -> Option<Resp> {
-        let mut line = String::new();
-        if self.reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let status: u16 = line.split(' ').nth(1)?.parse().ok()?;
-        let mut headers = Vec::new();
-        loop {
-            let mut h = String::new();
-            self.reader.read_line(&mut h).ok()?;
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let (n, v) = h.split_once(':')?;
-            headers.push((n.trim().to_string(), v.trim().to_string()));
-        }
-        let len: usize = headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-            .map_or(0, |(_, v)| v.parse().unwrap());
-        let mut body = vec![0; len];
-        self.reader.read_exact(&mut body).ok()?;
-        if status == 100 {
-            return self.read_response();
-        }
-        Some(Resp { status, headers, body })
+        read_response_from(&mut self.reader)
     }
 
     pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
@@ -271,6 +246,35 @@ impl Client {
     pub fn post(&mut self, path: &str, content_type: &str, body: &[u8]) -> Resp {
         self.request("POST", path, &[("content-type", content_type)], body)
     }
+}
+
+/// Reads one HTTP/1.1 response (with a `content-length` body) from any byte stream (plain or
+/// TLS); `None` if the stream ended first. `100 Continue` is skipped.
+pub fn read_response_from(reader: &mut impl BufRead) -> Option<Resp> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let status: u16 = line.split(' ').nth(1)?.parse().ok()?;
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h).ok()?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (n, v) = h.split_once(':')?;
+        headers.push((n.trim().to_string(), v.trim().to_string()));
+    }
+    let len: usize =
+        headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")).map_or(0, |(_, v)| v.parse().unwrap());
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).ok()?;
+    if status == 100 {
+        return read_response_from(reader);
+    }
+    Some(Resp { status, headers, body })
 }
 
 pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {

@@ -1,0 +1,108 @@
+//! An accepted connection, plain or TLS, behind one type: everything above the socket (HTTP,
+//! WebSocket and SSE sessions) is written once for both.
+
+use std::io;
+
+use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf, Splitable};
+use monoio::net::TcpStream;
+use monoio::BufResult;
+
+use super::tls::{TlsReader, TlsStream, TlsWriter};
+
+/// An accepted connection.
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+/// The reading direction of a split [`Stream`].
+pub enum ReadHalf {
+    Plain(OwnedReadHalf<TcpStream>),
+    Tls(TlsReader),
+}
+
+/// The writing direction of a split [`Stream`].
+pub enum WriteHalf {
+    Plain(OwnedWriteHalf<TcpStream>),
+    Tls(TlsWriter),
+}
+
+impl Stream {
+    /// The two directions, to be driven by separate tasks (a session's reader and writer).
+    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Plain(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Plain(r), WriteHalf::Plain(w))
+            }
+            Stream::Tls(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Tls(r), WriteHalf::Tls(w))
+            }
+        }
+    }
+}
+
+/// Forwards the reading methods to whichever variant `self` is; `$s => $tls` names the TLS
+/// reader inside the `Tls` variant.
+macro_rules! read_via {
+    ($ty:ident, $s:ident => $tls:expr) => {
+        impl AsyncReadRent for $ty {
+            async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+                match self {
+                    $ty::Plain(s) => s.read(buf).await,
+                    $ty::Tls($s) => $tls.read(buf).await,
+                }
+            }
+
+            async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+                match self {
+                    $ty::Plain(s) => s.readv(buf).await,
+                    $ty::Tls($s) => $tls.readv(buf).await,
+                }
+            }
+        }
+    };
+}
+
+/// Forwards the writing methods to whichever variant `self` is; `$s => $tls` names the TLS
+/// writer inside the `Tls` variant.
+macro_rules! write_via {
+    ($ty:ident, $s:ident => $tls:expr) => {
+        impl AsyncWriteRent for $ty {
+            async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+                match self {
+                    $ty::Plain(s) => s.write(buf).await,
+                    $ty::Tls($s) => $tls.write(buf).await,
+                }
+            }
+
+            async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+                match self {
+                    $ty::Plain(s) => s.writev(buf).await,
+                    $ty::Tls($s) => $tls.writev(buf).await,
+                }
+            }
+
+            async fn flush(&mut self) -> io::Result<()> {
+                match self {
+                    $ty::Plain(s) => s.flush().await,
+                    $ty::Tls($s) => $tls.flush().await,
+                }
+            }
+
+            async fn shutdown(&mut self) -> io::Result<()> {
+                match self {
+                    $ty::Plain(s) => s.shutdown().await,
+                    $ty::Tls($s) => $tls.shutdown().await,
+                }
+            }
+        }
+    };
+}
+
+read_via!(Stream, t => t.reader);
+write_via!(Stream, t => t.writer);
+read_via!(ReadHalf, t => t);
+write_via!(WriteHalf, t => t);

@@ -1,0 +1,383 @@
+//! TLS on both listeners: rustls driven over monoio's owned-buffer sockets.
+//!
+//! No adapter crate: the one written for monoio (`monoio-rustls`) is unmaintained, gives no
+//! access to the session (so no client certificate), and is neither cancel-safe nor safe to
+//! split. Here the rustls [`ServerConnection`] lives in an `Rc<RefCell<_>>` that is borrowed
+//! only between awaits, and each direction owns its socket half and its ciphertext buffer:
+//!
+//! - [`TlsReader`] reads ciphertext into its buffer, feeds rustls, and copies plaintext out.
+//! - [`TlsWriter`] hands plaintext to rustls and writes out every record it makes before it
+//!   returns, so nothing written is left behind in a buffer nobody flushes.
+//!
+//! A read or write cancelled mid-way (a timeout) leaves its direction without its buffer: the
+//! bytes in flight are lost, so every later call on that direction fails instead of going on
+//! with a corrupt record stream. Callers close the connection after a timeout anyway.
+//!
+//! Certificates: the `tls_cert` chain and `tls_key` (PEM) are read at start and again on SIGHUP
+//! ([`TlsAcceptor::reload`]); a file that does not load leaves the old ones in force. With
+//! `tls_client_ca`, every client must present a certificate that chains to it (mutual TLS),
+//! and that certificate's subject names the principal ([`PeerCert`]). ALPN offers `http/1.1`.
+
+use std::cell::RefCell;
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use monoio::buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable};
+use monoio::net::TcpStream;
+use monoio::BufResult;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, ServerConnection};
+
+/// Ciphertext read at once: one full TLS record (16 KiB of plaintext plus its overhead).
+const RECORD: usize = 16 * 1024 + 2048;
+
+/// Ciphertext gathered for one socket write.
+const WRITE_CHUNK: usize = 64 * 1024;
+
+/// Where the certificate, its key and the client CA come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Makes TLS sessions of accepted sockets with the configuration in force.
+pub struct TlsAcceptor {
+    files: TlsFiles,
+    provider: Arc<CryptoProvider>,
+    config: RwLock<Arc<ServerConfig>>,
+    /// Resumption state outlives a reload (clients keep their session tickets' worth).
+    sessions: Arc<dyn rustls::server::StoresServerSessions>,
+    pub handshakes_failed: AtomicU64,
+    pub reloads: AtomicU64,
+    pub reloads_failed: AtomicU64,
+}
+
+impl std::fmt::Debug for TlsAcceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsAcceptor").field("files", &self.files).finish_non_exhaustive()
+    }
+}
+
+/// The verified client certificate of a mutual-TLS connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCert {
+    /// The subject's common name, or the whole subject (RFC 4514) when it has none.
+    pub principal: String,
+    /// The certificate's `notAfter`, µs since the Unix epoch.
+    pub expires_us: i64,
+}
+
+impl TlsAcceptor {
+    /// Loads the files; the error names the file that failed and why.
+    pub fn load(files: TlsFiles) -> Result<TlsAcceptor, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let sessions: Arc<dyn rustls::server::StoresServerSessions> =
+            rustls::server::ServerSessionMemoryCache::new(4096);
+        let config = build(&files, &provider, &sessions)?;
+        Ok(TlsAcceptor {
+            files,
+            provider,
+            config: RwLock::new(config),
+            sessions,
+            handshakes_failed: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
+        })
+    }
+
+    /// Reads the files again (SIGHUP). New handshakes use them; sessions already open keep
+    /// theirs. On an error the configuration in force stays.
+    pub fn reload(&self) -> Result<(), String> {
+        match build(&self.files, &self.provider, &self.sessions) {
+            Ok(c) => {
+                *self.config.write().unwrap_or_else(|e| e.into_inner()) = c;
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Completes the handshake on `tcp` within `timeout`.
+    pub async fn accept(&self, tcp: TcpStream, timeout: Duration) -> io::Result<(TlsStream, Option<PeerCert>)> {
+        let config = self.config.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let conn = ServerConnection::new(config).map_err(io::Error::other)?;
+        let r = match monoio::time::timeout(timeout, handshake(tcp, conn)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        };
+        if r.is_err() {
+            self.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        let (tcp, conn, rest) = r?;
+        let peer = peer_cert(&conn);
+        let tls = Rc::new(RefCell::new(conn));
+        let (rd, wr) = tcp.into_split();
+        let reader = TlsReader { io: rd, tls: tls.clone(), buf: Some(rest), pos: 0 };
+        let writer = TlsWriter { io: wr, tls, buf: Some(Vec::new()) };
+        Ok((TlsStream { reader, writer }, peer))
+    }
+}
+
+fn build(
+    files: &TlsFiles,
+    provider: &Arc<CryptoProvider>,
+    sessions: &Arc<dyn rustls::server::StoresServerSessions>,
+) -> Result<Arc<ServerConfig>, String> {
+    let named = |p: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", p.display());
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|certs| certs.collect())
+        .map_err(|e| named(&files.cert, &e))?;
+    if chain.is_empty() {
+        return Err(named(&files.cert, &"no CERTIFICATE in the file"));
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| named(&files.key, &e))?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| named(ca, &e))? {
+                roots.add(c.map_err(|e| named(ca, &e))?).map_err(|e| named(ca, &e))?;
+            }
+            if roots.is_empty() {
+                return Err(named(ca, &"no CERTIFICATE in the file"));
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| named(ca, &e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    // Also checks that the key is the certificate's.
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("{} with {}: {e}", files.cert.display(), files.key.display()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.session_storage = sessions.clone();
+    Ok(Arc::new(config))
+}
+
+/// Runs the handshake on the whole socket; returns the ciphertext read past it (the client's
+/// first request may come in the same segment as its last handshake message).
+async fn handshake(
+    mut tcp: TcpStream,
+    mut conn: ServerConnection,
+) -> io::Result<(TcpStream, ServerConnection, Vec<u8>)> {
+    let mut inb: Vec<u8> = Vec::with_capacity(RECORD);
+    let mut pos = 0;
+    let mut out = Vec::new();
+    loop {
+        while conn.wants_write() {
+            out.clear();
+            conn.write_tls(&mut out)?;
+            let (r, b) = tcp.write_all(out).await;
+            out = b;
+            r?;
+        }
+        if !conn.is_handshaking() {
+            break;
+        }
+        if pos == inb.len() {
+            inb.clear();
+            pos = 0;
+            let (r, b) = tcp.read(inb).await;
+            inb = b;
+            if r? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        pos += conn.read_tls(&mut &inb[pos..])?;
+        if let Err(e) = conn.process_new_packets() {
+            // Tell the client why (the alert), then give up.
+            out.clear();
+            let _ = conn.write_tls(&mut out);
+            let _ = tcp.write_all(out).await;
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+        }
+    }
+    inb.drain(..pos);
+    Ok((tcp, conn, inb))
+}
+
+fn peer_cert(conn: &ServerConnection) -> Option<PeerCert> {
+    use x509_cert::der::Decode;
+    let leaf = conn.peer_certificates()?.first()?;
+    let cert = x509_cert::Certificate::from_der(leaf.as_ref()).ok()?;
+    let tbs = cert.tbs_certificate();
+    let subject = tbs.subject();
+    let principal = match subject.common_name() {
+        Ok(Some(cn)) => cn.value().into_owned(),
+        _ => subject.to_string(),
+    };
+    let expires_us = tbs.validity().not_after.to_unix_duration().as_micros().min(i64::MAX as u128) as i64;
+    Some(PeerCert { principal, expires_us })
+}
+
+fn broken() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "TLS stream broken by a cancelled operation")
+}
+
+/// A TLS session on an accepted socket.
+pub struct TlsStream {
+    pub(super) reader: TlsReader,
+    pub(super) writer: TlsWriter,
+}
+
+impl TlsStream {
+    /// The two directions, to be driven by separate tasks.
+    pub fn into_split(self) -> (TlsReader, TlsWriter) {
+        (self.reader, self.writer)
+    }
+}
+
+/// The reading direction of a [`TlsStream`].
+pub struct TlsReader {
+    io: OwnedReadHalf<TcpStream>,
+    tls: Rc<RefCell<ServerConnection>>,
+    /// Ciphertext read and not yet taken by rustls, from `pos`; `None` once a cancelled read
+    /// took it.
+    buf: Option<Vec<u8>>,
+    pos: usize,
+}
+
+impl TlsReader {
+    async fn read_into<T: IoBufMut>(&mut self, dst: &mut T) -> io::Result<usize> {
+        loop {
+            {
+                let mut tls = self.tls.borrow_mut();
+                let mut plain = tls.reader();
+                match plain.fill_buf() {
+                    Ok(b) => {
+                        // Empty: the client closed the session cleanly.
+                        let n = crate::sys::fill_io_buf(dst, b);
+                        plain.consume(n);
+                        return Ok(n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let mut buf = self.buf.take().ok_or_else(broken)?;
+            if self.pos == buf.len() {
+                buf.clear();
+                self.pos = 0;
+                buf.reserve(RECORD);
+                let (r, b) = self.io.read(buf).await;
+                buf = b;
+                let n = r?;
+                if n == 0 {
+                    // Tell rustls the socket ended: its reader then says whether that was clean.
+                    let mut tls = self.tls.borrow_mut();
+                    tls.read_tls(&mut &[][..])?;
+                    tls.process_new_packets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    self.buf = Some(buf);
+                    continue;
+                }
+            }
+            let mut tls = self.tls.borrow_mut();
+            let taken = tls.read_tls(&mut &buf[self.pos..]);
+            self.buf = Some(buf);
+            self.pos += taken?;
+            tls.process_new_packets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        }
+    }
+}
+
+impl AsyncReadRent for TlsReader {
+    async fn read<T: IoBufMut>(&mut self, mut buf: T) -> BufResult<usize, T> {
+        let r = self.read_into(&mut buf).await;
+        (r, buf)
+    }
+
+    /// Nothing in evmesh reads vectored; a TLS session does not pretend to.
+    async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+        (Err(io::ErrorKind::Unsupported.into()), buf)
+    }
+}
+
+/// The writing direction of a [`TlsStream`].
+pub struct TlsWriter {
+    io: OwnedWriteHalf<TcpStream>,
+    tls: Rc<RefCell<ServerConnection>>,
+    /// Ciphertext on its way out; `None` once a cancelled write took it.
+    buf: Option<Vec<u8>>,
+}
+
+impl TlsWriter {
+    /// Writes out every record rustls has made (ours, and alerts or key updates the reading
+    /// side queued).
+    async fn flush_records(&mut self) -> io::Result<()> {
+        loop {
+            let mut buf = self.buf.take().ok_or_else(broken)?;
+            buf.clear();
+            {
+                let mut tls = self.tls.borrow_mut();
+                while tls.wants_write() && buf.len() < WRITE_CHUNK {
+                    if let Err(e) = tls.write_tls(&mut buf) {
+                        self.buf = Some(buf);
+                        return Err(e);
+                    }
+                }
+            }
+            if buf.is_empty() {
+                self.buf = Some(buf);
+                return Ok(());
+            }
+            let (r, b) = self.io.write_all(buf).await;
+            self.buf = Some(b);
+            r?;
+            if self.buf.as_ref().is_some_and(|b| b.capacity() > 2 * WRITE_CHUNK) {
+                self.buf = Some(Vec::new());
+            }
+        }
+    }
+
+    async fn send(&mut self, plain: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.flush_records().await?;
+        let n = self.tls.borrow_mut().writer().write_vectored(plain)?;
+        self.flush_records().await?;
+        Ok(n)
+    }
+}
+
+impl AsyncWriteRent for TlsWriter {
+    async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        let r = self.send(&[io::IoSlice::new(crate::sys::io_bytes(&buf))]).await;
+        (r, buf)
+    }
+
+    async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+        let r = {
+            let slices = crate::sys::io_slices(&buf);
+            self.send(&slices).await
+        };
+        (r, buf)
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        self.flush_records().await
+    }
+
+    /// Says `close_notify`, then shuts the socket's writing side.
+    async fn shutdown(&mut self) -> io::Result<()> {
+        self.tls.borrow_mut().send_close_notify();
+        self.flush_records().await?;
+        self.io.shutdown().await
+    }
+}
