@@ -40,16 +40,6 @@ json.dump({"keys": [jwk]}, open(f"{sys.argv[1]}/jwks.json", "w"))
 print(jwt.encode({"sub": "perf-jwt", "exp": int(time.time()) + 86400}, key, algorithm="RS256", headers={"kid": "perf"}))
 PY
 )
-lua() { # FILE TOKEN: the wrk script posting the 1 KiB event, with the header if TOKEN is set
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-event = {"specversion": "1.0", "id": "wrk", "source": "/perf", "type": "perf.event", "data": "x" * 900}
-s = 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/cloudevents+json"\n'
-if sys.argv[2]:
-    s += f'wrk.headers["Authorization"] = "Bearer {sys.argv[2]}"\n'
-open(sys.argv[1], "w").write(s + f"wrk.body = {json.dumps(json.dumps(event))}\n")
-PY
-}
 for r in $(seq "$ROUNDS"); do
   for mode in none token jwt; do
     dir=$(mktemp -d /var/tmp/evmesh-auth-data.XXXX)
@@ -65,7 +55,7 @@ for r in $(seq "$ROUNDS"); do
     hdr=(); [ -n "$tok" ] && hdr=(--header "Authorization: Bearer $tok")
     "$LOADGEN" --url "http://127.0.0.1:18180/events/publish?topic=perf" --connections "$CONNS" --duration "${DUR}s" \
       --warmup 1s --server-pid "$pid" "${hdr[@]}" --json "$OUT/r$r-$mode.json" | tee -a "$OUT/log.txt"
-    lua "$OUT/.post.lua" "$tok"
+    post_lua "$OUT/.post.lua" "$tok"
     wrk_run "r$r-$mode" "http://127.0.0.1:18180/events/publish?topic=perf" "$pid" "$OUT/.post.lua"
     kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
   done

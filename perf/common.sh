@@ -41,7 +41,29 @@ path, before, after, tck, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
 n = int(re.search(r"(\d+) requests in", out).group(1))
 bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
 rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-json.dump({"throughput": rate, "server_cpu_us_per_op": (after - before) * 1e6 / tck / max(n, 1),
-           "errors": int(bad.group(1)) if bad else 0}, open(path, "w"))
+r = {"throughput": rate, "server_cpu_us_per_op": (after - before) * 1e6 / tck / max(n, 1),
+     "errors": int(bad.group(1)) if bad else 0}
+lat = re.search(r"LAT (\d+) (\d+) (\d+)", out)
+if lat:
+    r.update(zip(["p50_us", "p99_us", "p999_us"], map(int, lat.groups())))
+json.dump(r, open(path, "w"))
+PY
+}
+
+# post_lua FILE [TOKEN]: the wrk script posting the same 1 KiB structured event as loadgen, with
+# an Authorization header if TOKEN is set.
+post_lua() {
+  python3 - "$1" "${2:-}" <<'PY'
+import json, sys
+event = {"specversion": "1.0", "id": "wrk", "source": "/perf", "type": "perf.event", "data": "x" * 900}
+s = 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/cloudevents+json"\n'
+if sys.argv[2]:
+    s += f'wrk.headers["Authorization"] = "Bearer {sys.argv[2]}"\n'
+s += f"wrk.body = {json.dumps(json.dumps(event))}\n"
+# Latency percentiles in µs, p99.9 included (wrk's own report stops at p99).
+s += 'done = function(summary, latency, requests)\n'
+s += '  io.write(string.format("LAT %d %d %d\\n", latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))\n'
+s += 'end\n'
+open(sys.argv[1], "w").write(s)
 PY
 }
