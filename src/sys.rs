@@ -125,15 +125,19 @@ pub fn io_slices<T: monoio::buf::IoVecBuf>(bufs: &T) -> Vec<std::io::IoSlice<'_>
         .collect()
 }
 
-/// Copies as much of `src` as fits into a read's destination and marks it initialized;
-/// returns how many bytes that was.
-pub fn fill_io_buf<T: monoio::buf::IoBufMut>(dst: &mut T, src: &[u8]) -> usize {
-    let n = src.len().min(dst.bytes_total());
-    // SAFETY: `IoBufMut` promises `bytes_total` writable bytes at `write_ptr`; `src` is a
-    // distinct, initialized slice of at least `n` bytes, and exactly `n` are marked initialized.
+/// Copies as much of `src` as fits into a read's destination after the `filled` bytes already
+/// there, and marks `filled` plus those initialized; returns how many bytes it copied.
+pub fn fill_io_buf<T: monoio::buf::IoBufMut>(dst: &mut T, filled: usize, src: &[u8]) -> usize {
+    let total = dst.bytes_total();
+    assert!(filled <= total, "filled past the destination");
+    let n = src.len().min(total - filled);
+    // SAFETY: `IoBufMut` promises `bytes_total` writable bytes at `write_ptr`, of which the
+    // first `filled` were initialized by earlier calls; `src` is a distinct, initialized slice
+    // of at least `n` bytes, copied to `filled..filled + n`, and exactly `filled + n` are
+    // marked initialized.
     unsafe {
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst.write_ptr(), n);
-        dst.set_init(n);
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst.write_ptr().add(filled), n);
+        dst.set_init(filled + n);
     }
     n
 }

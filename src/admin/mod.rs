@@ -79,7 +79,7 @@ impl Handler for Admin {
     type Conn = (Option<std::net::IpAddr>, Option<Principal>);
 
     fn connect(&self, peer: crate::server::conn::Peer) -> Self::Conn {
-        (peer.addr.map(|p| p.ip()), peer.cert.map(|c| Principal::certified(c.principal, c.expires_us)))
+        (peer.addr.map(|p| p.ip()), peer.cert.and_then(|c| Some(Principal::certified(c.principal?, c.expires_us))))
     }
 
     async fn handle(&self, conn: &mut Self::Conn, req: Request<'_>) -> Response {

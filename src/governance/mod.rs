@@ -478,7 +478,7 @@ impl Caller {
     pub fn verified(&self, snap: &Snapshot, token: Option<&[u8]>) -> bool {
         match token {
             Some(t) => matches!(&self.who, Some((g, _)) if *g == snap.generation && self.token == t),
-            None => self.cert.is_some(),
+            None => self.cert.as_ref().is_some_and(|c| c.expires_us.is_none_or(|e| crate::clock::now_micros() < e)),
         }
     }
 

@@ -110,7 +110,10 @@ impl Handler for Traffic {
     type Conn = Caller;
 
     fn connect(&self, peer: Peer) -> Caller {
-        Caller::new(peer.addr.map(|p| p.ip()), peer.cert.map(|c| Principal::certified(c.principal, c.expires_us)))
+        Caller::new(
+            peer.addr.map(|p| p.ip()),
+            peer.cert.and_then(|c| Some(Principal::certified(c.principal?, c.expires_us))),
+        )
     }
     fn upgraded(
         &self,

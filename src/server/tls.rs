@@ -39,8 +39,16 @@ use rustls::{RootCertStore, ServerConfig, ServerConnection};
 /// Ciphertext read at once: one full TLS record (16 KiB of plaintext plus its overhead).
 const RECORD: usize = 16 * 1024 + 2048;
 
-/// Ciphertext gathered for one socket write.
-const WRITE_CHUNK: usize = 64 * 1024;
+/// Plaintext encrypted per write call: one record, so each write's ciphertext is about 16 KiB
+/// and a caller's write timeout measures progress, not a large batch.
+const WRITE_PLAIN: usize = 16 * 1024;
+
+/// Resumable sessions remembered (rustls's in-memory cache, per configuration).
+const SESSIONS: usize = 4096;
+
+/// Socket reads one `read` call makes without producing plaintext before it lets the shard's
+/// other tasks run (records that carry nothing, key updates, padding).
+const READS_PER_TURN: u32 = 8;
 
 /// Where the certificate, its key and the client CA come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,8 +63,6 @@ pub struct TlsAcceptor {
     files: TlsFiles,
     provider: Arc<CryptoProvider>,
     config: RwLock<Arc<ServerConfig>>,
-    /// Resumption state outlives a reload (clients keep their session tickets' worth).
-    sessions: Arc<dyn rustls::server::StoresServerSessions>,
     pub handshakes_failed: AtomicU64,
     pub reloads: AtomicU64,
     pub reloads_failed: AtomicU64,
@@ -71,8 +77,9 @@ impl std::fmt::Debug for TlsAcceptor {
 /// The verified client certificate of a mutual-TLS connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerCert {
-    /// The subject's common name, or the whole subject (RFC 4514) when it has none.
-    pub principal: String,
+    /// The subject's one common name (see `principal_of`); `None`: the certificate names no
+    /// principal.
+    pub principal: Option<String>,
     /// The certificate's `notAfter`, µs since the Unix epoch.
     pub expires_us: i64,
 }
@@ -81,14 +88,11 @@ impl TlsAcceptor {
     /// Loads the files; the error names the file that failed and why.
     pub fn load(files: TlsFiles) -> Result<TlsAcceptor, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let sessions: Arc<dyn rustls::server::StoresServerSessions> =
-            rustls::server::ServerSessionMemoryCache::new(4096);
-        let config = build(&files, &provider, &sessions)?;
+        let config = build(&files, &provider)?;
         Ok(TlsAcceptor {
             files,
             provider,
             config: RwLock::new(config),
-            sessions,
             handshakes_failed: AtomicU64::new(0),
             reloads: AtomicU64::new(0),
             reloads_failed: AtomicU64::new(0),
@@ -96,9 +100,11 @@ impl TlsAcceptor {
     }
 
     /// Reads the files again (SIGHUP). New handshakes use them; sessions already open keep
-    /// theirs. On an error the configuration in force stays.
+    /// theirs. On an error the configuration in force stays. Resumption starts over: a session
+    /// resumed after a reload would keep a client certificate the new `tls_client_ca` may no
+    /// longer accept (rustls does not verify a resumed session's certificate again).
     pub fn reload(&self) -> Result<(), String> {
-        match build(&self.files, &self.provider, &self.sessions) {
+        match build(&self.files, &self.provider) {
             Ok(c) => {
                 *self.config.write().unwrap_or_else(|e| e.into_inner()) = c;
                 self.reloads.fetch_add(1, Ordering::Relaxed);
@@ -132,11 +138,7 @@ impl TlsAcceptor {
     }
 }
 
-fn build(
-    files: &TlsFiles,
-    provider: &Arc<CryptoProvider>,
-    sessions: &Arc<dyn rustls::server::StoresServerSessions>,
-) -> Result<Arc<ServerConfig>, String> {
+fn build(files: &TlsFiles, provider: &Arc<CryptoProvider>) -> Result<Arc<ServerConfig>, String> {
     let named = |p: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", p.display());
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
         .and_then(|certs| certs.collect())
@@ -169,7 +171,7 @@ fn build(
         .with_single_cert(chain, key)
         .map_err(|e| format!("{} with {}: {e}", files.cert.display(), files.key.display()))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    config.session_storage = sessions.clone();
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(SESSIONS);
     Ok(Arc::new(config))
 }
 
@@ -220,13 +222,20 @@ fn peer_cert(conn: &ServerConnection) -> Option<PeerCert> {
     let leaf = conn.peer_certificates()?.first()?;
     let cert = x509_cert::Certificate::from_der(leaf.as_ref()).ok()?;
     let tbs = cert.tbs_certificate();
-    let subject = tbs.subject();
-    let principal = match subject.common_name() {
-        Ok(Some(cn)) => cn.value().into_owned(),
-        _ => subject.to_string(),
-    };
     let expires_us = tbs.validity().not_after.to_unix_duration().as_micros().min(i64::MAX as u128) as i64;
-    Some(PeerCert { principal, expires_us })
+    Some(PeerCert { principal: principal_of(tbs.subject()), expires_us })
+}
+
+/// The principal a subject names: its one common name, if it has exactly one that is printable
+/// and at most 256 characters. Several CNs (which one is meant depends on the reader), none, or
+/// an odd one name nobody: such a client proves who it is with a bearer token.
+fn principal_of(subject: &x509_cert::name::Name) -> Option<String> {
+    let mut cns = subject.iter().filter(|a| a.oid == x509_cert::der::oid::db::rfc4519::COMMON_NAME);
+    let (Some(cn), None) = (cns.next(), cns.next()) else { return None };
+    let cn = x509_cert::ext::pkix::name::DirectoryString::try_from(&cn.value).ok()?;
+    let cn = cn.value();
+    let fits = (1..=256).contains(&cn.chars().count()) && !cn.chars().any(char::is_control);
+    fits.then(|| cn.into_owned())
 }
 
 fn broken() -> io::Error {
@@ -258,20 +267,37 @@ pub struct TlsReader {
 
 impl TlsReader {
     async fn read_into<T: IoBufMut>(&mut self, dst: &mut T) -> io::Result<usize> {
+        let mut reads = 0u32;
         loop {
             {
                 let mut tls = self.tls.borrow_mut();
                 let mut plain = tls.reader();
-                match plain.fill_buf() {
-                    Ok(b) => {
-                        // Empty: the client closed the session cleanly.
-                        let n = crate::sys::fill_io_buf(dst, b);
-                        plain.consume(n);
-                        return Ok(n);
+                // Every decrypted record that fits, not one record per call.
+                let mut n = 0;
+                loop {
+                    match plain.fill_buf() {
+                        Ok([]) => return Ok(n), // clean close_notify (after what came before it)
+                        Ok(b) => {
+                            let k = crate::sys::fill_io_buf(dst, n, b);
+                            let whole = k == b.len();
+                            plain.consume(k);
+                            n += k;
+                            if !whole || n == dst.bytes_total() {
+                                return Ok(n);
+                            }
+                        }
+                        // What was read goes first; an end or an error shows on the next call.
+                        Err(_) if n > 0 => return Ok(n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
                 }
+            }
+            // Records that decrypt to nothing cost the core all the same: a client streaming
+            // them (always readable, so on epoll never Pending) must not hold it.
+            reads += 1;
+            if reads % READS_PER_TURN == 0 {
+                crate::task::yield_now().await;
             }
             let mut buf = self.buf.take().ok_or_else(broken)?;
             if self.pos == buf.len() {
@@ -292,8 +318,15 @@ impl TlsReader {
             }
             let mut tls = self.tls.borrow_mut();
             let taken = tls.read_tls(&mut &buf[self.pos..]);
+            self.pos += *taken.as_ref().unwrap_or(&0);
+            // An idle session keeps no ciphertext buffer: a new one per read costs little
+            // beside the read itself.
+            if self.pos == buf.len() {
+                self.pos = 0;
+                buf = Vec::new();
+            }
             self.buf = Some(buf);
-            self.pos += taken?;
+            taken?;
             tls.process_new_packets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         }
     }
@@ -321,36 +354,44 @@ pub struct TlsWriter {
 
 impl TlsWriter {
     /// Writes out every record rustls has made (ours, and alerts or key updates the reading
-    /// side queued).
+    /// side queued). Any error leaves the direction broken (what was not written is lost).
     async fn flush_records(&mut self) -> io::Result<()> {
-        loop {
-            let mut buf = self.buf.take().ok_or_else(broken)?;
-            buf.clear();
-            {
-                let mut tls = self.tls.borrow_mut();
-                while tls.wants_write() && buf.len() < WRITE_CHUNK {
-                    if let Err(e) = tls.write_tls(&mut buf) {
-                        self.buf = Some(buf);
-                        return Err(e);
-                    }
-                }
-            }
-            if buf.is_empty() {
-                self.buf = Some(buf);
-                return Ok(());
-            }
-            let (r, b) = self.io.write_all(buf).await;
-            self.buf = Some(b);
-            r?;
-            if self.buf.as_ref().is_some_and(|b| b.capacity() > 2 * WRITE_CHUNK) {
-                self.buf = Some(Vec::new());
+        let mut buf = self.buf.take().ok_or_else(broken)?;
+        buf.clear();
+        {
+            let mut tls = self.tls.borrow_mut();
+            while tls.wants_write() {
+                tls.write_tls(&mut buf)?;
             }
         }
+        if !buf.is_empty() {
+            let (r, b) = self.io.write_all(buf).await;
+            r?;
+            buf = b;
+        }
+        // An idle session keeps no ciphertext buffer either.
+        self.buf = Some(if buf.capacity() > 2 * RECORD { Vec::new() } else { buf });
+        Ok(())
     }
 
+    /// Encrypts at most [`WRITE_PLAIN`] bytes of `plain` and writes the records out; returns
+    /// how many plaintext bytes that was.
     async fn send(&mut self, plain: &[io::IoSlice<'_>]) -> io::Result<usize> {
         self.flush_records().await?;
-        let n = self.tls.borrow_mut().writer().write_vectored(plain)?;
+        let mut room = WRITE_PLAIN;
+        let mut n = 0;
+        {
+            let mut tls = self.tls.borrow_mut();
+            for s in plain {
+                let part = &s[..s.len().min(room)];
+                let k = tls.writer().write(part)?;
+                n += k;
+                room -= k;
+                if k < s.len() || room == 0 {
+                    break;
+                }
+            }
+        }
         self.flush_records().await?;
         Ok(n)
     }
@@ -374,10 +415,32 @@ impl AsyncWriteRent for TlsWriter {
         self.flush_records().await
     }
 
-    /// Says `close_notify`, then shuts the socket's writing side.
+    /// Says `close_notify` (if the client takes it within a second: a client that stopped
+    /// reading does not hold the close up), then shuts the socket's writing side.
     async fn shutdown(&mut self) -> io::Result<()> {
         self.tls.borrow_mut().send_close_notify();
-        self.flush_records().await?;
+        let _ = monoio::time::timeout(Duration::from_secs(1), self.flush_records()).await;
         self.io.shutdown().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::principal_of;
+    use std::str::FromStr;
+
+    fn principal(subject: &str) -> Option<String> {
+        principal_of(&x509_cert::name::Name::from_str(subject).unwrap())
+    }
+
+    #[test]
+    fn only_one_printable_common_name_names_a_principal() {
+        assert_eq!(principal("CN=svc-ingest,O=Acme").as_deref(), Some("svc-ingest"));
+        assert_eq!(principal("O=Acme,OU=ops,CN=ops-admin").as_deref(), Some("ops-admin"));
+        // Which of two CNs is meant depends on the reader (first or last): neither is taken.
+        assert_eq!(principal("CN=admin,O=Acme,CN=alice"), None);
+        assert_eq!(principal("O=Acme,OU=ops"), None);
+        assert_eq!(principal(&format!("CN={}", "x".repeat(257))), None);
+        assert_eq!(principal(&format!("CN={}", "x".repeat(256))).map(|p| p.len()), Some(256));
     }
 }

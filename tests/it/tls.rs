@@ -55,8 +55,17 @@ impl Pki {
 
 pub type Tls = StreamOwned<ClientConnection, TcpStream>;
 
-/// A rustls client trusting `ca` (a PEM file), with a client certificate if given.
+/// A rustls client trusting `ca` (a PEM file), with a client certificate if given; every
+/// connection a full handshake.
 fn client_config(ca: &Path, identity: Option<&(PathBuf, PathBuf)>) -> Arc<ClientConfig> {
+    let mut config = resuming_client_config(ca, identity);
+    // A resumed session shows the certificate of the session it resumes, not the one in force.
+    Arc::get_mut(&mut config).unwrap().resumption = rustls::client::Resumption::disabled();
+    config
+}
+
+/// [`client_config`] that resumes sessions (TLS 1.3 tickets) when the server offers them.
+fn resuming_client_config(ca: &Path, identity: Option<&(PathBuf, PathBuf)>) -> Arc<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     roots.add(CertificateDer::from_pem_file(ca).unwrap()).unwrap();
@@ -72,9 +81,6 @@ fn client_config(ca: &Path, identity: Option<&(PathBuf, PathBuf)>) -> Arc<Client
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    // Every connection a full handshake: a resumed one shows the certificate of the session it
-    // resumes, not the one in force.
-    config.resumption = rustls::client::Resumption::disabled();
     Arc::new(config)
 }
 
@@ -466,4 +472,60 @@ fn the_cli_publishes_and_subscribes_over_mutual_tls() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("certificate"), "{err}");
+}
+
+/// A CA dropped from `tls_client_ca` on SIGHUP lets none of its clients back in, not even by
+/// resuming a session it had before (rustls does not check a resumed session's certificate).
+#[test]
+fn a_client_ca_removed_on_sighup_cannot_be_resumed_past() {
+    let dir = std::env::temp_dir().join(format!("evmesh-tls-{}-ca-swap", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pki = Pki::new(&dir, "ca");
+    let (cert, key) = pki.issue("server-a", "server");
+    let old_client = pki.issue("svc-old", "svc-old");
+    let new_ca = Pki::new(&dir.join("new"), "new-ca");
+    let client_ca = dir.join("clients.pem");
+    std::fs::copy(dir.join("ca.pem"), &client_ca).unwrap();
+    let b = TestBroker::start(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-client-ca",
+        client_ca.to_str().unwrap(),
+    ]);
+    let ca = dir.join("ca.pem");
+    let resuming = resuming_client_config(&ca, Some(&old_client));
+    let mut first = connect(b.traffic, &resuming).unwrap();
+    // A request and its answer: the session ticket has arrived by then.
+    assert_eq!(publish(&mut first, "t", &event("before")).status, 202);
+    let mut again = connect(b.traffic, &resuming).unwrap();
+    assert_eq!(publish(&mut again, "t", &event("resumed")).status, 202);
+    assert_eq!(again.conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed), "the client resumes");
+    // The client CA is replaced by another one.
+    std::fs::copy(new_ca.dir.join("new-ca.pem"), &client_ca).unwrap();
+    assert!(std::process::Command::new("kill").args(["-HUP", &b.pid().to_string()]).status().unwrap().success());
+    let admin_config = client_config(&ca, Some(&new_ca.issue("ops", "ops")));
+    wait_for(Duration::from_secs(10), || {
+        let mut admin = connect(b.admin, &admin_config).ok()?;
+        let m = request(&mut admin, "GET", "/metrics", &[], b"")?.text();
+        m.lines().any(|l| l == "evmesh_tls_reloads_total 1").then_some(())
+    });
+    let refused = connect(b.traffic, &resuming).ok().and_then(|mut t| publish_or_none(&mut t, "t", &event("after")));
+    assert!(refused.is_none(), "a certificate of the removed CA got a session: {refused:?}");
+}
+
+/// A body sent as thousands of 32-byte records (rustls's smallest fragment) arrives whole: every
+/// decrypted record that fits goes into one read.
+#[test]
+fn a_body_in_tiny_records_arrives_whole() {
+    let (b, pki) = tls_broker("tiny-records", &[]);
+    let mut config = resuming_client_config(&pki.dir.join("ca.pem"), None);
+    Arc::get_mut(&mut config).unwrap().max_fragment_size = Some(32);
+    let mut tls = connect(b.traffic, &config).unwrap();
+    let mut big = event("tiny");
+    big["data"] = json!({"blob": "y".repeat(200 * 1024)});
+    assert_eq!(publish(&mut tls, "tiny", &big).status, 202);
+    let mut admin = connect(b.admin, &client_config(&pki.dir.join("ca.pem"), None)).unwrap();
+    assert_eq!(stored_ids(&mut admin, "tiny"), ["tiny"]);
 }
