@@ -46,6 +46,8 @@ fn bench(c: &mut Criterion) {
         acl: Arc::new(Acl::new(rules)),
         limits: Arc::new(Limits::new(vec![Arc::new(Limit::new("l", limit).unwrap())])),
         quotas: Arc::default(),
+        transformers: Arc::default(),
+        router: Arc::default(),
     };
     let mut g = c.benchmark_group("governance_per_publish");
     let mut caller = Caller::new(None, None);

@@ -15,6 +15,7 @@ mod it {
     mod interop;
     #[cfg(feature = "kafka")]
     mod kafka;
+    mod pipeline;
     mod publish;
     mod subscriptions;
     mod tls;

@@ -309,6 +309,14 @@ impl Admin {
             (Method::Get, ["admin", "quotas", t]) => self.quotas(Some(t)),
             (Method::Put, ["admin", "quotas", t]) => self.put_quota(t, req.body),
             (Method::Delete, ["admin", "quotas", t]) => self.delete_quota(t),
+            (Method::Get, ["admin", "transformers"]) => self.transformers(None),
+            (Method::Get, ["admin", "transformers", t]) => self.transformers(Some(t)),
+            (Method::Put, ["admin", "transformers", t]) => self.put_transformer(t, req.body),
+            (Method::Delete, ["admin", "transformers", t]) => self.delete_transformer(t),
+            (Method::Get, ["admin", "routes"]) => self.routes(None),
+            (Method::Get, ["admin", "routes", id]) => self.routes(Some(id)),
+            (Method::Put, ["admin", "routes", id]) => self.put_route(id, req.body),
+            (Method::Delete, ["admin", "routes", id]) => self.delete_route(id),
             _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
         }
     }
@@ -541,6 +549,139 @@ impl Admin {
         }
         g.set_quota(tenant, None);
         Response::json(StatusCode::OK, serde_json::json!({"tenant": tenant, "removed": true}).to_string())
+    }
+
+    /// `GET /admin/transformers`: every topic's transformer, with `topic`; `.../{topic}`: one.
+    fn transformers(&self, topic: Option<&str>) -> Response {
+        let snap = self.shared.governance.snapshot();
+        let json = |t: &crate::governance::transform::Transformer| {
+            let mut v = serde_json::to_value(&t.spec).expect("a transformer serializes");
+            v["topic"] = t.topic.clone().into();
+            v
+        };
+        match topic {
+            None => {
+                let mut all: Vec<_> = snap.transformers.values().map(|t| json(t)).collect();
+                all.sort_by(|a, b| a["topic"].as_str().cmp(&b["topic"].as_str()));
+                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
+            }
+            Some(t) => match snap.transformers.get(t) {
+                Some(t) => Response::json(StatusCode::OK, serde_json::to_vec(&json(t)).expect("json")),
+                None => problem(StatusCode::NOT_FOUND, &format!("no transformer for topic {t}")),
+            },
+        }
+    }
+
+    /// `PUT /admin/transformers/{topic}`: 201 new, 200 replaced; stored, then in force on every
+    /// shard for the next publish.
+    fn put_transformer(&self, topic: &str, body: &[u8]) -> Response {
+        use crate::governance::transform::{TransformSpec, Transformer};
+        let g = &self.shared.governance;
+        if !crate::shard::valid_topic(topic) {
+            return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
+        }
+        let spec: TransformSpec = match serde_json::from_slice(body) {
+            Ok(s) => s,
+            Err(e) => {
+                let expected = r#"{"set", "remove", "rename", "variables", "data"}"#;
+                return problem(StatusCode::BAD_REQUEST, &format!("expected {expected}: {e}"));
+            }
+        };
+        let t = match Transformer::new(topic, spec.clone()) {
+            Ok(t) => t,
+            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+        };
+        let existed = g.snapshot().transformers.contains_key(topic);
+        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Transformer, topic, &spec) {
+            return storage_problem(&e);
+        }
+        g.set_transformer(topic, Some(t));
+        let mut v = serde_json::to_value(&spec).expect("a transformer serializes");
+        v["topic"] = topic.into();
+        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+    }
+
+    /// `DELETE /admin/transformers/{topic}`: 200 removed, 404 unknown.
+    fn delete_transformer(&self, topic: &str) -> Response {
+        let g = &self.shared.governance;
+        if !g.snapshot().transformers.contains_key(topic) {
+            return problem(StatusCode::NOT_FOUND, &format!("no transformer for topic {topic}"));
+        }
+        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Transformer, topic) {
+            return storage_problem(&e);
+        }
+        g.set_transformer(topic, None);
+        Response::json(StatusCode::OK, serde_json::json!({"topic": topic, "removed": true}).to_string())
+    }
+
+    /// `GET /admin/routes`: every route, by id, with `id`; `GET /admin/routes/{id}`: one.
+    fn routes(&self, id: Option<&str>) -> Response {
+        let snap = self.shared.governance.snapshot();
+        let json = |r: &crate::governance::route::Route| {
+            let mut v = serde_json::to_value(&r.spec).expect("a route serializes");
+            v["id"] = r.id.clone().into();
+            v
+        };
+        let all = snap.router.all();
+        match id {
+            None => {
+                let all: Vec<_> = all.iter().map(|r| json(r)).collect();
+                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
+            }
+            Some(id) => match all.iter().find(|r| r.id == id) {
+                Some(r) => Response::json(StatusCode::OK, serde_json::to_vec(&json(r)).expect("json")),
+                None => problem(StatusCode::NOT_FOUND, &format!("no route {id}")),
+            },
+        }
+    }
+
+    /// `PUT /admin/routes/{id}`: 201 new, 200 replaced, 400 for a route that is malformed or
+    /// would loop (or fan out too far) with the routes in force; stored, then in force.
+    fn put_route(&self, id: &str, body: &[u8]) -> Response {
+        use crate::governance::route::{Route, RouteSpec};
+        let g = &self.shared.governance;
+        if id.is_empty() || id.len() > 128 {
+            return problem(StatusCode::BAD_REQUEST, "route ids are 1 to 128 characters");
+        }
+        let spec: RouteSpec = match serde_json::from_slice(body) {
+            Ok(s) => s,
+            Err(e) => {
+                let expected = r#"{"topic", "condition", "targets", "mode": "copy" | "move"}"#;
+                return problem(StatusCode::BAD_REQUEST, &format!("expected {expected}: {e}"));
+            }
+        };
+        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| !crate::shard::valid_topic(t)) {
+            return problem(StatusCode::BAD_REQUEST, &format!("{t:?}: topic names are [A-Za-z0-9._-]{{1,249}}"));
+        }
+        let snap = g.snapshot();
+        let existed = snap.router.all().iter().any(|r| r.id == id);
+        // Checked against the routes in force (the admin thread is the only one changing them).
+        let router = match Route::new(id, spec.clone()).and_then(|r| snap.router.with(id, Some(r))) {
+            Ok(r) => r,
+            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+        };
+        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Route, id, &spec) {
+            return storage_problem(&e);
+        }
+        g.set_router(router);
+        let mut v = serde_json::to_value(&spec).expect("a route serializes");
+        v["id"] = id.into();
+        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+    }
+
+    /// `DELETE /admin/routes/{id}`: 200 removed, 404 unknown.
+    fn delete_route(&self, id: &str) -> Response {
+        let g = &self.shared.governance;
+        let snap = g.snapshot();
+        if !snap.router.all().iter().any(|r| r.id == id) {
+            return problem(StatusCode::NOT_FOUND, &format!("no route {id}"));
+        }
+        let router = snap.router.with(id, None).expect("removing a route cannot add a loop");
+        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Route, id) {
+            return storage_problem(&e);
+        }
+        g.set_router(router);
+        Response::json(StatusCode::OK, serde_json::json!({"id": id, "removed": true}).to_string())
     }
 
     /// `DELETE /admin/limits/{id}`: 200 removed, 404 unknown.

@@ -12,6 +12,8 @@ pub mod acl;
 pub mod audit;
 pub mod identity;
 pub mod limits;
+pub mod route;
+pub mod transform;
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -53,6 +55,9 @@ pub struct AuthConfig {
     pub audit_max_bytes: u64,
 }
 
+/// The stored transformers (by topic) and routes (by id), as read at start.
+pub type StoredPipeline = (Vec<(String, transform::TransformSpec)>, Vec<(String, route::RouteSpec)>);
+
 /// What the policy is at one moment (cloned per shard: its parts are shared).
 #[derive(Clone)]
 pub struct Snapshot {
@@ -62,6 +67,9 @@ pub struct Snapshot {
     pub limits: Arc<Limits>,
     /// Each tenant's quotas.
     pub quotas: Arc<std::collections::HashMap<String, Quota>>,
+    /// The transformer of each topic that has one (by stored name).
+    pub transformers: Arc<std::collections::HashMap<String, Arc<transform::Transformer>>>,
+    pub router: Arc<route::Router>,
 }
 
 /// A file's identity and version, to notice a replacement or an edit.
@@ -130,6 +138,7 @@ impl Governance {
         stored: Vec<(String, RuleSpec)>,
         stored_limits: Vec<(String, LimitSpec)>,
         stored_quotas: Vec<(String, Quota)>,
+        stored_pipeline: StoredPipeline,
         audit: audit::Audit,
     ) -> Result<Governance, String> {
         let config_rules = config
@@ -171,6 +180,25 @@ impl Governance {
             })
             .collect();
         let limits = Arc::new(Limits::new(limits));
+        let (stored_transformers, stored_routes) = stored_pipeline;
+        let transformers = stored_transformers
+            .into_iter()
+            .filter_map(|(topic, spec)| match transform::Transformer::new(&topic, spec) {
+                Ok(t) => Some((topic, Arc::new(t))),
+                Err(e) => {
+                    eprintln!("evmesh: ignoring stored transformer of {topic}: {e}");
+                    None
+                }
+            })
+            .collect();
+        // Routes are checked as a set, one at a time: one that would now loop is left out.
+        let mut router = route::Router::default();
+        for (id, spec) in stored_routes {
+            match route::Route::new(&id, spec).and_then(|r| router.with(&id, Some(r))) {
+                Ok(next) => router = next,
+                Err(e) => eprintln!("evmesh: ignoring stored route {id}: {e}"),
+            }
+        }
         Ok(Governance {
             config,
             admin_token,
@@ -183,6 +211,8 @@ impl Governance {
                 acl,
                 limits,
                 quotas: Arc::new(stored_quotas.into_iter().collect()),
+                transformers: Arc::new(transformers),
+                router: Arc::new(router),
             })),
             generation: AtomicU64::new(1),
             key_file: Mutex::new(key_stamp),
@@ -289,6 +319,25 @@ impl Governance {
             };
             Snapshot { generation: 0, quotas: Arc::new(quotas), ..cur.clone() }
         });
+    }
+
+    /// Sets (`Some`) or removes (`None`) the transformer of `topic`.
+    pub fn set_transformer(&self, topic: &str, t: Option<transform::Transformer>) {
+        self.publish(|cur| {
+            let mut all = (*cur.transformers).clone();
+            match t {
+                Some(t) => all.insert(topic.to_owned(), Arc::new(t)),
+                None => all.remove(topic),
+            };
+            Snapshot { generation: 0, transformers: Arc::new(all), ..cur.clone() }
+        });
+    }
+
+    /// Puts in force the router [`route::Router::with`] made from the one in force (the admin
+    /// thread checks, stores, then sets: nothing else changes routes in between).
+    pub fn set_router(&self, router: route::Router) {
+        let router = Arc::new(router);
+        self.publish(|cur| Snapshot { generation: 0, router, ..cur.clone() });
     }
 
     /// The metrics' counters of `tenant` (once per connection: the caller keeps them).

@@ -4,6 +4,8 @@
 //! owns; keyed ones to their murmur2 partition, wherever it lives. A batch is split per
 //! partition and the parts are appended concurrently; the 202 waits for all of them.
 
+mod pipeline;
+
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -273,6 +275,14 @@ impl Gate<'_> {
                 }
                 Ok(Cow::Owned(stored))
             }
+        }
+    }
+
+    /// A stored name as the principal uses it: without its tenant's prefix.
+    fn local<'n>(&self, stored: &'n str) -> &'n str {
+        match &self.who.tenant {
+            Some(t) => stored.strip_prefix(t.as_str()).and_then(|n| n.strip_prefix('.')).unwrap_or(stored),
+            None => stored,
         }
     }
 
@@ -754,33 +764,48 @@ impl Traffic {
         if let Err(r) = gate.quota(Quotaed::Topic, &topic) {
             return r;
         }
-        match self.store(&topic, frames.0).await {
-            Ok(placed) => {
-                let m = self.shard.shared.metrics.shard(self.shard.id);
-                m.events_published.add(placed.len() as u64);
-                gate.tenant_count(|s| &s.published, placed.len() as u64);
-                let mut body = Vec::with_capacity(40 * placed.len() + 16);
-                if batch {
-                    body.extend_from_slice(b"{\"results\":[");
-                }
-                let mut num = crate::http::Decimal::new();
-                for (i, (p, o)) in placed.iter().enumerate() {
-                    if i > 0 {
-                        body.push(b',');
-                    }
-                    body.extend_from_slice(b"{\"partition\":");
-                    body.extend_from_slice(num.u64(u64::from(p.0)));
-                    body.extend_from_slice(b",\"offset\":");
-                    body.extend_from_slice(num.u64(*o));
-                    body.push(b'}');
-                }
-                if batch {
-                    body.extend_from_slice(b"]}");
-                }
-                Response::json(StatusCode::ACCEPTED, body)
+        // Then the topic's transformer and routes: where each event is stored, and as what.
+        let routed = match self.transform_and_route(&gate.snap, &topic, frames.0) {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        let mut stored = Vec::with_capacity(routed.groups.len());
+        for (t, frames) in routed.groups {
+            match self.store(&t, frames).await {
+                Ok(placed) => stored.push((t, placed)),
+                Err(e) => return storage_problem(&e),
             }
-            Err(e) => storage_problem(&e),
         }
+        let m = self.shard.shared.metrics.shard(self.shard.id);
+        let n = routed.first.len() as u64;
+        m.events_published.add(n);
+        gate.tenant_count(|s| &s.published, n);
+        let mut body = Vec::with_capacity(40 * routed.first.len() + 16);
+        if batch {
+            body.extend_from_slice(b"{\"results\":[");
+        }
+        let mut num = crate::http::Decimal::new();
+        for (i, &(g, at)) in routed.first.iter().enumerate() {
+            let (t, placed) = &stored[g];
+            let (p, o) = placed[at];
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(b"{\"partition\":");
+            body.extend_from_slice(num.u64(u64::from(p.0)));
+            body.extend_from_slice(b",\"offset\":");
+            body.extend_from_slice(num.u64(o));
+            // A route moved it: the answer says where to.
+            if **t != *topic {
+                body.extend_from_slice(b",\"topic\":");
+                serde_json::to_writer(&mut body, gate.local(t)).expect("a string serializes");
+            }
+            body.push(b'}');
+        }
+        if batch {
+            body.extend_from_slice(b"]}");
+        }
+        Response::json(StatusCode::ACCEPTED, body)
     }
 
     /// The request's events as frames, and whether it was a batch.

@@ -291,7 +291,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let stored = list_policy(&db, Policy::Acl)?;
     let limits = list_policy(&db, Policy::Limit)?;
     let quotas = list_policy(&db, Policy::Quota)?;
-    let governance = Governance::new(config.auth.clone(), stored, limits, quotas, audit).map_err(StartError::Auth)?;
+    let pipeline = (list_policy(&db, Policy::Transformer)?, list_policy(&db, Policy::Route)?);
+    let governance =
+        Governance::new(config.auth.clone(), stored, limits, quotas, pipeline, audit).map_err(StartError::Auth)?;
     let tls = match &config.tls {
         Some(files) => Some(Arc::new(TlsAcceptor::load(files.clone()).map_err(StartError::Tls)?)),
         None => None,

@@ -112,6 +112,10 @@ pub enum Policy {
     Limit,
     /// `quota/<tenant>`: a tenant's quotas.
     Quota,
+    /// `transformer/<topic>`: a topic's transformer.
+    Transformer,
+    /// `route/<id>`: a route.
+    Route,
 }
 
 impl Policy {
@@ -120,6 +124,8 @@ impl Policy {
             Policy::Acl => "acl/",
             Policy::Limit => "limit/",
             Policy::Quota => "quota/",
+            Policy::Transformer => "transformer/",
+            Policy::Route => "route/",
         };
         format!("{prefix}{id}").into_bytes()
     }
