@@ -29,6 +29,8 @@ use crate::storage::{meta, Storage, StorageError, TopicMeta};
 struct SubscriptionLag {
     def: crate::subscription::definition::Definition,
     ends: Vec<u64>,
+    /// Per partition, its oldest retained offset.
+    starts: Vec<u64>,
     stored: Vec<crate::storage::offsets::Committed>,
 }
 
@@ -49,6 +51,76 @@ struct TopicSpec {
     retention_ms: Option<u64>,
     #[serde(default)]
     retention_bytes: Option<u64>,
+}
+
+/// Every subscription `only` takes, with its partitions' bounds and its stored offsets.
+fn lag(
+    shared: &Shared,
+    only: impl Fn(&crate::subscription::definition::Definition) -> bool,
+) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
+    let shards = shared.config.shards;
+    let mut out = Vec::new();
+    for def in meta::list_subscriptions(&shared.db)?.into_iter().filter(|d| only(d)) {
+        let partitions = meta::get(&shared.db, &def.topic)?.map_or(0, |m| m.partitions);
+        let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
+        for s in 0..shards {
+            let s = crate::shard::ShardId(s as u16);
+            stored.extend(crate::storage::offsets::list(&shared.db, s, &def.topic, &def.subscription)?);
+        }
+        let (mut starts, mut ends) = (Vec::new(), Vec::new());
+        for p in (0..partitions).map(PartitionId) {
+            let b = log_of(shared, &def.topic, p).bounds(&def.topic, p)?;
+            starts.push(b.start);
+            ends.push(b.end);
+        }
+        out.push(SubscriptionLag { def, ends, starts, stored });
+    }
+    Ok(out)
+}
+
+fn log_of(shared: &Shared, topic: &str, p: PartitionId) -> EmbeddedLog {
+    let s = owner(topic, p, shared.config.shards);
+    EmbeddedLog::new(shared.db.clone(), s, shared.config.durability, None)
+}
+
+/// The backlog of each tenant with a `backlogBytes` quota: per partition of its topics, the
+/// events its slowest subscription has not acknowledged (counted from the oldest retained one
+/// for an `earliest` subscription nobody has read yet; from the first read otherwise), times
+/// the partition's average event size. Reads RocksDB: run off the shards (`runtime`, every 2 s).
+pub fn measure_backlog(shared: &Shared) -> Result<Vec<(String, u64)>, crate::storage::StorageError> {
+    use crate::subscription::definition::Start;
+    let snap = shared.governance.snapshot();
+    let tenants: Vec<&str> =
+        snap.quotas.iter().filter(|(_, q)| q.backlog_bytes.is_some()).map(|(t, _)| t.as_str()).collect();
+    if tenants.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tenant_of =
+        |name: &str| tenants.iter().copied().find(|t| name.strip_prefix(t).is_some_and(|rest| rest.starts_with('.')));
+    let mut worst: std::collections::BTreeMap<(&str, String, u32), u64> = Default::default();
+    let list = lag(shared, |d| tenant_of(&d.subscription).is_some())?;
+    for s in &list {
+        let tenant = tenant_of(&s.def.subscription).expect("filtered above");
+        let earliest = matches!(&s.def.start, Start::Named(n) if n == "earliest");
+        for (p, (&start, &end)) in s.starts.iter().zip(&s.ends).enumerate() {
+            let read = s.stored.iter().filter(|c| c.partition as usize == p).map(|c| c.offset).min();
+            let from = match read {
+                Some(o) => o,
+                None if earliest => start,
+                None => continue,
+            };
+            let w = worst.entry((tenant, s.def.topic.clone(), p as u32)).or_default();
+            *w = (*w).max(end.saturating_sub(from));
+        }
+    }
+    let mut bytes: std::collections::BTreeMap<&str, u64> = tenants.iter().map(|t| (*t, 0)).collect();
+    for ((tenant, topic, p), events) in worst {
+        if events > 0 {
+            let average = log_of(shared, &topic, PartitionId(p)).average_record_bytes(&topic, PartitionId(p))?;
+            *bytes.entry(tenant).or_default() += events.saturating_mul(average);
+        }
+    }
+    Ok(bytes.into_iter().map(|(t, b)| (t.to_owned(), b)).collect())
 }
 
 /// Stored events one admin answer carries at most (about: the event that crosses it is kept);
@@ -714,29 +786,13 @@ impl Admin {
     }
 
     fn log_of(&self, topic: &str, p: PartitionId) -> EmbeddedLog {
-        let s = owner(topic, p, self.shared.config.shards);
-        EmbeddedLog::new(self.shared.db.clone(), s, self.shared.config.durability, None)
+        log_of(&self.shared, topic, p)
     }
 
     /// Every subscription with, per partition, its end offset and each stored consumer's
     /// committed offset (`client` empty for the subscription's own `LOAD_BALANCE` offsets).
     fn lag(&self) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
-        let shards = self.shared.config.shards;
-        let mut out = Vec::new();
-        for def in meta::list_subscriptions(&self.shared.db)? {
-            let partitions = meta::get(&self.shared.db, &def.topic)?.map_or(0, |m| m.partitions);
-            let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
-            for s in 0..shards {
-                let s = crate::shard::ShardId(s as u16);
-                stored.extend(crate::storage::offsets::list(&self.shared.db, s, &def.topic, &def.subscription)?);
-            }
-            let mut ends = Vec::with_capacity(partitions as usize);
-            for p in (0..partitions).map(PartitionId) {
-                ends.push(self.log_of(&def.topic, p).bounds(&def.topic, p)?.end);
-            }
-            out.push(SubscriptionLag { def, ends, stored });
-        }
-        Ok(out)
+        lag(&self.shared, |_| true)
     }
 
     /// `GET /admin/subscriptions`: each definition with `partitions`: end offset and, per stored
@@ -798,6 +854,13 @@ impl Admin {
             for t in &tenants {
                 out.push_str(&format!("{name}{{tenant=\"{}\"}} {}\n", t.tenant, get(t)));
             }
+        }
+        let name = "evmesh_tenant_backlog_bytes";
+        out.push_str(&format!(
+            "# HELP {name} Unacknowledged bytes of a tenant with a backlogBytes quota (estimated every 2 s)\n# TYPE {name} gauge\n"
+        ));
+        for (t, n) in g.backlog().iter() {
+            out.push_str(&format!("{name}{{tenant=\"{t}\"}} {n}\n"));
         }
         let name = "evmesh_tenant_connections";
         out.push_str(&format!(

@@ -105,6 +105,8 @@ pub struct Governance {
     tenants: Mutex<Vec<Arc<TenantStats>>>,
     /// Open connections per tenant, for tenants with a `connections` quota.
     connections: Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
+    /// Unacknowledged bytes per tenant with a `backlogBytes` quota, as last measured.
+    backlog: RwLock<Arc<std::collections::HashMap<String, u64>>>,
 }
 
 /// Tenants with series of their own in the metrics; the rest share `tenant="_other"`.
@@ -221,6 +223,7 @@ impl Governance {
             audit,
             tenants: Mutex::new(Vec::new()),
             connections: Mutex::new(std::collections::HashMap::new()),
+            backlog: RwLock::new(Arc::default()),
         })
     }
 
@@ -319,6 +322,16 @@ impl Governance {
             };
             Snapshot { generation: 0, quotas: Arc::new(quotas), ..cur.clone() }
         });
+    }
+
+    /// Each tenant with a `backlogBytes` quota, and its backlog when last measured.
+    pub fn backlog(&self) -> Arc<std::collections::HashMap<String, u64>> {
+        self.backlog.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts a new measure of the backlogs in force (`runtime`'s measuring thread).
+    pub fn set_backlog(&self, measured: Vec<(String, u64)>) {
+        *self.backlog.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(measured.into_iter().collect());
     }
 
     /// Sets (`Some`) or removes (`None`) the transformer of `topic`.

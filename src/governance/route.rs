@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::subscription::cesql::{self, Event, Expr};
 
 /// Most topics one event can be stored in through routes (the one it was published to included).
-pub const MAX_DESTINATIONS: usize = 16;
+pub const MAX_DESTINATIONS: usize = 8;
+
+/// Most routes of one topic (each is evaluated for every event published to it).
+pub const MAX_ROUTES_PER_TOPIC: usize = 16;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -104,6 +107,9 @@ impl Router {
         let mut all: Vec<Arc<Route>> = self.all().into_iter().filter(|r| r.id != id).collect();
         all.extend(route.map(Arc::new));
         let next = Router::new(all);
+        if let Some((t, _)) = next.by_topic.iter().find(|(_, r)| r.len() > MAX_ROUTES_PER_TOPIC) {
+            return Err(format!("{t} has {MAX_ROUTES_PER_TOPIC} routes already"));
+        }
         let mut done = BTreeSet::new();
         for topic in next.by_topic.keys() {
             next.find_loop(topic, &mut Vec::new(), &mut done)?;
@@ -163,8 +169,9 @@ impl Router {
     }
 
     /// The topics an event published to `topic` is stored in. Each route's condition is
-    /// evaluated within CESQL's per-event budget (over it: not matched).
-    pub fn destinations<E: Event + ?Sized>(&self, topic: &str, event: &E) -> Destinations {
+    /// evaluated within CESQL's per-event budget; over it, the route's id is the error (the
+    /// event cannot be placed: a `move` it slipped past would leave it in the wrong topic).
+    pub fn destinations<E: Event + ?Sized>(&self, topic: &str, event: &E) -> Result<Destinations, String> {
         let mut out = Destinations::default();
         let mut queue = vec![topic.to_owned()];
         let mut seen = BTreeSet::new();
@@ -174,7 +181,12 @@ impl Router {
             }
             let mut keep = true;
             for r in self.by_topic.get(&t).into_iter().flatten() {
-                if r.condition.matches(event) {
+                let mut budget = cesql::Budget::PER_EVENT;
+                let verdict = r.condition.verdict(event, &mut budget);
+                if verdict == cesql::Verdict::OverBudget {
+                    return Err(r.id.clone());
+                }
+                if verdict == cesql::Verdict::Match {
                     keep &= r.spec.mode == RouteMode::Copy;
                     queue.extend(r.spec.targets.iter().rev().cloned());
                 }
@@ -183,7 +195,7 @@ impl Router {
                 out.topics.push(t);
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -218,10 +230,10 @@ mod tests {
             .unwrap()
             .with("3", Some(route("3", "orders.eu", "TRUE", &["archive"], RouteMode::Copy)))
             .unwrap();
-        assert_eq!(r.destinations("orders", &Ev("small")).topics, ["orders"]);
-        assert_eq!(r.destinations("orders", &Ev("big")).topics, ["orders", "audit"]);
-        assert_eq!(r.destinations("orders", &Ev("eu")).topics, ["orders.eu", "archive"]);
-        assert_eq!(r.destinations("other", &Ev("big")).topics, ["other"]);
+        assert_eq!(r.destinations("orders", &Ev("small")).unwrap().topics, ["orders"]);
+        assert_eq!(r.destinations("orders", &Ev("big")).unwrap().topics, ["orders", "audit"]);
+        assert_eq!(r.destinations("orders", &Ev("eu")).unwrap().topics, ["orders.eu", "archive"]);
+        assert_eq!(r.destinations("other", &Ev("big")).unwrap().topics, ["other"]);
     }
 
     #[test]

@@ -2,18 +2,23 @@
 //! the router and the log). Set, remove or rename attributes, and build `data` from a template
 //! whose `${name}` variables are JSONPath expressions into the event as published.
 //!
-//! The template is JSON, and substitution happens on its tree, never on its text: a string
-//! that is exactly `"${name}"` becomes the variable's value (any JSON); `${name}` inside a
-//! longer string is replaced by the value's text (a string as is, anything else as JSON). A
-//! variable's value can therefore never add structure to the result. What the rules make is
-//! parsed again as a structured CloudEvent before it is stored, so a transformed event is a
-//! valid one or the publish is refused (400). Every rule is checked when it is set: names,
-//! paths, references, sizes, and that no required attribute can be lost.
+//! It works on the event's frame body: attributes change, `data` keeps its bytes unless the
+//! template replaces it. The template is JSON, and substitution happens on its tree, never on
+//! its text: a string that is exactly `"${name}"` becomes the variable's value (any JSON);
+//! `${name}` inside a longer string is replaced by the value's text (a string as is, anything
+//! else as JSON). A variable's value can therefore never add structure to the result. What the
+//! rules make is checked with the CloudEvents rules every published event meets, so a
+//! transformed event is a valid one or the publish is refused (400). Every rule is checked when
+//! it is set: names, paths, references, sizes, that no required attribute can be lost, and the
+//! rule applied to a minimal event.
 
 use std::collections::BTreeMap;
 
+use frame_codec::{AttrValue, Attribute, DataKind, FrameBody};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+use crate::adaptor::cloudevents;
 
 /// A topic's transformation, as `PUT /admin/transformers/{topic}` takes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -62,10 +67,32 @@ pub struct Transformer {
 
 /// CloudEvents attribute names: lower-case letters and digits (`data` is the template's).
 fn valid_attribute(name: &str) -> bool {
-    (1..=20).contains(&name.len())
+    (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && name != "data"
-        && name != "data_base64"
+}
+
+/// Names a rule may write: not evmesh's own (`em...`: delivery ids, dead-letter origins).
+fn writable(name: &str) -> bool {
+    !name.starts_with("em")
+}
+
+fn attr_value(v: &Value) -> Option<AttrValue> {
+    match v {
+        Value::String(s) => Some(AttrValue::Str(s.clone())),
+        Value::Bool(b) => Some(AttrValue::Bool(*b)),
+        // CloudEvents integers are 32-bit.
+        Value::Number(n) => n.as_i64().filter(|i| i32::try_from(*i).is_ok()).map(AttrValue::Int),
+        _ => None,
+    }
+}
+
+fn json_value(v: &AttrValue) -> Value {
+    match v {
+        AttrValue::Str(s) => Value::String(s.clone()),
+        AttrValue::Bool(b) => Value::Bool(*b),
+        AttrValue::Int(n) => Value::from(*n),
+    }
 }
 
 fn valid_variable(name: &str) -> bool {
@@ -155,19 +182,35 @@ impl Transformer {
                 return Err(format!("{a:?} is not an attribute name ([a-z0-9]{{1,20}}; data is the template's)"));
             }
         }
-        for (name, v) in &spec.set {
-            match (name.as_str(), v) {
-                ("specversion", v) if v != "1.0" => return Err("specversion can only be \"1.0\"".into()),
-                (_, Value::String(_) | Value::Bool(_)) => {}
-                (_, Value::Number(n)) if n.is_i64() => {}
-                _ => return Err(format!("set {name}: a string, a boolean or an integer")),
+        for name in spec.set.keys().chain(spec.rename.values()) {
+            if !writable(name) {
+                return Err(format!("{name}: attributes starting with em are evmesh's own"));
             }
         }
-        // Required attributes survive: not removed, and not renamed away unless set again.
+        for (name, v) in &spec.set {
+            match (name.as_str(), v) {
+                ("partitionkey", Value::String(_)) => {}
+                ("partitionkey", _) => return Err("partitionkey is a string".into()),
+                (_, v) if attr_value(v).is_none() => {
+                    return Err(format!("set {name}: a string, a boolean or an integer"))
+                }
+                _ => {}
+            }
+        }
+        // Required attributes survive every event: never removed, and renamed away only when
+        // `set` gives them again or another required one (always there) takes the name.
         for r in REQUIRED {
-            let lost = spec.remove.iter().any(|a| a == r) || spec.rename.contains_key(r);
-            if lost && !spec.set.contains_key(r) && !spec.rename.values().any(|n| n == r) {
-                return Err(format!("{r} is required: it cannot be removed or renamed away"));
+            if spec.remove.iter().any(|a| a == r) {
+                return Err(format!("{r} is required: it cannot be removed"));
+            }
+            let refilled = spec.set.contains_key(r)
+                || spec.rename.iter().any(|(from, to)| to == r && REQUIRED.contains(&from.as_str()));
+            if spec.rename.contains_key(r) && !refilled {
+                return Err(format!("{r} is required: it cannot be renamed away unless set again"));
+            }
+            let from_optional = spec.rename.iter().any(|(from, to)| to == r && !REQUIRED.contains(&from.as_str()));
+            if from_optional && !spec.set.contains_key(r) {
+                return Err(format!("{r} is required: an attribute an event may lack cannot be renamed to it"));
             }
         }
         let mut variables = Vec::with_capacity(spec.variables.len());
@@ -192,44 +235,103 @@ impl Transformer {
                 }
             }
         }
-        Ok(Transformer { topic: topic.to_owned(), spec, variables })
-    }
-
-    /// Transforms `event` (a structured CloudEvent) in place. The data the template builds is
-    /// at most `budget` bytes (400 beyond: a template can repeat a large variable).
-    pub fn apply(&self, event: &mut Map<String, Value>, budget: usize) -> Result<(), String> {
-        let values: Vec<(&str, Value)> = if self.spec.data.is_some() {
-            let whole = Value::Object(std::mem::take(event));
-            let v = self
-                .variables
-                .iter()
-                .map(|(n, steps)| (n.as_str(), lookup(&whole, steps).cloned().unwrap_or(Value::Null)))
-                .collect();
-            let Value::Object(back) = whole else { unreachable!("put there above") };
-            *event = back;
-            v
-        } else {
-            Vec::new()
-        };
-        for (from, to) in &self.spec.rename {
-            if let Some(v) = event.remove(from) {
-                event.insert(to.clone(), v);
+        let t = Transformer { topic: topic.to_owned(), spec, variables };
+        // Last, the rule on a minimal event (plus what it renames): what it sets must pass the
+        // CloudEvents checks (a source that is a number, an empty id, a time that is not one).
+        let mut sample = FrameBody { topic: topic.to_owned(), attributes: Vec::new(), data: Vec::new() };
+        let names = REQUIRED.iter().copied().chain(t.spec.rename.keys().map(String::as_str));
+        for name in names {
+            if !sample.attributes.iter().any(|a| a.name == name) {
+                let value = AttrValue::Str(if name == "specversion" { "1.0".into() } else { "x".into() });
+                sample.attributes.push(Attribute { name: name.to_owned(), value });
             }
         }
-        for a in &self.spec.remove {
-            event.remove(a);
+        let mut unlimited = usize::MAX;
+        t.apply(&mut sample, DataKind::None, &mut unlimited)
+            .map_err(|e| format!("applied to a minimal event, the rule makes an invalid one: {e}"))?;
+        Ok(t)
+    }
+
+    /// Transforms an event's body in place; returns the kind of its data afterwards. The data
+    /// a template builds is taken from `budget` (the request's; 400 once it is spent: a template
+    /// can repeat a large variable). The result meets the CloudEvents checks, or this says why.
+    pub fn apply(&self, body: &mut FrameBody, kind: DataKind, budget: &mut usize) -> Result<DataKind, String> {
+        let values: Vec<(&str, Value)> = match &self.spec.data {
+            Some(_) => {
+                let event = EventView { body, kind, data: std::cell::OnceCell::new() };
+                self.variables.iter().map(|(n, steps)| (n.as_str(), event.lookup(steps))).collect()
+            }
+            None => Vec::new(),
+        };
+        let attrs = &mut body.attributes;
+        // Renames happen at once: {id: source, source: id} swaps them.
+        let moved: Vec<(&String, AttrValue)> = self
+            .spec
+            .rename
+            .iter()
+            .filter_map(|(from, to)| {
+                let i = attrs.iter().position(|a| a.name == *from)?;
+                Some((to, attrs.swap_remove(i).value))
+            })
+            .collect();
+        for (to, value) in moved {
+            put(attrs, to, value);
         }
-        for (a, v) in &self.spec.set {
-            event.insert(a.clone(), v.clone());
+        attrs.retain(|a| !self.spec.remove.contains(&a.name));
+        for (name, v) in &self.spec.set {
+            put(attrs, name, attr_value(v).expect("checked when set"));
         }
+        let mut kind = kind;
         if let Some(t) = &self.spec.data {
-            let mut left = budget;
-            let data = render(t, &values, &mut left)
-                .ok_or_else(|| format!("the transformer of {} made data over {budget} bytes", self.topic))?;
-            event.remove("data_base64");
-            event.insert("data".into(), data);
+            let data = render(t, &values, budget)
+                .ok_or_else(|| format!("the transformer of {} made data over the request's budget", self.topic))?;
+            body.data = serde_json::to_vec(&data).expect("a JSON value serializes");
+            kind = DataKind::Json;
+            if !self.spec.set.contains_key("datacontenttype") {
+                put(&mut body.attributes, "datacontenttype", AttrValue::Str("application/json".into()));
+            }
         }
-        Ok(())
+        cloudevents::check_event(&body.attributes).map_err(|e| match e {
+            cloudevents::CeError::Invalid(m) | cloudevents::CeError::UnsupportedMedia(m) => m,
+        })?;
+        Ok(kind)
+    }
+}
+
+fn put(attrs: &mut Vec<Attribute>, name: &str, value: AttrValue) {
+    match attrs.iter_mut().find(|a| a.name == name) {
+        Some(a) => a.value = value,
+        None => attrs.push(Attribute { name: name.to_owned(), value }),
+    }
+}
+
+/// The event as JSONPath sees it: its attributes, and `data` (parsed once, if a path asks).
+struct EventView<'b> {
+    body: &'b FrameBody,
+    kind: DataKind,
+    data: std::cell::OnceCell<Value>,
+}
+
+impl EventView<'_> {
+    fn lookup(&self, steps: &[Step]) -> Value {
+        let (first, rest) = match steps.split_first() {
+            Some((Step::Key(k), rest)) => (k.as_str(), rest),
+            // `$` alone, or `$[0]`: the whole event is not a variable.
+            _ => return Value::Null,
+        };
+        let root = if first == "data" {
+            self.data.get_or_init(|| match self.kind {
+                DataKind::Json => serde_json::from_slice(&self.body.data).unwrap_or(Value::Null),
+                DataKind::Text => Value::String(String::from_utf8_lossy(&self.body.data).into_owned()),
+                DataKind::None | DataKind::Binary => Value::Null,
+            })
+        } else {
+            match self.body.attributes.iter().find(|a| a.name == first) {
+                Some(a) if rest.is_empty() => return json_value(&a.value),
+                _ => return Value::Null,
+            }
+        };
+        lookup(root, rest).cloned().unwrap_or(Value::Null)
     }
 }
 
@@ -297,26 +399,41 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    fn event() -> Map<String, Value> {
+    fn event() -> FrameBody {
         let v = json!({"specversion": "1.0", "id": "1", "source": "/shop", "type": "order.created",
             "subject": "s", "legacy": "x", "data": {"order": {"id": 42, "items": ["a", "b"]}, "customer": "Ada"}});
-        v.as_object().unwrap().clone()
+        cloudevents::parse_structured("orders", v.to_string().as_bytes()).unwrap().to_body()
+    }
+
+    fn attr<'a>(b: &'a FrameBody, name: &str) -> Option<&'a AttrValue> {
+        b.attributes.iter().find(|a| a.name == name).map(|a| &a.value)
+    }
+
+    fn data(b: &FrameBody) -> Value {
+        serde_json::from_slice(&b.data).unwrap()
     }
 
     #[test]
-    fn attributes_are_renamed_removed_and_set_in_that_order() {
+    fn attributes_are_renamed_removed_and_set_and_data_keeps_its_bytes() {
         let t = Transformer::new(
             "orders",
             spec(json!({"rename": {"subject": "orderref"}, "remove": ["legacy"], "set": {"type": "order.v2", "priority": 3}})),
         )
         .unwrap();
         let mut e = event();
-        t.apply(&mut e, 1 << 20).unwrap();
-        assert_eq!(e["orderref"], "s");
-        assert!(!e.contains_key("subject") && !e.contains_key("legacy"));
-        assert_eq!(e["type"], "order.v2");
-        assert_eq!(e["priority"], 3);
-        assert_eq!(e["data"]["customer"], "Ada", "data untouched without a template");
+        let before = e.data.clone();
+        assert_eq!(t.apply(&mut e, DataKind::Json, &mut 1_000_000).unwrap(), DataKind::Json);
+        assert_eq!(attr(&e, "orderref"), Some(&AttrValue::Str("s".into())));
+        assert!(attr(&e, "subject").is_none() && attr(&e, "legacy").is_none());
+        assert_eq!(attr(&e, "type"), Some(&AttrValue::Str("order.v2".into())));
+        assert_eq!(attr(&e, "priority"), Some(&AttrValue::Int(3)));
+        assert_eq!(e.data, before, "data untouched, byte for byte, without a template");
+        // Renames happen at once.
+        let swap = Transformer::new("o", spec(json!({"rename": {"id": "source", "source": "id"}}))).unwrap();
+        let mut e = event();
+        swap.apply(&mut e, DataKind::Json, &mut 1_000_000).unwrap();
+        assert_eq!(attr(&e, "id"), Some(&AttrValue::Str("/shop".into())));
+        assert_eq!(attr(&e, "source"), Some(&AttrValue::Str("1".into())));
     }
 
     #[test]
@@ -331,27 +448,37 @@ mod tests {
         )
         .unwrap();
         let mut e = event();
-        t.apply(&mut e, 1 << 20).unwrap();
-        assert_eq!(e["data"], json!({"orderId": 42, "text": "order 42 for Ada (a) from /shop", "n": 1}));
+        t.apply(&mut e, DataKind::Json, &mut 1_000_000).unwrap();
+        assert_eq!(data(&e), json!({"orderId": 42, "text": "order 42 for Ada (a) from /shop", "n": 1}));
+        assert_eq!(attr(&e, "datacontenttype"), Some(&AttrValue::Str("application/json".into())));
         // A value full of JSON syntax stays a string: no structure can be injected.
+        let v = json!({"specversion": "1.0", "id": "1", "source": "/s", "type": "t",
+            "data": {"order": {"id": 1}, "customer": "\", \"admin\": true, \"x\": \""}});
+        let mut e = cloudevents::parse_structured("orders", v.to_string().as_bytes()).unwrap().to_body();
+        t.apply(&mut e, DataKind::Json, &mut 1_000_000).unwrap();
+        assert_eq!(data(&e).as_object().unwrap().len(), 3);
+        assert!(data(&e)["text"].as_str().unwrap().contains(r#""admin": true"#));
+        // Data that is not JSON gives null variables, not a failure.
         let mut e = event();
-        e["data"]["customer"] = json!(r#"", "admin": true, "x": ""#);
-        t.apply(&mut e, 1 << 20).unwrap();
-        assert_eq!(e["data"].as_object().unwrap().len(), 3);
-        assert!(e["data"]["text"].as_str().unwrap().contains(r#""admin": true"#));
+        e.data = b"not json".to_vec();
+        t.apply(&mut e, DataKind::Json, &mut 1_000_000).unwrap();
+        assert_eq!(data(&e)["orderId"], Value::Null);
     }
 
     #[test]
-    fn a_template_cannot_outgrow_its_budget() {
+    fn a_template_cannot_outgrow_the_request_budget() {
         let t = Transformer::new(
             "orders",
             spec(json!({"variables": {"d": "$.data"}, "data": ["${d}", "${d}", "${d} ${d}", {"k": "${d}"}]})),
         )
         .unwrap();
         let mut e = event();
-        e["data"] = json!("x".repeat(1000));
-        assert!(t.apply(&mut e.clone(), 3000).is_err());
-        assert!(t.apply(&mut e, 10_000).is_ok());
+        e.data = serde_json::to_vec(&json!("x".repeat(1000))).unwrap();
+        assert!(t.apply(&mut e.clone(), DataKind::Json, &mut 3000).is_err());
+        // The budget is the request's: what one event took, the next cannot.
+        let mut budget = 10_000;
+        assert!(t.apply(&mut e.clone(), DataKind::Json, &mut budget).is_ok());
+        assert!(t.apply(&mut e, DataKind::Json, &mut budget).is_err());
     }
 
     #[test]
@@ -360,7 +487,17 @@ mod tests {
             json!({}),
             json!({"remove": ["id"]}),
             json!({"rename": {"type": "kind"}}),
+            json!({"rename": {"subject": "id"}, "remove": ["id"]}),
+            json!({"rename": {"id": "origid", "subject": "id"}}),
             json!({"set": {"specversion": "0.3"}}),
+            json!({"set": {"source": 5}}),
+            json!({"set": {"id": ""}}),
+            json!({"set": {"time": "now"}}),
+            json!({"set": {"x": 4294967296u64}}),
+            json!({"set": {"dataschema": "x"}}),
+            json!({"set": {"partitionkey": 7}}),
+            json!({"set": {"emdlqtopic": "x"}}),
+            json!({"rename": {"subject": "emattempt"}}),
             json!({"set": {"Bad": "x"}}),
             json!({"set": {"data": "x"}}),
             json!({"set": {"x": {"nested": 1}}}),
@@ -373,7 +510,7 @@ mod tests {
         ] {
             assert!(Transformer::new("t", spec(bad.clone())).is_err(), "{bad}");
         }
-        // Renaming a required attribute is fine when another takes its place.
+        // Renaming a required attribute is fine when it is set again.
         assert!(Transformer::new("t", spec(json!({"rename": {"type": "origtype"}, "set": {"type": "new"}}))).is_ok());
         assert!(serde_json::from_value::<TransformSpec>(json!({"sett": {}})).is_err(), "unknown fields");
     }

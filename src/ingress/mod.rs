@@ -278,11 +278,12 @@ impl Gate<'_> {
         }
     }
 
-    /// A stored name as the principal uses it: without its tenant's prefix.
-    fn local<'n>(&self, stored: &'n str) -> &'n str {
+    /// A stored name as the principal uses it (without its tenant's prefix); `None` for a
+    /// name outside its tenant, which it must not learn.
+    fn local<'n>(&self, stored: &'n str) -> Option<&'n str> {
         match &self.who.tenant {
-            Some(t) => stored.strip_prefix(t.as_str()).and_then(|n| n.strip_prefix('.')).unwrap_or(stored),
-            None => stored,
+            Some(t) => stored.strip_prefix(t.as_str()).and_then(|n| n.strip_prefix('.')),
+            None => Some(stored),
         }
     }
 
@@ -357,6 +358,28 @@ impl Gate<'_> {
             }
             Err(e) => Err(storage_problem(&e)),
         }
+    }
+
+    /// 429 while the tenant's backlog (what its subscriptions have not acknowledged, measured
+    /// every 2 s) is at its `backlogBytes` quota: producers wait for consumers to catch up.
+    fn backlog(&self) -> Result<(), Response> {
+        let Some(tenant) = self.who.tenant.as_deref() else { return Ok(()) };
+        let Some(max) = self.snap.quotas.get(tenant).and_then(|q| q.backlog_bytes) else { return Ok(()) };
+        let t = self.traffic;
+        let backlog = t.shard.shared.governance.backlog().get(tenant).copied().unwrap_or(0);
+        if backlog < max {
+            return Ok(());
+        }
+        t.shard.shared.metrics.shard(t.shard.id).refused(429);
+        self.tenant_count(|s| &s.limited, 1);
+        Err(problem(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!(
+                "tenant {tenant} has {backlog} bytes not yet acknowledged by its subscriptions, its backlogBytes \
+                 quota is {max}; publish again once consumers catch up"
+            ),
+        )
+        .with_header("retry-after", "2"))
     }
 
     /// The principal's name for a session's record (`None` with `auth = none`).
@@ -761,7 +784,7 @@ impl Traffic {
         if let Err(r) = gate.limit(&topic, frames.0.len() as u64, req.body.len() as u64) {
             return r;
         }
-        if let Err(r) = gate.quota(Quotaed::Topic, &topic) {
+        if let Err(r) = gate.quota(Quotaed::Topic, &topic).and_then(|()| gate.backlog()) {
             return r;
         }
         // Then the topic's transformer and routes: where each event is stored, and as what.
@@ -769,6 +792,15 @@ impl Traffic {
             Ok(r) => r,
             Err(r) => return r,
         };
+        // Every destination must exist (or be created) before anything is stored: a route to a
+        // topic that cannot be had must not leave half a request stored for a retry to repeat.
+        if routed.groups.len() > 1 {
+            for (t, _) in &routed.groups {
+                if let Err(e) = self.shard.topic(t, None, false).await {
+                    return storage_problem(&e);
+                }
+            }
+        }
         let mut stored = Vec::with_capacity(routed.groups.len());
         for (t, frames) in routed.groups {
             match self.store(&t, frames).await {
@@ -795,10 +827,10 @@ impl Traffic {
             body.extend_from_slice(num.u64(u64::from(p.0)));
             body.extend_from_slice(b",\"offset\":");
             body.extend_from_slice(num.u64(o));
-            // A route moved it: the answer says where to.
-            if **t != *topic {
+            // A route moved it: the answer says where to (if it is the caller's to see).
+            if let Some(local) = (**t != *topic).then(|| gate.local(t)).flatten() {
                 body.extend_from_slice(b",\"topic\":");
-                serde_json::to_writer(&mut body, gate.local(t)).expect("a string serializes");
+                serde_json::to_writer(&mut body, local).expect("a string serializes");
             }
             body.push(b'}');
         }

@@ -1,13 +1,17 @@
 //! The ingress pipeline's last steps, after the ACL and the limits: the topic's transformer,
-//! then the router. A publish to a topic with neither takes none of this (one map lookup each).
+//! then the router. A publish to a topic with neither takes none of this (two map lookups).
+//! Both work on frame bodies, never through JSON: data keeps its bytes unless a template
+//! replaces it, and a routed copy is the same event under another topic.
 
-use frame_codec::Frame;
+use frame_codec::{Frame, FrameBody};
 
 use super::Traffic;
-use crate::adaptor::cloudevents;
 use crate::governance::Snapshot;
 use crate::http::{problem, StatusCode};
 use crate::server::Response;
+
+/// What the copies routes make of one request may take, in multiples of `max_body_bytes`.
+const COPIES_PER_REQUEST: usize = 4;
 
 /// The events of one publish as they will be stored: by destination topic, in request order
 /// within each; `first[i]` is where event `i`'s first copy is (group, position), for the answer.
@@ -16,52 +20,40 @@ pub(super) struct Routed {
     pub first: Vec<(usize, usize)>,
 }
 
-/// `frame` as a structured CloudEvent stored in `topic` (checked as any published event is).
-fn reencode(frame: &Frame, topic: &str, json: &mut Vec<u8>) -> Result<Frame, cloudevents::CeError> {
-    json.clear();
-    cloudevents::write_structured(frame, &[], json);
-    let mut f = cloudevents::parse_structured(topic, json)?;
-    f.set_timestamp(crate::clock::now_micros());
-    Ok(f)
+fn encode(f: &Frame, kind: frame_codec::DataKind, body: &FrameBody) -> Frame {
+    let mut header = f.header();
+    header.data_kind = kind;
+    Frame::encode(&header, body).expect("a body of a request's size encodes")
 }
 
 impl Traffic {
-    /// Applies `topic`'s transformer and routes to `frames` (400 if a transformed event is not
-    /// a valid CloudEvent, or its data outgrows `max_body_bytes`).
+    /// Applies `topic`'s transformer and routes to `frames`: 400 if a transformed event is not
+    /// a valid CloudEvent, if what the templates build passes `max_body_bytes`, if the routed
+    /// copies pass [`COPIES_PER_REQUEST`] times that, or if a route's condition cannot be
+    /// decided within CESQL's budget.
     pub(super) fn transform_and_route(
         &self,
         snap: &Snapshot,
         topic: &str,
         mut frames: Vec<Frame>,
     ) -> Result<Routed, Response> {
-        let mut json = Vec::new();
+        let max_body = self.shard.shared.config.limits.max_body_bytes;
         if let Some(t) = snap.transformers.get(topic) {
-            let budget = self.shard.shared.config.limits.max_body_bytes;
+            let mut budget = max_body;
             for f in &mut frames {
-                json.clear();
-                cloudevents::write_structured(f, &[], &mut json);
-                let mut event: serde_json::Map<String, serde_json::Value> =
-                    serde_json::from_slice(&json).expect("write_structured writes a JSON object");
-                t.apply(&mut event, budget).map_err(|m| problem(StatusCode::BAD_REQUEST, &m))?;
-                json.clear();
-                serde_json::to_writer(&mut json, &event).expect("a JSON object serializes");
-                let invalid = |e: cloudevents::CeError| {
-                    let why = match e {
-                        cloudevents::CeError::Invalid(m) | cloudevents::CeError::UnsupportedMedia(m) => m,
-                    };
-                    problem(
-                        StatusCode::BAD_REQUEST,
-                        &format!("the transformer of {topic} made an invalid CloudEvent: {why}"),
-                    )
-                };
-                *f = cloudevents::parse_structured(topic, &json).map_err(invalid)?;
-                f.set_timestamp(crate::clock::now_micros());
+                let mut body = f.to_body();
+                let kind = t.apply(&mut body, f.header().data_kind, &mut budget).map_err(|m| {
+                    let detail = format!("the transformer of {topic} made an invalid event: {m}");
+                    problem(StatusCode::BAD_REQUEST, &detail)
+                })?;
+                *f = encode(f, kind, &body);
             }
         }
         let n = frames.len();
         if !snap.router.routes(topic) {
             return Ok(Routed { groups: vec![(topic.to_owned(), frames)], first: (0..n).map(|i| (0, i)).collect() });
         }
+        let mut copies_left = COPIES_PER_REQUEST * max_body;
         let mut groups: Vec<(String, Vec<Frame>)> = Vec::new();
         let mut first = Vec::with_capacity(n);
         let group = |groups: &mut Vec<(String, Vec<Frame>)>, t: &str| match groups.iter().position(|(n, _)| n == t) {
@@ -72,18 +64,21 @@ impl Traffic {
             }
         };
         for f in frames {
-            let dest = snap.router.destinations(topic, f.body());
+            let dest = snap.router.destinations(topic, f.body()).map_err(|route| {
+                let detail = format!("route {route}'s condition could not be decided within its budget for this event");
+                problem(StatusCode::BAD_REQUEST, &detail)
+            })?;
             let mut placed = None;
             for t in dest.topics.iter().filter(|t| *t != topic) {
-                let copy = reencode(&f, t, &mut json).map_err(|_| {
-                    problem(
-                        StatusCode::BAD_REQUEST,
-                        &format!("the event cannot be stored in {t}, where a route sends it"),
-                    )
+                copies_left = copies_left.checked_sub(f.as_bytes().len()).ok_or_else(|| {
+                    let detail = format!("routed, this request's events would take over {COPIES_PER_REQUEST} times max_body_bytes; send smaller batches");
+                    problem(StatusCode::BAD_REQUEST, &detail)
                 })?;
+                let mut body = f.to_body();
+                body.topic.clone_from(t);
                 let g = group(&mut groups, t);
                 placed.get_or_insert((g, groups[g].1.len()));
-                groups[g].1.push(copy);
+                groups[g].1.push(encode(&f, f.header().data_kind, &body));
             }
             // The answer names where the event is in the topic it was published to, if it is.
             if dest.topics.iter().any(|t| t == topic) {

@@ -52,6 +52,9 @@ pub enum StartError {
 /// How often the auth key file is checked for a change.
 const KEY_WATCH: Duration = Duration::from_millis(500);
 
+/// How often tenants' backlogs are measured (the `backlogBytes` quota).
+const BACKLOG_EVERY: Duration = Duration::from_secs(2);
+
 /// How often each shard's event loop stamps its heartbeat.
 const BEAT: Duration = Duration::from_millis(100);
 
@@ -336,6 +339,17 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 Ok(true) => eprintln!("evmesh: auth keys reloaded"),
                 Ok(false) => {}
                 Err(e) => eprintln!("evmesh: auth keys not reloaded, the old ones stay in force: {e}"),
+            }
+        })?;
+    }
+    {
+        // Tenants' backlogs for the backlogBytes quota: RocksDB reads, so never on a shard.
+        let shared = shared.clone();
+        std::thread::Builder::new().name("evmesh-backlog".into()).spawn(move || loop {
+            std::thread::sleep(BACKLOG_EVERY);
+            match crate::admin::measure_backlog(&shared) {
+                Ok(m) => shared.governance.set_backlog(m),
+                Err(e) => eprintln!("evmesh: backlog not measured: {e}"),
             }
         })?;
     }

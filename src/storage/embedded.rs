@@ -168,6 +168,29 @@ impl EmbeddedLog {
         self.inner.cf()
     }
 
+    /// The average size of a partition's newest records (at most 64 read: bounded work
+    /// whatever the partition's size); 0 for an empty partition.
+    pub fn average_record_bytes(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
+        self.sampled_record_bytes(&prefix(topic, partition))
+    }
+
+    fn sampled_record_bytes(&self, pre: &[u8]) -> Result<u64, StorageError> {
+        const SAMPLE: u64 = 64;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(pre.to_vec());
+        ro.set_iterate_upper_bound(upper_bound(pre));
+        let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
+        it.seek_to_last();
+        let (mut n, mut bytes) = (0u64, 0u64);
+        while it.valid() && n < SAMPLE {
+            bytes += it.value().map_or(0, |v| v.len() as u64);
+            n += 1;
+            it.prev();
+        }
+        it.status()?;
+        Ok(bytes / n.max(1))
+    }
+
     fn scan_bounds(&self, pre: &[u8]) -> Result<Bounds, StorageError> {
         let mut ro = ReadOptions::default();
         ro.set_iterate_lower_bound(pre.to_vec());
@@ -308,7 +331,6 @@ impl Storage for EmbeddedLog {
         partition: PartitionId,
         now_us: i64,
     ) -> Result<u64, StorageError> {
-        const SAMPLE: u64 = 64;
         const RETENTION_SCAN: u64 = 100_000;
         if meta.retention_ms.is_none() && meta.retention_bytes.is_none() {
             return Ok(0);
@@ -321,19 +343,7 @@ impl Storage for EmbeddedLog {
         let newest = b.end - 1;
         let mut cut = b.start;
         if let Some(budget) = meta.retention_bytes {
-            let mut ro = ReadOptions::default();
-            ro.set_iterate_lower_bound(pre.clone());
-            ro.set_iterate_upper_bound(upper_bound(&pre));
-            let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
-            it.seek_to_last();
-            let (mut n, mut bytes) = (0u64, 0u64);
-            while it.valid() && n < SAMPLE {
-                bytes += it.value().map_or(0, |v| v.len() as u64);
-                n += 1;
-                it.prev();
-            }
-            it.status()?;
-            let average = (bytes / n.max(1)).max(1);
+            let average = self.sampled_record_bytes(&pre)?.max(1);
             let keep = (budget / average).max(1);
             cut = cut.max(b.end.saturating_sub(keep));
         }

@@ -98,7 +98,7 @@ fn check_name(name: &str) -> Result<(), CeError> {
 }
 
 /// Checks the rules shared by every mode once the attributes are collected.
-pub(crate) fn check_event(attrs: &[Attribute]) -> Result<(), CeError> {
+pub fn check_event(attrs: &[Attribute]) -> Result<(), CeError> {
     if attrs.len() > MAX_ATTRIBUTES {
         return Err(too_many_attributes());
     }
