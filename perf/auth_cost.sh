@@ -20,15 +20,7 @@ VENV=${VENV:-/var/tmp/evmesh-venv}
 OUT=$ROOT/perf/results/auth-cost-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 KEYS=$(mktemp -d /var/tmp/evmesh-auth.XXXX); trap 'rm -rf "$KEYS"' EXIT
 TOKEN=perf-static-token-0123456789
-printf '{"principal": "perf-svc", "sha256": "%s"}\n' "$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)" > "$KEYS/tokens.jsonl"
-cat > "$KEYS/evmesh.toml" <<'EOF'
-[[acl]]
-id = "perf"
-principal = "perf-*"
-resource = "topic:perf"
-actions = ["PUBLISH"]
-effect = "ALLOW"
-EOF
+token_files "$KEYS" "$TOKEN"
 JWT=$("$VENV/bin/python" - "$KEYS" <<'PY'
 import json, sys, time
 import jwt

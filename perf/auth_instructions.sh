@@ -17,15 +17,7 @@ PEERS=0 source perf/common.sh
 OUT=$ROOT/perf/results/auth-instructions-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 KEYS=$(mktemp -d /var/tmp/evmesh-ai.XXXX); trap 'rm -rf "$KEYS"' EXIT
 TOKEN=perf-static-token-0123456789
-printf '{"principal": "perf-svc", "sha256": "%s"}\n' "$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)" > "$KEYS/tokens.jsonl"
-cat > "$KEYS/evmesh.toml" <<'EOF'
-[[acl]]
-id = "perf"
-principal = "perf-*"
-resource = "topic:perf"
-actions = ["PUBLISH"]
-effect = "ALLOW"
-EOF
+token_files "$KEYS" "$TOKEN"
 # publish N: N keep-alive publishes of the 1 KiB event, each answered 202 (else exit 1).
 publish() {
   python3 - "$1" "$2" <<'PY'

@@ -67,3 +67,10 @@ s += 'end\n'
 open(sys.argv[1], "w").write(s)
 PY
 }
+
+# token_files DIR TOKEN: a tokens file naming TOKEN for principal perf-svc, and evmesh.toml
+# with one ACL rule letting perf-* publish to topic perf (what the auth benchmarks run with).
+token_files() {
+  printf '{"principal": "perf-svc", "sha256": "%s"}\n' "$(printf %s "$2" | sha256sum | cut -d' ' -f1)" > "$1/tokens.jsonl"
+  printf '[[acl]]\nid = "perf"\nprincipal = "perf-*"\nresource = "topic:perf"\nactions = ["PUBLISH"]\neffect = "ALLOW"\n' > "$1/evmesh.toml"
+}

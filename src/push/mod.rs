@@ -70,7 +70,7 @@ pub async fn watch_policy(shard: Rc<Shard>) {
 }
 
 /// Returns, with the reason, once the session must end: its credential expired, or (within
-/// [`POLICY_TICK`] of a change of the keys or the ACL) it no longer verifies or the ACL no
+/// `POLICY_TICK` of a change of the keys or the ACL) it no longer verifies or the ACL no
 /// longer allows SUBSCRIBE on its subscription. Never returns for a session opened without a
 /// principal (`auth = none`). A session costs one timer (its expiry) at most, not one a tick.
 pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {

@@ -131,6 +131,13 @@ fn stored_ids(admin: &mut Tls, topic: &str) -> Vec<String> {
     ids
 }
 
+/// Creates a subscription (201) over a TLS connection.
+fn subscribe(tls: &mut Tls, def: &Value) {
+    let r =
+        request(tls, "POST", "/events/subscribe", &[("content-type", "application/json")], def.to_string().as_bytes());
+    assert_eq!(r.expect("a response").status, 201);
+}
+
 /// The subject of the certificate the server presented.
 fn server_cn(tls: &Tls) -> String {
     use x509_cert::der::Decode;
@@ -141,13 +148,32 @@ fn server_cn(tls: &Tls) -> String {
 
 /// A broker serving TLS with a server certificate from a fresh CA, plus `extra` flags.
 fn tls_broker(name: &str, extra: &[&str]) -> (TestBroker, Pki) {
+    let pki = test_pki(name);
+    (start_tls(&pki, false, extra), pki)
+}
+
+/// A fresh CA (`ca.pem`) in a directory of the test's own, with the server's certificate
+/// (`server-a`, in `server.pem` and `server.key`).
+fn test_pki(name: &str) -> Pki {
     let dir = std::env::temp_dir().join(format!("evmesh-tls-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let pki = Pki::new(&dir, "ca");
-    let (cert, key) = pki.issue("server-a", "server");
+    pki.issue("server-a", "server");
+    pki
+}
+
+/// A broker serving TLS with `pki`'s server certificate; with `mtls`, every client must present
+/// a certificate of the CA too (`tls_client_ca` is `clients.pem`, a copy of `ca.pem` a test may
+/// replace). `extra` flags follow.
+fn start_tls(pki: &Pki, mtls: bool, extra: &[&str]) -> TestBroker {
+    let (cert, key, clients) = (pki.dir.join("server.pem"), pki.dir.join("server.key"), pki.dir.join("clients.pem"));
     let mut args = vec!["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
+    if mtls {
+        std::fs::copy(pki.dir.join("ca.pem"), &clients).unwrap();
+        args.extend(["--tls-client-ca", clients.to_str().unwrap()]);
+    }
     args.extend_from_slice(extra);
-    (TestBroker::start(&args), pki)
+    TestBroker::start(&args)
 }
 
 /// How many handshakes the broker saw fail, from its metrics (read over TLS).
@@ -209,14 +235,7 @@ fn websocket_delivery(driver: &str) {
     let config = client_config(&pki.dir.join("ca.pem"), None);
     let mut http = connect(b.traffic, &config).unwrap();
     let def = json!({"subscription": "s", "topic": "feed", "mode": "LOAD_BALANCE"});
-    let r = request(
-        &mut http,
-        "POST",
-        "/events/subscribe",
-        &[("content-type", "application/json")],
-        def.to_string().as_bytes(),
-    );
-    assert_eq!(r.unwrap().status, 201);
+    subscribe(&mut http, &def);
     let tls = connect(b.traffic, &config).unwrap();
     let (mut ws, _) =
         tungstenite::client(format!("wss://localhost:{}/events/ws?subscription=s", b.traffic.port()), tls)
@@ -303,10 +322,8 @@ fn sighup_reloads_the_certificate_and_keeps_open_sessions() {
 
 #[test]
 fn mutual_tls_makes_the_certificate_subject_the_principal() {
-    let dir = std::env::temp_dir().join(format!("evmesh-tls-{}-mtls", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let pki = Pki::new(&dir, "ca");
-    let (cert, key) = pki.issue("server-a", "server");
+    let pki = test_pki("mtls");
+    let dir = pki.dir.clone();
     let ingest = pki.issue("svc-ingest", "svc-ingest");
     let intruder = pki.issue("intruder", "intruder");
     let ops = pki.issue("ops", "ops");
@@ -331,20 +348,10 @@ priority = 10
     std::fs::write(dir.join("evmesh.toml"), acl).unwrap();
     std::fs::write(dir.join("tokens.jsonl"), "").unwrap();
     let ca = dir.join("ca.pem");
-    let b = TestBroker::start(&[
-        "--config",
-        dir.join("evmesh.toml").to_str().unwrap(),
-        "--auth",
-        "token",
-        "--auth-tokens-file",
-        dir.join("tokens.jsonl").to_str().unwrap(),
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--tls-client-ca",
-        ca.to_str().unwrap(),
-    ]);
+    let (config, tokens) = (dir.join("evmesh.toml"), dir.join("tokens.jsonl"));
+    let auth =
+        ["--config", config.to_str().unwrap(), "--auth", "token", "--auth-tokens-file", tokens.to_str().unwrap()];
+    let b = start_tls(&pki, true, &auth);
     // The certificate's subject is the principal: allowed where the ACL says, denied elsewhere.
     let mut svc = connect(b.traffic, &client_config(&ca, Some(&ingest))).unwrap();
     assert_eq!(publish(&mut svc, "orders.eu", &event("o1")).status, 202);
@@ -425,33 +432,17 @@ fn stalled_and_garbage_handshakes_are_cut_off_while_a_bystander_publishes() {
 /// clear error when the server's certificate does not verify.
 #[test]
 fn the_cli_publishes_and_subscribes_over_mutual_tls() {
-    let dir = std::env::temp_dir().join(format!("evmesh-tls-{}-cli", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let pki = Pki::new(&dir, "ca");
-    let (cert, key) = pki.issue("server-a", "server");
+    let pki = test_pki("cli");
+    let dir = pki.dir.clone();
     let (ccert, ckey) = pki.issue("cli-user", "cli-user");
     let ca = dir.join("ca.pem");
-    let b = TestBroker::start(&[
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--tls-client-ca",
-        ca.to_str().unwrap(),
-    ]);
+    let b = start_tls(&pki, true, &[]);
     let evmesh = || std::process::Command::new(env!("CARGO_BIN_EXE_evmesh"));
     let url = format!("https://localhost:{}", b.traffic.port());
     let tls = ["--cacert", ca.to_str().unwrap(), "--cert", ccert.to_str().unwrap(), "--key", ckey.to_str().unwrap()];
     let mut http = connect(b.traffic, &client_config(&ca, Some(&(ccert.clone(), ckey.clone())))).unwrap();
     let def = json!({"subscription": "cli", "topic": "clitls", "mode": "LOAD_BALANCE", "start": "earliest"});
-    let r = request(
-        &mut http,
-        "POST",
-        "/events/subscribe",
-        &[("content-type", "application/json")],
-        def.to_string().as_bytes(),
-    );
-    assert_eq!(r.unwrap().status, 201);
+    subscribe(&mut http, &def);
     let out = evmesh()
         .args(["pub", "--url", &url, "--topic", "clitls", "--id", "cli-1", "--data", r#"{"a":1}"#])
         .args(tls)
@@ -478,22 +469,12 @@ fn the_cli_publishes_and_subscribes_over_mutual_tls() {
 /// resuming a session it had before (rustls does not check a resumed session's certificate).
 #[test]
 fn a_client_ca_removed_on_sighup_cannot_be_resumed_past() {
-    let dir = std::env::temp_dir().join(format!("evmesh-tls-{}-ca-swap", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let pki = Pki::new(&dir, "ca");
-    let (cert, key) = pki.issue("server-a", "server");
+    let pki = test_pki("ca-swap");
+    let dir = pki.dir.clone();
     let old_client = pki.issue("svc-old", "svc-old");
     let new_ca = Pki::new(&dir.join("new"), "new-ca");
     let client_ca = dir.join("clients.pem");
-    std::fs::copy(dir.join("ca.pem"), &client_ca).unwrap();
-    let b = TestBroker::start(&[
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--tls-client-ca",
-        client_ca.to_str().unwrap(),
-    ]);
+    let b = start_tls(&pki, true, &[]);
     let ca = dir.join("ca.pem");
     let resuming = resuming_client_config(&ca, Some(&old_client));
     let mut first = connect(b.traffic, &resuming).unwrap();
