@@ -36,8 +36,14 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection};
 
-/// Ciphertext read at once: one full TLS record (16 KiB of plaintext plus its overhead).
+/// Ciphertext read at once at most: one full TLS record (16 KiB of plaintext plus its overhead).
 const RECORD: usize = 16 * 1024 + 2048;
+
+/// A record's framing beyond its plaintext (header, content type, AEAD tag), rounded up.
+const RECORD_OVERHEAD: usize = 64;
+
+/// Ciphertext read at once at least.
+const MIN_READ: usize = 512;
 
 /// Plaintext encrypted per write call: one record, so each write's ciphertext is about 16 KiB
 /// and a caller's write timeout measures progress, not a large batch.
@@ -303,7 +309,10 @@ impl TlsReader {
             if self.pos == buf.len() {
                 buf.clear();
                 self.pos = 0;
-                buf.reserve(RECORD);
+                // As much ciphertext as the caller wants plaintext (and a record's framing), at
+                // most a record: an idle session's pending read holds a small buffer, as it would
+                // on plain TCP (rustls assembles records from as many reads as they take).
+                buf.reserve((dst.bytes_total() + RECORD_OVERHEAD).clamp(MIN_READ, RECORD));
                 let (r, b) = self.io.read(buf).await;
                 buf = b;
                 let n = r?;
