@@ -62,6 +62,9 @@ pub struct ShardMetrics {
     pub publish_requests: Counter,
     pub events_published: Counter,
     pub publish_errors: Counter,
+    /// Events a topic's transformer reshaped; copies a route stored in another topic.
+    pub events_transformed: Counter,
+    pub events_routed: Counter,
     pub cross_core: Counter,
     pub connections_open: Counter,
     pub connections_accepted: Counter,
@@ -116,10 +119,14 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 15] = [
+        let counters: [(&str, &str, CounterOf); 17] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
+            ("evmesh_events_transformed_total", "Events reshaped by their topic's transformer", |m| {
+                &m.events_transformed
+            }),
+            ("evmesh_events_routed_total", "Copies of events a route stored in another topic", |m| &m.events_routed),
             ("evmesh_cross_core_appends_total", "Appends sent to another shard's mailbox", |m| &m.cross_core),
             ("evmesh_connections_accepted_total", "Connections accepted", |m| &m.connections_accepted),
             ("evmesh_connections_rejected_total", "Connections closed at accept (max_connections)", |m| {

@@ -38,6 +38,7 @@ impl Traffic {
         mut frames: Vec<Frame>,
     ) -> Result<Routed, Response> {
         let max_body = self.shard.shared.config.limits.max_body_bytes;
+        let metrics = self.shard.shared.metrics.shard(self.shard.id);
         if let Some(t) = snap.transformers.get(topic) {
             let mut budget = max_body;
             for f in &mut frames {
@@ -48,6 +49,7 @@ impl Traffic {
                 })?;
                 *f = encode(f, kind, &body);
             }
+            metrics.events_transformed.add(frames.len() as u64);
         }
         let n = frames.len();
         if !snap.router.routes(topic) {
@@ -89,6 +91,8 @@ impl Traffic {
             // Routes always end somewhere (a route has targets); an event is never dropped quietly.
             first.push(placed.ok_or_else(|| problem(StatusCode::BAD_REQUEST, "routes left the event nowhere"))?);
         }
+        let copies = groups.iter().filter(|(t, _)| t != topic).map(|(_, f)| f.len() as u64).sum();
+        metrics.events_routed.add(copies);
         Ok(Routed { groups, first })
     }
 }

@@ -115,6 +115,13 @@ fn routes_copy_and_move_by_condition_refuse_loops_and_survive_a_restart() {
     assert_eq!(ids(&b, "orders.eu"), ["e1"]);
     assert_eq!(ids(&b, "archive"), ["e1"]);
     assert_eq!(ids(&b, "audit"), ["e1", "u1"], "copies");
+    let metrics = b.admin().get("/metrics").text();
+    let routed: u64 = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("evmesh_events_routed_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(routed, 4, "e1 to orders.eu, archive and audit; u1 to audit");
     // A batch is routed event by event.
     let batch = json!([
         {"specversion": "1.0", "id": "e2", "source": "/it", "type": "t", "region": "eu"},
