@@ -305,13 +305,20 @@ pub fn event(id: &str) -> serde_json::Value {
 }
 
 /// Polls `f` until it returns `Some`, failing after `limit`.
-pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(limit: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(limit, f).unwrap_or_else(|| panic!("condition not met within {limit:?}"))
+}
+
+/// Polls `f` until it returns `Some`, or `None` after `limit` (the caller says what failed).
+pub fn wait_for_or<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
-        assert!(start.elapsed() < limit, "condition not met within {limit:?}");
+        if start.elapsed() >= limit {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }
