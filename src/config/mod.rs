@@ -581,9 +581,7 @@ impl RawConfig {
             audit_max_bytes: range("audit_max_bytes", self.audit_max_bytes, 4096, 1 << 40)?,
         })
     }
-}
 
-impl RawConfig {
     /// The TLS files, both or neither of `tls_cert` and `tls_key`; `tls_client_ca` only with them.
     /// (Whether they load is known at start, where the error names the file.)
     fn tls_files(&self) -> Result<Option<crate::server::tls::TlsFiles>, ConfigError> {
@@ -611,6 +609,24 @@ mod tests {
     fn load(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         RawConfig::load(&args, env.iter().map(|(k, v)| (k.to_string(), v.to_string())))?.validate()
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_mutual_tls_needs_tls() {
+        let key_of = |args: &[&str]| match load(args, &[]) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key_of(&["--tls-cert", "c.pem"]), "tls_key");
+        assert_eq!(key_of(&["--tls-key", "k.pem"]), "tls_cert");
+        assert_eq!(key_of(&["--tls-client-ca", "ca.pem"]), "tls_client_ca");
+        let c = load(&["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"], &[]).unwrap();
+        let files = c.tls.unwrap();
+        assert_eq!(
+            (files.cert.to_str(), files.client_ca.as_deref().and_then(|p| p.to_str())),
+            (Some("c.pem"), Some("ca.pem"))
+        );
+        assert!(load(&[], &[]).unwrap().tls.is_none());
     }
 
     #[test]
