@@ -12,7 +12,8 @@ PEERS=0 source perf/common.sh
 VENV=${VENV:-/var/tmp/evmesh-venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -c 'import websockets' 2>/dev/null || "$VENV/bin/pip" install -q websockets==15.0.1
-WORK=$(mktemp -d /var/tmp/evmesh-tls-idle.XXXX); trap 'rm -rf "$WORK"' EXIT
+WORK=$(mktemp -d /var/tmp/evmesh-tls-idle.XXXX); pid=; cp=
+trap 'kill $pid $cp 2>/dev/null; rm -rf "$WORK"' EXIT
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=perf-ca \
   -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \

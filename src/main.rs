@@ -11,9 +11,9 @@ const USAGE: &str = "usage:
                [--token T]   (a bearer token; also EVMESH_TOKEN)
   evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--client-id C] [--no-ack] [--max N]
                [--token T]
+               (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   pub and sub over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
                [--cert FILE --key FILE]   (a client certificate, for mutual TLS)
-               (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   evmesh print-config   (the commented defaults)";
 
 fn main() -> ExitCode {

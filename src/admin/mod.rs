@@ -104,8 +104,9 @@ pub fn measure_backlog(shared: &Shared) -> Result<Vec<(String, u64)>, crate::sto
         let earliest = matches!(&s.def.start, Start::Named(n) if n == "earliest");
         for (p, (&start, &end)) in s.starts.iter().zip(&s.ends).enumerate() {
             let read = s.stored.iter().filter(|c| c.partition as usize == p).map(|c| c.offset).min();
+            // Retention may have removed events a slow consumer never read: they are not backlog.
             let from = match read {
-                Some(o) => o,
+                Some(o) => o.max(start),
                 None if earliest => start,
                 None => continue,
             };
@@ -237,7 +238,11 @@ impl Admin {
             problem(StatusCode::UNAUTHORIZED, &e.to_string()).with_header("www-authenticate", &challenge)
         };
         // A bearer token, when sent, says who the caller is; else a verified client certificate.
-        let certified = cert.filter(|c| auth_on && c.expires_us.is_none_or(|e| crate::clock::now_micros() < e));
+        // (Only while some rule grants ADMIN: otherwise no certificate can be an administrator,
+        // and the listener is open or closed as if none was shown.)
+        let certified = cert.filter(|c| {
+            auth_on && c.expires_us.is_none_or(|e| crate::clock::now_micros() < e) && g.snapshot().acl.grants_admin()
+        });
         let who = match (token, certified) {
             (Some(t), _) if g.is_admin_token(t) => return Ok(Access::Token),
             (Some(t), _) if auth_on => {

@@ -64,8 +64,11 @@ fn tls_config(args: &[String]) -> Result<std::sync::Arc<rustls::ClientConfig>, S
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let ca = flag(args, "--cacert").unwrap_or("/etc/ssl/certs/ca-certificates.crt");
     let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("--cacert {ca}: {e}"))? {
-        roots.add(c.map_err(|e| format!("--cacert {ca}: {e}"))?).map_err(|e| format!("--cacert {ca}: {e}"))?;
+    let certs = CertificateDer::pem_file_iter(ca).map_err(|e| format!("--cacert {ca}: {e}"))?;
+    // A system bundle may hold certificates webpki cannot use: those are skipped, not fatal.
+    let (added, _) = roots.add_parsable_certificates(certs.filter_map(Result::ok));
+    if added == 0 {
+        return Err(format!("--cacert {ca}: no usable CA certificate"));
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)

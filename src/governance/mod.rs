@@ -514,6 +514,9 @@ pub fn anonymous() -> Rc<Principal> {
     ANON.with(Rc::clone)
 }
 
+/// A permission decided once: under which generation, for whom, what.
+type Grant = (u64, Rc<Principal>, Action, Kind, Box<str>);
+
 /// One connection's caller: its address and what it proved and was allowed last.
 #[derive(Default)]
 pub struct Caller {
@@ -523,7 +526,9 @@ pub struct Caller {
     cert: Option<Rc<Principal>>,
     token: Vec<u8>,
     who: Option<(u64, Rc<Principal>)>,
-    allowed: Option<(u64, Action, Kind, Box<str>)>,
+    /// The last grant: generation, who (a connection may prove several principals: a
+    /// certificate and bearer tokens), action, resource.
+    allowed: Option<Grant>,
     /// The metrics' counters of the principal's tenant, by its name.
     pub stats: Option<(Box<str>, Arc<TenantStats>)>,
     /// This connection, counted against its tenant's `connections` quota.
@@ -584,7 +589,7 @@ impl Caller {
     pub fn authorize(
         &mut self,
         snap: &Snapshot,
-        who: &Principal,
+        who: &Rc<Principal>,
         action: Action,
         kind: Kind,
         name: &str,
@@ -592,14 +597,14 @@ impl Caller {
         if matches!(*snap.keys, Keys::None) {
             return Ok(());
         }
-        if let Some((g, a, k, n)) = &self.allowed {
-            if *g == snap.generation && *a == action && *k == kind && **n == *name {
+        if let Some((g, p, a, k, n)) = &self.allowed {
+            if *g == snap.generation && Rc::ptr_eq(p, who) && *a == action && *k == kind && **n == *name {
                 return Ok(());
             }
         }
         match snap.acl.decide(&who.name, kind, name, action) {
             (true, _) => {
-                self.allowed = Some((snap.generation, action, kind, name.into()));
+                self.allowed = Some((snap.generation, who.clone(), action, kind, name.into()));
                 Ok(())
             }
             (false, rule) => Err(rule.map(str::to_owned)),

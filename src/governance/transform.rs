@@ -179,7 +179,7 @@ impl Transformer {
         let attrs = spec.set.keys().chain(&spec.remove).chain(spec.rename.keys()).chain(spec.rename.values());
         for a in attrs {
             if !valid_attribute(a) {
-                return Err(format!("{a:?} is not an attribute name ([a-z0-9]{{1,20}}; data is the template's)"));
+                return Err(format!("{a:?} is not an attribute name ([a-z0-9]{{1,64}}; data is the template's)"));
             }
         }
         for name in spec.set.keys().chain(spec.rename.values()) {

@@ -423,8 +423,11 @@ impl Traffic {
         }
         match caller.authenticate(snap, token, crate::clock::now_micros) {
             Ok(who) => {
-                if let Some(t) = who.tenant.as_deref() {
-                    self.tenant_connection(caller, snap, t)?;
+                match who.tenant.as_deref() {
+                    Some(t) => self.tenant_connection(caller, snap, t)?,
+                    // A connection may prove a tenant's token, then speak by a certificate
+                    // without one: nothing of that tenant's stays counted on it.
+                    None => (caller.stats, caller.slot) = (None, None),
                 }
                 Ok(who)
             }
@@ -792,8 +795,9 @@ impl Traffic {
             Ok(r) => r,
             Err(r) => return r,
         };
-        // Every destination must exist (or be created) before anything is stored: a route to a
-        // topic that cannot be had must not leave half a request stored for a retry to repeat.
+        // Every destination must exist (or be created) before anything is stored, so a route to a
+        // topic that cannot be had refuses the request whole (a storage failure between the
+        // groups can still leave part of it stored: the 503 says so, see README).
         if routed.groups.len() > 1 {
             for (t, _) in &routed.groups {
                 if let Err(e) = self.shard.topic(t, None, false).await {

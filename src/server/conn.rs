@@ -485,7 +485,10 @@ async fn serve_metered<H: Handler>(
             return handler.upgraded(conn, upgrade, stream, buf, limits, guard);
         }
         if !keep_alive {
-            flush(&mut stream, &mut out, wt).await;
+            // Shut, not just dropped: a TLS client reads close_notify, not a truncation.
+            if flush(&mut stream, &mut out, wt).await {
+                let _ = stream.shutdown().await;
+            }
             return;
         }
         // A client that pipelines without reading gets its answers pushed (and, if it still

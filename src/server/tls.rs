@@ -378,8 +378,8 @@ impl TlsWriter {
             r?;
             buf = b;
         }
-        // An idle session keeps no ciphertext buffer either.
-        self.buf = Some(if buf.capacity() > 2 * RECORD { Vec::new() } else { buf });
+        // A session between writes keeps no more than a small ciphertext buffer.
+        self.buf = Some(if buf.capacity() > 4096 { Vec::new() } else { buf });
         Ok(())
     }
 

@@ -510,3 +510,34 @@ fn a_body_in_tiny_records_arrives_whole() {
     let mut admin = connect(b.admin, &client_config(&pki.dir.join("ca.pem"), None)).unwrap();
     assert_eq!(stored_ids(&mut admin, "tiny"), ["tiny"]);
 }
+
+/// One mutual-TLS connection that sends a tenant's bearer token on one request and nothing on
+/// the next speaks as two principals: the second is decided for the certificate's principal, not
+/// with the token's cached grant (regression: the grant cache ignored who asked).
+#[test]
+fn a_certificate_and_a_token_on_one_connection_are_decided_apart() {
+    use sha2::Digest;
+    let pki = test_pki("mixed");
+    let dir = pki.dir.clone();
+    let identity = pki.issue("svc-cert", "svc-cert");
+    let secret = "acme-token-secret";
+    let hash: String = sha2::Sha256::digest(secret.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let line = json!({"principal": "svc-token", "tenant": "acme", "sha256": hash});
+    std::fs::write(dir.join("tokens.jsonl"), format!("{line}\n")).unwrap();
+    let acl = "[[acl]]\nid = \"t\"\nprincipal = \"svc-token\"\nresource = \"topic:orders.*\"\nactions = [\"PUBLISH\"]\neffect = \"ALLOW\"\n";
+    std::fs::write(dir.join("evmesh.toml"), acl).unwrap();
+    let (config, tokens) = (dir.join("evmesh.toml"), dir.join("tokens.jsonl"));
+    let auth =
+        ["--config", config.to_str().unwrap(), "--auth", "token", "--auth-tokens-file", tokens.to_str().unwrap()];
+    let b = start_tls(&pki, true, &auth);
+    let mut tls = connect(b.traffic, &client_config(&dir.join("ca.pem"), Some(&identity))).unwrap();
+    let body = event("by-token").to_string();
+    let bearer = format!("Bearer {secret}");
+    let headers = [("content-type", "application/cloudevents+json"), ("authorization", bearer.as_str())];
+    let r = request(&mut tls, "POST", "/events/publish?topic=orders.eu", &headers, body.as_bytes()).unwrap();
+    assert_eq!(r.status, 202, "{}", r.text());
+    // The same connection, no token: the certificate's principal, which may publish nothing.
+    let r = publish(&mut tls, "orders.eu", &event("by-cert"));
+    r.assert_problem(403);
+    assert!(r.text().contains("svc-cert"), "{}", r.text());
+}
