@@ -28,12 +28,10 @@ impl<T: Read + Write> Conn for T {}
 /// Refuses flags outside `known` (and [`CONNECTION`]); connects to the broker of `--url`
 /// (`http://HOST:PORT`, or `https://HOST:PORT`: TLS, the server verified against `--cacert`,
 /// default the system's CA bundle, with the client certificate `--cert`/`--key` if given).
-/// Returns the stream (reads time out after `read_timeout`) and the `HOST:PORT`.
-fn broker<'a>(
-    args: &'a [String],
-    known: &[&str],
-    read_timeout: Option<Duration>,
-) -> Result<(Box<dyn Conn>, &'a str), String> {
+/// Returns the stream, the `HOST:PORT` (the scheme's port when the URL names none), and the
+/// socket itself, whose reads time out after 30 s until the caller says otherwise (a handshake
+/// or an answer that never comes does not hang the command).
+fn broker(args: &[String], known: &[&str]) -> Result<(Box<dyn Conn>, String, TcpStream), String> {
     for a in args.iter().filter(|a| a.starts_with("--")) {
         let name = a.split('=').next().unwrap_or(a);
         if !known.contains(&name) && !CONNECTION.contains(&name) {
@@ -47,16 +45,24 @@ fn broker<'a>(
         _ => return Err("--url must be http://HOST:PORT or https://HOST:PORT".into()),
     };
     let hostport = hostport.trim_end_matches('/');
-    let stream = TcpStream::connect(hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
-    stream.set_read_timeout(read_timeout).map_err(|e| e.to_string())?;
+    let has_port = hostport.rsplit_once(':').is_some_and(|(_, p)| !p.ends_with(']'));
+    let hostport = match (has_port, tls) {
+        (true, _) => hostport.to_owned(),
+        (false, false) => format!("{hostport}:80"),
+        (false, true) => format!("{hostport}:443"),
+    };
+    let stream = TcpStream::connect(&hostport).map_err(|e| format!("connect {hostport}: {e}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    let socket = stream.try_clone().map_err(|e| e.to_string())?;
     if !tls {
-        return Ok((Box::new(stream), hostport));
+        return Ok((Box::new(stream), hostport, socket));
     }
-    let host = hostport.rsplit_once(':').map_or(hostport, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    let host = hostport.rsplit_once(':').map_or(hostport.as_str(), |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
     let config = tls_config(args)?;
     let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| format!("--url host: {e}"))?;
     let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
-    Ok((Box::new(rustls::StreamOwned::new(conn, stream)), hostport))
+    Ok((Box::new(rustls::StreamOwned::new(conn, stream)), hostport, socket))
 }
 
 fn tls_config(args: &[String]) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
@@ -105,7 +111,7 @@ fn new_id() -> String {
 /// prints the broker's answer. Errors are the broker's problem+json or the I/O failure.
 pub fn publish(args: &[String]) -> Result<(), String> {
     const KNOWN: [&str; 7] = ["--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text"];
-    let (mut stream, hostport) = broker(args, &KNOWN, Some(Duration::from_secs(30)))?;
+    let (mut stream, hostport, _) = broker(args, &KNOWN)?;
     let topic = flag(args, "--topic").ok_or("--topic is required")?;
     let event =
         if flag(args, "--type").is_some() || flag(args, "--data").is_some() || flag(args, "--data-text").is_some() {
@@ -223,7 +229,7 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
     let no_ack = args.iter().any(|a| a == "--no-ack");
     let rest: Vec<String> = args.iter().filter(|a| *a != "--no-ack").cloned().collect();
     let args = &rest[..];
-    let (mut s, hostport) = broker(args, &["--subscription", "--max", "--client-id"], None)?;
+    let (mut s, hostport, socket) = broker(args, &["--subscription", "--max", "--client-id"])?;
     let sub = flag(args, "--subscription").ok_or("--subscription is required")?;
     let mut query = format!("subscription={sub}");
     if no_ack {
@@ -248,7 +254,10 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
         }
     }
     let head = String::from_utf8_lossy(&head).into_owned();
-    if !head.starts_with("HTTP/1.1 101") {
+    if head.starts_with("HTTP/1.1 101") {
+        // Attached: a subscriber may wait for its next event as long as it likes.
+        socket.set_read_timeout(None).map_err(|e| e.to_string())?;
+    } else {
         let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
         let len: usize = head
             .lines()

@@ -109,3 +109,18 @@ fn sub_prints_one_json_line_per_event() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag --bogus"), "{cmd}");
     }
 }
+
+/// A URL without a port means the scheme's (80, 443), as it does for any HTTP client.
+#[test]
+fn a_url_without_a_port_takes_the_schemes() {
+    for (url, port) in [("http://127.0.0.1", "127.0.0.1:80"), ("https://127.0.0.1/", "127.0.0.1:443")] {
+        let out = evmesh().args(["pub", "--url", url, "--topic", "t", "--data", "{}"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        // Nothing listens there on a test machine (or something that is not evmesh): either
+        // way the command names the address it used.
+        assert!(!out.status.success() || err.is_empty(), "{err}");
+        if !out.status.success() {
+            assert!(err.contains(port) || err.contains("HTTP"), "{url}: {err}");
+        }
+    }
+}
