@@ -74,3 +74,15 @@ token_files() {
   printf '{"principal": "perf-svc", "sha256": "%s"}\n' "$(printf %s "$2" | sha256sum | cut -d' ' -f1)" > "$1/tokens.jsonl"
   printf '[[acl]]\nid = "perf"\nprincipal = "perf-*"\nresource = "topic:perf"\nactions = ["PUBLISH"]\neffect = "ALLOW"\n' > "$1/evmesh.toml"
 }
+
+# test_certificate DIR: a CA of the run's own (ca.pem) and an ECDSA P-256 certificate it issued
+# for localhost and 127.0.0.1 (server.pem, server.key), for the TLS benchmarks.
+test_certificate() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=perf-ca \
+    -keyout "$1/ca.key" -out "$1/ca.pem" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
+    -keyout "$1/server.key" -out "$1/server.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$1/ext"
+  openssl x509 -req -in "$1/server.csr" -CA "$1/ca.pem" -CAkey "$1/ca.key" -CAcreateserial -days 2 \
+    -extfile "$1/ext" -out "$1/server.pem" 2>/dev/null
+}

@@ -20,13 +20,7 @@ WORK=$(mktemp -d /var/tmp/evmesh-tls.XXXX)
 cleanup() { [ -f "$WORK/nginx/nginx.pid" ] && kill "$(cat "$WORK/nginx/nginx.pid")" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 # One certificate for both servers: a CA of the run's own and a leaf for 127.0.0.1.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=perf-ca \
-  -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
-  -keyout "$WORK/server.key" -out "$WORK/server.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$WORK/ext"
-openssl x509 -req -in "$WORK/server.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
-  -extfile "$WORK/ext" -out "$WORK/server.pem" 2>/dev/null
+test_certificate "$WORK"
 # nginx + nchan with a plain and a TLS listener on the same publisher location.
 mkdir -p "$WORK/nginx/logs" "$WORK/nginx/tmp"
 cat > "$WORK/nginx/nginx.conf" <<EOF

@@ -14,13 +14,7 @@ VENV=${VENV:-/var/tmp/evmesh-venv}
 "$VENV/bin/python" -c 'import websockets' 2>/dev/null || "$VENV/bin/pip" install -q websockets==15.0.1
 WORK=$(mktemp -d /var/tmp/evmesh-tls-idle.XXXX); pid=; cp=
 trap 'kill $pid $cp 2>/dev/null; rm -rf "$WORK"' EXIT
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=perf-ca \
-  -keyout "$WORK/ca.key" -out "$WORK/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
-  -keyout "$WORK/server.key" -out "$WORK/server.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$WORK/ext"
-openssl x509 -req -in "$WORK/server.csr" -CA "$WORK/ca.pem" -CAkey "$WORK/ca.key" -CAcreateserial -days 2 \
-  -extfile "$WORK/ext" -out "$WORK/server.pem" 2>/dev/null
+test_certificate "$WORK"
 cat > "$WORK/idle.py" <<'PY'
 import asyncio, ssl, sys
 import websockets

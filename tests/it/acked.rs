@@ -569,17 +569,9 @@ fn a_selective_filter_over_a_long_backlog_finds_its_event() {
 /// The same end-to-end delivery tests on the Kafka backend.
 #[cfg(feature = "kafka")]
 mod on_kafka {
-    use super::super::util::on_kafka;
+    use super::super::util::{again_on_kafka, on_kafka};
 
-    macro_rules! again {
-        ($($name:ident),* $(,)?) => { $(
-            #[test]
-            #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
-            fn $name() { on_kafka(super::$name) }
-        )* };
-    }
-
-    again!(
+    again_on_kafka!(
         load_balance_spreads_partitions_keeps_order_and_rebalances,
         ack_timeouts_and_nacks_redeliver_then_dead_letter,
         redeliveries_go_ahead_of_newer_events_in_a_partition,

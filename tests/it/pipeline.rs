@@ -221,17 +221,9 @@ fn hostile_data_and_large_batches_through_the_pipeline() {
 /// holds and what evmesh's local copy serves.
 #[cfg(feature = "kafka")]
 mod on_kafka {
-    use super::super::util::on_kafka;
+    use super::super::util::{again_on_kafka, on_kafka};
 
-    macro_rules! again {
-        ($($name:ident),* $(,)?) => { $(
-            #[test]
-            #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
-            fn $name() { on_kafka(super::$name) }
-        )* };
-    }
-
-    again!(
+    again_on_kafka!(
         transformers_reshape_events_and_a_broken_result_is_refused,
         routes_copy_and_move_by_condition_refuse_loops_and_survive_a_restart,
         hostile_data_and_large_batches_through_the_pipeline,

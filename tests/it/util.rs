@@ -26,6 +26,20 @@ thread_local! {
     static KAFKA: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Declares, for each test function named, a test that runs it on the Kafka backend (ignored
+/// in a plain `cargo test`: it needs the broker scripts/test.sh starts). Use it in a child
+/// module of the tests' module, with `on_kafka` in scope.
+#[cfg(feature = "kafka")]
+macro_rules! again_on_kafka {
+    ($($name:ident),* $(,)?) => { $(
+        #[test]
+        #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+        fn $name() { on_kafka(super::$name) }
+    )* };
+}
+#[cfg(feature = "kafka")]
+pub(crate) use again_on_kafka;
+
 #[cfg(feature = "kafka")]
 /// Runs a test with every broker it starts on the Kafka backend (the test broker that
 /// scripts/test.sh starts, EVMESH_TEST_KAFKA), its topics under a prefix of their own.
