@@ -124,6 +124,26 @@ pub fn measure_backlog(shared: &Shared) -> Result<Vec<(String, u64)>, crate::sto
     Ok(bytes.into_iter().map(|(t, b)| (t.to_owned(), b)).collect())
 }
 
+/// A policy entry as the admin API shows it: its spec, with its key under `field`.
+fn shown(spec: &impl serde::Serialize, field: &str, key: &str) -> serde_json::Value {
+    let mut v = serde_json::to_value(spec).expect("a policy spec serializes");
+    v[field] = key.into();
+    v
+}
+
+/// The answer to `GET` on a policy kind: every entry (`key` absent, in the order given), or the
+/// one whose `field` is `key` (404 naming `what`).
+fn policy_answer(all: Vec<serde_json::Value>, field: &str, key: Option<&str>, what: &str) -> Response {
+    let one = |k: &str| all.iter().find(|v| v[field] == k);
+    match key {
+        None => Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json")),
+        Some(k) => match one(k) {
+            Some(v) => Response::json(StatusCode::OK, serde_json::to_vec(v).expect("json")),
+            None => problem(StatusCode::NOT_FOUND, &format!("no {what} {k}")),
+        },
+    }
+}
+
 /// Stored events one admin answer carries at most (about: the event that crosses it is kept);
 /// listings are paged with `from=`.
 const RESPONSE_BYTES: usize = 4 << 20;
@@ -476,22 +496,54 @@ impl Admin {
     fn acl_rules(&self, id: Option<&str>) -> Response {
         let g = &self.shared.governance;
         let snap = g.snapshot();
-        let json = |r: &crate::governance::acl::Rule| {
-            let mut v = serde_json::to_value(&r.spec).expect("a rule serializes");
-            v["id"] = r.id.clone().into();
+        let all = snap.acl.rules().iter().map(|r| {
+            let mut v = shown(&r.spec, "id", &r.id);
             v["source"] = if g.is_config_rule(&r.id) { "config" } else { "api" }.into();
             v
-        };
-        match id {
-            None => {
-                let all: Vec<_> = snap.acl.rules().iter().map(json).collect();
-                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
-            }
-            Some(id) => match snap.acl.rules().iter().find(|r| r.id == id) {
-                Some(r) => Response::json(StatusCode::OK, serde_json::to_vec(&json(r)).expect("json")),
-                None => problem(StatusCode::NOT_FOUND, &format!("no acl rule {id}")),
-            },
+        });
+        policy_answer(all.collect(), "id", id, "acl rule")
+    }
+
+    /// Stores a policy entry, then puts it in force (`set`): 201 new, 200 replaced, with the
+    /// entry as `GET` shows it.
+    fn store_policy(
+        &self,
+        kind: Policy,
+        field: &str,
+        key: &str,
+        spec: &impl serde::Serialize,
+        existed: bool,
+        set: impl FnOnce(),
+    ) -> Response {
+        if let Err(e) = meta::put_policy(&self.shared.db, kind, key, spec) {
+            return storage_problem(&e);
         }
+        set();
+        let status = if existed { StatusCode::OK } else { StatusCode(201) };
+        Response::json(status, serde_json::to_vec(&shown(spec, field, key)).expect("json"))
+    }
+
+    /// Removes a policy entry (404 naming `what` unless it `exists`): from the store, then out
+    /// of force (`unset`).
+    fn remove_policy(
+        &self,
+        kind: Policy,
+        field: &str,
+        key: &str,
+        what: &str,
+        exists: bool,
+        unset: impl FnOnce(),
+    ) -> Response {
+        if !exists {
+            return problem(StatusCode::NOT_FOUND, &format!("no {what} {key}"));
+        }
+        if let Err(e) = meta::delete_policy(&self.shared.db, kind, key) {
+            return storage_problem(&e);
+        }
+        unset();
+        let mut v = serde_json::json!({"removed": true});
+        v[field] = key.into();
+        Response::json(StatusCode::OK, v.to_string())
     }
 
     /// `PUT /admin/acl/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
@@ -514,33 +566,14 @@ impl Admin {
             return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
         }
         let existed = g.snapshot().acl.rules().iter().any(|r| r.id == id);
-        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Acl, id, &spec) {
-            return storage_problem(&e);
-        }
-        g.set_rule(id, Some(rule));
-        let mut v = serde_json::to_value(&spec).expect("a rule serializes");
-        v["id"] = id.into();
-        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+        self.store_policy(Policy::Acl, "id", id, &spec, existed, || g.set_rule(id, Some(rule)))
     }
 
     /// `GET /admin/limits`: every rate limit, by id, with `id`; `GET /admin/limits/{id}`: one.
     fn limits(&self, id: Option<&str>) -> Response {
         let snap = self.shared.governance.snapshot();
-        let json = |l: &crate::governance::limits::Limit| {
-            let mut v = serde_json::to_value(&l.spec).expect("a limit serializes");
-            v["id"] = l.id.clone().into();
-            v
-        };
-        match id {
-            None => {
-                let all: Vec<_> = snap.limits.all().iter().map(|l| json(l)).collect();
-                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
-            }
-            Some(id) => match snap.limits.all().iter().find(|l| l.id == id) {
-                Some(l) => Response::json(StatusCode::OK, serde_json::to_vec(&json(l)).expect("json")),
-                None => problem(StatusCode::NOT_FOUND, &format!("no limit {id}")),
-            },
-        }
+        let all = snap.limits.all().iter().map(|l| shown(&l.spec, "id", &l.id)).collect();
+        policy_answer(all, "id", id, "limit")
     }
 
     /// `PUT /admin/limits/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
@@ -560,34 +593,16 @@ impl Admin {
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
         let existed = g.snapshot().limits.all().iter().any(|l| l.id == id);
-        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Limit, id, &spec) {
-            return storage_problem(&e);
-        }
-        g.set_limit(id, Some(limit));
-        let mut v = serde_json::to_value(&spec).expect("a limit serializes");
-        v["id"] = id.into();
-        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+        self.store_policy(Policy::Limit, "id", id, &spec, existed, || g.set_limit(id, Some(limit)))
     }
 
     /// `GET /admin/quotas`: every tenant's quotas, with `tenant`; `GET /admin/quotas/{t}`: one.
     fn quotas(&self, tenant: Option<&str>) -> Response {
         let snap = self.shared.governance.snapshot();
-        let json = |t: &str, q: &Quota| {
-            let mut v = serde_json::to_value(q).expect("a quota serializes");
-            v["tenant"] = t.into();
-            v
-        };
-        match tenant {
-            None => {
-                let mut all: Vec<_> = snap.quotas.iter().map(|(t, q)| json(t, q)).collect();
-                all.sort_by(|a, b| a["tenant"].as_str().cmp(&b["tenant"].as_str()));
-                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
-            }
-            Some(t) => match snap.quotas.get(t) {
-                Some(q) => Response::json(StatusCode::OK, serde_json::to_vec(&json(t, q)).expect("json")),
-                None => problem(StatusCode::NOT_FOUND, &format!("no quotas for tenant {t}")),
-            },
-        }
+        let mut all: Vec<_> = snap.quotas.iter().collect();
+        all.sort_by_key(|(t, _)| t.as_str());
+        let all = all.into_iter().map(|(t, q)| shown(q, "tenant", t)).collect();
+        policy_answer(all, "tenant", tenant, "quotas for tenant")
     }
 
     /// `PUT /admin/quotas/{tenant}`: 201 new, 200 replaced; in force at once.
@@ -606,47 +621,23 @@ impl Admin {
             }
         };
         let existed = g.snapshot().quotas.contains_key(tenant);
-        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Quota, tenant, &quota) {
-            return storage_problem(&e);
-        }
-        g.set_quota(tenant, Some(quota.clone()));
-        let mut v = serde_json::to_value(&quota).expect("a quota serializes");
-        v["tenant"] = tenant.into();
-        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+        self.store_policy(Policy::Quota, "tenant", tenant, &quota, existed, || g.set_quota(tenant, Some(quota.clone())))
     }
 
     /// `DELETE /admin/quotas/{tenant}`: 200 removed, 404 unknown.
     fn delete_quota(&self, tenant: &str) -> Response {
         let g = &self.shared.governance;
-        if !g.snapshot().quotas.contains_key(tenant) {
-            return problem(StatusCode::NOT_FOUND, &format!("no quotas for tenant {tenant}"));
-        }
-        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Quota, tenant) {
-            return storage_problem(&e);
-        }
-        g.set_quota(tenant, None);
-        Response::json(StatusCode::OK, serde_json::json!({"tenant": tenant, "removed": true}).to_string())
+        let exists = g.snapshot().quotas.contains_key(tenant);
+        self.remove_policy(Policy::Quota, "tenant", tenant, "quotas for tenant", exists, || g.set_quota(tenant, None))
     }
 
     /// `GET /admin/transformers`: every topic's transformer, with `topic`; `.../{topic}`: one.
     fn transformers(&self, topic: Option<&str>) -> Response {
         let snap = self.shared.governance.snapshot();
-        let json = |t: &crate::governance::transform::Transformer| {
-            let mut v = serde_json::to_value(&t.spec).expect("a transformer serializes");
-            v["topic"] = t.topic.clone().into();
-            v
-        };
-        match topic {
-            None => {
-                let mut all: Vec<_> = snap.transformers.values().map(|t| json(t)).collect();
-                all.sort_by(|a, b| a["topic"].as_str().cmp(&b["topic"].as_str()));
-                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
-            }
-            Some(t) => match snap.transformers.get(t) {
-                Some(t) => Response::json(StatusCode::OK, serde_json::to_vec(&json(t)).expect("json")),
-                None => problem(StatusCode::NOT_FOUND, &format!("no transformer for topic {t}")),
-            },
-        }
+        let mut all: Vec<_> = snap.transformers.values().collect();
+        all.sort_by_key(|t| t.topic.as_str());
+        let all = all.into_iter().map(|t| shown(&t.spec, "topic", &t.topic)).collect();
+        policy_answer(all, "topic", topic, "transformer for topic")
     }
 
     /// `PUT /admin/transformers/{topic}`: 201 new, 200 replaced; stored, then in force on every
@@ -669,47 +660,23 @@ impl Admin {
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
         let existed = g.snapshot().transformers.contains_key(topic);
-        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Transformer, topic, &spec) {
-            return storage_problem(&e);
-        }
-        g.set_transformer(topic, Some(t));
-        let mut v = serde_json::to_value(&spec).expect("a transformer serializes");
-        v["topic"] = topic.into();
-        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+        self.store_policy(Policy::Transformer, "topic", topic, &spec, existed, || g.set_transformer(topic, Some(t)))
     }
 
     /// `DELETE /admin/transformers/{topic}`: 200 removed, 404 unknown.
     fn delete_transformer(&self, topic: &str) -> Response {
         let g = &self.shared.governance;
-        if !g.snapshot().transformers.contains_key(topic) {
-            return problem(StatusCode::NOT_FOUND, &format!("no transformer for topic {topic}"));
-        }
-        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Transformer, topic) {
-            return storage_problem(&e);
-        }
-        g.set_transformer(topic, None);
-        Response::json(StatusCode::OK, serde_json::json!({"topic": topic, "removed": true}).to_string())
+        let exists = g.snapshot().transformers.contains_key(topic);
+        self.remove_policy(Policy::Transformer, "topic", topic, "transformer for topic", exists, || {
+            g.set_transformer(topic, None)
+        })
     }
 
     /// `GET /admin/routes`: every route, by id, with `id`; `GET /admin/routes/{id}`: one.
     fn routes(&self, id: Option<&str>) -> Response {
         let snap = self.shared.governance.snapshot();
-        let json = |r: &crate::governance::route::Route| {
-            let mut v = serde_json::to_value(&r.spec).expect("a route serializes");
-            v["id"] = r.id.clone().into();
-            v
-        };
-        let all = snap.router.all();
-        match id {
-            None => {
-                let all: Vec<_> = all.iter().map(|r| json(r)).collect();
-                Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json"))
-            }
-            Some(id) => match all.iter().find(|r| r.id == id) {
-                Some(r) => Response::json(StatusCode::OK, serde_json::to_vec(&json(r)).expect("json")),
-                None => problem(StatusCode::NOT_FOUND, &format!("no route {id}")),
-            },
-        }
+        let all = snap.router.all().iter().map(|r| shown(&r.spec, "id", &r.id)).collect();
+        policy_answer(all, "id", id, "route")
     }
 
     /// `PUT /admin/routes/{id}`: 201 new, 200 replaced, 400 for a route that is malformed or
@@ -737,41 +704,24 @@ impl Admin {
             Ok(r) => r,
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
-        if let Err(e) = meta::put_policy(&self.shared.db, Policy::Route, id, &spec) {
-            return storage_problem(&e);
-        }
-        g.set_router(router);
-        let mut v = serde_json::to_value(&spec).expect("a route serializes");
-        v["id"] = id.into();
-        Response::json(if existed { StatusCode::OK } else { StatusCode(201) }, serde_json::to_vec(&v).expect("json"))
+        self.store_policy(Policy::Route, "id", id, &spec, existed, || g.set_router(router))
     }
 
     /// `DELETE /admin/routes/{id}`: 200 removed, 404 unknown.
     fn delete_route(&self, id: &str) -> Response {
         let g = &self.shared.governance;
         let snap = g.snapshot();
-        if !snap.router.all().iter().any(|r| r.id == id) {
-            return problem(StatusCode::NOT_FOUND, &format!("no route {id}"));
-        }
-        let router = snap.router.with(id, None).expect("removing a route cannot add a loop");
-        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Route, id) {
-            return storage_problem(&e);
-        }
-        g.set_router(router);
-        Response::json(StatusCode::OK, serde_json::json!({"id": id, "removed": true}).to_string())
+        let exists = snap.router.all().iter().any(|r| r.id == id);
+        self.remove_policy(Policy::Route, "id", id, "route", exists, || {
+            g.set_router(snap.router.with(id, None).expect("removing a route cannot add a loop"))
+        })
     }
 
     /// `DELETE /admin/limits/{id}`: 200 removed, 404 unknown.
     fn delete_limit(&self, id: &str) -> Response {
         let g = &self.shared.governance;
-        if !g.snapshot().limits.all().iter().any(|l| l.id == id) {
-            return problem(StatusCode::NOT_FOUND, &format!("no limit {id}"));
-        }
-        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Limit, id) {
-            return storage_problem(&e);
-        }
-        g.set_limit(id, None);
-        Response::json(StatusCode::OK, serde_json::json!({"id": id, "removed": true}).to_string())
+        let exists = g.snapshot().limits.all().iter().any(|l| l.id == id);
+        self.remove_policy(Policy::Limit, "id", id, "limit", exists, || g.set_limit(id, None))
     }
 
     /// `DELETE /admin/acl/{id}`: 200 removed, 404 unknown.
@@ -780,14 +730,8 @@ impl Admin {
         if g.is_config_rule(id) {
             return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
         }
-        if !g.snapshot().acl.rules().iter().any(|r| r.id == id) {
-            return problem(StatusCode::NOT_FOUND, &format!("no acl rule {id}"));
-        }
-        if let Err(e) = meta::delete_policy(&self.shared.db, Policy::Acl, id) {
-            return storage_problem(&e);
-        }
-        g.set_rule(id, None);
-        Response::json(StatusCode::OK, serde_json::json!({"id": id, "removed": true}).to_string())
+        let exists = g.snapshot().acl.rules().iter().any(|r| r.id == id);
+        self.remove_policy(Policy::Acl, "id", id, "acl rule", exists, || g.set_rule(id, None))
     }
 
     fn log_of(&self, topic: &str, p: PartitionId) -> EmbeddedLog {
