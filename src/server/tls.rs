@@ -311,8 +311,14 @@ impl TlsReader {
                 self.pos = 0;
                 // As much ciphertext as the caller wants plaintext (and a record's framing), at
                 // most a record: an idle session's pending read holds a small buffer, as it would
-                // on plain TCP (rustls assembles records from as many reads as they take).
-                buf.reserve((dst.bytes_total() + RECORD_OVERHEAD).clamp(MIN_READ, RECORD));
+                // on plain TCP (rustls assembles records from as many reads as they take). The
+                // buffer is kept from read to read, and only swapped for a smaller one when it
+                // is over twice what the caller asks now (no allocation per read).
+                let want = (dst.bytes_total() + RECORD_OVERHEAD).clamp(MIN_READ, RECORD);
+                if buf.capacity() > 2 * want {
+                    buf = Vec::new();
+                }
+                buf.reserve(want);
                 let (r, b) = self.io.read(buf).await;
                 buf = b;
                 let n = r?;
@@ -328,12 +334,6 @@ impl TlsReader {
             let mut tls = self.tls.borrow_mut();
             let taken = tls.read_tls(&mut &buf[self.pos..]);
             self.pos += *taken.as_ref().unwrap_or(&0);
-            // An idle session keeps no ciphertext buffer: a new one per read costs little
-            // beside the read itself.
-            if self.pos == buf.len() {
-                self.pos = 0;
-                buf = Vec::new();
-            }
             self.buf = Some(buf);
             taken?;
             tls.process_new_packets().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
