@@ -79,6 +79,13 @@ pub struct ShardMetrics {
     /// Requests over `task::HEAVY` of the core, and the core time they took.
     pub heavy_requests: Counter,
     pub heavy_core_us: Counter,
+    /// Request-reply: requests ended by outcome ([`REQUEST_OUTCOMES`]), waiting now, dropped at
+    /// dispatch past their deadline, replies sent to another shard, replies matching nothing.
+    pub requests: [Counter; 3],
+    pub requests_pending: Counter,
+    pub requests_expired: Counter,
+    pub replies_cross_core: Counter,
+    pub replies_unmatched: Counter,
     pub publish_latency: Histogram,
     /// Requests refused by the connection itself before a close, by status: 400 (framing),
     /// 408, 413, 431, other.
@@ -101,6 +108,9 @@ impl ShardMetrics {
 /// The statuses `http_refused` counts apart; anything else is the last slot.
 const REFUSED: [u16; 4] = [400, 408, 413, 431];
 
+/// How a request that waited for its reply ended: the label of `evmesh_requests_total`.
+pub const REQUEST_OUTCOMES: [&str; 3] = ["replied", "timed_out", "abandoned"];
+
 /// Picks one counter out of a shard's metrics.
 type CounterOf = fn(&ShardMetrics) -> &Counter;
 
@@ -119,7 +129,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 17] = [
+        let counters: [(&str, &str, CounterOf); 20] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
@@ -161,6 +171,17 @@ impl Metrics {
                 |m| &m.heavy_requests,
             ),
             ("evmesh_heavy_core_microseconds_total", "Core time taken by heavy requests", |m| &m.heavy_core_us),
+            (
+                "evmesh_requests_expired_total",
+                "Requests dropped at dispatch because their deadline had passed (never delivered)",
+                |m| &m.requests_expired,
+            ),
+            ("evmesh_replies_cross_core_total", "Replies sent to the requester's shard (one mailbox hop)", |m| {
+                &m.replies_cross_core
+            }),
+            ("evmesh_replies_unmatched_total", "Replies answered 404: unknown, late or already answered", |m| {
+                &m.replies_unmatched
+            }),
         ];
         for (name, help, get) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -189,6 +210,19 @@ impl Metrics {
                 let status = REFUSED.get(k).map_or("other".to_string(), |s| s.to_string());
                 let _ = writeln!(out, "{name}{{shard=\"{i}\",status=\"{status}\"}} {}", c.get());
             }
+        }
+        let name = "evmesh_requests_total";
+        let _ =
+            writeln!(out, "# HELP {name} Requests that waited for a reply, by how they ended\n# TYPE {name} counter");
+        for (i, m) in self.shards.iter().enumerate() {
+            for (outcome, c) in REQUEST_OUTCOMES.iter().zip(&m.requests) {
+                let _ = writeln!(out, "{name}{{shard=\"{i}\",outcome=\"{outcome}\"}} {}", c.get());
+            }
+        }
+        let name = "evmesh_requests_pending";
+        let _ = writeln!(out, "# HELP {name} Requests waiting for their reply\n# TYPE {name} gauge");
+        for (i, m) in self.shards.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", m.requests_pending.get());
         }
         let name = "evmesh_connections_open";
         let _ = writeln!(out, "# HELP {name} Open connections\n# TYPE {name} gauge");

@@ -62,6 +62,29 @@ pub fn set_tcp_user_timeout(fd: std::os::fd::RawFd, ms: u32) {
     }
 }
 
+/// What `poll(2)` says of a connected socket right now, without waiting: `(gone, readable)`,
+/// `gone` once the peer shut its sending side or reset the connection (`POLLRDHUP`, also seen
+/// while unread bytes wait, unlike a zero-length read), `readable` while bytes wait.
+pub fn peer_state(fd: std::os::fd::RawFd) -> (bool, bool) {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call, timeout 0 (never blocks).
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n < 0 {
+        return (false, false);
+    }
+    let gone = p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0;
+    (gone, p.revents & libc::POLLIN != 0)
+}
+
+/// A second descriptor of the socket `fd` (a TLS connection's, whose stream is split between
+/// its reader and writer), so the runtime can wait on its readiness apart from them.
+pub fn dup_socket(fd: std::os::fd::RawFd) -> std::io::Result<std::net::TcpStream> {
+    // SAFETY: `fd` is a socket the caller holds open for the duration of this call; the
+    // borrowed descriptor is only duplicated (F_DUPFD_CLOEXEC), never closed here.
+    let owned = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+    Ok(std::net::TcpStream::from(owned))
+}
+
 /// The process's resident set, from `/proc/self/statm`.
 pub fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;

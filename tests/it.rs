@@ -17,6 +17,7 @@ mod it {
     mod kafka;
     mod pipeline;
     mod publish;
+    mod request;
     mod subscriptions;
     mod tls;
     mod ws;

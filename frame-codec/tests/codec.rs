@@ -53,6 +53,29 @@ fn golden_v1_event_bytes_are_stable() {
     assert_eq!(decoded.to_body(), b);
 }
 
+/// A request of request-reply: kind `Request`, its deadline (µs) in `sequence`, the request
+/// attributes beside the event's. Same layout as v1 events; its own golden bytes.
+#[test]
+fn golden_v1_request_bytes_are_stable() {
+    let (mut h, mut b) = sample();
+    h.kind = FrameKind::Request;
+    h.sequence = 1_764_500_030_000_000;
+    let attr = |n: &str, v: &str| Attribute { name: n.into(), value: AttrValue::Str(v.into()) };
+    b.attributes.push(attr("emcorrelationid", "1.0.1.2a.3.00000000deadbeef"));
+    b.attributes.push(attr("emreplyto", "http://127.0.0.1:8080/events/reply"));
+    b.attributes.push(attr("emexpiry", "2025-11-30T10:53:50Z"));
+    let frame = Frame::encode(&h, &b).unwrap();
+    let path = golden_path("v1-request.bin");
+    if std::env::var_os("EVMESH_BLESS").is_some() {
+        std::fs::write(&path, frame.as_bytes()).unwrap();
+    }
+    let golden = std::fs::read(&path).expect("golden file present");
+    assert_eq!(frame.as_bytes(), &golden[..], "v1 request layout changed");
+    let decoded = Frame::decode(&golden).unwrap();
+    assert_eq!(decoded.header(), h);
+    assert_eq!(decoded.to_body(), b);
+}
+
 #[test]
 fn setters_stamp_header_in_place() {
     let (h, b) = sample();

@@ -88,6 +88,10 @@ pub const KEYS: &[(&str, &str)] = &[
         "clientIds with stored offsets per subscription; a new one beyond is refused (409)",
     ),
     ("client_offset_ttl_ms", "offsets of a client not seen for this long are forgotten; 0 = never"),
+    ("max_request_timeout_ms", "request-reply: the longest timeoutMs a request may ask for (larger ones are capped)"),
+    ("max_pending_requests", "request-reply: requests waiting for a reply per shard (429 beyond)"),
+    ("max_pending_request_bytes", "request-reply: bytes of the requests waiting for a reply per shard (429 beyond)"),
+    ("advertised_url", "the URL clients reach this instance at (emreplyto, instanceUrl); empty = from listen"),
     ("auto_create_topics", "create a topic on its first publish or subscription (false: 404 until PUT /admin/topics)"),
     ("admin_max_connections", "open connections on the admin listener; more are closed at accept"),
     (
@@ -114,7 +118,7 @@ fn kind(key: &str) -> Kind {
         "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
         | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" | "auth" | "auth_tokens_file"
         | "jwt_jwks_file" | "jwt_audience" | "jwt_issuer" | "admin_token" | "audit_log" | "tls_cert" | "tls_key"
-        | "tls_client_ca" => Kind::Str,
+        | "tls_client_ca" | "advertised_url" => Kind::Str,
         "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -165,6 +169,10 @@ pub struct RawConfig {
     max_subscriptions: u64,
     max_clients_per_subscription: u64,
     client_offset_ttl_ms: u64,
+    max_request_timeout_ms: u64,
+    max_pending_requests: u64,
+    max_pending_request_bytes: u64,
+    advertised_url: String,
     auto_create_topics: bool,
     admin_max_connections: u64,
     memory_limit_bytes: u64,
@@ -293,6 +301,14 @@ pub struct Config {
     pub max_clients_per_subscription: usize,
     /// `None`: client offsets never expire.
     pub client_offset_ttl: Option<Duration>,
+    /// Request-reply: the longest wait a request may ask for.
+    pub max_request_timeout: Duration,
+    /// Request-reply: requests waiting for a reply per shard, and their bytes.
+    pub max_pending_requests: usize,
+    pub max_pending_request_bytes: usize,
+    /// Where clients reach this instance (`http[s]://host:port`, no trailing slash; empty until
+    /// the runtime fills in the bound listener's [`local_url`]).
+    pub advertised_url: String,
     pub auto_create_topics: bool,
     pub admin_max_connections: usize,
     /// Resident memory past which new work is shed.
@@ -301,6 +317,17 @@ pub struct Config {
     pub auth: crate::governance::AuthConfig,
     /// `None`: plain TCP.
     pub tls: Option<crate::server::tls::TlsFiles>,
+}
+
+/// The URL of a bound traffic listener: `http(s)://ip:port`, loopback for a wildcard address.
+pub fn local_url(listen: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = match listen.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => std::net::Ipv4Addr::LOCALHOST.into(),
+        ip if ip.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    format!("{scheme}://{}", SocketAddr::new(host, listen.port()))
 }
 
 fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<(), ConfigError> {
@@ -511,6 +538,20 @@ impl RawConfig {
                 10_000_000,
             )? as usize,
             client_offset_ttl: nonzero(self.client_offset_ttl_ms).map(Duration::from_millis),
+            max_request_timeout: Duration::from_millis(range(
+                "max_request_timeout_ms",
+                self.max_request_timeout_ms,
+                1,
+                3_600_000,
+            )?),
+            max_pending_requests: range("max_pending_requests", self.max_pending_requests, 1, 1 << 20)? as usize,
+            max_pending_request_bytes: range(
+                "max_pending_request_bytes",
+                self.max_pending_request_bytes,
+                1024,
+                1 << 40,
+            )? as usize,
+            advertised_url: self.advertised_url()?,
             auto_create_topics: self.auto_create_topics,
             admin_max_connections: range("admin_max_connections", self.admin_max_connections, 1, 1_000_000)? as usize,
             memory_limit_bytes: match self.memory_limit_bytes {
@@ -520,6 +561,21 @@ impl RawConfig {
             auth,
             tls,
         })
+    }
+
+    /// `advertised_url` checked (an `http://` or `https://` URL without a path); empty stays
+    /// empty (the runtime fills in [`local_url`] once the listener is bound).
+    fn advertised_url(&self) -> Result<String, ConfigError> {
+        let url = self.advertised_url.trim().trim_end_matches('/');
+        let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+        match rest {
+            _ if url.is_empty() => Ok(String::new()),
+            Some(authority) if !authority.is_empty() && !authority.contains(['/', '?', '#', ' ']) => Ok(url.to_owned()),
+            _ => Err(ConfigError::Invalid {
+                key: "advertised_url",
+                message: format!("{url:?} must be http://HOST[:PORT] or https://HOST[:PORT]"),
+            }),
+        }
     }
 
     /// The governance keys, checked against each other and against the listeners.

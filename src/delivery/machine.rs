@@ -28,13 +28,18 @@
 //!   after `ackTimeoutMs`, nacked, or left by its session: redelivered after the backoff (base,
 //!   2x, 4x, 8x, 16x, plus up to 20% jitter; at once after a session left); after `maxAttempts`
 //!   dead-lettered, then counted as done.
+//! * Requests (request-reply, frame kind `Request`, deadline in the header's `sequence`) are
+//!   never redelivered or dead-lettered, whatever the subscription says: one past its deadline
+//!   is skipped at dispatch (counted in [`Machine::expired`]); one in flight is settled when its
+//!   ack deadline (at most the request's own) passes, it is nacked, or its session leaves; one
+//!   found among the redeliveries after a restart is settled when read.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use frame_codec::Frame;
+use frame_codec::{Frame, FrameKind};
 
 use crate::shard::message::{AckKind, ConsumerKey, SessionRef};
 use crate::storage::offsets::Stored;
@@ -57,6 +62,21 @@ pub trait Source {
     /// Up to `max` events from `from`, stopping after the one that reaches `max_bytes`;
     /// `None` if the log cannot be read now.
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize, max_bytes: usize) -> Option<Vec<Frame>>;
+    /// The wall clock, µs since the Unix epoch: what request deadlines are compared with.
+    fn wall_us(&self) -> i64 {
+        crate::clock::now_micros()
+    }
+}
+
+/// A request's deadline (µs since the epoch), `None` for any other frame.
+fn request_deadline(f: &Frame) -> Option<i64> {
+    let h = f.header();
+    (h.kind == FrameKind::Request).then_some(h.sequence as i64)
+}
+
+/// Whether `f` is a request whose deadline passed.
+pub fn expired(f: &Frame, wall_us: i64) -> bool {
+    request_deadline(f).is_some_and(|d| d <= wall_us)
 }
 
 /// What the shard must do.
@@ -115,10 +135,26 @@ struct Sess {
 }
 
 impl Sess {
-    /// Puts offset `o` in flight to this session.
-    fn take(&mut self, part: &mut Part, o: u64, attempt: u16, f: &Frame, deadline: Instant) {
+    /// Puts offset `o` in flight to this session, until `deadline` (or the request's own,
+    /// if sooner: `now` and `wall_us` are the same instant on the two clocks).
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &mut self,
+        part: &mut Part,
+        o: u64,
+        attempt: u16,
+        f: &Frame,
+        deadline: Instant,
+        now: Instant,
+        wall_us: i64,
+    ) {
         let bytes = f.as_bytes().len() as u32;
-        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes });
+        let rpc = request_deadline(f);
+        let deadline = match rpc {
+            Some(d) => deadline.min(now + Duration::from_micros(d.saturating_sub(wall_us).max(0) as u64)),
+            None => deadline,
+        };
+        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes, rpc: rpc.is_some() });
         part.deadlines.push_back((deadline, o, attempt));
         self.inflight += 1;
         self.bytes += bytes as usize;
@@ -136,6 +172,8 @@ struct InFlight {
     session: SessionRef,
     /// The event's stored size, counted against its session's byte window.
     bytes: u32,
+    /// A request: settled, never retried, when its delivery fails.
+    rpc: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -230,12 +268,15 @@ pub struct Machine {
     window_bytes: usize,
     /// `redelivery_backoff_ms`.
     backoff_base: Duration,
+    /// Requests skipped at dispatch because their deadline had passed; the shard takes the
+    /// count for its metrics.
+    pub expired: u64,
 }
 
 impl Machine {
     /// `seed` spreads the jitter (any non-zero value).
     pub fn new(window_bytes: usize, backoff_base: Duration, seed: u64) -> Machine {
-        Machine { consumers: HashMap::new(), next_gen: 0, rng: seed | 1, window_bytes, backoff_base }
+        Machine { consumers: HashMap::new(), next_gen: 0, rng: seed | 1, window_bytes, backoff_base, expired: 0 }
     }
 
     /// The map's own handle of a key (cloning it copies no strings).
@@ -305,11 +346,11 @@ impl Machine {
         c.sessions.retain(|s| s.at != at);
         let max = c.def.max_attempts;
         for (p, part) in c.parts.0.iter_mut() {
-            let gone: Vec<(u64, u16)> =
-                part.inflight.iter().filter(|(_, f)| f.session == at).map(|(&o, f)| (o, f.attempt)).collect();
-            for (o, attempt) in gone {
+            let gone: Vec<(u64, u16, bool)> =
+                part.inflight.iter().filter(|(_, f)| f.session == at).map(|(&o, f)| (o, f.attempt, f.rpc)).collect();
+            for (o, attempt, rpc) in gone {
                 part.inflight.remove(&o);
-                if part.failed(o, attempt, max, now) {
+                if !rpc && part.failed(o, attempt, max, now) {
                     out.push(Effect::dead_letter(&rc, c.gen, *p, o, attempt, ACK_TIMEOUT));
                 }
             }
@@ -389,7 +430,7 @@ impl Machine {
             AckKind::Nack => {
                 for &o in offsets {
                     let Some(f) = settle(o, part) else { continue };
-                    if part.failed(o, f.attempt, max, now + jitter.backoff(base, f.attempt)) {
+                    if !f.rpc && part.failed(o, f.attempt, max, now + jitter.backoff(base, f.attempt)) {
                         out.push(Effect::dead_letter(&rc, gen, p, o, f.attempt, NACK));
                     }
                 }
@@ -455,7 +496,7 @@ impl Machine {
                         s.release(&f);
                     }
                     expired = true;
-                    if part.failed(o, attempt, max, now + jitter.backoff(base, attempt)) {
+                    if !f.rpc && part.failed(o, attempt, max, now + jitter.backoff(base, attempt)) {
                         out.push(Effect::dead_letter(key, *gen, *p, o, attempt, ACK_TIMEOUT));
                     }
                 }
@@ -540,6 +581,8 @@ impl Machine {
         let def = c.def.clone();
         let topic = def.topic.as_str();
         let end = src.end(topic, p);
+        let wall = src.wall_us();
+        let mut skipped = 0;
         let Consumer { parts, sessions, filters, persist: keep, .. } = c;
         let Some(part) = parts.get_mut(p) else { return };
         let sess = &mut sessions[holder];
@@ -560,6 +603,15 @@ impl Machine {
             }
             let bytes_room = window_bytes.saturating_sub(sess.bytes).max(1);
             if let Some((&o, &Retry { attempt: made, due })) = part.retry.first_key_value() {
+                // A request is never redelivered nor dead-lettered: only a restart puts one here.
+                let request = || {
+                    src.read(topic, p, o, 1, usize::MAX)
+                        .is_some_and(|g| g.iter().any(|f| request_deadline(f).is_some()))
+                };
+                if u32::from(made) >= max && request() {
+                    part.retry.remove(&o);
+                    continue;
+                }
                 if u32::from(made) >= max {
                     // Its attempts ran out while no session held it (a disconnect, a restart).
                     part.retry.remove(&o);
@@ -576,9 +628,9 @@ impl Machine {
                     break; // unreadable for now: it stays first in line, tried again next tick
                 };
                 part.retry.remove(&o);
-                if let Some(f) = got.pop().filter(|f| f.header().offset == o) {
+                if let Some(f) = got.pop().filter(|f| f.header().offset == o && request_deadline(f).is_none()) {
                     let attempt = made.saturating_add(1);
-                    sess.take(part, o, attempt, &f, now + timeout);
+                    sess.take(part, o, attempt, &f, now + timeout, now, wall);
                     read.push(f);
                     read_attempts.push(attempt);
                 } // else: gone by retention, nothing left to redeliver
@@ -597,8 +649,10 @@ impl Machine {
                     }
                     let o = f.header().offset;
                     part.next = o + 1;
-                    if wanted(f, sess) {
-                        sess.take(part, o, 1, f, now + timeout);
+                    if expired(f, wall) {
+                        skipped += 1;
+                    } else if wanted(f, sess) {
+                        sess.take(part, o, 1, f, now + timeout, now, wall);
                         pick.push(i as u32);
                         taken += 1;
                     }
@@ -625,14 +679,17 @@ impl Machine {
                 }
                 let o = f.header().offset;
                 part.next = o + 1;
-                if wanted(&f, sess) {
-                    sess.take(part, o, 1, &f, now + timeout);
+                if expired(&f, wall) {
+                    skipped += 1;
+                } else if wanted(&f, sess) {
+                    sess.take(part, o, 1, &f, now + timeout, now, wall);
                     read.push(f);
                     read_attempts.push(1);
                 }
             }
         }
         let to = sess.at;
+        self.expired += skipped;
         persist(&rc, topic, *keep, p, part, now_ms(), out);
         for (o, attempts) in dead {
             out.push(Effect::dead_letter(&rc, gen, p, o, attempts, ACK_TIMEOUT));

@@ -5,6 +5,7 @@
 //! partition and the parts are appended concurrently; the 202 waits for all of them.
 
 mod pipeline;
+mod request;
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -166,6 +167,8 @@ impl Handler for Traffic {
         if !matches!(
             path,
             "/events/publish"
+                | "/events/request"
+                | "/events/reply"
                 | "/events/subscribe"
                 | "/events/unsubscribe"
                 | "/events/ws"
@@ -196,7 +199,11 @@ impl Handler for Traffic {
                 m.publish_latency.record_us(started.elapsed().as_micros() as u64);
                 r
             }
-            (_, "/events/publish") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
+            (Method::Post, "/events/request") => self.request(&mut gate, &req).await,
+            (Method::Post, "/events/reply") => self.reply(&mut gate, &req).await,
+            (_, "/events/publish" | "/events/request" | "/events/reply") => {
+                problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST")
+            }
             (Method::Post, "/events/subscribe") => self.subscribe(&mut gate, req.body).await,
             (Method::Post, "/events/unsubscribe") => self.unsubscribe(&mut gate, req.body).await,
             (_, "/events/subscribe" | "/events/unsubscribe") => {
@@ -767,13 +774,7 @@ impl Traffic {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
-        let Some(topic) = req.query("topic") else {
-            return problem(StatusCode::BAD_REQUEST, "missing ?topic=");
-        };
-        if !valid_topic(&topic) {
-            return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
-        }
-        let topic = match gate.allow(Action::Publish, Kind::Topic, &topic).and_then(|()| gate.scoped(&topic)) {
+        let topic = match self.topic_param(gate, req, Action::Publish) {
             Ok(t) => t,
             Err(r) => return r,
         };
@@ -795,23 +796,10 @@ impl Traffic {
             Ok(r) => r,
             Err(r) => return r,
         };
-        // Every destination must exist (or be created) before anything is stored, so a route to a
-        // topic that cannot be had refuses the request whole (a storage failure between the
-        // groups can still leave part of it stored: the 503 says so, see README).
-        if routed.groups.len() > 1 {
-            for (t, _) in &routed.groups {
-                if let Err(e) = self.shard.topic(t, None, false).await {
-                    return storage_problem(&e);
-                }
-            }
-        }
-        let mut stored = Vec::with_capacity(routed.groups.len());
-        for (t, frames) in routed.groups {
-            match self.store(&t, frames).await {
-                Ok(placed) => stored.push((t, placed)),
-                Err(e) => return storage_problem(&e),
-            }
-        }
+        let stored = match self.store_routed(routed.groups).await {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
         let m = self.shard.shared.metrics.shard(self.shard.id);
         let n = routed.first.len() as u64;
         m.events_published.add(n);
@@ -842,6 +830,48 @@ impl Traffic {
             body.extend_from_slice(b"]}");
         }
         Response::json(StatusCode::ACCEPTED, body)
+    }
+
+    /// The `?topic=` of a request, checked, allowed for `action` and in the caller's namespace.
+    fn topic_param<'r>(
+        &self,
+        gate: &mut Gate<'_>,
+        req: &Request<'r>,
+        action: Action,
+    ) -> Result<Cow<'r, str>, Response> {
+        let Some(topic) = req.query("topic") else {
+            return Err(problem(StatusCode::BAD_REQUEST, "missing ?topic="));
+        };
+        if !valid_topic(&topic) {
+            return Err(problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}"));
+        }
+        gate.allow(action, Kind::Topic, &topic)?;
+        Ok(match gate.scoped(&topic)? {
+            Cow::Owned(t) => Cow::Owned(t),
+            Cow::Borrowed(_) => topic,
+        })
+    }
+
+    /// Stores routed events, per destination topic: where each landed (in request order).
+    /// Every destination must exist (or be created) before anything is stored, so a route to a
+    /// topic that cannot be had refuses the request whole (a storage failure between the
+    /// groups can still leave part of it stored: the 503 says so, see README).
+    #[allow(clippy::type_complexity)]
+    async fn store_routed(
+        &self,
+        groups: Vec<(String, Vec<Frame>)>,
+    ) -> Result<Vec<(String, Vec<(PartitionId, u64)>)>, Response> {
+        if groups.len() > 1 {
+            for (t, _) in &groups {
+                self.shard.topic(t, None, false).await.map_err(|e| storage_problem(&e))?;
+            }
+        }
+        let mut stored = Vec::with_capacity(groups.len());
+        for (t, frames) in groups {
+            let placed = self.store(&t, frames).await.map_err(|e| storage_problem(&e))?;
+            stored.push((t, placed));
+        }
+        Ok(stored)
     }
 
     /// The request's events as frames, and whether it was a batch.

@@ -17,6 +17,7 @@ use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
 use crate::shard::message::{AckKind, ConsumerKey, InterestChange, SessionChange, SessionEvent, SessionRef};
+use crate::shard::requests::{Replier, ReplyOutcome};
 use crate::sys::SharedFrames;
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 
@@ -27,6 +28,60 @@ enum Control {
     Ack { ids: Vec<String> },
     Nack { ids: Vec<String> },
     Credit { n: u32 },
+}
+
+/// A responder's reply to a request, sent on its session: `{"type":"reply","event":{...}}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplyFrame<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    event: &'a serde_json::value::RawValue,
+}
+
+/// Where a session's `reply` frames go, and who sends them.
+struct Replies {
+    shard: Rc<Shard>,
+    replier: Replier,
+}
+
+impl Replies {
+    /// Hands one reply to its requester. Only a failure is answered, with a text frame
+    /// `{"type":"error","id":<emcorrelationid>,"status":S,"detail":D}` (404: nobody waits for
+    /// it; 403: the ACL; 400: not a valid CloudEvent); the session goes on either way.
+    async fn reply(&self, event: &str, ctl: &mut mpsc::Sender<Outbound>) {
+        let (id, status, detail) = match crate::adaptor::cloudevents::parse_structured("", event.as_bytes()) {
+            Err(e) => (None, 400, e.to_string()),
+            Ok(frame) => {
+                let id = frame.body().attr_str("emcorrelationid").map(str::to_owned);
+                let who = self.replier.principal.as_deref().unwrap_or("anonymous");
+                match self.shard.send_reply(frame, self.replier.clone()).await {
+                    Ok(ReplyOutcome::Delivered) => return,
+                    Ok(outcome) => {
+                        if let ReplyOutcome::Denied { topic, rule } = &outcome {
+                            let p = crate::governance::identity::Principal {
+                                name: who.to_owned(),
+                                tenant: self.replier.tenant.clone(),
+                                expires_us: None,
+                            };
+                            let detail = rule.as_ref().map(|r| format!("rule {r}"));
+                            let g = &self.shard.shared.governance;
+                            g.audit(Some(&p), "REPLY", &format!("topic:{topic}"), "denied", detail, None);
+                        }
+                        let (status, detail) = outcome.status(who);
+                        (id, status, detail)
+                    }
+                    Err(e) => (id, 503, e.to_string()),
+                }
+            }
+        };
+        let note = serde_json::json!({"type": "error", "id": id, "status": status, "detail": detail}).to_string();
+        let mut out = Vec::with_capacity(note.len() + 4);
+        encode_frame(OpCode::Text, true, note.as_bytes(), &mut out);
+        // The reader waits for room: a responder flooding bad replies is held at its socket.
+        let _ = futures::SinkExt::send(ctl, Outbound::Frame(Rc::new(out))).await;
+    }
 }
 
 /// Where an acknowledged session's control messages go.
@@ -83,14 +138,14 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
     buf: Vec<u8>,
     max_message: usize,
     ctl: mpsc::Sender<Outbound>,
-    acked: Option<AckedSession>,
+    (acked, replies): (Option<AckedSession>, Replies),
     heard: Rc<Cell<Instant>>,
 ) {
     // Metered like an HTTP connection (see `server::conn::serve`): after a message that took
     // over `task::HEAVY` of the core (a 10,000-id ack), the session waits its turn in the heavy
     // lane before it reads on.
     let meter = crate::task::Meter::default();
-    crate::task::metered(&meter, read_messages(rd, buf, max_message, ctl, acked, heard, &meter)).await
+    crate::task::metered(&meter, read_messages(rd, buf, max_message, ctl, (acked, replies), heard, &meter)).await
 }
 
 async fn read_messages<R: monoio::io::AsyncReadRent>(
@@ -98,7 +153,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
     mut buf: Vec<u8>,
     max_message: usize,
     ctl: mpsc::Sender<Outbound>,
-    acked: Option<AckedSession>,
+    (acked, replies): (Option<AckedSession>, Replies),
     heard: Rc<Cell<Instant>>,
     meter: &crate::task::Meter,
 ) {
@@ -136,8 +191,12 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                     return;
                 }
                 Some(Message::Text(text)) => {
-                    // ack / nack / credit: meaningless for ack=none sessions.
-                    if let Some(a) = &acked {
+                    // A reply to a request, on any session; ack / nack / credit: meaningless
+                    // for ack=none sessions.
+                    let reply = serde_json::from_str::<ReplyFrame>(&text).ok().filter(|r| r.kind == "reply");
+                    if let Some(r) = reply {
+                        replies.reply(r.event.get(), &mut ctl).await;
+                    } else if let Some(a) = &acked {
                         if let Err(code) = a.control(&text) {
                             let _ = ctl.try_send(Outbound::Close(code.0, ""));
                             return;
@@ -293,11 +352,14 @@ pub async fn session(
             let _ = ctl.try_send(Outbound::Close(CloseCode::POLICY.0, reason));
         }
     };
+    let (reply_shard, replier) =
+        (shard.clone(), Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone() });
     let reader = Box::pin(async move {
         // A dead peer ends the reading side like a closed socket does (both senders of the
         // control queue are dropped then, which tells the writer the peer is gone); so do an
         // expired credential and a revoked permission, once their close is queued.
-        let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, acked, heard);
+        let replies = Replies { shard: reply_shard, replier };
+        let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, (acked, replies), heard);
         let _ = select(Box::pin(read), select(Box::pin(alive), Box::pin(guard))).await;
     });
     let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger, queued));

@@ -282,6 +282,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         admin_listen: admin.local_addr()?,
         driver: resolve_driver(config.io_driver),
     };
+    if config.advertised_url.is_empty() {
+        config.advertised_url = crate::config::local_url(started.listen, config.tls.is_some());
+    }
     #[cfg(feature = "kafka")]
     let kafka = match &config.storage {
         StorageKind::Kafka(settings) => Some(KafkaBackend::connect(settings.clone())?),

@@ -26,6 +26,8 @@ pub struct Request<'a> {
     pub head: &'a Head,
     pub buf: &'a [u8],
     pub body: &'a [u8],
+    /// The connection it came on, for [`Request::peer_gone`].
+    stream: &'a Stream,
 }
 
 impl<'a> Request<'a> {
@@ -54,6 +56,12 @@ impl<'a> Request<'a> {
 
     pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + '_ {
         self.head.headers(self.buf)
+    }
+
+    /// Resolves once the client has closed or reset the connection: a handler that waits
+    /// long for something (a reply) races this to stop waiting for nobody.
+    pub async fn peer_gone(&self) {
+        self.stream.peer_gone().await
     }
 }
 
@@ -468,7 +476,7 @@ async fn serve_metered<H: Handler>(
         let keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
         let handling = std::mem::take(&mut waited).then(crate::task::handling);
-        let response = handler.handle(&mut conn, Request { head: &head, buf: &buf, body }).await;
+        let response = handler.handle(&mut conn, Request { head: &head, buf: &buf, body, stream: &stream }).await;
         drop(handling);
         response.write(&mut out, keep_alive, head_only);
         buf.drain(..consumed);

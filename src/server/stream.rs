@@ -44,6 +44,48 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Resolves once the peer has closed or reset the connection (a requester that gave up on
+    /// its reply). Waits on the socket's readiness, no timer, while nothing arrives; once bytes
+    /// wait unread (a pipelined request, a TLS alert), readiness says nothing more, and it
+    /// checks for the peer's FIN every 250 ms instead.
+    pub async fn peer_gone(&self) {
+        let (fd, dup);
+        let tcp = match self {
+            Stream::Plain(s) => {
+                fd = std::os::fd::AsRawFd::as_raw_fd(s);
+                s
+            }
+            Stream::Tls(t) => {
+                fd = t.fd;
+                match crate::sys::dup_socket(fd).and_then(TcpStream::from_std) {
+                    Ok(s) => {
+                        dup = s;
+                        &dup
+                    }
+                    Err(_) => return std::future::pending().await,
+                }
+            }
+        };
+        loop {
+            if tcp.readable(false).await.is_err() {
+                return;
+            }
+            match crate::sys::peer_state(fd) {
+                (true, _) => return,
+                (false, true) => break,
+                (false, false) => {}
+            }
+        }
+        loop {
+            monoio::time::sleep(std::time::Duration::from_millis(250)).await;
+            if crate::sys::peer_state(fd).0 {
+                return;
+            }
+        }
+    }
+}
+
 /// Forwards the reading methods to whichever variant `self` is; `$s => $tls` names the TLS
 /// reader inside the `Tls` variant.
 macro_rules! read_via {

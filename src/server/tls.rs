@@ -137,10 +137,11 @@ impl TlsAcceptor {
         let (tcp, conn, rest) = r?;
         let peer = peer_cert(&conn);
         let tls = Rc::new(RefCell::new(conn));
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp);
         let (rd, wr) = tcp.into_split();
         let reader = TlsReader { io: rd, tls: tls.clone(), buf: Some(rest), pos: 0 };
         let writer = TlsWriter { io: wr, tls, buf: Some(Vec::new()) };
-        Ok((TlsStream { reader, writer }, peer))
+        Ok((TlsStream { reader, writer, fd }, peer))
     }
 }
 
@@ -252,6 +253,8 @@ fn broken() -> io::Error {
 pub struct TlsStream {
     pub(super) reader: TlsReader,
     pub(super) writer: TlsWriter,
+    /// The socket's descriptor (owned by the reader and writer), for `Stream::peer_gone`.
+    pub(super) fd: std::os::fd::RawFd,
 }
 
 impl TlsStream {

@@ -14,9 +14,13 @@ use std::time::Duration;
 use frame_codec::Frame;
 
 use super::mailbox::Sender;
-use super::message::{Delivery, EnsureReply, Interest, InterestChange, ShardMessage, SubOutcome, SubReply, SubRequest};
+use super::message::{
+    Delivery, EnsureReply, Interest, InterestChange, ReplyMessage, ShardMessage, SubOutcome, SubReply, SubRequest,
+};
+use super::requests::{Correlation, Replier, ReplyOutcome};
 use super::sessions::Sessions;
 use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
+use crate::delivery::machine::expired;
 use crate::shard::shared::Shared;
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
@@ -65,6 +69,8 @@ pub struct Shard {
     /// Policy changes (keys, ACL) as this shard has seen them, for its sessions
     /// (`push::authority`, ticked by `push::watch_policy`).
     pub policy: crate::governance::Changes,
+    /// Request-reply: the requests of this shard's connections waiting for their reply.
+    pub requests: super::requests::Requests,
 }
 
 /// How long a request to another core may take before its caller answers 503: longer than any
@@ -101,6 +107,12 @@ impl Shard {
         };
         #[cfg(not(feature = "kafka"))]
         let log = Log::Embedded(embedded());
+        let requests = super::requests::Requests::new(
+            id,
+            shared.config.max_pending_requests,
+            shared.config.max_pending_request_bytes,
+            &shared.governance,
+        );
         Shard {
             id,
             shared,
@@ -115,6 +127,7 @@ impl Shard {
             flushing: RefCell::new(vec![false; shards]),
             fanning: RefCell::new(HashMap::new()),
             policy: crate::governance::Changes::default(),
+            requests,
         }
     }
 
@@ -412,6 +425,34 @@ impl Shard {
         self.ask(owner, msg, rx).await
     }
 
+    /// Hands a reply to a requester waiting on this shard (what `ShardMessage::Reply` does).
+    pub fn fulfil(&self, id: Correlation, frame: Frame, replier: &Replier) -> ReplyOutcome {
+        self.requests.fulfil(id, frame, replier, &self.shared.governance, crate::clock::now_micros())
+    }
+
+    /// Sends a reply to where its requester waits, as its `emcorrelationid` says: this shard,
+    /// or one hop to the shard the id names (a full ring or no answer: 503). Replies that
+    /// match nothing are counted.
+    pub async fn send_reply(self: &Rc<Self>, frame: Frame, replier: Replier) -> Result<ReplyOutcome, StorageError> {
+        let metrics = self.shared.metrics.shard(self.id);
+        let Some(id) = frame.body().attr_str("emcorrelationid") else { return Ok(ReplyOutcome::MissingId) };
+        let outcome = match Correlation::parse(id) {
+            None => ReplyOutcome::Unknown,
+            Some(id) if id.shard == self.id => self.fulfil(id, frame, &replier),
+            Some(id) if id.shard.index() >= self.shards() => ReplyOutcome::Unknown,
+            Some(id) => {
+                metrics.replies_cross_core.inc();
+                let (outcome, rx) = futures::channel::oneshot::channel();
+                let msg = ShardMessage::Reply(Box::new(ReplyMessage { id, frame, replier, outcome }));
+                self.ask(id.shard, msg, rx).await?
+            }
+        };
+        if matches!(outcome, ReplyOutcome::Unknown | ReplyOutcome::Late) {
+            metrics.replies_unmatched.inc();
+        }
+        Ok(outcome)
+    }
+
     /// Announces to every shard (this one included) that this shard's sessions of a
     /// subscription started, ended, or that the subscription is gone.
     pub fn announce(self: &Rc<Self>, subscription: &str, topic: &str, change: InterestChange) {
@@ -486,13 +527,16 @@ impl Shard {
             Some(l) if !l.is_empty() => l.clone(),
             _ => return,
         };
+        // Requests past their deadline are dropped at dispatch, here too.
+        let wall = crate::clock::now_micros();
+        let requests = frames.iter().any(|f| f.header().kind == frame_codec::FrameKind::Request);
         for i in list.iter() {
             slice.next().await;
-            let pick = if i.filters.is_empty() {
+            let pick = if i.filters.is_empty() && !requests {
                 None
             } else {
-                let pick: Vec<u32> =
-                    (0..frames.len() as u32).filter(|&n| matches_all(&i.filters, frames[n as usize].body())).collect();
+                let wanted = |f: &Frame| !expired(f, wall) && matches_all(&i.filters, f.body());
+                let pick: Vec<u32> = (0..frames.len() as u32).filter(|&n| wanted(&frames[n as usize])).collect();
                 if pick.is_empty() {
                     continue;
                 }

@@ -126,7 +126,11 @@ impl Shard {
         let mut out = Vec::new();
         let r = {
             let mut m = self.delivery.machine.borrow_mut();
-            input(&mut m, Instant::now(), &LogSource(&self.log), &mut out)
+            let r = input(&mut m, Instant::now(), &LogSource(&self.log), &mut out);
+            if m.expired > 0 {
+                self.shared.metrics.shard(self.id).requests_expired.add(std::mem::take(&mut m.expired));
+            }
+            r
         };
         self.execute(out);
         r
@@ -382,6 +386,9 @@ impl Shard {
         else {
             return Ok(()); // gone by retention
         };
+        if f.header().kind == frame_codec::FrameKind::Request {
+            return Ok(()); // requests are never dead-lettered (the machine settles them first)
+        }
         let mut body = f.to_body();
         let dlq = format!("{topic}.dlq");
         body.topic = dlq.clone();

@@ -163,6 +163,15 @@ pub struct PollRequest {
     pub reply: oneshot::Sender<Vec<Vec<u8>>>,
 }
 
+/// A reply to a request waiting on the receiver (its correlation id names that shard).
+#[derive(Debug)]
+pub struct ReplyMessage {
+    pub id: super::requests::Correlation,
+    pub frame: Frame,
+    pub replier: super::requests::Replier,
+    pub outcome: oneshot::Sender<Result<super::requests::ReplyOutcome, StorageError>>,
+}
+
 /// A request from one shard (or the admin thread) to another.
 #[non_exhaustive]
 pub enum ShardMessage {
@@ -205,6 +214,9 @@ pub enum ShardMessage {
     /// Acks, nacks for the receiver's partition. No reply.
     /// On drop: those events are redelivered after their ack timeout (at-least-once holds).
     Ack(Box<Acks>),
+    /// A reply for a requester waiting on the receiver; answered with what became of it.
+    /// On drop: the replier gets 503 (the requester still waits, until its deadline).
+    Reply(Box<ReplyMessage>),
 }
 
 impl ShardMessage {

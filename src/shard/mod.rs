@@ -10,6 +10,7 @@ pub mod mailbox;
 pub mod message;
 pub mod partitioner;
 pub mod pump;
+pub mod requests;
 pub mod sessions;
 pub mod shared;
 

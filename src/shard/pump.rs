@@ -36,6 +36,10 @@ impl Shard {
             ShardMessage::Deliver(d) => self.deliver_here(&d),
             ShardMessage::Session(e) => self.session_event(*e),
             ShardMessage::Ack(a) => self.acks(*a),
+            ShardMessage::Reply(r) => {
+                let outcome = self.fulfil(r.id, r.frame, &r.replier);
+                let _ = r.outcome.send(Ok(outcome));
+            }
             ShardMessage::Poll(req) => {
                 let me = self.clone();
                 monoio::spawn(async move {

@@ -451,6 +451,46 @@ pub fn write_structured(frame: &Frame, extra: Extensions<'_>, out: &mut Vec<u8>)
     out.push(b'}');
 }
 
+/// Percent-encodes a binary-mode header value (CloudEvents HTTP binding section 3.1.3.2): space,
+/// `"`, `%` and everything outside printable ASCII, the UTF-8 bytes one by one.
+fn percent_encode(v: &str, out: &mut String) {
+    use std::fmt::Write;
+    for &b in v.as_bytes() {
+        if (0x21..=0x7e).contains(&b) && b != b'"' && b != b'%' {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
+/// A stored frame as a binary-mode HTTP message: the `ce-*` headers, the `Content-Type` (its
+/// `datacontenttype`; `application/json` for JSON data without one) and the body (the data).
+pub fn write_binary(frame: &Frame) -> (Vec<(String, String)>, Option<String>, Vec<u8>) {
+    let body = frame.body();
+    let mut headers = Vec::with_capacity(body.attributes.len());
+    let mut content_type = None;
+    for a in body.attributes.iter() {
+        let mut value = String::new();
+        match &a.value {
+            ArchivedAttrValue::Str(s) if a.name.as_str() == "datacontenttype" => {
+                content_type = Some(s.as_str().to_owned());
+                continue;
+            }
+            ArchivedAttrValue::Str(s) => percent_encode(s.as_str(), &mut value),
+            ArchivedAttrValue::Bool(b) => value.push_str(if *b { "true" } else { "false" }),
+            ArchivedAttrValue::Int(n) => value.push_str(&n.to_native().to_string()),
+        }
+        headers.push((format!("ce-{}", a.name.as_str()), value));
+    }
+    let kind = frame.header().data_kind;
+    if content_type.is_none() && kind == DataKind::Json {
+        content_type = Some("application/json".to_owned());
+    }
+    let data = if kind == DataKind::None { Vec::new() } else { body.data.as_slice().to_vec() };
+    (headers, content_type, data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,6 +502,22 @@ mod tests {
         let mut out = Vec::new();
         write_structured(f, &[], &mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn binary_rendering_round_trips_through_the_binary_parser() {
+        let ev = r#"{"specversion":"1.0","id":"1","source":"/s p","type":"t","note":"caf\u00e9 \"100%\"","n":7,"ok":true,"datacontenttype":"application/json","data":{"a":1}}"#;
+        let f = parse_structured("t", ev.as_bytes()).unwrap();
+        let (headers, ct, body) = write_binary(&f);
+        assert_eq!(ct.as_deref(), Some("application/json"));
+        assert_eq!(body, br#"{"a":1}"#);
+        let note = headers.iter().find(|(n, _)| n == "ce-note").map(|(_, v)| v.as_str());
+        assert_eq!(note, Some("caf%C3%A9%20%22100%25%22"));
+        let pairs = headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+        let back = parse_binary("t", pairs, ct.as_deref().map(str::as_bytes), &body).unwrap();
+        assert_eq!(back.body().attr_str("note"), Some("café \"100%\""));
+        assert_eq!(back.body().attr_str("source"), Some("/s p"));
+        assert_eq!(back.header().data_kind, DataKind::Json);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Response writing: status line, headers and body appended to an output buffer.
 
+use std::borrow::Cow;
 /// An HTTP status code with its reason phrase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatusCode(pub u16);
@@ -73,16 +74,16 @@ impl std::fmt::Display for StatusCode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response<U> {
     pub status: StatusCode,
-    pub content_type: &'static str,
-    pub headers: Vec<(&'static str, String)>,
+    pub content_type: Cow<'static, str>,
+    pub headers: Vec<(Cow<'static, str>, String)>,
     pub body: Vec<u8>,
     /// Set on a 101: the connection stops speaking HTTP once this response is written.
     pub upgrade: Option<U>,
 }
 
 impl<U> Response<U> {
-    pub fn new(status: StatusCode, content_type: &'static str, body: impl Into<Vec<u8>>) -> Self {
-        Response { status, content_type, headers: Vec::new(), body: body.into(), upgrade: None }
+    pub fn new(status: StatusCode, content_type: impl Into<Cow<'static, str>>, body: impl Into<Vec<u8>>) -> Self {
+        Response { status, content_type: content_type.into(), headers: Vec::new(), body: body.into(), upgrade: None }
     }
 
     pub fn json(status: StatusCode, body: impl Into<Vec<u8>>) -> Self {
@@ -98,8 +99,8 @@ impl<U> Response<U> {
     pub fn streaming(upgrade: U, content_type: &'static str) -> Self {
         Response {
             status: StatusCode::OK,
-            content_type,
-            headers: vec![("transfer-encoding", "chunked".into()), ("cache-control", "no-cache".into())],
+            content_type: content_type.into(),
+            headers: vec![("transfer-encoding".into(), "chunked".into()), ("cache-control".into(), "no-cache".into())],
             body: Vec::new(),
             upgrade: Some(upgrade),
         }
@@ -108,21 +109,21 @@ impl<U> Response<U> {
     pub fn switching(upgrade: U, headers: Vec<(&'static str, String)>) -> Self {
         Response {
             status: StatusCode::SWITCHING_PROTOCOLS,
-            content_type: "",
-            headers,
+            content_type: "".into(),
+            headers: headers.into_iter().map(|(n, v)| (n.into(), v)).collect(),
             body: Vec::new(),
             upgrade: Some(upgrade),
         }
     }
 
-    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
-        self.headers.push((name, value.into()));
+    pub fn with_header(mut self, name: impl Into<Cow<'static, str>>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
         self
     }
 
     /// Appends the serialized response to `out`. `head_only` omits the body (HEAD requests).
     pub fn write(&self, out: &mut Vec<u8>, keep_alive: bool, head_only: bool) {
-        write_head(out, self.status, self.content_type, self.body.len(), keep_alive, &self.headers);
+        write_head(out, self.status, &self.content_type, self.body.len(), keep_alive, &self.headers);
         if !head_only {
             out.extend_from_slice(&self.body);
         }
@@ -136,7 +137,7 @@ pub fn write_head(
     content_type: &str,
     content_length: usize,
     keep_alive: bool,
-    headers: &[(&'static str, String)],
+    headers: &[(Cow<'static, str>, String)],
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
     let mut num = itoa_buf::Buf::new();

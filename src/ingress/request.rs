@@ -1,0 +1,206 @@
+//! Request-reply over HTTP: `POST /events/request` stores a request like a publish and waits
+//! on this shard for its reply; `POST /events/reply` (and a WebSocket session's `reply` frame,
+//! `push::ws`) hands a reply to the shard its correlation id names.
+//!
+//! A request is the event as sent, with `emcorrelationid`, `emreplyto` and `emexpiry` set
+//! (values a client put there are replaced), stored as a frame of kind `Request` whose header
+//! `sequence` holds the deadline: delivery drops it at dispatch after that and never
+//! redelivers or dead-letters it (`delivery::machine`). Only the wait races the client's
+//! disconnect, never the store: a request is stored whole or not at all.
+
+use frame_codec::{AttrValue, Attribute, Frame, FrameKind};
+use futures::future::{select, Either};
+
+use super::{shed, storage_problem, Gate, Quotaed, Traffic};
+use crate::adaptor::cloudevents::{self, CeError};
+use crate::adaptor::rfc3339_from_micros;
+use crate::governance::acl::Action;
+use crate::http::{problem, StatusCode};
+use crate::server::{Request, Response};
+use crate::shard::requests::{Correlation, Refusal, Replier, ReplyOutcome};
+
+/// The attributes evmesh sets on a request.
+const REQUEST_ATTRIBUTES: [&str; 3] = ["emcorrelationid", "emreplyto", "emexpiry"];
+
+/// Counts a request as waiting while it lives.
+struct Waiting<'a>(&'a crate::metrics::Counter);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.sub(1);
+    }
+}
+
+/// Whether the requester asked for the reply in binary mode: an `Accept` that names neither
+/// `application/cloudevents+json` nor a range covering it (`*/*`, `application/*`).
+fn wants_binary(accept: Option<&[u8]>) -> bool {
+    let Some(accept) = accept.and_then(|a| std::str::from_utf8(a).ok()) else { return false };
+    !accept.split(',').any(|range| {
+        let media = range.split(';').next().unwrap_or("").trim();
+        ["*/*", "application/*", "application/cloudevents+json"].iter().any(|m| media.eq_ignore_ascii_case(m))
+    })
+}
+
+/// The reply as the requester gets it: 200 with a structured-mode event, or binary mode.
+fn answer(reply: &Frame, binary: bool) -> Response {
+    if !binary {
+        let mut body = Vec::with_capacity(reply.as_bytes().len() + 64);
+        cloudevents::write_structured(reply, &[], &mut body);
+        return Response::new(StatusCode::OK, "application/cloudevents+json", body);
+    }
+    let (headers, content_type, body) = cloudevents::write_binary(reply);
+    let mut r = Response::new(StatusCode::OK, content_type.unwrap_or_default(), body);
+    r.headers.extend(headers.into_iter().map(|(n, v)| (n.into(), v)));
+    r
+}
+
+/// The request frame: `event` with the three request attributes set, kind `Request`, the
+/// deadline in `sequence`.
+fn request_frame(event: &Frame, id: &Correlation, reply_to: &str, deadline_us: i64) -> Frame {
+    let mut body = event.to_body();
+    body.attributes.retain(|a| !REQUEST_ATTRIBUTES.contains(&a.name.as_str()));
+    let values = [id.to_string(), reply_to.to_owned(), rfc3339_from_micros(deadline_us)];
+    for (name, value) in REQUEST_ATTRIBUTES.iter().zip(values) {
+        body.attributes.push(Attribute { name: (*name).to_owned(), value: AttrValue::Str(value) });
+    }
+    let mut header = event.header();
+    header.kind = FrameKind::Request;
+    header.sequence = deadline_us as u64;
+    Frame::encode(&header, &body).expect("a request of a request's size encodes")
+}
+
+impl Traffic {
+    /// `POST /events/request?topic=T&timeoutMs=N`: 200 with the reply, 504 at the deadline.
+    pub(super) async fn request(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+        if self.shard.shared.memory.shed_now() {
+            return shed();
+        }
+        let topic = match self.topic_param(gate, req, Action::Request) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        let cap = self.shard.shared.config.max_request_timeout;
+        let timeout = match req.query("timeoutMs").map(|v| v.parse::<u64>()) {
+            None => std::time::Duration::from_secs(30).min(cap),
+            Some(Ok(ms)) if ms > 0 => std::time::Duration::from_millis(ms).min(cap),
+            Some(_) => {
+                return problem(StatusCode::BAD_REQUEST, "timeoutMs must be a whole number of milliseconds, at least 1")
+            }
+        };
+        let event = match self.parse(req, &topic) {
+            Ok((_, true)) => {
+                return problem(StatusCode::BAD_REQUEST, "a request is one event; a batch cannot wait for one reply")
+            }
+            Ok((mut f, false)) => f.pop().expect("one event"),
+            Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
+            Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
+        };
+        if let Err(r) = gate.limit(&topic, 1, req.body.len() as u64) {
+            return r;
+        }
+        if let Err(r) = gate.quota(Quotaed::Topic, &topic).and_then(|()| gate.backlog()) {
+            return r;
+        }
+        let deadline_us = crate::clock::now_micros().saturating_add(timeout.as_micros() as i64);
+        let metrics = self.shard.shared.metrics.shard(self.shard.id);
+        let tenant = gate.who.tenant.as_deref();
+        let mut pending = match self.shard.requests.wait(&topic, tenant, req.buf.len(), deadline_us) {
+            Ok(p) => p,
+            Err(refusal) => {
+                metrics.refused(429);
+                let detail = match refusal {
+                    Refusal::Full => "this shard has max_pending_requests requests waiting for replies",
+                    Refusal::Bytes => "the requests waiting for replies on this shard hold max_pending_request_bytes",
+                };
+                return problem(StatusCode::TOO_MANY_REQUESTS, &format!("{detail}; retry later"))
+                    .with_header("retry-after", "1");
+            }
+        };
+        metrics.requests_pending.inc();
+        let _waiting = Waiting(&metrics.requests_pending);
+        let reply_to = format!("{}/events/reply", self.shard.shared.config.advertised_url);
+        let frame = request_frame(&event, &pending.id, &reply_to, deadline_us);
+        let routed = match self.transform_and_route(&gate.snap, &topic, vec![frame]) {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        if let Err(r) = self.store_routed(routed.groups).await {
+            return r;
+        }
+        metrics.events_published.inc();
+        gate.tenant_count(|s| &s.published, 1);
+        // Stored: now only the wait, which the requester's disconnect ends.
+        let left = deadline_us.saturating_sub(crate::clock::now_micros()).max(0) as u64;
+        let timer = Box::pin(monoio::time::sleep(std::time::Duration::from_micros(left)));
+        let gone = Box::pin(req.peer_gone());
+        let binary = wants_binary(req.header("accept"));
+        let id = pending.id.to_string();
+        let outcome = match select(&mut pending.reply, select(timer, gone)).await {
+            Either::Left((Ok(reply), _)) => Ok(reply),
+            Either::Left((Err(_), _)) | Either::Right((Either::Left(_), _)) => Err(true),
+            Either::Right((Either::Right(_), _)) => Err(false),
+        };
+        match outcome {
+            Ok(reply) => {
+                metrics.requests[0].inc();
+                answer(&reply, binary)
+            }
+            Err(true) => {
+                metrics.requests[1].inc();
+                problem(StatusCode(504), &format!("no reply to request {id} within {} ms", timeout.as_millis()))
+            }
+            Err(false) => {
+                // Nobody reads this answer: the connection is closed after it.
+                metrics.requests[2].inc();
+                problem(StatusCode(499), "the requester closed the connection")
+            }
+        }
+    }
+
+    /// `POST /events/reply`: a CloudEvent (structured or binary) carrying `emcorrelationid`.
+    /// 202 when a requester waited for it, 404 when none does (unknown, late, answered).
+    pub(super) async fn reply(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+        let frame = match self.parse(req, "") {
+            Ok((_, true)) => return problem(StatusCode::BAD_REQUEST, "a reply is one event, not a batch"),
+            Ok((mut f, false)) => f.pop().expect("one event"),
+            Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
+            Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
+        };
+        let replier = Replier { principal: gate.principal(), tenant: gate.who.tenant.clone() };
+        let outcome = match self.shard.send_reply(frame, replier).await {
+            Ok(o) => o,
+            Err(e) => return storage_problem(&e),
+        };
+        if let ReplyOutcome::Denied { topic, rule } = &outcome {
+            let g = &self.shard.shared.governance;
+            let detail = rule.as_ref().map(|r| format!("rule {r}"));
+            g.audit(Some(gate.who), "REPLY", &format!("topic:{topic}"), "denied", detail, gate.caller.peer);
+        }
+        match outcome.status(&gate.who.name) {
+            (202, _) => Response::json(StatusCode::ACCEPTED, r#"{"delivered":true}"#),
+            (status, detail) => {
+                if status == 403 {
+                    self.shard.shared.metrics.shard(self.shard.id).refused(403);
+                }
+                problem(StatusCode(status), &detail)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_binary;
+
+    #[test]
+    fn accept_chooses_the_reply_mode() {
+        for structured in
+            [None, Some("*/*"), Some("application/cloudevents+json"), Some("text/html, application/*;q=0.1")]
+        {
+            assert!(!wants_binary(structured.map(str::as_bytes)), "{structured:?}");
+        }
+        for binary in ["application/json", "text/plain", "application/octet-stream;q=1"] {
+            assert!(wants_binary(Some(binary.as_bytes())), "{binary}");
+        }
+    }
+}

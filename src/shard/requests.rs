@@ -1,0 +1,298 @@
+//! Request-reply on one shard: the requests waiting here for their reply.
+//!
+//! A request is stored like any event (kind `Request`, its deadline in the header's
+//! `sequence`) and its HTTP connection waits on this shard in a slot of a fixed-size table.
+//! The correlation id names the slot: `1.<instance>.<shard>.<slot>.<gen>.<token>` (hex), so
+//! a reply arriving on any shard goes to the right one with one mailbox hop and no lookup
+//! elsewhere. `gen` tells a slot's requests apart as it is reused; `token` is a keyed hash
+//! (SipHash with this process's random key) of the slot, its generation and a counter, so an id
+//! cannot be guessed from others: a forged or stale id matches nothing (404).
+//!
+//! Bounds: `max_pending_requests` slots and `max_pending_request_bytes` of the requests'
+//! buffered bytes per shard (429 beyond). A slot is freed when its waiter ends, however it
+//! ends (replied, timed out, the requester gone): [`Pending`]'s drop.
+
+use std::cell::{Cell, RefCell};
+use std::hash::BuildHasher;
+
+use frame_codec::Frame;
+use futures::channel::oneshot;
+
+use super::ShardId;
+use crate::governance::acl::{Action, Kind};
+use crate::governance::{Governance, View};
+
+/// The instance part of correlation ids (one instance; many instances number themselves later).
+const INSTANCE: u32 = 0;
+
+/// Where a requester waits, as its correlation id says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Correlation {
+    pub shard: ShardId,
+    slot: u32,
+    gen: u32,
+    token: u64,
+}
+
+impl Correlation {
+    /// Reads an id; `None` for anything this instance did not make (never a panic).
+    pub fn parse(id: &str) -> Option<Correlation> {
+        if id.len() > 64 {
+            return None;
+        }
+        let mut parts = id.split('.');
+        let mut next = || parts.next().filter(|p| !p.is_empty() && p.len() <= 16);
+        let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+        let (v, instance) = (next()?, hex(next()?)?);
+        let (shard, slot, gen, token) = (hex(next()?)?, hex(next()?)?, hex(next()?)?, hex(next()?)?);
+        if v != "1" || instance != u64::from(INSTANCE) || parts.next().is_some() {
+            return None;
+        }
+        Some(Correlation {
+            shard: ShardId(u16::try_from(shard).ok()?),
+            slot: u32::try_from(slot).ok()?,
+            gen: u32::try_from(gen).ok()?,
+            token,
+        })
+    }
+}
+
+impl std::fmt::Display for Correlation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "1.{INSTANCE:x}.{:x}.{:x}.{:x}.{:016x}", self.shard.0, self.slot, self.gen, self.token)
+    }
+}
+
+/// Who sends a reply, as the requester's shard checks it.
+#[derive(Debug, Clone)]
+pub struct Replier {
+    /// `None` with `auth = none` (every reply is allowed).
+    pub principal: Option<String>,
+    pub tenant: Option<String>,
+}
+
+/// What became of a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyOutcome {
+    /// A requester waited and has it.
+    Delivered,
+    /// Nobody waits for it: unknown, already answered, its requester gone, or another
+    /// tenant's (which must not learn that the id exists).
+    Unknown,
+    /// Its request's deadline passed.
+    Late,
+    /// The replier may not reply to that request's topic (the deciding ACL rule, if any).
+    Denied { topic: String, rule: Option<String> },
+    /// The reply carries no `emcorrelationid`.
+    MissingId,
+}
+
+impl ReplyOutcome {
+    /// The HTTP status that tells a replier what became of its reply, and a detail for the
+    /// problem (nothing for a delivered reply).
+    pub fn status(&self, replier: &str) -> (u16, String) {
+        match self {
+            ReplyOutcome::Delivered => (202, String::new()),
+            ReplyOutcome::Unknown | ReplyOutcome::Late => {
+                (404, "no request waits for this reply (unknown, expired or already answered)".into())
+            }
+            ReplyOutcome::Denied { topic, .. } => (403, format!("{replier} may not REPLY topic:{topic}")),
+            ReplyOutcome::MissingId => (400, "a reply carries the request's emcorrelationid".into()),
+        }
+    }
+}
+
+/// Why a request could not wait here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_pending_requests` wait already.
+    Full,
+    /// Their bytes are at `max_pending_request_bytes`.
+    Bytes,
+}
+
+struct Waiting {
+    token: u64,
+    deadline_us: i64,
+    /// The request's topic as stored (tenant-prefixed) and the requester's tenant.
+    topic: String,
+    tenant: Option<String>,
+    bytes: usize,
+    /// Taken by the first reply.
+    tx: Option<oneshot::Sender<Frame>>,
+}
+
+#[derive(Default)]
+struct Slot {
+    gen: u32,
+    waiting: Option<Waiting>,
+}
+
+/// This shard's waiting requests.
+pub struct Requests {
+    shard: ShardId,
+    slots: RefCell<Vec<Slot>>,
+    free: RefCell<Vec<u32>>,
+    bytes: Cell<usize>,
+    max: usize,
+    max_bytes: usize,
+    keys: std::collections::hash_map::RandomState,
+    counter: Cell<u64>,
+    /// The policy replies are checked under.
+    view: View,
+}
+
+/// A request waiting in its slot: resolves to the reply; frees the slot when dropped.
+pub struct Pending<'a> {
+    table: &'a Requests,
+    slot: u32,
+    gen: u32,
+    pub id: Correlation,
+    pub reply: oneshot::Receiver<Frame>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.table.release(self.slot, self.gen);
+    }
+}
+
+impl Requests {
+    pub fn new(shard: ShardId, max: usize, max_bytes: usize, governance: &Governance) -> Requests {
+        Requests {
+            shard,
+            slots: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+            bytes: Cell::new(0),
+            max,
+            max_bytes,
+            keys: std::collections::hash_map::RandomState::new(),
+            counter: Cell::new(0),
+            view: View::new(governance),
+        }
+    }
+
+    /// Requests waiting now.
+    pub fn len(&self) -> usize {
+        self.slots.borrow().len() - self.free.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes a slot for a request of `topic` (stored name) by `tenant`, holding `bytes`, that
+    /// waits until `deadline_us` (µs since the epoch).
+    pub fn wait(
+        &self,
+        topic: &str,
+        tenant: Option<&str>,
+        bytes: usize,
+        deadline_us: i64,
+    ) -> Result<Pending<'_>, Refusal> {
+        if self.bytes.get() + bytes > self.max_bytes && !self.is_empty() {
+            return Err(Refusal::Bytes);
+        }
+        let mut slots = self.slots.borrow_mut();
+        let slot = match self.free.borrow_mut().pop() {
+            Some(s) => s,
+            None if slots.len() < self.max => {
+                slots.push(Slot::default());
+                (slots.len() - 1) as u32
+            }
+            None => return Err(Refusal::Full),
+        };
+        let s = &mut slots[slot as usize];
+        s.gen = s.gen.wrapping_add(1);
+        self.counter.set(self.counter.get() + 1);
+        let token = self.keys.hash_one((self.shard.0, slot, s.gen, self.counter.get()));
+        let (tx, reply) = oneshot::channel();
+        s.waiting = Some(Waiting {
+            token,
+            deadline_us,
+            topic: topic.to_owned(),
+            tenant: tenant.map(str::to_owned),
+            bytes,
+            tx: Some(tx),
+        });
+        self.bytes.set(self.bytes.get() + bytes);
+        let id = Correlation { shard: self.shard, slot, gen: s.gen, token };
+        Ok(Pending { table: self, slot, gen: s.gen, id, reply })
+    }
+
+    fn release(&self, slot: u32, gen: u32) {
+        let mut slots = self.slots.borrow_mut();
+        let Some(s) = slots.get_mut(slot as usize).filter(|s| s.gen == gen) else { return };
+        if let Some(w) = s.waiting.take() {
+            self.bytes.set(self.bytes.get().saturating_sub(w.bytes));
+            self.free.borrow_mut().push(slot);
+        }
+    }
+
+    /// Hands `reply` to the request `id` names, if one waits for it here and `replier` may
+    /// answer it: the tenant must match (else `Unknown`), the ACL must allow REPLY on the
+    /// request's topic as the replier names it, and the deadline must not have passed (timers
+    /// run late on a saturated core, so the reply checks it too).
+    pub fn fulfil(
+        &self,
+        id: Correlation,
+        reply: Frame,
+        replier: &Replier,
+        governance: &Governance,
+        now_us: i64,
+    ) -> ReplyOutcome {
+        let mut slots = self.slots.borrow_mut();
+        let Some(w) = slots.get_mut(id.slot as usize).filter(|s| s.gen == id.gen).and_then(|s| s.waiting.as_mut())
+        else {
+            return ReplyOutcome::Unknown;
+        };
+        if w.token != id.token || w.tenant != replier.tenant || w.tx.is_none() {
+            return ReplyOutcome::Unknown;
+        }
+        if let Some(who) = &replier.principal {
+            let local = match &w.tenant {
+                Some(t) => w.topic.strip_prefix(t.as_str()).and_then(|n| n.strip_prefix('.')).unwrap_or(&w.topic),
+                None => &w.topic,
+            };
+            let snap = self.view.current(governance);
+            if !matches!(*snap.keys, crate::governance::identity::Keys::None) {
+                if let (false, rule) = snap.acl.decide(who, Kind::Topic, local, Action::Reply) {
+                    return ReplyOutcome::Denied { topic: local.to_owned(), rule: rule.map(str::to_owned) };
+                }
+            }
+        }
+        if w.deadline_us <= now_us {
+            return ReplyOutcome::Late;
+        }
+        match w.tx.take().map(|tx| tx.send(reply)) {
+            Some(Ok(())) => ReplyOutcome::Delivered,
+            _ => ReplyOutcome::Unknown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_garbage_is_none() {
+        let c = Correlation { shard: ShardId(3), slot: 4095, gen: 7, token: u64::MAX - 1 };
+        assert_eq!(Correlation::parse(&c.to_string()), Some(c));
+        for bad in [
+            "",
+            "1",
+            "1.0.3.fff.7",
+            "2.0.3.fff.7.1",
+            "1.1.3.fff.7.1",
+            "1.0.3.fff.7.1.9",
+            "1.0.10000.1.1.1",
+            "1.0.3.fff.7.zz",
+            "1.0.3..7.1",
+            "1.0.3.fff.7.11111111111111111",
+            "1.0.-3.fff.7.1",
+        ] {
+            assert_eq!(Correlation::parse(bad), None, "{bad}");
+        }
+    }
+}
