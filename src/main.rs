@@ -1,4 +1,4 @@
-//! `evmesh serve | pub | sub`: parse the configuration, start the shards, wait for a signal.
+//! `evmesh serve | pub | sub | request`: parse the configuration, start the shards, wait for a signal.
 
 use std::process::ExitCode;
 
@@ -12,7 +12,8 @@ const USAGE: &str = "usage:
   evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--client-id C] [--no-ack] [--max N]
                [--token T]
                (one JSON line per event; ack=none: at-most-once from the moment it attaches)
-  pub and sub over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
+  evmesh request --topic T [--timeout-ms 30000] [the event flags of pub]   (prints the reply)
+  pub, sub and request over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
                [--cert FILE --key FILE]   (a client certificate, for mutual TLS)
   evmesh print-config   (the commented defaults)";
 
@@ -20,20 +21,9 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("serve") => serve(&args[1..]),
-        Some("pub") => match evmesh::cli::publish(&args[1..]) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("evmesh pub: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Some("sub") => match evmesh::cli::subscribe(&args[1..]) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("evmesh sub: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Some("pub") => client("pub", evmesh::cli::publish(&args[1..])),
+        Some("sub") => client("sub", evmesh::cli::subscribe(&args[1..])),
+        Some("request") => client("request", evmesh::cli::request(&args[1..])),
         Some("print-config") => {
             print!("{}", evmesh::config::DEFAULT_TOML);
             ExitCode::SUCCESS
@@ -45,6 +35,17 @@ fn main() -> ExitCode {
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// The exit of a client command: its error on stderr, named after the command.
+fn client(name: &str, result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("evmesh {name}: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The command-line side: `evmesh pub` and `evmesh sub` (tiny blocking clients for a first
-//! tour) and the process's stop signals. Not used by the shards.
+//! The command-line side: `evmesh pub`, `evmesh sub` and `evmesh request` (tiny blocking
+//! clients for a first tour) and the process's stop signals. Not used by the shards.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -107,38 +107,47 @@ fn new_id() -> String {
     format!("{:x}-{:x}", t.as_nanos(), std::process::id())
 }
 
-/// `evmesh pub`: builds a structured CloudEvent from flags (or reads one from stdin), posts it,
-/// prints the broker's answer. Errors are the broker's problem+json or the I/O failure.
-pub fn publish(args: &[String]) -> Result<(), String> {
-    const KNOWN: [&str; 7] = ["--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text"];
-    let (mut stream, hostport, _) = broker(args, &KNOWN)?;
+/// Flags that build the event `evmesh pub` and `evmesh request` send.
+const EVENT_FLAGS: [&str; 7] = ["--topic", "--type", "--source", "--id", "--partition-key", "--data", "--data-text"];
+
+/// The structured CloudEvent the flags describe, or the one on stdin when none of `--type`,
+/// `--data`, `--data-text` is given.
+fn event_from(args: &[String]) -> Result<String, String> {
+    if flag(args, "--type").is_none() && flag(args, "--data").is_none() && flag(args, "--data-text").is_none() {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map_err(|e| format!("stdin: {e}"))?;
+        return Ok(s);
+    }
+    let mut ev = serde_json::json!({
+        "specversion": "1.0",
+        "id": flag(args, "--id").map(str::to_owned).unwrap_or_else(new_id),
+        "source": flag(args, "--source").unwrap_or("/evmesh/cli"),
+        "type": flag(args, "--type").unwrap_or("evmesh.cli"),
+    });
+    if let Some(k) = flag(args, "--partition-key") {
+        ev["partitionkey"] = k.into();
+    }
+    if let Some(d) = flag(args, "--data") {
+        ev["data"] = serde_json::from_str(d).map_err(|e| format!("--data is not JSON: {e}"))?;
+        ev["datacontenttype"] = "application/json".into();
+    } else if let Some(d) = flag(args, "--data-text") {
+        ev["data"] = d.into();
+        ev["datacontenttype"] = "text/plain".into();
+    }
+    Ok(ev.to_string())
+}
+
+/// Posts the event of the flags to `path` (`{topic}` replaced by `--topic`), prints the body
+/// of the answer; `wait` is how long the answer may take. Errors are the broker's
+/// problem+json (printed) with its status, or the I/O failure.
+fn post_event(args: &[String], known: &[&str], path: &str, wait: Duration) -> Result<(), String> {
+    let (mut stream, hostport, socket) = broker(args, known)?;
+    socket.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
     let topic = flag(args, "--topic").ok_or("--topic is required")?;
-    let event =
-        if flag(args, "--type").is_some() || flag(args, "--data").is_some() || flag(args, "--data-text").is_some() {
-            let mut ev = serde_json::json!({
-                "specversion": "1.0",
-                "id": flag(args, "--id").map(str::to_owned).unwrap_or_else(new_id),
-                "source": flag(args, "--source").unwrap_or("/evmesh/cli"),
-                "type": flag(args, "--type").unwrap_or("evmesh.cli"),
-            });
-            if let Some(k) = flag(args, "--partition-key") {
-                ev["partitionkey"] = k.into();
-            }
-            if let Some(d) = flag(args, "--data") {
-                ev["data"] = serde_json::from_str(d).map_err(|e| format!("--data is not JSON: {e}"))?;
-                ev["datacontenttype"] = "application/json".into();
-            } else if let Some(d) = flag(args, "--data-text") {
-                ev["data"] = d.into();
-                ev["datacontenttype"] = "text/plain".into();
-            }
-            ev.to_string()
-        } else {
-            let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).map_err(|e| format!("stdin: {e}"))?;
-            s
-        };
+    let event = event_from(args)?;
     let req = format!(
-        "POST /events/publish?topic={topic} HTTP/1.1\r\nhost: {hostport}\r\n{}content-type: application/cloudevents+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{event}",
+        "POST {} HTTP/1.1\r\nhost: {hostport}\r\n{}content-type: application/cloudevents+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{event}",
+        path.replace("{topic}", topic),
         auth_line(args),
         event.len()
     );
@@ -159,6 +168,24 @@ pub fn publish(args: &[String]) -> Result<(), String> {
     } else {
         Err(format!("HTTP {status}"))
     }
+}
+
+/// `evmesh pub`: builds a structured CloudEvent from flags (or reads one from stdin), posts it,
+/// prints the broker's answer.
+pub fn publish(args: &[String]) -> Result<(), String> {
+    post_event(args, &EVENT_FLAGS, "/events/publish?topic={topic}", Duration::from_secs(30))
+}
+
+/// `evmesh request`: sends the event as a request (`POST /events/request`) and prints the reply
+/// (structured mode), or the 504 once `--timeout-ms` (default 30000) passed without one.
+pub fn request(args: &[String]) -> Result<(), String> {
+    let known: Vec<&str> = EVENT_FLAGS.iter().copied().chain(["--timeout-ms"]).collect();
+    let ms: u64 = match flag(args, "--timeout-ms") {
+        None => 30_000,
+        Some(v) => v.parse().ok().filter(|&n| n > 0).ok_or("--timeout-ms must be a positive number")?,
+    };
+    let path = format!("/events/request?topic={{topic}}&timeoutMs={ms}");
+    post_event(args, &known, &path, Duration::from_millis(ms) + Duration::from_secs(10))
 }
 
 /// A blocking client-side WebSocket reader for `evmesh sub` (server frames are unmasked; ours

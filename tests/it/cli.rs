@@ -124,3 +124,37 @@ fn a_url_without_a_port_takes_the_schemes() {
         }
     }
 }
+
+#[test]
+fn request_prints_the_reply_or_fails_with_the_504() {
+    use serde_json::{json, Value};
+    let b = TestBroker::start(&[]);
+    let url = format!("http://{}", b.traffic);
+    let sub = json!({"subscription": "responders", "topic": "rpc", "mode": "LOAD_BALANCE", "start": "earliest"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", sub.to_string().as_bytes()).status, 201);
+    let mut ws = super::delivery::attach(&b, "subscription=responders");
+    let asking = evmesh()
+        .args(["request", "--url", &url, "--topic", "rpc", "--type", "com.example.ask", "--data", r#"{"q":1}"#])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let req = super::acked::recv(&mut ws, std::time::Duration::from_secs(10));
+    assert_eq!(req["data"], json!({"q": 1}));
+    let reply = json!({"specversion": "1.0", "id": "a-1", "source": "/responder", "type": "com.example.answer",
+                       "emcorrelationid": req["emcorrelationid"], "data": {"a": 2}});
+    let frame = json!({"type": "reply", "event": reply}).to_string();
+    ws.send(tungstenite::Message::text(frame)).unwrap();
+    let out = asking.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(printed["data"], json!({"a": 2}));
+    assert_eq!(printed["type"], "com.example.answer");
+    // Nobody answers this one: an error exit, the 504 problem printed.
+    let out = evmesh()
+        .args(["request", "--url", &url, "--topic", "quiet", "--type", "t", "--timeout-ms", "100"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\":504"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 504"));
+}

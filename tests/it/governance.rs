@@ -789,3 +789,66 @@ fn a_tenant_backlog_quota_holds_producers_until_consumers_catch_up() {
         (publish_as(&mut c, Some("acme-secret"), "jobs", "after").status == 202).then_some(())
     });
 }
+
+#[test]
+fn requests_need_request_replies_need_reply_and_another_tenant_gets_404() {
+    let tokens = [
+        ("client", None, "client-secret"),
+        ("pubonly", None, "pubonly-secret"),
+        ("responder", None, "responder-secret"),
+        ("norep", None, "norep-secret"),
+        ("stranger", Some("globex"), "stranger-secret"),
+    ];
+    let rule = |id: &str, who: &str, resource: &str, action: &str| {
+        format!(
+            "[[acl]]\nid = \"{id}\"\nprincipal = \"{who}\"\nresource = \"{resource}\"\nactions = [\"{action}\"]\neffect = \"ALLOW\"\n"
+        )
+    };
+    let acl = [
+        rule("client-requests", "client", "topic:rpc", "REQUEST"),
+        rule("pubonly-publishes", "pubonly", "topic:rpc", "PUBLISH"),
+        rule("responder-replies", "responder", "topic:rpc", "REPLY"),
+        rule("stranger-replies", "stranger", "topic:rpc", "REPLY"),
+    ]
+    .concat();
+    let (b, dir) = broker_with("request-acl", &tokens, &acl, &[]);
+    let ev = event("q").to_string();
+    let ask = |token: &str| {
+        let headers = vec![
+            ("content-type".to_string(), "application/cloudevents+json".to_string()),
+            ("authorization".into(), bearer(token)),
+        ];
+        super::request::request_async(&b, "rpc", 10_000, headers, ev.clone().into_bytes())
+    };
+    // PUBLISH is not REQUEST.
+    let refused = ask("pubonly-secret").join().unwrap().0.expect("a response");
+    refused.assert_problem(403);
+    let waiting = ask("client-secret");
+    let stored = wait_for(Duration::from_secs(5), || {
+        (0..2).find_map(|p| {
+            let path = format!("/admin/topics/rpc/partitions/{p}/events?from=0&max=10");
+            let r = admin_as(&b, Some(ADMIN_TOKEN), "GET", &path, &Value::Null);
+            r.json().as_array().and_then(|a| a.first().map(|e| e["event"].clone()))
+        })
+    });
+    let mut reply = event("re-q");
+    reply["emcorrelationid"] = stored["emcorrelationid"].clone();
+    let reply_as = |token: &str| {
+        let auth = bearer(token);
+        let headers = [("content-type", "application/cloudevents+json"), ("authorization", auth.as_str())];
+        b.client().request("POST", "/events/reply", &headers, reply.to_string().as_bytes())
+    };
+    // No REPLY on topic:rpc: 403, audited; another tenant's principal: 404, as for an unknown id.
+    reply_as("norep-secret").assert_problem(403);
+    reply_as("stranger-secret").assert_problem(404);
+    assert_eq!(reply_as("responder-secret").status, 202);
+    let r = waiting.join().unwrap().0.expect("a response");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["id"], "re-q");
+    wait_for(Duration::from_secs(5), || {
+        audit_lines(&dir)
+            .iter()
+            .any(|l| l["principal"] == "norep" && l["action"] == "REPLY" && l["outcome"] == "denied")
+            .then_some(())
+    });
+}
