@@ -9,7 +9,9 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        [--server-pid PID] [--json FILE] [--header 'Name: value' ...]
        [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
        subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
-       every event, one evmesh ack message per read)";
+       every event, one evmesh ack message per read; --reply: they answer every request with a
+       reply frame and ack it: request-reply, with --url .../events/request?topic=T)
+       loadgen --serve HOST:PORT   (the direct responder: answers every POST with the reply event)";
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -32,6 +34,8 @@ pub struct Args {
     pub subscribers: usize,
     /// Subscribers acknowledge what they receive (evmesh acknowledged delivery).
     pub ack: bool,
+    /// Subscribers answer each request (request-reply) with a reply frame, and ack it.
+    pub reply: bool,
     /// Extra request header lines (`Name: value`), e.g. `Authorization: Bearer T`.
     pub headers: Vec<String>,
 }
@@ -68,6 +72,7 @@ impl Args {
             subscribe: None,
             subscribers: 0,
             ack: false,
+            reply: false,
             headers: Vec::new(),
         };
         let mut subscribe_url: Option<String> = None;
@@ -88,6 +93,7 @@ impl Args {
                 "--subscribe-url" => subscribe_url = Some(val()?),
                 "--subscribers" => a.subscribers = val()?.parse().map_err(|_| "bad --subscribers")?,
                 "--ack" => a.ack = true,
+                "--reply" => (a.ack, a.reply) = (true, true),
                 "--header" | "-H" => {
                     let h = val()?;
                     if !h.contains(':') || h.contains(['\r', '\n']) {

@@ -81,10 +81,13 @@ async fn subscriber(
     path: String,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
-    ack: bool,
+    (ack, reply): (bool, bool),
 ) -> SubResult {
     let mut r = SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };
     let Ok(mut s) = TcpStream::connect(addr).await else { return r };
+    // Acks and replies are small writes: Nagle would hold each until the broker's next event
+    // brought the ACK of the last one.
+    let _ = s.set_nodelay(true);
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     );
@@ -106,6 +109,8 @@ async fn subscriber(
     r.connected = 1;
     buf.drain(..head_end);
     let mut acks: Vec<u8> = Vec::new();
+    // Reply frames (request-reply), written before the acks of what they answer.
+    let mut replies: Vec<u8> = Vec::new();
     loop {
         acks.clear();
         // Whole server frames (unmasked) at the front of `buf`.
@@ -134,6 +139,11 @@ async fn subscriber(
                         let _ = r.hist.record(now_micros().saturating_sub(t).max(1));
                     }
                 }
+                if let Some(id) = reply.then(|| crate::respond::correlation_id(&buf[at..at + len])).flatten() {
+                    let mut text = Vec::with_capacity(256);
+                    crate::respond::reply_frame(id, &mut text);
+                    client_text(&text, &mut replies);
+                }
                 if let Some(id) = ack.then(|| delivery_id(&buf[at..at + len])).flatten() {
                     acks.extend_from_slice(if acks.is_empty() { b"{\"type\":\"ack\",\"ids\":[\"" } else { b",\"" });
                     acks.extend_from_slice(id);
@@ -144,11 +154,15 @@ async fn subscriber(
         }
         if !acks.is_empty() {
             acks.extend_from_slice(b"]}");
-            let mut frame = Vec::with_capacity(acks.len() + 14);
-            client_text(&acks, &mut frame);
-            if s.write_all(frame).await.0.is_err() {
+            client_text(&acks, &mut replies);
+        }
+        if !replies.is_empty() {
+            let (res, back) = s.write_all(std::mem::take(&mut replies)).await;
+            if res.is_err() {
                 return r;
             }
+            replies = back;
+            replies.clear();
         }
         if !read_some(&mut s, &mut buf, &stop).await {
             return r;
@@ -164,13 +178,15 @@ pub fn run(
     n: usize,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
-    ack: bool,
+    roles: (bool, bool),
 ) -> SubResult {
     let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime");
     rt.block_on(async move {
         let (host, path) = (Rc::new(host), Rc::new(path));
         let tasks: Vec<_> = (0..n)
-            .map(|_| monoio::spawn(subscriber(addr, (*host).clone(), (*path).clone(), measure_from, stop.clone(), ack)))
+            .map(|_| {
+                monoio::spawn(subscriber(addr, (*host).clone(), (*path).clone(), measure_from, stop.clone(), roles))
+            })
             .collect();
         let mut total =
             SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };

@@ -12,6 +12,7 @@
 mod args;
 mod fanout;
 mod http;
+mod respond;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -170,6 +171,14 @@ fn run_thread(
 }
 
 fn main() {
+    let mut raw = std::env::args().skip(1).peekable();
+    if raw.peek().is_some_and(|a| a == "--serve") {
+        let addr = raw.nth(1).and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+            eprintln!("loadgen: --serve needs HOST:PORT");
+            std::process::exit(2)
+        });
+        respond::serve(addr);
+    }
     let args = match Args::parse(std::env::args().skip(1)) {
         Ok(a) => Arc::new(a),
         Err(e) => {
@@ -190,8 +199,8 @@ fn main() {
         })
     });
     let subscribers = args.subscribe.clone().filter(|_| args.subscribers > 0).map(|(addr, host, path)| {
-        let (n, stop, from, ack) = (args.subscribers, stop.clone(), start + args.warmup, args.ack);
-        std::thread::spawn(move || fanout::run(addr, host, path, n, from, stop, ack))
+        let (n, stop, from, roles) = (args.subscribers, stop.clone(), start + args.warmup, (args.ack, args.reply));
+        std::thread::spawn(move || fanout::run(addr, host, path, n, from, stop, roles))
     });
     let handles: Vec<_> = (0..threads)
         .map(|t| {
