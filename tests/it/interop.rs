@@ -193,3 +193,12 @@ fn tls_with_python_ssl_and_openssl_s_client() {
     let text = s_client(mtls.traffic, &[], &publish);
     assert!(!text.contains("HTTP/1.1 2"), "without a certificate nothing is published:\n{text}");
 }
+
+/// Request-reply with independent clients: `httpx` requesters (events built by the CloudEvents
+/// SDK, structured and binary), `websockets` and `httpx` responders.
+#[test]
+#[ignore = "needs Python with websockets, httpx and the CloudEvents SDK (SDK_PYTHON; scripts/test.sh installs them)"]
+fn python_request_reply_clients() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_script(&python, "python_request_reply.py");
+}
