@@ -86,6 +86,8 @@ pub struct ShardMetrics {
     pub requests_expired: Counter,
     pub replies_cross_core: Counter,
     pub replies_unmatched: Counter,
+    /// Lite topics deleted after `lite_topic_ttl_ms` without traffic.
+    pub lite_topics_expired: Counter,
     pub publish_latency: Histogram,
     /// Requests refused by the connection itself before a close, by status: 400 (framing),
     /// 408, 413, 431, other.
@@ -129,7 +131,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 20] = [
+        let counters: [(&str, &str, CounterOf); 21] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
@@ -178,6 +180,9 @@ impl Metrics {
             ),
             ("evmesh_replies_cross_core_total", "Replies sent to the requester's shard (one mailbox hop)", |m| {
                 &m.replies_cross_core
+            }),
+            ("evmesh_lite_topics_expired_total", "Lite topics deleted after lite_topic_ttl_ms without traffic", |m| {
+                &m.lite_topics_expired
             }),
             ("evmesh_replies_unmatched_total", "Replies answered 404: unknown, late or already answered", |m| {
                 &m.replies_unmatched

@@ -15,6 +15,7 @@ mod it {
     mod interop;
     #[cfg(feature = "kafka")]
     mod kafka;
+    mod lite;
     mod pipeline;
     mod publish;
     mod request;

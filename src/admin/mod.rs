@@ -80,7 +80,7 @@ fn lag(
 
 fn log_of(shared: &Shared, topic: &str, p: PartitionId) -> EmbeddedLog {
     let s = owner(topic, p, shared.config.shards);
-    EmbeddedLog::new(shared.db.clone(), s, shared.config.durability, None)
+    EmbeddedLog::new(shared.db.clone(), s, shared.config.durability, None, shared.config.lite_topic_ttl)
 }
 
 /// The backlog of each tenant with a `backlogBytes` quota: per partition of its topics, the
@@ -869,6 +869,10 @@ impl Admin {
         if !valid_topic(topic) {
             return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
         }
+        if crate::shard::is_lite(topic) {
+            let detail = "agent.*, client.* and session.* are lite topics: created by their first event, one partition";
+            return problem(StatusCode::BAD_REQUEST, detail);
+        }
         let spec: TopicSpec = match serde_json::from_slice(body) {
             Ok(s) => s,
             Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("expected {{\"partitions\": N}}: {e}")),
@@ -1018,7 +1022,11 @@ impl Admin {
     }
 
     fn events(&self, topic: &str, partition: &str, req: &Request<'_>) -> Response {
+        // A lite topic (the operator's name for it): its one partition, stored under `:name`.
+        let lite = crate::shard::is_lite(topic).then(|| crate::shard::lite_stored(topic));
+        let topic = lite.as_deref().unwrap_or(topic);
         let m = match meta::get(&self.shared.db, topic) {
+            _ if lite.is_some() => TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None },
             Ok(Some(m)) => m,
             Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no topic {topic}")),
             Err(e) => return storage_problem(&e),

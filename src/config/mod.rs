@@ -91,6 +91,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("max_request_timeout_ms", "request-reply: the longest timeoutMs a request may ask for (larger ones are capped)"),
     ("max_pending_requests", "request-reply: requests waiting for a reply per shard (429 beyond)"),
     ("max_pending_request_bytes", "request-reply: bytes of the requests waiting for a reply per shard (429 beyond)"),
+    ("lite_topic_ttl_ms", "a lite topic (agent.*, client.*, session.*) without traffic this long is deleted"),
     ("advertised_url", "the URL clients reach this instance at (emreplyto, instanceUrl); empty = from listen"),
     ("auto_create_topics", "create a topic on its first publish or subscription (false: 404 until PUT /admin/topics)"),
     ("admin_max_connections", "open connections on the admin listener; more are closed at accept"),
@@ -173,6 +174,7 @@ pub struct RawConfig {
     max_pending_requests: u64,
     max_pending_request_bytes: u64,
     advertised_url: String,
+    lite_topic_ttl_ms: u64,
     auto_create_topics: bool,
     admin_max_connections: u64,
     memory_limit_bytes: u64,
@@ -309,6 +311,8 @@ pub struct Config {
     /// Where clients reach this instance (`http[s]://host:port`, no trailing slash; empty until
     /// the runtime fills in the bound listener's [`local_url`]).
     pub advertised_url: String,
+    /// A lite topic without traffic this long is deleted (with its events).
+    pub lite_topic_ttl: Duration,
     pub auto_create_topics: bool,
     pub admin_max_connections: usize,
     /// Resident memory past which new work is shed.
@@ -552,6 +556,12 @@ impl RawConfig {
                 1 << 40,
             )? as usize,
             advertised_url: self.advertised_url()?,
+            lite_topic_ttl: Duration::from_millis(range(
+                "lite_topic_ttl_ms",
+                self.lite_topic_ttl_ms,
+                100,
+                365 * 86_400_000,
+            )?),
             auto_create_topics: self.auto_create_topics,
             admin_max_connections: range("admin_max_connections", self.admin_max_connections, 1, 1_000_000)? as usize,
             memory_limit_bytes: match self.memory_limit_bytes {

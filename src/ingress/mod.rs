@@ -27,7 +27,7 @@ use crate::shard::core::{Shard, CROSS_CORE_DEADLINE, OUTBOX_HIGH};
 use crate::shard::mailbox::Sender;
 use crate::shard::message::{AckKind, ConsumerKey, InterestChange, PollRequest, ShardMessage, SubOutcome, SubRequest};
 use crate::shard::partitioner::partition_for_key;
-use crate::shard::{valid_topic, PartitionId};
+use crate::shard::{is_lite, lite_stored, valid_topic, PartitionId};
 use crate::storage::StorageError;
 use crate::subscription::definition::{Definition, Mode as SubMode};
 use crate::subscription::filter::compile;
@@ -703,6 +703,12 @@ impl Traffic {
             Ok(d) => d,
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
+        if is_lite(&def.topic) {
+            let detail =
+                "agent.*, client.* and session.* are lite topics, read with GET /session/subscribe/{sessionId} \
+                          (or by agents over /agent/ws), not through subscriptions";
+            return problem(StatusCode::BAD_REQUEST, detail);
+        }
         // A subscription reads its topic: it needs SUBSCRIBE on both.
         if let Err(r) = gate
             .allow(Action::Subscribe, Kind::Subscription, &def.subscription)
@@ -846,7 +852,9 @@ impl Traffic {
             return Err(problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}"));
         }
         gate.allow(action, Kind::Topic, &topic)?;
+        let lite = is_lite(&topic);
         Ok(match gate.scoped(&topic)? {
+            scoped if lite => Cow::Owned(lite_stored(&scoped)),
             Cow::Owned(t) => Cow::Owned(t),
             Cow::Borrowed(_) => topic,
         })

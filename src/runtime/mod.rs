@@ -218,7 +218,13 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
         let mut ends = Vec::new();
         for p in (0..m.partitions).map(crate::shard::PartitionId) {
             let owner = crate::shard::owner(&topic, p, shards);
-            let local = crate::storage::embedded::EmbeddedLog::new(shared.db.clone(), owner, Durability::Memory, None);
+            let local = crate::storage::embedded::EmbeddedLog::new(
+                shared.db.clone(),
+                owner,
+                Durability::Memory,
+                None,
+                shared.config.lite_topic_ttl,
+            );
             ends.push(local.bounds(&topic, p)?.end);
         }
         known.push((topic, m.partitions, ends));

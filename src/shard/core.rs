@@ -73,6 +73,9 @@ pub struct Shard {
     pub requests: super::requests::Requests,
 }
 
+/// A lite topic's settings: one partition; it expires whole after `lite_topic_ttl_ms` idle.
+const LITE_META: TopicMeta = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None };
+
 /// How long a request to another core may take before its caller answers 503: longer than any
 /// storage wait (fsync, a Kafka ack), short enough that no request hangs.
 pub const CROSS_CORE_DEADLINE: Duration = Duration::from_secs(30);
@@ -95,13 +98,14 @@ impl Shard {
     pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
         let shards = shared.config.shards;
         let delivery = crate::delivery::Dispatcher::new(&shared.config);
-        let embedded = || EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone());
+        let ttl = shared.config.lite_topic_ttl;
+        let embedded = || EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone(), ttl);
         #[cfg(feature = "kafka")]
         let log = match &shared.kafka {
             None => Log::Embedded(embedded()),
             // The local copy needs no WAL: Kafka is the durable log, the tail refills the copy.
             Some(k) => {
-                let local = EmbeddedLog::new(shared.db.clone(), id, Durability::Memory, None);
+                let local = EmbeddedLog::new(shared.db.clone(), id, Durability::Memory, None, ttl);
                 Log::Kafka(crate::storage::kafka::KafkaLog::new(k.clone(), local))
             }
         };
@@ -363,6 +367,10 @@ impl Shard {
     /// The topic's settings, creating it with the defaults (or `spec`) if it does not exist.
     /// `internal`: evmesh's own (a dead-letter topic), not subject to the client caps.
     pub async fn topic(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
+        if topic.starts_with(':') {
+            // A lite topic: one partition, no metadata row, created by its first append.
+            return Ok((LITE_META, false));
+        }
         if spec.is_none() {
             if let Some(known) = self.topics.borrow().get(topic) {
                 return Ok((known.meta, false));
@@ -385,6 +393,9 @@ impl Shard {
     /// The partition count of an existing topic (this shard's cache, else the metadata); never
     /// creates one.
     pub fn partitions_of(&self, topic: &str) -> Option<u32> {
+        if topic.starts_with(':') {
+            return Some(1);
+        }
         if let Some(known) = self.topics.borrow().get(topic) {
             return Some(known.meta.partitions);
         }
@@ -578,6 +589,13 @@ impl Shard {
         loop {
             monoio::time::sleep(every).await;
             self.expire_clients();
+            if let Log::Embedded(log) = &self.log {
+                let ttl = self.shared.config.lite_topic_ttl;
+                match log.expire_lite(crate::storage::offsets::now_ms(), ttl.as_millis() as u64) {
+                    Ok(n) => self.shared.metrics.shard(self.id).lite_topics_expired.add(n),
+                    Err(e) => eprintln!("evmesh: {}: expiring lite topics: {e}", self.id),
+                }
+            }
             let Ok(topics) = meta::list(&self.shared.db) else { continue };
             let now = crate::clock::now_micros();
             for (name, m) in topics {

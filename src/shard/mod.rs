@@ -57,10 +57,47 @@ fn topic_hash(topic: &str) -> u32 {
     topic.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
 }
 
+/// Lite topics (RocketMQ's RIP-83): light per-entity topics a client names `agent.<id>`,
+/// `client.<id>` or `session.<id>`, created implicitly, each one partition (0) with its own dense
+/// offsets, expiring after `lite_topic_ttl_ms` without traffic. They are stored under the scoped
+/// name with a `:` in front (a byte no topic name has, so nothing collides) and multiplexed onto
+/// the partitions of a parent topic per kind, `lite.<kind>` with [`LITE_PARTITIONS`] partitions
+/// (murmur2 of the name picks one, as Kafka's partitioner would): the shard owning that parent
+/// partition owns the lite topic. They have no metadata row and no slot of `max_topics`.
+pub const LITE_KINDS: [&str; 3] = ["agent", "client", "session"];
+
+/// Partitions of each lite parent topic (placement: stable for a data directory).
+pub const LITE_PARTITIONS: u32 = 64;
+
+/// Whether a topic name as the client wrote it names a lite topic.
+pub fn is_lite(local: &str) -> bool {
+    LITE_KINDS.iter().any(|k| local.strip_prefix(k).is_some_and(|rest| rest.starts_with('.') && rest.len() > 1))
+}
+
+/// The stored name of a lite topic whose scoped (tenant-prefixed) name is `scoped`.
+pub fn lite_stored(scoped: &str) -> String {
+    format!(":{scoped}")
+}
+
+/// The parent topic and partition a stored lite topic is multiplexed onto.
+fn lite_parent(stored: &str) -> (&'static str, PartitionId) {
+    let name = &stored[1..];
+    let kind = LITE_KINDS
+        .iter()
+        .position(|k| name.split('.').any(|part| part == *k))
+        .map_or("lite.session", |i| ["lite.agent", "lite.client", "lite.session"][i]);
+    (kind, partitioner::partition_for_key(name.as_bytes(), LITE_PARTITIONS))
+}
+
 /// The shard that owns `partition` of `topic`. Consecutive partitions go to consecutive shards,
 /// starting at a per-topic point, so every shard owns some partitions of any topic with at least
-/// as many partitions as shards.
+/// as many partitions as shards. A lite topic (stored name `:...`) is owned by the owner of its
+/// parent partition.
 pub fn owner(topic: &str, partition: PartitionId, shards: usize) -> ShardId {
+    if topic.starts_with(':') {
+        let (parent, p) = lite_parent(topic);
+        return owner(parent, p, shards);
+    }
     let start = topic_hash(topic) as usize % shards;
     ShardId(((start + partition.0 as usize) % shards) as u16)
 }

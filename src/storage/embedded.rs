@@ -3,6 +3,13 @@
 //! Key: `[topic length u8][topic][partition u32 BE][offset u64 BE]`, so one partition is one
 //! contiguous, offset-ordered key range. Value: the whole frame, offset stamped in.
 //!
+//! Lite topics (stored names starting with `:`, see `shard::is_lite`) are partitions like any
+//! other, plus two index rows under the impossible topic length 0: `[0]['s'][name]` -> the
+//! last traffic (ms, BE) and `[0]['t'][ms BE][name]` -> empty, so expiry walks the oldest first.
+//! The rows are rewritten only when the time moved by over 1/16 of the TTL. An idle lite topic
+//! holds no memory: at most [`LITE_CACHE`] of them keep their next offset cached per shard (a
+//! miss costs one seek).
+//!
 //! Durability: `memory` skips the WAL; `os` writes the WAL to the OS on every append (survives a
 //! process crash); `fsync` also asks the [`Syncer`] thread for a WAL sync and resolves only after
 //! it, so many appends share one fsync (group commit) and the shard never waits on the disk.
@@ -81,6 +88,30 @@ impl Syncer {
 #[derive(Debug, Clone, Copy)]
 struct PartState {
     next: u64,
+    /// Lite topics: the last traffic written to the index (ms since the epoch; 0 = none).
+    touched_ms: u64,
+}
+
+/// Lite topics whose next offset a shard keeps cached (the oldest cached is dropped first).
+pub const LITE_CACHE: usize = 65_536;
+/// Lite topics expired per shard and pass at most (the next pass continues).
+const LITE_EXPIRE_BATCH: usize = 10_000;
+
+fn is_lite(pre: &[u8]) -> bool {
+    pre.get(1) == Some(&b':')
+}
+
+/// The name part of a lite topic's partition prefix.
+fn lite_name(pre: &[u8]) -> &[u8] {
+    &pre[1..1 + pre[0] as usize]
+}
+
+fn lite_seen_key(name: &[u8]) -> Vec<u8> {
+    [&[0u8, b's'][..], name].concat()
+}
+
+fn lite_time_key(ms: u64, name: &[u8]) -> Vec<u8> {
+    [&[0u8, b't'][..], &ms.to_be_bytes()[..], name].concat()
 }
 
 /// Appends waiting for the next write of this shard.
@@ -110,6 +141,10 @@ struct Inner {
     /// Next offset per owned partition (keyed by its key prefix), loaded from the log on first
     /// use after a start.
     parts: RefCell<HashMap<Vec<u8>, PartState>>,
+    /// The lite topics in `parts`, oldest cached first.
+    lite_cached: RefCell<std::collections::VecDeque<Vec<u8>>>,
+    /// `lite_topic_ttl_ms`: the index of last traffic is rewritten when it moved by 1/16 of it.
+    lite_ttl_ms: u64,
     pending: RefCell<Pending>,
 }
 
@@ -132,6 +167,11 @@ impl Inner {
         let mut wo = WriteOptions::default();
         wo.disable_wal(self.durability == Durability::Memory);
         let mut result = self.db.write_opt(batch, &wo).map_err(StorageError::from);
+        if result.is_ok() {
+            // Written, and nothing is pending (no await since the batch was taken): a dropped
+            // entry is read back from the log exactly.
+            self.evict_lite();
+        }
         if result.is_err() {
             // Offsets were handed out for records that are not in the log. Forget every
             // partition end (they are re-read from the log) and fail the appends queued since,
@@ -151,14 +191,39 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Drops the oldest cached lite topics past [`LITE_CACHE`]. Only when nothing is pending:
+    /// an entry with offsets handed out but not written must stay.
+    fn evict_lite(&self) {
+        let mut order = self.lite_cached.borrow_mut();
+        if order.len() <= LITE_CACHE || !self.pending.borrow().waiters.is_empty() {
+            return;
+        }
+        let mut parts = self.parts.borrow_mut();
+        while order.len() > LITE_CACHE {
+            if let Some(pre) = order.pop_front() {
+                parts.remove(&pre);
+            }
+        }
+    }
+}
+
 impl EmbeddedLog {
-    pub fn new(db: Arc<DB>, shard: ShardId, durability: Durability, syncer: Option<Syncer>) -> Self {
+    pub fn new(
+        db: Arc<DB>,
+        shard: ShardId,
+        durability: Durability,
+        syncer: Option<Syncer>,
+        lite_ttl: std::time::Duration,
+    ) -> Self {
         let inner = Inner {
             db,
             cf: log_cf(shard.index()),
             durability,
             syncer,
             parts: RefCell::new(HashMap::new()),
+            lite_cached: RefCell::new(std::collections::VecDeque::new()),
+            lite_ttl_ms: lite_ttl.as_millis() as u64,
             pending: RefCell::new(Pending::default()),
         };
         EmbeddedLog { inner: Rc::new(inner) }
@@ -237,7 +302,9 @@ impl EmbeddedLog {
         wo.disable_wal(true);
         self.inner.db.write_opt(batch, &wo)?;
         let end = rest.last().map_or(next, |f| f.header().offset + 1);
-        self.inner.parts.borrow_mut().insert(pre, PartState { next: end });
+        if let Some(s) = self.inner.parts.borrow_mut().get_mut(&pre) {
+            s.next = end;
+        }
         Ok(Some(skip))
     }
 
@@ -248,12 +315,69 @@ impl EmbeddedLog {
     }
 
     fn next_offset(&self, pre: &[u8]) -> Result<u64, StorageError> {
+        Ok(self.part_state(pre)?.next)
+    }
+
+    /// A partition's cached state, read from the log (and a lite topic's index) on a miss.
+    fn part_state(&self, pre: &[u8]) -> Result<PartState, StorageError> {
         if let Some(s) = self.inner.parts.borrow().get(pre) {
-            return Ok(s.next);
+            return Ok(*s);
         }
         let next = self.scan_bounds(pre)?.end;
-        self.inner.parts.borrow_mut().insert(pre.to_vec(), PartState { next });
-        Ok(next)
+        let mut touched_ms = 0;
+        if is_lite(pre) {
+            if let Some(v) = self.inner.db.get_cf(self.cf(), lite_seen_key(lite_name(pre)))? {
+                touched_ms = v.get(..8).map_or(0, |b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
+            }
+            self.inner.lite_cached.borrow_mut().push_back(pre.to_vec());
+        }
+        let state = PartState { next, touched_ms };
+        self.inner.parts.borrow_mut().insert(pre.to_vec(), state);
+        Ok(state)
+    }
+
+    /// Deletes the lite topics without traffic for `ttl_ms` (a little more: the index lags by up
+    /// to 1/16 of it), at most [`LITE_EXPIRE_BATCH`] a call, with their events and index rows.
+    /// A topic with appends not yet written is left for the next pass. Returns how many went.
+    pub fn expire_lite(&self, now_ms: u64, ttl_ms: u64) -> Result<u64, StorageError> {
+        let cutoff = now_ms.saturating_sub(ttl_ms + ttl_ms / 16);
+        let cf = self.cf();
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_upper_bound(lite_time_key(cutoff, b""));
+        let mut it = self.inner.db.raw_iterator_cf_opt(cf, ro);
+        it.seek(lite_time_key(0, b""));
+        let mut batch = WriteBatch::default();
+        let mut gone = Vec::new();
+        let busy = !self.inner.pending.borrow().waiters.is_empty();
+        while it.valid() && gone.len() < LITE_EXPIRE_BATCH {
+            let k = it.key().expect("valid");
+            let (ms, name) = (u64::from_be_bytes(k[2..10].try_into().expect("8 bytes")), &k[10..]);
+            batch.delete_cf(cf, k);
+            let seen = self.inner.db.get_cf(cf, lite_seen_key(name))?;
+            // A row the topic's later traffic replaced is stale: only it goes.
+            if seen.as_deref() == Some(&ms.to_be_bytes()[..]) {
+                let mut pre = vec![name.len() as u8];
+                pre.extend_from_slice(name);
+                pre.extend_from_slice(&0u32.to_be_bytes());
+                let cached = self.inner.parts.borrow().get(&pre).copied();
+                if busy && cached.is_some() {
+                    break; // may have appends in the batch being written: next pass
+                }
+                batch.delete_range_cf(cf, key(&pre, 0), upper_bound(&pre));
+                batch.delete_cf(cf, lite_seen_key(name));
+                gone.push(pre);
+            }
+            it.next();
+        }
+        it.status()?;
+        drop(it);
+        self.inner.db.write(batch)?;
+        let mut parts = self.inner.parts.borrow_mut();
+        for pre in &gone {
+            parts.remove(pre);
+        }
+        self.inner.lite_cached.borrow_mut().retain(|p| parts.contains_key(p));
+        Ok(gone.len() as u64)
     }
 }
 
@@ -272,6 +396,19 @@ impl Storage for EmbeddedLog {
             }
             if let Some(s) = self.inner.parts.borrow_mut().get_mut(pre.as_slice()) {
                 s.next = first + frames.len() as u64;
+                if is_lite(&pre) {
+                    // The index of last traffic, when it moved by over 1/16 of the TTL.
+                    let now = super::offsets::now_ms();
+                    if now.saturating_sub(s.touched_ms) > self.inner.lite_ttl_ms / 16 {
+                        let name = lite_name(&pre);
+                        if s.touched_ms != 0 {
+                            p.batch.delete_cf(cf, lite_time_key(s.touched_ms, name));
+                        }
+                        p.batch.put_cf(cf, lite_seen_key(name), now.to_be_bytes());
+                        p.batch.put_cf(cf, lite_time_key(now, name), b"");
+                        s.touched_ms = now;
+                    }
+                }
             }
             let (tx, rx) = oneshot::channel();
             p.waiters.push(tx);

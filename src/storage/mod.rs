@@ -161,6 +161,10 @@ impl Log {
         match self {
             Log::Embedded(l) => l.append(topic, partition, frames).await.map(|first| (first, true)),
             #[cfg(feature = "kafka")]
+            Log::Kafka(_) if topic.starts_with(':') => Err(StorageError::Unavailable(
+                "lite topics are kept on the embedded log only (not with storage = kafka yet)",
+            )),
+            #[cfg(feature = "kafka")]
             Log::Kafka(k) => k.append_mirrored(topic, partition, frames).await,
         }
     }

@@ -13,6 +13,9 @@ use super::kafka::{KafkaBackend, KafkaLog};
 use super::{db, Bounds, Durability, Log, Storage, TopicMeta};
 use crate::shard::{PartitionId, ShardId};
 
+/// The lite-topic TTL the suite's logs run with.
+const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
+
 pub(super) struct TempDir(pub(super) PathBuf);
 
 impl TempDir {
@@ -51,7 +54,7 @@ fn ids(frames: &[Frame]) -> Vec<String> {
 fn log(dir: &TempDir, durability: Durability) -> EmbeddedLog {
     let db = db::open(&dir.0, 2).unwrap();
     let syncer = (durability == Durability::Fsync).then(|| Syncer::start(db.clone()).unwrap());
-    EmbeddedLog::new(db, ShardId(0), durability, syncer)
+    EmbeddedLog::new(db, ShardId(0), durability, syncer, HOUR)
 }
 
 fn append(log: &impl Storage, topic: &str, p: u32, frames: Vec<Frame>) -> u64 {
@@ -96,7 +99,7 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 block_on(k.ensure_topic(n, 4)).unwrap();
             }
             let db = db::open(&dir.0, 2).unwrap();
-            (Log::Kafka(KafkaLog::new(k, EmbeddedLog::new(db, ShardId(0), Durability::Memory, None))), names)
+            (Log::Kafka(KafkaLog::new(k, EmbeddedLog::new(db, ShardId(0), Durability::Memory, None, HOUR))), names)
         }
     }
 }
@@ -179,7 +182,7 @@ fn retention_keeps_the_newest(backend: Backend) {
 fn a_corrupt_record_is_reported_not_trusted() {
     let dir = TempDir::new("corrupt");
     let db = db::open(&dir.0, 2).unwrap();
-    let log = EmbeddedLog::new(db.clone(), ShardId(0), Durability::Os, None);
+    let log = EmbeddedLog::new(db.clone(), ShardId(0), Durability::Os, None, HOUR);
     append(&log, "t", 0, vec![frame("t", "a", 1, 10)]);
     let cf = db.cf_handle(&db::log_cf(0)).unwrap();
     db.put_cf(cf, super::embedded::key(&super::embedded::prefix("t", PartitionId(0)), 1), b"EMFR garbage").unwrap();
