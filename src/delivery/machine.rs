@@ -31,8 +31,8 @@
 //! * Requests (request-reply, frame kind `Request`, deadline in the header's `sequence`) are
 //!   never redelivered or dead-lettered, whatever the subscription says: one past its deadline
 //!   is skipped at dispatch (counted in [`Machine::expired`]); one in flight is settled when its
-//!   ack deadline (at most the request's own) passes, it is nacked, or its session leaves; one
-//!   found among the redeliveries after a restart is settled when read.
+//!   ack deadline (`ackTimeoutMs`, as for any event) passes, it is nacked, or its session
+//!   leaves; one found among the redeliveries after a restart is settled when read.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::rc::Rc;
@@ -135,26 +135,12 @@ struct Sess {
 }
 
 impl Sess {
-    /// Puts offset `o` in flight to this session, until `deadline` (or the request's own,
-    /// if sooner: `now` and `wall_us` are the same instant on the two clocks).
-    #[allow(clippy::too_many_arguments)]
-    fn take(
-        &mut self,
-        part: &mut Part,
-        o: u64,
-        attempt: u16,
-        f: &Frame,
-        deadline: Instant,
-        now: Instant,
-        wall_us: i64,
-    ) {
+    /// Puts offset `o` in flight to this session until `deadline` (the ack deadline, for a
+    /// request too: the deadline queue stays in delivery order, so one timer per consumer).
+    fn take(&mut self, part: &mut Part, o: u64, attempt: u16, f: &Frame, deadline: Instant) {
         let bytes = f.as_bytes().len() as u32;
-        let rpc = request_deadline(f);
-        let deadline = match rpc {
-            Some(d) => deadline.min(now + Duration::from_micros(d.saturating_sub(wall_us).max(0) as u64)),
-            None => deadline,
-        };
-        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes, rpc: rpc.is_some() });
+        let rpc = request_deadline(f).is_some();
+        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes, rpc });
         part.deadlines.push_back((deadline, o, attempt));
         self.inflight += 1;
         self.bytes += bytes as usize;
@@ -603,37 +589,34 @@ impl Machine {
             }
             let bytes_room = window_bytes.saturating_sub(sess.bytes).max(1);
             if let Some((&o, &Retry { attempt: made, due })) = part.retry.first_key_value() {
-                // A request is never redelivered nor dead-lettered: only a restart puts one here.
-                let request = || {
-                    src.read(topic, p, o, 1, usize::MAX)
-                        .is_some_and(|g| g.iter().any(|f| request_deadline(f).is_some()))
-                };
-                if u32::from(made) >= max && request() {
-                    part.retry.remove(&o);
-                    continue;
-                }
-                if u32::from(made) >= max {
-                    // Its attempts ran out while no session held it (a disconnect, a restart).
-                    part.retry.remove(&o);
-                    part.dead.insert(o, made);
-                    dead.push((o, made));
-                    continue;
-                }
-                if due > now || end.is_none_or(|e| o >= e) {
+                let spent = u32::from(made) >= max;
+                if (!spent && due > now) || end.is_none_or(|e| o >= e) {
                     // Newer events wait behind a redelivery (sticky order); so does one not
-                    // readable yet (the Kafka backend's local copy refilling after a crash).
+                    // readable yet (the Kafka backend's local copy refilling after a crash):
+                    // what it is (a request?) and its dead letter need the event.
                     break;
                 }
                 let Some(mut got) = src.read(topic, p, o, 1, usize::MAX) else {
                     break; // unreadable for now: it stays first in line, tried again next tick
                 };
                 part.retry.remove(&o);
-                if let Some(f) = got.pop().filter(|f| f.header().offset == o && request_deadline(f).is_none()) {
-                    let attempt = made.saturating_add(1);
-                    sess.take(part, o, attempt, &f, now + timeout, now, wall);
-                    read.push(f);
-                    read_attempts.push(attempt);
-                } // else: gone by retention, nothing left to redeliver
+                match got.pop().filter(|f| f.header().offset == o) {
+                    // A request is never redelivered nor dead-lettered (only a restart puts
+                    // one here): settled.
+                    Some(f) if request_deadline(&f).is_some() => {}
+                    // Its attempts ran out while no session held it (a disconnect, a restart).
+                    Some(_) if spent => {
+                        part.dead.insert(o, made);
+                        dead.push((o, made));
+                    }
+                    Some(f) => {
+                        let attempt = made.saturating_add(1);
+                        sess.take(part, o, attempt, &f, now + timeout);
+                        read.push(f);
+                        read_attempts.push(attempt);
+                    }
+                    None => {} // gone by retention, nothing left to redeliver
+                }
                 continue;
             }
             if end.is_some_and(|e| part.next >= e) {
@@ -652,7 +635,7 @@ impl Machine {
                     if expired(f, wall) {
                         skipped += 1;
                     } else if wanted(f, sess) {
-                        sess.take(part, o, 1, f, now + timeout, now, wall);
+                        sess.take(part, o, 1, f, now + timeout);
                         pick.push(i as u32);
                         taken += 1;
                     }
@@ -682,7 +665,7 @@ impl Machine {
                 if expired(&f, wall) {
                     skipped += 1;
                 } else if wanted(&f, sess) {
-                    sess.take(part, o, 1, &f, now + timeout, now, wall);
+                    sess.take(part, o, 1, &f, now + timeout);
                     read.push(f);
                     read_attempts.push(1);
                 }

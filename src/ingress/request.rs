@@ -31,13 +31,20 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// Whether the requester asked for the reply in binary mode: an `Accept` that names neither
-/// `application/cloudevents+json` nor a range covering it (`*/*`, `application/*`).
+/// Whether the requester asked for the reply in binary mode: an `Accept` none of whose ranges
+/// (with a `q` above 0) covers `application/cloudevents+json` (`*/*`, `application/*`,
+/// `application/*+json`, the type itself). Without `Accept`, structured mode.
 fn wants_binary(accept: Option<&[u8]>) -> bool {
     let Some(accept) = accept.and_then(|a| std::str::from_utf8(a).ok()) else { return false };
     !accept.split(',').any(|range| {
-        let media = range.split(';').next().unwrap_or("").trim();
-        ["*/*", "application/*", "application/cloudevents+json"].iter().any(|m| media.eq_ignore_ascii_case(m))
+        let mut params = range.split(';');
+        let media = params.next().unwrap_or("").trim();
+        let refused = params
+            .any(|p| p.trim().strip_prefix("q=").is_some_and(|q| q.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)));
+        let covers = ["*/*", "application/*", "application/*+json", "application/cloudevents+json"]
+            .iter()
+            .any(|m| media.eq_ignore_ascii_case(m));
+        covers && !refused
     })
 }
 
@@ -56,7 +63,7 @@ fn answer(reply: &Frame, binary: bool) -> Response {
 
 /// The request frame: `event` with the three request attributes set, kind `Request`, the
 /// deadline in `sequence`.
-fn request_frame(event: &Frame, id: &Correlation, reply_to: &str, deadline_us: i64) -> Frame {
+fn request_frame(event: Frame, id: &Correlation, reply_to: &str, deadline_us: i64) -> Frame {
     let mut body = event.to_body();
     body.attributes.retain(|a| !REQUEST_ATTRIBUTES.contains(&a.name.as_str()));
     let values = [id.to_string(), reply_to.to_owned(), rfc3339_from_micros(deadline_us)];
@@ -95,6 +102,14 @@ impl Traffic {
             Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
             Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
         };
+        let own = event.body().attributes.iter().filter(|a| REQUEST_ATTRIBUTES.contains(&a.name.as_str())).count();
+        if event.body().attributes.len() - own + REQUEST_ATTRIBUTES.len() > cloudevents::MAX_ATTRIBUTES {
+            let detail = format!(
+                "a request carries at most {} attributes of its own (evmesh adds emcorrelationid, emreplyto, emexpiry)",
+                cloudevents::MAX_ATTRIBUTES - REQUEST_ATTRIBUTES.len()
+            );
+            return problem(StatusCode::BAD_REQUEST, &detail);
+        }
         if let Err(r) = gate.limit(&topic, 1, req.body.len() as u64) {
             return r;
         }
@@ -104,7 +119,10 @@ impl Traffic {
         let deadline_us = crate::clock::now_micros().saturating_add(timeout.as_micros() as i64);
         let metrics = self.shard.shared.metrics.shard(self.shard.id);
         let tenant = gate.who.tenant.as_deref();
-        let mut pending = match self.shard.requests.wait(&topic, tenant, req.buf.len(), deadline_us) {
+        // What the waiting connection holds: its buffered request, the decoded body of a chunked
+        // one (counted for both kinds, so over rather than under), and then the reply.
+        let held = req.buf.len() + req.body.len();
+        let mut pending = match self.shard.requests.wait(&topic, tenant, held, deadline_us) {
             Ok(p) => p,
             Err(refusal) => {
                 metrics.refused(429);
@@ -119,7 +137,8 @@ impl Traffic {
         metrics.requests_pending.inc();
         let _waiting = Waiting(&metrics.requests_pending);
         let reply_to = format!("{}/events/reply", self.shard.shared.config.advertised_url);
-        let frame = request_frame(&event, &pending.id, &reply_to, deadline_us);
+        // The parsed event goes (by value) into the frame, and is freed before the wait.
+        let frame = request_frame(event, &pending.id, &reply_to, deadline_us);
         let routed = match self.transform_and_route(&gate.snap, &topic, vec![frame]) {
             Ok(r) => r,
             Err(r) => return r,
@@ -150,7 +169,8 @@ impl Traffic {
                 problem(StatusCode(504), &format!("no reply to request {id} within {} ms", timeout.as_millis()))
             }
             Err(false) => {
-                // Nobody reads this answer: the connection is closed after it.
+                // Nobody reads this answer: the connection closes after it (`server::conn`
+                // takes a 499 as the end of the connection, so nothing pipelined behind it runs).
                 metrics.requests[2].inc();
                 problem(StatusCode(499), "the requester closed the connection")
             }
@@ -194,12 +214,16 @@ mod tests {
 
     #[test]
     fn accept_chooses_the_reply_mode() {
-        for structured in
-            [None, Some("*/*"), Some("application/cloudevents+json"), Some("text/html, application/*;q=0.1")]
-        {
+        for structured in [
+            None,
+            Some("*/*"),
+            Some("application/cloudevents+json"),
+            Some("text/html, application/*;q=0.1"),
+            Some("application/json, application/*+json"),
+        ] {
             assert!(!wants_binary(structured.map(str::as_bytes)), "{structured:?}");
         }
-        for binary in ["application/json", "text/plain", "application/octet-stream;q=1"] {
+        for binary in ["application/json", "text/plain", "application/octet-stream;q=1", "application/json, */*;q=0"] {
             assert!(wants_binary(Some(binary.as_bytes())), "{binary}");
         }
     }

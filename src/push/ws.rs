@@ -30,14 +30,14 @@ enum Control {
     Credit { n: u32 },
 }
 
-/// A responder's reply to a request, sent on its session: `{"type":"reply","event":{...}}`.
+/// A responder's reply to a request, sent on its session: `{"type":"reply","event":{...}}`
+/// (members besides these two are ignored).
 #[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
 struct ReplyFrame<'a> {
     #[serde(rename = "type", borrow)]
     kind: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    event: &'a serde_json::value::RawValue,
+    #[serde(borrow, default)]
+    event: Option<&'a serde_json::value::RawValue>,
 }
 
 /// Where a session's `reply` frames go, and who sends them.
@@ -50,8 +50,14 @@ impl Replies {
     /// Hands one reply to its requester. Only a failure is answered, with a text frame
     /// `{"type":"error","id":<emcorrelationid>,"status":S,"detail":D}` (404: nobody waits for
     /// it; 403: the ACL; 400: not a valid CloudEvent); the session goes on either way.
-    async fn reply(&self, event: &str, ctl: &mut mpsc::Sender<Outbound>) {
-        let (id, status, detail) = match crate::adaptor::cloudevents::parse_structured("", event.as_bytes()) {
+    async fn reply(&self, event: Option<&str>, ctl: &mut mpsc::Sender<Outbound>) {
+        let parsed = match event {
+            Some(e) => crate::adaptor::cloudevents::parse_structured("", e.as_bytes()),
+            None => Err(crate::adaptor::cloudevents::CeError::Invalid(
+                "a reply frame carries the reply as \"event\"".into(),
+            )),
+        };
+        let (id, status, detail) = match parsed {
             Err(e) => (None, 400, e.to_string()),
             Ok(frame) => {
                 let id = frame.body().attr_str("emcorrelationid").map(str::to_owned);
@@ -93,9 +99,9 @@ struct AckedSession {
 }
 
 impl AckedSession {
-    /// Acts on one text message; `Err` is the close code for a message that is not one of ours.
-    fn control(&self, text: &str) -> Result<(), CloseCode> {
-        let (ids, kind) = match serde_json::from_str::<Control>(text).map_err(|_| CloseCode::POLICY)? {
+    /// Acts on one control message; `Err` is the close code for one that cannot be applied.
+    fn control(&self, control: Control) -> Result<(), CloseCode> {
+        let (ids, kind) = match control {
             Control::Ack { ids } => (ids, AckKind::Ack),
             Control::Nack { ids } => (ids, AckKind::Nack),
             Control::Credit { n } => {
@@ -193,11 +199,16 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                 Some(Message::Text(text)) => {
                     // A reply to a request, on any session; ack / nack / credit: meaningless
                     // for ack=none sessions.
-                    let reply = serde_json::from_str::<ReplyFrame>(&text).ok().filter(|r| r.kind == "reply");
+                    let control = serde_json::from_str::<Control>(&text);
+                    let reply = match &control {
+                        Ok(_) => None,
+                        Err(_) => serde_json::from_str::<ReplyFrame>(&text).ok().filter(|r| r.kind == "reply"),
+                    };
                     if let Some(r) = reply {
-                        replies.reply(r.event.get(), &mut ctl).await;
+                        replies.reply(r.event.map(|e| e.get()), &mut ctl).await;
                     } else if let Some(a) = &acked {
-                        if let Err(code) = a.control(&text) {
+                        let applied = control.map_err(|_| CloseCode::POLICY).and_then(|c| a.control(c));
+                        if let Err(code) = applied {
                             let _ = ctl.try_send(Outbound::Close(code.0, ""));
                             return;
                         }

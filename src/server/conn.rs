@@ -473,11 +473,14 @@ async fn serve_metered<H: Handler>(
             Framing::Length(_) => &buf[body_range],
             Framing::Chunked(_) => &chunked_body,
         };
-        let keep_alive = head.keep_alive;
+        let mut keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
         let handling = std::mem::take(&mut waited).then(crate::task::handling);
         let response = handler.handle(&mut conn, Request { head: &head, buf: &buf, body, stream: &stream }).await;
         drop(handling);
+        // 499: the handler saw the client go while it waited (request-reply). Requests it may
+        // have pipelined behind are not run for a client that left.
+        keep_alive &= response.status.0 != 499;
         response.write(&mut out, keep_alive, head_only);
         buf.drain(..consumed);
         deadline = None;

@@ -152,6 +152,11 @@ fn deadline_is_504_late_and_unknown_replies_are_404_bad_ones_400() {
     }
     assert!(metric(&b, "evmesh_replies_unmatched_total", "") >= 7);
     post(&event("no-id")).assert_problem(400);
+    // A reply whose content type would split the requester's response head.
+    let mut split = event("split");
+    split["emcorrelationid"] = json!("1.0.0.0.1.0");
+    split["datacontenttype"] = json!("text/plain\r\nset-cookie: x=1");
+    post(&split).assert_problem(400);
     let batch = json!([event("a"), event("b")]).to_string();
     for path in ["/events/request?topic=rpc", "/events/reply"] {
         b.client().post(path, "application/cloudevents-batch+json", batch.as_bytes()).assert_problem(400);
@@ -318,6 +323,57 @@ fn a_failed_websocket_reply_is_answered_and_the_session_goes_on() {
     assert_eq!(note, json!({"type": "error", "id": "1.0.0.0.1.0", "status": 404, "detail": note["detail"]}));
     ws.send(Message::text(json!({"type": "reply", "event": {"id": "x"}}).to_string())).unwrap();
     assert_eq!(recv(&mut ws, Duration::from_secs(5))["status"], 400);
+    ws.send(Message::text(json!({"type": "reply"}).to_string())).unwrap();
+    assert_eq!(recv(&mut ws, Duration::from_secs(5))["status"], 400);
+    // Members besides type and event are ignored (it is still a reply, answered as one).
+    ws.send(Message::text(json!({"type": "reply", "event": bogus, "trace": 1}).to_string())).unwrap();
+    assert_eq!(recv(&mut ws, Duration::from_secs(5))["status"], 404);
     b.publish("rpc", &event("still-here"));
     assert_eq!(recv(&mut ws, Duration::from_secs(5))["id"], "still-here");
+}
+
+#[test]
+fn a_requester_gone_mid_wait_runs_nothing_it_pipelined_behind() {
+    let b = TestBroker::start(&[]);
+    let mut c = Client::connect(b.traffic);
+    let body = event("q").to_string();
+    let ct = [("content-type", "application/cloudevents+json")];
+    let mut bytes =
+        super::util::request_bytes("POST", "/events/request?topic=rpc&timeoutMs=30000", &ct, body.as_bytes());
+    bytes.extend(super::util::request_bytes("POST", "/events/publish?topic=after", &ct, body.as_bytes()));
+    c.send_raw(&bytes);
+    wait_for(Duration::from_secs(5), || (metric(&b, "evmesh_requests_pending", "") == 1).then_some(()));
+    c.stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let r = c.read_response().expect("the 499");
+    assert_eq!(r.status, 499, "{}", r.text());
+    assert!(c.read_response().is_none(), "the connection ends after the 499");
+    b.admin().get("/admin/topics/after/partitions/0/events").assert_problem(404);
+}
+
+#[test]
+fn a_request_with_every_attribute_it_may_carry_and_one_more() {
+    let b = TestBroker::start(&[]);
+    let with = |n: usize| {
+        let mut e = event("q");
+        for i in 0..n - 4 {
+            e[format!("x{i}")] = json!("v");
+        }
+        e.to_string()
+    };
+    let ct = [("content-type", "application/cloudevents+json")];
+    let r = b.client().request("POST", "/events/request?topic=rpc&timeoutMs=50", &ct, with(1021).as_bytes());
+    r.assert_problem(504);
+    let r = b.client().request("POST", "/events/request?topic=rpc&timeoutMs=50", &ct, with(1022).as_bytes());
+    r.assert_problem(400);
+}
+
+/// The same on the Kafka backend: a request read back from Kafka is still a request.
+#[cfg(feature = "kafka")]
+mod on_kafka {
+    use super::super::util::{again_on_kafka, on_kafka};
+
+    again_on_kafka!(
+        round_trip_by_frame_and_by_post_in_every_content_mode,
+        requests_are_never_redelivered_nor_dead_lettered
+    );
 }

@@ -131,6 +131,11 @@ pub fn check_event(attrs: &[Attribute]) -> Result<(), CeError> {
             (n, AttrValue::Str(s)) if n == "datacontenttype" && s.is_empty() => {
                 return Err(invalid("datacontenttype must not be empty"));
             }
+            // It becomes a Content-Type header (binary mode, the Kafka binding): no CR, LF or
+            // other control character may split or bend the message it heads.
+            (n, AttrValue::Str(s)) if n == "datacontenttype" && s.chars().any(char::is_control) => {
+                return Err(invalid("datacontenttype must not contain control characters"));
+            }
             (n, v) if STRING_ATTRS.contains(&n) && !matches!(v, AttrValue::Str(_)) => {
                 return Err(invalid(format!("attribute {n} must be a string")));
             }
@@ -502,6 +507,12 @@ mod tests {
         let mut out = Vec::new();
         write_structured(f, &[], &mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_content_type_that_would_split_a_header_is_refused() {
+        let ev = r#"{"specversion":"1.0","id":"1","source":"/s","type":"t","datacontenttype":"text/plain\r\nset-cookie: x=1"}"#;
+        assert!(matches!(parse_structured("t", ev.as_bytes()), Err(CeError::Invalid(m)) if m.contains("control")));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! What only evmesh needs rides in headers of its own prefix, `evmesh_`: `evmesh_types`
 //! (attributes that are JSON booleans or integers, which Kafka headers cannot type:
 //! `name=b,name=i`), `evmesh_data` (how the data renders: `none|json|text|binary`),
-//! `evmesh_ts` (publish time in µs). Records without them are typed as the HTTP binary mode
+//! `evmesh_ts` (publish time in µs), `evmesh_deadline` (a request of request-reply: its
+//! deadline in µs, so it stays a request, never redelivered, wherever it is read back).
+//! Records without them are typed as the HTTP binary mode
 //! types a body: by media type. A record is held to the rules the HTTP binding applies to an
 //! event (`cloudevents::check_event`, 32-bit integers, at most `MAX_ATTRIBUTES` attributes);
 //! one that fails them is no CloudEvent, and the Kafka tail skips it with a log line.
@@ -31,6 +33,7 @@ pub struct Record {
 const TYPES: &str = "evmesh_types";
 const DATA: &str = "evmesh_data";
 const TS: &str = "evmesh_ts";
+const DEADLINE: &str = "evmesh_deadline";
 
 fn invalid(m: impl Into<String>) -> CeError {
     CeError::Invalid(m.into())
@@ -76,6 +79,9 @@ pub fn to_record(frame: &Frame) -> Record {
     };
     headers.push((DATA.to_owned(), data.as_bytes().to_vec()));
     headers.push((TS.to_owned(), h.timestamp_us.to_string().into_bytes()));
+    if h.kind == frame_codec::FrameKind::Request {
+        headers.push((DEADLINE.to_owned(), (h.sequence as i64).to_string().into_bytes()));
+    }
     Record { key, headers, value: body.data.as_slice().to_vec(), timestamp_ms: h.timestamp_us.div_euclid(1000) }
 }
 
@@ -165,7 +171,12 @@ pub fn from_record(
     let ts =
         header(TS).and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()).unwrap_or(timestamp_ms.saturating_mul(1000));
     let body = FrameBody { topic: topic.to_owned(), attributes, data: value.to_vec() };
-    let mut frame = Frame::encode(&FrameHeader::event(data_kind), &body).map_err(|e| invalid(e.to_string()))?;
+    let mut fh = FrameHeader::event(data_kind);
+    if let Some(d) = header(DEADLINE).and_then(|v| std::str::from_utf8(v).ok()?.parse::<i64>().ok()) {
+        fh.kind = frame_codec::FrameKind::Request;
+        fh.sequence = d as u64;
+    }
+    let mut frame = Frame::encode(&fh, &body).map_err(|e| invalid(e.to_string()))?;
     frame.set_partition(partition);
     frame.set_offset(offset);
     frame.set_timestamp(ts);
@@ -209,6 +220,20 @@ mod tests {
         assert_eq!(r.key.as_deref(), Some(&b"k1"[..]), "the key is the partitionkey");
         assert!(r.headers.iter().any(|(n, v)| n == "content-type" && v == b"application/json"));
         assert_eq!(r.value, b"1");
+    }
+
+    #[test]
+    fn a_request_stays_a_request_with_its_deadline() {
+        let f = parse_structured("t", br#"{"specversion":"1.0","id":"q","source":"/s","type":"t"}"#).unwrap();
+        let mut h = f.header();
+        (h.kind, h.sequence) = (frame_codec::FrameKind::Request, 1_800_000_000_000_000);
+        let f = Frame::encode(&h, &f.to_body()).unwrap();
+        let r = to_record(&f);
+        let headers: Vec<(&str, &[u8])> = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+        let back = from_record("t", 0, 1, None, &headers, &r.value, r.timestamp_ms).unwrap();
+        assert_eq!((back.header().kind, back.header().sequence), (frame_codec::FrameKind::Request, h.sequence));
+        let (_, _, event) = round_trip(r#"{"specversion":"1.0","id":"e","source":"/s","type":"t"}"#);
+        assert_eq!(event.header().kind, frame_codec::FrameKind::Event);
     }
 
     #[test]
