@@ -90,10 +90,13 @@ struct PartState {
     next: u64,
     /// Lite topics: the last traffic written to the index (ms since the epoch; 0 = none).
     touched_ms: u64,
+    /// Lite topics: appended to since the eviction clock last passed (a second chance).
+    hot: bool,
 }
 
-/// Lite topics whose next offset a shard keeps cached (the oldest cached is dropped first).
-pub const LITE_CACHE: usize = 65_536;
+/// Lite topics whose next offset a shard keeps cached. Past it the clock evicts: the oldest
+/// cached goes unless it was appended to since, then it gets a second chance at the back.
+pub const LITE_CACHE: usize = 16_384;
 /// Lite topics expired per shard and pass at most (the next pass continues).
 const LITE_EXPIRE_BATCH: usize = 10_000;
 
@@ -140,9 +143,9 @@ struct Inner {
     syncer: Option<Syncer>,
     /// Next offset per owned partition (keyed by its key prefix), loaded from the log on first
     /// use after a start.
-    parts: RefCell<HashMap<Vec<u8>, PartState>>,
-    /// The lite topics in `parts`, oldest cached first.
-    lite_cached: RefCell<std::collections::VecDeque<Vec<u8>>>,
+    parts: RefCell<HashMap<Rc<[u8]>, PartState>>,
+    /// The lite topics in `parts` (the same keys), oldest cached first.
+    lite_cached: RefCell<std::collections::VecDeque<Rc<[u8]>>>,
     /// `lite_topic_ttl_ms`: the index of last traffic is rewritten when it moved by 1/16 of it.
     lite_ttl_ms: u64,
     pending: RefCell<Pending>,
@@ -200,9 +203,19 @@ impl Inner {
             return;
         }
         let mut parts = self.parts.borrow_mut();
-        while order.len() > LITE_CACHE {
-            if let Some(pre) = order.pop_front() {
-                parts.remove(&pre);
+        // Every entry is passed at most twice (once to clear `hot`, once to evict).
+        let mut turns = 2 * order.len();
+        while order.len() > LITE_CACHE && turns > 0 {
+            turns -= 1;
+            let Some(pre) = order.pop_front() else { break };
+            match parts.get_mut(&pre) {
+                Some(s) if s.hot => {
+                    s.hot = false;
+                    order.push_back(pre);
+                }
+                _ => {
+                    parts.remove(&pre);
+                }
             }
         }
     }
@@ -302,7 +315,7 @@ impl EmbeddedLog {
         wo.disable_wal(true);
         self.inner.db.write_opt(batch, &wo)?;
         let end = rest.last().map_or(next, |f| f.header().offset + 1);
-        if let Some(s) = self.inner.parts.borrow_mut().get_mut(&pre) {
+        if let Some(s) = self.inner.parts.borrow_mut().get_mut(&pre[..]) {
             s.next = end;
         }
         Ok(Some(skip))
@@ -315,25 +328,27 @@ impl EmbeddedLog {
     }
 
     fn next_offset(&self, pre: &[u8]) -> Result<u64, StorageError> {
-        Ok(self.part_state(pre)?.next)
+        Ok(self.part_state(pre)?.0.next)
     }
 
-    /// A partition's cached state, read from the log (and a lite topic's index) on a miss.
-    fn part_state(&self, pre: &[u8]) -> Result<PartState, StorageError> {
+    /// A partition's cached state, read from the log (and a lite topic's index) on a miss; and
+    /// whether it was cached already.
+    fn part_state(&self, pre: &[u8]) -> Result<(PartState, bool), StorageError> {
         if let Some(s) = self.inner.parts.borrow().get(pre) {
-            return Ok(*s);
+            return Ok((*s, true));
         }
         let next = self.scan_bounds(pre)?.end;
         let mut touched_ms = 0;
+        let key: Rc<[u8]> = pre.into();
         if is_lite(pre) {
             if let Some(v) = self.inner.db.get_cf(self.cf(), lite_seen_key(lite_name(pre)))? {
                 touched_ms = v.get(..8).map_or(0, |b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
             }
-            self.inner.lite_cached.borrow_mut().push_back(pre.to_vec());
+            self.inner.lite_cached.borrow_mut().push_back(key.clone());
         }
-        let state = PartState { next, touched_ms };
-        self.inner.parts.borrow_mut().insert(pre.to_vec(), state);
-        Ok(state)
+        let state = PartState { next, touched_ms, hot: false };
+        self.inner.parts.borrow_mut().insert(key, state);
+        Ok((state, false))
     }
 
     /// Deletes the lite topics without traffic for `ttl_ms` (a little more: the index lags by up
@@ -359,7 +374,7 @@ impl EmbeddedLog {
                 let mut pre = vec![name.len() as u8];
                 pre.extend_from_slice(name);
                 pre.extend_from_slice(&0u32.to_be_bytes());
-                let cached = self.inner.parts.borrow().get(&pre).copied();
+                let cached = self.inner.parts.borrow().get(&pre[..]).copied();
                 if busy && cached.is_some() {
                     break; // may have appends in the batch being written: next pass
                 }
@@ -374,7 +389,7 @@ impl EmbeddedLog {
         self.inner.db.write(batch)?;
         let mut parts = self.inner.parts.borrow_mut();
         for pre in &gone {
-            parts.remove(pre);
+            parts.remove(&pre[..]);
         }
         self.inner.lite_cached.borrow_mut().retain(|p| parts.contains_key(p));
         Ok(gone.len() as u64)
@@ -384,7 +399,8 @@ impl EmbeddedLog {
 impl Storage for EmbeddedLog {
     async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
         let pre = prefix(topic, partition);
-        let first = self.next_offset(&pre)?;
+        let (state, cached) = self.part_state(&pre)?;
+        let first = state.next;
         let rx = {
             let cf = self.cf();
             let mut p = self.inner.pending.borrow_mut();
@@ -396,6 +412,9 @@ impl Storage for EmbeddedLog {
             }
             if let Some(s) = self.inner.parts.borrow_mut().get_mut(pre.as_slice()) {
                 s.next = first + frames.len() as u64;
+                // A second append while cached: worth a second chance at eviction (a topic
+                // written once and left idle is not).
+                s.hot |= cached;
                 if is_lite(&pre) {
                     // The index of last traffic, when it moved by over 1/16 of the TTL.
                     let now = super::offsets::now_ms();

@@ -68,9 +68,9 @@ fn lite_offsets_survive_kill_9_and_the_offset_cache() {
     for i in 0..3 {
         publish(&b, "session.keep", &format!("k-{i}"));
     }
-    // More lite topics than a shard caches the offsets of (65,536): the first is read back
+    // More lite topics than a shard caches the offsets of (16,384): the first is read back
     // from the log, not started over. Pipelined, 1,000 requests per write.
-    let n = 70_000;
+    let n = 40_000;
     let mut c = b.client();
     let mut reader = BufReader::new(c.stream.try_clone().unwrap());
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
