@@ -19,6 +19,7 @@ mod it {
     mod pipeline;
     mod publish;
     mod request;
+    mod session;
     mod subscriptions;
     mod tls;
     mod ws;

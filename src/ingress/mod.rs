@@ -6,6 +6,7 @@
 
 mod pipeline;
 mod request;
+mod session;
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -151,6 +152,20 @@ impl Handler for Traffic {
                     drop(guard);
                 });
             }
+            Upgrade::FollowWs(spec) => {
+                let shard = self.shard.clone();
+                monoio::spawn(async move {
+                    crate::push::follow::websocket(shard, stream, buf, limits, spec).await;
+                    drop(guard);
+                });
+            }
+            Upgrade::FollowSse(spec) => {
+                let shard = self.shard.clone();
+                monoio::spawn(async move {
+                    crate::push::follow::sse(shard, stream, buf, spec).await;
+                    drop(guard);
+                });
+            }
         }
     }
 
@@ -164,6 +179,7 @@ impl Handler for Traffic {
 
     async fn handle(&self, caller: &mut Caller, req: Request<'_>) -> Response {
         let path = req.path();
+        let session = path.strip_prefix("/session/").and_then(|rest| rest.split_once('/'));
         if !matches!(
             path,
             "/events/publish"
@@ -176,10 +192,12 @@ impl Handler for Traffic {
                 | "/events/poll"
                 | "/events/ack"
                 | "/ws/echo"
-        ) {
+        ) && !matches!(session, Some(("publish" | "subscribe", _)))
+        {
             return problem(StatusCode::NOT_FOUND, &format!("no route for {path}"));
         }
-        let browser = matches!(path, "/events/ws" | "/events/sse" | "/ws/echo");
+        let browser =
+            matches!(path, "/events/ws" | "/events/sse" | "/ws/echo") || path.starts_with("/session/subscribe/");
         let token = credential(&req, browser);
         let snap = self.view.current(&self.shard.shared.governance);
         let who = match self.authenticate(caller, &snap, &req, token.as_deref()) {
@@ -187,6 +205,14 @@ impl Handler for Traffic {
             Err(r) => return r,
         };
         let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
+        if let Some((what, sid)) = session {
+            return match (req.method(), what) {
+                (Method::Post, "publish") => self.session_publish(&mut gate, &req, sid).await,
+                (Method::Get, "subscribe") => self.session_subscribe(&mut gate, &req, sid),
+                (_, "publish") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
+                _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
+            };
+        }
         match (req.method(), path) {
             (Method::Post, "/events/publish") => {
                 let started = std::time::Instant::now();

@@ -76,6 +76,13 @@ async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<O
     }
 }
 
+/// Serves a stream whose events come from `events` until the client goes away or the queue
+/// ends (then the chunked body is ended properly).
+pub(super) async fn serve(stream: crate::server::Stream, buf: Vec<u8>, events: mpsc::Receiver<Outbound>) {
+    let (rd, wr) = stream.into_split();
+    let _ = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events))).await;
+}
+
 /// Runs an SSE session until the client goes away or the subscription is removed.
 pub async fn session(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<SessionSpec>) {
     // Resuming only means something for a consumer whose offsets are kept (no anonymous one).

@@ -91,7 +91,7 @@ impl Replies {
 }
 
 /// Where an acknowledged session's control messages go.
-struct AckedSession {
+pub(super) struct AckedSession {
     shard: Rc<Shard>,
     consumer: ConsumerKey,
     topic: String,
@@ -330,6 +330,66 @@ async fn write_half<W: AsyncWriteRent>(
     }
 }
 
+/// A session's socket and the queue its writer drains.
+pub(super) struct Io {
+    pub stream: crate::server::Stream,
+    /// Bytes read past the upgrade request.
+    pub buf: Vec<u8>,
+    pub limits: ConnLimits,
+    pub events: mpsc::Receiver<Outbound>,
+    /// What `events` holds, in bytes (live fan-out sessions).
+    pub queued: Option<Rc<Cell<usize>>>,
+}
+
+/// Drives a WebSocket session: a reader (pings, close, acks of `acked`, reply frames), a
+/// keepalive, a writer draining `io.events`, and `ends`: once it resolves with `Some(reason)`
+/// the session closes with 1008 and that reason (`None`: it had nothing more to say, the
+/// session goes on until either side closes it).
+pub(super) async fn run(
+    shard: &Rc<Shard>,
+    io: Io,
+    acked: Option<AckedSession>,
+    replier: Replier,
+    ends: impl std::future::Future<Output = Option<&'static str>> + 'static,
+) {
+    let Io { stream, mut buf, limits, events, queued } = io;
+    // The HTTP read buffer came along with the upgrade; keep only what it holds.
+    buf.shrink_to_fit();
+    let (rd, wr) = stream.into_split();
+    let (ctl_tx, ctl_rx) = mpsc::channel(16);
+    let heard = Rc::new(Cell::new(Instant::now()));
+    let alive = keepalive(ctl_tx.clone(), heard.clone(), shard.shared.config.ws_ping_interval);
+    let guard = {
+        let mut ctl = ctl_tx.clone();
+        async move {
+            match ends.await {
+                Some(reason) => {
+                    let _ = ctl.try_send(Outbound::Close(CloseCode::POLICY.0, reason));
+                }
+                None => std::future::pending().await,
+            }
+        }
+    };
+    let replies = Replies { shard: shard.clone(), replier };
+    let reader = Box::pin(async move {
+        // A dead peer ends the reading side like a closed socket does (both senders of the
+        // control queue are dropped then, which tells the writer the peer is gone); so do an
+        // expired credential and a revoked permission, once their close is queued.
+        let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, (acked, replies), heard);
+        let _ = select(Box::pin(read), select(Box::pin(alive), Box::pin(guard))).await;
+    });
+    let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger, queued));
+    match select(reader, writer).await {
+        // The reader is done (close asked or peer gone): let the writer send what it must.
+        Either::Left(((), writer)) => writer.await,
+        // The writer closed (slow consumer, removed subscription) or broke: give the peer a
+        // moment to answer our close, then drop the socket.
+        Either::Right(((), reader)) => {
+            let _ = monoio::time::timeout(Duration::from_secs(1), reader).await;
+        }
+    }
+}
+
 /// Runs a WebSocket session on this shard until either side closes it.
 pub async fn session(
     shard: Rc<Shard>,
@@ -349,40 +409,14 @@ pub async fn session(
         (events, None, Some(id), Some(queued))
     };
     let detach = acked.as_ref().map(|a| (a.consumer.clone(), a.at));
-    // The HTTP read buffer came along with the upgrade; keep only what it holds.
-    let mut buf = buf;
-    buf.shrink_to_fit();
-    let (rd, wr) = stream.into_split();
-    let (ctl_tx, ctl_rx) = mpsc::channel(16);
-    let heard = Rc::new(Cell::new(Instant::now()));
-    let alive = keepalive(ctl_tx.clone(), heard.clone(), shard.shared.config.ws_ping_interval);
+    let replier = Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone() };
     let guard = {
-        let (shard, spec, mut ctl) = (shard.clone(), spec.clone(), ctl_tx.clone());
-        async move {
-            let reason = super::authority(&shard, &spec).await;
-            let _ = ctl.try_send(Outbound::Close(CloseCode::POLICY.0, reason));
-        }
+        let (shard, spec) = (shard.clone(), spec.clone());
+        // An expired credential or a revoked permission closes the session (1008).
+        async move { Some(super::authority(&shard, &spec).await) }
     };
-    let (reply_shard, replier) =
-        (shard.clone(), Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone() });
-    let reader = Box::pin(async move {
-        // A dead peer ends the reading side like a closed socket does (both senders of the
-        // control queue are dropped then, which tells the writer the peer is gone); so do an
-        // expired credential and a revoked permission, once their close is queued.
-        let replies = Replies { shard: reply_shard, replier };
-        let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, (acked, replies), heard);
-        let _ = select(Box::pin(read), select(Box::pin(alive), Box::pin(guard))).await;
-    });
-    let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger, queued));
-    match select(reader, writer).await {
-        // The reader is done (close asked or peer gone): let the writer send what it must.
-        Either::Left(((), writer)) => writer.await,
-        // The writer closed (slow consumer, removed subscription) or broke: give the peer a
-        // moment to answer our close, then drop the socket.
-        Either::Right(((), reader)) => {
-            let _ = monoio::time::timeout(Duration::from_secs(1), reader).await;
-        }
-    }
+    let io = Io { stream, buf, limits, events, queued };
+    run(&shard, io, acked, replier, guard).await;
     match (detach, live_id) {
         (Some((consumer, at)), _) => detach_acked(&shard, consumer, &spec.topic, at),
         (None, Some(id)) => {

@@ -317,6 +317,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         ready: AtomicUsize::new(0),
         beats: (0..shards).map(|_| Arc::new(AtomicU64::new(0))).collect(),
         mirror_fan_outs: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+        watchers: Arc::default(),
         epoch: Instant::now(),
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),

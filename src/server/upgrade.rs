@@ -12,6 +12,19 @@ pub enum Upgrade {
     WsDeliver(Box<SessionSpec>),
     /// A `text/event-stream` of a subscription's events (chunked).
     Sse(Box<SessionSpec>),
+    /// The one subscriber of a session's lite topic (session pub/sub), over WebSocket.
+    FollowWs(Box<FollowSpec>),
+    /// The same over server-sent events.
+    FollowSse(Box<FollowSpec>),
+}
+
+/// A follower of a session's lite topic, as the subscribe request set it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowSpec {
+    /// The lite topic's stored name (`:session.<sid>`, tenant-scoped).
+    pub topic: String,
+    /// The first offset to send.
+    pub from: u64,
 }
 
 /// A delivery session as the client asked for it, checked.

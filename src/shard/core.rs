@@ -521,6 +521,11 @@ impl Shard {
     /// fan-out); `None` takes it now, before anything can yield.
     pub(super) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>, place: Option<Place>) {
         let Some(first) = frames.first() else { return };
+        if first.body().topic.as_str().starts_with(':') {
+            // A lite topic has no subscriptions: only its follower, if any, reads it.
+            self.shared.watchers.notify(first.body().topic.as_str());
+            return;
+        }
         let topic = first.body().topic.as_str().to_owned();
         // Acked consumers as of now: one attaching later starts from the log, which has these.
         let consumers = self.delivery.machine.borrow().consumers_of(&topic);

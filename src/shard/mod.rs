@@ -13,6 +13,7 @@ pub mod pump;
 pub mod requests;
 pub mod sessions;
 pub mod shared;
+pub mod watch;
 
 use std::fmt;
 

@@ -386,9 +386,13 @@ pub(super) struct Sse {
 
 impl Sse {
     pub(super) fn open(b: &TestBroker, query: &str, last_event_id: Option<&str>) -> Sse {
+        Sse::open_path(b, &format!("/events/sse?{query}"), last_event_id)
+    }
+
+    pub(super) fn open_path(b: &TestBroker, path: &str, last_event_id: Option<&str>) -> Sse {
         let mut s = TcpStream::connect(b.traffic).unwrap();
         let extra = last_event_id.map(|l| format!("last-event-id: {l}\r\n")).unwrap_or_default();
-        write!(s, "GET /events/sse?{query} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n{extra}\r\n").unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n{extra}\r\n").unwrap();
         s.set_read_timeout(Some(LONG)).unwrap();
         let mut r = BufReader::new(s);
         let mut head = String::new();

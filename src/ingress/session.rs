@@ -1,0 +1,100 @@
+//! Session pub/sub (Mode 2): `POST /session/publish/{sid}` appends to the session's lite topic
+//! `session.<sid>`; `GET /session/subscribe/{sid}` (server-sent events, or a WebSocket upgrade)
+//! is its one subscriber, from the head of the session on (`push::follow`).
+
+use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
+use crate::adaptor::cloudevents::CeError;
+use crate::governance::acl::{Action, Kind};
+use crate::http::{problem, StatusCode};
+use crate::server::{FollowSpec, Request, Response, Upgrade};
+
+/// The stored name of session `sid`'s lite topic for the caller, and the name the ACL speaks
+/// of (`session.<sid>`); 400 for a session id outside `[A-Za-z0-9._:-]{1,200}`.
+fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, String), Response> {
+    let valid = (1..=200).contains(&sid.len())
+        && sid.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
+    if !valid {
+        return Err(problem(StatusCode::BAD_REQUEST, "session ids are [A-Za-z0-9._:-]{1,200}"));
+    }
+    let local = format!("session.{sid}");
+    let stored = match &gate.who.tenant {
+        Some(t) => format!(":{t}.{local}"),
+        None => format!(":{local}"),
+    };
+    if stored.len() > 250 {
+        return Err(problem(StatusCode::BAD_REQUEST, "the session id is too long for this tenant"));
+    }
+    Ok((stored, local))
+}
+
+impl Traffic {
+    /// `POST /session/publish/{sid}`: 201 `{"partition":0,"offset":O}` once stored (a batch:
+    /// `{"results":[...]}`).
+    pub(super) async fn session_publish(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+        if self.shard.shared.memory.shed_now() {
+            return shed();
+        }
+        let (stored, local) = match session_topic(gate, sid) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        if let Err(r) = gate.allow(Action::Publish, Kind::Topic, &local) {
+            return r;
+        }
+        let (frames, batch) = match self.parse(req, &stored) {
+            Ok(f) => f,
+            Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
+            Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
+        };
+        if let Err(r) = gate.limit(&stored, frames.len() as u64, req.body.len() as u64) {
+            return r;
+        }
+        let n = frames.len() as u64;
+        let placed = match self.store(&stored, frames).await {
+            Ok(p) => p,
+            Err(e) => return storage_problem(&e),
+        };
+        self.shard.shared.metrics.shard(self.shard.id).events_published.add(n);
+        gate.tenant_count(|s| &s.published, n);
+        let results: Vec<serde_json::Value> =
+            placed.iter().map(|(p, o)| serde_json::json!({"partition": p.0, "offset": o})).collect();
+        let body = match (batch, results.first()) {
+            (false, Some(one)) => one.to_string(),
+            _ => serde_json::json!({ "results": results }).to_string(),
+        };
+        Response::json(StatusCode(201), body)
+    }
+
+    /// `GET /session/subscribe/{sid}`: the session's events from its head (or after the SSE
+    /// `Last-Event-ID`), then as they come; 409 while it has a subscriber.
+    pub(super) fn session_subscribe(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+        if self.shard.shared.memory.shed_now() {
+            return shed();
+        }
+        let (stored, local) = match session_topic(gate, sid) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        if let Err(r) = gate.allow(Action::Subscribe, Kind::Topic, &local) {
+            return r;
+        }
+        if self.shard.shared.watchers.is_followed(&stored) {
+            return problem(StatusCode::CONFLICT, &format!("session {sid} has a subscriber already (one at a time)"));
+        }
+        let from = match req
+            .header("last-event-id")
+            .map(|v| std::str::from_utf8(v).ok().and_then(|s| s.trim().parse::<u64>().ok()))
+        {
+            None => 0,
+            Some(Some(id)) => id.saturating_add(1),
+            Some(None) => return problem(StatusCode::BAD_REQUEST, "Last-Event-ID of a session stream is an offset"),
+        };
+        let spec = Box::new(FollowSpec { topic: stored, from });
+        let websocket = req.header("upgrade").is_some_and(|v| v.eq_ignore_ascii_case(b"websocket"));
+        if websocket {
+            ws_upgrade(req, Upgrade::FollowWs(spec))
+        } else {
+            Response::streaming(Upgrade::FollowSse(spec), "text/event-stream")
+        }
+    }
+}

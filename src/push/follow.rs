@@ -1,0 +1,118 @@
+//! Session pub/sub (Mode 2): the one subscriber of a session's lite topic `session.<sid>`, over
+//! server-sent events or WebSocket. It gets everything from the head of the session (or after
+//! the SSE `Last-Event-ID`), then each event as it is published, in order.
+//!
+//! The follower reads the lite topic straight from its owner's log (any thread may read it) in
+//! bounded batches, hands each rendered event to the session's writer through a small bounded
+//! queue (a subscriber that does not read holds at most that and one batch), and when it has
+//! read everything waits on its doorbell (`shard::watch`), which the owner rings after each
+//! append. One subscriber per session: the claim is process-wide, and released when the
+//! session ends.
+
+use std::rc::Rc;
+
+use frame_codec::{AttrValue, Frame};
+use futures::channel::mpsc;
+use futures::SinkExt;
+
+use super::Outbound;
+use crate::server::FollowSpec;
+use crate::shard::core::Shard;
+use crate::shard::watch::Claim;
+use crate::shard::PartitionId;
+use crate::storage::embedded::EmbeddedLog;
+use crate::storage::Storage;
+
+/// Events read from the log at once.
+const BATCH: usize = 64;
+const BATCH_BYTES: usize = 1 << 20;
+/// Rendered events waiting for the writer.
+const QUEUE: usize = 16;
+
+/// An event as the follower sends it: the structured CloudEvent with `emoffset` (a string).
+fn render(f: &Frame, sse: bool) -> Vec<u8> {
+    let offset = f.header().offset;
+    let mut json = Vec::with_capacity(f.as_bytes().len() + 32);
+    crate::adaptor::cloudevents::write_structured(f, &[("emoffset", AttrValue::Str(offset.to_string()))], &mut json);
+    let mut out = Vec::with_capacity(json.len() + 32);
+    if sse {
+        let mut event = format!("id: {offset}\ndata: ").into_bytes();
+        event.extend_from_slice(&json);
+        event.extend_from_slice(b"\n\n");
+        crate::shard::sessions::chunk(&event, &mut out);
+    } else {
+        crate::ws::encode_frame(crate::ws::OpCode::Text, true, &json, &mut out);
+    }
+    out
+}
+
+/// Sends the lite topic from `spec.from` on, then follows it, until the session's queue closes
+/// (its writer ended). Returns a reason when the log cannot be read.
+async fn follow(
+    shard: Rc<Shard>,
+    claim: Claim,
+    spec: FollowSpec,
+    sse: bool,
+    mut out: mpsc::Sender<Outbound>,
+) -> &'static str {
+    let shared = &shard.shared;
+    let owner = crate::shard::owner(&spec.topic, PartitionId(0), shared.config.shards);
+    // A reading handle on the owner's log (reads only: no appends, no cache of its own to speak of).
+    let log = EmbeddedLog::new(shared.db.clone(), owner, shared.config.durability, None, shared.config.lite_topic_ttl);
+    let mut next = spec.from;
+    loop {
+        let frames = match log.read(&spec.topic, PartitionId(0), next, BATCH, BATCH_BYTES) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("evmesh: {}: following {}: {e}", shard.id, spec.topic);
+                return "the session's log cannot be read";
+            }
+        };
+        if frames.is_empty() {
+            claim.watch.rung().await;
+            continue;
+        }
+        for f in frames {
+            next = f.header().offset + 1;
+            if out.send(Outbound::Frame(Rc::new(render(&f, sse)))).await.is_err() {
+                return "";
+            }
+        }
+        // A subscriber replaying a long session must not hold the core.
+        crate::task::yield_now().await;
+    }
+}
+
+/// A WebSocket follower, after the 101.
+pub async fn websocket(
+    shard: Rc<Shard>,
+    stream: crate::server::Stream,
+    buf: Vec<u8>,
+    limits: crate::server::conn::ConnLimits,
+    spec: Box<FollowSpec>,
+) {
+    let (tx, events) = mpsc::channel(QUEUE);
+    let replier = crate::shard::requests::Replier { principal: None, tenant: None };
+    let io = super::ws::Io { stream, buf, limits, events, queued: None };
+    let Some(claim) = shard.shared.watchers.claim(&spec.topic) else {
+        // Another subscriber claimed it since the 101 was decided.
+        let ends = async { Some("the session has another subscriber") };
+        return super::ws::run(&shard, io, None, replier, ends).await;
+    };
+    let ends = follow(shard.clone(), claim, *spec, false, tx);
+    let ends = async move { Some(ends.await).filter(|r| !r.is_empty()) };
+    super::ws::run(&shard, io, None, replier, ends).await
+}
+
+/// A server-sent events follower, after the `200` head.
+pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<FollowSpec>) {
+    let (tx, events) = mpsc::channel(QUEUE);
+    let Some(claim) = shard.shared.watchers.claim(&spec.topic) else {
+        // Another subscriber claimed it since the 200 was decided: the stream ends empty.
+        drop(tx);
+        return super::sse::serve(stream, buf, events).await;
+    };
+    let follower = follow(shard.clone(), claim, *spec, true, tx);
+    let serve = super::sse::serve(stream, buf, events);
+    let _ = futures::future::select(Box::pin(follower), Box::pin(serve)).await;
+}

@@ -1,0 +1,115 @@
+//! Followers of lite topics (session pub/sub, Mode 2): at most one subscriber per lite topic,
+//! process-wide, woken by the topic's owner after each append.
+//!
+//! A follower reads the lite topic straight from its owner's log (RocksDB reads are safe from
+//! any thread) and sleeps when it has read everything; the owner's fan-out of a lite topic looks
+//! the topic up here (one relaxed load while nobody follows anything) and wakes its follower
+//! across cores (monoio's wakers are thread-safe with its `sync` feature, as the mailboxes'
+//! doorbells are). The registry is a mutex: claims and releases are per subscribe, not per event.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+
+use futures::task::AtomicWaker;
+
+/// One follower's doorbell.
+#[derive(Default)]
+pub struct Watch {
+    rung: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Watch {
+    /// Resolves once the owner appended since the last call returned (at once if it did).
+    pub async fn rung(&self) {
+        std::future::poll_fn(|cx| {
+            if self.rung.swap(false, Ordering::AcqRel) {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            if self.rung.swap(false, Ordering::AcqRel) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    fn ring(&self) {
+        self.rung.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// The lite topics being followed (stored names), with their followers' doorbells.
+#[derive(Default)]
+pub struct Watchers {
+    followed: AtomicUsize,
+    map: Mutex<HashMap<String, Arc<Watch>>>,
+}
+
+/// A lite topic claimed by its one follower; released when dropped.
+pub struct Claim {
+    watchers: Arc<Watchers>,
+    topic: String,
+    pub watch: Arc<Watch>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut map = self.watchers.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&self.topic).is_some_and(|w| Arc::ptr_eq(w, &self.watch)) {
+            map.remove(&self.topic);
+            self.watchers.followed.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Watchers {
+    /// Whether `topic` has a follower.
+    pub fn is_followed(&self, topic: &str) -> bool {
+        self.followed.load(Ordering::Relaxed) > 0
+            && self.map.lock().unwrap_or_else(|e| e.into_inner()).contains_key(topic)
+    }
+
+    /// Makes the caller `topic`'s follower; `None` if it has one.
+    pub fn claim(self: &Arc<Self>, topic: &str) -> Option<Claim> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.contains_key(topic) {
+            return None;
+        }
+        let watch = Arc::new(Watch::default());
+        map.insert(topic.to_owned(), watch.clone());
+        self.followed.fetch_add(1, Ordering::Relaxed);
+        Some(Claim { watchers: self.clone(), topic: topic.to_owned(), watch })
+    }
+
+    /// `topic` got events: wakes its follower, if it has one.
+    pub fn notify(&self, topic: &str) {
+        if self.followed.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(w) = self.map.lock().unwrap_or_else(|e| e.into_inner()).get(topic) {
+            w.ring();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_follower_per_topic_released_on_drop() {
+        let w = Arc::new(Watchers::default());
+        let first = w.claim(":session.a").expect("free");
+        assert!(w.claim(":session.a").is_none());
+        assert!(w.is_followed(":session.a") && !w.is_followed(":session.b"));
+        drop(first);
+        assert!(!w.is_followed(":session.a"));
+        assert!(w.claim(":session.a").is_some());
+    }
+}

@@ -1,0 +1,110 @@
+//! Session pub/sub (Mode 2): publish to a session (201), one subscriber at a time (409 for a
+//! second) over SSE or WebSocket, replaying from the head of the session then following it;
+//! `Last-Event-ID` resumes; everything published before a kill -9 is replayed after it.
+
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::acked::Sse;
+use super::util::{event, wait_for, TestBroker};
+
+fn publish(b: &TestBroker, sid: &str, id: &str) -> Value {
+    let r = b.client().post(
+        &format!("/session/publish/{sid}"),
+        "application/cloudevents+json",
+        event(id).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    r.json()
+}
+
+fn websocket(b: &TestBroker, sid: &str) -> tungstenite::WebSocket<TcpStream> {
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tungstenite::client(format!("ws://{}/session/subscribe/{sid}", b.traffic), stream).unwrap().0
+}
+
+fn ws_next(ws: &mut tungstenite::WebSocket<TcpStream>) -> Value {
+    loop {
+        match ws.read().unwrap() {
+            tungstenite::Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
+            tungstenite::Message::Ping(_) | tungstenite::Message::Pong(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn one_subscriber_replays_the_session_from_its_head_then_follows_it() {
+    for driver in ["epoll", "uring"] {
+        let b = TestBroker::start(&["--io-driver", driver, "--shards", "4"]);
+        for i in 0..3 {
+            assert_eq!(publish(&b, "s-1", &format!("e{i}")), json!({"partition": 0, "offset": i}));
+        }
+        let mut sse = Sse::open_path(&b, "/session/subscribe/s-1", None);
+        for i in 0..3 {
+            let (id, e) = sse.next();
+            assert_eq!((id.as_str(), e["id"].as_str()), (i.to_string().as_str(), Some(format!("e{i}").as_str())));
+            assert_eq!(e["emoffset"], i.to_string());
+        }
+        publish(&b, "s-1", "e3");
+        assert_eq!(sse.next().1["id"], "e3", "{driver}: live after the replay");
+        // A second subscriber of the same session: 409, on either transport.
+        b.client().get("/session/subscribe/s-1").assert_problem(409);
+        // Other sessions are not mixed in.
+        publish(&b, "s-2", "other");
+        publish(&b, "s-1", "e4");
+        assert_eq!(sse.next().1["id"], "e4");
+        drop(sse);
+        // The first one gone, a WebSocket subscriber gets the whole session again, then more.
+        let mut ws = wait_for(Duration::from_secs(5), || {
+            let stream = TcpStream::connect(b.traffic).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            tungstenite::client(format!("ws://{}/session/subscribe/s-1", b.traffic), stream).ok().map(|(ws, _)| ws)
+        });
+        let replayed: Vec<Value> = (0..5).map(|_| ws_next(&mut ws)["id"].clone()).collect();
+        assert_eq!(replayed, ["e0", "e1", "e2", "e3", "e4"]);
+        publish(&b, "s-1", "e5");
+        assert_eq!(ws_next(&mut ws)["id"], "e5");
+        // Resuming after the last id seen.
+        drop(ws);
+        let mut resumed = wait_for(Duration::from_secs(5), || {
+            std::panic::catch_unwind(|| Sse::open_path(&b, "/session/subscribe/s-1", Some("3"))).ok()
+        });
+        assert_eq!(resumed.next().1["id"], "e4");
+        assert_eq!(resumed.next().1["id"], "e5");
+    }
+}
+
+#[test]
+fn a_subscriber_replays_everything_published_before_a_kill_9() {
+    let mut b = TestBroker::start(&[]);
+    for i in 0..5 {
+        publish(&b, "crash", &format!("c{i}"));
+    }
+    b.kill9();
+    b.restart();
+    let mut ws = websocket(&b, "crash");
+    let got: Vec<Value> = (0..5).map(|_| ws_next(&mut ws)["id"].clone()).collect();
+    assert_eq!(got, ["c0", "c1", "c2", "c3", "c4"]);
+    publish(&b, "crash", "c5");
+    assert_eq!(ws_next(&mut ws)["id"], "c5");
+}
+
+#[test]
+fn bad_session_requests_are_refused() {
+    let b = TestBroker::start(&[]);
+    let body = event("x").to_string();
+    let post = |path: &str| b.client().post(path, "application/cloudevents+json", body.as_bytes());
+    post("/session/publish/a%20b").assert_problem(400);
+    post(&format!("/session/publish/{}", "x".repeat(201))).assert_problem(400);
+    b.client().get("/session/publish/s").assert_problem(405);
+    post("/session/subscribe/s").assert_problem(405);
+    post("/session/other/s").assert_problem(404);
+    b.client().post("/session/publish/s", "application/cloudevents+json", b"{").assert_problem(400);
+    // A Mode 1 session id (agent:uuid) is a valid session.
+    let r = post("/session/publish/agent-1:0b7e2c9e-8a8e-4b52-9a4e-2f0c1d3e4a5b");
+    assert_eq!(r.status, 201, "{}", r.text());
+}
