@@ -10,7 +10,15 @@
 //! | 12..16 | body length in bytes                    |
 //! | 16..24 | offset                                  |
 //! | 24..32 | publish timestamp, µs since Unix epoch  |
-//! | 32..40 | sequence (per-connection, for replies)  |
+//! | 32..40 | sequence (see below)                    |
+//!
+//! `sequence` by kind: a `Request` (request-reply) holds its deadline, µs since the Unix epoch;
+//! a `StreamChunk` its `emseq` (the chunk's place in its session's turn); other kinds 0.
+//!
+//! The streaming kinds' attributes (besides the CloudEvent's own): a `StreamRequest` carries
+//! `emsessionid`, `emreplyto` and optionally `emmodel`, `emconversation`, its data the prompt;
+//! a `StreamChunk` carries `emsessionid`, `emseq` (integer), `emdone` (boolean) and optionally
+//! `emerror`, `emchunktype`, its data the chunk.
 
 use crate::FrameError;
 

@@ -41,16 +41,7 @@ fn golden_path(name: &str) -> std::path::PathBuf {
 #[test]
 fn golden_v1_event_bytes_are_stable() {
     let (h, b) = sample();
-    let frame = Frame::encode(&h, &b).unwrap();
-    let path = golden_path("v1-event.bin");
-    if std::env::var_os("EVMESH_BLESS").is_some() {
-        std::fs::write(&path, frame.as_bytes()).unwrap();
-    }
-    let golden = std::fs::read(&path).expect("golden file present");
-    assert_eq!(frame.as_bytes(), &golden[..], "v1 frame layout changed");
-    let decoded = Frame::decode(&golden).unwrap();
-    assert_eq!(decoded.header(), h);
-    assert_eq!(decoded.to_body(), b);
+    golden("v1-event.bin", h, b);
 }
 
 /// A request of request-reply: kind `Request`, its deadline (µs) in `sequence`, the request
@@ -64,16 +55,59 @@ fn golden_v1_request_bytes_are_stable() {
     b.attributes.push(attr("emcorrelationid", "1.0.1.2a.3.00000000deadbeef"));
     b.attributes.push(attr("emreplyto", "http://127.0.0.1:8080/events/reply"));
     b.attributes.push(attr("emexpiry", "2025-11-30T10:53:50Z"));
+    golden("v1-request.bin", h, b);
+}
+
+/// Checks `frame` against the golden file `name` (written with EVMESH_BLESS=1, for a new kind
+/// or version only) and that the file decodes back to `h` and `b`.
+fn golden(name: &str, h: FrameHeader, b: FrameBody) {
     let frame = Frame::encode(&h, &b).unwrap();
-    let path = golden_path("v1-request.bin");
+    let path = golden_path(name);
     if std::env::var_os("EVMESH_BLESS").is_some() {
         std::fs::write(&path, frame.as_bytes()).unwrap();
     }
-    let golden = std::fs::read(&path).expect("golden file present");
-    assert_eq!(frame.as_bytes(), &golden[..], "v1 request layout changed");
-    let decoded = Frame::decode(&golden).unwrap();
+    let bytes = std::fs::read(&path).expect("golden file present");
+    assert_eq!(frame.as_bytes(), &bytes[..], "{name}: layout changed");
+    let decoded = Frame::decode(&bytes).unwrap();
     assert_eq!(decoded.header(), h);
     assert_eq!(decoded.to_body(), b);
+}
+
+/// The streaming kinds (Mode 1 agent calls): a `stream-request` with its prompt and a
+/// `stream-chunk` with its sequence number in the header as in `emseq`.
+#[test]
+fn golden_v1_stream_request_and_chunk_bytes_are_stable() {
+    let attr = |n: &str, v: AttrValue| Attribute { name: n.into(), value: v };
+    let base = |id: &str| {
+        vec![
+            attr("specversion", AttrValue::Str("1.0".into())),
+            attr("id", AttrValue::Str(id.into())),
+            attr("source", AttrValue::Str("/client".into())),
+            attr("type", AttrValue::Str("evmesh.stream".into())),
+        ]
+    };
+    let header = |kind, data_kind, sequence| FrameHeader {
+        kind,
+        data_kind,
+        partition: 0,
+        offset: 7,
+        timestamp_us: 1_764_500_000_000_000,
+        sequence,
+    };
+    let mut attributes = base("turn-1");
+    attributes.push(attr("emsessionid", AttrValue::Str("agent-1:0b7e2c9e".into())));
+    attributes.push(attr("emreplyto", AttrValue::Str("http://127.0.0.1:8080/session/chunk/agent-1:0b7e2c9e".into())));
+    attributes.push(attr("emmodel", AttrValue::Str("small".into())));
+    attributes.push(attr("emconversation", AttrValue::Str("c-9".into())));
+    let body = FrameBody { topic: ":agent.agent-1".into(), attributes, data: b"Tell me a story".to_vec() };
+    golden("v1-stream-request.bin", header(FrameKind::StreamRequest, DataKind::Text, 0), body);
+    let mut attributes = base("chunk-3");
+    attributes.push(attr("emsessionid", AttrValue::Str("agent-1:0b7e2c9e".into())));
+    attributes.push(attr("emseq", AttrValue::Int(3)));
+    attributes.push(attr("emdone", AttrValue::Bool(false)));
+    attributes.push(attr("emchunktype", AttrValue::Str("token".into())));
+    let body = FrameBody { topic: ":session.agent-1:0b7e2c9e".into(), attributes, data: b"Once".to_vec() };
+    golden("v1-stream-chunk.bin", header(FrameKind::StreamChunk, DataKind::Text, 3), body);
 }
 
 #[test]
