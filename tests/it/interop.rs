@@ -202,3 +202,12 @@ fn python_request_reply_clients() {
     let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
     run_script(&python, "python_request_reply.py");
 }
+
+/// Session pub/sub with independent clients: `httpx-sse` (EventSource ids and `Last-Event-ID`
+/// resume) and `websockets` subscribers of events the CloudEvents SDK built.
+#[test]
+#[ignore = "needs Python with httpx, httpx-sse, websockets and the CloudEvents SDK (SDK_PYTHON; scripts/test.sh installs them)"]
+fn python_session_pubsub_clients() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_script(&python, "python_session.py");
+}
