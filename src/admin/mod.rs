@@ -648,6 +648,9 @@ impl Admin {
         if !crate::shard::valid_topic(topic) {
             return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
         }
+        if crate::shard::is_lite(topic) {
+            return problem(StatusCode::BAD_REQUEST, "lite topics (agent.*, client.*, session.*) have no transformers");
+        }
         let spec: TransformSpec = match serde_json::from_slice(body) {
             Ok(s) => s,
             Err(e) => {
@@ -696,6 +699,12 @@ impl Admin {
         };
         if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| !crate::shard::valid_topic(t)) {
             return problem(StatusCode::BAD_REQUEST, &format!("{t:?}: topic names are [A-Za-z0-9._-]{{1,249}}"));
+        }
+        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| crate::shard::is_lite(t)) {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("{t:?} is a lite topic: routes neither start nor end there"),
+            );
         }
         let snap = g.snapshot();
         let existed = snap.router.all().iter().any(|r| r.id == id);

@@ -89,7 +89,13 @@ impl Traffic {
             Some(Some(id)) => id.saturating_add(1),
             Some(None) => return problem(StatusCode::BAD_REQUEST, "Last-Event-ID of a session stream is an offset"),
         };
-        let spec = Box::new(FollowSpec { topic: stored, from });
+        let spec = Box::new(FollowSpec {
+            topic: stored,
+            from,
+            principal: gate.principal(),
+            tenant: gate.who.tenant.clone(),
+            expires_us: gate.who.expires_us,
+        });
         let websocket = req.header("upgrade").is_some_and(|v| v.eq_ignore_ascii_case(b"websocket"));
         if websocket {
             ws_upgrade(req, Upgrade::FollowWs(spec))

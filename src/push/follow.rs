@@ -26,8 +26,8 @@ use crate::storage::Storage;
 /// Events read from the log at once.
 const BATCH: usize = 64;
 const BATCH_BYTES: usize = 1 << 20;
-/// Rendered events waiting for the writer.
-const QUEUE: usize = 16;
+/// Rendered events waiting for the writer (each at most about 1.4 MiB: a 1 MiB body in base64).
+const QUEUE: usize = 4;
 
 /// An event as the follower sends it: the structured CloudEvent with `emoffset` (a string).
 fn render(f: &Frame, sse: bool) -> Vec<u8> {
@@ -92,15 +92,21 @@ pub async fn websocket(
     spec: Box<FollowSpec>,
 ) {
     let (tx, events) = mpsc::channel(QUEUE);
-    let replier = crate::shard::requests::Replier { principal: None, tenant: None };
+    let replier = crate::shard::requests::Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone() };
     let io = super::ws::Io { stream, buf, limits, events, queued: None };
     let Some(claim) = shard.shared.watchers.claim(&spec.topic) else {
         // Another subscriber claimed it since the 101 was decided.
         let ends = async { Some("the session has another subscriber") };
         return super::ws::run(&shard, io, None, replier, ends).await;
     };
-    let ends = follow(shard.clone(), claim, *spec, false, tx);
-    let ends = async move { Some(ends.await).filter(|r| !r.is_empty()) };
+    let expiry = expired(spec.expires_us);
+    let follower = follow(shard.clone(), claim, *spec, false, tx);
+    let ends = async move {
+        match futures::future::select(Box::pin(follower), Box::pin(expiry)).await {
+            futures::future::Either::Left((r, _)) => Some(r).filter(|r| !r.is_empty()),
+            futures::future::Either::Right((r, _)) => Some(r),
+        }
+    };
     super::ws::run(&shard, io, None, replier, ends).await
 }
 
@@ -112,7 +118,21 @@ pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, 
         drop(tx);
         return super::sse::serve(stream, buf, events).await;
     };
+    let expiry = expired(spec.expires_us);
     let follower = follow(shard.clone(), claim, *spec, true, tx);
     let serve = super::sse::serve(stream, buf, events);
-    let _ = futures::future::select(Box::pin(follower), Box::pin(serve)).await;
+    // An expired credential ends the stream as the follower's end does: the queue closes and
+    // the writer ends the chunked body.
+    let ending = futures::future::select(Box::pin(follower), Box::pin(expiry));
+    let _ = futures::future::select(Box::pin(ending), Box::pin(serve)).await;
+}
+
+/// Resolves with the reason once a credential expiring at `expires_us` has expired (never
+/// without one). Access is checked when a follower subscribes; a revoked ACL rule does not
+/// end a follower before its credential does.
+async fn expired(expires_us: Option<i64>) -> &'static str {
+    let Some(at) = expires_us else { return std::future::pending().await };
+    let left = (at - crate::clock::now_micros()).max(0) as u64;
+    monoio::time::sleep(std::time::Duration::from_micros(left)).await;
+    "token expired"
 }

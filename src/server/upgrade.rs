@@ -25,6 +25,12 @@ pub struct FollowSpec {
     pub topic: String,
     /// The first offset to send.
     pub from: u64,
+    /// Who subscribed (`None` with `auth = none`) and its tenant: its reply frames answer
+    /// requests as it (`push::ws`).
+    pub principal: Option<String>,
+    pub tenant: Option<String>,
+    /// When its credential expires (µs since the epoch): the session ends then (1008).
+    pub expires_us: Option<i64>,
 }
 
 /// A delivery session as the client asked for it, checked.

@@ -595,10 +595,23 @@ impl Shard {
             monoio::time::sleep(every).await;
             self.expire_clients();
             if let Log::Embedded(log) = &self.log {
-                let ttl = self.shared.config.lite_topic_ttl;
-                match log.expire_lite(crate::storage::offsets::now_ms(), ttl.as_millis() as u64) {
-                    Ok(n) => self.shared.metrics.shard(self.id).lite_topics_expired.add(n),
-                    Err(e) => eprintln!("evmesh: {}: expiring lite topics: {e}", self.id),
+                // In bounded calls, yielding in between: the core stays its clients'.
+                let ttl = self.shared.config.lite_topic_ttl.as_millis() as u64;
+                let followed = |name: &str| self.shared.watchers.is_followed(name);
+                loop {
+                    match log.expire_lite(crate::storage::offsets::now_ms(), ttl, followed) {
+                        Ok(n) => {
+                            self.shared.metrics.shard(self.id).lite_topics_expired.add(n);
+                            if n < 1_000 {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            eprintln!("evmesh: {}: expiring lite topics: {e}", self.id);
+                            break;
+                        }
+                    }
+                    crate::task::yield_now().await;
                 }
             }
             let Ok(topics) = meta::list(&self.shared.db) else { continue };

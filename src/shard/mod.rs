@@ -83,9 +83,11 @@ pub fn lite_stored(scoped: &str) -> String {
 /// The parent topic and partition a stored lite topic is multiplexed onto.
 fn lite_parent(stored: &str) -> (&'static str, PartitionId) {
     let name = &stored[1..];
+    // `kind.id`, or `tenant.kind.id` (tenant names have no dots).
+    let local = if is_lite(name) { name } else { name.split_once('.').map_or(name, |(_, rest)| rest) };
     let kind = LITE_KINDS
         .iter()
-        .position(|k| name.split('.').any(|part| part == *k))
+        .position(|k| local.starts_with(k) && local[k.len()..].starts_with('.'))
         .map_or("lite.session", |i| ["lite.agent", "lite.client", "lite.session"][i]);
     (kind, partitioner::partition_for_key(name.as_bytes(), LITE_PARTITIONS))
 }

@@ -71,7 +71,7 @@ impl Drop for Claim {
 impl Watchers {
     /// Whether `topic` has a follower.
     pub fn is_followed(&self, topic: &str) -> bool {
-        self.followed.load(Ordering::Relaxed) > 0
+        self.followed.load(Ordering::SeqCst) > 0
             && self.map.lock().unwrap_or_else(|e| e.into_inner()).contains_key(topic)
     }
 
@@ -83,13 +83,16 @@ impl Watchers {
         }
         let watch = Arc::new(Watch::default());
         map.insert(topic.to_owned(), watch.clone());
-        self.followed.fetch_add(1, Ordering::Relaxed);
+        // SeqCst with the fence in `notify`: a follower that then reads the log and finds
+        // nothing is sure the owner's later check sees it (else both could miss each other).
+        self.followed.fetch_add(1, Ordering::SeqCst);
         Some(Claim { watchers: self.clone(), topic: topic.to_owned(), watch })
     }
 
     /// `topic` got events: wakes its follower, if it has one.
     pub fn notify(&self, topic: &str) {
-        if self.followed.load(Ordering::Relaxed) == 0 {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.followed.load(Ordering::SeqCst) == 0 {
             return;
         }
         if let Some(w) = self.map.lock().unwrap_or_else(|e| e.into_inner()).get(topic) {

@@ -98,7 +98,7 @@ struct PartState {
 /// cached goes unless it was appended to since, then it gets a second chance at the back.
 pub const LITE_CACHE: usize = 16_384;
 /// Lite topics expired per shard and pass at most (the next pass continues).
-const LITE_EXPIRE_BATCH: usize = 10_000;
+const LITE_EXPIRE_BATCH: usize = 1_000;
 
 fn is_lite(pre: &[u8]) -> bool {
     pre.get(1) == Some(&b':')
@@ -180,6 +180,7 @@ impl Inner {
             // partition end (they are re-read from the log) and fail the appends queued since,
             // whose offsets would otherwise leave a gap.
             self.parts.borrow_mut().clear();
+            self.lite_cached.borrow_mut().clear();
             let mut p = self.pending.borrow_mut();
             p.batch = WriteBatch::default();
             for w in std::mem::take(&mut p.waiters) {
@@ -352,9 +353,11 @@ impl EmbeddedLog {
     }
 
     /// Deletes the lite topics without traffic for `ttl_ms` (a little more: the index lags by up
-    /// to 1/16 of it), at most [`LITE_EXPIRE_BATCH`] a call, with their events and index rows.
-    /// A topic with appends not yet written is left for the next pass. Returns how many went.
-    pub fn expire_lite(&self, now_ms: u64, ttl_ms: u64) -> Result<u64, StorageError> {
+    /// to 1/16 of it), at most `LITE_EXPIRE_BATCH` a call (the caller calls again, yielding in
+    /// between, while a call expired that many), with their events and index rows. Topics
+    /// `keep` names (one with a follower) and topics with appends not yet written stay. Returns
+    /// how many went.
+    pub fn expire_lite(&self, now_ms: u64, ttl_ms: u64, keep: impl Fn(&str) -> bool) -> Result<u64, StorageError> {
         let cutoff = now_ms.saturating_sub(ttl_ms + ttl_ms / 16);
         let cf = self.cf();
         let mut ro = ReadOptions::default();
@@ -364,24 +367,31 @@ impl EmbeddedLog {
         let mut batch = WriteBatch::default();
         let mut gone = Vec::new();
         let busy = !self.inner.pending.borrow().waiters.is_empty();
-        while it.valid() && gone.len() < LITE_EXPIRE_BATCH {
+        let mut looked = 0;
+        while it.valid() && gone.len() < LITE_EXPIRE_BATCH && looked < 4 * LITE_EXPIRE_BATCH {
+            looked += 1;
             let k = it.key().expect("valid");
             let (ms, name) = (u64::from_be_bytes(k[2..10].try_into().expect("8 bytes")), &k[10..]);
-            batch.delete_cf(cf, k);
             let seen = self.inner.db.get_cf(cf, lite_seen_key(name))?;
-            // A row the topic's later traffic replaced is stale: only it goes.
-            if seen.as_deref() == Some(&ms.to_be_bytes()[..]) {
-                let mut pre = vec![name.len() as u8];
-                pre.extend_from_slice(name);
-                pre.extend_from_slice(&0u32.to_be_bytes());
-                let cached = self.inner.parts.borrow().get(&pre[..]).copied();
-                if busy && cached.is_some() {
-                    break; // may have appends in the batch being written: next pass
-                }
-                batch.delete_range_cf(cf, key(&pre, 0), upper_bound(&pre));
-                batch.delete_cf(cf, lite_seen_key(name));
-                gone.push(pre);
+            if seen.as_deref() != Some(&ms.to_be_bytes()[..]) {
+                // A row the topic's later traffic replaced (or an expiry left): only it goes.
+                batch.delete_cf(cf, k);
+                it.next();
+                continue;
             }
+            let mut pre = vec![name.len() as u8];
+            pre.extend_from_slice(name);
+            pre.extend_from_slice(&0u32.to_be_bytes());
+            // Followed, or maybe in the batch being written: it stays (its rows too).
+            let pending = busy && self.inner.parts.borrow().contains_key(&pre[..]);
+            if pending || std::str::from_utf8(name).is_ok_and(&keep) {
+                it.next();
+                continue;
+            }
+            batch.delete_cf(cf, k);
+            batch.delete_range_cf(cf, key(&pre, 0), upper_bound(&pre));
+            batch.delete_cf(cf, lite_seen_key(name));
+            gone.push(pre);
             it.next();
         }
         it.status()?;

@@ -108,3 +108,22 @@ fn bad_session_requests_are_refused() {
     let r = post("/session/publish/agent-1:0b7e2c9e-8a8e-4b52-9a4e-2f0c1d3e4a5b");
     assert_eq!(r.status, 201, "{}", r.text());
 }
+
+#[test]
+fn a_followed_session_is_not_expired_while_an_idle_one_is() {
+    let b = TestBroker::start(&["--lite-topic-ttl-ms", "300", "--retention-check-ms", "100"]);
+    publish(&b, "kept", "k0");
+    publish(&b, "idle", "i0");
+    let mut ws = websocket(&b, "kept");
+    assert_eq!(ws_next(&mut ws)["id"], "k0");
+    let expired = || super::request::metric(&b, "evmesh_lite_topics_expired_total", "");
+    wait_for(Duration::from_secs(10), || (expired() >= 1).then_some(()));
+    // Well past the TTL: the idle one went, the followed one kept its offsets.
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(expired(), 1);
+    assert_eq!(publish(&b, "kept", "k1")["offset"], 1);
+    assert_eq!(ws_next(&mut ws)["id"], "k1");
+    assert_eq!(publish(&b, "idle", "i1")["offset"], 0, "the idle one started over");
+    // Lite topics are neither transformed nor routed.
+    b.admin().request("PUT", "/admin/transformers/session.kept", &[], b"{}").assert_problem(400);
+}

@@ -71,6 +71,25 @@ impl Source for Log {
     }
 }
 
+impl Log {
+    /// Appends a request (request-reply) whose deadline is `deadline_us` to `p`.
+    fn request(&self, p: u32, deadline_us: i64) -> Arc<[Frame]> {
+        let f = self.append(p, 1)[0].clone();
+        let mut h = f.header();
+        (h.kind, h.sequence) = (FrameKind::Request, deadline_us as u64);
+        let r = Frame::encode(&h, &f.to_body()).unwrap();
+        let mut parts = self.parts.borrow_mut();
+        *parts.get_mut(&p).unwrap().last_mut().unwrap() = r.clone();
+        vec![r].into()
+    }
+}
+
+/// The wall clock as the machine reads it, µs since the epoch (the test's in-memory log uses
+/// the real one: deadlines are set relative to it).
+fn wall() -> i64 {
+    crate::clock::now_micros()
+}
+
 fn frame_bytes() -> usize {
     let log = Log::default();
     log.append(0, 1)[0].as_bytes().len()
@@ -411,4 +430,71 @@ fn committed_is_the_lowest_unsettled_offset() {
     part.retry.clear();
     part.dead.insert(6, 3);
     assert_eq!(part.committed(), 6);
+}
+
+#[test]
+fn a_request_past_its_deadline_is_skipped_at_dispatch_and_counted() {
+    let (log, now) = (Log::default(), Instant::now());
+    log.request(0, wall() - 1);
+    log.append(0, 1);
+    log.request(0, wall() + 60_000_000);
+    let mut m = setup(DEF, &[0], &[], now);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 10, Vec::new(), now, &log, &mut out);
+    assert_eq!(delivered(&out), [(1, 0, 1, 1), (1, 0, 2, 1)], "the expired request at 0 is not sent");
+    assert_eq!(m.expired, 1);
+    // Fresh from an append too.
+    let mut out = Vec::new();
+    let fresh = log.request(0, wall() - 1);
+    m.appended(TOPIC, &fresh, now, &log, &mut out);
+    assert!(delivered(&out).is_empty());
+    assert_eq!(m.expired, 2);
+    let out = ack(&mut m, &log, 0, &[1, 2], AckKind::Ack, now);
+    assert_eq!(last_stored(&out, 0).map(|s| s.committed), Some(4), "skipped requests are settled");
+}
+
+#[test]
+fn a_request_is_settled_not_retried_on_nack_ack_timeout_or_detach() {
+    let (log, now) = (Log::default(), Instant::now());
+    let later = wall() + 60_000_000;
+    for _ in 0..3 {
+        log.request(0, later);
+    }
+    let def = r#"{"subscription":"s","topic":"t","ackTimeoutMs":1000,"maxAttempts":1}"#;
+    let mut m = setup(def, &[0], &[], now);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 10, Vec::new(), now, &log, &mut out);
+    assert_eq!(delivered(&out).len(), 3);
+    let out = ack(&mut m, &log, 0, &[0], AckKind::Nack, now);
+    assert!(delivered(&out).is_empty() && dead(&out).is_empty(), "a nacked request is settled");
+    let mut out = Vec::new();
+    m.tick(now + Duration::from_secs(2), &log, &mut out);
+    assert!(delivered(&out).is_empty() && dead(&out).is_empty(), "an unacked one too");
+    log.request(0, later);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(2), 10, Vec::new(), now, &log, &mut out);
+    m.detach(&key(), sess(2), now, &log, &mut out);
+    m.detach(&key(), sess(1), now, &log, &mut out);
+    assert!(dead(&out).is_empty());
+    assert_eq!(last_stored(&out, 0).map(|s| (s.committed, s.attempts.len())), Some((4, 0)));
+}
+
+#[test]
+fn a_request_restored_among_redeliveries_is_settled_when_read() {
+    let (log, now) = (Log::default(), Instant::now());
+    log.request(0, wall() + 60_000_000);
+    log.append(0, 1);
+    // Both delivered once before a restart, one attempt left for the event.
+    let stored = Stored { committed: 0, next: 2, seen_ms: 0, attempts: vec![(0, 1), (1, 1)] };
+    let def = r#"{"subscription":"s","topic":"t","ackTimeoutMs":1000,"maxAttempts":2}"#;
+    let mut m = setup(def, &[0], &[(0, stored.clone())], now);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 10, Vec::new(), now, &log, &mut out);
+    assert_eq!(delivered(&out), [(1, 0, 1, 2)], "the event again, the request not");
+    // With its attempts spent: still never dead-lettered.
+    let def = r#"{"subscription":"s","topic":"t","ackTimeoutMs":1000,"maxAttempts":1}"#;
+    let mut m = setup(def, &[0], &[(0, stored)], now);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 10, Vec::new(), now, &log, &mut out);
+    assert_eq!(dead(&out), [(0, 1, 1, ACK_TIMEOUT)], "only the event is dead-lettered");
 }
