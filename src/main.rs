@@ -1,4 +1,4 @@
-//! `evmesh serve | pub | sub | request`: parse the configuration, start the shards, wait for a signal.
+//! `evmesh serve | pub | sub | request | stream`: parse the configuration, start the shards, wait for a signal.
 
 use std::process::ExitCode;
 
@@ -13,7 +13,8 @@ const USAGE: &str = "usage:
                [--token T]
                (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   evmesh request --topic T [--timeout-ms 30000] [the event flags of pub]   (prints the reply)
-  pub, sub and request over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
+  evmesh stream --session S [--max N]   (a session's events from its head, then live, as JSON lines)
+  pub, sub, request and stream over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
                [--cert FILE --key FILE]   (a client certificate, for mutual TLS)
   evmesh print-config   (the commented defaults)";
 
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
         Some("pub") => client("pub", evmesh::cli::publish(&args[1..])),
         Some("sub") => client("sub", evmesh::cli::subscribe(&args[1..])),
         Some("request") => client("request", evmesh::cli::request(&args[1..])),
+        Some("stream") => client("stream", evmesh::cli::stream(&args[1..])),
         Some("print-config") => {
             print!("{}", evmesh::config::DEFAULT_TOML);
             ExitCode::SUCCESS

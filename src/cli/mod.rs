@@ -1,5 +1,5 @@
-//! The command-line side: `evmesh pub`, `evmesh sub` and `evmesh request` (tiny blocking
-//! clients for a first tour) and the process's stop signals. Not used by the shards.
+//! The command-line side: `evmesh pub`, `evmesh sub`, `evmesh request` and `evmesh stream`
+//! (tiny blocking clients for a first tour) and the process's stop signals. Not used by the shards.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -247,6 +247,83 @@ mod wsclient {
     }
 }
 
+/// Reads the answer to a WebSocket upgrade request: `Ok` on the 101 (reads then wait as long
+/// as the broker is silent); otherwise the refusal's body is printed and its status is the error.
+fn upgraded(s: &mut Box<dyn Conn>, socket: &TcpStream) -> Result<(), String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).map_err(|e| format!("reading the handshake: {e}"))?;
+        head.push(byte[0]);
+        if head.len() > 16 * 1024 {
+            return Err("handshake answer too long".into());
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    if head.starts_with("HTTP/1.1 101") {
+        return socket.set_read_timeout(None).map_err(|e| e.to_string());
+    }
+    let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.trim())
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len.min(64 * 1024)];
+    let _ = s.read_exact(&mut body);
+    println!("{}", String::from_utf8_lossy(&body));
+    Err(format!("HTTP {status}"))
+}
+
+/// `evmesh stream --session S`: follows a session (its lite topic `session.<S>`) over
+/// WebSocket from its head and prints one JSON line per event; `--max N` stops after N.
+pub fn stream(args: &[String]) -> Result<(), String> {
+    let (mut s, hostport, socket) = broker(args, &["--session", "--max"])?;
+    let sid = flag(args, "--session").ok_or("--session is required")?;
+    let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
+    let req = format!(
+        "GET /session/subscribe/{sid} HTTP/1.1\r\nhost: {hostport}\r\n{}upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\n\r\n",
+        auth_line(args)
+    );
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    upgraded(&mut s, &socket)?;
+    print_frames(&mut s, max, |_, _| Ok(()))
+}
+
+/// Prints each text frame as a line until `max` of them, a close, or an error; `after` runs on
+/// each printed frame (an ack, say).
+fn print_frames(
+    s: &mut Box<dyn Conn>,
+    max: Option<u64>,
+    mut after: impl FnMut(&mut Box<dyn Conn>, &str) -> Result<(), String>,
+) -> Result<(), String> {
+    let stdout = std::io::stdout();
+    let mut seen = 0u64;
+    loop {
+        match wsclient::read(s).map_err(|e| format!("reading: {e}"))? {
+            wsclient::Frame::Text(t) => {
+                let mut out = stdout.lock();
+                writeln!(out, "{t}").map_err(|e| e.to_string())?;
+                out.flush().map_err(|e| e.to_string())?;
+                after(s, &t)?;
+                seen += 1;
+                if max.is_some_and(|m| seen >= m) {
+                    let _ = wsclient::send(s, 8, &1000u16.to_be_bytes());
+                    return Ok(());
+                }
+            }
+            wsclient::Frame::Ping(p) => wsclient::send(s, 10, &p).map_err(|e| e.to_string())?,
+            wsclient::Frame::Close(code) => {
+                let _ = wsclient::send(s, 8, &code.to_be_bytes());
+                return if code == 1000 { Ok(()) } else { Err(format!("closed by the broker with {code}")) };
+            }
+            wsclient::Frame::Other => {}
+        }
+    }
+}
+
 /// `evmesh sub`: follows a subscription over WebSocket and prints one JSON line per event.
 /// Each event is acknowledged once printed (at-least-once: a crash before the ack means it is
 /// delivered again); `--no-ack` attaches with `ack=none` (BROADCAST live fan-out) instead.
@@ -271,62 +348,20 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
         auth_line(args)
     );
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).map_err(|e| format!("reading the handshake: {e}"))?;
-        head.push(byte[0]);
-        if head.len() > 16 * 1024 {
-            return Err("handshake answer too long".into());
+    upgraded(&mut s, &socket)?;
+    print_frames(&mut s, max, |s, t| {
+        if no_ack {
+            return Ok(());
         }
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
-    if head.starts_with("HTTP/1.1 101") {
-        // Attached: a subscriber may wait for its next event as long as it likes.
-        socket.set_read_timeout(None).map_err(|e| e.to_string())?;
-    } else {
-        let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
-        let len: usize = head
-            .lines()
-            .find_map(|l| {
-                l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.trim())
-            })
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let mut body = vec![0u8; len.min(64 * 1024)];
-        let _ = s.read_exact(&mut body);
-        println!("{}", String::from_utf8_lossy(&body));
-        return Err(format!("HTTP {status}"));
-    }
-    let stdout = std::io::stdout();
-    let mut seen = 0u64;
-    loop {
-        match wsclient::read(&mut s).map_err(|e| format!("reading: {e}"))? {
-            wsclient::Frame::Text(t) => {
-                let mut out = stdout.lock();
-                writeln!(out, "{t}").map_err(|e| e.to_string())?;
-                out.flush().map_err(|e| e.to_string())?;
-                if !no_ack {
-                    let id = serde_json::from_str::<serde_json::Value>(&t)
-                        .ok()
-                        .and_then(|v| v.get("emdeliveryid").and_then(|i| i.as_str()).map(str::to_owned));
-                    if let Some(id) = id {
-                        let ack = serde_json::json!({"type": "ack", "ids": [id]}).to_string();
-                        wsclient::send(&mut s, 1, ack.as_bytes()).map_err(|e| e.to_string())?;
-                    }
-                }
-                seen += 1;
-                if max.is_some_and(|m| seen >= m) {
-                    let _ = wsclient::send(&mut s, 8, &1000u16.to_be_bytes());
-                    return Ok(());
-                }
+        let id = serde_json::from_str::<serde_json::Value>(t)
+            .ok()
+            .and_then(|v| v.get("emdeliveryid").and_then(|i| i.as_str()).map(str::to_owned));
+        match id {
+            Some(id) => {
+                let ack = serde_json::json!({"type": "ack", "ids": [id]}).to_string();
+                wsclient::send(s, 1, ack.as_bytes()).map_err(|e| e.to_string())
             }
-            wsclient::Frame::Ping(p) => wsclient::send(&mut s, 10, &p).map_err(|e| e.to_string())?,
-            wsclient::Frame::Close(code) => {
-                let _ = wsclient::send(&mut s, 8, &code.to_be_bytes());
-                return if code == 1000 { Ok(()) } else { Err(format!("closed by the broker with {code}")) };
-            }
-            wsclient::Frame::Other => {}
+            None => Ok(()),
         }
-    }
+    })
 }

@@ -158,3 +158,29 @@ fn request_prints_the_reply_or_fails_with_the_504() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\":504"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 504"));
 }
+
+#[test]
+fn stream_prints_a_session_from_its_head_then_live() {
+    use std::io::{BufRead, BufReader};
+    let b = TestBroker::start(&[]);
+    let url = format!("http://{}", b.traffic);
+    let post = |id: &str| {
+        let body = super::util::event(id).to_string();
+        let r = b.client().post("/session/publish/tour", "application/cloudevents+json", body.as_bytes());
+        assert_eq!(r.status, 201, "{}", r.text());
+    };
+    post("s0");
+    post("s1");
+    let mut child = evmesh()
+        .args(["stream", "--url", &url, "--session", "tour", "--max", "3"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let id = |l: String| serde_json::from_str::<serde_json::Value>(&l).unwrap()["id"].as_str().unwrap().to_owned();
+    assert_eq!(id(lines.next().unwrap().unwrap()), "s0");
+    assert_eq!(id(lines.next().unwrap().unwrap()), "s1");
+    post("s2");
+    assert_eq!(id(lines.next().unwrap().unwrap()), "s2");
+    assert!(child.wait().unwrap().success());
+}
