@@ -56,11 +56,12 @@ impl Traffic {
         };
         self.shard.shared.metrics.shard(self.shard.id).events_published.add(n);
         gate.tenant_count(|s| &s.published, n);
-        let results: Vec<serde_json::Value> =
-            placed.iter().map(|(p, o)| serde_json::json!({"partition": p.0, "offset": o})).collect();
+        // As a publish answers (partition first).
+        let results: Vec<String> =
+            placed.iter().map(|(p, o)| format!(r#"{{"partition":{},"offset":{o}}}"#, p.0)).collect();
         let body = match (batch, results.first()) {
-            (false, Some(one)) => one.to_string(),
-            _ => serde_json::json!({ "results": results }).to_string(),
+            (false, Some(one)) => one.clone(),
+            _ => format!(r#"{{"results":[{}]}}"#, results.join(",")),
         };
         Response::json(StatusCode(201), body)
     }

@@ -127,3 +127,14 @@ fn a_followed_session_is_not_expired_while_an_idle_one_is() {
     // Lite topics are neither transformed nor routed.
     b.admin().request("PUT", "/admin/transformers/session.kept", &[], b"{}").assert_problem(400);
 }
+
+#[test]
+fn a_batch_published_to_a_session_is_answered_in_order() {
+    let b = TestBroker::start(&[]);
+    let batch = json!([event("a"), event("b")]).to_string();
+    let r = b.client().post("/session/publish/batch", "application/cloudevents-batch+json", batch.as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.text(), r#"{"results":[{"partition":0,"offset":0},{"partition":0,"offset":1}]}"#);
+    let r = b.client().post("/session/publish/batch", "application/cloudevents+json", event("c").to_string().as_bytes());
+    assert_eq!(r.text(), r#"{"partition":0,"offset":2}"#);
+}
