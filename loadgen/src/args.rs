@@ -11,6 +11,8 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
        every event, one evmesh ack message per read; --reply: they answer every request with a
        reply frame and ack it: request-reply, with --url .../events/request?topic=T)
+       `{i}` in --url and --subscribe-url: connection i posts to, subscriber i follows, number
+       i % --sessions (default: --subscribers), e.g. /session/publish/s{i} and /session/subscribe/s{i}
        loadgen --serve HOST:PORT   (the direct responder: answers every POST with the reply event)";
 
 #[derive(Debug, Clone)]
@@ -36,6 +38,8 @@ pub struct Args {
     pub ack: bool,
     /// Subscribers answer each request (request-reply) with a reply frame, and ack it.
     pub reply: bool,
+    /// How many distinct targets `{i}` in the URL takes (0: as many as subscribers).
+    pub sessions: usize,
     /// Extra request header lines (`Name: value`), e.g. `Authorization: Bearer T`.
     pub headers: Vec<String>,
 }
@@ -73,6 +77,7 @@ impl Args {
             subscribers: 0,
             ack: false,
             reply: false,
+            sessions: 0,
             headers: Vec::new(),
         };
         let mut subscribe_url: Option<String> = None;
@@ -94,6 +99,7 @@ impl Args {
                 "--subscribers" => a.subscribers = val()?.parse().map_err(|_| "bad --subscribers")?,
                 "--ack" => a.ack = true,
                 "--reply" => (a.ack, a.reply) = (true, true),
+                "--sessions" => a.sessions = val()?.parse().map_err(|_| "bad --sessions")?,
                 "--header" | "-H" => {
                     let h = val()?;
                     if !h.contains(':') || h.contains(['\r', '\n']) {
@@ -122,6 +128,9 @@ impl Args {
         }
         if !["structured", "binary", "raw"].contains(&a.body.as_str()) {
             return Err("--body is structured, binary or raw".into());
+        }
+        if a.sessions == 0 {
+            a.sessions = a.subscribers.max(1);
         }
         Ok(a)
     }

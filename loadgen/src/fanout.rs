@@ -183,9 +183,11 @@ pub fn run(
     let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime");
     rt.block_on(async move {
         let (host, path) = (Rc::new(host), Rc::new(path));
+        // `{i}` in the path: subscriber i's own (a session's, say).
         let tasks: Vec<_> = (0..n)
-            .map(|_| {
-                monoio::spawn(subscriber(addr, (*host).clone(), (*path).clone(), measure_from, stop.clone(), roles))
+            .map(|i| {
+                let path = path.replace("{i}", &i.to_string());
+                monoio::spawn(subscriber(addr, (*host).clone(), path, measure_from, stop.clone(), roles))
             })
             .collect();
         let mut total =

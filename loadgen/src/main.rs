@@ -126,7 +126,7 @@ async fn connection(
 
 fn run_thread(
     args: Arc<Args>,
-    conns: usize,
+    (first, conns): (usize, usize),
     rate_per_conn: f64,
     start: Instant,
     stop: Arc<AtomicBool>,
@@ -135,6 +135,15 @@ fn run_thread(
     rt.block_on(async move {
         let args = Rc::new((*args).clone());
         let request = Rc::new(http::build_request(&args));
+        // `{i}` in the URL: connection i of all targets i % sessions (its own session, say).
+        let request_of = |i: usize| match args.path.contains("{i}") {
+            false => request.clone(),
+            true => {
+                let mut a = (*args).clone();
+                a.path = a.path.replace("{i}", &((first + i) % args.sessions.max(1)).to_string());
+                Rc::new(http::build_request(&a))
+            }
+        };
         let interval = (rate_per_conn > 0.0).then(|| Duration::from_secs_f64(1.0 / rate_per_conn));
         let measure_from = start + args.warmup;
         let end = measure_from + args.duration;
@@ -144,7 +153,7 @@ fn run_thread(
                 let offset = interval.map_or(Duration::ZERO, |iv| iv.mul_f64(i as f64 / conns as f64));
                 monoio::spawn(connection(
                     args.clone(),
-                    request.clone(),
+                    request_of(i),
                     interval,
                     start + offset,
                     measure_from,
@@ -205,8 +214,9 @@ fn main() {
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let conns = args.connections / threads + usize::from(t < args.connections % threads);
+            let first = (0..t).map(|u| args.connections / threads + usize::from(u < args.connections % threads)).sum();
             let (args, stop) = (args.clone(), stop.clone());
-            std::thread::spawn(move || run_thread(args, conns, rate_per_conn, start, stop))
+            std::thread::spawn(move || run_thread(args, (first, conns), rate_per_conn, start, stop))
         })
         .collect();
     if let Some(s) = sampler {

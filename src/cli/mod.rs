@@ -247,6 +247,27 @@ mod wsclient {
     }
 }
 
+/// `--max N`, if given.
+fn max_flag(args: &[String]) -> Result<Option<u64>, String> {
+    flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number".to_owned())).transpose()
+}
+
+/// Asks for a WebSocket session at `path` (subprotocol `cloudevents.json`) and reads the answer.
+fn attach(
+    args: &[String],
+    s: &mut Box<dyn Conn>,
+    socket: &TcpStream,
+    path: &str,
+    hostport: &str,
+) -> Result<(), String> {
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nhost: {hostport}\r\n{}upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n",
+        auth_line(args)
+    );
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    upgraded(s, socket)
+}
+
 /// Reads the answer to a WebSocket upgrade request: `Ok` on the 101 (reads then wait as long
 /// as the broker is silent); otherwise the refusal's body is printed and its status is the error.
 fn upgraded(s: &mut Box<dyn Conn>, socket: &TcpStream) -> Result<(), String> {
@@ -282,13 +303,8 @@ fn upgraded(s: &mut Box<dyn Conn>, socket: &TcpStream) -> Result<(), String> {
 pub fn stream(args: &[String]) -> Result<(), String> {
     let (mut s, hostport, socket) = broker(args, &["--session", "--max"])?;
     let sid = flag(args, "--session").ok_or("--session is required")?;
-    let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
-    let req = format!(
-        "GET /session/subscribe/{sid} HTTP/1.1\r\nhost: {hostport}\r\n{}upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\n\r\n",
-        auth_line(args)
-    );
-    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    upgraded(&mut s, &socket)?;
+    let max = max_flag(args)?;
+    attach(args, &mut s, &socket, &format!("/session/subscribe/{sid}"), &hostport)?;
     print_frames(&mut s, max, |_, _| Ok(()))
 }
 
@@ -342,13 +358,8 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
     if let Some(c) = flag(args, "--client-id") {
         query.push_str(&format!("&clientId={c}"));
     }
-    let max: Option<u64> = flag(args, "--max").map(|m| m.parse().map_err(|_| "--max must be a number")).transpose()?;
-    let req = format!(
-        "GET /events/ws?{query} HTTP/1.1\r\nhost: {hostport}\r\n{}upgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: ZXZtZXNoLXN1Yi0xNmJ5dA==\r\nsec-websocket-version: 13\r\nsec-websocket-protocol: cloudevents.json\r\n\r\n",
-        auth_line(args)
-    );
-    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    upgraded(&mut s, &socket)?;
+    let max = max_flag(args)?;
+    attach(args, &mut s, &socket, &format!("/events/ws?{query}"), &hostport)?;
     print_frames(&mut s, max, |s, t| {
         if no_ack {
             return Ok(());

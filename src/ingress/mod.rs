@@ -131,42 +131,18 @@ impl Handler for Traffic {
         // The caller (its tenant's connection slot) is held as long as the session, like the
         // connection's own count.
         let guard = (guard, caller);
-        match upgrade {
-            Upgrade::WsEcho => {
-                monoio::spawn(async move {
-                    crate::server::ws::echo(stream, buf, limits).await;
-                    drop(guard);
-                });
-            }
-            Upgrade::WsDeliver(spec) => {
-                let shard = self.shard.clone();
-                monoio::spawn(async move {
-                    crate::push::ws::session(shard, stream, buf, limits, spec).await;
-                    drop(guard);
-                });
-            }
-            Upgrade::Sse(spec) => {
-                let shard = self.shard.clone();
-                monoio::spawn(async move {
-                    crate::push::sse::session(shard, stream, buf, spec).await;
-                    drop(guard);
-                });
-            }
-            Upgrade::FollowWs(spec) => {
-                let shard = self.shard.clone();
-                monoio::spawn(async move {
-                    crate::push::follow::websocket(shard, stream, buf, limits, spec).await;
-                    drop(guard);
-                });
-            }
-            Upgrade::FollowSse(spec) => {
-                let shard = self.shard.clone();
-                monoio::spawn(async move {
-                    crate::push::follow::sse(shard, stream, buf, spec).await;
-                    drop(guard);
-                });
-            }
-        }
+        let shard = self.shard.clone();
+        let session: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = match upgrade {
+            Upgrade::WsEcho => Box::pin(crate::server::ws::echo(stream, buf, limits)),
+            Upgrade::WsDeliver(spec) => Box::pin(crate::push::ws::session(shard, stream, buf, limits, spec)),
+            Upgrade::Sse(spec) => Box::pin(crate::push::sse::session(shard, stream, buf, spec)),
+            Upgrade::FollowWs(spec) => Box::pin(crate::push::follow::websocket(shard, stream, buf, limits, spec)),
+            Upgrade::FollowSse(spec) => Box::pin(crate::push::follow::sse(shard, stream, buf, spec)),
+        };
+        monoio::spawn(async move {
+            session.await;
+            drop(guard);
+        });
     }
 
     fn refused(&self, status: StatusCode) {
@@ -207,7 +183,7 @@ impl Handler for Traffic {
         let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
         if let Some((what, sid)) = session {
             return match (req.method(), what) {
-                (Method::Post, "publish") => self.session_publish(&mut gate, &req, sid).await,
+                (Method::Post, "publish") => Box::pin(self.session_publish(&mut gate, &req, sid)).await,
                 (Method::Get, "subscribe") => self.session_subscribe(&mut gate, &req, sid),
                 (_, "publish") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
@@ -225,8 +201,10 @@ impl Handler for Traffic {
                 m.publish_latency.record_us(started.elapsed().as_micros() as u64);
                 r
             }
-            (Method::Post, "/events/request") => self.request(&mut gate, &req).await,
-            (Method::Post, "/events/reply") => self.reply(&mut gate, &req).await,
+            // Boxed: a waiting request's state is large, and every connection's future would
+            // otherwise reserve room for it (idle sessions keep what their connection took).
+            (Method::Post, "/events/request") => Box::pin(self.request(&mut gate, &req)).await,
+            (Method::Post, "/events/reply") => Box::pin(self.reply(&mut gate, &req)).await,
             (_, "/events/publish" | "/events/request" | "/events/reply") => {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST")
             }

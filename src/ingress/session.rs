@@ -28,19 +28,24 @@ fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, String), Respons
 }
 
 impl Traffic {
+    /// What both session endpoints check first: the memory budget, the session id, and that the
+    /// caller may do `action` to `topic:session.<sid>`. Returns the stored name.
+    fn session_gate(&self, gate: &mut Gate<'_>, sid: &str, action: Action) -> Result<String, Response> {
+        if self.shard.shared.memory.shed_now() {
+            return Err(shed());
+        }
+        let (stored, local) = session_topic(gate, sid)?;
+        gate.allow(action, Kind::Topic, &local)?;
+        Ok(stored)
+    }
+
     /// `POST /session/publish/{sid}`: 201 `{"partition":0,"offset":O}` once stored (a batch:
     /// `{"results":[...]}`).
     pub(super) async fn session_publish(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        if self.shard.shared.memory.shed_now() {
-            return shed();
-        }
-        let (stored, local) = match session_topic(gate, sid) {
+        let stored = match self.session_gate(gate, sid, Action::Publish) {
             Ok(t) => t,
             Err(r) => return r,
         };
-        if let Err(r) = gate.allow(Action::Publish, Kind::Topic, &local) {
-            return r;
-        }
         let (frames, batch) = match self.parse(req, &stored) {
             Ok(f) => f,
             Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
@@ -69,16 +74,10 @@ impl Traffic {
     /// `GET /session/subscribe/{sid}`: the session's events from its head (or after the SSE
     /// `Last-Event-ID`), then as they come; 409 while it has a subscriber.
     pub(super) fn session_subscribe(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        if self.shard.shared.memory.shed_now() {
-            return shed();
-        }
-        let (stored, local) = match session_topic(gate, sid) {
+        let stored = match self.session_gate(gate, sid, Action::Subscribe) {
             Ok(t) => t,
             Err(r) => return r,
         };
-        if let Err(r) = gate.allow(Action::Subscribe, Kind::Topic, &local) {
-            return r;
-        }
         if self.shard.shared.watchers.is_followed(&stored) {
             return problem(StatusCode::CONFLICT, &format!("session {sid} has a subscriber already (one at a time)"));
         }

@@ -20,8 +20,7 @@ use crate::server::FollowSpec;
 use crate::shard::core::Shard;
 use crate::shard::watch::Claim;
 use crate::shard::PartitionId;
-use crate::storage::embedded::EmbeddedLog;
-use crate::storage::Storage;
+use crate::storage::embedded::read_from;
 
 /// Events read from the log at once.
 const BATCH: usize = 64;
@@ -57,11 +56,12 @@ async fn follow(
 ) -> &'static str {
     let shared = &shard.shared;
     let owner = crate::shard::owner(&spec.topic, PartitionId(0), shared.config.shards);
-    // A reading handle on the owner's log (reads only: no appends, no cache of its own to speak of).
-    let log = EmbeddedLog::new(shared.db.clone(), owner, shared.config.durability, None, shared.config.lite_topic_ttl);
+    let family = crate::storage::db::log_cf(owner.index());
     let mut next = spec.from;
     loop {
-        let frames = match log.read(&spec.topic, PartitionId(0), next, BATCH, BATCH_BYTES) {
+        // The owner's family, read from here (RocksDB reads are safe from any thread).
+        let Some(cf) = shared.db.cf_handle(&family) else { return "the session's log cannot be read" };
+        let frames = match read_from(&shared.db, cf, &spec.topic, PartitionId(0), (next, BATCH, BATCH_BYTES)) {
             Ok(f) => f,
             Err(e) => {
                 eprintln!("evmesh: {}: following {}: {e}", shard.id, spec.topic);

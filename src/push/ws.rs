@@ -205,7 +205,8 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                         Err(_) => serde_json::from_str::<ReplyFrame>(&text).ok().filter(|r| r.kind == "reply"),
                     };
                     if let Some(r) = reply {
-                        replies.reply(r.event.map(|e| e.get()), &mut ctl).await;
+                        // Boxed: its state (a cross-core ask) would otherwise sit in every idle session.
+                        Box::pin(replies.reply(r.event.map(|e| e.get()), &mut ctl)).await;
                     } else if let Some(a) = &acked {
                         let applied = control.map_err(|_| CloseCode::POLICY).and_then(|c| a.control(c));
                         if let Err(code) = applied {

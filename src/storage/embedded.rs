@@ -53,6 +53,39 @@ fn upper_bound(prefix: &[u8]) -> Vec<u8> {
     key(prefix, u64::MAX)
 }
 
+/// Up to `max` events of a partition from offset `from`, stopping after the one that reaches
+/// `max_bytes`: what [`Storage::read`] does, for a reader without a log handle of its own (a
+/// session follower reading its owner's family from another thread).
+pub fn read_from(
+    db: &DB,
+    cf: &rocksdb::ColumnFamily,
+    topic: &str,
+    partition: PartitionId,
+    (from, max, max_bytes): (u64, usize, usize),
+) -> Result<Vec<Frame>, StorageError> {
+    let pre = prefix(topic, partition);
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_upper_bound(upper_bound(&pre));
+    let mut it = db.raw_iterator_cf_opt(cf, ro);
+    it.seek(key(&pre, from));
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    while it.valid() && out.len() < max && bytes < max_bytes {
+        let (k, v) = (it.key().expect("valid"), it.value().expect("valid"));
+        let frame = Frame::decode(v).map_err(|e| StorageError::Corrupt {
+            topic: topic.to_owned(),
+            partition: partition.0,
+            offset: offset_of(k),
+            reason: e.to_string(),
+        })?;
+        bytes += v.len();
+        out.push(frame);
+        it.next();
+    }
+    it.status()?;
+    Ok(out)
+}
+
 type SyncTicket = oneshot::Sender<Result<(), StorageError>>;
 
 /// The helper thread that syncs the WAL for `fsync` durability. Requests that arrive while a
@@ -459,27 +492,7 @@ impl Storage for EmbeddedLog {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<Frame>, StorageError> {
-        let pre = prefix(topic, partition);
-        let mut ro = ReadOptions::default();
-        ro.set_iterate_upper_bound(upper_bound(&pre));
-        let mut it = self.inner.db.raw_iterator_cf_opt(self.cf(), ro);
-        it.seek(key(&pre, from));
-        let mut out = Vec::new();
-        let mut bytes = 0usize;
-        while it.valid() && out.len() < max && bytes < max_bytes {
-            let (k, v) = (it.key().expect("valid"), it.value().expect("valid"));
-            let frame = Frame::decode(v).map_err(|e| StorageError::Corrupt {
-                topic: topic.to_owned(),
-                partition: partition.0,
-                offset: offset_of(k),
-                reason: e.to_string(),
-            })?;
-            bytes += v.len();
-            out.push(frame);
-            it.next();
-        }
-        it.status()?;
-        Ok(out)
+        read_from(&self.inner.db, self.cf(), topic, partition, (from, max, max_bytes))
     }
 
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {

@@ -135,6 +135,7 @@ fn a_batch_published_to_a_session_is_answered_in_order() {
     let r = b.client().post("/session/publish/batch", "application/cloudevents-batch+json", batch.as_bytes());
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(r.text(), r#"{"results":[{"partition":0,"offset":0},{"partition":0,"offset":1}]}"#);
-    let r = b.client().post("/session/publish/batch", "application/cloudevents+json", event("c").to_string().as_bytes());
+    let r =
+        b.client().post("/session/publish/batch", "application/cloudevents+json", event("c").to_string().as_bytes());
     assert_eq!(r.text(), r#"{"partition":0,"offset":2}"#);
 }
