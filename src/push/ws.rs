@@ -346,13 +346,17 @@ pub(super) struct Io {
 /// keepalive, a writer draining `io.events`, and `ends`: once it resolves with `Some(reason)`
 /// the session closes with 1008 and that reason (`None`: it had nothing more to say, the
 /// session goes on until either side closes it).
-pub(super) async fn run(
+///
+/// A plain function returning the future, not an `async fn`: everything is set up before the
+/// first await, and the future keeps only the reader's and the writer's boxes (an `async fn`
+/// would also keep room for every argument, per idle session).
+pub(super) fn run(
     shard: &Rc<Shard>,
     io: Io,
     acked: Option<AckedSession>,
     replier: Replier,
     ends: impl std::future::Future<Output = Option<&'static str>> + 'static,
-) {
+) -> impl std::future::Future<Output = ()> {
     let Io { stream, mut buf, limits, events, queued } = io;
     // The HTTP read buffer came along with the upgrade; keep only what it holds.
     buf.shrink_to_fit();
@@ -380,13 +384,15 @@ pub(super) async fn run(
         let _ = select(Box::pin(read), select(Box::pin(alive), Box::pin(guard))).await;
     });
     let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger, queued));
-    match select(reader, writer).await {
-        // The reader is done (close asked or peer gone): let the writer send what it must.
-        Either::Left(((), writer)) => writer.await,
-        // The writer closed (slow consumer, removed subscription) or broke: give the peer a
-        // moment to answer our close, then drop the socket.
-        Either::Right(((), reader)) => {
-            let _ = monoio::time::timeout(Duration::from_secs(1), reader).await;
+    async move {
+        match select(reader, writer).await {
+            // The reader is done (close asked or peer gone): let the writer send what it must.
+            Either::Left(((), writer)) => writer.await,
+            // The writer closed (slow consumer, removed subscription) or broke: give the peer a
+            // moment to answer our close, then drop the socket.
+            Either::Right(((), reader)) => {
+                let _ = monoio::time::timeout(Duration::from_secs(1), reader).await;
+            }
         }
     }
 }
