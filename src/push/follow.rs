@@ -96,17 +96,17 @@ pub async fn websocket(
     let io = super::ws::Io { stream, buf, limits, events, queued: None };
     let Some(claim) = shard.shared.watchers.claim(&spec.topic) else {
         // Another subscriber claimed it since the 101 was decided.
-        let ends = async { Some("the session has another subscriber") };
+        let ends = Box::pin(async { Some("the session has another subscriber") });
         return super::ws::run(&shard, io, None, replier, ends).await;
     };
     let expiry = expired(spec.expires_us);
     let follower = follow(shard.clone(), claim, *spec, false, tx);
-    let ends = async move {
+    let ends = Box::pin(async move {
         match futures::future::select(Box::pin(follower), Box::pin(expiry)).await {
             futures::future::Either::Left((r, _)) => Some(r).filter(|r| !r.is_empty()),
             futures::future::Either::Right((r, _)) => Some(r),
         }
-    };
+    });
     super::ws::run(&shard, io, None, replier, ends).await
 }
 

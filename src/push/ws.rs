@@ -342,6 +342,10 @@ pub(super) struct Io {
     pub queued: Option<Rc<Cell<usize>>>,
 }
 
+/// What ends a session early (see [`run`]), boxed: awaited by value inside another future, an
+/// unboxed one would take room twice in every idle session.
+pub(super) type Ends = std::pin::Pin<Box<dyn std::future::Future<Output = Option<&'static str>>>>;
+
 /// Drives a WebSocket session: a reader (pings, close, acks of `acked`, reply frames), a
 /// keepalive, a writer draining `io.events`, and `ends`: once it resolves with `Some(reason)`
 /// the session closes with 1008 and that reason (`None`: it had nothing more to say, the
@@ -355,7 +359,7 @@ pub(super) fn run(
     io: Io,
     acked: Option<AckedSession>,
     replier: Replier,
-    ends: impl std::future::Future<Output = Option<&'static str>> + 'static,
+    ends: Ends,
 ) -> impl std::future::Future<Output = ()> {
     let Io { stream, mut buf, limits, events, queued } = io;
     // The HTTP read buffer came along with the upgrade; keep only what it holds.
@@ -417,10 +421,10 @@ pub async fn session(
     };
     let detach = acked.as_ref().map(|a| (a.consumer.clone(), a.at));
     let replier = Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone() };
-    let guard = {
+    let guard: Ends = {
         let (shard, spec) = (shard.clone(), spec.clone());
         // An expired credential or a revoked permission closes the session (1008).
-        async move { Some(super::authority(&shard, &spec).await) }
+        Box::pin(async move { Some(super::authority(&shard, &spec).await) })
     };
     let io = Io { stream, buf, limits, events, queued };
     run(&shard, io, acked, replier, guard).await;
