@@ -6,10 +6,11 @@
 # and then memory per idle session: IDLE followers attached to sessions of one event each, the
 # broker's resident set before and with them. Appends to perf/RESULTS.md.
 #
-#   bash perf/streaming.sh     (ROUNDS=3 DUR=8 SESSIONS=64 RATES="1000 5000" IDLE=5000)
+#   bash perf/streaming.sh     (ROUNDS=3 DUR=8 SESSIONS=64 RATES="1000 5000" IDLE=5000; RATES="" measures
+#                               idle sessions only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SESSIONS=${SESSIONS:-64}; RATES=${RATES:-1000 5000}; IDLE=${IDLE:-5000}
+ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SESSIONS=${SESSIONS:-64}; RATES=${RATES-1000 5000}; IDLE=${IDLE:-5000}
 PEERS=0 source perf/common.sh
 OUT=$ROOT/perf/results/streaming-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 start_broker() { # dir
