@@ -6,6 +6,7 @@ mod it {
 
     mod acked;
     mod admin;
+    mod agents;
     mod cli;
     mod delivery;
     mod durability;

@@ -390,6 +390,7 @@ impl Admin {
             }
             (Method::Get, ["admin", "topics"]) => self.topics(),
             (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
+            (Method::Get, ["admin", "agents"]) => self.agents(),
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
             (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, req),
             (Method::Get, ["admin", "dlq", t]) => self.dead_letters(t, req),
@@ -751,6 +752,24 @@ impl Admin {
     /// committed offset (`client` empty for the subscription's own `LOAD_BALANCE` offsets).
     fn lag(&self) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
         lag(&self.shared, |_| true)
+    }
+
+    /// `GET /admin/agents`: the registered agents (ids tenant-scoped), each with `ready`,
+    /// `routable` (ready and heard from within `agent_heartbeat_timeout_ms`) and
+    /// `lastHeartbeatMs`.
+    fn agents(&self) -> Response {
+        let now = crate::storage::offsets::now_ms();
+        let timeout = self.shared.config.agent_heartbeat_timeout.as_millis() as u64;
+        let list: Vec<serde_json::Value> = self
+            .shared
+            .agents
+            .list()
+            .into_iter()
+            .map(|(id, a)| {
+                serde_json::json!({"agentId": id, "ready": a.ready, "routable": a.routable(now, timeout), "lastHeartbeatMs": a.beat_ms})
+            })
+            .collect();
+        Response::json(StatusCode::OK, serde_json::to_vec(&list).expect("json"))
     }
 
     /// `GET /admin/subscriptions`: each definition with `partitions`: end offset and, per stored

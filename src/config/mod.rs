@@ -91,6 +91,8 @@ pub const KEYS: &[(&str, &str)] = &[
     ("max_request_timeout_ms", "request-reply: the longest timeoutMs a request may ask for (larger ones are capped)"),
     ("max_pending_requests", "request-reply: requests waiting for a reply per shard (429 beyond)"),
     ("max_pending_request_bytes", "request-reply: bytes of the requests waiting for a reply per shard (429 beyond)"),
+    ("max_agents", "agents registered at once (agent streaming calls); more are refused (429)"),
+    ("agent_heartbeat_timeout_ms", "an agent not heard from for this long is not routed to"),
     ("lite_topic_ttl_ms", "a lite topic (agent.*, client.*, session.*) without traffic this long is deleted"),
     ("advertised_url", "the URL clients reach this instance at (emreplyto, instanceUrl); empty = from listen"),
     ("auto_create_topics", "create a topic on its first publish or subscription (false: 404 until PUT /admin/topics)"),
@@ -175,6 +177,8 @@ pub struct RawConfig {
     max_pending_request_bytes: u64,
     advertised_url: String,
     lite_topic_ttl_ms: u64,
+    max_agents: u64,
+    agent_heartbeat_timeout_ms: u64,
     auto_create_topics: bool,
     admin_max_connections: u64,
     memory_limit_bytes: u64,
@@ -313,6 +317,9 @@ pub struct Config {
     pub advertised_url: String,
     /// A lite topic without traffic this long is deleted (with its events).
     pub lite_topic_ttl: Duration,
+    /// Agents registered at once, and how long one may stay silent and still be routed to.
+    pub max_agents: usize,
+    pub agent_heartbeat_timeout: Duration,
     pub auto_create_topics: bool,
     pub admin_max_connections: usize,
     /// Resident memory past which new work is shed.
@@ -561,6 +568,13 @@ impl RawConfig {
                 self.lite_topic_ttl_ms,
                 100,
                 365 * 86_400_000,
+            )?),
+            max_agents: range("max_agents", self.max_agents, 1, 10_000_000)? as usize,
+            agent_heartbeat_timeout: Duration::from_millis(range(
+                "agent_heartbeat_timeout_ms",
+                self.agent_heartbeat_timeout_ms,
+                100,
+                86_400_000,
             )?),
             auto_create_topics: self.auto_create_topics,
             admin_max_connections: range("admin_max_connections", self.admin_max_connections, 1, 1_000_000)? as usize,

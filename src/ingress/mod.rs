@@ -4,6 +4,7 @@
 //! owns; keyed ones to their murmur2 partition, wherever it lives. A batch is split per
 //! partition and the parts are appended concurrently; the 202 waits for all of them.
 
+mod agent;
 mod pipeline;
 mod request;
 mod session;
@@ -169,6 +170,7 @@ impl Handler for Traffic {
                 | "/events/ack"
                 | "/ws/echo"
         ) && !matches!(session, Some(("publish" | "subscribe", _)))
+            && !matches!(path, "/agent/register" | "/agent/heartbeat" | "/agent/deregister")
         {
             return problem(StatusCode::NOT_FOUND, &format!("no route for {path}"));
         }
@@ -181,6 +183,12 @@ impl Handler for Traffic {
             Err(r) => return r,
         };
         let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
+        if let Some(what) = path.strip_prefix("/agent/") {
+            return match req.method() {
+                Method::Post => self.agent(&mut gate, what, req.body),
+                _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
+            };
+        }
         if let Some((what, sid)) = session {
             return match (req.method(), what) {
                 (Method::Post, "publish") => Box::pin(self.session_publish(&mut gate, &req, sid)).await,

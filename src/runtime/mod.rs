@@ -318,6 +318,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         beats: (0..shards).map(|_| Arc::new(AtomicU64::new(0))).collect(),
         mirror_fan_outs: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
         watchers: Arc::default(),
+        agents: crate::shard::agents::Agents::new(config.max_agents, config.agent_heartbeat_timeout.as_millis() as u64),
         epoch: Instant::now(),
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),

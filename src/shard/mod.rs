@@ -4,6 +4,7 @@
 //! every caller goes through it. A shard's state is touched only by that shard's thread; other
 //! cores reach it through the bounded [`mailbox`] with a [`message::ShardMessage`].
 
+pub mod agents;
 pub mod core;
 pub mod delivery;
 pub mod mailbox;

@@ -42,6 +42,8 @@ pub struct Shared {
     pub subscription_count: AtomicUsize,
     /// The process-wide memory budget (`memory_limit_bytes`) and what is in use.
     pub memory: Memory,
+    /// Registered agents (agent streaming calls).
+    pub agents: super::agents::Agents,
     /// Lite topics with a follower (session pub/sub), woken by their owners after appends.
     pub watchers: Arc<super::watch::Watchers>,
     /// With `tls_cert`: the TLS sessions of both listeners (certificates reloaded on SIGHUP).

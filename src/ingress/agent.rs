@@ -1,0 +1,70 @@
+//! Agents of agent streaming calls (Mode 1): `POST /agent/register`, `/agent/heartbeat`,
+//! `/agent/deregister` with `{"agentId": A, "ready"?: bool}`. An agent needs SUBSCRIBE on
+//! `topic:agent.<A>` (the lite topic its turns arrive on). Routing sessions to agents, their
+//! WebSocket and the turns themselves are the next step of issue 10.
+
+use super::{Gate, Traffic};
+use crate::governance::acl::{Action, Kind};
+use crate::http::{problem, StatusCode};
+use crate::server::Response;
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentBody {
+    agent_id: String,
+    #[serde(default)]
+    ready: Option<bool>,
+}
+
+impl Traffic {
+    /// The agent a request names, checked and allowed: (its stored id, as named).
+    fn agent_of(&self, gate: &mut Gate<'_>, body: &[u8]) -> Result<(String, AgentBody), Response> {
+        let a: AgentBody = serde_json::from_slice(body).map_err(|e| {
+            problem(StatusCode::BAD_REQUEST, &format!("expected {{\"agentId\": A, \"ready\"?: bool}}: {e}"))
+        })?;
+        let valid = (1..=100).contains(&a.agent_id.len())
+            && a.agent_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !valid {
+            return Err(problem(StatusCode::BAD_REQUEST, "agent ids are [A-Za-z0-9._-]{1,100}"));
+        }
+        gate.allow(Action::Subscribe, Kind::Topic, &format!("agent.{}", a.agent_id))?;
+        let stored = match &gate.who.tenant {
+            Some(t) => format!("{t}.{}", a.agent_id),
+            None => a.agent_id.clone(),
+        };
+        Ok((stored, a))
+    }
+
+    /// `POST /agent/register|heartbeat|deregister`.
+    pub(super) fn agent(&self, gate: &mut Gate<'_>, what: &str, body: &[u8]) -> Response {
+        let (stored, a) = match self.agent_of(gate, body) {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+        let agents = &self.shard.shared.agents;
+        let now = crate::storage::offsets::now_ms();
+        let timeout = self.shard.shared.config.agent_heartbeat_timeout.as_millis() as u64;
+        let answer = |status: u16, ready: bool, routable: bool| {
+            let body = serde_json::json!({"agentId": a.agent_id, "ready": ready, "routable": routable});
+            Response::json(StatusCode(status), body.to_string())
+        };
+        match what {
+            "register" => match agents.register(&stored, a.ready.unwrap_or(true), now) {
+                Ok(new) => answer(if new { 201 } else { 200 }, a.ready.unwrap_or(true), a.ready.unwrap_or(true)),
+                Err(_) => problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &format!("max_agents ({}) agents are registered", self.shard.shared.config.max_agents),
+                )
+                .with_header("retry-after", "10"),
+            },
+            "heartbeat" => match agents.heartbeat(&stored, a.ready, now) {
+                Some(state) => answer(200, state.ready, state.routable(now, timeout)),
+                None => problem(StatusCode::NOT_FOUND, &format!("agent {} is not registered", a.agent_id)),
+            },
+            _ => match agents.deregister(&stored) {
+                true => answer(200, false, false),
+                false => problem(StatusCode::NOT_FOUND, &format!("agent {} is not registered", a.agent_id)),
+            },
+        }
+    }
+}
