@@ -692,6 +692,18 @@ mod tests {
     }
 
     #[test]
+    fn advertised_url_is_a_bare_http_url_or_empty() {
+        assert_eq!(load(&[], &[]).unwrap().advertised_url, "", "filled in from the bound listener");
+        let c = load(&["--advertised-url", "https://broker.example:8443/"], &[]).unwrap();
+        assert_eq!(c.advertised_url, "https://broker.example:8443");
+        for bad in ["broker:8080", "http://", "http://h/path", "ftp://h"] {
+            assert!(load(&["--advertised-url", bad], &[]).is_err(), "{bad}");
+        }
+        assert_eq!(local_url("0.0.0.0:8080".parse().unwrap(), false), "http://127.0.0.1:8080");
+        assert_eq!(local_url("[::]:8443".parse().unwrap(), true), "https://[::1]:8443");
+    }
+
+    #[test]
     fn tls_needs_both_files_and_mutual_tls_needs_tls() {
         let key_of = |args: &[&str]| match load(args, &[]) {
             Err(ConfigError::Invalid { key, .. }) => key,

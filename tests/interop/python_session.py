@@ -6,6 +6,7 @@ usage: python_session.py TRAFFIC_HOST:PORT ADMIN_HOST:PORT   (exit 0 = every che
 """
 import json
 import sys
+import time
 
 import httpx
 from httpx_sse import connect_sse
@@ -55,6 +56,7 @@ for _ in range(100):
     with connect_sse(sub, "GET", "/session/subscribe/py-s1", headers={"last-event-id": "1"}) as source:
         if source.response.status_code == 409:
             sub.close()
+            time.sleep(0.05)  # until the broker has seen the first stream go
             continue
         events = source.iter_sse()
         assert [next(events).id for _ in range(2)] == ["2", "3"]
@@ -69,7 +71,7 @@ for _ in range(100):
         ws = connect(f"ws://{traffic}/session/subscribe/py-s1")
         break
     except Exception:
-        pass
+        time.sleep(0.05)  # the SSE subscriber is let go once the broker sees it close
 else:
     raise AssertionError("the SSE subscriber was never let go")
 with ws:

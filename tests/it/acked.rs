@@ -390,6 +390,11 @@ impl Sse {
     }
 
     pub(super) fn open_path(b: &TestBroker, path: &str, last_event_id: Option<&str>) -> Sse {
+        Sse::try_open_path(b, path, last_event_id).unwrap_or_else(|head| panic!("{head}"))
+    }
+
+    /// The stream, or the head of the answer that was not a `200` stream.
+    pub(super) fn try_open_path(b: &TestBroker, path: &str, last_event_id: Option<&str>) -> Result<Sse, String> {
         let mut s = TcpStream::connect(b.traffic).unwrap();
         let extra = last_event_id.map(|l| format!("last-event-id: {l}\r\n")).unwrap_or_default();
         write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n{extra}\r\n").unwrap();
@@ -399,12 +404,14 @@ impl Sse {
         while !head.ends_with("\r\n\r\n") {
             assert!(r.read_line(&mut head).unwrap() > 0, "closed before the head: {head:?}");
         }
-        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        if !head.starts_with("HTTP/1.1 200") {
+            return Err(head);
+        }
         assert!(
             head.contains("content-type: text/event-stream") && head.contains("transfer-encoding: chunked"),
             "{head}"
         );
-        Sse { r }
+        Ok(Sse { r })
     }
 
     pub(super) fn next(&mut self) -> (String, Value) {

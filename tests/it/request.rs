@@ -367,6 +367,33 @@ fn a_request_with_every_attribute_it_may_carry_and_one_more() {
     r.assert_problem(400);
 }
 
+#[test]
+fn the_byte_budget_of_waiting_requests_refuses_with_429() {
+    // Each request holds over 1 KiB (its buffered request and body): one always fits, a second
+    // does not.
+    let b = TestBroker::start(&["--shards", "1", "--max-pending-request-bytes", "1024"]);
+    let mut e = event("q");
+    e["data"] = json!("x".repeat(600));
+    let body = e.to_string();
+    let mut first = Client::connect(b.traffic);
+    let ct = [("content-type", "application/cloudevents+json")];
+    first.send_raw(&super::util::request_bytes(
+        "POST",
+        "/events/request?topic=rpc&timeoutMs=30000",
+        &ct,
+        body.as_bytes(),
+    ));
+    wait_for(Duration::from_secs(5), || (metric(&b, "evmesh_requests_pending", "") == 1).then_some(()));
+    let r =
+        b.client().post("/events/request?topic=rpc&timeoutMs=30000", "application/cloudevents+json", body.as_bytes());
+    r.assert_problem(429);
+    assert!(r.text().contains("max_pending_request_bytes"), "{}", r.text());
+    drop(first);
+    wait_for(Duration::from_secs(5), || (metric(&b, "evmesh_requests_pending", "") == 0).then_some(()));
+    let r = b.client().post("/events/request?topic=rpc&timeoutMs=50", "application/cloudevents+json", body.as_bytes());
+    r.assert_problem(504);
+}
+
 /// The same on the Kafka backend: a request read back from Kafka is still a request.
 #[cfg(feature = "kafka")]
 mod on_kafka {
