@@ -169,10 +169,10 @@ impl Traffic {
                 problem(StatusCode(504), &format!("no reply to request {id} within {} ms", timeout.as_millis()))
             }
             Err(false) => {
-                // Nobody reads this answer: the connection closes after it (`server::conn`
-                // takes a 499 as the end of the connection, so nothing pipelined behind it runs).
+                // Nobody reads this answer; the connection ends with it, so nothing pipelined
+                // behind the request runs for a client that left.
                 metrics.requests[2].inc();
-                problem(StatusCode(499), "the requester closed the connection")
+                problem(StatusCode(499), "the requester closed the connection").with_header("connection", "close")
             }
         }
     }

@@ -478,9 +478,9 @@ async fn serve_metered<H: Handler>(
         let handling = std::mem::take(&mut waited).then(crate::task::handling);
         let response = handler.handle(&mut conn, Request { head: &head, buf: &buf, body, stream: &stream }).await;
         drop(handling);
-        // 499: the handler saw the client go while it waited (request-reply). Requests it may
-        // have pipelined behind are not run for a client that left.
-        keep_alive &= response.status.0 != 499;
+        // A response that closes (a requester seen gone while it waited): nothing pipelined
+        // behind it runs.
+        keep_alive &= !response.closes();
         response.write(&mut out, keep_alive, head_only);
         buf.drain(..consumed);
         deadline = None;

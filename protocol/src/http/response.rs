@@ -121,6 +121,12 @@ impl<U> Response<U> {
         self
     }
 
+    /// Whether the response ends its connection (`connection: close`): the connection then
+    /// serves nothing pipelined behind it.
+    pub fn closes(&self) -> bool {
+        self.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close"))
+    }
+
     /// Appends the serialized response to `out`. `head_only` omits the body (HEAD requests).
     pub fn write(&self, out: &mut Vec<u8>, keep_alive: bool, head_only: bool) {
         write_head(out, self.status, &self.content_type, self.body.len(), keep_alive, &self.headers);
@@ -167,7 +173,7 @@ pub fn write_head(
         out.extend_from_slice(num.u64(content_length as u64));
         out.extend_from_slice(b"\r\n");
     }
-    if !keep_alive {
+    if !keep_alive && !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("connection")) {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");

@@ -395,3 +395,14 @@ fn every_status_evmesh_sends_has_its_reason_phrase() {
     }
     assert_eq!(StatusCode(201).reason(), "Created");
 }
+
+#[test]
+fn a_response_that_closes_says_so_once() {
+    let r: Response<()> = Response::empty(StatusCode(499)).with_header("connection", "close");
+    assert!(r.closes());
+    let mut out = Vec::new();
+    r.write(&mut out, false, false);
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("connection: close").count(), 1, "{text}");
+    assert!(!Response::<()>::empty(StatusCode::OK).closes());
+}
