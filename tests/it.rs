@@ -7,6 +7,7 @@ mod it {
     mod acked;
     mod admin;
     mod agents;
+    mod calls;
     mod cli;
     mod delivery;
     mod durability;

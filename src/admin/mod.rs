@@ -323,6 +323,7 @@ impl Admin {
                 self.shared.metrics.render(&mut out);
                 let mem = &self.shared.memory;
                 let tls = self.shared.tls.as_deref();
+                let calls = &self.shared.calls;
                 for (name, kind, help, v) in [
                     (
                         "evmesh_memory_resident_bytes",
@@ -373,6 +374,26 @@ impl Admin {
                         "Requests refused (503) while over memory_limit_bytes",
                         mem.shed.load(Ordering::Relaxed),
                     ),
+                    ("evmesh_stream_sessions", "gauge", "Open agent streaming sessions", calls.len() as u64),
+                    (
+                        "evmesh_stream_chunks_total",
+                        "counter",
+                        "Chunks of agent streaming turns taken",
+                        calls.chunks.load(Ordering::Relaxed),
+                    ),
+                    (
+                        "evmesh_stream_chunks_dropped_total",
+                        "counter",
+                        "Chunks dropped from a turn's log (1024 chunks or 1 MiB) before every reader had them",
+                        calls.dropped.load(Ordering::Relaxed),
+                    ),
+                    (
+                        "evmesh_stream_sessions_expired_total",
+                        "counter",
+                        "Agent streaming sessions closed after session_ttl_ms idle",
+                        calls.expired.load(Ordering::Relaxed),
+                    ),
+                    ("evmesh_stream_buffer_bytes", "gauge", "Chunk bytes held by turn logs", calls.held() as u64),
                 ] {
                     out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
                 }

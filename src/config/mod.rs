@@ -93,6 +93,8 @@ pub const KEYS: &[(&str, &str)] = &[
     ("max_pending_request_bytes", "request-reply: bytes of the requests waiting for a reply per shard (429 beyond)"),
     ("max_agents", "agents registered at once (agent streaming calls); more are refused (429)"),
     ("agent_heartbeat_timeout_ms", "an agent not heard from for this long is not routed to"),
+    ("max_sessions", "agent streaming sessions open at once; more are refused (429)"),
+    ("session_ttl_ms", "an agent streaming session idle this long is closed"),
     ("lite_topic_ttl_ms", "a lite topic (agent.*, client.*, session.*) without traffic this long is deleted"),
     ("advertised_url", "the URL clients reach this instance at (emreplyto, instanceUrl); empty = from listen"),
     ("auto_create_topics", "create a topic on its first publish or subscription (false: 404 until PUT /admin/topics)"),
@@ -179,6 +181,8 @@ pub struct RawConfig {
     lite_topic_ttl_ms: u64,
     max_agents: u64,
     agent_heartbeat_timeout_ms: u64,
+    max_sessions: u64,
+    session_ttl_ms: u64,
     auto_create_topics: bool,
     admin_max_connections: u64,
     memory_limit_bytes: u64,
@@ -320,6 +324,8 @@ pub struct Config {
     /// Agents registered at once, and how long one may stay silent and still be routed to.
     pub max_agents: usize,
     pub agent_heartbeat_timeout: Duration,
+    pub max_sessions: usize,
+    pub session_ttl: Duration,
     pub auto_create_topics: bool,
     pub admin_max_connections: usize,
     /// Resident memory past which new work is shed.
@@ -576,6 +582,8 @@ impl RawConfig {
                 100,
                 86_400_000,
             )?),
+            max_sessions: range("max_sessions", self.max_sessions, 1, 10_000_000)? as usize,
+            session_ttl: Duration::from_millis(range("session_ttl_ms", self.session_ttl_ms, 100, 7 * 86_400_000)?),
             auto_create_topics: self.auto_create_topics,
             admin_max_connections: range("admin_max_connections", self.admin_max_connections, 1, 1_000_000)? as usize,
             memory_limit_bytes: match self.memory_limit_bytes {

@@ -49,7 +49,7 @@ impl Traffic {
             Response::json(StatusCode(status), body.to_string())
         };
         match what {
-            "register" => match agents.register(&stored, a.ready.unwrap_or(true), now) {
+            "register" => match agents.register(&stored, gate.who.tenant.as_deref(), a.ready.unwrap_or(true), now) {
                 Ok(new) => answer(if new { 201 } else { 200 }, a.ready.unwrap_or(true), a.ready.unwrap_or(true)),
                 Err(_) => problem(
                     StatusCode::TOO_MANY_REQUESTS,

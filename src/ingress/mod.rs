@@ -5,6 +5,7 @@
 //! partition and the parts are appended concurrently; the 202 waits for all of them.
 
 mod agent;
+mod call;
 mod pipeline;
 mod request;
 mod session;
@@ -139,6 +140,7 @@ impl Handler for Traffic {
             Upgrade::Sse(spec) => Box::pin(crate::push::sse::session(shard, stream, buf, spec)),
             Upgrade::FollowWs(spec) => Box::pin(crate::push::follow::websocket(shard, stream, buf, limits, spec)),
             Upgrade::FollowSse(spec) => Box::pin(crate::push::follow::sse(shard, stream, buf, spec)),
+            Upgrade::TurnSse(spec) => Box::pin(crate::push::turn::sse(shard, stream, buf, spec)),
         };
         monoio::spawn(async move {
             session.await;
@@ -169,13 +171,18 @@ impl Handler for Traffic {
                 | "/events/poll"
                 | "/events/ack"
                 | "/ws/echo"
-        ) && !matches!(session, Some(("publish" | "subscribe", _)))
-            && !matches!(path, "/agent/register" | "/agent/heartbeat" | "/agent/deregister")
-        {
+        ) && !matches!(
+            session,
+            Some(("publish" | "subscribe" | "stream" | "chunk" | "end-turn" | "cancel" | "close", _))
+        ) && !matches!(
+            path,
+            "/agent/register" | "/agent/heartbeat" | "/agent/deregister" | "/agent/ws" | "/session/open"
+        ) {
             return problem(StatusCode::NOT_FOUND, &format!("no route for {path}"));
         }
-        let browser =
-            matches!(path, "/events/ws" | "/events/sse" | "/ws/echo") || path.starts_with("/session/subscribe/");
+        let browser = matches!(path, "/events/ws" | "/events/sse" | "/ws/echo" | "/agent/ws")
+            || path.starts_with("/session/subscribe/")
+            || path.starts_with("/session/stream/");
         let token = credential(&req, browser);
         let snap = self.view.current(&self.shard.shared.governance);
         let who = match self.authenticate(caller, &snap, &req, token.as_deref()) {
@@ -183,6 +190,18 @@ impl Handler for Traffic {
             Err(r) => return r,
         };
         let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
+        if path == "/agent/ws" {
+            return match req.method() {
+                Method::Get => self.agent_ws(&mut gate, &req),
+                _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
+            };
+        }
+        if path == "/session/open" {
+            return match req.method() {
+                Method::Post => self.session_open(&mut gate, req.body),
+                _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
+            };
+        }
         if let Some(what) = path.strip_prefix("/agent/") {
             return match req.method() {
                 Method::Post => self.agent(&mut gate, what, req.body),
@@ -193,8 +212,17 @@ impl Handler for Traffic {
             return match (req.method(), what) {
                 (Method::Post, "publish") => Box::pin(self.session_publish(&mut gate, &req, sid)).await,
                 (Method::Get, "subscribe") => self.session_subscribe(&mut gate, &req, sid),
-                (_, "publish") => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
-                _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
+                (Method::Post, "stream") => Box::pin(self.session_turn(&mut gate, &req, sid)).await,
+                (Method::Get, "stream") => self.session_resume(&mut gate, &req, sid),
+                (Method::Post, "chunk") => self.session_chunk(&mut gate, req.body, sid),
+                (Method::Post, "end-turn" | "cancel" | "close") => {
+                    Box::pin(self.session_control(&mut gate, what, sid)).await
+                }
+                (_, "stream") => {
+                    problem(StatusCode::METHOD_NOT_ALLOWED, "use POST or GET").with_header("allow", "POST, GET")
+                }
+                (_, "subscribe") => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
+                _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
             };
         }
         match (req.method(), path) {

@@ -186,7 +186,7 @@ impl Traffic {
             Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
             Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
         };
-        let replier = Replier { principal: gate.principal(), tenant: gate.who.tenant.clone() };
+        let replier = Replier { principal: gate.principal(), tenant: gate.who.tenant.clone(), agent: None };
         let outcome = match self.shard.send_reply(frame, replier).await {
             Ok(o) => o,
             Err(e) => return storage_problem(&e),

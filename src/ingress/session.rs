@@ -95,6 +95,7 @@ impl Traffic {
             principal: gate.principal(),
             tenant: gate.who.tenant.clone(),
             expires_us: gate.who.expires_us,
+            agent: None,
         });
         let websocket = req.header("upgrade").is_some_and(|v| v.eq_ignore_ascii_case(b"websocket"));
         if websocket {

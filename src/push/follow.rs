@@ -92,7 +92,12 @@ pub async fn websocket(
     spec: Box<FollowSpec>,
 ) {
     let (tx, events) = mpsc::channel(QUEUE);
-    let replier = crate::shard::requests::Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone() };
+    let agent = spec.agent.clone();
+    let replier = crate::shard::requests::Replier {
+        principal: spec.principal.clone(),
+        tenant: spec.tenant.clone(),
+        agent: agent.clone(),
+    };
     let io = super::ws::Io { stream, buf, limits, events, queued: None };
     let Some(claim) = shard.shared.watchers.claim(&spec.topic) else {
         // Another subscriber claimed it since the 101 was decided.
@@ -107,7 +112,12 @@ pub async fn websocket(
             futures::future::Either::Right((r, _)) => Some(r),
         }
     });
-    super::ws::run(&shard, io, None, replier, ends).await
+    super::ws::run(&shard, io, None, replier, ends).await;
+    // The claim is released (with the session's futures): a turn started from now on sees the
+    // agent gone; each one in progress ends with an error event.
+    if let Some(agent) = agent {
+        shard.shared.calls.agent_gone(&agent, crate::storage::offsets::now_ms());
+    }
 }
 
 /// A server-sent events follower, after the `200` head.
@@ -130,7 +140,7 @@ pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, 
 /// Resolves with the reason once a credential expiring at `expires_us` has expired (never
 /// without one). Access is checked when a follower subscribes; a revoked ACL rule does not
 /// end a follower before its credential does.
-async fn expired(expires_us: Option<i64>) -> &'static str {
+pub(super) async fn expired(expires_us: Option<i64>) -> &'static str {
     let Some(at) = expires_us else { return std::future::pending().await };
     let left = (at - crate::clock::now_micros()).max(0) as u64;
     monoio::time::sleep(std::time::Duration::from_micros(left)).await;

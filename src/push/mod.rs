@@ -10,6 +10,7 @@
 pub mod follow;
 pub mod poll;
 pub mod sse;
+pub mod turn;
 pub mod ws;
 
 use std::rc::Rc;

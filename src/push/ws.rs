@@ -15,6 +15,7 @@ use super::{attach_acked, detach_acked, Kind, Outbound};
 use crate::delivery::{group_ids, MAX_WINDOW};
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::server::SessionSpec;
+use crate::shard::calls::{session_key, ChunkBody};
 use crate::shard::core::Shard;
 use crate::shard::message::{AckKind, ConsumerKey, InterestChange, SessionChange, SessionEvent, SessionRef};
 use crate::shard::requests::{Replier, ReplyOutcome};
@@ -82,12 +83,48 @@ impl Replies {
                 }
             }
         };
-        let note = serde_json::json!({"type": "error", "id": id, "status": status, "detail": detail}).to_string();
-        let mut out = Vec::with_capacity(note.len() + 4);
-        encode_frame(OpCode::Text, true, note.as_bytes(), &mut out);
-        // The reader waits for room: a responder flooding bad replies is held at its socket.
-        let _ = futures::SinkExt::send(ctl, Outbound::Frame(Rc::new(out))).await;
+        send_error(ctl, id, status, detail).await;
     }
+}
+
+impl Replies {
+    /// Takes an agent's chunk frame `{"type":"chunk","sessionId":S,...}`. Only a failure is
+    /// answered, as for replies (`id` the session id; 404 no such session, 403 another
+    /// agent's, 409 no turn in progress, 429 streams too far behind, 400 malformed).
+    async fn chunk(&self, text: &str, ctl: &mut mpsc::Sender<Outbound>) {
+        let taken = || -> Result<(), (Option<String>, u16, String)> {
+            let Some(agent) = &self.replier.agent else {
+                return Err((None, 400, "chunk frames are sent on an agent's WebSocket (GET /agent/ws)".into()));
+            };
+            let body = ChunkBody::parse(text.as_bytes()).map_err(|m| (None, 400, m))?;
+            let Some(sid) = body.session_id.as_deref() else {
+                return Err((None, 400, "a chunk frame names its sessionId".into()));
+            };
+            let mut t = String::new();
+            let c = body.chunk(&mut t).map_err(|m| (Some(sid.to_owned()), 400, m))?;
+            let key = session_key(self.replier.tenant.as_deref(), sid);
+            let now = crate::storage::offsets::now_ms();
+            match self.shard.shared.calls.chunk(&key, agent, &c, now) {
+                Ok(_) => Ok(()),
+                Err(r) => {
+                    let (status, detail) = r.status();
+                    Err((Some(sid.to_owned()), status, detail))
+                }
+            }
+        };
+        if let Err((id, status, detail)) = taken() {
+            send_error(ctl, id, status, detail).await;
+        }
+    }
+}
+
+/// Answers a failed reply or chunk frame: `{"type":"error","id","status","detail"}`. The
+/// reader waits for room: a peer flooding bad frames is held at its socket.
+async fn send_error(ctl: &mut mpsc::Sender<Outbound>, id: Option<String>, status: u16, detail: String) {
+    let note = serde_json::json!({"type": "error", "id": id, "status": status, "detail": detail}).to_string();
+    let mut out = Vec::with_capacity(note.len() + 4);
+    encode_frame(OpCode::Text, true, note.as_bytes(), &mut out);
+    let _ = futures::SinkExt::send(ctl, Outbound::Frame(Rc::new(out))).await;
 }
 
 /// Where an acknowledged session's control messages go.
@@ -202,9 +239,14 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                     let control = serde_json::from_str::<Control>(&text);
                     let reply = match &control {
                         Ok(_) => None,
-                        Err(_) => serde_json::from_str::<ReplyFrame>(&text).ok().filter(|r| r.kind == "reply"),
+                        Err(_) => serde_json::from_str::<ReplyFrame>(&text)
+                            .ok()
+                            .filter(|r| matches!(&*r.kind, "reply" | "chunk")),
                     };
-                    if let Some(r) = reply {
+                    if reply.as_ref().is_some_and(|r| r.kind == "chunk") {
+                        // Boxed, as a reply is.
+                        Box::pin(replies.chunk(&text, &mut ctl)).await;
+                    } else if let Some(r) = reply {
                         // Boxed: its state (a cross-core ask) would otherwise sit in every idle session.
                         Box::pin(replies.reply(r.event.map(|e| e.get()), &mut ctl)).await;
                     } else if let Some(a) = &acked {
@@ -420,7 +462,7 @@ pub async fn session(
         (events, None, Some(id), Some(queued))
     };
     let detach = acked.as_ref().map(|a| (a.consumer.clone(), a.at));
-    let replier = Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone() };
+    let replier = Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone(), agent: None };
     let guard: Ends = {
         let (shard, spec) = (shard.clone(), spec.clone());
         // An expired credential or a revoked permission closes the session (1008).

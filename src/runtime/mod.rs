@@ -319,6 +319,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         mirror_fan_outs: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
         watchers: Arc::default(),
         agents: crate::shard::agents::Agents::new(config.max_agents, config.agent_heartbeat_timeout.as_millis() as u64),
+        calls: crate::shard::calls::Calls::new(config.max_sessions),
         epoch: Instant::now(),
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),
@@ -385,6 +386,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 };
                 monoio::spawn(shard.clone().pump());
                 monoio::spawn(shard.clone().retention_loop());
+                if shard.id.index() == 0 {
+                    monoio::spawn(shard.clone().calls_loop());
+                }
                 monoio::spawn(shard.clone().delivery_timers());
                 monoio::spawn(crate::push::watch_policy(shard.clone()));
                 crate::task::set_heartbeat(shared.beats[i].clone(), shared.epoch);

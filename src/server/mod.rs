@@ -13,4 +13,4 @@ pub mod ws;
 
 pub use conn::{serve, ConnGuard, Handler, Request};
 pub use stream::Stream;
-pub use upgrade::{FollowSpec, Response, SessionSpec, Upgrade};
+pub use upgrade::{FollowSpec, Response, SessionSpec, TurnSpec, Upgrade};

@@ -16,9 +16,22 @@ pub enum Upgrade {
     FollowWs(Box<FollowSpec>),
     /// The same over server-sent events.
     FollowSse(Box<FollowSpec>),
+    /// The chunks of an agent streaming call's turn, as server-sent events.
+    TurnSse(Box<TurnSpec>),
 }
 
-/// A follower of a session's lite topic, as the subscribe request set it up.
+/// A client's stream of one turn of an agent streaming call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnSpec {
+    /// The session's stored key (`shard::calls`).
+    pub key: String,
+    /// The last chunk the client has (`Last-Event-ID`); `None`: from the turn's start.
+    pub after: Option<u64>,
+    /// When the credential expires (µs since the epoch): the stream ends then.
+    pub expires_us: Option<i64>,
+}
+
+/// A follower of a lite topic (a session's, or an agent's), as the request set it up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FollowSpec {
     /// The lite topic's stored name (`:session.<sid>`, tenant-scoped).
@@ -31,6 +44,9 @@ pub struct FollowSpec {
     pub tenant: Option<String>,
     /// When its credential expires (µs since the epoch): the session ends then (1008).
     pub expires_us: Option<i64>,
+    /// An agent's WebSocket (`GET /agent/ws`): the agent's stored id. It sends its turns'
+    /// chunks on it, and its turns in progress end when it closes.
+    pub agent: Option<String>,
 }
 
 /// A delivery session as the client asked for it, checked.

@@ -7,11 +7,13 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// One registered agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Agent {
     pub ready: bool,
     /// Its last registration or heartbeat, ms since the epoch.
     pub beat_ms: u64,
+    /// Its principal's tenant (sessions of a tenant are routed to its agents only).
+    pub tenant: Option<std::sync::Arc<str>>,
 }
 
 impl Agent {
@@ -44,10 +46,11 @@ impl Agents {
 
     /// Registers (or registers again) `id`; `Ok(true)` when it is new. Agents silent past
     /// the forget time are dropped first; `Err(Full)` at `max_agents`.
-    pub fn register(&self, id: &str, ready: bool, now_ms: u64) -> Result<bool, Full> {
+    pub fn register(&self, id: &str, tenant: Option<&str>, ready: bool, now_ms: u64) -> Result<bool, Full> {
         let mut map = self.lock();
         if let Some(a) = map.get_mut(id) {
-            *a = Agent { ready, beat_ms: now_ms };
+            a.ready = ready;
+            a.beat_ms = now_ms;
             return Ok(false);
         }
         if map.len() >= self.max {
@@ -57,7 +60,7 @@ impl Agents {
                 return Err(Full);
             }
         }
-        map.insert(id.to_owned(), Agent { ready, beat_ms: now_ms });
+        map.insert(id.to_owned(), Agent { ready, beat_ms: now_ms, tenant: tenant.map(Into::into) });
         Ok(true)
     }
 
@@ -70,7 +73,31 @@ impl Agents {
         if let Some(r) = ready {
             a.ready = r;
         }
-        Some(*a)
+        Some(a.clone())
+    }
+
+    /// Whether `id` (stored) is routed to at `now_ms`.
+    pub fn routable(&self, id: &str, now_ms: u64, timeout_ms: u64) -> bool {
+        self.lock().get(id).is_some_and(|a| a.routable(now_ms, timeout_ms))
+    }
+
+    /// The routable agent of `tenant` that `usable` accepts with the least `load` (ties: the
+    /// first by id), as its stored id.
+    pub fn pick(
+        &self,
+        tenant: Option<&str>,
+        (now_ms, timeout_ms): (u64, u64),
+        mut usable: impl FnMut(&str) -> bool,
+        load: impl Fn(&str) -> usize,
+    ) -> Option<String> {
+        let map = self.lock();
+        let mut candidates: Vec<&String> = map
+            .iter()
+            .filter(|(id, a)| a.tenant.as_deref() == tenant && a.routable(now_ms, timeout_ms) && usable(id))
+            .map(|(id, _)| id)
+            .collect();
+        candidates.sort();
+        candidates.into_iter().min_by_key(|id| load(id)).cloned()
     }
 
     pub fn deregister(&self, id: &str) -> bool {
@@ -79,7 +106,7 @@ impl Agents {
 
     /// Every agent (stored id, state), sorted by id.
     pub fn list(&self) -> Vec<(String, Agent)> {
-        let mut all: Vec<(String, Agent)> = self.lock().iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let mut all: Vec<(String, Agent)> = self.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
     }
@@ -92,16 +119,26 @@ mod tests {
     #[test]
     fn routable_only_while_ready_and_fresh_and_bounded() {
         let agents = Agents::new(2, 1000);
-        assert_eq!(agents.register("a", true, 0), Ok(true));
-        assert_eq!(agents.register("a", true, 10), Ok(false));
+        assert_eq!(agents.register("a", None, true, 0), Ok(true));
+        assert_eq!(agents.register("a", None, true, 10), Ok(false));
         let a = agents.heartbeat("a", None, 500).unwrap();
         assert!(a.routable(1500, 1000) && !a.routable(1501, 1000));
         assert!(!agents.heartbeat("a", Some(false), 600).unwrap().routable(600, 1000));
         assert_eq!(agents.heartbeat("b", None, 600), None);
-        assert_eq!(agents.register("b", true, 600), Ok(true));
-        assert_eq!(agents.register("c", true, 700), Err(Full));
+        assert_eq!(agents.register("b", None, true, 600), Ok(true));
+        assert_eq!(agents.register("c", None, true, 700), Err(Full));
         // Once silent for ten timeouts, an agent makes room.
-        assert_eq!(agents.register("c", true, 600 + 10_001), Ok(true));
+        assert_eq!(agents.register("c", None, true, 600 + 10_001), Ok(true));
         assert!(agents.deregister("c") && !agents.deregister("c"));
+        // A session goes to the least loaded routable agent of its tenant.
+        let agents = Agents::new(10, 1000);
+        for (id, tenant) in [("x", None), ("y", None), ("t.z", Some("t"))] {
+            agents.register(id, tenant, true, 0).unwrap();
+        }
+        let load = |id: &str| usize::from(id == "x");
+        assert_eq!(agents.pick(None, (0, 1000), |_| true, load).as_deref(), Some("y"));
+        assert_eq!(agents.pick(None, (0, 1000), |id| id != "y", load).as_deref(), Some("x"));
+        assert_eq!(agents.pick(Some("t"), (0, 1000), |_| true, load).as_deref(), Some("t.z"));
+        assert_eq!(agents.pick(None, (5000, 1000), |_| true, load), None);
     }
 }

@@ -588,6 +588,18 @@ impl Shard {
         }
     }
 
+    /// Closes idle agent streaming sessions (`session_ttl_ms`), forever: shard 0's task, a
+    /// few times per TTL.
+    pub async fn calls_loop(self: Rc<Self>) {
+        let ttl = self.shared.config.session_ttl;
+        let every = (ttl / 8).clamp(std::time::Duration::from_millis(20), std::time::Duration::from_secs(5));
+        loop {
+            monoio::time::sleep(every).await;
+            let now = crate::storage::offsets::now_ms();
+            self.shared.calls.expire(now, ttl.as_millis() as u64);
+        }
+    }
+
     /// Applies retention to every partition this shard owns, forever.
     pub async fn retention_loop(self: Rc<Self>) {
         let every = self.shared.config.retention_check;

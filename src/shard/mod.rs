@@ -5,6 +5,7 @@
 //! cores reach it through the bounded [`mailbox`] with a [`message::ShardMessage`].
 
 pub mod agents;
+pub mod calls;
 pub mod core;
 pub mod delivery;
 pub mod mailbox;

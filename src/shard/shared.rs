@@ -44,6 +44,8 @@ pub struct Shared {
     pub memory: Memory,
     /// Registered agents (agent streaming calls).
     pub agents: super::agents::Agents,
+    /// Open sessions of agent streaming calls (Mode 1), with their turns' chunks.
+    pub calls: super::calls::Calls,
     /// Lite topics with a follower (session pub/sub), woken by their owners after appends.
     pub watchers: Arc<super::watch::Watchers>,
     /// With `tls_cert`: the TLS sessions of both listeners (certificates reloaded on SIGHUP).

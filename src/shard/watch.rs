@@ -38,7 +38,7 @@ impl Watch {
         .await
     }
 
-    fn ring(&self) {
+    pub(crate) fn ring(&self) {
         self.rung.store(true, Ordering::Release);
         self.waker.wake();
     }

@@ -86,6 +86,20 @@ pub fn read_from(
     Ok(out)
 }
 
+/// The offset the next event of a one-partition (lite) topic will get, as written so far: for
+/// a reader that starts at the end, without a log handle of its own.
+pub fn end_of(db: &DB, cf: &rocksdb::ColumnFamily, topic: &str) -> Result<u64, StorageError> {
+    let pre = prefix(topic, PartitionId(0));
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_lower_bound(pre.clone());
+    ro.set_iterate_upper_bound(upper_bound(&pre));
+    let mut it = db.raw_iterator_cf_opt(cf, ro);
+    it.seek_to_last();
+    let end = it.key().map_or(0, |k| offset_of(k) + 1);
+    it.status()?;
+    Ok(end)
+}
+
 type SyncTicket = oneshot::Sender<Result<(), StorageError>>;
 
 /// The helper thread that syncs the WAL for `fsync` durability. Requests that arrive while a
