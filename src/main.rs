@@ -1,4 +1,4 @@
-//! `evmesh serve | pub | sub | request | stream`: parse the configuration, start the shards, wait for a signal.
+//! `evmesh serve | pub | sub | request | stream | agent`: parse the configuration, start the shards, wait for a signal.
 
 use std::process::ExitCode;
 
@@ -14,7 +14,9 @@ const USAGE: &str = "usage:
                (one JSON line per event; ack=none: at-most-once from the moment it attaches)
   evmesh request --topic T [--timeout-ms 30000] [the event flags of pub]   (prints the reply)
   evmesh stream --session S [--max N]   (a session's events from its head, then live, as JSON lines)
-  pub, sub, request and stream over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
+  evmesh agent --agent-id A [--delay-ms 0] [--max-turns N] [--heartbeat-ms 30000]
+               (a streaming agent: echoes each turn's prompt back, a word per chunk)
+  pub, sub, request, stream and agent over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
                [--cert FILE --key FILE]   (a client certificate, for mutual TLS)
   evmesh print-config   (the commented defaults)";
 
@@ -26,6 +28,7 @@ fn main() -> ExitCode {
         Some("sub") => client("sub", evmesh::cli::subscribe(&args[1..])),
         Some("request") => client("request", evmesh::cli::request(&args[1..])),
         Some("stream") => client("stream", evmesh::cli::stream(&args[1..])),
+        Some("agent") => client("agent", evmesh::cli::agent(&args[1..])),
         Some("print-config") => {
             print!("{}", evmesh::config::DEFAULT_TOML);
             ExitCode::SUCCESS

@@ -7,7 +7,7 @@ mod it {
     mod acked;
     mod admin;
     mod agents;
-    mod calls;
+    pub mod calls;
     mod cli;
     mod delivery;
     mod durability;

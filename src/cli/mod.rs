@@ -1,5 +1,5 @@
-//! The command-line side: `evmesh pub`, `evmesh sub`, `evmesh request` and `evmesh stream`
-//! (tiny blocking clients for a first tour) and the process's stop signals. Not used by the shards.
+//! The command-line side: `evmesh pub`, `evmesh sub`, `evmesh request`, `evmesh stream` and
+//! `evmesh agent` (tiny blocking clients for a first tour) and the process's stop signals. Not used by the shards.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -141,17 +141,34 @@ fn event_from(args: &[String]) -> Result<String, String> {
 /// of the answer; `wait` is how long the answer may take. Errors are the broker's
 /// problem+json (printed) with its status, or the I/O failure.
 fn post_event(args: &[String], known: &[&str], path: &str, wait: Duration) -> Result<(), String> {
-    let (mut stream, hostport, socket) = broker(args, known)?;
-    socket.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
     let topic = flag(args, "--topic").ok_or("--topic is required")?;
     let event = event_from(args)?;
-    let req = format!(
-        "POST {} HTTP/1.1\r\nhost: {hostport}\r\n{}content-type: application/cloudevents+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{event}",
-        path.replace("{topic}", topic),
+    let path = path.replace("{topic}", topic);
+    let (status, body) = post(args, known, &path, ("application/cloudevents+json", event.as_bytes()), wait)?;
+    println!("{body}");
+    if status.starts_with('2') {
+        Ok(())
+    } else {
+        Err(format!("HTTP {status}"))
+    }
+}
+
+/// Posts `body` to `path` on a connection of its own: (the answer's status, its body).
+fn post(
+    args: &[String],
+    known: &[&str],
+    path: &str,
+    (content_type, body): (&str, &[u8]),
+    wait: Duration,
+) -> Result<(String, String), String> {
+    let (mut stream, hostport, socket) = broker(args, known)?;
+    socket.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {hostport}\r\n{}content-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         auth_line(args),
-        event.len()
+        body.len()
     );
-    stream.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).map_err(|e| e.to_string())?;
     let mut resp = Vec::new();
     // A TLS server may end without close_notify after `connection: close`: what came is the answer.
     if let Err(e) = stream.read_to_end(&mut resp) {
@@ -161,13 +178,7 @@ fn post_event(args: &[String], known: &[&str], path: &str, wait: Duration) -> Re
     }
     let resp = String::from_utf8_lossy(&resp);
     let (head, body) = resp.split_once("\r\n\r\n").ok_or("malformed response")?;
-    let status = head.split(' ').nth(1).unwrap_or("?");
-    println!("{body}");
-    if status.starts_with('2') {
-        Ok(())
-    } else {
-        Err(format!("HTTP {status}"))
-    }
+    Ok((head.split(' ').nth(1).unwrap_or("?").to_owned(), body.to_owned()))
 }
 
 /// `evmesh pub`: builds a structured CloudEvent from flags (or reads one from stdin), posts it,
@@ -305,15 +316,15 @@ pub fn stream(args: &[String]) -> Result<(), String> {
     let sid = flag(args, "--session").ok_or("--session is required")?;
     let max = max_flag(args)?;
     attach(args, &mut s, &socket, &format!("/session/subscribe/{sid}"), &hostport)?;
-    print_frames(&mut s, max, |_, _| Ok(()))
+    print_frames(&mut s, max, |_, _| Ok(false))
 }
 
 /// Prints each text frame as a line until `max` of them, a close, or an error; `after` runs on
-/// each printed frame (an ack, say).
+/// each printed frame (an ack, say), and `Ok(true)` from it ends the session too.
 fn print_frames(
     s: &mut Box<dyn Conn>,
     max: Option<u64>,
-    mut after: impl FnMut(&mut Box<dyn Conn>, &str) -> Result<(), String>,
+    mut after: impl FnMut(&mut Box<dyn Conn>, &str) -> Result<bool, String>,
 ) -> Result<(), String> {
     let stdout = std::io::stdout();
     let mut seen = 0u64;
@@ -323,9 +334,9 @@ fn print_frames(
                 let mut out = stdout.lock();
                 writeln!(out, "{t}").map_err(|e| e.to_string())?;
                 out.flush().map_err(|e| e.to_string())?;
-                after(s, &t)?;
+                let stop = after(s, &t)?;
                 seen += 1;
-                if max.is_some_and(|m| seen >= m) {
+                if stop || max.is_some_and(|m| seen >= m) {
                     let _ = wsclient::send(s, 8, &1000u16.to_be_bytes());
                     return Ok(());
                 }
@@ -362,7 +373,7 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
     attach(args, &mut s, &socket, &format!("/events/ws?{query}"), &hostport)?;
     print_frames(&mut s, max, |s, t| {
         if no_ack {
-            return Ok(());
+            return Ok(false);
         }
         let id = serde_json::from_str::<serde_json::Value>(t)
             .ok()
@@ -370,9 +381,67 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
         match id {
             Some(id) => {
                 let ack = serde_json::json!({"type": "ack", "ids": [id]}).to_string();
-                wsclient::send(s, 1, ack.as_bytes()).map_err(|e| e.to_string())
+                wsclient::send(s, 1, ack.as_bytes()).map(|()| false).map_err(|e| e.to_string())
             }
-            None => Ok(()),
+            None => Ok(false),
         }
+    })
+}
+
+/// `evmesh agent --agent-id A`: a tiny streaming agent for the tour and tests. It registers,
+/// heart-beats (a thread, every third of `--heartbeat-ms`, default 30000), attaches over
+/// `GET /agent/ws`, and answers each turn by echoing the prompt back a word per chunk (`--delay-ms`
+/// apart, default 0), then a last chunk with `done`. It prints each event it gets (a turn's
+/// request, a client's cancel...) as a JSON line; `--max-turns N` stops after N turns.
+pub fn agent(args: &[String]) -> Result<(), String> {
+    const KNOWN: [&str; 4] = ["--agent-id", "--delay-ms", "--max-turns", "--heartbeat-ms"];
+    let id = flag(args, "--agent-id").ok_or("--agent-id is required")?.to_owned();
+    let number = |name: &str, default: u64| -> Result<u64, String> {
+        flag(args, name).map_or(Ok(default), |v| v.parse().map_err(|_| format!("{name} must be a number")))
+    };
+    let delay = Duration::from_millis(number("--delay-ms", 0)?);
+    let beat = Duration::from_millis(number("--heartbeat-ms", 30_000)?.max(3) / 3);
+    let max_turns = flag(args, "--max-turns").map(|_| number("--max-turns", 0)).transpose()?;
+    let body = serde_json::json!({"agentId": id}).to_string();
+    let wait = Duration::from_secs(30);
+    let (status, answer) = post(args, &KNOWN, "/agent/register", ("application/json", body.as_bytes()), wait)?;
+    if !status.starts_with('2') {
+        println!("{answer}");
+        return Err(format!("registering: HTTP {status}"));
+    }
+    let beats = args.to_vec();
+    std::thread::spawn(move || loop {
+        std::thread::sleep(beat);
+        if let Err(e) = post(&beats, &KNOWN, "/agent/heartbeat", ("application/json", body.as_bytes()), wait) {
+            eprintln!("evmesh agent: heartbeat: {e}");
+        }
+    });
+    let (mut s, hostport, socket) = broker(args, &KNOWN)?;
+    attach(args, &mut s, &socket, &format!("/agent/ws?agentId={id}"), &hostport)?;
+    eprintln!("evmesh agent: {id} attached; echoing each turn's prompt back");
+    let mut turns = 0u64;
+    print_frames(&mut s, None, |s, t| {
+        let e: serde_json::Value = serde_json::from_str(t).map_err(|e| format!("not JSON: {e}"))?;
+        if e["type"] != "evmesh.stream.request" {
+            return Ok(false);
+        }
+        let sid = e["emsessionid"].as_str().unwrap_or_default();
+        let prompt = match &e["data"] {
+            serde_json::Value::String(p) => p.clone(),
+            serde_json::Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        let mut send = |chunk: serde_json::Value| wsclient::send(s, 1, chunk.to_string().as_bytes());
+        for (seq, word) in prompt.split_whitespace().enumerate() {
+            let data = if seq == 0 { word.to_owned() } else { format!(" {word}") };
+            send(serde_json::json!({"type": "chunk", "sessionId": sid, "seq": seq, "data": data}))
+                .map_err(|e| e.to_string())?;
+            std::thread::sleep(delay);
+        }
+        let seq = prompt.split_whitespace().count();
+        send(serde_json::json!({"type": "chunk", "sessionId": sid, "seq": seq, "done": true}))
+            .map_err(|e| e.to_string())?;
+        turns += 1;
+        Ok(max_turns.is_some_and(|m| turns >= m))
     })
 }

@@ -58,10 +58,10 @@ fn open_sid(b: &TestBroker, agent: Option<&str>) -> String {
 }
 
 /// One server-sent event: (id, event, data).
-type Event = (Option<String>, String, String);
+pub(super) type Event = (Option<String>, String, String);
 
 /// A turn's `text/event-stream`, parsed as an `EventSource` does.
-struct Turn {
+pub(super) struct Turn {
     r: BufReader<TcpStream>,
     events: VecDeque<Event>,
     ended: bool,
@@ -93,7 +93,7 @@ impl Turn {
         Ok(Turn { r, events: VecDeque::new(), ended: false })
     }
 
-    fn post(b: &TestBroker, sid: &str, prompt: &str) -> Result<Turn, (u16, String)> {
+    pub(super) fn post(b: &TestBroker, sid: &str, prompt: &str) -> Result<Turn, (u16, String)> {
         let req = format!(
             "POST /session/stream/{sid} HTTP/1.1\r\nhost: x\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
             prompt.len()
@@ -111,7 +111,7 @@ impl Turn {
     }
 
     /// The next event; `None` once the stream ended.
-    fn next(&mut self) -> Option<Event> {
+    pub(super) fn next(&mut self) -> Option<Event> {
         while self.events.is_empty() && !self.ended {
             let mut size = String::new();
             self.r.read_line(&mut size).unwrap();

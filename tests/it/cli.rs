@@ -184,3 +184,38 @@ fn stream_prints_a_session_from_its_head_then_live() {
     assert_eq!(id(lines.next().unwrap().unwrap()), "s2");
     assert!(child.wait().unwrap().success());
 }
+
+#[test]
+fn agent_echoes_each_turn_a_word_per_chunk() {
+    let b = TestBroker::start(&[]);
+    let url = format!("http://{}", b.traffic);
+    let mut child = evmesh()
+        .args(["agent", "--url", &url, "--agent-id", "cli-echo", "--max-turns", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once it has registered and attached, a turn streams its echo.
+    let open = br#"{"clientId":"c","agentId":"cli-echo"}"#;
+    let mut turn = super::util::wait_for(std::time::Duration::from_secs(10), || {
+        let r = b.client().post("/session/open", "application/json", open);
+        let sid = (r.status == 201).then(|| r.json()["sessionId"].as_str().unwrap().to_owned())?;
+        super::calls::Turn::post(&b, &sid, "hello from the tour").ok()
+    });
+    let events: Vec<super::calls::Event> = std::iter::from_fn(|| turn.next()).collect();
+    let chunk = |id: &str, kind: &str, data: &str| (Some(id.to_owned()), kind.to_owned(), data.to_owned());
+    assert_eq!(
+        events,
+        [
+            chunk("0", "chunk", "hello"),
+            chunk("1", "chunk", " from"),
+            chunk("2", "chunk", " the"),
+            chunk("3", "chunk", " tour"),
+            chunk("4", "done", "")
+        ]
+    );
+    assert!(child.wait().unwrap().success(), "--max-turns 1: it stops after the turn");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    let request: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(request["data"], "hello from the tour");
+}

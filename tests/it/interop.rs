@@ -9,7 +9,18 @@ use std::process::Command;
 use super::util::TestBroker;
 
 fn run_script(program: &str, script: &str) {
-    let b = TestBroker::start(&["--redelivery-backoff-ms", "50"]);
+    run_script_with(program, script, &[]);
+}
+
+/// [`run_script`] against a broker started with `extra` flags besides.
+fn run_script_with(program: &str, script: &str, extra: &[&str]) {
+    let flags: Vec<&str> = ["--redelivery-backoff-ms", "50"].iter().chain(extra).copied().collect();
+    let b = TestBroker::start(&flags);
+    run_on(&b, program, script);
+}
+
+/// Runs `script` against the running broker `b`.
+fn run_on(b: &TestBroker, program: &str, script: &str) {
     // Resolved at run time: a test binary built in another checkout reads this one's scripts.
     let root =
         std::env::var_os("CARGO_MANIFEST_DIR").map_or(env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from);
@@ -210,4 +221,30 @@ fn python_request_reply_clients() {
 fn python_session_pubsub_clients() {
     let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
     run_script(&python, "python_session.py");
+}
+
+/// Agent streaming calls with independent clients: `websockets` agents, `httpx` + `httpx-sse`
+/// clients (turns, cancel, resume with `Last-Event-ID`, an agent leaving mid-turn, expiry).
+#[test]
+#[ignore = "needs Python with httpx, httpx-sse and websockets (SDK_PYTHON; scripts/test.sh installs them)"]
+fn python_agent_streaming_clients() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_script_with(&python, "python_agent_stream.py", &["--session-ttl-ms", "1500"]);
+}
+
+/// A turn read by the WHATWG `EventSource` (npm `eventsource`): named events, `lastEventId`, the
+/// reconnect after the stream ends stopped by the 204; a cancel while it reads. The agent is
+/// `evmesh agent`.
+#[test]
+#[ignore = "needs Node with the eventsource package (NODE_PATH; scripts/test.sh installs it)"]
+fn javascript_eventsource_reads_a_turn_and_stops_reconnecting() {
+    let b = TestBroker::start(&[]);
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_evmesh"))
+        .args(["agent", "--url", &format!("http://{}", b.traffic), "--agent-id", "js-echo", "--delay-ms", "20"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    run_on(&b, "node", "node_eventsource.js");
+    let _ = agent.kill();
+    let _ = agent.wait();
 }
