@@ -94,8 +94,14 @@ impl Turn {
     }
 
     pub(super) fn post(b: &TestBroker, sid: &str, prompt: &str) -> Result<Turn, (u16, String)> {
+        Turn::post_as(b, sid, prompt, None)
+    }
+
+    /// [`Turn::post`] with `token` as the bearer credential.
+    pub(super) fn post_as(b: &TestBroker, sid: &str, prompt: &str, token: Option<&str>) -> Result<Turn, (u16, String)> {
+        let auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
         let req = format!(
-            "POST /session/stream/{sid} HTTP/1.1\r\nhost: x\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
+            "POST /session/stream/{sid} HTTP/1.1\r\nhost: x\r\n{auth}content-type: text/plain\r\ncontent-length: {}\r\n\r\n",
             prompt.len()
         );
         Turn::start(b, req, prompt.as_bytes())

@@ -852,3 +852,72 @@ fn requests_need_request_replies_need_reply_and_another_tenant_gets_404() {
             .then_some(())
     });
 }
+
+#[test]
+fn agent_calls_need_request_on_the_agent_agents_need_subscribe_and_tenants_are_apart() {
+    let tokens = [
+        ("client", None, "client-secret"),
+        ("other", None, "other-secret"),
+        ("bot", None, "bot-secret"),
+        ("acme-client", Some("acme"), "acme-client-secret"),
+        ("acme-bot", Some("acme"), "acme-bot-secret"),
+    ];
+    let rule = |id: &str, who: &str, resource: &str, action: &str| {
+        format!(
+            "[[acl]]\nid = \"{id}\"\nprincipal = \"{who}\"\nresource = \"{resource}\"\nactions = [\"{action}\"]\neffect = \"ALLOW\"\n"
+        )
+    };
+    let acl = [
+        rule("client-calls", "*client", "agent:bot", "REQUEST"),
+        rule("other-calls", "other", "agent:bot", "REQUEST"),
+        rule("bot-serves", "*bot", "topic:agent.bot", "SUBSCRIBE"),
+    ]
+    .concat();
+    let (b, _dir) = broker_with("agent-acl", &tokens, &acl, &[]);
+    let attach = |token: &str| {
+        let r = post_as(&mut b.client(), token, "/agent/register", &json!({"agentId": "bot"}));
+        assert_eq!(r.status, 201, "{}", r.text());
+        let url = format!("ws://{}/agent/ws?agentId=bot&access_token={token}", b.traffic);
+        tungstenite::client(url, TcpStream::connect(b.traffic).unwrap()).unwrap().0
+    };
+    let mut bot = attach("bot-secret");
+    let open =
+        |token: &str| post_as(&mut b.client(), token, "/session/open", &json!({"clientId": "c", "agentId": "bot"}));
+    b.client().post("/session/open", "application/json", br#"{"clientId":"c"}"#).assert_problem(401);
+    // The agent itself may not call agents; a client may not send an agent's chunks.
+    open("bot-secret").assert_problem(403);
+    let r = open("client-secret");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sid = r.json()["sessionId"].as_str().unwrap().to_owned();
+    post_as(&mut b.client(), "client-secret", &format!("/session/chunk/{sid}"), &json!({"data": "x"}))
+        .assert_problem(403);
+    // Another principal, allowed to call the agent, still may not use this session.
+    assert_eq!(super::calls::Turn::post_as(&b, &sid, "hi", Some("other-secret")).err().map(|e| e.0), Some(403));
+    // Another tenant: its own agent named bot is not this one, and the session is unknown to it.
+    open("acme-client-secret").assert_problem(503);
+    assert_eq!(super::calls::Turn::post_as(&b, &sid, "hi", Some("acme-client-secret")).err().map(|e| e.0), Some(404));
+    let mut acme_bot = attach("acme-bot-secret");
+    let r = open("acme-client-secret");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let acme_sid = r.json()["sessionId"].as_str().unwrap().to_owned();
+    let mut turn = super::calls::Turn::post_as(&b, &acme_sid, "for acme", Some("acme-client-secret")).unwrap();
+    let next = |ws: &mut tungstenite::WebSocket<TcpStream>| loop {
+        if let tungstenite::Message::Text(t) = ws.read().unwrap() {
+            break serde_json::from_str::<Value>(t.as_str()).unwrap();
+        }
+    };
+    assert_eq!(next(&mut acme_bot)["data"], "for acme");
+    // The acme agent cannot answer the other tenant's session (unknown to it), only its own.
+    let chunk = |sid: &str| {
+        tungstenite::Message::text(json!({"type": "chunk", "sessionId": sid, "data": "x", "done": true}).to_string())
+    };
+    acme_bot.send(chunk(&sid)).unwrap();
+    assert_eq!(next(&mut acme_bot)["status"], 404);
+    acme_bot.send(chunk(&acme_sid)).unwrap();
+    assert_eq!(turn.next().unwrap().1, "done");
+    // The first tenant's bot got none of it: its next event is its own client's turn.
+    let mut own = super::calls::Turn::post_as(&b, &sid, "for bot", Some("client-secret")).unwrap();
+    assert_eq!(next(&mut bot)["data"], "for bot");
+    bot.send(chunk(&sid)).unwrap();
+    assert_eq!(own.next().unwrap().1, "done");
+}
