@@ -13,7 +13,9 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        reply frame and ack it: request-reply, with --url .../events/request?topic=T)
        `{i}` in --url and --subscribe-url: connection i posts to, subscriber i follows, number
        i % --sessions (default: --subscribers), e.g. /session/publish/s{i} and /session/subscribe/s{i}
-       loadgen --serve HOST:PORT   (the direct responder: answers every POST with the reply event)";
+       loadgen --serve HOST:PORT   (the direct responder: answers every POST with the reply event)
+       loadgen --turns --url http://HOST:PORT --sessions N --rate R [--duration] [--warmup] [--server-pid]
+               [--json]   (agent streaming calls: an agent sends R chunks/s over N sessions' turns)";
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -42,6 +44,8 @@ pub struct Args {
     pub sessions: usize,
     /// Extra request header lines (`Name: value`), e.g. `Authorization: Bearer T`.
     pub headers: Vec<String>,
+    /// Agent streaming calls instead of publishing (`turns`).
+    pub turns: bool,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -79,6 +83,7 @@ impl Args {
             reply: false,
             sessions: 0,
             headers: Vec::new(),
+            turns: false,
         };
         let mut subscribe_url: Option<String> = None;
         while let Some(flag) = it.next() {
@@ -99,6 +104,7 @@ impl Args {
                 "--subscribers" => a.subscribers = val()?.parse().map_err(|_| "bad --subscribers")?,
                 "--ack" => a.ack = true,
                 "--reply" => (a.ack, a.reply) = (true, true),
+                "--turns" => a.turns = true,
                 "--sessions" => a.sessions = val()?.parse().map_err(|_| "bad --sessions")?,
                 "--header" | "-H" => {
                     let h = val()?;
@@ -128,6 +134,9 @@ impl Args {
         }
         if !["structured", "binary", "raw"].contains(&a.body.as_str()) {
             return Err("--body is structured, binary or raw".into());
+        }
+        if a.turns && a.rate <= 0.0 {
+            return Err("--turns needs --rate R (chunks per second in all)".into());
         }
         if a.sessions == 0 {
             a.sessions = a.subscribers.max(1);

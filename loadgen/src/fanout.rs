@@ -35,7 +35,7 @@ fn delivery_id(payload: &[u8]) -> Option<&[u8]> {
 }
 
 /// A masked client text frame (the mask is fixed: this measures the server, not the client).
-fn client_text(payload: &[u8], out: &mut Vec<u8>) {
+pub fn client_text(payload: &[u8], out: &mut Vec<u8>) {
     const MASK: [u8; 4] = [0x12, 0x34, 0x56, 0x78];
     out.push(0x81);
     match payload.len() {
@@ -59,7 +59,7 @@ fn stamp_of(payload: &[u8]) -> Option<u64> {
     std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
-async fn read_some(s: &mut TcpStream, buf: &mut Vec<u8>, stop: &AtomicBool) -> bool {
+pub async fn read_some(s: &mut TcpStream, buf: &mut Vec<u8>, stop: &AtomicBool) -> bool {
     if stop.load(Ordering::Relaxed) {
         return false;
     }

@@ -13,6 +13,7 @@ mod args;
 mod fanout;
 mod http;
 mod respond;
+mod turns;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -195,6 +196,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if args.turns {
+        return turns_main(&args);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now() + Duration::from_millis(50);
     let threads = args.threads.max(1);
@@ -305,6 +309,59 @@ fn main() {
             ),
             None => String::new(),
         }
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).expect("write --json");
+    }
+}
+
+/// `--turns`: agent streaming calls; prints and writes (`--json`) the chunk latency.
+fn turns_main(args: &Args) {
+    let stop = Arc::new(AtomicBool::new(false));
+    // Setting up (the agent, the sessions) takes a moment before the clock starts.
+    let start = Instant::now() + Duration::from_millis(500);
+    let (from, until) = (start + args.warmup, start + args.warmup + args.duration);
+    let cpu_at = Arc::new(AtomicU64::new(u64::MAX));
+    let sampler = args.server_pid.map(|pid| {
+        let cpu_at = cpu_at.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(from.saturating_duration_since(Instant::now()));
+            cpu_at.store(cpu_micros(pid).unwrap_or(u64::MAX), Ordering::SeqCst);
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            cpu_micros(pid)
+        })
+    });
+    let r = turns::run(args, from, until, stop);
+    let cpu_end = sampler.and_then(|s| s.join().ok().flatten());
+    let secs = args.duration.as_secs_f64();
+    let server_cpu_us = match (cpu_at.load(Ordering::SeqCst), cpu_end) {
+        (a, Some(b)) if a != u64::MAX && b >= a => Some(b - a),
+        _ => None,
+    };
+    let q = |p: f64| r.hist.value_at_quantile(p);
+    let report = serde_json::json!({
+        "url": args.url,
+        "mode": "turns",
+        "target_rate": args.rate,
+        "sessions": args.sessions,
+        "streams": r.streams,
+        "duration_s": secs,
+        "chunks_sent": r.sent,
+        "chunks_read": r.chunks,
+        "chunks_per_s": r.chunks as f64 / secs,
+        "chunk_latency_us": {"p50": q(0.5), "p99": q(0.99), "p999": q(0.999), "max": r.hist.max()},
+        "server_cpu_us_per_chunk": server_cpu_us.map(|c| c as f64 / r.chunks.max(1) as f64),
+    });
+    println!(
+        "turns: {}/{} streams, {:.0} chunks/s read, chunk latency p50={}us p99={}us p99.9={}us{}",
+        r.streams,
+        args.sessions,
+        r.chunks as f64 / secs,
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        server_cpu_us
+            .map_or(String::new(), |c| format!("  server_cpu={:.2}us/chunk", c as f64 / r.chunks.max(1) as f64))
     );
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).expect("write --json");
