@@ -89,6 +89,9 @@ impl Traffic {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
+        if let Err(r) = embedded_only(&self.shard.shared.config) {
+            return r;
+        }
         let b: OpenBody = match serde_json::from_slice(body) {
             Ok(b) => b,
             Err(e) => {
@@ -302,6 +305,9 @@ impl Traffic {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
+        if let Err(r) = embedded_only(&self.shard.shared.config) {
+            return r;
+        }
         let agent = match req.query("agentId") {
             Some(a) if valid_id(&a) => a,
             _ => return problem(StatusCode::BAD_REQUEST, "?agentId=A, with A [A-Za-z0-9._-]{1,100}"),
@@ -339,6 +345,14 @@ impl Traffic {
 }
 
 use std::sync::Arc;
+
+/// Agents' turns travel on lite topics, which the Kafka backend does not keep yet: 503 there.
+fn embedded_only(config: &crate::config::Config) -> Result<(), Response> {
+    match config.storage {
+        crate::config::StorageKind::Embedded => Ok(()),
+        _ => Err(unavailable("agent streaming calls need the embedded log (not with storage = kafka yet)")),
+    }
+}
 
 fn unavailable(detail: &str) -> Response {
     problem(StatusCode::SERVICE_UNAVAILABLE, detail).with_header("retry-after", "1")

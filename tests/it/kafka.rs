@@ -279,3 +279,21 @@ fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
     });
     receive(&mut ws, &HashSet::from(["after".to_owned()]));
 }
+
+/// Lite topics, and so session pub/sub and agent streaming calls, are the embedded log's only:
+/// with storage = kafka they answer 503 with a problem that says so, before anything is kept.
+#[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+fn lite_topics_sessions_and_agent_calls_are_503_on_kafka() {
+    let b = on_kafka(&broker(), &[]);
+    let ev = event("lite").to_string();
+    let r = b.client().post("/session/publish/s-1", "application/cloudevents+json", ev.as_bytes());
+    r.assert_problem(503);
+    assert!(r.text().contains("embedded log"), "{}", r.text());
+    let r = b.client().post("/session/open", "application/json", br#"{"clientId":"c"}"#);
+    r.assert_problem(503);
+    assert!(r.text().contains("embedded log"), "{}", r.text());
+    b.client().get("/agent/ws?agentId=a").assert_problem(503);
+    let m = b.admin().get("/metrics").text();
+    assert!(m.lines().any(|l| l == "evmesh_stream_sessions 0"), "{m}");
+}
