@@ -218,9 +218,13 @@ mod wsclient {
         let mut out = vec![0x80 | opcode];
         match payload.len() {
             n @ 0..=125 => out.push(0x80 | n as u8),
-            n => {
+            n @ 126..=0xffff => {
                 out.push(0x80 | 126);
                 out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(0x80 | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
             }
         }
         out.extend_from_slice(&mask);
@@ -444,4 +448,25 @@ pub fn agent(args: &[String]) -> Result<(), String> {
         turns += 1;
         Ok(max_turns.is_some_and(|m| turns >= m))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wsclient;
+
+    /// Each payload length takes its RFC 6455 form (7 bits, 16 or 64), masked.
+    #[test]
+    fn client_frames_carry_their_length_in_its_form() {
+        for (len, head) in [(125usize, 2usize), (126, 4), (65_535, 4), (65_536, 10), (70_000, 10)] {
+            let mut out = Vec::new();
+            wsclient::send(&mut out, 1, &vec![b'x'; len]).unwrap();
+            assert_eq!(out.len(), head + 4 + len, "{len}");
+            let decoded = match out[1] & 0x7f {
+                126 => u16::from_be_bytes([out[2], out[3]]) as usize,
+                127 => u64::from_be_bytes(out[2..10].try_into().unwrap()) as usize,
+                n => n as usize,
+            };
+            assert_eq!((decoded, out[1] & 0x80), (len, 0x80));
+        }
+    }
 }
