@@ -12,23 +12,16 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SESSIONS=${SESSIONS:-64}; RATES=${RATES-1000 5000}; IDLE=${IDLE:-20000}
 PEERS=0 source perf/common.sh
 OUT=$ROOT/perf/results/agent-turns-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
-start_broker() { # dir
-  taskset -c 0 "$EVMESH" serve --shards 1 --data-dir "$1" --max-sessions $(( IDLE + 1000 )) \
-    --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
-  pid=$!
-  wait_ready http://127.0.0.1:18181
-}
-stop_broker() { kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$1"; sleep 0.5; }
 for rate in $RATES; do
   for r in $(seq "$ROUNDS"); do
-    dir=$(mktemp -d /var/tmp/evmesh-turns.XXXX); start_broker "$dir"
+    dir=$(mktemp -d /var/tmp/evmesh-turns.XXXX); start_broker "$dir" --max-sessions $(( IDLE + 1000 ))
     taskset -c 1 "$LOADGEN" --turns --url http://127.0.0.1:18180 --sessions "$SESSIONS" --rate "$rate" \
       --duration "${DUR}s" --warmup 2s --server-pid "$pid" --json "$OUT/$rate-r$r.json" | tee -a "$OUT/log.txt"
     stop_broker "$dir"
   done
 done
 # Idle sessions: opened, never streamed.
-dir=$(mktemp -d /var/tmp/evmesh-turns.XXXX); start_broker "$dir"
+dir=$(mktemp -d /var/tmp/evmesh-turns.XXXX); start_broker "$dir" --max-sessions $(( IDLE + 1000 ))
 curl -sf 127.0.0.1:18180/agent/register -d '{"agentId":"idle"}' > /dev/null
 sleep 1; before=$(awk '/VmRSS/{print $2 * 1024}' "/proc/$pid/status")
 python3 - "$IDLE" <<'PY'

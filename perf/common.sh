@@ -86,3 +86,14 @@ test_certificate() {
   openssl x509 -req -in "$1/server.csr" -CA "$1/ca.pem" -CAkey "$1/ca.key" -CAcreateserial -days 2 \
     -extfile "$1/ext" -out "$1/server.pem" 2>/dev/null
 }
+
+# start_broker DIR [FLAGS...]: one shard on core 0 at 127.0.0.1:18180 (admin :18181), logging to
+# $OUT/evmesh.log, until ready; sets pid. stop_broker DIR: stops it and removes DIR.
+start_broker() {
+  local dir=$1; shift
+  taskset -c 0 "$EVMESH" serve --shards 1 --data-dir "$dir" "$@" \
+    --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
+  pid=$!
+  wait_ready http://127.0.0.1:18181
+}
+stop_broker() { kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$1"; sleep 0.5; }

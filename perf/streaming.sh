@@ -13,16 +13,9 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SESSIONS=${SESSIONS:-64}; RATES=${RATES-1000 5000}; IDLE=${IDLE:-5000}
 PEERS=0 source perf/common.sh
 OUT=$ROOT/perf/results/streaming-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
-start_broker() { # dir
-  taskset -c 0 "$EVMESH" serve --shards 1 --data-dir "$1" --max-connections $(( IDLE + 200 )) \
-    --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
-  pid=$!
-  wait_ready http://127.0.0.1:18181
-}
-stop_broker() { kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$1"; sleep 0.5; }
 for rate in $RATES; do
   for r in $(seq "$ROUNDS"); do
-    dir=$(mktemp -d /var/tmp/evmesh-stream.XXXX); start_broker "$dir"
+    dir=$(mktemp -d /var/tmp/evmesh-stream.XXXX); start_broker "$dir" --max-connections $(( IDLE + 200 ))
     taskset -c 1 "$LOADGEN" --url "http://127.0.0.1:18180/session/publish/s{i}" --connections 64 --rate "$rate" \
       --duration "${DUR}s" --warmup 2s --body-bytes 200 --server-pid "$pid" --json "$OUT/$rate-r$r.json" \
       --subscribe-url "ws://127.0.0.1:18180/session/subscribe/s{i}" --subscribers "$SESSIONS" | tee -a "$OUT/log.txt"
@@ -30,7 +23,7 @@ for rate in $RATES; do
   done
 done
 # Idle sessions: one event each, a follower each, nothing more.
-dir=$(mktemp -d /var/tmp/evmesh-stream.XXXX); start_broker "$dir"
+dir=$(mktemp -d /var/tmp/evmesh-stream.XXXX); start_broker "$dir" --max-connections $(( IDLE + 200 ))
 python3 perf/lite_topics.py 127.0.0.1:18180 session.idle "$IDLE"
 sleep 1; before=$(awk '/VmRSS/{print $2 * 1024}' "/proc/$pid/status")
 taskset -c 1 "$LOADGEN" --url "http://127.0.0.1:18180/session/publish/unused" --connections 1 --rate 1 --duration 6s \

@@ -99,6 +99,13 @@ effect = "ALLOW"
     broker_with(name, &tokens, acl, extra)
 }
 
+/// One ALLOW rule of the config file's ACL.
+fn rule(id: &str, who: &str, resource: &str, action: &str) -> String {
+    format!(
+        "[[acl]]\nid = \"{id}\"\nprincipal = \"{who}\"\nresource = \"{resource}\"\nactions = [\"{action}\"]\neffect = \"ALLOW\"\n"
+    )
+}
+
 fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
@@ -799,11 +806,6 @@ fn requests_need_request_replies_need_reply_and_another_tenant_gets_404() {
         ("norep", None, "norep-secret"),
         ("stranger", Some("globex"), "stranger-secret"),
     ];
-    let rule = |id: &str, who: &str, resource: &str, action: &str| {
-        format!(
-            "[[acl]]\nid = \"{id}\"\nprincipal = \"{who}\"\nresource = \"{resource}\"\nactions = [\"{action}\"]\neffect = \"ALLOW\"\n"
-        )
-    };
     let acl = [
         rule("client-requests", "client", "topic:rpc", "REQUEST"),
         rule("pubonly-publishes", "pubonly", "topic:rpc", "PUBLISH"),
@@ -862,11 +864,6 @@ fn agent_calls_need_request_on_the_agent_agents_need_subscribe_and_tenants_are_a
         ("acme-client", Some("acme"), "acme-client-secret"),
         ("acme-bot", Some("acme"), "acme-bot-secret"),
     ];
-    let rule = |id: &str, who: &str, resource: &str, action: &str| {
-        format!(
-            "[[acl]]\nid = \"{id}\"\nprincipal = \"{who}\"\nresource = \"{resource}\"\nactions = [\"{action}\"]\neffect = \"ALLOW\"\n"
-        )
-    };
     let acl = [
         rule("client-calls", "*client", "agent:bot", "REQUEST"),
         rule("other-calls", "other", "agent:bot", "REQUEST"),
