@@ -28,10 +28,7 @@ impl Traffic {
             return Err(problem(StatusCode::BAD_REQUEST, "agent ids are [A-Za-z0-9._-]{1,100}"));
         }
         gate.allow(Action::Subscribe, Kind::Topic, &format!("agent.{}", a.agent_id))?;
-        let stored = match &gate.who.tenant {
-            Some(t) => format!("{t}.{}", a.agent_id),
-            None => a.agent_id.clone(),
-        };
+        let stored = crate::shard::agents::stored_id(gate.who.tenant.as_deref(), &a.agent_id);
         Ok((stored, a))
     }
 

@@ -73,10 +73,7 @@ impl Traffic {
     }
 
     fn stored_agent(gate: &Gate<'_>, agent: &str) -> String {
-        match &gate.who.tenant {
-            Some(t) => format!("{t}.{agent}"),
-            None => agent.to_owned(),
-        }
+        crate::shard::agents::stored_id(gate.who.tenant.as_deref(), agent)
     }
 
     fn routable(&self, stored_agent: &str) -> bool {
@@ -133,10 +130,14 @@ impl Traffic {
                 }
             }
         };
+        if let Err(r) = gate.limit(&Self::agent_topic(gate, &agent), 1, body.len() as u64) {
+            return r;
+        }
         let sid = format!("{agent}:{}", uuid_v4());
         let now = crate::storage::offsets::now_ms();
-        let call = Call::new(Self::stored_agent(gate, &agent), gate.principal(), sid.clone(), now);
-        if shared.calls.open(session_key(gate.who.tenant.as_deref(), &sid), call).is_err() {
+        let key = session_key(gate.who.tenant.as_deref(), &sid);
+        let named = (Self::stored_agent(gate, &agent), sid.clone());
+        if shared.calls.open(key, named, gate.principal(), now).is_err() {
             return problem(
                 StatusCode::TOO_MANY_REQUESTS,
                 &format!("max_sessions ({}) sessions are open", shared.config.max_sessions),
@@ -186,25 +187,32 @@ impl Traffic {
         if let Err(r) = gate.limit(&topic, 1, req.body.len() as u64) {
             return r;
         }
-        let frame = match turn_frame(req, &call.sid, &topic, &shared.config.advertised_url) {
-            Ok(f) => f,
-            Err(r) => return r,
-        };
         let now = crate::storage::offsets::now_ms();
-        if let Err(m) = shared.calls.start_turn(&call, now) {
-            return problem(StatusCode::CONFLICT, m);
-        }
-        // After the turn is in progress: an agent that leaves from now on ends it (see
-        // `Calls::agent_gone`); one that left before is seen here.
-        if !shared.watchers.is_followed(&topic) {
-            shared.calls.end_turn(&call, End::AgentGone, now);
-            return unavailable(&format!("agent {agent} is not attached (GET /agent/ws)"));
+        let turn = match shared.calls.start_turn(&call, now) {
+            Ok(t) => t,
+            Err(m) => return problem(StatusCode::CONFLICT, m),
+        };
+        let frame = match turn_frame(req, (&call.sid, turn), &topic, &shared.config.advertised_url) {
+            Ok(f) => f,
+            Err(r) => {
+                shared.calls.end_turn(&call, End::Failed, now);
+                return r;
+            }
+        };
+        // After the turn is in progress: the attachment it goes to ends it if it closes (see
+        // `Calls::agent_gone`); one that closed before is seen here.
+        match shared.watchers.follower(&topic) {
+            Some(gen) => shared.calls.route(&call, turn, gen),
+            None => {
+                shared.calls.end_turn(&call, End::AgentGone, now);
+                return unavailable(&format!("agent {agent} is not attached (GET /agent/ws)"));
+            }
         }
         if let Err(e) = self.store(&topic, vec![frame]).await {
             shared.calls.end_turn(&call, End::Failed, crate::storage::offsets::now_ms());
             return storage_problem(&e);
         }
-        let spec = TurnSpec { key, after: None, expires_us: gate.who.expires_us };
+        let spec = TurnSpec { key, after: None, turn: Some(turn), expires_us: gate.who.expires_us };
         Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
     }
 
@@ -227,7 +235,7 @@ impl Traffic {
             return Response::empty(StatusCode(204));
         }
         self.shard.shared.calls.touch(&call, crate::storage::offsets::now_ms());
-        let spec = TurnSpec { key, after, expires_us: gate.who.expires_us };
+        let spec = TurnSpec { key, after, turn: None, expires_us: gate.who.expires_us };
         Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
     }
 
@@ -283,9 +291,15 @@ impl Traffic {
             Ok(c) => c,
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
+        if let Err(r) = gate.limit(&Self::agent_topic(gate, agent), 1, body.len() as u64) {
+            return r;
+        }
+        if self.shard.shared.memory.shed_now() {
+            return shed();
+        }
         let key = session_key(gate.who.tenant.as_deref(), sid);
         let stored = Self::stored_agent(gate, agent);
-        match self.shard.shared.calls.chunk(&key, &stored, &c, crate::storage::offsets::now_ms()) {
+        match self.shard.shared.calls.chunk(&key, (&stored, None), &c, crate::storage::offsets::now_ms()) {
             Ok(taken) => Response::json(StatusCode::OK, format!(r#"{{"duplicate":{}}}"#, taken == Taken::Duplicate)),
             Err(refused) => {
                 let (status, detail) = refused.status();
@@ -370,11 +384,12 @@ fn base_attributes(id: String, source: String, kind: &str, sid: &str) -> Vec<Att
 }
 
 /// A turn's `stream-request` frame: the body is the prompt (`?model=` and `?conversation=`
-/// become `emmodel` and `emconversation`).
-fn turn_frame(req: &Request<'_>, sid: &str, topic: &str, advertised: &str) -> Result<Frame, Response> {
+/// become `emmodel` and `emconversation`); `emturn` numbers the session's turns (from 1).
+fn turn_frame(req: &Request<'_>, (sid, turn): (&str, u64), topic: &str, advertised: &str) -> Result<Frame, Response> {
     let mut attributes = base_attributes(uuid_v4(), format!("/session/{sid}"), "evmesh.stream.request", sid);
     let str_attr = |name: &str, value: String| Attribute { name: name.to_owned(), value: AttrValue::Str(value) };
     attributes.push(str_attr("emreplyto", format!("{advertised}/session/chunk/{sid}")));
+    attributes.push(Attribute { name: "emturn".into(), value: AttrValue::Int(turn.min(i64::MAX as u64) as i64) });
     for (q, name) in [("model", "emmodel"), ("conversation", "emconversation")] {
         if let Some(v) = req.query(q) {
             if v.len() > 200 || v.chars().any(char::is_control) {

@@ -892,6 +892,14 @@ impl Traffic {
             return Err(problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}"));
         }
         gate.allow(action, Kind::Topic, &topic)?;
+        if topic.starts_with("agent.") {
+            // What an agent's WebSocket receives is the broker's to write (turns and notices of
+            // sessions the caller may not have): nobody publishes there.
+            return Err(problem(
+                StatusCode::FORBIDDEN,
+                "agent.* lite topics carry agents' turns, written by the broker (POST /session/stream/{sid})",
+            ));
+        }
         let lite = is_lite(&topic);
         Ok(match gate.scoped(&topic)? {
             scoped if lite => Cow::Owned(lite_stored(&scoped)),

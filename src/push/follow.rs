@@ -74,6 +74,9 @@ async fn follow(
         }
         for f in frames {
             next = f.header().offset + 1;
+            if spec.agent.is_some() && !for_the_agent(&shard, spec.tenant.as_deref(), &f) {
+                continue;
+            }
             if out.send(Outbound::Frame(Rc::new(render(&f, sse)))).await.is_err() {
                 return "";
             }
@@ -81,6 +84,21 @@ async fn follow(
         // A subscriber replaying a long session must not hold the core.
         crate::task::yield_now().await;
     }
+}
+
+/// Whether an agent's follower sends `f`: a turn's request only while that turn is in progress
+/// (marking it delivered: its chunks are taken from now on), anything else always.
+fn for_the_agent(shard: &Shard, tenant: Option<&str>, f: &Frame) -> bool {
+    if f.header().kind != frame_codec::FrameKind::StreamRequest {
+        return true;
+    }
+    let body = f.body();
+    let turn = match body.attr("emturn") {
+        Some(frame_codec::ArchivedAttrValue::Int(t)) => u64::try_from(t.to_native()).unwrap_or(0),
+        _ => 0,
+    };
+    let Some(sid) = body.attr_str("emsessionid") else { return false };
+    shard.shared.calls.delivering(&crate::shard::calls::session_key(tenant, sid), turn)
 }
 
 /// A WebSocket follower, after the 101.
@@ -92,14 +110,16 @@ pub async fn websocket(
     spec: Box<FollowSpec>,
 ) {
     let (tx, events) = mpsc::channel(QUEUE);
-    let agent = spec.agent.clone();
+    let claim = shard.shared.watchers.claim(&spec.topic);
+    // An agent's attachment: its id and the claim's number.
+    let agent = spec.agent.clone().zip(claim.as_ref().map(|c| c.watch.gen));
     let replier = crate::shard::requests::Replier {
         principal: spec.principal.clone(),
         tenant: spec.tenant.clone(),
         agent: agent.clone(),
     };
     let io = super::ws::Io { stream, buf, limits, events, queued: None };
-    let Some(claim) = shard.shared.watchers.claim(&spec.topic) else {
+    let Some(claim) = claim else {
         // Another subscriber claimed it since the 101 was decided.
         let ends = Box::pin(async { Some("the session has another subscriber") });
         return super::ws::run(&shard, io, None, replier, ends).await;
@@ -114,9 +134,9 @@ pub async fn websocket(
     });
     super::ws::run(&shard, io, None, replier, ends).await;
     // The claim is released (with the session's futures): a turn started from now on sees the
-    // agent gone; each one in progress ends with an error event.
-    if let Some(agent) = agent {
-        shard.shared.calls.agent_gone(&agent, crate::storage::offsets::now_ms());
+    // agent gone; each one routed to this attachment ends with an error event.
+    if let Some((agent, gen)) = agent {
+        shard.shared.calls.agent_gone(&agent, gen, crate::storage::offsets::now_ms());
     }
 }
 

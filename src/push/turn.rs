@@ -19,10 +19,12 @@ use crate::server::TurnSpec;
 use crate::shard::calls::{Read, Reader};
 use crate::shard::core::Shard;
 
-/// Chunks read from the log at once.
+/// Chunks read from the log at once, and their bytes (a chunk of line breaks renders to about
+/// seven times its size: a batch stays under a megabyte).
 const BATCH: usize = 256;
+const BATCH_BYTES: usize = 64 * 1024;
 /// Rendered batches waiting for the writer.
-const QUEUE: usize = 4;
+const QUEUE: usize = 2;
 
 /// Appends `data` as `data:` lines (a line break of any kind starts a new line).
 fn data_lines(data: &[u8], out: &mut Vec<u8>) {
@@ -58,7 +60,7 @@ pub fn render(f: &Frame, out: &mut Vec<u8>) {
 async fn feed(mut reader: Reader, mut out: mpsc::Sender<Outbound>) {
     let watch = reader.watch.clone();
     loop {
-        match reader.read(BATCH) {
+        match reader.read(BATCH, BATCH_BYTES) {
             Read::Replaced => return,
             Read::Wait => watch.rung().await,
             Read::Chunks { dropped, chunks, end } => {
@@ -83,8 +85,17 @@ async fn feed(mut reader: Reader, mut out: mpsc::Sender<Outbound>) {
 pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<TurnSpec>) {
     let (tx, events) = mpsc::channel(QUEUE);
     let calls = &shard.shared.calls;
-    let Some(reader) = calls.get(&spec.key).and_then(|c| calls.reader(&c, spec.after)) else {
-        // The session ended (or the turn was read whole) since the head was decided.
+    let Some(call) = calls.get(&spec.key) else {
+        // The session was closed (or expired) since the head was decided: the stream says so.
+        let mut event = Vec::new();
+        crate::shard::sessions::chunk(b"event: error\ndata: the session was closed\n\n", &mut event);
+        let mut tx = tx;
+        let _ = tx.try_send(Outbound::Frame(Rc::new(event)));
+        drop(tx);
+        return super::sse::serve(stream, buf, events).await;
+    };
+    let Some(reader) = calls.reader(&call, spec.after, spec.turn) else {
+        // The turn was read whole, or a newer one started, since the head was decided.
         drop(tx);
         return super::sse::serve(stream, buf, events).await;
     };

@@ -93,7 +93,7 @@ impl Replies {
     /// agent's, 409 no turn in progress, 429 streams too far behind, 400 malformed).
     async fn chunk(&self, text: &str, ctl: &mut mpsc::Sender<Outbound>) {
         let taken = || -> Result<(), (Option<String>, u16, String)> {
-            let Some(agent) = &self.replier.agent else {
+            let Some((agent, gen)) = &self.replier.agent else {
                 return Err((None, 400, "chunk frames are sent on an agent's WebSocket (GET /agent/ws)".into()));
             };
             let body = ChunkBody::parse(text.as_bytes()).map_err(|m| (None, 400, m))?;
@@ -104,7 +104,7 @@ impl Replies {
             let c = body.chunk(&mut t).map_err(|m| (Some(sid.to_owned()), 400, m))?;
             let key = session_key(self.replier.tenant.as_deref(), sid);
             let now = crate::storage::offsets::now_ms();
-            match self.shard.shared.calls.chunk(&key, agent, &c, now) {
+            match self.shard.shared.calls.chunk(&key, (agent, Some(*gen)), &c, now) {
                 Ok(_) => Ok(()),
                 Err(r) => {
                     let (status, detail) = r.status();

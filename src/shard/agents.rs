@@ -6,6 +6,15 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+/// The registry's id of agent `agent` of `tenant`: `<tenant>/<agent>` (a slash is in neither
+/// a tenant's name nor an agent id, so no two tenants' ids meet), or the id itself.
+pub fn stored_id(tenant: Option<&str>, agent: &str) -> String {
+    match tenant {
+        Some(t) => format!("{t}/{agent}"),
+        None => agent.to_owned(),
+    }
+}
+
 /// One registered agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Agent {
@@ -132,13 +141,13 @@ mod tests {
         assert!(agents.deregister("c") && !agents.deregister("c"));
         // A session goes to the least loaded routable agent of its tenant.
         let agents = Agents::new(10, 1000);
-        for (id, tenant) in [("x", None), ("y", None), ("t.z", Some("t"))] {
+        for (id, tenant) in [("x", None), ("y", None), ("t/z", Some("t"))] {
             agents.register(id, tenant, true, 0).unwrap();
         }
         let load = |id: &str| usize::from(id == "x");
         assert_eq!(agents.pick(None, (0, 1000), |_| true, load).as_deref(), Some("y"));
         assert_eq!(agents.pick(None, (0, 1000), |id| id != "y", load).as_deref(), Some("x"));
-        assert_eq!(agents.pick(Some("t"), (0, 1000), |_| true, load).as_deref(), Some("t.z"));
+        assert_eq!(agents.pick(Some("t"), (0, 1000), |_| true, load).as_deref(), Some("t/z"));
         assert_eq!(agents.pick(None, (5000, 1000), |_| true, load), None);
     }
 }

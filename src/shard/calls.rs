@@ -24,12 +24,14 @@ use super::watch::Watch;
 
 /// Chunks a turn's log holds: a reader further behind than this drops the oldest.
 pub const SINK_CHUNKS: usize = 1024;
-/// Bytes a turn's log holds (chunk data); older chunks go first past it.
-pub const TURN_BYTES: usize = 1 << 20;
+/// Bytes a turn's log holds (its chunk frames); older chunks go first past it.
+pub const TURN_BYTES: usize = 4 << 20;
 /// Bytes every turn log together holds; a chunk beyond is refused until readers catch up.
 pub const BUFFER_BYTES: usize = 256 << 20;
 /// The largest chunk's data.
 pub const MAX_CHUNK_BYTES: usize = 64 * 1024;
+/// The largest `seq` (a chunk's `emseq` is a CloudEvents integer).
+pub const MAX_SEQ: u64 = i64::MAX as u64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -63,6 +65,8 @@ impl End {
 /// A chunk as the agent sent it, checked.
 pub struct Chunk<'a> {
     pub seq: Option<u64>,
+    /// The turn it answers, if the agent said (the request's `emturn`).
+    pub turn: Option<u64>,
     pub data: ChunkData<'a>,
     pub done: bool,
     pub error: Option<&'a str>,
@@ -85,7 +89,10 @@ pub enum Refused {
     NotYours,
     /// The session has no turn in progress.
     NoTurn,
-    /// Every turn log together is full (429).
+    /// The chunk answers another turn than the one in progress (an older one, sent before
+    /// the agent heard it ended; or one whose request has not reached this connection).
+    Stale,
+    /// Every turn log together is full, or the broker is over its memory limit (429).
     Busy,
     /// The chunk is malformed.
     Invalid(String),
@@ -97,6 +104,7 @@ impl Refused {
             Refused::Unknown => (404, "no such session".into()),
             Refused::NotYours => (403, "the session is another agent's".into()),
             Refused::NoTurn => (409, "the session has no turn in progress".into()),
+            Refused::Stale => (409, "the chunk is not for the session's turn in progress".into()),
             Refused::Busy => (429, "streams are too far behind; send again shortly".into()),
             Refused::Invalid(m) => (400, m.clone()),
         }
@@ -120,9 +128,14 @@ struct State {
     /// A turn is in progress (its last chunk has not come).
     live: bool,
     closed: bool,
+    /// The agent's attachment the turn in progress was routed to (0: not yet known).
+    routed: u64,
+    /// The last turn whose request was handed to the agent's WebSocket.
+    delivered: u64,
     log: VecDeque<Arc<Frame>>,
     /// The place in the turn of `log[0]` (chunks before it were dropped from the ring).
     first: u64,
+    /// Bytes of the frames in `log`.
     bytes: usize,
     last_seq: Option<u64>,
     /// The reader's number (a new reader replaces the old one) and its doorbell.
@@ -139,20 +152,41 @@ pub struct Call {
     /// The session id as its clients name it.
     pub sid: String,
     state: Mutex<State>,
+    /// What every turn log holds (`Calls::held`): what this one still holds goes back when
+    /// the session is dropped (its last reader may read its final chunks after it closed).
+    held: Arc<AtomicUsize>,
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        self.held.fetch_sub(s.bytes, Ordering::Relaxed);
+    }
 }
 
 impl Call {
-    pub fn new(agent: String, principal: Option<String>, sid: String, now_ms: u64) -> Call {
-        Call { agent, principal, sid, state: Mutex::new(State { last_ms: now_ms, ..State::default() }) }
-    }
-
     /// Whether a turn is in progress.
     pub fn live(&self) -> bool {
         lock(&self.state).live
     }
+
+    /// The turn in progress (or the last one), numbered from 1.
+    pub fn turn(&self) -> u64 {
+        lock(&self.state).turn
+    }
+
+    /// Frees the log but its last chunk (the turn's end), once a reader has read that.
+    fn trim(&self, s: &mut State) {
+        while s.log.len() > 1 {
+            let old = s.log.pop_front().expect("more than one");
+            s.bytes -= old.as_bytes().len();
+            self.held.fetch_sub(old.as_bytes().len(), Ordering::Relaxed);
+            s.first += 1;
+        }
+    }
 }
 
-/// A client's cursor in the current turn of a session.
+/// A client's cursor in one turn of a session.
 pub struct Reader {
     call: Arc<Call>,
     gen: u64,
@@ -175,9 +209,10 @@ pub enum Read {
 }
 
 impl Reader {
-    /// Up to `max` chunks from the cursor on.
-    pub fn read(&mut self, max: usize) -> Read {
-        let s = lock(&self.call.state);
+    /// Chunks from the cursor on: at most `max`, and no more once `max_bytes` are taken (at
+    /// least one).
+    pub fn read(&mut self, max: usize, max_bytes: usize) -> Read {
+        let mut s = lock(&self.call.state);
         if s.readers != self.gen || s.turn != self.turn {
             return Read::Replaced;
         }
@@ -186,9 +221,26 @@ impl Reader {
             self.next = s.first;
         }
         let at = (self.next - s.first) as usize;
-        let chunks: Vec<Arc<Frame>> = s.log.iter().skip(at).take(max).cloned().collect();
+        let mut bytes = 0;
+        let chunks: Vec<Arc<Frame>> = s
+            .log
+            .iter()
+            .skip(at)
+            .take(max)
+            .take_while(|f| {
+                let more = bytes < max_bytes;
+                bytes += f.as_bytes().len();
+                more
+            })
+            .cloned()
+            .collect();
         self.next += chunks.len() as u64;
         let end = !s.live && self.next == s.first + s.log.len() as u64;
+        if end {
+            // The turn is over and read: only a resume could want it again, and one that
+            // does is told what it lost.
+            self.call.trim(&mut s);
+        }
         if chunks.is_empty() && self.dropped == 0 && !end {
             return Read::Wait;
         }
@@ -216,8 +268,8 @@ struct Table {
 pub struct Calls {
     table: Mutex<Table>,
     max: usize,
-    /// Chunk bytes held by every turn log.
-    held: AtomicUsize,
+    /// Frame bytes held by every turn log.
+    held: Arc<AtomicUsize>,
     pub chunks: AtomicU64,
     pub dropped: AtomicU64,
     pub expired: AtomicU64,
@@ -232,7 +284,7 @@ impl Calls {
         Calls {
             table: Mutex::default(),
             max,
-            held: AtomicUsize::new(0),
+            held: Arc::default(),
             chunks: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             expired: AtomicU64::new(0),
@@ -253,14 +305,22 @@ impl Calls {
         lock(&self.table).per_agent.get(agent).copied().unwrap_or(0)
     }
 
-    /// Opens a session under `key` (its stored id); `Err(Full)` at `max_sessions`.
-    pub fn open(&self, key: String, call: Call) -> Result<Arc<Call>, Full> {
+    /// Opens session `sid` of `agent` (stored id) under `key` (its stored id); `Err(Full)` at
+    /// `max_sessions`.
+    pub fn open(
+        &self,
+        key: String,
+        (agent, sid): (String, String),
+        principal: Option<String>,
+        now_ms: u64,
+    ) -> Result<Arc<Call>, Full> {
         let mut t = lock(&self.table);
         if t.map.len() >= self.max {
             return Err(Full);
         }
-        *t.per_agent.entry(call.agent.clone()).or_default() += 1;
-        let call = Arc::new(call);
+        *t.per_agent.entry(agent.clone()).or_default() += 1;
+        let state = Mutex::new(State { last_ms: now_ms, ..State::default() });
+        let call = Arc::new(Call { agent, principal, sid, state, held: self.held.clone() });
         t.map.insert(key, call.clone());
         Ok(call)
     }
@@ -281,9 +341,9 @@ impl Calls {
         Some(call)
     }
 
-    /// Starts a turn of `call`: `Err` while one is in progress (or the session ended). The
-    /// last turn's chunks are freed, and its reader ends.
-    pub fn start_turn(&self, call: &Arc<Call>, now_ms: u64) -> Result<(), &'static str> {
+    /// Starts a turn of `call`: its number, or `Err` while one is in progress (or the session
+    /// ended). The last turn's chunks are freed, and its reader ends.
+    pub fn start_turn(&self, call: &Arc<Call>, now_ms: u64) -> Result<u64, &'static str> {
         let mut s = lock(&call.state);
         if s.closed {
             return Err("the session ended");
@@ -298,19 +358,43 @@ impl Calls {
         s.last_seq = None;
         s.turn += 1;
         s.live = true;
+        s.routed = 0;
         s.last_ms = now_ms;
         s.readers += 1;
         if let Some(old) = s.reader.take() {
             old.ring();
         }
-        Ok(())
+        Ok(s.turn)
     }
 
-    /// A reader of `call`'s current (or last) turn, after the chunk `after` (a `Last-Event-ID`)
-    /// or from its start; `None` when there is nothing more to read (no turn, or the turn
-    /// ended and the reader has all of it). Replaces any earlier reader.
-    pub fn reader(&self, call: &Arc<Call>, after: Option<u64>) -> Option<Reader> {
+    /// The turn in progress of `call` (number `turn`) goes to the agent's attachment `gen`.
+    pub fn route(&self, call: &Call, turn: u64, gen: u64) {
         let mut s = lock(&call.state);
+        if s.turn == turn {
+            s.routed = gen;
+        }
+    }
+
+    /// The request of `key`'s turn `turn` is being handed to its agent's WebSocket; `false`
+    /// when that turn is no longer in progress (the request is stale: not sent).
+    pub fn delivering(&self, key: &str, turn: u64) -> bool {
+        let Some(call) = self.get(key) else { return false };
+        let mut s = lock(&call.state);
+        if !s.live || s.turn != turn {
+            return false;
+        }
+        s.delivered = turn;
+        true
+    }
+
+    /// A reader of `call`'s turn `turn` (default: the current or last one), after the chunk
+    /// `after` (a `Last-Event-ID`) or from its start; `None` when there is nothing to read (no
+    /// such turn, or it ended and the reader has all of it). Replaces any earlier reader.
+    pub fn reader(&self, call: &Arc<Call>, after: Option<u64>, turn: Option<u64>) -> Option<Reader> {
+        let mut s = lock(&call.state);
+        if turn.is_some_and(|t| t != s.turn) {
+            return None;
+        }
         let (next, dropped) = position(&s, after)?;
         s.readers += 1;
         let watch = Arc::new(Watch::default());
@@ -325,8 +409,15 @@ impl Calls {
         position(&lock(&call.state), after).is_some()
     }
 
-    /// Takes a chunk of `key`'s current turn from `agent` (stored id).
-    pub fn chunk(&self, key: &str, agent: &str, c: &Chunk<'_>, now_ms: u64) -> Result<Taken, Refused> {
+    /// Takes a chunk of `key`'s current turn from `agent` (stored id), over its attachment
+    /// `gen` (`None`: over HTTP).
+    pub fn chunk(
+        &self,
+        key: &str,
+        (agent, gen): (&str, Option<u64>),
+        c: &Chunk<'_>,
+        now_ms: u64,
+    ) -> Result<Taken, Refused> {
         let call = self.get(key).ok_or(Refused::Unknown)?;
         if call.agent != agent {
             return Err(Refused::NotYours);
@@ -339,22 +430,32 @@ impl Calls {
         if len > MAX_CHUNK_BYTES {
             return Err(Refused::Invalid(format!("a chunk carries at most {MAX_CHUNK_BYTES} bytes")));
         }
+        if c.seq.is_some_and(|n| n > MAX_SEQ) {
+            return Err(Refused::Invalid(format!("seq is at most {MAX_SEQ}")));
+        }
         let mut s = lock(&call.state);
         if !s.live {
             return Err(Refused::NoTurn);
         }
+        // Only the turn whose request reached the agent (over the connection it was routed
+        // to) takes chunks: one sent for an earlier turn arrives before the next one's request.
+        let routed_elsewhere = gen.is_some_and(|g| s.routed != 0 && s.routed != g);
+        if s.delivered != s.turn || c.turn.is_some_and(|t| t != s.turn) || routed_elsewhere {
+            return Err(Refused::Stale);
+        }
         let seq = match (c.seq, s.last_seq) {
             (Some(seq), Some(last)) if seq <= last => return Ok(Taken::Duplicate),
             (Some(seq), _) => seq,
+            (None, Some(last)) if last >= MAX_SEQ => return Err(Refused::Invalid(format!("seq is at most {MAX_SEQ}"))),
             (None, Some(last)) => last + 1,
             (None, None) => 0,
         };
         let end = c.done || c.error.is_some();
-        if !end && self.held.load(Ordering::Relaxed) + len > BUFFER_BYTES {
+        let frame = chunk_frame(&call.sid, seq, c);
+        if !end && self.held.load(Ordering::Relaxed) + frame.as_bytes().len() > BUFFER_BYTES {
             return Err(Refused::Busy);
         }
-        let frame = chunk_frame(&call.sid, seq, c);
-        self.push(&mut s, frame, len, end, now_ms);
+        self.push(&mut s, frame, end, now_ms);
         Ok(Taken::Stored)
     }
 
@@ -369,20 +470,25 @@ impl Calls {
         if !s.live {
             return false;
         }
-        let seq = s.last_seq.map_or(0, |l| l + 1);
-        let c = Chunk { seq: Some(seq), data: ChunkData::None, done: true, error: why.error(), chunk_type: None };
-        let frame = chunk_frame(&call.sid, seq, &c);
-        let len = c.error.map_or(0, str::len);
-        self.push(s, frame, len, true, now_ms);
+        let seq = s.last_seq.map_or(0, |l| l.saturating_add(1).min(MAX_SEQ));
+        let c = Chunk {
+            seq: Some(seq),
+            turn: None,
+            data: ChunkData::None,
+            done: true,
+            error: why.error(),
+            chunk_type: None,
+        };
+        self.push(s, chunk_frame(&call.sid, seq, &c), true, now_ms);
         true
     }
 
-    fn push(&self, s: &mut State, frame: Frame, len: usize, end: bool, now_ms: u64) {
+    fn push(&self, s: &mut State, frame: Frame, end: bool, now_ms: u64) {
+        let len = frame.as_bytes().len();
         while !s.log.is_empty() && (s.log.len() >= SINK_CHUNKS || s.bytes + len > TURN_BYTES) {
             let old = s.log.pop_front().expect("not empty");
-            let n = old.body().data.len() + old.body().attr_str("emerror").map_or(0, str::len);
-            s.bytes -= n;
-            self.held.fetch_sub(n, Ordering::Relaxed);
+            s.bytes -= old.as_bytes().len();
+            self.held.fetch_sub(old.as_bytes().len(), Ordering::Relaxed);
             s.first += 1;
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -405,7 +511,8 @@ impl Calls {
         lock(&call.state).last_ms = now_ms;
     }
 
-    /// Closes session `key`: ends its turn and frees its log. The session, if it was open.
+    /// Closes session `key`: ends its turn. The session, if it was open (its log goes with
+    /// the last reader).
     pub fn close(&self, key: &str, why: End, now_ms: u64) -> Option<Arc<Call>> {
         let call = self.remove(key)?;
         let mut s = lock(&call.state);
@@ -418,22 +525,28 @@ impl Calls {
     /// Closes the sessions idle for `ttl_ms` (nothing streamed, sent or asked). Returns them
     /// (stored id, session).
     pub fn expire(&self, now_ms: u64, ttl_ms: u64) -> Vec<(String, Arc<Call>)> {
-        let idle: Vec<String> = lock(&self.table)
-            .map
-            .iter()
+        // The table's lock only to list them: chunks and streams of every core take it.
+        let all: Vec<(String, Arc<Call>)> = lock(&self.table).map.iter().map(|(k, c)| (k.clone(), c.clone())).collect();
+        let gone: Vec<(String, Arc<Call>)> = all
+            .into_iter()
             .filter(|(_, c)| now_ms.saturating_sub(lock(&c.state).last_ms) > ttl_ms)
-            .map(|(k, _)| k.clone())
+            .filter_map(|(k, _)| self.close(&k, End::Expired, now_ms).map(|c| (k, c)))
             .collect();
-        let gone: Vec<(String, Arc<Call>)> =
-            idle.into_iter().filter_map(|k| self.close(&k, End::Expired, now_ms).map(|c| (k, c))).collect();
         self.expired.fetch_add(gone.len() as u64, Ordering::Relaxed);
         gone
     }
 
-    /// `agent` (stored id) disconnected: each of its turns in progress ends with an error.
-    pub fn agent_gone(&self, agent: &str, now_ms: u64) -> usize {
+    /// `agent` (stored id) closed its attachment `gen`: each turn in progress routed to it ends
+    /// with an error.
+    pub fn agent_gone(&self, agent: &str, gen: u64, now_ms: u64) -> usize {
         let calls: Vec<Arc<Call>> = lock(&self.table).map.values().filter(|c| c.agent == agent).cloned().collect();
-        calls.iter().filter(|c| self.end_turn(c, End::AgentGone, now_ms)).count()
+        calls
+            .iter()
+            .filter(|c| {
+                let mut s = lock(&c.state);
+                s.routed == gen && self.end_locked(c, &mut s, End::AgentGone, now_ms)
+            })
+            .count()
     }
 
     /// Bytes every turn log holds now.
@@ -452,6 +565,8 @@ pub struct ChunkBody<'a> {
     pub session_id: Option<String>,
     #[serde(default)]
     pub seq: Option<u64>,
+    #[serde(default)]
+    pub turn: Option<u64>,
     #[serde(default, borrow)]
     pub data: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
@@ -487,6 +602,7 @@ impl<'a> ChunkBody<'a> {
         }
         Ok(Chunk {
             seq: self.seq,
+            turn: self.turn,
             data,
             done: self.done,
             error: self.error.as_deref(),
@@ -539,11 +655,11 @@ fn chunk_frame(sid: &str, seq: u64, c: &Chunk<'_>) -> Frame {
     let attr = |name: &str, value| Attribute { name: name.to_owned(), value };
     let mut attributes = vec![
         attr("specversion", AttrValue::Str("1.0".into())),
-        attr("id", AttrValue::Str(format!("{sid}#{seq}"))),
-        attr("source", AttrValue::Str(format!("/session/{sid}"))),
+        attr("id", AttrValue::Str(seq.to_string())),
+        attr("source", AttrValue::Str("/evmesh/session".into())),
         attr("type", AttrValue::Str("evmesh.stream.chunk".into())),
         attr("emsessionid", AttrValue::Str(sid.to_owned())),
-        attr("emseq", AttrValue::Int(seq.min(i64::MAX as u64) as i64)),
+        attr("emseq", AttrValue::Int(seq.min(MAX_SEQ) as i64)),
         attr("emdone", AttrValue::Bool(c.done || c.error.is_some())),
     ];
     if let Some(e) = c.error {
@@ -574,7 +690,7 @@ mod tests {
     use super::*;
 
     fn text(seq: u64, t: &str) -> Chunk<'_> {
-        Chunk { seq: Some(seq), data: ChunkData::Text(t), done: false, error: None, chunk_type: None }
+        Chunk { seq: Some(seq), turn: None, data: ChunkData::Text(t), done: false, error: None, chunk_type: None }
     }
 
     fn seqs(r: Read) -> (u64, Vec<u64>, bool) {
@@ -587,69 +703,135 @@ mod tests {
         }
     }
 
-    fn open(calls: &Calls) -> Arc<Call> {
-        calls.open("s".into(), Call::new("a".into(), None, "a:1".into(), 0)).unwrap()
+    fn open(calls: &Calls, key: &str) -> Arc<Call> {
+        calls.open(key.into(), ("a".into(), format!("a:{key}")), None, 0).unwrap()
     }
+
+    /// Starts a turn routed to attachment 1 whose request reached the agent.
+    fn turn(calls: &Calls, key: &str, call: &Arc<Call>) -> u64 {
+        let t = calls.start_turn(call, 0).unwrap();
+        calls.route(call, t, 1);
+        assert!(calls.delivering(key, t));
+        t
+    }
+
+    const A: (&str, Option<u64>) = ("a", Some(1));
 
     #[test]
     fn a_turn_streams_in_order_and_ends_with_its_last_chunk() {
         let calls = Calls::new(10);
-        let call = open(&calls);
-        assert!(calls.reader(&call, None).is_none(), "no turn yet");
-        assert_eq!(calls.chunk("s", "a", &text(0, "x"), 1), Err(Refused::NoTurn));
-        calls.start_turn(&call, 1).unwrap();
+        let call = open(&calls, "s");
+        assert!(calls.reader(&call, None, None).is_none(), "no turn yet");
+        assert_eq!(calls.chunk("s", A, &text(0, "x"), 1), Err(Refused::NoTurn));
+        turn(&calls, "s", &call);
         assert!(calls.start_turn(&call, 1).is_err(), "one turn at a time");
-        let mut r = calls.reader(&call, None).unwrap();
-        assert!(matches!(r.read(10), Read::Wait));
-        assert_eq!(calls.chunk("s", "b", &text(0, "x"), 1), Err(Refused::NotYours));
-        assert_eq!(calls.chunk("t", "a", &text(0, "x"), 1), Err(Refused::Unknown));
-        assert_eq!(calls.chunk("s", "a", &text(1, "x"), 1), Ok(Taken::Stored));
-        assert_eq!(calls.chunk("s", "a", &text(1, "again"), 1), Ok(Taken::Duplicate));
-        let done = Chunk { seq: None, data: ChunkData::Json(b"{}"), done: true, error: None, chunk_type: None };
-        assert_eq!(calls.chunk("s", "a", &done, 1), Ok(Taken::Stored));
-        assert_eq!(seqs(r.read(10)), (0, vec![1, 2], true));
-        assert_eq!(calls.chunk("s", "a", &text(3, "late"), 1), Err(Refused::NoTurn));
-        // A resumed reader gets what followed its last id; one that has it all gets nothing.
-        assert_eq!(seqs(calls.reader(&call, Some(1)).unwrap().read(10)), (0, vec![2], true));
-        assert!(calls.reader(&call, Some(2)).is_none());
+        let mut r = calls.reader(&call, None, None).unwrap();
+        assert!(matches!(r.read(10, 1 << 20), Read::Wait));
+        assert_eq!(calls.chunk("s", ("b", None), &text(0, "x"), 1), Err(Refused::NotYours));
+        assert_eq!(calls.chunk("t", A, &text(0, "x"), 1), Err(Refused::Unknown));
+        assert_eq!(calls.chunk("s", ("a", Some(2)), &text(0, "x"), 1), Err(Refused::Stale), "another attachment's");
+        assert_eq!(calls.chunk("s", A, &text(1, "x"), 1), Ok(Taken::Stored));
+        assert_eq!(calls.chunk("s", ("a", None), &text(1, "again"), 1), Ok(Taken::Duplicate));
+        let done =
+            Chunk { seq: None, turn: Some(1), data: ChunkData::Json(b"{}"), done: true, error: None, chunk_type: None };
+        assert_eq!(calls.chunk("s", A, &done, 1), Ok(Taken::Stored));
+        assert_eq!(seqs(r.read(1, 1 << 20)), (0, vec![1], false), "at most max");
+        assert_eq!(seqs(r.read(10, 1 << 20)), (0, vec![2], true));
+        assert_eq!(calls.chunk("s", A, &text(3, "late"), 1), Err(Refused::NoTurn));
+        // Read to its end, the turn keeps only its last chunk: a resume from before is told.
+        assert_eq!(seqs(calls.reader(&call, Some(0), None).unwrap().read(10, 1 << 20)), (1, vec![2], true));
+        assert!(calls.reader(&call, Some(2), None).is_none());
+        let held = calls.held();
+        assert!(held > 0 && held < 1024, "{held}");
         // The next turn frees the last one's chunks, and ends its reader.
-        calls.start_turn(&call, 2).unwrap();
-        assert!(matches!(r.read(10), Read::Replaced));
+        let t2 = calls.start_turn(&call, 2).unwrap();
+        assert!(matches!(r.read(10, 1 << 20), Read::Replaced));
         assert_eq!(calls.held(), 0);
+        assert!(calls.reader(&call, None, Some(t2 - 1)).is_none(), "a stream of an older turn");
+    }
+
+    #[test]
+    fn chunks_of_an_older_turn_or_before_the_request_reached_the_agent_are_stale() {
+        let calls = Calls::new(10);
+        let call = open(&calls, "s");
+        let t1 = turn(&calls, "s", &call);
+        calls.chunk("s", A, &text(5, "x"), 0).unwrap();
+        assert!(calls.end_turn(&call, End::Cancelled, 0));
+        // Turn 2 is in progress, but its request has not reached the agent: the agent's chunk
+        // 6 answers turn 1 (it had not heard of the cancel). Turn 2's own chunks, from 0, count.
+        let t2 = calls.start_turn(&call, 0).unwrap();
+        calls.route(&call, t2, 1);
+        assert_eq!(calls.chunk("s", A, &text(6, "late"), 0), Err(Refused::Stale));
+        assert!(!calls.delivering("s", t1), "a request of an ended turn is not sent");
+        assert!(calls.delivering("s", t2));
+        let stale = Chunk { turn: Some(t1), ..text(7, "late") };
+        assert_eq!(calls.chunk("s", A, &stale, 0), Err(Refused::Stale), "it says which turn it answers");
+        assert_eq!(calls.chunk("s", A, &text(0, "fresh"), 0), Ok(Taken::Stored));
+        // seq is a CloudEvents integer; an agent cannot wrap the ids.
+        assert!(matches!(calls.chunk("s", A, &text(u64::MAX, "x"), 0), Err(Refused::Invalid(_))));
+        calls.chunk("s", A, &text(MAX_SEQ, "x"), 0).unwrap();
+        let next = Chunk { seq: None, ..text(0, "x") };
+        assert!(matches!(calls.chunk("s", A, &next, 0), Err(Refused::Invalid(_))));
+        // The broker's end still comes after it.
+        assert!(calls.end_turn(&call, End::Cancelled, 0));
     }
 
     #[test]
     fn a_reader_past_the_ring_is_told_what_it_lost_and_the_end_is_kept() {
         let calls = Calls::new(10);
-        let call = open(&calls);
-        calls.start_turn(&call, 0).unwrap();
-        let mut r = calls.reader(&call, None).unwrap();
+        let call = open(&calls, "s");
+        turn(&calls, "s", &call);
+        let mut r = calls.reader(&call, None, None).unwrap();
         for seq in 0..(SINK_CHUNKS as u64 + 10) {
-            calls.chunk("s", "a", &text(seq, "tok"), 0).unwrap();
+            calls.chunk("s", A, &text(seq, "tok"), 0).unwrap();
         }
         assert!(calls.end_turn(&call, End::Cancelled, 0));
-        let (dropped, got, end) = seqs(r.read(SINK_CHUNKS * 2));
+        // Resuming from before the ring says what is gone, too.
+        let (dropped, got, _) = seqs(calls.reader(&call, Some(3), None).unwrap().read(1, 1 << 20));
+        assert_eq!((dropped, got), (7, vec![11]));
+        // (That reader replaced the first: a new one from the start.)
+        let mut r2 = calls.reader(&call, None, None).unwrap();
+        assert!(matches!(r.read(1, 1), Read::Replaced));
+        let (dropped, got, end) = seqs(r2.read(SINK_CHUNKS * 2, usize::MAX));
         assert_eq!(dropped, 11);
         assert_eq!(got.len(), SINK_CHUNKS);
         assert_eq!(got.last(), Some(&(SINK_CHUNKS as u64 + 10)));
         assert!(end);
         assert_eq!(calls.dropped.load(Ordering::Relaxed), 11);
-        // Resuming from before the ring says what is gone, too.
-        let (dropped, got, _) = seqs(calls.reader(&call, Some(3)).unwrap().read(1));
-        assert_eq!((dropped, got), (7, vec![11]));
     }
 
     #[test]
-    fn sessions_expire_close_and_lose_their_agent() {
+    fn every_chunk_counts_against_the_budget_and_a_closed_session_gives_it_back() {
+        let calls = Calls::new(10);
+        let call = open(&calls, "s");
+        turn(&calls, "s", &call);
+        let empty = Chunk { seq: None, turn: None, data: ChunkData::None, done: false, error: None, chunk_type: None };
+        calls.chunk("s", A, &empty, 0).unwrap();
+        let one = calls.held();
+        assert!(one > 100, "an empty chunk is a frame all the same: {one}");
+        calls.chunk("s", A, &empty, 0).unwrap();
+        assert_eq!(calls.held(), 2 * one);
+        let reader = calls.reader(&call, None, None).unwrap();
+        calls.close("s", End::Closed, 0).unwrap();
+        assert!(calls.held() > 2 * one, "the end is kept for the reader");
+        drop(call);
+        assert!(calls.held() > 0, "while the reader has the session");
+        drop(reader);
+        assert_eq!(calls.held(), 0);
+    }
+
+    #[test]
+    fn sessions_expire_close_and_lose_their_agent_attachment() {
         let calls = Calls::new(2);
-        let call = open(&calls);
-        calls.open("t".into(), Call::new("a".into(), None, "a:2".into(), 0)).unwrap();
-        assert_eq!(calls.open("u".into(), Call::new("a".into(), None, "a:3".into(), 0)).err(), Some(Full));
+        let call = open(&calls, "s");
+        open(&calls, "t");
+        assert_eq!(calls.open("u".into(), ("a".into(), "a:u".into()), None, 0).err(), Some(Full));
         assert_eq!(calls.sessions_of("a"), 2);
-        calls.start_turn(&call, 0).unwrap();
-        assert_eq!(calls.agent_gone("a", 5), 1);
-        let mut r = calls.reader(&call, None).unwrap();
-        let Read::Chunks { chunks, end: true, .. } = r.read(10) else { panic!("ended") };
+        turn(&calls, "s", &call);
+        assert_eq!(calls.agent_gone("a", 2, 5), 0, "another attachment of the agent");
+        assert_eq!(calls.agent_gone("a", 1, 5), 1);
+        let mut r = calls.reader(&call, None, None).unwrap();
+        let Read::Chunks { chunks, end: true, .. } = r.read(10, 1 << 20) else { panic!("ended") };
         assert_eq!(chunks[0].body().attr_str("emerror"), Some("the agent disconnected"));
         calls.touch(&call, 100);
         let gone = calls.expire(150, 60);

@@ -69,9 +69,9 @@ pub struct Replier {
     /// `None` with `auth = none` (every reply is allowed).
     pub principal: Option<String>,
     pub tenant: Option<String>,
-    /// On an agent's WebSocket (`GET /agent/ws`): the agent's stored id, which its chunk
-    /// frames are checked against.
-    pub agent: Option<String>,
+    /// On an agent's WebSocket (`GET /agent/ws`): the agent's stored id and the attachment's
+    /// number, which its chunk frames are checked against.
+    pub agent: Option<(String, u64)>,
 }
 
 /// What became of a reply.

@@ -8,7 +8,7 @@
 //! doorbells are). The registry is a mutex: claims and releases are per subscribe, not per event.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -19,6 +19,9 @@ use futures::task::AtomicWaker;
 pub struct Watch {
     rung: AtomicBool,
     waker: AtomicWaker,
+    /// The claim's number, unique in the process (an agent's attachment is told apart from its
+    /// next one by it); 0 for a doorbell that is not a claim's.
+    pub gen: u64,
 }
 
 impl Watch {
@@ -75,13 +78,19 @@ impl Watchers {
             && self.map.lock().unwrap_or_else(|e| e.into_inner()).contains_key(topic)
     }
 
+    /// The number of `topic`'s follower's claim, if it has one.
+    pub fn follower(&self, topic: &str) -> Option<u64> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(topic).map(|w| w.gen)
+    }
+
     /// Makes the caller `topic`'s follower; `None` if it has one.
     pub fn claim(self: &Arc<Self>, topic: &str) -> Option<Claim> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if map.contains_key(topic) {
             return None;
         }
-        let watch = Arc::new(Watch::default());
+        static GEN: AtomicU64 = AtomicU64::new(1);
+        let watch = Arc::new(Watch { gen: GEN.fetch_add(1, Ordering::Relaxed), ..Watch::default() });
         map.insert(topic.to_owned(), watch.clone());
         // SeqCst with the fence in `notify`: a follower that then reads the log and finds
         // nothing is sure the owner's later check sees it (else both could miss each other).

@@ -31,6 +31,8 @@ class Agent(threading.Thread):
         assert r.status_code in (200, 201), r.text
         assert http.post("/agent/heartbeat", json={"agentId": agent_id}).json()["routable"] is True
         self.ws = connect(f"ws://{traffic}/agent/ws?agentId={agent_id}")
+        # Attached once its session claimed the agent (the 101 comes first): 409 for another.
+        wait(lambda: http.get(f"/agent/ws?agentId={agent_id}").status_code == 409, "attached")
         self.pause, self.leave_after = pause, leave_after
         self.turns, self.notices = [], []
         self.start()

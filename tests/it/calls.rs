@@ -24,6 +24,7 @@ impl Agent {
         let stream = TcpStream::connect(b.traffic).unwrap();
         stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let (ws, _) = tungstenite::client(format!("ws://{}/agent/ws?agentId={id}", b.traffic), stream).unwrap();
+        attached(b, id, None);
         Agent { ws }
     }
 
@@ -41,6 +42,16 @@ impl Agent {
     fn send(&mut self, chunk: Value) {
         self.ws.send(tungstenite::Message::text(chunk.to_string())).unwrap();
     }
+}
+
+/// Waits until agent `id`'s WebSocket session has claimed it (its 101 comes first): a second
+/// attach is 409 from then on.
+pub(super) fn attached(b: &TestBroker, id: &str, token: Option<&str>) {
+    let path = match token {
+        Some(t) => format!("/agent/ws?agentId={id}&access_token={t}"),
+        None => format!("/agent/ws?agentId={id}"),
+    };
+    wait_for(Duration::from_secs(5), || (b.client().get(&path).status == 409).then_some(()));
 }
 
 fn open(b: &TestBroker, body: Value) -> Resp {
@@ -154,6 +165,12 @@ impl Turn {
     }
 }
 
+/// `evmesh_stream_chunks_total`.
+fn chunks_taken(b: &TestBroker) -> u64 {
+    let m = b.admin().get("/metrics").text();
+    m.lines().find_map(|l| l.strip_prefix("evmesh_stream_chunks_total ")).unwrap().parse().unwrap()
+}
+
 fn chunk(b: &TestBroker, sid: &str, body: Value) -> Resp {
     b.client().post(&format!("/session/chunk/{sid}"), "application/json", body.to_string().as_bytes())
 }
@@ -252,25 +269,60 @@ fn cancel_resume_and_a_stream_that_falls_behind_is_told_what_it_lost() {
     assert_eq!(t.next(), None);
     // Nothing more after the last chunk: 204, which stops an EventSource reconnecting.
     assert_eq!(Turn::get(&b, &sid, Some(3)).err().map(|e| e.0), Some(204));
-    Turn::get(&b, &sid, Some(1)).unwrap().expect(2, "chunk", "c");
+    // A turn read to its end keeps only its last chunk: a resume from before is told.
+    let mut late = Turn::get(&b, &sid, Some(1)).unwrap();
+    assert_eq!(late.next(), Some((None, "dropped".into(), r#"{"dropped":1}"#.into())));
+    late.expect(3, "done", "");
+
+    // The agent's chunk for a cancelled turn, sent before it heard of the cancel, is refused
+    // (409) rather than taken into the next turn, whose own chunks then count from 0: for sure
+    // when it names its turn (the request's emturn), as here; without, when it comes before the
+    // next turn's request went out (unit tests: shard::calls).
+    let mut t = Turn::post(&b, &sid, "third").unwrap();
+    let request = agent.next();
+    assert_eq!(request["emturn"], 3);
+    agent.send(json!({"type": "chunk", "sessionId": sid, "seq": 0, "data": "x"}));
+    t.expect(0, "chunk", "x");
+    control(&b, "cancel", &sid);
+    let mut t = Turn::post(&b, &sid, "fourth").unwrap();
+    agent.send(json!({"type": "chunk", "sessionId": sid, "seq": 1, "data": "late", "turn": 3}));
+    let mut notices = Vec::new();
+    let request = loop {
+        let e = agent.next();
+        if e["type"] == "evmesh.stream.request" {
+            break e;
+        }
+        notices.push(e);
+    };
+    assert_eq!(request["emturn"], 4);
+    assert!(notices.iter().any(|e| e["type"] == "evmesh.stream.cancel"), "{notices:?}");
+    if !notices.iter().any(|e| e["type"] == "error") {
+        let e = agent.next();
+        assert_eq!((e["type"].as_str(), e["status"].as_u64()), (Some("error"), Some(409)), "the late chunk: {e}");
+    }
+    agent.send(json!({"type": "chunk", "sessionId": sid, "seq": 0, "data": "fresh", "turn": 4}));
+    agent.send(json!({"type": "chunk", "sessionId": sid, "seq": 1, "done": true}));
+    t.expect(0, "chunk", "fresh");
+    t.expect(1, "done", "");
+    // Chunks naming another turn are refused too.
+    drop(Turn::post(&b, &sid, "fifth").unwrap());
+    agent.next();
+    agent.send(json!({"type": "chunk", "sessionId": sid, "data": "x", "turn": 4}));
+    assert_eq!(agent.next()["status"], 409);
+    control(&b, "cancel", &sid);
+    assert_eq!(agent.next()["type"], "evmesh.stream.cancel");
 
     // Nobody reading: past 1024 chunks behind, the oldest go, and the reader is told how many.
     drop(Turn::post(&b, &sid, "flood").unwrap());
     agent.next();
+    let before = chunks_taken(&b);
     for seq in 0..1100u64 {
         agent.send(json!({"type": "chunk", "sessionId": sid, "seq": seq, "data": format!("t{seq}")}));
     }
     agent.send(json!({"type": "chunk", "sessionId": sid, "seq": 1100, "error": "out of tokens"}));
-    let mut t = wait_for(Duration::from_secs(10), || {
-        let mut t = Turn::get(&b, &sid, None).unwrap();
-        match t.next() {
-            Some((None, e, d)) if e == "dropped" => Some((t, d)),
-            // The agent's frames are still arriving: look again.
-            _ => None,
-        }
-        .filter(|(_, d)| d == r#"{"dropped":77}"#)
-        .map(|(t, _)| t)
-    });
+    wait_for(Duration::from_secs(10), || (chunks_taken(&b) >= before + 1101).then_some(()));
+    let mut t = Turn::get(&b, &sid, None).unwrap();
+    assert_eq!(t.next(), Some((None, "dropped".into(), r#"{"dropped":77}"#.into())));
     t.expect(77, "chunk", "t77");
     let rest: Vec<Event> = std::iter::from_fn(|| t.next()).collect();
     assert_eq!(rest.len(), 1023);
@@ -281,7 +333,8 @@ fn cancel_resume_and_a_stream_that_falls_behind_is_told_what_it_lost() {
 fn an_agent_that_leaves_mid_turn_ends_it_with_an_error_event_and_idle_sessions_expire() {
     let b = TestBroker::start(&["--session-ttl-ms", "400"]);
     let mut agent = Agent::attach(&b, "flaky");
-    // One connection per agent.
+    // One connection per agent (once the first one's session has claimed it, which `attach`
+    // waits for: until then a second may get its 101 and then a close).
     let stream = TcpStream::connect(b.traffic).unwrap();
     let err = tungstenite::client(format!("ws://{}/agent/ws?agentId=flaky", b.traffic), stream).unwrap_err();
     assert!(matches!(err, tungstenite::HandshakeError::Failure(tungstenite::Error::Http(ref r)) if r.status() == 409));
@@ -304,6 +357,7 @@ fn an_agent_that_leaves_mid_turn_ends_it_with_an_error_event_and_idle_sessions_e
             .ok()
             .map(|(ws, _)| Agent { ws })
     });
+    attached(&b, "flaky", None);
     let mut t = Turn::post(&b, &sid, "hi").unwrap();
     agent.next();
     t.expect(0, "error", "the session expired");

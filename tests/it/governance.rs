@@ -875,7 +875,9 @@ fn agent_calls_need_request_on_the_agent_agents_need_subscribe_and_tenants_are_a
         let r = post_as(&mut b.client(), token, "/agent/register", &json!({"agentId": "bot"}));
         assert_eq!(r.status, 201, "{}", r.text());
         let url = format!("ws://{}/agent/ws?agentId=bot&access_token={token}", b.traffic);
-        tungstenite::client(url, TcpStream::connect(b.traffic).unwrap()).unwrap().0
+        let ws = tungstenite::client(url, TcpStream::connect(b.traffic).unwrap()).unwrap().0;
+        super::calls::attached(&b, "bot", Some(token));
+        ws
     };
     let mut bot = attach("bot-secret");
     let open =

@@ -27,7 +27,7 @@ fn lite_topics_have_dense_offsets_of_their_own_and_take_no_topic_slot() {
     let b = TestBroker::start(&["--max-topics", "1", "--shards", "4"]);
     publish(&b, "orders", "o-0");
     b.publish("another", &event("x")).assert_problem(409);
-    let names = ["session.a", "session.b", "agent.x", "client.y", "session.c-1_2"];
+    let names = ["session.a", "session.b", "client.x", "client.y", "session.c-1_2"];
     for round in 0..3 {
         for n in names {
             assert_eq!(publish(&b, n, &format!("{n}-{round}")), json!({"partition": 0, "offset": round}), "{n}");
@@ -37,6 +37,10 @@ fn lite_topics_have_dense_offsets_of_their_own_and_take_no_topic_slot() {
     let topics = b.admin().get("/admin/topics").json();
     let listed: Vec<&str> = topics.as_array().unwrap().iter().map(|t| t["topic"].as_str().unwrap()).collect();
     assert_eq!(listed, ["orders"], "lite topics are not listed as topics");
+    // agent.* carries agents' turns: the broker writes it, nobody publishes there.
+    let forged = b.publish("agent.x", &event("forged"));
+    forged.assert_problem(403);
+    assert!(forged.text().contains("written by the broker"), "{}", forged.text());
     // Not a lite name: `session` alone, `sessions.x`.
     b.publish("sessions.x", &event("y")).assert_problem(409);
     // Read through sessions, not subscriptions; not created as regular topics.
