@@ -216,8 +216,9 @@ impl Traffic {
         Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
     }
 
-    /// `GET /session/stream/{sid}`: the current (or last) turn from after `Last-Event-ID`;
-    /// 204 when there is nothing more (an `EventSource` stops reconnecting).
+    /// `GET /session/stream/{sid}[?turn=N]`: the current (or last) turn from after
+    /// `Last-Event-ID`; 204 when there is nothing more, or turn N is over and gone (an
+    /// `EventSource` stops reconnecting).
     pub(super) fn session_resume(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
         let (key, call, _) = match self.client_call(gate, sid) {
             Ok(c) => c,
@@ -231,11 +232,16 @@ impl Traffic {
             Some(Some(id)) => Some(id),
             Some(None) => return problem(StatusCode::BAD_REQUEST, "Last-Event-ID of a turn is a chunk's seq"),
         };
-        if !self.shard.shared.calls.pending(&call, after) {
+        let turn = match req.query("turn").map(|t| t.parse::<u64>()) {
+            None => None,
+            Some(Ok(t)) => Some(t),
+            Some(Err(_)) => return problem(StatusCode::BAD_REQUEST, "?turn= is a turn's number (a request's emturn)"),
+        };
+        if !self.shard.shared.calls.pending(&call, after, turn) {
             return Response::empty(StatusCode(204));
         }
         self.shard.shared.calls.touch(&call, crate::storage::offsets::now_ms());
-        let spec = TurnSpec { key, after, turn: None, expires_us: gate.who.expires_us };
+        let spec = TurnSpec { key, after, turn, expires_us: gate.who.expires_us };
         Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
     }
 

@@ -27,7 +27,8 @@ pub struct TurnSpec {
     pub key: String,
     /// The last chunk the client has (`Last-Event-ID`); `None`: from the turn's start.
     pub after: Option<u64>,
-    /// The turn the stream is of (the one a `POST` started); `None`: the current or last one.
+    /// The turn the stream is of (the one a `POST` started, or a `GET`'s `?turn=`); `None`: the
+    /// current or last one.
     pub turn: Option<u64>,
     /// When the credential expires (µs since the epoch): the stream ends then.
     pub expires_us: Option<i64>,

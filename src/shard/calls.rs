@@ -405,8 +405,9 @@ impl Calls {
     }
 
     /// Whether [`Calls::reader`] would find anything to read (without replacing a reader).
-    pub fn pending(&self, call: &Call, after: Option<u64>) -> bool {
-        position(&lock(&call.state), after).is_some()
+    pub fn pending(&self, call: &Call, after: Option<u64>, turn: Option<u64>) -> bool {
+        let s = lock(&call.state);
+        turn.is_none_or(|t| t == s.turn) && position(&s, after).is_some()
     }
 
     /// Takes a chunk of `key`'s current turn from `agent` (stored id), over its attachment

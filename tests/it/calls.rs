@@ -269,6 +269,13 @@ fn cancel_resume_and_a_stream_that_falls_behind_is_told_what_it_lost() {
     assert_eq!(t.next(), None);
     // Nothing more after the last chunk: 204, which stops an EventSource reconnecting.
     assert_eq!(Turn::get(&b, &sid, Some(3)).err().map(|e| e.0), Some(204));
+    // A stream that names its turn (?turn=, the request's emturn) is not another turn's.
+    let path = |turn: &str| format!("GET /session/stream/{sid}?turn={turn} HTTP/1.1\r\nhost: x\r\n\r\n");
+    assert_eq!(Turn::start(&b, path("1"), b"").err().map(|e| e.0), Some(204));
+    assert_eq!(Turn::start(&b, path("x"), b"").err().map(|e| e.0), Some(400));
+    let mut again = Turn::start(&b, path("2"), b"").unwrap();
+    assert_eq!(again.next().map(|e| e.1), Some("dropped".into()), "read to its end before");
+    again.expect(3, "done", "");
     // A turn read to its end keeps only its last chunk: a resume from before is told.
     let mut late = Turn::get(&b, &sid, Some(1)).unwrap();
     assert_eq!(late.next(), Some((None, "dropped".into(), r#"{"dropped":1}"#.into())));
