@@ -32,12 +32,7 @@ impl<T: Read + Write> Conn for T {}
 /// socket itself, whose reads time out after 30 s until the caller says otherwise (a handshake
 /// or an answer that never comes does not hang the command).
 fn broker(args: &[String], known: &[&str]) -> Result<(Box<dyn Conn>, String, TcpStream), String> {
-    for a in args.iter().filter(|a| a.starts_with("--")) {
-        let name = a.split('=').next().unwrap_or(a);
-        if !known.contains(&name) && !CONNECTION.contains(&name) {
-            return Err(format!("unknown flag {name}"));
-        }
-    }
+    known_flags(args, known)?;
     let url = flag(args, "--url").unwrap_or("http://127.0.0.1:8080");
     let (tls, hostport) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
         (Some(h), _) => (false, h),
@@ -63,6 +58,17 @@ fn broker(args: &[String], known: &[&str]) -> Result<(Box<dyn Conn>, String, Tcp
     let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| format!("--url host: {e}"))?;
     let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
     Ok((Box::new(rustls::StreamOwned::new(conn, stream)), hostport, socket))
+}
+
+/// Refuses flags outside `known` and [`CONNECTION`].
+fn known_flags(args: &[String], known: &[&str]) -> Result<(), String> {
+    for a in args.iter().filter(|a| a.starts_with("--")) {
+        let name = a.split('=').next().unwrap_or(a);
+        if !known.contains(&name) && !CONNECTION.contains(&name) {
+            return Err(format!("unknown flag {name}"));
+        }
+    }
+    Ok(())
 }
 
 fn tls_config(args: &[String]) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
@@ -141,6 +147,7 @@ fn event_from(args: &[String]) -> Result<String, String> {
 /// of the answer; `wait` is how long the answer may take. Errors are the broker's
 /// problem+json (printed) with its status, or the I/O failure.
 fn post_event(args: &[String], known: &[&str], path: &str, wait: Duration) -> Result<(), String> {
+    known_flags(args, known)?;
     let topic = flag(args, "--topic").ok_or("--topic is required")?;
     let event = event_from(args)?;
     let path = path.replace("{topic}", topic);
