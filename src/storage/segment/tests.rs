@@ -1,0 +1,172 @@
+use super::*;
+use frame_codec::{AttrValue, Attribute, DataKind, FrameBody, FrameHeader};
+
+fn frame(id: &str, data_len: usize, ts: i64) -> Frame {
+    let attributes = vec![
+        Attribute { name: "specversion".into(), value: AttrValue::Str("1.0".into()) },
+        Attribute { name: "id".into(), value: AttrValue::Str(id.into()) },
+    ];
+    let body = FrameBody { topic: "t".into(), attributes, data: vec![b'x'; data_len] };
+    let mut f = Frame::encode(&FrameHeader::event(DataKind::Text), &body).unwrap();
+    f.set_timestamp(ts);
+    f
+}
+
+fn frames(prefix: &str, n: usize, ts: i64) -> Vec<Frame> {
+    (0..n).map(|i| frame(&format!("{prefix}{i}"), 10 + i * 7, ts)).collect()
+}
+
+fn ids(fs: &[Frame]) -> Vec<String> {
+    fs.iter().map(|f| f.body().attr_str("id").unwrap().to_owned()).collect()
+}
+
+fn offsets(fs: &[Frame]) -> Vec<u64> {
+    fs.iter().map(|f| f.header().offset).collect()
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("evmesh-segment-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn batches_append_read_back_by_offset_and_stay_8_aligned() {
+    let d = dir("rw");
+    let mut log = PartitionLog::open(&d, 1 << 20).unwrap();
+    assert_eq!(log.bounds(), (0, 0));
+    assert_eq!(log.append(&mut frames("a", 1, 10), 10).unwrap(), 0);
+    assert_eq!(log.append(&mut frames("b", 10, 20), 20).unwrap(), 1);
+    assert_eq!(log.append(&mut frames("c", 1, 30), 30).unwrap(), 11);
+    assert_eq!(log.bounds(), (0, 12));
+    let all = log.read(0, 100, usize::MAX).unwrap();
+    assert_eq!(offsets(&all), (0..12).collect::<Vec<_>>());
+    assert_eq!(ids(&all)[1], "b0");
+    // From the middle of a batch; at most `max`; stopping after the frame that reaches the bytes.
+    assert_eq!(offsets(&log.read(5, 3, usize::MAX).unwrap()), [5, 6, 7]);
+    assert_eq!(offsets(&log.read(5, 100, 1).unwrap()), [5]);
+    assert!(log.read(12, 10, usize::MAX).unwrap().is_empty());
+    // Every batch, and every frame in it, starts at a multiple of 8.
+    let bytes = std::fs::read(d.join(format!("{:020}.log", 0))).unwrap();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        assert_eq!(pos % 8, 0);
+        let h = BatchHeader::read(&bytes[pos..]).unwrap();
+        let mut at = pos + HEADER;
+        for _ in 0..h.count {
+            assert_eq!(at % 8, 0);
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            at = padded(at + 8 + len);
+        }
+        pos += h.total_len as usize;
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn segments_roll_their_indexes_reload_and_a_bad_index_is_rebuilt() {
+    let d = dir("roll");
+    let mut log = PartitionLog::open(&d, 8 * 1024).unwrap();
+    for i in 0..200 {
+        log.append(&mut frames(&format!("e{i}-"), 1 + i % 3, 1000 + i as i64), 1000 + i as i64).unwrap();
+    }
+    let end = log.bounds().1;
+    let segs = log.segments();
+    assert!(segs.len() > 4, "{segs:?}");
+    assert!(segs.windows(2).all(|w| w[0].next == w[1].base));
+    let before = log.read(0, 10_000, usize::MAX).unwrap();
+    assert_eq!(offsets(&before), (0..end).collect::<Vec<_>>());
+    drop(log);
+    // Reopened: the sealed segments' index files are used; one missing and one garbage are
+    // rebuilt from the batch headers.
+    std::fs::remove_file(index_path(&d, segs[1].base)).unwrap();
+    std::fs::write(index_path(&d, segs[2].base), b"not an index").unwrap();
+    let log = PartitionLog::open(&d, 8 * 1024).unwrap();
+    assert_eq!(log.bounds(), (0, end));
+    for from in [0, 1, segs[1].base, segs[2].base + 1, end - 1] {
+        let got = log.read(from, 10_000, usize::MAX).unwrap();
+        assert_eq!(offsets(&got), (from..end).collect::<Vec<_>>(), "from {from}");
+    }
+    assert!(std::fs::metadata(index_path(&d, segs[1].base)).unwrap().len() > 0, "written back");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A crash can leave any prefix of the last batch: opened again, the log holds exactly the
+/// batches before it, serves nothing of it, and appends go on at its offset.
+#[test]
+fn a_torn_last_batch_is_cut_at_every_byte_never_served() {
+    let d = dir("torn");
+    let mut log = PartitionLog::open(&d, 1 << 20).unwrap();
+    log.append(&mut frames("a", 2, 1), 1).unwrap();
+    log.append(&mut frames("b", 3, 2), 2).unwrap();
+    let last_at = std::fs::metadata(log_path(&d, 0)).unwrap().len();
+    log.append(&mut frames("c", 4, 3), 3).unwrap();
+    drop(log);
+    let whole = std::fs::read(log_path(&d, 0)).unwrap();
+    let cut_dir = dir("torn-cut");
+    for cut in last_at as usize..whole.len() {
+        let _ = std::fs::remove_dir_all(&cut_dir);
+        std::fs::create_dir_all(&cut_dir).unwrap();
+        std::fs::write(log_path(&cut_dir, 0), &whole[..cut]).unwrap();
+        let mut log = PartitionLog::open(&cut_dir, 1 << 20).unwrap();
+        assert_eq!(log.bounds(), (0, 5), "cut at {cut}");
+        assert_eq!(ids(&log.read(0, 100, usize::MAX).unwrap()), ["a0", "a1", "b0", "b1", "b2"], "cut at {cut}");
+        assert_eq!(std::fs::metadata(log_path(&cut_dir, 0)).unwrap().len(), last_at, "cut at {cut}");
+        assert_eq!(log.append(&mut frames("d", 1, 4), 4).unwrap(), 5);
+        assert_eq!(ids(&log.read(5, 10, usize::MAX).unwrap()), ["d0"]);
+    }
+    // A flipped bit anywhere in the last batch, header or body: cut as well.
+    for at in [last_at as usize + 1, last_at as usize + 20, whole.len() - 3] {
+        let _ = std::fs::remove_dir_all(&cut_dir);
+        std::fs::create_dir_all(&cut_dir).unwrap();
+        let mut bad = whole.clone();
+        bad[at] ^= 0x10;
+        std::fs::write(log_path(&cut_dir, 0), &bad).unwrap();
+        assert_eq!(PartitionLog::open(&cut_dir, 1 << 20).unwrap().bounds(), (0, 5), "flip at {at}");
+    }
+    // A zero-filled tail (a preallocated file) and stale bytes of a batch at the wrong offset.
+    for tail in [vec![0u8; 4096], whole[..last_at as usize].to_vec()] {
+        let _ = std::fs::remove_dir_all(&cut_dir);
+        std::fs::create_dir_all(&cut_dir).unwrap();
+        let mut file = whole.clone();
+        file.extend_from_slice(&tail);
+        std::fs::write(log_path(&cut_dir, 0), &file).unwrap();
+        let log = PartitionLog::open(&cut_dir, 1 << 20).unwrap();
+        assert_eq!(log.bounds(), (0, 9));
+        assert_eq!(std::fs::metadata(log_path(&cut_dir, 0)).unwrap().len(), whole.len() as u64);
+    }
+    let _ = std::fs::remove_dir_all(&cut_dir);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn reads_by_time_and_retention_by_whole_segments() {
+    let d = dir("time");
+    let mut log = PartitionLog::open(&d, 4 * 1024).unwrap();
+    for i in 0..100i64 {
+        log.append(&mut frames(&format!("t{i}-"), 2, i * 100), i * 100).unwrap();
+    }
+    // Batch i (offsets 2i, 2i+1) was published at 100 i.
+    assert_eq!(log.offset_for_time(i64::MIN).unwrap(), 0);
+    assert_eq!(log.offset_for_time(150).unwrap(), 4);
+    assert_eq!(log.offset_for_time(5_000).unwrap(), 100);
+    assert_eq!(log.offset_for_time(99_999).unwrap(), 200, "after the last: the end");
+    // The clock going back does not make the time index go back.
+    log.append(&mut frames("late", 1, 50), 50).unwrap();
+    assert_eq!(log.offset_for_time(9_900).unwrap(), 198, "the late batch is not found before the last");
+    assert_eq!(log.offset_for_time(9_901).unwrap(), 201);
+    // Whole segments whose every event is older than 3,000 go; the tail never does.
+    let gone = log.retain(|s| s.max_ts < 3_000).unwrap();
+    assert!(gone > 0);
+    let (first, end) = log.bounds();
+    assert!(first > 0 && first <= 60, "{first}");
+    assert_eq!(end, 201);
+    assert_eq!(log.read(0, 1, usize::MAX).unwrap()[0].header().offset, first, "reads start at the first kept");
+    let n = log.segments().len();
+    assert_eq!(log.retain(|_| true).unwrap(), n - 1, "all but the tail");
+    assert_eq!(log.segments().len(), 1);
+    drop(log);
+    let log = PartitionLog::open(&d, 4 * 1024).unwrap();
+    assert_eq!(log.bounds().1, 201);
+    let _ = std::fs::remove_dir_all(&d);
+}
