@@ -99,14 +99,16 @@ impl Agents {
         mut usable: impl FnMut(&str) -> bool,
         load: impl Fn(&str) -> usize,
     ) -> Option<String> {
-        let map = self.lock();
-        let mut candidates: Vec<&String> = map
+        // The registry's lock only to list them: `usable` asks the ACL, `load` another lock.
+        let mut candidates: Vec<String> = self
+            .lock()
             .iter()
-            .filter(|(id, a)| a.tenant.as_deref() == tenant && a.routable(now_ms, timeout_ms) && usable(id))
-            .map(|(id, _)| id)
+            .filter(|(_, a)| a.tenant.as_deref() == tenant && a.routable(now_ms, timeout_ms))
+            .map(|(id, _)| id.clone())
             .collect();
         candidates.sort();
-        candidates.into_iter().min_by_key(|id| load(id)).cloned()
+        candidates.retain(|id| usable(id));
+        candidates.into_iter().min_by_key(|id| load(id))
     }
 
     pub fn deregister(&self, id: &str) -> bool {

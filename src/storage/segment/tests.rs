@@ -170,3 +170,46 @@ fn reads_by_time_and_retention_by_whole_segments() {
     assert_eq!(log.bounds().1, 201);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Whatever prefix of its files a crash leaves (a cut anywhere in the last segment), the
+        /// log opens to whole batches only, a prefix of what was appended, and appends go on.
+        #[test]
+        fn any_cut_of_the_last_segment_leaves_a_prefix_of_whole_batches(
+            sizes in proptest::collection::vec(1usize..6, 1..30),
+            cut in any::<proptest::sample::Index>(),
+            roll in prop_oneof![Just(1u64 << 20), Just(2048u64)],
+        ) {
+            let d = dir(&format!("prop-{}", cut.index(1_000_000)));
+            let mut log = PartitionLog::open(&d, roll).unwrap();
+            let mut batches = Vec::new();
+            for (b, &n) in sizes.iter().enumerate() {
+                let base = log.append(&mut frames(&format!("b{b}-"), n, b as i64), b as i64).unwrap();
+                batches.push((base, n as u64));
+            }
+            let end = log.bounds().1;
+            let tail = log.segments().last().unwrap().base;
+            drop(log);
+            let path = log_path(&d, tail);
+            let bytes = std::fs::read(&path).unwrap();
+            let at = cut.index(bytes.len() + 1);
+            std::fs::write(&path, &bytes[..at]).unwrap();
+            let mut log = PartitionLog::open(&d, roll).unwrap();
+            let (first, next) = log.bounds();
+            prop_assert_eq!(first, 0);
+            prop_assert!(next <= end);
+            prop_assert!(next >= tail);
+            prop_assert!(batches.iter().any(|&(base, n)| base == next || base + n == next), "{} is a batch boundary", next);
+            let all = log.read(0, 1_000, usize::MAX).unwrap();
+            prop_assert_eq!(offsets(&all), (0..next).collect::<Vec<_>>());
+            prop_assert_eq!(log.append(&mut frames("after", 1, 99), 99).unwrap(), next);
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
+}
