@@ -26,11 +26,13 @@
 //! batch and then one per [`INDEX_INTERVAL`] bytes: a read seeks to the floor entry and walks
 //! batch headers from there; a read by time takes the first batch whose latest time reaches it.
 //!
-//! Recovery after a crash (`PartitionLog::open`) walks the last segment from its start and cuts
-//! it at the first batch that is short, has a wrong magic or header CRC, runs past the end, does
-//! not start at the offset expected, or whose body CRC fails: a torn tail is cut, never served.
-//! Its index is always rebuilt; a sealed segment's index file is used when it is consistent and
-//! rebuilt from the headers otherwise. Retention deletes whole sealed segments.
+//! Recovery after a crash (`PartitionLog::open`) walks the last segment, and the one sealed just
+//! before it, from their start and cuts at the first batch that is short, has a wrong magic or
+//! header CRC, runs past the end, does not start at the offset expected, or whose body CRC
+//! fails: a torn tail is cut, never served. A segment cut short drops the segments after it (as
+//! Kafka does). Their indexes are rebuilt; an older sealed segment's index file is used when it
+//! is consistent, and the segment walked the same way when not. Retention deletes whole sealed
+//! segments.
 //!
 //! What was taken from where: the batch-as-the-unit, the 20-digit names, the sparse offset index
 //! every 4 KiB and the time index that only increases from Kafka (`DefaultRecordBatch`,
@@ -205,14 +207,14 @@ impl Segment {
         self.max_ts = self.max_ts.max(h.max_ts);
     }
 
-    /// Walks the batches from the start. `verify`: check each body and cut the file at the first
-    /// batch that fails (the tail segment after a crash); otherwise (a sealed segment whose
-    /// index is rebuilt) a failing batch is corruption.
-    fn scan(&mut self, verify: bool) -> Result<(), SegmentError> {
+    /// Walks the batches from the start, checking each one whole, and cuts the file at the first
+    /// that fails: what follows the last whole batch was never acknowledged.
+    fn scan(&mut self) -> Result<(), SegmentError> {
         let len = self.file.metadata()?.len();
         let (mut pos, mut expected) = (0u64, self.base);
         let mut head = [0u8; HEADER];
         self.index.clear();
+        self.since_entry = 0;
         let cut = loop {
             if pos + HEADER as u64 > len {
                 break pos < len;
@@ -222,12 +224,10 @@ impl Segment {
             if h.base != expected || pos + u64::from(h.total_len) > len {
                 break true;
             }
-            if verify {
-                let mut body = vec![0u8; h.total_len as usize - HEADER];
-                self.file.read_exact_at(&mut body, pos + HEADER as u64)?;
-                if crc32c::crc32c(&body) != h.body_crc {
-                    break true;
-                }
+            let mut body = vec![0u8; h.total_len as usize - HEADER];
+            self.file.read_exact_at(&mut body, pos + HEADER as u64)?;
+            if crc32c::crc32c(&body) != h.body_crc {
+                break true;
             }
             self.note(&h, pos);
             expected = self.next;
@@ -235,11 +235,6 @@ impl Segment {
         };
         self.size = pos;
         if cut {
-            if !verify {
-                let reason = format!("no valid batch at byte {pos} of a sealed segment");
-                return Err(SegmentError::Corrupt { path: self.path.display().to_string(), reason });
-            }
-            // A torn tail: what follows the last whole batch was never acknowledged.
             self.file.set_len(pos)?;
             self.file.sync_all()?;
         }
@@ -339,19 +334,32 @@ impl PartitionLog {
             let size = file.metadata()?.len();
             let mut s =
                 Segment { base, path, file, size, next: base, max_ts: i64::MIN, index: Vec::new(), since_entry: 0 };
-            match bases.get(i + 1) {
-                Some(&next) => {
-                    if !s.load_index(dir, next)? {
-                        s.scan(false)?;
-                        if s.next != next {
-                            let reason = format!("it ends at offset {} but the next segment starts at {next}", s.next);
-                            return Err(SegmentError::Corrupt { path: s.path.display().to_string(), reason });
-                        }
-                        s.write_index(dir)?;
-                    }
+            let next = bases.get(i + 1).copied();
+            // The tail, and the segment sealed last (a crash may have come right after the roll),
+            // are checked batch by batch; an older one is trusted when its index file is
+            // consistent, and checked the same way when not.
+            let recent = i + 2 >= bases.len();
+            let trusted = !recent && s.load_index(dir, next.expect("not the tail"))?;
+            if !trusted {
+                s.scan()?;
+            }
+            let Some(next) = next else {
+                segments.push(s);
+                break;
+            };
+            if s.next != next {
+                // Cut short (or it lost its end): what followed it was never whole either. As
+                // Kafka does, the later segments go and this one is the tail.
+                for &later in &bases[i + 1..] {
+                    std::fs::remove_file(log_path(dir, later))?;
+                    let _ = std::fs::remove_file(index_path(dir, later));
                 }
-                // The tail: whatever a crash left is checked batch by batch, and its index rebuilt.
-                None => s.scan(true)?,
+                let _ = std::fs::remove_file(index_path(dir, base));
+                segments.push(s);
+                break;
+            }
+            if !trusted {
+                s.write_index(dir)?;
             }
             segments.push(s);
         }

@@ -213,3 +213,32 @@ mod prop {
         }
     }
 }
+
+/// A power loss may leave the segment sealed just before the tail short (its pages were never
+/// written back): it is cut like a tail, and the segments after it go.
+#[test]
+fn a_sealed_segment_cut_short_becomes_the_tail_and_later_ones_go() {
+    let d = dir("sealed-cut");
+    let mut log = PartitionLog::open(&d, 2048).unwrap();
+    for i in 0..40 {
+        log.append(&mut frames(&format!("s{i}-"), 2, i), i).unwrap();
+    }
+    let segs = log.segments();
+    assert!(segs.len() >= 3, "{segs:?}");
+    drop(log);
+    let victim = &segs[segs.len() - 2];
+    let path = log_path(&d, victim.base);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
+    let mut log = PartitionLog::open(&d, 2048).unwrap();
+    let (first, end) = log.bounds();
+    assert_eq!(first, 0);
+    assert!(end > victim.base && end < victim.next, "{end} inside the cut segment {victim:?}");
+    assert_eq!(log.segments().len(), segs.len() - 1, "the tail after it went");
+    assert!(!log_path(&d, segs.last().unwrap().base).exists());
+    assert_eq!(offsets(&log.read(0, 10_000, usize::MAX).unwrap()), (0..end).collect::<Vec<_>>());
+    assert_eq!(log.append(&mut frames("after", 1, 99), 99).unwrap(), end);
+    drop(log);
+    assert_eq!(PartitionLog::open(&d, 2048).unwrap().bounds(), (0, end + 1), "and it opens again as it was left");
+    let _ = std::fs::remove_dir_all(&d);
+}
