@@ -122,7 +122,6 @@ pub enum Taken {
 /// The ring of one turn's chunks and who reads it.
 #[derive(Default)]
 struct State {
-    last_ms: u64,
     /// Turns started so far; the log is the last one's.
     turn: u64,
     /// A turn is in progress (its last chunk has not come).
@@ -152,6 +151,9 @@ pub struct Call {
     /// The session id as its clients name it.
     pub sid: String,
     state: Mutex<State>,
+    /// When it was last used, ms since the epoch: an atomic beside the state, so the expiry
+    /// scan reads it without taking each session's lock (or copying every key).
+    last_ms: AtomicU64,
     /// What every turn log holds (`Calls::held`): what this one still holds goes back when
     /// the session is dropped (its last reader may read its final chunks after it closed).
     held: Arc<AtomicUsize>,
@@ -319,8 +321,9 @@ impl Calls {
             return Err(Full);
         }
         *t.per_agent.entry(agent.clone()).or_default() += 1;
-        let state = Mutex::new(State { last_ms: now_ms, ..State::default() });
-        let call = Arc::new(Call { agent, principal, sid, state, held: self.held.clone() });
+        let state = Mutex::new(State::default());
+        let last_ms = AtomicU64::new(now_ms);
+        let call = Arc::new(Call { agent, principal, sid, state, last_ms, held: self.held.clone() });
         t.map.insert(key, call.clone());
         Ok(call)
     }
@@ -359,7 +362,7 @@ impl Calls {
         s.turn += 1;
         s.live = true;
         s.routed = 0;
-        s.last_ms = now_ms;
+        call.last_ms.store(now_ms, Ordering::Relaxed);
         s.readers += 1;
         if let Some(old) = s.reader.take() {
             old.ring();
@@ -456,7 +459,7 @@ impl Calls {
         if !end && self.held.load(Ordering::Relaxed) + frame.as_bytes().len() > BUFFER_BYTES {
             return Err(Refused::Busy);
         }
-        self.push(&mut s, frame, end, now_ms);
+        self.push(&call, &mut s, frame, end, now_ms);
         Ok(Taken::Stored)
     }
 
@@ -480,11 +483,11 @@ impl Calls {
             error: why.error(),
             chunk_type: None,
         };
-        self.push(s, chunk_frame(&call.sid, seq, &c), true, now_ms);
+        self.push(call, s, chunk_frame(&call.sid, seq, &c), true, now_ms);
         true
     }
 
-    fn push(&self, s: &mut State, frame: Frame, end: bool, now_ms: u64) {
+    fn push(&self, call: &Call, s: &mut State, frame: Frame, end: bool, now_ms: u64) {
         let len = frame.as_bytes().len();
         while !s.log.is_empty() && (s.log.len() >= SINK_CHUNKS || s.bytes + len > TURN_BYTES) {
             let old = s.log.pop_front().expect("not empty");
@@ -498,7 +501,7 @@ impl Calls {
         s.bytes += len;
         self.held.fetch_add(len, Ordering::Relaxed);
         self.chunks.fetch_add(1, Ordering::Relaxed);
-        s.last_ms = now_ms;
+        call.last_ms.store(now_ms, Ordering::Relaxed);
         if end {
             s.live = false;
         }
@@ -509,7 +512,7 @@ impl Calls {
 
     /// Marks `call` used now (idle sessions expire).
     pub fn touch(&self, call: &Call, now_ms: u64) {
-        lock(&call.state).last_ms = now_ms;
+        call.last_ms.store(now_ms, Ordering::Relaxed);
     }
 
     /// Closes session `key`: ends its turn. The session, if it was open (its log goes with
@@ -526,13 +529,12 @@ impl Calls {
     /// Closes the sessions idle for `ttl_ms` (nothing streamed, sent or asked). Returns them
     /// (stored id, session).
     pub fn expire(&self, now_ms: u64, ttl_ms: u64) -> Vec<(String, Arc<Call>)> {
-        // The table's lock only to list them: chunks and streams of every core take it.
-        let all: Vec<(String, Arc<Call>)> = lock(&self.table).map.iter().map(|(k, c)| (k.clone(), c.clone())).collect();
-        let gone: Vec<(String, Arc<Call>)> = all
-            .into_iter()
-            .filter(|(_, c)| now_ms.saturating_sub(lock(&c.state).last_ms) > ttl_ms)
-            .filter_map(|(k, _)| self.close(&k, End::Expired, now_ms).map(|c| (k, c)))
-            .collect();
+        // Under the table's lock (every core's chunks and streams take it) only atomic loads,
+        // and only the idle sessions' keys copied.
+        let idle = |c: &Arc<Call>| now_ms.saturating_sub(c.last_ms.load(Ordering::Relaxed)) > ttl_ms;
+        let keys: Vec<String> = lock(&self.table).map.iter().filter(|(_, c)| idle(c)).map(|(k, _)| k.clone()).collect();
+        let gone: Vec<(String, Arc<Call>)> =
+            keys.into_iter().filter_map(|k| self.close(&k, End::Expired, now_ms).map(|c| (k, c))).collect();
         self.expired.fetch_add(gone.len() as u64, Ordering::Relaxed);
         gone
     }
