@@ -235,11 +235,13 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                 }
                 Some(Message::Text(text)) => {
                     // A reply to a request, on any session; ack / nack / credit: meaningless
-                    // for ack=none sessions.
-                    let control = serde_json::from_str::<Control>(&text);
+                    // for ack=none sessions, followers and agents, which are not asked to
+                    // parse them (an agent's chunks would each be buffered whole by the
+                    // tagged enum's parse first).
+                    let control = acked.as_ref().map(|_| serde_json::from_str::<Control>(&text));
                     let reply = match &control {
-                        Ok(_) => None,
-                        Err(_) => serde_json::from_str::<ReplyFrame>(&text)
+                        Some(Ok(_)) => None,
+                        _ => serde_json::from_str::<ReplyFrame>(&text)
                             .ok()
                             .filter(|r| matches!(&*r.kind, "reply" | "chunk")),
                     };
@@ -249,7 +251,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                     } else if let Some(r) = reply {
                         // Boxed: its state (a cross-core ask) would otherwise sit in every idle session.
                         Box::pin(replies.reply(r.event.map(|e| e.get()), &mut ctl)).await;
-                    } else if let Some(a) = &acked {
+                    } else if let (Some(a), Some(control)) = (&acked, control) {
                         let applied = control.map_err(|_| CloseCode::POLICY).and_then(|c| a.control(c));
                         if let Err(code) = applied {
                             let _ = ctl.try_send(Outbound::Close(code.0, ""));
