@@ -80,7 +80,14 @@ fn lag(
 
 fn log_of(shared: &Shared, topic: &str, p: PartitionId) -> EmbeddedLog {
     let s = owner(topic, p, shared.config.shards);
-    EmbeddedLog::new(shared.db.clone(), s, shared.config.durability, None, shared.config.lite_topic_ttl)
+    EmbeddedLog::new(
+        shared.db.clone(),
+        shared.logs.clone(),
+        s,
+        shared.config.durability,
+        None,
+        shared.config.lite_topic_ttl,
+    )
 }
 
 /// The backlog of each tenant with a `backlogBytes` quota: per partition of its topics, the

@@ -52,6 +52,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("shards", "shard threads; 0 = one per CPU"),
     ("data_dir", "where the embedded log and offsets live"),
     ("storage", "embedded | kafka"),
+    ("segment_bytes", "a partition's segment file is sealed at this size; retention deletes whole segments"),
     ("kafka.brokers", "HOST:PORT[,...] for storage = kafka"),
     ("kafka.replication_factor", "replication factor of topics evmesh creates in Kafka"),
     ("kafka.acks", "producer acks: all | 1 | 0"),
@@ -149,6 +150,7 @@ pub struct RawConfig {
     shards: u64,
     data_dir: String,
     storage: String,
+    segment_bytes: u64,
     kafka: KafkaRaw,
     durability: String,
     io_driver: String,
@@ -284,6 +286,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub storage: StorageKind,
     pub durability: Durability,
+    /// Size at which a partition's segment file is sealed.
+    pub segment_bytes: u64,
     pub io_driver: IoDriver,
     pub default_partitions: u32,
     pub limits: Limits,
@@ -504,6 +508,7 @@ impl RawConfig {
             data_dir,
             storage,
             durability,
+            segment_bytes: range("segment_bytes", self.segment_bytes, 64 << 10, 1 << 30)?,
             io_driver,
             default_partitions,
             limits: Limits {

@@ -27,6 +27,7 @@ use crate::shard::shared::MIRROR_FAN_OUTS_HIGH;
 pub use crate::shard::shared::{Memory, Shared};
 use crate::shard::ShardId;
 use crate::storage::embedded::Syncer;
+use crate::storage::partitions::PartitionLogs;
 use crate::storage::{db, Durability, StorageError};
 #[cfg(feature = "kafka")]
 use crate::{
@@ -51,6 +52,9 @@ pub enum StartError {
 
 /// How often the auth key file is checked for a change.
 const KEY_WATCH: Duration = Duration::from_millis(500);
+
+/// How often partitions not written since the last sweep close their segment file.
+const SEGMENT_SWEEP: Duration = Duration::from_secs(10);
 
 /// How often tenants' backlogs are measured (the `backlogBytes` quota).
 const BACKLOG_EVERY: Duration = Duration::from_secs(2);
@@ -181,9 +185,14 @@ fn admit_traffic(shard: &Rc<Shard>) -> Option<ConnGuard> {
     }))
 }
 
-/// Descriptors kept free of connections: RocksDB's files (`db::MAX_OPEN_FILES`), listeners,
+/// Descriptors kept free of connections: RocksDB's files (`db::MAX_OPEN_FILES`), the segment
+/// files of partitions written within the last sweeps (`SEGMENT_FILES`), listeners,
 /// librdkafka's sockets, the WAL and the odd pipe.
-const FD_RESERVE: u64 = crate::storage::db::MAX_OPEN_FILES as u64 + 256;
+const FD_RESERVE: u64 = crate::storage::db::MAX_OPEN_FILES as u64 + SEGMENT_FILES + 256;
+
+/// Partitions written within two [`SEGMENT_SWEEP`]s that the descriptor reserve allows for; more
+/// still work while the hard limit has room, and past it an append gets 503.
+const SEGMENT_FILES: u64 = 2048;
 
 /// Raises the open-files limit and fits the connection caps under it, with room for storage,
 /// so running out of descriptors refuses a connection and never fails a storage write.
@@ -220,6 +229,7 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
             let owner = crate::shard::owner(&topic, p, shards);
             let local = crate::storage::embedded::EmbeddedLog::new(
                 shared.db.clone(),
+                shared.logs.clone(),
                 owner,
                 Durability::Memory,
                 None,
@@ -281,6 +291,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let shards = config.shards;
     let db = db::open(&config.data_dir, shards)?;
     let syncer = if config.durability == Durability::Fsync { Some(Syncer::start(db.clone())?) } else { None };
+    let mirror = !matches!(config.storage, StorageKind::Embedded);
+    let logs = Arc::new(PartitionLogs::new(db::segments_dir(&config.data_dir), config.segment_bytes, mirror));
     let traffic = bind_shared(config.listen, shards)?;
     let admin = bind_shared(config.admin_listen, 1)?.remove(0);
     let started = Started {
@@ -328,6 +340,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         #[cfg(feature = "kafka")]
         kafka,
         db,
+        logs,
         syncer,
         config,
     });
@@ -352,6 +365,14 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 Ok(false) => {}
                 Err(e) => eprintln!("evmesh: auth keys not reloaded, the old ones stay in force: {e}"),
             }
+        })?;
+    }
+    {
+        // Descriptors: a partition not written for a sweep's interval lets go of its file.
+        let shared = shared.clone();
+        std::thread::Builder::new().name("evmesh-segsweep".into()).spawn(move || loop {
+            std::thread::sleep(SEGMENT_SWEEP);
+            shared.logs.sweep();
         })?;
     }
     {

@@ -99,13 +99,22 @@ impl Shard {
         let shards = shared.config.shards;
         let delivery = crate::delivery::Dispatcher::new(&shared.config);
         let ttl = shared.config.lite_topic_ttl;
-        let embedded = || EmbeddedLog::new(shared.db.clone(), id, shared.config.durability, shared.syncer.clone(), ttl);
+        let embedded = || {
+            EmbeddedLog::new(
+                shared.db.clone(),
+                shared.logs.clone(),
+                id,
+                shared.config.durability,
+                shared.syncer.clone(),
+                ttl,
+            )
+        };
         #[cfg(feature = "kafka")]
         let log = match &shared.kafka {
             None => Log::Embedded(embedded()),
             // The local copy needs no WAL: Kafka is the durable log, the tail refills the copy.
             Some(k) => {
-                let local = EmbeddedLog::new(shared.db.clone(), id, Durability::Memory, None, ttl);
+                let local = EmbeddedLog::new(shared.db.clone(), shared.logs.clone(), id, Durability::Memory, None, ttl);
                 Log::Kafka(crate::storage::kafka::KafkaLog::new(k.clone(), local))
             }
         };
@@ -308,7 +317,7 @@ impl Shard {
     /// With `fsync` durability, waits until metadata just written is on the device.
     async fn sync_metadata(&self) -> Result<(), StorageError> {
         match &self.shared.syncer {
-            Some(s) if self.shared.config.durability == Durability::Fsync => s.sync().await,
+            Some(s) if self.shared.config.durability == Durability::Fsync => s.sync_wal().await,
             _ => Ok(()),
         }
     }

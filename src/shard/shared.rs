@@ -25,6 +25,8 @@ pub struct Shared {
     pub governance: crate::governance::Governance,
     pub mailboxes: Mailboxes,
     pub db: Arc<rocksdb::DB>,
+    /// Every partition's segment log (the embedded log's events, or Kafka's local copy).
+    pub logs: Arc<crate::storage::partitions::PartitionLogs>,
     pub syncer: Option<Syncer>,
     pub metrics: Metrics,
     /// Shards that accept connections; `/readyz` is 200 when it equals the shard count.

@@ -1,8 +1,8 @@
 //! Opening the one RocksDB instance: its column families and their names.
 //!
-//! One `meta` family (topics, subscriptions, DLQ replay marks), and per shard `log.N` (the
-//! embedded log's partitions owned by shard N, or the Kafka backend's local copy of them) and
-//! `offsets.N` (subscription offsets). Names come only from this module.
+//! One `meta` family (topics, subscriptions, DLQ replay marks), and per shard `log.N` (the lite
+//! topics owned by shard N) and `offsets.N` (subscription offsets). Names come only from this
+//! module, and so does where the segment logs are (`segments_dir`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,6 +25,15 @@ pub fn offsets_cf(shard: usize) -> String {
 }
 
 const SHARDS_KEY: &[u8] = b"layout/shards";
+/// Where events are: absent in a data directory written before the segment log (events in
+/// RocksDB), which this version does not read.
+const LOG_KEY: &[u8] = b"layout/log";
+const LOG_SEGMENTS: &[u8] = b"segments-1";
+
+/// The directory of the partitions' segment logs, in the data directory.
+pub fn segments_dir(data_dir: &Path) -> std::path::PathBuf {
+    data_dir.join("segments")
+}
 
 /// Opens (creating if needed) the database under `dir` for `shards` shards.
 ///
@@ -56,6 +65,7 @@ pub fn open(dir: &Path, shards: usize) -> Result<Arc<DB>, StorageError> {
     let cfs = names.iter().map(|n| ColumnFamilyDescriptor::new(n, cf_opts.clone()));
     let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
     let meta = db.cf_handle(META).expect("meta family was just opened");
+    let fresh = db.get_cf(meta, SHARDS_KEY)?.is_none();
     match db.get_cf(meta, SHARDS_KEY)? {
         Some(v) if v != shards.to_string().as_bytes() => {
             return Err(StorageError::Engine(format!(
@@ -66,6 +76,23 @@ pub fn open(dir: &Path, shards: usize) -> Result<Arc<DB>, StorageError> {
         }
         Some(_) => {}
         None => db.put_cf(meta, SHARDS_KEY, shards.to_string())?,
+    }
+    match db.get_cf(meta, LOG_KEY)? {
+        Some(v) if v == LOG_SEGMENTS => {}
+        Some(v) => {
+            return Err(StorageError::Engine(format!(
+                "{} keeps its events in a layout this version does not know ({}); start with a new data_dir",
+                dir.display(),
+                String::from_utf8_lossy(&v)
+            )));
+        }
+        None if fresh => db.put_cf(meta, LOG_KEY, LOG_SEGMENTS)?,
+        None => {
+            return Err(StorageError::Engine(format!(
+                "{} was written by an evmesh that kept events in RocksDB; this version keeps them in segment files and does not read that layout: start with a new data_dir (no version with the old layout was released, so there is no converter)",
+                dir.display()
+            )));
+        }
     }
     Ok(Arc::new(db))
 }

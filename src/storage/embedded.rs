@@ -1,18 +1,25 @@
-//! The embedded log: each shard's partitions in its own RocksDB column family `log.N`.
+//! The embedded log: each partition a segment log (`segment`, `partitions`), appended to by its
+//! owner shard; lite topics in the shard's RocksDB column family `log.N`.
 //!
-//! Key: `[topic length u8][topic][partition u32 BE][offset u64 BE]`, so one partition is one
-//! contiguous, offset-ordered key range. Value: the whole frame, offset stamped in.
+//! Appends made in the same turn of a shard's event loop are staged and then written together:
+//! one `write` per partition for everything staged in the turn (and one RocksDB write for the
+//! lite topics' records).
 //!
-//! Lite topics (stored names starting with `:`, see `shard::is_lite`) are partitions like any
-//! other, plus two index rows under the impossible topic length 0: `[0]['s'][name]` -> the
+//! Lite topics (stored names starting with `:`, see `shard::is_lite`) are many (one per
+//! session), small and short-lived: a directory and a descriptor each would cost more than the
+//! events, so they stay rows of RocksDB. Key: `[topic length u8][topic][partition u32
+//! BE][offset u64 BE]`, so one lite topic is one contiguous, offset-ordered key range; value: the
+//! whole frame, offset stamped in. Two index rows under the impossible topic length 0: `[0]['s'][name]` -> the
 //! last traffic (ms, BE) and `[0]['t'][ms BE][name]` -> empty, so expiry walks the oldest first.
 //! The rows are rewritten only when the time moved by over 1/16 of the TTL. An idle lite topic
 //! holds no memory: at most [`LITE_CACHE`] of them keep their next offset cached per shard (a
 //! miss costs one seek).
 //!
-//! Durability: `memory` skips the WAL; `os` writes the WAL to the OS on every append (survives a
-//! process crash); `fsync` also asks the [`Syncer`] thread for a WAL sync and resolves only after
-//! it, so many appends share one fsync (group commit) and the shard never waits on the disk.
+//! Durability: `os` writes each turn's batches to the OS (survives a process crash); `fsync` also
+//! asks the [`Syncer`] thread to sync the files written (and the WAL, for lite topics) and
+//! resolves only after it, so many appends share one fsync (group commit) and the shard never
+//! waits on the disk; `memory` writes segments like `os` (the page cache is as cheap as a
+//! buffer of our own) and skips the WAL for lite topics.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -24,6 +31,8 @@ use futures::channel::oneshot;
 use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
 
 use super::db::log_cf;
+use super::partitions::{PartitionLogs, Slot};
+use super::segment::{PartitionLog, Written};
 use super::{Bounds, Durability, Storage, StorageError, TopicMeta};
 use crate::shard::{PartitionId, ShardId};
 
@@ -100,10 +109,16 @@ pub fn end_of(db: &DB, cf: &rocksdb::ColumnFamily, topic: &str) -> Result<u64, S
     Ok(end)
 }
 
-type SyncTicket = oneshot::Sender<Result<(), StorageError>>;
+/// What one flush asks the [`Syncer`] to make durable.
+struct SyncTicket {
+    files: Vec<Written>,
+    wal: bool,
+    done: oneshot::Sender<Result<(), StorageError>>,
+}
 
-/// The helper thread that syncs the WAL for `fsync` durability. Requests that arrive while a
-/// sync runs are answered together by the next one.
+/// The helper thread that syncs segment files and the WAL for `fsync` durability. Requests that
+/// arrive while a sync runs are answered together by the next one: each file once, the WAL
+/// once.
 #[derive(Clone)]
 pub struct Syncer {
     tx: crossbeam_channel::Sender<SyncTicket>,
@@ -116,18 +131,47 @@ impl Syncer {
             while let Ok(first) = rx.recv() {
                 let mut waiting = vec![first];
                 waiting.extend(rx.try_iter());
-                let result = db.flush_wal(true).map_err(StorageError::from);
+                let result = Self::sync_all(&db, &waiting);
                 for t in waiting {
-                    let _ = t.send(result.clone());
+                    let _ = t.done.send(result.clone());
                 }
             }
         })?;
         Ok(Syncer { tx })
     }
 
-    pub async fn sync(&self) -> Result<(), StorageError> {
-        let (t, rx) = oneshot::channel();
-        self.tx.send(t).map_err(|_| StorageError::Unavailable("fsync thread stopped"))?;
+    fn sync_all(db: &DB, waiting: &[SyncTicket]) -> Result<(), StorageError> {
+        let io = |e: std::io::Error| StorageError::Engine(format!("fsync: {e}"));
+        let mut synced: Vec<*const std::fs::File> = Vec::new();
+        let mut dirs: Vec<&std::path::Path> = Vec::new();
+        for w in waiting.iter().flat_map(|t| &t.files) {
+            if let Some(dir) = &w.created_in {
+                if !dirs.contains(&dir.as_path()) {
+                    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+                    dirs.push(dir);
+                }
+            }
+            if !synced.contains(&Arc::as_ptr(&w.file)) {
+                w.file.sync_data().map_err(io)?;
+                synced.push(Arc::as_ptr(&w.file));
+            }
+        }
+        if waiting.iter().any(|t| t.wal) {
+            db.flush_wal(true)?;
+        }
+        Ok(())
+    }
+
+    /// Resolves once the WAL (metadata, offsets, lite topics) is on the device.
+    pub async fn sync_wal(&self) -> Result<(), StorageError> {
+        self.sync(Vec::new(), true).await
+    }
+
+    /// Resolves once `files` (and the WAL, with `wal`) are on the device.
+    async fn sync(&self, files: Vec<Written>, wal: bool) -> Result<(), StorageError> {
+        let (done, rx) = oneshot::channel();
+        let ticket = SyncTicket { files, wal, done };
+        self.tx.send(ticket).map_err(|_| StorageError::Unavailable("fsync thread stopped"))?;
         rx.await.map_err(|_| StorageError::Unavailable("fsync thread stopped"))?
     }
 }
@@ -164,27 +208,37 @@ fn lite_time_key(ms: u64, name: &[u8]) -> Vec<u8> {
     [&[0u8, b't'][..], &ms.to_be_bytes()[..], name].concat()
 }
 
+type Waiter = oneshot::Sender<Result<(), StorageError>>;
+
 /// Appends waiting for the next write of this shard.
 #[derive(Default)]
 struct Pending {
+    /// Lite topics' records, and the appends waiting for them.
     batch: WriteBatch,
-    waiters: Vec<oneshot::Sender<Result<(), StorageError>>>,
+    waiters: Vec<Waiter>,
+    /// Partitions with staged appends, and the appends waiting for their commit.
+    staged: Vec<(Slot, Vec<Waiter>)>,
     /// A flush task is queued.
     scheduled: bool,
 }
 
 /// One shard's handle on the embedded log.
 ///
-/// Appends made in the same turn of the shard's event loop share one RocksDB write (and one
-/// WAL `write(2)`): the first append queues a flush task behind every task already woken, each
-/// append adds its records to the pending batch, and the flush answers them all. Offsets are
-/// taken when the records join the batch, so they stay dense and in call order.
+/// Appends made in the same turn of the shard's event loop are written together: the first
+/// append queues a flush task behind every task already woken, each append stages its frames
+/// (in its partition's batch, or the lite topics' RocksDB batch), and the flush writes each
+/// staged partition with one `write` and answers them all. Offsets are taken when the frames
+/// are staged, so they stay dense and in call order.
 pub struct EmbeddedLog {
     inner: Rc<Inner>,
 }
 
 struct Inner {
     db: Arc<DB>,
+    logs: Arc<PartitionLogs>,
+    /// The partitions this handle used, by key prefix: no lookup in the process-wide set per
+    /// append.
+    slots: RefCell<HashMap<Rc<[u8]>, Slot>>,
     cf: String,
     durability: Durability,
     syncer: Option<Syncer>,
@@ -206,25 +260,54 @@ impl Inner {
     async fn flush(self: Rc<Self>) {
         // Behind every task already woken, so appends made meanwhile join this batch.
         crate::task::yield_now().await;
-        let (batch, waiters) = {
+        let (batch, waiters, staged) = {
             let mut p = self.pending.borrow_mut();
             p.scheduled = false;
-            (std::mem::take(&mut p.batch), std::mem::take(&mut p.waiters))
+            (std::mem::take(&mut p.batch), std::mem::take(&mut p.waiters), std::mem::take(&mut p.staged))
         };
-        if waiters.is_empty() {
-            return;
+        let fsync = self.durability == Durability::Fsync;
+        // Each staged partition: one write. Nothing awaited between staging and here, so every
+        // append staged is in these batches.
+        let now = crate::clock::now_micros();
+        let mut written = Vec::new();
+        let mut answers = Vec::with_capacity(staged.len() + 1);
+        for (slot, ws) in staged {
+            let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+            let log = g.as_mut().expect("a staged partition is open");
+            let result = log.commit(now).map(|w| written.extend(w.filter(|_| fsync))).map_err(StorageError::from);
+            answers.push((ws, result));
         }
+        let mut wal = false;
+        if !waiters.is_empty() {
+            let result = self.write_lite(batch);
+            wal = fsync && result.is_ok();
+            answers.push((waiters, result));
+        }
+        // One sync for all of it (durability fsync), on the helper thread.
+        let synced = match &self.syncer {
+            Some(s) if wal || !written.is_empty() => s.sync(written, wal).await,
+            _ => Ok(()),
+        };
+        for (ws, result) in answers {
+            let result = result.and_then(|()| synced.clone());
+            for w in ws {
+                let _ = w.send(result.clone());
+            }
+        }
+    }
+
+    /// Writes the lite topics' records of a turn.
+    fn write_lite(&self, batch: WriteBatch) -> Result<(), StorageError> {
         let mut wo = WriteOptions::default();
         wo.disable_wal(self.durability == Durability::Memory);
-        let mut result = self.db.write_opt(batch, &wo).map_err(StorageError::from);
+        let result = self.db.write_opt(batch, &wo).map_err(StorageError::from);
         if result.is_ok() {
             // Written, and nothing is pending (no await since the batch was taken): a dropped
             // entry is read back from the log exactly.
             self.evict_lite();
-        }
-        if result.is_err() {
-            // Offsets were handed out for records that are not in the log. Forget every
-            // partition end (they are re-read from the log) and fail the appends queued since,
+        } else {
+            // Offsets were handed out for records that are not in the log. Forget every lite
+            // topic's end (they are re-read from the log) and fail the appends queued since,
             // whose offsets would otherwise leave a gap.
             self.parts.borrow_mut().clear();
             self.lite_cached.borrow_mut().clear();
@@ -233,12 +316,8 @@ impl Inner {
             for w in std::mem::take(&mut p.waiters) {
                 let _ = w.send(result.clone());
             }
-        } else if self.durability == Durability::Fsync {
-            result = self.syncer.as_ref().expect("fsync durability starts a syncer").sync().await;
         }
-        for w in waiters {
-            let _ = w.send(result.clone());
-        }
+        result
     }
 }
 
@@ -272,6 +351,7 @@ impl Inner {
 impl EmbeddedLog {
     pub fn new(
         db: Arc<DB>,
+        logs: Arc<PartitionLogs>,
         shard: ShardId,
         durability: Durability,
         syncer: Option<Syncer>,
@@ -279,6 +359,8 @@ impl EmbeddedLog {
     ) -> Self {
         let inner = Inner {
             db,
+            logs,
+            slots: RefCell::new(HashMap::new()),
             cf: log_cf(shard.index()),
             durability,
             syncer,
@@ -294,10 +376,40 @@ impl EmbeddedLog {
         self.inner.cf()
     }
 
-    /// The average size of a partition's newest records (at most 64 read: bounded work
-    /// whatever the partition's size); 0 for an empty partition.
+    /// A (not lite) partition's slot, cached by this handle.
+    fn slot(&self, pre: &[u8], topic: &str, partition: PartitionId) -> Slot {
+        if let Some(s) = self.inner.slots.borrow().get(pre) {
+            return s.clone();
+        }
+        let slot = self.inner.logs.slot(topic, partition);
+        self.inner.slots.borrow_mut().insert(pre.into(), slot.clone());
+        slot
+    }
+
+    /// Runs `f` on a (not lite) partition's segment log, opening it on first use.
+    fn with_log<R>(
+        &self,
+        pre: &[u8],
+        (topic, partition): (&str, PartitionId),
+        f: impl FnOnce(&mut PartitionLog) -> Result<R, StorageError>,
+    ) -> Result<R, StorageError> {
+        let slot = self.slot(pre, topic, partition);
+        let mut g = self.inner.logs.lock(&slot, topic, partition)?;
+        f(g.as_mut().expect("opened by lock"))
+    }
+
+    /// The average size of a partition's events (its segments' bytes over their events; for a
+    /// lite topic, of its newest 64 records): bounded work whatever the partition's size; 0 for
+    /// an empty partition.
     pub fn average_record_bytes(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
-        self.sampled_record_bytes(&prefix(topic, partition))
+        let pre = prefix(topic, partition);
+        if is_lite(&pre) {
+            return self.sampled_record_bytes(&pre);
+        }
+        self.with_log(&pre, (topic, partition), |log| {
+            let (bytes, events) = log.size();
+            Ok(bytes / events.max(1))
+        })
     }
 
     fn sampled_record_bytes(&self, pre: &[u8]) -> Result<u64, StorageError> {
@@ -335,10 +447,11 @@ impl EmbeddedLog {
     }
 
     /// Stores frames that already carry their offsets (a mirror of another log, the Kafka
-    /// backend's local copy): those at or past the partition's end, in order, with gaps
-    /// allowed when `contiguous` is false. Returns how many leading frames were skipped as
-    /// already stored; with `contiguous`, nothing is written unless the first frame is exactly
-    /// at the end. Written at once, without the WAL: the log it mirrors is the durable one.
+    /// backend's local copy; not lite topics): those at or past the partition's end, in order,
+    /// with gaps allowed when `contiguous` is false. Returns how many leading frames were
+    /// skipped as already stored; with `contiguous`, nothing is written unless the first frame
+    /// is exactly at the end. Written at once, never synced: the log it mirrors is the durable
+    /// one.
     pub fn put_mirrored(
         &self,
         topic: &str,
@@ -347,32 +460,27 @@ impl EmbeddedLog {
         contiguous: bool,
     ) -> Result<Option<usize>, StorageError> {
         let pre = prefix(topic, partition);
-        let next = self.next_offset(&pre)?;
-        let skip = frames.iter().take_while(|f| f.header().offset < next).count();
-        let rest = &frames[skip..];
-        let Some(first) = rest.first() else { return Ok(Some(skip)) };
-        if contiguous && first.header().offset != next {
-            return Ok(None);
-        }
-        let mut batch = WriteBatch::default();
-        let cf = self.cf();
-        for f in rest {
-            batch.put_cf(cf, key(&pre, f.header().offset), f.as_bytes());
-        }
-        let mut wo = WriteOptions::default();
-        wo.disable_wal(true);
-        self.inner.db.write_opt(batch, &wo)?;
-        let end = rest.last().map_or(next, |f| f.header().offset + 1);
-        if let Some(s) = self.inner.parts.borrow_mut().get_mut(&pre[..]) {
-            s.next = end;
-        }
-        Ok(Some(skip))
+        self.with_log(&pre, (topic, partition), |log| {
+            let next = log.next_offset();
+            let skip = frames.iter().take_while(|f| f.header().offset < next).count();
+            let rest = &frames[skip..];
+            let Some(first) = rest.first() else { return Ok(Some(skip)) };
+            if contiguous && first.header().offset != next {
+                return Ok(None);
+            }
+            log.write_at(rest, crate::clock::now_micros())?;
+            Ok(Some(skip))
+        })
     }
 
     /// The next offset `partition` will get, counting appends not yet written: readers of a
     /// partition this shard owns use it to know they are caught up without touching the log.
     pub fn next_offset_of(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
-        self.next_offset(&prefix(topic, partition))
+        let pre = prefix(topic, partition);
+        if !is_lite(&pre) {
+            return self.with_log(&pre, (topic, partition), |log| Ok(log.next_offset()));
+        }
+        self.next_offset(&pre)
     }
 
     fn next_offset(&self, pre: &[u8]) -> Result<u64, StorageError> {
@@ -453,9 +561,66 @@ impl EmbeddedLog {
     }
 }
 
+impl EmbeddedLog {
+    /// Stages an append to a partition's segment log; resolves once this turn's flush wrote it.
+    async fn append_segment(
+        &self,
+        pre: &[u8],
+        (topic, partition): (&str, PartitionId),
+        frames: &mut [Frame],
+    ) -> Result<u64, StorageError> {
+        let slot = self.slot(pre, topic, partition);
+        let first = {
+            let mut g = self.inner.logs.lock(&slot, topic, partition)?;
+            for f in frames.iter_mut() {
+                f.set_partition(partition.0);
+            }
+            g.as_mut().expect("opened by lock").stage(frames)
+        };
+        let rx = {
+            let mut p = self.inner.pending.borrow_mut();
+            let (tx, rx) = oneshot::channel();
+            match p.staged.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &slot)) {
+                Some((_, ws)) => ws.push(tx),
+                None => p.staged.push((slot, vec![tx])),
+            }
+            if !p.scheduled {
+                p.scheduled = true;
+                monoio::spawn(self.inner.clone().flush());
+            }
+            rx
+        };
+        rx.await.map_err(|_| StorageError::Unavailable("log writer stopped"))??;
+        Ok(first)
+    }
+}
+
+/// Retention on a segment log: the first offset kept moves to where the limits put it (the
+/// size limit from the partition's average event size, the age limit from the time index);
+/// whole segments below it are deleted. The newest event always stays.
+fn retain_segments(log: &mut PartitionLog, meta: &TopicMeta, now_us: i64) -> Result<u64, StorageError> {
+    let (start, end) = log.bounds();
+    if end.saturating_sub(start) <= 1 {
+        return Ok(0);
+    }
+    let mut cut = start;
+    if let Some(budget) = meta.retention_bytes {
+        let (bytes, events) = log.size();
+        let average = (bytes / events.max(1)).max(1);
+        cut = cut.max(end.saturating_sub((budget / average).max(1)));
+    }
+    if let Some(ms) = meta.retention_ms {
+        cut = cut.max(log.offset_for_time(now_us - (ms as i64) * 1000)?);
+    }
+    Ok(log.set_start(cut.min(end - 1))?)
+}
+
 impl Storage for EmbeddedLog {
     async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
         let pre = prefix(topic, partition);
+        if !is_lite(&pre) {
+            return self.append_segment(&pre, (topic, partition), frames).await;
+        }
         let (state, cached) = self.part_state(&pre)?;
         let first = state.next;
         let rx = {
@@ -506,11 +671,22 @@ impl Storage for EmbeddedLog {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<Frame>, StorageError> {
+        let pre = prefix(topic, partition);
+        if !is_lite(&pre) {
+            return self.with_log(&pre, (topic, partition), |log| Ok(log.read(from, max, max_bytes)?));
+        }
         read_from(&self.inner.db, self.cf(), topic, partition, (from, max, max_bytes))
     }
 
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
-        self.scan_bounds(&prefix(topic, partition))
+        let pre = prefix(topic, partition);
+        if !is_lite(&pre) {
+            return self.with_log(&pre, (topic, partition), |log| {
+                let (start, end) = log.bounds();
+                Ok(Bounds { start, end })
+            });
+        }
+        self.scan_bounds(&pre)
     }
 
     /// Bounded work per call, whatever the partition's size: the size limit is applied from the
@@ -529,6 +705,9 @@ impl Storage for EmbeddedLog {
             return Ok(0);
         }
         let pre = prefix(topic, partition);
+        if !is_lite(&pre) {
+            return self.with_log(&pre, (topic, partition), |log| retain_segments(log, meta, now_us));
+        }
         let b = self.scan_bounds(&pre)?;
         if b.end.saturating_sub(b.start) <= 1 {
             return Ok(0);

@@ -12,6 +12,7 @@ pub mod embedded;
 pub mod kafka;
 pub mod meta;
 pub mod offsets;
+pub mod partitions;
 pub mod segment;
 
 #[cfg(test)]

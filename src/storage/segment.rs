@@ -1,6 +1,6 @@
 //! A partition's events as a log of segment files: the format, appends, reads by offset and by
-//! time, crash recovery and retention (issue 11's segment log, first step: it is not yet the
-//! broker's log; `EmbeddedLog` still keeps events in RocksDB).
+//! time, crash recovery and retention. The embedded log keeps every topic's events here (lite
+//! topics excepted, see `embedded`), and so does the Kafka backend's local copy.
 //!
 //! A partition is a directory of segments, each named by its first offset in 20 digits:
 //! `00000000000000000000.log` holds record batches back to back; `<base>.index` is written when
@@ -48,6 +48,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use frame_codec::Frame;
 
@@ -56,6 +57,8 @@ pub const HEADER: usize = 64;
 const ENTRY: usize = 16;
 /// Bytes of batches between two index entries.
 pub const INDEX_INTERVAL: u64 = 4096;
+/// Batches a read by time opens at most.
+pub const TIME_SCAN: usize = 4096;
 
 /// A segment log's failures.
 #[derive(Debug, thiserror::Error)]
@@ -116,29 +119,52 @@ fn padded(n: usize) -> usize {
     n.div_ceil(8) * 8
 }
 
-/// Encodes `frames` (offsets already stamped) as one batch into `out`.
-fn encode(frames: &[Frame], base: u64, publish_us: i64, out: &mut Vec<u8>) -> BatchHeader {
-    out.clear();
-    out.resize(HEADER, 0);
-    let mut max_ts = publish_us;
-    for f in frames {
-        let bytes = f.as_bytes();
-        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        out.extend_from_slice(&[0; 4]);
-        out.extend_from_slice(bytes);
-        out.resize(padded(out.len()), 0);
-        max_ts = max_ts.max(f.header().timestamp_us);
+/// A batch being built: room for its header, then its frames as they are added.
+struct Staged {
+    buf: Vec<u8>,
+    base: u64,
+    count: u32,
+    max_ts: i64,
+}
+
+impl Staged {
+    fn new() -> Staged {
+        Staged { buf: vec![0; HEADER], base: 0, count: 0, max_ts: i64::MIN }
     }
-    let h = BatchHeader {
-        total_len: out.len() as u32,
-        body_crc: crc32c::crc32c(&out[HEADER..]),
-        base,
-        publish_us,
-        max_ts,
-        count: frames.len() as u32,
-    };
-    h.write(&mut out[..HEADER]);
-    h
+
+    fn clear(&mut self, base: u64) {
+        self.buf.truncate(HEADER);
+        self.base = base;
+        self.count = 0;
+        self.max_ts = i64::MIN;
+    }
+
+    /// Adds `frames` (offsets already stamped) to the body.
+    fn add(&mut self, frames: &[Frame]) {
+        for f in frames {
+            let bytes = f.as_bytes();
+            self.buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            self.buf.extend_from_slice(&[0; 4]);
+            self.buf.extend_from_slice(bytes);
+            self.buf.resize(padded(self.buf.len()), 0);
+            self.max_ts = self.max_ts.max(f.header().timestamp_us);
+        }
+        self.count += frames.len() as u32;
+    }
+
+    /// Writes the header in front of the body: the batch is ready to be written.
+    fn finish(&mut self, publish_us: i64) -> BatchHeader {
+        let h = BatchHeader {
+            total_len: self.buf.len() as u32,
+            body_crc: crc32c::crc32c(&self.buf[HEADER..]),
+            base: self.base,
+            publish_us,
+            max_ts: self.max_ts.max(publish_us),
+            count: self.count,
+        };
+        h.write(&mut self.buf[..HEADER]);
+        h
+    }
 }
 
 /// The frames of a batch body (checked by its CRC), from offset `from` on.
@@ -170,7 +196,9 @@ struct Entry {
 struct Segment {
     base: u64,
     path: PathBuf,
-    file: File,
+    /// Open while it is the tail (appends, syncs); a sealed segment is opened for each read, so
+    /// a partition holds one descriptor however many segments it has.
+    file: Option<Arc<File>>,
     size: u64,
     /// The offset after its last event.
     next: u64,
@@ -189,11 +217,36 @@ fn index_path(dir: &Path, base: u64) -> PathBuf {
     dir.join(format!("{base:020}.index"))
 }
 
+/// The file holding the log's first offset kept, when retention moved it into a segment.
+fn start_path(dir: &Path) -> PathBuf {
+    dir.join("start")
+}
+
 impl Segment {
     fn create(dir: &Path, base: u64) -> Result<Segment, SegmentError> {
         let path = log_path(dir, base);
         let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        Ok(Segment { base, path, file, size: 0, next: base, max_ts: i64::MIN, index: Vec::new(), since_entry: 0 })
+        Ok(Segment {
+            base,
+            path,
+            file: Some(Arc::new(file)),
+            size: 0,
+            next: base,
+            max_ts: i64::MIN,
+            index: Vec::new(),
+            since_entry: 0,
+        })
+    }
+
+    fn reader(&self) -> io::Result<Arc<File>> {
+        match &self.file {
+            Some(f) => Ok(f.clone()),
+            None => Ok(Arc::new(File::open(&self.path)?)),
+        }
+    }
+
+    fn open_file(&self) -> &File {
+        self.file.as_deref().expect("a segment being recovered or appended to is open")
     }
 
     fn note(&mut self, h: &BatchHeader, pos: u64) {
@@ -208,9 +261,11 @@ impl Segment {
     }
 
     /// Walks the batches from the start, checking each one whole, and cuts the file at the first
-    /// that fails: what follows the last whole batch was never acknowledged.
-    fn scan(&mut self) -> Result<(), SegmentError> {
-        let len = self.file.metadata()?.len();
+    /// that fails: what follows the last whole batch was never acknowledged. With `gaps` (a
+    /// mirror of a log whose offsets may skip), a batch may start past the offset expected.
+    fn scan(&mut self, gaps: bool) -> Result<(), SegmentError> {
+        let file = self.file.clone().expect("open for recovery");
+        let len = file.metadata()?.len();
         let (mut pos, mut expected) = (0u64, self.base);
         let mut head = [0u8; HEADER];
         self.index.clear();
@@ -219,13 +274,14 @@ impl Segment {
             if pos + HEADER as u64 > len {
                 break pos < len;
             }
-            self.file.read_exact_at(&mut head, pos)?;
+            file.read_exact_at(&mut head, pos)?;
             let Some(h) = BatchHeader::read(&head) else { break true };
-            if h.base != expected || pos + u64::from(h.total_len) > len {
+            let in_order = if gaps { h.base >= expected } else { h.base == expected };
+            if !in_order || pos + u64::from(h.total_len) > len {
                 break true;
             }
             let mut body = vec![0u8; h.total_len as usize - HEADER];
-            self.file.read_exact_at(&mut body, pos + HEADER as u64)?;
+            file.read_exact_at(&mut body, pos + HEADER as u64)?;
             if crc32c::crc32c(&body) != h.body_crc {
                 break true;
             }
@@ -235,8 +291,8 @@ impl Segment {
         };
         self.size = pos;
         if cut {
-            self.file.set_len(pos)?;
-            self.file.sync_all()?;
+            file.set_len(pos)?;
+            file.sync_all()?;
         }
         Ok(())
     }
@@ -268,7 +324,7 @@ impl Segment {
         let mut pos = u64::from(last.pos);
         let mut head = [0u8; HEADER];
         while pos + (HEADER as u64) <= self.size {
-            self.file.read_exact_at(&mut head, pos)?;
+            self.open_file().read_exact_at(&mut head, pos)?;
             let Some(h) = BatchHeader::read(&head) else { return Ok(false) };
             self.max_ts = self.max_ts.max(h.max_ts);
             pos += u64::from(h.total_len);
@@ -293,6 +349,10 @@ impl Segment {
         let i = self.index.partition_point(|e| u64::from(e.rel) <= rel);
         self.index.get(i.saturating_sub(1)).map_or(0, |e| u64::from(e.pos))
     }
+
+    fn info(&self) -> SegmentInfo {
+        SegmentInfo { base: self.base, next: self.next, bytes: self.size, max_ts: self.max_ts }
+    }
 }
 
 /// Facts of one segment, for retention.
@@ -305,18 +365,49 @@ pub struct SegmentInfo {
 }
 
 /// One partition's segment log.
+///
+/// Appends are staged ([`PartitionLog::stage`]: offsets handed out, frames copied into the
+/// batch being built) and written by [`PartitionLog::commit`], one `write` for everything staged
+/// since the last commit: the embedded log commits once per turn of its shard's event loop.
+/// Readers see committed events only.
 pub struct PartitionLog {
     dir: PathBuf,
     segments: Vec<Segment>,
     max_segment_bytes: u64,
     /// The latest publish time written (batches' times never go back).
     last_publish: i64,
-    buf: Vec<u8>,
+    staged: Staged,
+    /// A mirror of a log whose offsets may skip (the Kafka backend's local copy).
+    gaps: bool,
+    /// The first offset kept (retention moves it; whole segments below it are deleted).
+    start: u64,
+    /// A segment file was created since the last commit: its directory entry needs a sync too.
+    created: bool,
+    /// Written to since the last [`PartitionLog::close_if_idle`].
+    busy: bool,
+}
+
+/// What a commit wrote to: what a sync has to make durable.
+pub struct Written {
+    pub file: Arc<File>,
+    /// The partition's directory, when the write went to a segment created since the last one.
+    pub created_in: Option<PathBuf>,
 }
 
 impl PartitionLog {
     /// Opens (or creates) the log in `dir`, recovering its last segment.
     pub fn open(dir: &Path, max_segment_bytes: u64) -> Result<PartitionLog, SegmentError> {
+        Self::open_as(dir, max_segment_bytes, false)
+    }
+
+    /// Opens (or creates) a log whose batches carry offsets of another log: they only increase,
+    /// and may skip (Kafka's compacted topics and transaction markers leave gaps). Written with
+    /// [`PartitionLog::write_at`].
+    pub fn open_mirror(dir: &Path, max_segment_bytes: u64) -> Result<PartitionLog, SegmentError> {
+        Self::open_as(dir, max_segment_bytes, true)
+    }
+
+    fn open_as(dir: &Path, max_segment_bytes: u64, gaps: bool) -> Result<PartitionLog, SegmentError> {
         std::fs::create_dir_all(dir)?;
         let mut bases: Vec<u64> = std::fs::read_dir(dir)?
             .filter_map(|e| e.ok())
@@ -332,22 +423,31 @@ impl PartitionLog {
             let path = log_path(dir, base);
             let file = OpenOptions::new().read(true).write(true).open(&path)?;
             let size = file.metadata()?.len();
-            let mut s =
-                Segment { base, path, file, size, next: base, max_ts: i64::MIN, index: Vec::new(), since_entry: 0 };
+            let mut s = Segment {
+                base,
+                path,
+                file: Some(Arc::new(file)),
+                size,
+                next: base,
+                max_ts: i64::MIN,
+                index: Vec::new(),
+                since_entry: 0,
+            };
             let next = bases.get(i + 1).copied();
             // The tail, and the segment sealed last (a crash may have come right after the roll),
             // are checked batch by batch; an older one is trusted when its index file is
             // consistent, and checked the same way when not.
             let recent = i + 2 >= bases.len();
-            let trusted = !recent && s.load_index(dir, next.expect("not the tail"))?;
+            let trusted = !recent && !gaps && s.load_index(dir, next.expect("not the tail"))?;
             if !trusted {
-                s.scan()?;
+                s.scan(gaps)?;
             }
             let Some(next) = next else {
                 segments.push(s);
                 break;
             };
-            if s.next != next {
+            let whole = if gaps { s.next <= next } else { s.next == next };
+            if !whole {
                 // Cut short (or it lost its end): what followed it was never whole either. As
                 // Kafka does, the later segments go and this one is the tail.
                 for &later in &bases[i + 1..] {
@@ -361,70 +461,155 @@ impl PartitionLog {
             if !trusted {
                 s.write_index(dir)?;
             }
+            s.file = None;
             segments.push(s);
         }
         if segments.is_empty() {
             segments.push(Segment::create(dir, 0)?);
         }
         let last_publish = segments.last().map_or(i64::MIN, |s| s.max_ts);
-        Ok(PartitionLog { dir: dir.to_owned(), segments, max_segment_bytes, last_publish, buf: Vec::new() })
+        let mut log = PartitionLog {
+            dir: dir.to_owned(),
+            segments,
+            max_segment_bytes,
+            last_publish,
+            staged: Staged::new(),
+            gaps,
+            start: 0,
+            created: true,
+            busy: false,
+        };
+        let saved = std::fs::read(start_path(dir)).ok().and_then(|b| Some(u64::from_le_bytes(b.try_into().ok()?)));
+        log.start = saved.unwrap_or(0).min(log.bounds().1);
+        Ok(log)
     }
 
     fn tail(&mut self) -> &mut Segment {
         self.segments.last_mut().expect("a log always has a segment")
     }
 
-    /// The first offset kept and the next one to be written.
+    /// The first offset kept and the next one to be written (staged appends not counted).
     pub fn bounds(&self) -> (u64, u64) {
-        let first = self.segments.first().expect("a segment").base;
+        let first = self.segments.first().expect("a segment").base.max(self.start);
         (first, self.segments.last().expect("a segment").next)
+    }
+
+    /// The offset the next staged event will get.
+    pub fn next_offset(&self) -> u64 {
+        self.bounds().1 + u64::from(self.staged.count)
+    }
+
+    /// Whether appends are staged and not yet committed.
+    pub fn is_staged(&self) -> bool {
+        self.staged.count > 0
     }
 
     /// Appends `frames` as one batch with one `write`, stamping their offsets; returns the first.
     /// `publish_us` is the batch's time (raised to the last batch's if the clock went back).
     pub fn append(&mut self, frames: &mut [Frame], publish_us: i64) -> Result<u64, SegmentError> {
-        let base = self.bounds().1;
-        if frames.is_empty() {
-            return Ok(base);
+        let base = self.stage(frames);
+        self.commit(publish_us)?;
+        Ok(base)
+    }
+
+    /// Stamps `frames` with the next offsets and adds them to the batch the next
+    /// [`PartitionLog::commit`] writes; returns the first offset.
+    pub fn stage(&mut self, frames: &mut [Frame]) -> u64 {
+        let base = self.next_offset();
+        if self.staged.count == 0 {
+            self.staged.clear(base);
         }
         for (i, f) in frames.iter_mut().enumerate() {
             f.set_offset(base + i as u64);
         }
+        self.staged.add(frames);
+        base
+    }
+
+    /// Writes what was staged as one batch with one `write` (rolling to a new segment first when
+    /// the tail would pass the segment size). Returns what was written to, for a sync. On an
+    /// error nothing staged is kept: the offsets handed out are handed out again.
+    pub fn commit(&mut self, publish_us: i64) -> Result<Option<Written>, SegmentError> {
+        if self.staged.count == 0 {
+            return Ok(None);
+        }
         let publish_us = publish_us.max(self.last_publish);
-        let mut buf = std::mem::take(&mut self.buf);
-        let h = encode(frames, base, publish_us, &mut buf);
+        let h = self.staged.finish(publish_us);
+        let buf = std::mem::take(&mut self.staged.buf);
+        let written = self.write_batch(&h, &buf);
+        self.staged.buf = buf;
+        self.staged.clear(self.bounds().1);
+        if written.is_ok() {
+            self.last_publish = publish_us;
+        }
+        written
+    }
+
+    fn write_batch(&mut self, h: &BatchHeader, buf: &[u8]) -> Result<Option<Written>, SegmentError> {
         let (max, tail_size) = (self.max_segment_bytes, self.tail().size);
         if tail_size > 0 && tail_size + buf.len() as u64 > max {
             self.roll()?;
         }
-        let written = {
-            let tail = self.tail();
-            let pos = tail.size;
-            let r = tail.file.write_all_at(&buf, pos);
-            if r.is_ok() {
-                tail.note(&h, pos);
-                tail.size += buf.len() as u64;
+        self.busy = true;
+        let tail = self.tail();
+        if tail.file.is_none() {
+            tail.file = Some(Arc::new(OpenOptions::new().read(true).write(true).open(&tail.path)?));
+        }
+        let pos = tail.size;
+        tail.open_file().write_all_at(buf, pos)?;
+        tail.note(h, pos);
+        tail.size += buf.len() as u64;
+        let file = tail.file.clone().expect("the tail is open");
+        let created_in = std::mem::take(&mut self.created).then(|| self.dir.clone());
+        Ok(Some(Written { file, created_in }))
+    }
+
+    /// Stores frames that carry their offsets already (a mirror's): increasing, at or past the
+    /// end, each run of consecutive offsets as one batch. Only a log opened with
+    /// [`PartitionLog::open_mirror`] takes offsets past its end.
+    pub fn write_at(&mut self, frames: &[Frame], publish_us: i64) -> Result<(), SegmentError> {
+        debug_assert!(!self.is_staged(), "a mirror does not stage");
+        let mut rest = frames;
+        while let Some(first) = rest.first() {
+            let base = first.header().offset;
+            let end = self.bounds().1;
+            if base < end || (base > end && !self.gaps) {
+                let reason = format!("offset {base} written at end {end}");
+                return Err(SegmentError::Corrupt { path: self.dir.display().to_string(), reason });
             }
-            r
-        };
-        self.buf = buf;
-        written?;
-        self.last_publish = publish_us;
-        Ok(base)
+            let run = 1 + rest.windows(2).take_while(|w| w[1].header().offset == w[0].header().offset + 1).count();
+            self.staged.clear(base);
+            self.staged.add(&rest[..run]);
+            self.commit(publish_us)?;
+            rest = &rest[run..];
+        }
+        Ok(())
     }
 
     /// Seals the tail (its index written) and starts the next segment.
     fn roll(&mut self) -> Result<(), SegmentError> {
         let (dir, next) = (self.dir.clone(), self.bounds().1);
         self.tail().write_index(&dir)?;
+        self.tail().file = None;
         self.segments.push(Segment::create(&dir, next)?);
+        self.created = true;
         Ok(())
     }
 
     /// Makes what was appended durable (durability `fsync`).
     pub fn sync(&self) -> Result<(), SegmentError> {
-        self.segments.last().expect("a segment").file.sync_data()?;
+        self.segments.last().expect("a segment").reader()?.sync_data()?;
         Ok(())
+    }
+
+    /// Closes the tail's file if nothing was written since the last call (the next write opens
+    /// it again): descriptors stay with the partitions in use. Whether it is closed now.
+    pub fn close_if_idle(&mut self) -> bool {
+        if std::mem::take(&mut self.busy) || self.is_staged() {
+            return false;
+        }
+        self.tail().file.take();
+        true
     }
 
     /// Up to `max` events from offset `from` (or the first kept, if later), stopping after the
@@ -437,29 +622,25 @@ impl PartitionLog {
         let start = self.segments.partition_point(|s| s.base <= from).saturating_sub(1);
         let mut head = [0u8; HEADER];
         for s in &self.segments[start..] {
+            if from >= end || s.size == 0 {
+                break;
+            }
+            let file = s.reader()?;
             let mut pos = s.seek(from);
-            while pos < s.size && out.len() < max && bytes < max_bytes && from < end {
-                s.file.read_exact_at(&mut head, pos)?;
+            while pos < s.size && out.len() < max && bytes < max_bytes {
+                file.read_exact_at(&mut head, pos)?;
                 let h = BatchHeader::read(&head).ok_or_else(|| SegmentError::Corrupt {
                     path: s.path.display().to_string(),
                     reason: format!("no batch header at byte {pos}"),
                 })?;
                 if h.base + u64::from(h.count) > from {
-                    let mut body = vec![0u8; h.total_len as usize - HEADER];
-                    s.file.read_exact_at(&mut body, pos + HEADER as u64)?;
-                    if crc32c::crc32c(&body) != h.body_crc {
-                        let reason = format!("batch at offset {} fails its CRC", h.base);
-                        return Err(SegmentError::Corrupt { path: s.path.display().to_string(), reason });
-                    }
+                    let body = Self::body(&file, &h, pos, &s.path)?;
                     for f in frames_of(&body, &h, from.max(h.base), &s.path)? {
                         if out.len() >= max || bytes >= max_bytes {
                             break;
                         }
-                        let (o, n) = (f.header().offset, f.as_bytes().len());
-                        if o >= from {
-                            bytes += n;
-                            out.push(f);
-                        }
+                        bytes += f.as_bytes().len();
+                        out.push(f);
                     }
                 }
                 pos += u64::from(h.total_len);
@@ -471,47 +652,89 @@ impl PartitionLog {
         Ok(out)
     }
 
-    /// The first offset whose batch was published at or after `ts_us` (the next offset if none).
-    pub fn offset_for_time(&self, ts_us: i64) -> Result<u64, SegmentError> {
-        let Some(s) = self.segments.iter().find(|s| s.max_ts >= ts_us) else { return Ok(self.bounds().1) };
-        // The last entry before the time, then batch by batch.
-        let i = s.index.partition_point(|e| e.ts < ts_us);
-        let mut pos = s.index.get(i.saturating_sub(1)).map_or(0, |e| u64::from(e.pos));
-        let mut head = [0u8; HEADER];
-        while pos < s.size {
-            s.file.read_exact_at(&mut head, pos)?;
-            let Some(h) = BatchHeader::read(&head) else { break };
-            if h.max_ts >= ts_us {
-                return Ok(h.base);
-            }
-            pos += u64::from(h.total_len);
+    /// A batch's body, checked against its CRC.
+    fn body(file: &File, h: &BatchHeader, pos: u64, path: &Path) -> Result<Vec<u8>, SegmentError> {
+        let mut body = vec![0u8; h.total_len as usize - HEADER];
+        file.read_exact_at(&mut body, pos + HEADER as u64)?;
+        if crc32c::crc32c(&body) != h.body_crc {
+            let reason = format!("batch at offset {} fails its CRC", h.base);
+            return Err(SegmentError::Corrupt { path: path.display().to_string(), reason });
         }
-        Ok(s.next)
+        Ok(body)
+    }
+
+    /// The first offset kept whose event's time is at or after `ts_us` (the next offset if
+    /// none). Batches whose latest time is earlier are skipped by the time index and their
+    /// headers; in the others, each event's own time decides. At most [`TIME_SCAN`] batches are
+    /// opened: past that, the offset reached is returned (retention then keeps more, and its
+    /// next pass goes on from there).
+    pub fn offset_for_time(&self, ts_us: i64) -> Result<u64, SegmentError> {
+        let (first, end) = self.bounds();
+        let mut opened = 0;
+        let mut head = [0u8; HEADER];
+        for s in self.segments.iter().filter(|s| s.next > first && s.max_ts >= ts_us) {
+            let file = s.reader()?;
+            // The last entry before the time, then batch by batch.
+            let i = s.index.partition_point(|e| e.ts < ts_us);
+            let mut pos = s.index.get(i.saturating_sub(1)).map_or(0, |e| u64::from(e.pos));
+            while pos < s.size {
+                file.read_exact_at(&mut head, pos)?;
+                let Some(h) = BatchHeader::read(&head) else { break };
+                if h.max_ts >= ts_us && h.base + u64::from(h.count) > first {
+                    if opened == TIME_SCAN {
+                        return Ok(h.base.max(first));
+                    }
+                    opened += 1;
+                    let body = Self::body(&file, &h, pos, &s.path)?;
+                    let frames = frames_of(&body, &h, first.max(h.base), &s.path)?;
+                    if let Some(f) = frames.iter().find(|f| f.header().timestamp_us >= ts_us) {
+                        return Ok(f.header().offset);
+                    }
+                }
+                pos += u64::from(h.total_len);
+            }
+        }
+        Ok(end)
     }
 
     /// Every segment, oldest first.
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        self.segments
-            .iter()
-            .map(|s| SegmentInfo { base: s.base, next: s.next, bytes: s.size, max_ts: s.max_ts })
-            .collect()
+        self.segments.iter().map(Segment::info).collect()
+    }
+
+    /// The bytes of its segments and the events in them, for an average event size.
+    pub fn size(&self) -> (u64, u64) {
+        let bytes = self.segments.iter().map(|s| s.size).sum();
+        let first = self.segments.first().expect("a segment").base;
+        (bytes, self.bounds().1 - first)
     }
 
     /// Deletes the oldest sealed segments while `expired` says so (never the tail); how many.
     pub fn retain(&mut self, mut expired: impl FnMut(&SegmentInfo) -> bool) -> Result<usize, SegmentError> {
         let mut gone = 0;
-        while self.segments.len() > 1 {
-            let s = &self.segments[0];
-            let info = SegmentInfo { base: s.base, next: s.next, bytes: s.size, max_ts: s.max_ts };
-            if !expired(&info) {
-                break;
-            }
+        while self.segments.len() > 1 && expired(&self.segments[0].info()) {
             let s = self.segments.remove(0);
             std::fs::remove_file(&s.path)?;
             let _ = std::fs::remove_file(index_path(&self.dir, s.base));
             gone += 1;
         }
         Ok(gone)
+    }
+
+    /// Moves the first offset kept up to `offset` (at most the end), saved beside the segments,
+    /// and deletes the segments wholly below it. Returns how many events it dropped.
+    pub fn set_start(&mut self, offset: u64) -> Result<u64, SegmentError> {
+        let (first, end) = self.bounds();
+        let offset = offset.min(end);
+        if offset <= first {
+            return Ok(0);
+        }
+        let tmp = self.dir.join("start.tmp");
+        std::fs::write(&tmp, offset.to_le_bytes())?;
+        std::fs::rename(&tmp, start_path(&self.dir))?;
+        self.start = offset;
+        self.retain(|s| s.next <= offset)?;
+        Ok(offset - first)
     }
 }
 

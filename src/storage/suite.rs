@@ -7,9 +7,12 @@ use std::path::PathBuf;
 
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
 
+use std::sync::Arc;
+
 use super::embedded::{EmbeddedLog, Syncer};
 #[cfg(feature = "kafka")]
 use super::kafka::{KafkaBackend, KafkaLog};
+use super::partitions::PartitionLogs;
 use super::{db, Bounds, Durability, Log, Storage, TopicMeta};
 use crate::shard::{PartitionId, ShardId};
 
@@ -51,10 +54,15 @@ fn ids(frames: &[Frame]) -> Vec<String> {
     frames.iter().map(|f| f.body().attr_str("id").unwrap().to_owned()).collect()
 }
 
+/// The segment logs of a data directory, with small segments so retention and rolls are seen.
+fn logs(dir: &TempDir, mirror: bool) -> Arc<PartitionLogs> {
+    Arc::new(PartitionLogs::new(db::segments_dir(&dir.0), 64 << 10, mirror))
+}
+
 fn log(dir: &TempDir, durability: Durability) -> EmbeddedLog {
     let db = db::open(&dir.0, 2).unwrap();
     let syncer = (durability == Durability::Fsync).then(|| Syncer::start(db.clone()).unwrap());
-    EmbeddedLog::new(db, ShardId(0), durability, syncer, HOUR)
+    EmbeddedLog::new(db, logs(dir, false), ShardId(0), durability, syncer, HOUR)
 }
 
 fn append(log: &impl Storage, topic: &str, p: u32, frames: Vec<Frame>) -> u64 {
@@ -99,7 +107,8 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 block_on(k.ensure_topic(n, 4)).unwrap();
             }
             let db = db::open(&dir.0, 2).unwrap();
-            (Log::Kafka(KafkaLog::new(k, EmbeddedLog::new(db, ShardId(0), Durability::Memory, None, HOUR))), names)
+            let local = EmbeddedLog::new(db, logs(dir, true), ShardId(0), Durability::Memory, None, HOUR);
+            (Log::Kafka(KafkaLog::new(k, local)), names)
         }
     }
 }
@@ -181,15 +190,49 @@ fn retention_keeps_the_newest(backend: Backend) {
 #[test]
 fn a_corrupt_record_is_reported_not_trusted() {
     let dir = TempDir::new("corrupt");
-    let db = db::open(&dir.0, 2).unwrap();
-    let log = EmbeddedLog::new(db.clone(), ShardId(0), Durability::Os, None, HOUR);
+    let log = log(&dir, Durability::Os);
     append(&log, "t", 0, vec![frame("t", "a", 1, 10)]);
-    let cf = db.cf_handle(&db::log_cf(0)).unwrap();
-    db.put_cf(cf, super::embedded::key(&super::embedded::prefix("t", PartitionId(0)), 1), b"EMFR garbage").unwrap();
+    append(&log, "t", 0, vec![frame("t", "b", 1, 10)]);
+    // A bit flips in the second batch's body (after the crash recovery that would cut it).
+    let file = logs(&dir, false).dir("t", PartitionId(0)).join(format!("{:020}.log", 0));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 20;
+    bytes[last] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 1, usize::MAX).unwrap()), ["a"], "the batch before is whole");
     match log.read("t", PartitionId(0), 0, 10, usize::MAX) {
-        Err(super::StorageError::Corrupt { offset: 1, .. }) => {}
+        Err(super::StorageError::Engine(m)) if m.contains("fails its CRC") => {}
         other => panic!("{other:?}"),
     }
+}
+
+/// Lite topics (many, small, short-lived) stay rows of RocksDB; every other topic is a
+/// directory of segment files.
+#[test]
+fn lite_topics_are_rows_and_other_topics_are_segment_files() {
+    let dir = TempDir::new("where");
+    let log = log(&dir, Durability::Os);
+    append(&log, "t", 1, vec![frame("t", "a", 1, 10)]);
+    append(&log, ":lite", 0, vec![frame(":lite", "b", 1, 10)]);
+    assert!(logs(&dir, false).dir("t", PartitionId(1)).join(format!("{:020}.log", 0)).exists());
+    assert!(!logs(&dir, false).dir(":lite", PartitionId(0)).exists());
+    assert_eq!(ids(&log.read(":lite", PartitionId(0), 0, 10, usize::MAX).unwrap()), ["b"]);
+    assert_eq!(ids(&log.read("t", PartitionId(1), 0, 10, usize::MAX).unwrap()), ["a"]);
+}
+
+/// A data directory written when events were rows of RocksDB is refused, with what to do.
+#[test]
+fn a_data_dir_of_the_rocksdb_log_is_refused_with_a_clear_message() {
+    let dir = TempDir::new("old-layout");
+    drop(db::open(&dir.0, 2).unwrap());
+    {
+        // What the earlier layout left: the shard count, no log layout.
+        let db = db::open(&dir.0, 2).unwrap();
+        db.delete_cf(db.cf_handle(db::META).unwrap(), b"layout/log").unwrap();
+    }
+    let Err(err) = db::open(&dir.0, 2) else { panic!("a data dir of the old layout was opened") };
+    let err = err.to_string();
+    assert!(err.contains("kept events in RocksDB") && err.contains("new data_dir"), "{err}");
 }
 
 /// Appends issued in the same turn of the event loop share one write; each still gets its own

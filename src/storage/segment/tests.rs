@@ -242,3 +242,24 @@ fn a_sealed_segment_cut_short_becomes_the_tail_and_later_ones_go() {
     assert_eq!(PartitionLog::open(&d, 2048).unwrap().bounds(), (0, end + 1), "and it opens again as it was left");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// An idle partition lets go of its file and takes it again on the next write; staged appends
+/// keep it.
+#[test]
+fn an_idle_tail_closes_its_file_and_the_next_write_reopens_it() {
+    let d = dir("idle");
+    let mut log = PartitionLog::open(&d, 1 << 20).unwrap();
+    log.append(&mut frames("a", 2, 1), 1).unwrap();
+    assert!(!log.close_if_idle(), "written since the last sweep");
+    assert!(log.close_if_idle());
+    assert!(log.segments.last().unwrap().file.is_none());
+    assert_eq!(offsets(&log.read(0, 10, usize::MAX).unwrap()), [0, 1], "reads open it themselves");
+    log.stage(&mut frames("b", 1, 2));
+    assert!(!log.close_if_idle(), "staged: it stays");
+    log.commit(2).unwrap();
+    assert_eq!(log.append(&mut frames("c", 1, 3), 3).unwrap(), 3);
+    drop(log);
+    let log = PartitionLog::open(&d, 1 << 20).unwrap();
+    assert_eq!(log.bounds(), (0, 4));
+    let _ = std::fs::remove_dir_all(&d);
+}
