@@ -38,10 +38,23 @@ fn a_data_dir_is_reopened_only_with_its_shard_count() {
 }
 
 /// kill -9 while eight connections publish; after a restart every event that got a 202 is at
-/// its offset, and nothing is stored that no client sent.
+/// its offset, and nothing is stored that no client sent. On both I/O drivers, with durability
+/// `os` (the batch written) and `fsync` (group commit), and with small segments so rolls happen
+/// under the kill too.
 #[test]
 fn kill9_under_load_loses_nothing_acknowledged() {
-    let mut b = TestBroker::start(&["--default-partitions", "4"]);
+    kill9_under_load(&["--io-driver", "uring", "--durability", "os"]);
+}
+
+#[test]
+fn kill9_under_load_loses_nothing_acknowledged_on_epoll_with_fsync() {
+    kill9_under_load(&["--io-driver", "epoll", "--durability", "fsync"]);
+}
+
+fn kill9_under_load(flags: &[&str]) {
+    let mut args = vec!["--default-partitions", "4", "--segment-bytes", "65536"];
+    args.extend_from_slice(flags);
+    let mut b = TestBroker::start(&args);
     let acked: Mutex<Vec<(u32, u64, String)>> = Mutex::new(Vec::new());
     let sent: Mutex<HashSet<String>> = Mutex::new(HashSet::new());
     let stop = AtomicBool::new(false);
