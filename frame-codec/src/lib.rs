@@ -11,6 +11,7 @@
 //! validation (see `access.rs`, the one module with `unsafe`).
 
 mod access;
+mod borrowed;
 mod header;
 
 use rkyv::{Archive, Deserialize, Serialize};
@@ -22,11 +23,13 @@ pub use header::{DataKind, FrameHeader, FrameKind, HEADER_LEN, MAGIC, VERSION};
 pub type FrameBuf = rkyv::util::AlignedVec<16>;
 
 /// A typed attribute value, kept in the JSON type it arrived with so it is re-emitted faithfully.
+/// Generic over the string type only so that a borrowed value ([`Text`]) archives to the very
+/// bytes an owned one does; [`AttrValue`] is the owned one.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-#[rkyv(derive(Debug))]
-pub enum AttrValue {
+#[rkyv(derive(Debug), archive_bounds(S::Archived: std::fmt::Debug))]
+pub enum AttrValueOf<S> {
     /// A JSON string (also every binary-mode `ce-*` header).
-    Str(String),
+    Str(S),
     /// A JSON boolean extension.
     Bool(bool),
     /// A JSON integer extension (CloudEvents Integer).
@@ -35,21 +38,40 @@ pub enum AttrValue {
 
 /// One CloudEvents context attribute or extension, in arrival order.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-#[rkyv(derive(Debug))]
-pub struct Attribute {
-    pub name: String,
-    pub value: AttrValue,
+#[rkyv(
+    derive(Debug),
+    archive_bounds(S::Archived: std::fmt::Debug, <AttrValueOf<S> as Archive>::Archived: std::fmt::Debug)
+)]
+pub struct AttributeOf<S> {
+    pub name: S,
+    pub value: AttrValueOf<S>,
 }
 
-/// The variable part of a frame.
+/// The variable part of a frame: the topic, the attributes in arrival order, the data as raw
+/// bytes (how to render them is [`DataKind`] in the header flags). [`FrameBody`] is the owned
+/// one; [`FrameBodyRef`] borrows from the request it was parsed from.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
-#[rkyv(derive(Debug))]
-pub struct FrameBody {
-    pub topic: String,
-    pub attributes: Vec<Attribute>,
-    /// The event data as raw bytes; how to render them is [`DataKind`] in the header flags.
-    pub data: Vec<u8>,
+#[rkyv(derive(Debug), archive_bounds(S::Archived: std::fmt::Debug, A::Archived: std::fmt::Debug, D::Archived: std::fmt::Debug))]
+pub struct FrameBodyOf<S, A, D> {
+    pub topic: S,
+    pub attributes: A,
+    pub data: D,
 }
+
+pub type AttrValue = AttrValueOf<String>;
+pub type Attribute = AttributeOf<String>;
+pub type FrameBody = FrameBodyOf<String, Vec<Attribute>, Vec<u8>>;
+pub type ArchivedAttrValue = ArchivedAttrValueOf<String>;
+pub type ArchivedAttribute = ArchivedAttributeOf<String>;
+pub type ArchivedFrameBody = ArchivedFrameBodyOf<String, Vec<Attribute>, Vec<u8>>;
+
+/// A body borrowed from the bytes it was parsed from (strings with JSON escapes are the only
+/// owned parts): encoding it allocates nothing but the frame.
+pub type FrameBodyRef<'a> = FrameBodyOf<Text<'a>, Slice<'a, AttributeRef<'a>>, Bytes<'a>>;
+pub type AttributeRef<'a> = AttributeOf<Text<'a>>;
+pub type AttrValueRef<'a> = AttrValueOf<Text<'a>>;
+
+pub use borrowed::{Bytes, Slice, Text};
 
 impl ArchivedFrameBody {
     /// The value of the attribute `name`, if present.
@@ -107,6 +129,22 @@ impl Frame {
         let body_len =
             u32::try_from(buf.len() - HEADER_LEN).map_err(|_| FrameError::Encode("body over 4 GiB".into()))?;
         header.write(&mut buf[..HEADER_LEN], body_len);
+        Ok(Frame { buf })
+    }
+
+    /// Builds a frame from a header and a borrowed body: the same bytes [`Frame::encode`] makes
+    /// of the owned body with the same contents (a test holds that), with no allocation but the
+    /// frame's buffer.
+    pub fn encode_ref(header: &FrameHeader, body: &FrameBodyRef<'_>) -> Result<Frame, FrameError> {
+        let mut buf = FrameBuf::with_capacity(HEADER_LEN + 64 + 48 * body.attributes.0.len() + body.data.0.len());
+        buf.extend_from_slice(&[0u8; HEADER_LEN]);
+        let mut buf = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(body, buf)
+            .map_err(|e| FrameError::Encode(e.to_string()))?;
+        let body_len =
+            u32::try_from(buf.len() - HEADER_LEN).map_err(|_| FrameError::Encode("body over 4 GiB".into()))?;
+        header.write(&mut buf[..HEADER_LEN], body_len);
+        // The borrowed types archive as the owned ones by construction; checked in debug builds.
+        debug_assert!(access::validate(&buf[HEADER_LEN..]).is_ok());
         Ok(Frame { buf })
     }
 
