@@ -21,6 +21,12 @@ impl Text<'_> {
     }
 }
 
+impl AsRef<str> for Text<'_> {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
 impl<'a> From<&'a str> for Text<'a> {
     fn from(s: &'a str) -> Self {
         Text(Cow::Borrowed(s))

@@ -15,9 +15,13 @@ use std::fmt;
 use std::hash::Hash;
 
 use base64::Engine as _;
-use frame_codec::{ArchivedAttrValue, AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
+use frame_codec::{
+    ArchivedAttrValue, AttrValue, AttrValueOf, AttrValueRef, Attribute, AttributeOf, AttributeRef, Bytes, DataKind,
+    Frame, FrameBody, FrameBodyRef, FrameHeader, Slice, Text,
+};
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 use super::rfc3339;
 
@@ -97,46 +101,55 @@ fn check_name(name: &str) -> Result<(), CeError> {
     Ok(())
 }
 
-/// Checks the rules shared by every mode once the attributes are collected.
-pub fn check_event(attrs: &[Attribute]) -> Result<(), CeError> {
+/// The string value of an attribute, owned or borrowed alike.
+fn str_value<S: AsRef<str>>(a: &AttributeOf<S>) -> Option<&str> {
+    match &a.value {
+        AttrValueOf::Str(s) => Some(s.as_ref()),
+        _ => None,
+    }
+}
+
+/// Checks the rules shared by every mode once the attributes are collected (owned attributes,
+/// or ones borrowed from the request).
+pub fn check_event<S: AsRef<str>>(attrs: &[AttributeOf<S>]) -> Result<(), CeError> {
     if attrs.len() > MAX_ATTRIBUTES {
         return Err(too_many_attributes());
     }
-    if let Some(a) = first_duplicate(attrs, |a| a.name.as_str()) {
-        return Err(invalid(format!("attribute {} appears twice", a.name)));
+    if let Some(a) = first_duplicate(attrs, |a| a.name.as_ref()) {
+        return Err(invalid(format!("attribute {} appears twice", a.name.as_ref())));
     }
     // `data` is the event's data member in the JSON format: an attribute of that name would
     // render as a second one (binary mode refuses `ce-data` with its own message first).
-    if attrs.iter().any(|a| a.name == "data") {
+    if attrs.iter().any(|a| a.name.as_ref() == "data") {
         return Err(invalid("no attribute may be named data"));
     }
     for req in REQUIRED {
-        match attrs.iter().find(|a| a.name == req) {
-            Some(Attribute { value: AttrValue::Str(s), .. }) if !s.is_empty() => {}
+        match attrs.iter().find(|a| a.name.as_ref() == req) {
+            Some(a) if str_value(a).is_some_and(|s| !s.is_empty()) => {}
             Some(_) => return Err(invalid(format!("attribute {req} must be a non-empty string"))),
             None => return Err(invalid(format!("required attribute {req} is missing"))),
         }
     }
     for a in attrs {
-        match (a.name.as_str(), &a.value) {
-            ("specversion", AttrValue::Str(v)) if v != "1.0" => {
+        match (a.name.as_ref(), str_value(a)) {
+            ("specversion", Some(v)) if v != "1.0" => {
                 return Err(invalid(format!("specversion {v:?} is not supported (1.0 is)")));
             }
-            ("time", AttrValue::Str(t)) if !rfc3339::is_valid(t) => {
+            ("time", Some(t)) if !rfc3339::is_valid(t) => {
                 return Err(invalid(format!("time {t:?} is not an RFC 3339 timestamp")));
             }
-            ("dataschema", AttrValue::Str(u)) if !is_absolute_uri(u) => {
+            ("dataschema", Some(u)) if !is_absolute_uri(u) => {
                 return Err(invalid(format!("dataschema {u:?} is not an absolute URI")));
             }
-            (n, AttrValue::Str(s)) if n == "datacontenttype" && s.is_empty() => {
+            ("datacontenttype", Some("")) => {
                 return Err(invalid("datacontenttype must not be empty"));
             }
             // It becomes a Content-Type header (binary mode, the Kafka binding): no CR, LF or
             // other control character may split or bend the message it heads.
-            (n, AttrValue::Str(s)) if n == "datacontenttype" && s.chars().any(char::is_control) => {
+            ("datacontenttype", Some(s)) if s.chars().any(char::is_control) => {
                 return Err(invalid("datacontenttype must not contain control characters"));
             }
-            (n, v) if STRING_ATTRS.contains(&n) && !matches!(v, AttrValue::Str(_)) => {
+            (n, None) if STRING_ATTRS.contains(&n) => {
                 return Err(invalid(format!("attribute {n} must be a string")));
             }
             _ => {}
@@ -154,8 +167,35 @@ fn is_absolute_uri(s: &str) -> bool {
         && !s.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
 }
 
+/// Members a JSON object holds without a heap allocation for the list (a CloudEvent has about
+/// ten).
+const INLINE_MEMBERS: usize = 16;
+
 /// A JSON object as an ordered list of (key, raw value), duplicate keys kept for the caller.
-struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+/// Keys are borrowed from the text unless they carry escapes.
+struct Members<'a>(SmallVec<[(Cow<'a, str>, &'a RawValue); INLINE_MEMBERS]>);
+
+/// An object key, borrowed when the text allows (serde's own `Cow<str>` always copies).
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
 
 impl<'de> serde::Deserialize<'de> for Members<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -166,8 +206,8 @@ impl<'de> serde::Deserialize<'de> for Members<'de> {
                 f.write_str("a CloudEvent JSON object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-                let mut v = Vec::with_capacity(m.size_hint().unwrap_or(10));
-                while let Some(k) = m.next_key::<Cow<'de, str>>()? {
+                let mut v = SmallVec::new();
+                while let Some(Key(k)) = m.next_key::<Key<'de>>()? {
                     let raw: &'de RawValue = m.next_value()?;
                     v.push((k, raw));
                 }
@@ -176,6 +216,16 @@ impl<'de> serde::Deserialize<'de> for Members<'de> {
         }
         d.deserialize_map(V)
     }
+}
+
+/// A JSON string's value (`text` is the string token, quotes included): borrowed unless it
+/// carries escapes.
+fn json_string(text: &str) -> Result<Text<'_>, CeError> {
+    let inner = &text[1..text.len() - 1];
+    if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+        return Ok(Text(Cow::Borrowed(inner)));
+    }
+    Ok(Text(Cow::Owned(serde_json::from_str::<String>(text).map_err(json_err)?)))
 }
 
 /// A JSON array of events, each still raw.
@@ -205,11 +255,12 @@ fn json_err(e: serde_json::Error) -> CeError {
     invalid(format!("malformed JSON: {e}"))
 }
 
-/// Builds the frame for one structured-mode event (a JSON object, as raw text).
+/// Builds the frame for one structured-mode event (a JSON object, as raw text), from the text
+/// itself: no allocation but the frame for an event of up to 16 members without escapes.
 fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
     let members: Members = serde_json::from_str(json).map_err(json_err)?;
-    let mut attributes = Vec::with_capacity(members.0.len());
-    let mut data: Option<(DataKind, Vec<u8>)> = None;
+    let mut attributes: SmallVec<[AttributeRef<'_>; INLINE_MEMBERS]> = SmallVec::new();
+    let mut data: Option<(DataKind, Cow<'_, [u8]>)> = None;
     for (key, raw) in members.0 {
         let text = raw.get();
         if key == "data" || key == "data_base64" {
@@ -220,13 +271,13 @@ fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
                 continue;
             }
             data = Some(if key == "data" {
-                (DataKind::Json, text.as_bytes().to_vec())
+                (DataKind::Json, Cow::Borrowed(text.as_bytes()))
             } else {
                 let s: Cow<str> = serde_json::from_str(text).map_err(|_| invalid("data_base64 must be a string"))?;
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(s.as_bytes())
                     .map_err(|e| invalid(format!("data_base64 is not base64: {e}")))?;
-                (DataKind::Binary, bytes)
+                (DataKind::Binary, Cow::Owned(bytes))
             });
             continue;
         }
@@ -235,24 +286,25 @@ fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
             return Err(too_many_attributes());
         }
         let value = match text.as_bytes()[0] {
-            b'"' => AttrValue::Str(serde_json::from_str::<String>(text).map_err(json_err)?),
-            b't' => AttrValue::Bool(true),
-            b'f' => AttrValue::Bool(false),
+            b'"' => AttrValueRef::Str(json_string(text)?),
+            b't' => AttrValueRef::Bool(true),
+            b'f' => AttrValueRef::Bool(false),
             b'n' => continue, // null: the attribute is absent
             b'-' | b'0'..=b'9' => {
                 let n: i64 = text.parse().map_err(|_| invalid(format!("attribute {key}: numbers must be integers")))?;
                 if i32::try_from(n).is_err() {
                     return Err(invalid(format!("attribute {key}: integer out of the 32-bit range")));
                 }
-                AttrValue::Int(n)
+                AttrValueRef::Int(n)
             }
             _ => return Err(invalid(format!("attribute {key} must be a string, integer or boolean"))),
         };
-        attributes.push(Attribute { name: key.into_owned(), value });
+        attributes.push(AttributeRef { name: Text(key), value });
     }
     check_event(&attributes)?;
-    let (kind, data) = data.unwrap_or((DataKind::None, Vec::new()));
-    encode(topic, kind, attributes, data)
+    let (kind, data) = data.unwrap_or((DataKind::None, Cow::Borrowed(&[])));
+    let body = FrameBodyRef { topic: Text::from(topic), attributes: Slice(&attributes), data: Bytes(data) };
+    Frame::encode_ref(&FrameHeader::event(kind), &body).map_err(|e| invalid(e.to_string()))
 }
 
 fn encode(topic: &str, kind: DataKind, attributes: Vec<Attribute>, data: Vec<u8>) -> Result<Frame, CeError> {
@@ -529,6 +581,22 @@ mod tests {
         assert_eq!(back.body().attr_str("note"), Some("café \"100%\""));
         assert_eq!(back.body().attr_str("source"), Some("/s p"));
         assert_eq!(back.header().data_kind, DataKind::Json);
+    }
+
+    /// Values are borrowed from the request unless escaped, and an event past the members kept
+    /// inline spills to the heap: either way each attribute is what a JSON parser reads.
+    #[test]
+    fn borrowed_and_unescaped_values_read_as_a_json_parser_reads_them() {
+        let mut ev = serde_json::json!({"specversion":"1.0","id":"a\\b","source":"/\u{e9}\n\t\"q\"","type":"plain"});
+        for i in 0..20 {
+            ev[format!("x{i}")] = serde_json::json!(format!("v{i}\\{}", "\u{1F600}".repeat(i % 3)));
+        }
+        let text = ev.to_string();
+        let f = parse_structured("t", text.as_bytes()).unwrap();
+        for (k, v) in ev.as_object().unwrap() {
+            assert_eq!(f.body().attr_str(k), v.as_str(), "{k}");
+        }
+        assert_eq!(f.body().attributes.len(), 24);
     }
 
     #[test]
