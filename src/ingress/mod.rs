@@ -16,6 +16,7 @@ use std::rc::Rc;
 
 use frame_codec::Frame;
 use futures::future::join_all;
+use smallvec::SmallVec;
 
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::delivery::group_ids;
@@ -842,20 +843,21 @@ impl Traffic {
             Ok(r) => r,
             Err(r) => return r,
         };
+        let (n, first) = (routed.events(), routed.first);
         let stored = match self.store_routed(routed.groups).await {
             Ok(s) => s,
             Err(r) => return r,
         };
         let m = self.shard.shared.metrics.shard(self.shard.id);
-        let n = routed.first.len() as u64;
-        m.events_published.add(n);
-        gate.tenant_count(|s| &s.published, n);
-        let mut body = Vec::with_capacity(40 * routed.first.len() + 16);
+        m.events_published.add(n as u64);
+        gate.tenant_count(|s| &s.published, n as u64);
+        let mut body = Vec::with_capacity(40 * n + 16);
         if batch {
             body.extend_from_slice(b"{\"results\":[");
         }
         let mut num = crate::http::Decimal::new();
-        for (i, &(g, at)) in routed.first.iter().enumerate() {
+        for i in 0..n {
+            let (g, at) = first.as_ref().map_or((0, i), |f| f[i]);
             let (t, placed) = &stored[g];
             let (p, o) = placed[at];
             if i > 0 {
@@ -912,17 +914,16 @@ impl Traffic {
     /// Every destination must exist (or be created) before anything is stored, so a route to a
     /// topic that cannot be had refuses the request whole (a storage failure between the
     /// groups can still leave part of it stored: the 503 says so, see README).
-    #[allow(clippy::type_complexity)]
-    async fn store_routed(
+    async fn store_routed<'t>(
         &self,
-        groups: Vec<(String, Vec<Frame>)>,
-    ) -> Result<Vec<(String, Vec<(PartitionId, u64)>)>, Response> {
+        groups: pipeline::Groups<'t, Frame>,
+    ) -> Result<pipeline::Groups<'t, (PartitionId, u64)>, Response> {
         if groups.len() > 1 {
             for (t, _) in &groups {
                 self.shard.topic(t, None, false).await.map_err(|e| storage_problem(&e))?;
             }
         }
-        let mut stored = Vec::with_capacity(groups.len());
+        let mut stored = SmallVec::new();
         for (t, frames) in groups {
             let placed = self.store(&t, frames).await.map_err(|e| storage_problem(&e))?;
             stored.push((t, placed));

@@ -3,7 +3,10 @@
 //! Both work on frame bodies, never through JSON: data keeps its bytes unless a template
 //! replaces it, and a routed copy is the same event under another topic.
 
+use std::borrow::Cow;
+
 use frame_codec::{Frame, FrameBody};
+use smallvec::SmallVec;
 
 use super::Traffic;
 use crate::governance::Snapshot;
@@ -13,11 +16,22 @@ use crate::server::Response;
 /// What the copies routes make of one request may take, in multiples of `max_body_bytes`.
 const COPIES_PER_REQUEST: usize = 4;
 
+/// Destination topics and what goes to each: inline for the common single topic.
+pub(super) type Groups<'t, T> = SmallVec<[(Cow<'t, str>, Vec<T>); 1]>;
+
 /// The events of one publish as they will be stored: by destination topic, in request order
-/// within each; `first[i]` is where event `i`'s first copy is (group, position), for the answer.
-pub(super) struct Routed {
-    pub groups: Vec<(String, Vec<Frame>)>,
-    pub first: Vec<(usize, usize)>,
+/// within each; `first[i]` is where event `i`'s first copy is (group, position), for the answer
+/// (`None`: event `i` is at (0, i), nothing was routed).
+pub(super) struct Routed<'t> {
+    pub groups: Groups<'t, Frame>,
+    pub first: Option<Vec<(usize, usize)>>,
+}
+
+impl Routed<'_> {
+    /// The events published (before routing's copies).
+    pub fn events(&self) -> usize {
+        self.first.as_ref().map_or_else(|| self.groups[0].1.len(), Vec::len)
+    }
 }
 
 fn encode(f: &Frame, kind: frame_codec::DataKind, body: &FrameBody) -> Frame {
@@ -31,12 +45,12 @@ impl Traffic {
     /// a valid CloudEvent, if what the templates build passes `max_body_bytes`, if the routed
     /// copies pass [`COPIES_PER_REQUEST`] times that, or if a route's condition cannot be
     /// decided within CESQL's budget.
-    pub(super) fn transform_and_route(
+    pub(super) fn transform_and_route<'t>(
         &self,
         snap: &Snapshot,
-        topic: &str,
+        topic: &'t str,
         mut frames: Vec<Frame>,
-    ) -> Result<Routed, Response> {
+    ) -> Result<Routed<'t>, Response> {
         let max_body = self.shard.shared.config.limits.max_body_bytes;
         let metrics = self.shard.shared.metrics.shard(self.shard.id);
         if let Some(t) = snap.transformers.get(topic) {
@@ -53,15 +67,15 @@ impl Traffic {
         }
         let n = frames.len();
         if !snap.router.routes(topic) {
-            return Ok(Routed { groups: vec![(topic.to_owned(), frames)], first: (0..n).map(|i| (0, i)).collect() });
+            return Ok(Routed { groups: smallvec::smallvec![(Cow::Borrowed(topic), frames)], first: None });
         }
         let mut copies_left = COPIES_PER_REQUEST * max_body;
-        let mut groups: Vec<(String, Vec<Frame>)> = Vec::new();
+        let mut groups: Groups<'t, Frame> = SmallVec::new();
         let mut first = Vec::with_capacity(n);
-        let group = |groups: &mut Vec<(String, Vec<Frame>)>, t: &str| match groups.iter().position(|(n, _)| n == t) {
+        let group = |groups: &mut Groups<'t, Frame>, t: &str| match groups.iter().position(|(n, _)| n == t) {
             Some(g) => g,
             None => {
-                groups.push((t.to_owned(), Vec::new()));
+                groups.push((Cow::Owned(t.to_owned()), Vec::new()));
                 groups.len() - 1
             }
         };
@@ -84,7 +98,13 @@ impl Traffic {
             }
             // The answer names where the event is in the topic it was published to, if it is.
             if dest.topics.iter().any(|t| t == topic) {
-                let g = group(&mut groups, topic);
+                let g = match groups.iter().position(|(n, _)| n == topic) {
+                    Some(g) => g,
+                    None => {
+                        groups.push((Cow::Borrowed(topic), Vec::new()));
+                        groups.len() - 1
+                    }
+                };
                 placed = Some((g, groups[g].1.len()));
                 groups[g].1.push(f);
             }
@@ -93,6 +113,6 @@ impl Traffic {
         }
         let copies = groups.iter().filter(|(t, _)| t != topic).map(|(_, f)| f.len() as u64).sum();
         metrics.events_routed.add(copies);
-        Ok(Routed { groups, first })
+        Ok(Routed { groups, first: Some(first) })
     }
 }

@@ -195,6 +195,11 @@ fn is_lite(pre: &[u8]) -> bool {
     pre.get(1) == Some(&b':')
 }
 
+/// What [`is_lite`] says of the topic's prefix, from its name.
+fn topic_is_lite(topic: &str) -> bool {
+    topic.starts_with(':')
+}
+
 /// The name part of a lite topic's partition prefix.
 fn lite_name(pre: &[u8]) -> &[u8] {
     &pre[1..1 + pre[0] as usize]
@@ -238,7 +243,7 @@ struct Inner {
     logs: Arc<PartitionLogs>,
     /// The partitions this handle used, by key prefix: no lookup in the process-wide set per
     /// append.
-    slots: RefCell<HashMap<Rc<[u8]>, Slot>>,
+    slots: RefCell<HashMap<Box<str>, Vec<Option<Slot>>>>,
     cf: String,
     durability: Durability,
     syncer: Option<Syncer>,
@@ -377,23 +382,28 @@ impl EmbeddedLog {
     }
 
     /// A (not lite) partition's slot, cached by this handle.
-    fn slot(&self, pre: &[u8], topic: &str, partition: PartitionId) -> Slot {
-        if let Some(s) = self.inner.slots.borrow().get(pre) {
+    fn slot(&self, topic: &str, partition: PartitionId) -> Slot {
+        let p = partition.0 as usize;
+        if let Some(Some(s)) = self.inner.slots.borrow().get(topic).and_then(|v| v.get(p)) {
             return s.clone();
         }
         let slot = self.inner.logs.slot(topic, partition);
-        self.inner.slots.borrow_mut().insert(pre.into(), slot.clone());
+        let mut slots = self.inner.slots.borrow_mut();
+        let v = slots.entry(topic.into()).or_default();
+        if v.len() <= p {
+            v.resize(p + 1, None);
+        }
+        v[p] = Some(slot.clone());
         slot
     }
 
     /// Runs `f` on a (not lite) partition's segment log, opening it on first use.
     fn with_log<R>(
         &self,
-        pre: &[u8],
         (topic, partition): (&str, PartitionId),
         f: impl FnOnce(&mut PartitionLog) -> Result<R, StorageError>,
     ) -> Result<R, StorageError> {
-        let slot = self.slot(pre, topic, partition);
+        let slot = self.slot(topic, partition);
         let mut g = self.inner.logs.lock(&slot, topic, partition)?;
         f(g.as_mut().expect("opened by lock"))
     }
@@ -402,11 +412,10 @@ impl EmbeddedLog {
     /// lite topic, of its newest 64 records): bounded work whatever the partition's size; 0 for
     /// an empty partition.
     pub fn average_record_bytes(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
-        let pre = prefix(topic, partition);
-        if is_lite(&pre) {
-            return self.sampled_record_bytes(&pre);
+        if topic_is_lite(topic) {
+            return self.sampled_record_bytes(&prefix(topic, partition));
         }
-        self.with_log(&pre, (topic, partition), |log| {
+        self.with_log((topic, partition), |log| {
             let (bytes, events) = log.size();
             Ok(bytes / events.max(1))
         })
@@ -459,8 +468,7 @@ impl EmbeddedLog {
         frames: &[Frame],
         contiguous: bool,
     ) -> Result<Option<usize>, StorageError> {
-        let pre = prefix(topic, partition);
-        self.with_log(&pre, (topic, partition), |log| {
+        self.with_log((topic, partition), |log| {
             let next = log.next_offset();
             let skip = frames.iter().take_while(|f| f.header().offset < next).count();
             let rest = &frames[skip..];
@@ -476,11 +484,10 @@ impl EmbeddedLog {
     /// The next offset `partition` will get, counting appends not yet written: readers of a
     /// partition this shard owns use it to know they are caught up without touching the log.
     pub fn next_offset_of(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
-        let pre = prefix(topic, partition);
-        if !is_lite(&pre) {
-            return self.with_log(&pre, (topic, partition), |log| Ok(log.next_offset()));
+        if !topic_is_lite(topic) {
+            return self.with_log((topic, partition), |log| Ok(log.next_offset()));
         }
-        self.next_offset(&pre)
+        self.next_offset(&prefix(topic, partition))
     }
 
     fn next_offset(&self, pre: &[u8]) -> Result<u64, StorageError> {
@@ -565,11 +572,10 @@ impl EmbeddedLog {
     /// Stages an append to a partition's segment log; resolves once this turn's flush wrote it.
     async fn append_segment(
         &self,
-        pre: &[u8],
         (topic, partition): (&str, PartitionId),
         frames: &mut [Frame],
     ) -> Result<u64, StorageError> {
-        let slot = self.slot(pre, topic, partition);
+        let slot = self.slot(topic, partition);
         let first = {
             let mut g = self.inner.logs.lock(&slot, topic, partition)?;
             for f in frames.iter_mut() {
@@ -617,10 +623,10 @@ fn retain_segments(log: &mut PartitionLog, meta: &TopicMeta, now_us: i64) -> Res
 
 impl Storage for EmbeddedLog {
     async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
-        let pre = prefix(topic, partition);
-        if !is_lite(&pre) {
-            return self.append_segment(&pre, (topic, partition), frames).await;
+        if !topic_is_lite(topic) {
+            return self.append_segment((topic, partition), frames).await;
         }
+        let pre = prefix(topic, partition);
         let (state, cached) = self.part_state(&pre)?;
         let first = state.next;
         let rx = {
@@ -671,22 +677,20 @@ impl Storage for EmbeddedLog {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<Frame>, StorageError> {
-        let pre = prefix(topic, partition);
-        if !is_lite(&pre) {
-            return self.with_log(&pre, (topic, partition), |log| Ok(log.read(from, max, max_bytes)?));
+        if !topic_is_lite(topic) {
+            return self.with_log((topic, partition), |log| Ok(log.read(from, max, max_bytes)?));
         }
         read_from(&self.inner.db, self.cf(), topic, partition, (from, max, max_bytes))
     }
 
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
-        let pre = prefix(topic, partition);
-        if !is_lite(&pre) {
-            return self.with_log(&pre, (topic, partition), |log| {
+        if !topic_is_lite(topic) {
+            return self.with_log((topic, partition), |log| {
                 let (start, end) = log.bounds();
                 Ok(Bounds { start, end })
             });
         }
-        self.scan_bounds(&pre)
+        self.scan_bounds(&prefix(topic, partition))
     }
 
     /// Bounded work per call, whatever the partition's size: the size limit is applied from the
@@ -704,10 +708,10 @@ impl Storage for EmbeddedLog {
         if meta.retention_ms.is_none() && meta.retention_bytes.is_none() {
             return Ok(0);
         }
-        let pre = prefix(topic, partition);
-        if !is_lite(&pre) {
-            return self.with_log(&pre, (topic, partition), |log| retain_segments(log, meta, now_us));
+        if !topic_is_lite(topic) {
+            return self.with_log((topic, partition), |log| retain_segments(log, meta, now_us));
         }
+        let pre = prefix(topic, partition);
         let b = self.scan_bounds(&pre)?;
         if b.end.saturating_sub(b.start) <= 1 {
             return Ok(0);

@@ -55,17 +55,16 @@ const STRING_ATTRS: [&str; 8] =
 
 /// Picks the content mode from the media type and whether a `ce-specversion` header is present.
 pub fn mode(content_type: Option<&[u8]>, has_ce_specversion: bool) -> Result<Mode, CeError> {
-    let media = content_type
-        .map(|ct| {
-            let ct = ct.split(|&b| b == b';').next().unwrap_or(b"").trim_ascii();
-            String::from_utf8_lossy(ct).to_ascii_lowercase()
-        })
-        .unwrap_or_default();
-    match media.as_str() {
-        "application/cloudevents+json" => Ok(Mode::Structured),
-        "application/cloudevents-batch+json" => Ok(Mode::Batch),
-        m if m.starts_with("application/cloudevents") => Err(CeError::UnsupportedMedia(format!(
-            "event format {m} is not supported; use application/cloudevents+json"
+    let media = content_type.map_or(&b""[..], |ct| ct.split(|&b| b == b';').next().unwrap_or(b"").trim_ascii());
+    // Compared without a lowercased copy: this runs on every publish.
+    let is = |m: &[u8]| media.eq_ignore_ascii_case(m);
+    let starts = |m: &[u8]| media.get(..m.len()).is_some_and(|p| p.eq_ignore_ascii_case(m));
+    match media {
+        _ if is(b"application/cloudevents+json") => Ok(Mode::Structured),
+        _ if is(b"application/cloudevents-batch+json") => Ok(Mode::Batch),
+        _ if starts(b"application/cloudevents") => Err(CeError::UnsupportedMedia(format!(
+            "event format {} is not supported; use application/cloudevents+json",
+            String::from_utf8_lossy(media).to_ascii_lowercase()
         ))),
         _ if has_ce_specversion => Ok(Mode::Binary),
         _ => Err(CeError::UnsupportedMedia(
