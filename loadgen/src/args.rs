@@ -5,7 +5,8 @@ use std::time::Duration;
 
 pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--connections 64] [--threads 1]
        [--duration 10s] [--warmup 1s] [--rate 0 (closed loop) | R requests/s (open loop)]
-       [--body structured|binary|raw] [--body-bytes 1024] [--body-file FILE]
+       [--body structured|binary|raw|batch] [--body-bytes 1024] [--batch 10] [--body-file FILE]
+       (batch: a CloudEvents JSON batch of --batch structured events of --body-bytes each)
        [--server-pid PID] [--json FILE] [--header 'Name: value' ...]
        [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
        subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
@@ -30,6 +31,8 @@ pub struct Args {
     pub rate: f64,
     pub body: String,
     pub body_bytes: usize,
+    /// Events per request with `--body batch`.
+    pub batch: usize,
     pub body_file: Option<String>,
     pub server_pid: Option<u32>,
     pub json: Option<String>,
@@ -74,6 +77,7 @@ impl Args {
             rate: 0.0,
             body: "structured".into(),
             body_bytes: 1024,
+            batch: 10,
             body_file: None,
             server_pid: None,
             json: None,
@@ -97,6 +101,7 @@ impl Args {
                 "--rate" | "-R" => a.rate = val()?.parse().map_err(|_| "bad --rate")?,
                 "--body" => a.body = val()?,
                 "--body-bytes" => a.body_bytes = val()?.parse().map_err(|_| "bad --body-bytes")?,
+                "--batch" => a.batch = val()?.parse().map_err(|_| "bad --batch")?,
                 "--body-file" => a.body_file = Some(val()?),
                 "--server-pid" => a.server_pid = Some(val()?.parse().map_err(|_| "bad --server-pid")?),
                 "--json" => a.json = Some(val()?),
@@ -132,8 +137,11 @@ impl Args {
         if a.connections == 0 {
             return Err("--connections must be at least 1".into());
         }
-        if !["structured", "binary", "raw"].contains(&a.body.as_str()) {
-            return Err("--body is structured, binary or raw".into());
+        if !["structured", "binary", "raw", "batch"].contains(&a.body.as_str()) {
+            return Err("--body is structured, binary, raw or batch".into());
+        }
+        if a.batch == 0 {
+            return Err("--batch must be at least 1".into());
         }
         if a.turns && a.rate <= 0.0 {
             return Err("--turns needs --rate R (chunks per second in all)".into());

@@ -22,6 +22,17 @@ pub fn body(args: &Args) -> Vec<u8> {
     let mut b = head.as_bytes().to_vec();
     b.extend(std::iter::repeat_n(b'x', pad));
     b.extend_from_slice(b"\"}");
+    if args.body == "batch" {
+        let mut all = b"[".to_vec();
+        for i in 0..args.batch {
+            if i > 0 {
+                all.push(b',');
+            }
+            all.extend_from_slice(&b);
+        }
+        all.push(b']');
+        return all;
+    }
     b
 }
 
@@ -30,6 +41,7 @@ pub fn build_request(args: &Args) -> Vec<u8> {
     let mut head = format!("POST {} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n", args.path, args.host, body.len());
     match args.body.as_str() {
         "structured" => head.push_str("Content-Type: application/cloudevents+json\r\n"),
+        "batch" => head.push_str("Content-Type: application/cloudevents-batch+json\r\n"),
         "binary" => head.push_str(
             "Content-Type: application/octet-stream\r\nce-specversion: 1.0\r\nce-id: t0000000000000000\r\nce-source: /loadgen\r\nce-type: com.example.load\r\n",
         ),
