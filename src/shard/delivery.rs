@@ -218,12 +218,12 @@ impl Shard {
             Start::Named(n) if n == "earliest" => b.start,
             // A LOAD_BALANCE subscription keeps what was published since it was created.
             Start::Named(_) if def.mode == Mode::LoadBalance && def.created_us > 0 => {
-                self.first_at(&def.topic, p, b, def.created_us)?
+                self.log.offset_for_time(&def.topic, p, def.created_us)?
             }
             Start::Named(_) => b.end,
             Start::Offset { offset } => (*offset).clamp(b.start, b.end),
             Start::Time { time } => {
-                self.first_at(&def.topic, p, b, crate::adaptor::rfc3339_micros(time).unwrap_or(0))?
+                self.log.offset_for_time(&def.topic, p, crate::adaptor::rfc3339_micros(time).unwrap_or(0))?
             }
         };
         let st = offsets::Stored::at(o);
@@ -231,27 +231,6 @@ impl Shard {
             offsets::put(db, self.id, &k, &st)?;
         }
         Ok(st)
-    }
-
-    /// The first offset in `b` published at or after `micros` (binary search over the log;
-    /// publish times follow offsets within a partition, up to clock steps between cores).
-    fn first_at(
-        &self,
-        topic: &str,
-        p: PartitionId,
-        b: crate::storage::Bounds,
-        micros: i64,
-    ) -> Result<u64, StorageError> {
-        let (mut lo, mut hi) = (b.start, b.end);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            match self.log.read(topic, p, mid, 1, usize::MAX)?.first() {
-                Some(f) if f.header().timestamp_us < micros => lo = f.header().offset + 1,
-                Some(_) => hi = mid,
-                None => hi = mid,
-            }
-        }
-        Ok(lo)
     }
 
     /// Newly stored events of a partition this shard owns, for its acked `consumers`: each gets

@@ -693,6 +693,14 @@ impl Storage for EmbeddedLog {
         self.scan_bounds(&prefix(topic, partition))
     }
 
+    /// From the segments' time index (events' own times); a lite topic by binary search.
+    fn offset_for_time(&self, topic: &str, partition: PartitionId, micros: i64) -> Result<u64, StorageError> {
+        if !topic_is_lite(topic) {
+            return self.with_log((topic, partition), |log| Ok(log.offset_for_time(micros)?));
+        }
+        super::offset_by_search(self, topic, partition, micros)
+    }
+
     /// Bounded work per call, whatever the partition's size: the size limit is applied from the
     /// average size of the newest 64 records (hence "about" in the setting's doc), and the age
     /// limit walks forward from the oldest record, at most `RETENTION_SCAN` records per call

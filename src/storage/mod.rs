@@ -111,6 +111,13 @@ pub trait Storage {
     /// Current start and end offsets.
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError>;
 
+    /// The first offset kept whose event was published at or after `micros` (the end if none).
+    /// By default a binary search over reads (publish times follow offsets within a partition,
+    /// up to clock steps between cores); a log with a time index answers from it.
+    fn offset_for_time(&self, topic: &str, partition: PartitionId, micros: i64) -> Result<u64, StorageError> {
+        offset_by_search(self, topic, partition, micros)
+    }
+
     /// Drops what the topic's retention allows from a partition this shard owns.
     fn enforce_retention(
         &self,
@@ -119,6 +126,25 @@ pub trait Storage {
         partition: PartitionId,
         now_us: i64,
     ) -> Result<u64, StorageError>;
+}
+
+/// [`Storage::offset_for_time`] by binary search over one-event reads.
+fn offset_by_search<S: Storage + ?Sized>(
+    log: &S,
+    topic: &str,
+    partition: PartitionId,
+    micros: i64,
+) -> Result<u64, StorageError> {
+    let b = log.bounds(topic, partition)?;
+    let (mut lo, mut hi) = (b.start, b.end);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match log.read(topic, partition, mid, 1, usize::MAX)?.first() {
+            Some(f) if f.header().timestamp_us < micros => lo = f.header().offset + 1,
+            _ => hi = mid,
+        }
+    }
+    Ok(lo)
 }
 
 /// How evmesh reaches Kafka (from `[kafka]` in the configuration).
@@ -195,6 +221,10 @@ impl Storage for Log {
 
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
         self.local().bounds(topic, partition)
+    }
+
+    fn offset_for_time(&self, topic: &str, partition: PartitionId, micros: i64) -> Result<u64, StorageError> {
+        self.local().offset_for_time(topic, partition, micros)
     }
 
     fn enforce_retention(

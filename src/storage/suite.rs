@@ -289,3 +289,24 @@ mod on_kafka {
         concurrent_appends(Backend::Kafka);
     }
 }
+
+/// Reads by time: the first event at or after a time, from the segments' time index (and by
+/// binary search on a lite topic), the end past the last.
+#[test]
+fn offsets_are_found_by_time() {
+    for &backend in ALL {
+        let dir = TempDir::new(&format!("by-time-{backend:?}"));
+        let (log, names) = open(&dir, backend, &["t"]);
+        for t in [names[0].as_str(), ":lite"] {
+            for i in 0..10 {
+                append(&log, t, 0, vec![frame(t, &i.to_string(), i * 1000, 10), frame(t, "b", i * 1000 + 500, 10)]);
+            }
+            let at = |us| log.offset_for_time(t, PartitionId(0), us).unwrap();
+            assert_eq!(at(i64::MIN), 0, "{t}");
+            assert_eq!(at(3_000), 6, "{t}");
+            assert_eq!(at(3_001), 7, "{t}");
+            assert_eq!(at(9_500), 19, "{t}");
+            assert_eq!(at(9_501), 20, "{t}: after the last, the end");
+        }
+    }
+}
