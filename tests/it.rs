@@ -25,4 +25,5 @@ mod it {
     mod subscriptions;
     mod tls;
     mod ws;
+    mod ws_publish;
 }

@@ -9,6 +9,7 @@ mod call;
 mod pipeline;
 mod request;
 mod session;
+mod ws_publish;
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -131,10 +132,19 @@ impl Handler for Traffic {
         limits: ConnLimits,
         guard: ConnGuard,
     ) {
+        let shard = self.shard.clone();
+        if let Upgrade::WsPublish(spec) = upgrade {
+            // The publisher's requests go through the caller's limits: the session owns it.
+            let session = ws_publish::session(Traffic::new(shard), caller, stream, buf, limits, spec);
+            monoio::spawn(async move {
+                Box::pin(session).await;
+                drop(guard);
+            });
+            return;
+        }
         // The caller (its tenant's connection slot) is held as long as the session, like the
         // connection's own count.
         let guard = (guard, caller);
-        let shard = self.shard.clone();
         let session: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = match upgrade {
             Upgrade::WsEcho => Box::pin(crate::server::ws::echo(stream, buf, limits)),
             Upgrade::WsDeliver(spec) => Box::pin(crate::push::ws::session(shard, stream, buf, limits, spec)),
@@ -142,6 +152,7 @@ impl Handler for Traffic {
             Upgrade::FollowWs(spec) => Box::pin(crate::push::follow::websocket(shard, stream, buf, limits, spec)),
             Upgrade::FollowSse(spec) => Box::pin(crate::push::follow::sse(shard, stream, buf, spec)),
             Upgrade::TurnSse(spec) => Box::pin(crate::push::turn::sse(shard, stream, buf, spec)),
+            Upgrade::WsPublish(_) => unreachable!("served above"),
         };
         monoio::spawn(async move {
             session.await;
@@ -251,6 +262,7 @@ impl Handler for Traffic {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST")
             }
             (Method::Get, "/ws/echo") if self.shard.shared.config.ws_echo_endpoint => ws_upgrade(&req, Upgrade::WsEcho),
+            (Method::Get, "/events/ws") if req.query("publish").is_some() => self.ws_publish(&mut gate, &req),
             (Method::Get, "/events/ws") => match self.session_spec(&mut gate, &req) {
                 Ok(spec) => ws_upgrade(&req, Upgrade::WsDeliver(Box::new(spec))),
                 Err(r) => r,
@@ -887,8 +899,19 @@ impl Traffic {
         req: &Request<'r>,
         action: Action,
     ) -> Result<Cow<'r, str>, Response> {
-        let Some(topic) = req.query("topic") else {
-            return Err(problem(StatusCode::BAD_REQUEST, "missing ?topic="));
+        self.topic_query(gate, req, "topic", action)
+    }
+
+    /// The topic a query parameter names, checked as [`Traffic::topic_param`] does.
+    fn topic_query<'r>(
+        &self,
+        gate: &mut Gate<'_>,
+        req: &Request<'r>,
+        param: &str,
+        action: Action,
+    ) -> Result<Cow<'r, str>, Response> {
+        let Some(topic) = req.query(param) else {
+            return Err(problem(StatusCode::BAD_REQUEST, &format!("missing ?{param}=")));
         };
         if !valid_topic(&topic) {
             return Err(problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}"));

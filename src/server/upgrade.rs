@@ -18,6 +18,22 @@ pub enum Upgrade {
     FollowSse(Box<FollowSpec>),
     /// The chunks of an agent streaming call's turn, as server-sent events.
     TurnSse(Box<TurnSpec>),
+    /// CloudEvents published over WebSocket, one structured event per text message.
+    WsPublish(Box<PublishSpec>),
+}
+
+/// A WebSocket publisher (`GET /events/ws?publish=T`), as the request set it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishSpec {
+    /// The topic's stored name (tenant-scoped) and the name the caller used (for the ACL).
+    pub topic: String,
+    pub local: String,
+    /// Who opened it (`None` with `auth = none`), its tenant, its credential (verified again
+    /// when the keys change) and when that expires (µs since the epoch): the session ends then.
+    pub principal: Option<String>,
+    pub tenant: Option<String>,
+    pub credential: Option<Credential>,
+    pub expires_us: Option<i64>,
 }
 
 /// A client's stream of one turn of an agent streaming call.

@@ -16,7 +16,7 @@ fn close_frame(code: CloseCode, out: &mut Vec<u8>) {
 }
 
 /// Sends our close frame, then waits briefly for the peer's before dropping the socket.
-async fn close(mut stream: Stream, out: &mut Vec<u8>, code: CloseCode, write_timeout: Duration) {
+pub(crate) async fn close(mut stream: Stream, out: &mut Vec<u8>, code: CloseCode, write_timeout: Duration) {
     close_frame(code, out);
     if flush(&mut stream, out, write_timeout).await {
         let _ = stream.shutdown().await;

@@ -1,0 +1,137 @@
+//! CloudEvents published over WebSocket (`GET /events/ws?publish=T`), with an independent client
+//! (tungstenite): answers in order, stored as `POST /events/publish` stores, and the session's
+//! budgets (message size, binary messages, idle time, rate limits) enforced.
+
+use std::net::TcpStream;
+
+use serde_json::{json, Value};
+use tungstenite::protocol::frame::coding::CloseCode;
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::{Message, WebSocket};
+
+use super::util::{event, TestBroker};
+
+type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
+
+fn publisher(b: &TestBroker, topic: &str) -> Ws {
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    let url = format!("ws://{}/events/ws?publish={topic}", b.traffic);
+    let mut req = tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
+    req.headers_mut().insert("sec-websocket-protocol", "cloudevents.json".parse().unwrap());
+    let (ws, resp) = tungstenite::client(req, MaybeTlsStream::Plain(stream)).unwrap();
+    assert_eq!(resp.headers().get("sec-websocket-protocol").unwrap(), "cloudevents.json");
+    ws
+}
+
+fn answer(ws: &mut Ws) -> Value {
+    match ws.read().unwrap() {
+        Message::Text(t) => serde_json::from_str(&t).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn closed_with(ws: &mut Ws) -> CloseCode {
+    loop {
+        match ws.read() {
+            Ok(Message::Close(Some(f))) => return f.code,
+            Ok(Message::Text(_)) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Sent without waiting (pipelined), answered in order; a bad event is answered with 400 and
+/// its neighbours are stored; what is stored is what `POST /events/publish` would store.
+#[test]
+fn events_published_over_websocket_are_answered_in_order_and_stored() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    let mut ws = publisher(&b, "wsp");
+    for i in 0..40 {
+        let mut e = event(&format!("w{i}"));
+        if i == 7 {
+            e.as_object_mut().unwrap().remove("source");
+        }
+        ws.send(Message::text(e.to_string())).unwrap();
+    }
+    ws.send(Message::text("{not json")).unwrap();
+    let mut offset = 0;
+    for i in 0..40 {
+        let a = answer(&mut ws);
+        assert_eq!(a["id"], format!("w{i}"));
+        if i == 7 {
+            assert_eq!((a["type"].as_str(), a["status"].as_u64()), (Some("error"), Some(400)), "{a}");
+            assert!(a["detail"].as_str().unwrap().contains("source"), "{a}");
+            continue;
+        }
+        assert_eq!(a["type"], "published", "{a}");
+        assert_eq!(a["partition"], 0);
+        assert_eq!(a["offset"], offset.to_string(), "offsets are strings: {a}");
+        offset += 1;
+    }
+    let bad = answer(&mut ws);
+    assert_eq!((bad["type"].as_str(), bad["status"].as_u64(), &bad["id"]), (Some("error"), Some(400), &Value::Null));
+    let ids: Vec<String> = b.events("wsp", 0).into_iter().map(|(_, e)| e["id"].as_str().unwrap().to_owned()).collect();
+    let want: Vec<String> = (0..40).filter(|&i| i != 7).map(|i| format!("w{i}")).collect();
+    assert_eq!(ids, want);
+    // HTTP publishes to the same topic continue the same offsets.
+    assert_eq!(b.publish("wsp", &event("http")).json()["offset"], 39);
+    ws.close(None).unwrap();
+}
+
+/// A bad topic is refused before the upgrade, with the status a publish would get.
+#[test]
+fn a_bad_topic_is_refused_before_the_upgrade() {
+    let b = TestBroker::start(&[]);
+    let r = b.client().request(
+        "GET",
+        "/events/ws?publish=bad%20topic",
+        &[
+            ("upgrade", "websocket"),
+            ("connection", "Upgrade"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("sec-websocket-version", "13"),
+        ],
+        b"",
+    );
+    r.assert_problem(400);
+}
+
+/// Over the message size: 1009; a binary message: 1003 (the binding sends events as text);
+/// silent for idle_timeout: 1001.
+#[test]
+fn oversized_binary_and_idle_publishers_are_closed_with_their_codes() {
+    let b = TestBroker::start(&["--ws-max-message-bytes", "2000", "--idle-timeout-ms", "300"]);
+    let mut ws = publisher(&b, "wsb");
+    let mut big = event("big");
+    big["data"] = json!("x".repeat(3000));
+    ws.send(Message::text(big.to_string())).unwrap();
+    assert_eq!(closed_with(&mut ws), CloseCode::Size);
+    let mut ws = publisher(&b, "wsb");
+    ws.send(Message::binary(b"{}".to_vec())).unwrap();
+    assert_eq!(closed_with(&mut ws), CloseCode::Unsupported);
+    let mut ws = publisher(&b, "wsb");
+    ws.send(Message::text(event("one").to_string())).unwrap();
+    assert_eq!(answer(&mut ws)["type"], "published");
+    let started = std::time::Instant::now();
+    assert_eq!(closed_with(&mut ws), CloseCode::Away);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(250), "{:?}", started.elapsed());
+}
+
+/// The topic's rate limit answers 429 for the events over it; the session goes on.
+#[test]
+fn a_rate_limited_publisher_gets_429_answers_and_goes_on() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    let body = json!({"scope": "topic:wsl", "eventsPerSecond": 1, "burst": 3}).to_string();
+    let r = b.admin().request("PUT", "/admin/limits/wsl", &[("content-type", "application/json")], body.as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut ws = publisher(&b, "wsl");
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        ws.send(Message::text(event(&format!("l{i}")).to_string())).unwrap();
+        let a = answer(&mut ws);
+        statuses.push(a["status"].as_u64().unwrap_or(202));
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 202).count(), 3, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 3, "{statuses:?}");
+    assert_eq!(b.events("wsl", 0).len(), 3);
+}
