@@ -7,6 +7,8 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        [--duration 10s] [--warmup 1s] [--rate 0 (closed loop) | R requests/s (open loop)]
        [--body structured|binary|raw|batch] [--body-bytes 1024] [--batch 10] [--body-file FILE]
        (batch: a CloudEvents JSON batch of --batch structured events of --body-bytes each)
+       [--ws [--pipeline 1]]   (publish over WebSocket: --url http://HOST:PORT/events/ws?publish=T,
+       one structured event per text message, K messages sent before their K answers are read)
        [--server-pid PID] [--json FILE] [--header 'Name: value' ...]
        [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
        subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
@@ -33,6 +35,9 @@ pub struct Args {
     pub body_bytes: usize,
     /// Events per request with `--body batch`.
     pub batch: usize,
+    /// Publish over WebSocket, `pipeline` messages in flight per connection.
+    pub ws: bool,
+    pub pipeline: usize,
     pub body_file: Option<String>,
     pub server_pid: Option<u32>,
     pub json: Option<String>,
@@ -78,6 +83,8 @@ impl Args {
             body: "structured".into(),
             body_bytes: 1024,
             batch: 10,
+            ws: false,
+            pipeline: 1,
             body_file: None,
             server_pid: None,
             json: None,
@@ -102,6 +109,8 @@ impl Args {
                 "--body" => a.body = val()?,
                 "--body-bytes" => a.body_bytes = val()?.parse().map_err(|_| "bad --body-bytes")?,
                 "--batch" => a.batch = val()?.parse().map_err(|_| "bad --batch")?,
+                "--ws" => a.ws = true,
+                "--pipeline" => a.pipeline = val()?.parse().map_err(|_| "bad --pipeline")?,
                 "--body-file" => a.body_file = Some(val()?),
                 "--server-pid" => a.server_pid = Some(val()?.parse().map_err(|_| "bad --server-pid")?),
                 "--json" => a.json = Some(val()?),

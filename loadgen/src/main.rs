@@ -14,6 +14,7 @@ mod fanout;
 mod http;
 mod respond;
 mod turns;
+mod wspub;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -152,6 +153,11 @@ fn run_thread(
             .map(|i| {
                 // Spread open-loop connections over one interval so they do not fire in lockstep.
                 let offset = interval.map_or(Duration::ZERO, |iv| iv.mul_f64(i as f64 / conns as f64));
+                if args.ws {
+                    let body = Rc::new(http::body(&args));
+                    let times = (start + offset, measure_from, end);
+                    return monoio::spawn(wspub::connection(args.clone(), body, interval, times, stop.clone()));
+                }
                 monoio::spawn(connection(
                     args.clone(),
                     request_of(i),

@@ -111,17 +111,17 @@ pub(super) async fn session(
     loop {
         // The round: every complete message already read, within its budgets.
         let mut texts: SmallVec<[String; 8]> = SmallVec::new();
-        let mut bytes = 0;
+        let (mut bytes, mut consumed) = (0, 0);
         let mut close = None;
         while texts.len() < MAX_ROUND && bytes < max_body {
-            let (msg, used) = match reader.read(&mut buf) {
+            let (msg, used) = match reader.read(&mut buf[consumed..]) {
                 Ok(r) => r,
                 Err(e) => {
                     close = Some(e.code);
                     break;
                 }
             };
-            buf.drain(..used);
+            consumed += used;
             match msg {
                 None => break,
                 Some(Message::Text(t)) => {
@@ -140,6 +140,8 @@ pub(super) async fn session(
                 }
             }
         }
+        // Once per round: the messages taken leave the buffer together.
+        buf.drain(..consumed);
         if !texts.is_empty() {
             let now = crate::clock::now_micros();
             let expired = spec.expires_us.is_some_and(|e| e <= now);
@@ -182,7 +184,7 @@ async fn round(traffic: &Traffic, gate: &mut Gate<'_>, spec: &PublishSpec, texts
     let mut parsed: SmallVec<[(Option<String>, Option<String>); 8]> = SmallVec::new();
     let mut frames = Vec::with_capacity(texts.len());
     for t in texts {
-        match cloudevents::parse_structured(&spec.topic, t.as_bytes()) {
+        match cloudevents::parse_structured_text(&spec.topic, t) {
             Ok(mut f) => {
                 f.set_timestamp(now);
                 parsed.push((f.body().attr_str("id").map(str::to_owned), None));

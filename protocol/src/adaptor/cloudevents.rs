@@ -313,7 +313,11 @@ fn encode(topic: &str, kind: DataKind, attributes: Vec<Attribute>, data: Vec<u8>
 
 /// Parses a structured-mode body (one event).
 pub fn parse_structured(topic: &str, body: &[u8]) -> Result<Frame, CeError> {
-    let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
+    parse_structured_text(topic, std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?)
+}
+
+/// [`parse_structured`] of text already known to be UTF-8 (a WebSocket text message).
+pub fn parse_structured_text(topic: &str, text: &str) -> Result<Frame, CeError> {
     if !text.trim_start().starts_with('{') {
         return Err(invalid("a structured-mode event must be a JSON object"));
     }
