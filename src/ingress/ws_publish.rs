@@ -6,30 +6,35 @@
 //! would answer).
 //!
 //! The same path as `POST /events/publish`: the messages one read brought (at most
-//! [`MAX_ROUND`] of them, `max_body_bytes` of events in all) are parsed from their own bytes,
-//! pass the caller's rate limits, quotas and backlog, the topic's transformer and routes
-//! together, and are stored with one append per partition; their answers go out in one write.
+//! [`MAX_ROUND`] of them, `max_body_bytes` of events in all) are a round. Each message is
+//! checked as a publish of its own (parsed from its own bytes; the rate limits, the transformer
+//! and the routes with the budgets of one request), the ACL, quotas and backlog once a round;
+//! those that pass are stored together, with one append per partition, and the answers go out
+//! in one write. A round that stopped at its budget is followed by the next without a read.
 //!
 //! Budgets: a message is at most the smaller of `ws_max_message_bytes` and `max_body_bytes`
-//! (1009 past it); a round is bounded in events and bytes, and the next read waits until its
-//! answers are written (a publisher that does not read its answers is dropped after
-//! `write_timeout`); `idle_timeout` without a message closes with 1001; a binary message is
-//! refused with 1003 (the binding carries structured events as text); an expired credential, or
-//! one the keys no longer verify, closes with 1008 at the next message.
+//! (1009 past it); the connection buffers at most one message and a read (16 KiB) more; a round
+//! is bounded in events and bytes, and the next read waits until its answers are written (a
+//! publisher that does not read its answers is dropped after `write_timeout`); `idle_timeout`
+//! without a frame closes with 1001; a binary message is refused with 1003 (the binding carries
+//! structured events as text); an expired credential, one the keys no longer verify, or an ACL
+//! that no longer allows PUBLISH closes with 1008 (checked each round, pings included).
 
+use std::borrow::Cow;
 use std::rc::Rc;
 
 use frame_codec::Frame;
 use smallvec::SmallVec;
 
-use super::{shed, ws_upgrade, Gate, Quotaed, Traffic};
+use super::{pipeline, shed, ws_upgrade, Gate, Quotaed, Traffic};
 use crate::adaptor::cloudevents;
 use crate::governance::acl::{Action, Kind};
 use crate::governance::identity::Principal;
 use crate::governance::Caller;
-use crate::server::conn::{flush, read_more, ConnLimits, ReadOutcome};
+use crate::server::conn::{flush, read_at_most, ConnLimits, ReadOutcome};
 use crate::server::upgrade::{Credential, PublishSpec};
 use crate::server::{Request, Response, Stream, Upgrade};
+use crate::shard::PartitionId;
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 
 /// Messages taken in one round at most.
@@ -58,11 +63,16 @@ impl Traffic {
     }
 }
 
-/// One message's answer, written as it is decided.
-fn answer(out: &mut Vec<u8>, id: Option<&str>, result: Result<(u32, u64), (u16, &str)>) {
+/// One message's answer, written as it is decided. `topic`: the topic a route moved the event
+/// to, as the caller names it (as `POST /events/publish` says it).
+fn answer(out: &mut Vec<u8>, id: Option<&str>, result: Result<(Option<&str>, u32, u64), (u16, &str)>) {
     let id = serde_json::Value::from(id);
     let text = match result {
-        Ok((p, o)) => format!(r#"{{"type":"published","id":{id},"partition":{p},"offset":"{o}"}}"#),
+        Ok((None, p, o)) => format!(r#"{{"type":"published","id":{id},"partition":{p},"offset":"{o}"}}"#),
+        Ok((Some(t), p, o)) => {
+            let t = serde_json::Value::from(t);
+            format!(r#"{{"type":"published","id":{id},"partition":{p},"offset":"{o}","topic":{t}}}"#)
+        }
         Err((status, detail)) => {
             let detail = serde_json::Value::from(detail);
             format!(r#"{{"type":"error","id":{id},"status":{status},"detail":{detail}}}"#)
@@ -100,12 +110,15 @@ pub(super) async fn session(
 ) {
     let shared = traffic.shard.shared.clone();
     let max_body = shared.config.limits.max_body_bytes;
+    let max_message = limits.ws_max_message.min(max_body);
+    // What the connection buffers at most: one whole message, its frame header, a read's worth.
+    let buffered = max_message + 14 + READ_ROOM;
     let who = Rc::new(Principal {
         name: spec.principal.clone().unwrap_or_else(|| "anonymous".into()),
         tenant: spec.tenant.clone(),
         expires_us: spec.expires_us,
     });
-    let mut reader = MessageReader::new(limits.ws_max_message.min(max_body));
+    let mut reader = MessageReader::new(max_message);
     let mut out = Vec::new();
     let mut generation = shared.governance.generation();
     loop {
@@ -142,18 +155,24 @@ pub(super) async fn session(
         }
         // Once per round: the messages taken leave the buffer together.
         buf.drain(..consumed);
-        if !texts.is_empty() {
-            let now = crate::clock::now_micros();
-            let expired = spec.expires_us.is_some_and(|e| e <= now);
-            let snap = traffic.view.current(&shared.governance);
-            // The keys changed since the last check: the credential must still verify.
-            let revoked = snap.generation != generation
-                && spec.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err());
-            generation = snap.generation;
-            if expired || revoked {
+        // A round that stopped at its budget leaves whole messages behind: the next round takes
+        // them without waiting for more bytes.
+        let full = texts.len() == MAX_ROUND || bytes >= max_body;
+        // The credential, every round (pings too keep a session alive): expired, or no longer
+        // verified by the keys, closes it.
+        let now = crate::clock::now_micros();
+        let snap = traffic.view.current(&shared.governance);
+        let revoked = snap.generation != generation
+            && spec.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err());
+        generation = snap.generation;
+        if spec.expires_us.is_some_and(|e| e <= now) || revoked {
+            close = Some(CloseCode::POLICY);
+        } else if !texts.is_empty() {
+            let mut gate = Gate { traffic: &traffic, snap, caller: &mut caller, who: &who, token: None };
+            // The ACL first, before any parsing: a publisher it no longer allows is closed.
+            if gate.allow(Action::Publish, Kind::Topic, &spec.local).is_err() {
                 close = Some(CloseCode::POLICY);
             } else {
-                let mut gate = Gate { traffic: &traffic, snap, caller: &mut caller, who: &who, token: None };
                 round(&traffic, &mut gate, &spec, &texts, &mut out).await;
             }
         }
@@ -163,7 +182,12 @@ pub(super) async fn session(
         if !flush(&mut stream, &mut out, limits.write_timeout).await {
             return;
         }
-        match read_more(&mut stream, &mut buf, limits.idle_timeout).await {
+        if full {
+            crate::task::yield_now().await;
+            continue;
+        }
+        let room = buffered.saturating_sub(buf.len()).max(1);
+        match read_at_most(&mut stream, &mut buf, limits.idle_timeout, room.min(READ_ROOM)).await {
             ReadOutcome::Data => {}
             ReadOutcome::Closed => return,
             ReadOutcome::TimedOut => {
@@ -173,75 +197,95 @@ pub(super) async fn session(
     }
 }
 
-/// Publishes one round's messages and writes their answers, in order.
+/// Where a message's first copy goes in the round's groups (group, position), or its refusal.
+type Outcome = Result<(usize, usize), (u16, String)>;
+
+/// Bytes one read takes at most.
+const READ_ROOM: usize = 16 * 1024;
+
+/// Publishes one round's messages and writes their answers, in order. Each message is checked as
+/// a publish of its own (its parse, the rate limits, the transformer and the routes, each with
+/// the budgets of one request); those that pass are stored together.
 async fn round(traffic: &Traffic, gate: &mut Gate<'_>, spec: &PublishSpec, texts: &[String], out: &mut Vec<u8>) {
-    let shared = &traffic.shard.shared;
-    let m = shared.metrics.shard(traffic.shard.id);
+    let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
     m.publish_requests.add(texts.len() as u64);
+    let topic = spec.topic.as_str();
     let now = crate::clock::now_micros();
-    // Each message parsed on its own: a bad one is answered (400), the others go on. Per
-    // message: its id, and the parse error if it has one.
-    let mut parsed: SmallVec<[(Option<String>, Option<String>); 8]> = SmallVec::new();
-    let mut frames = Vec::with_capacity(texts.len());
-    for t in texts {
-        match cloudevents::parse_structured_text(&spec.topic, t) {
-            Ok(mut f) => {
-                f.set_timestamp(now);
-                parsed.push((f.body().attr_str("id").map(str::to_owned), None));
-                frames.push(f);
-            }
-            Err(e) => parsed.push((loose_id(t), Some(e.to_string()))),
-        }
-    }
-    let stored = publish(traffic, gate, spec, frames, texts.iter().map(String::len).sum()).await;
-    let mut placed = match &stored {
-        Ok(p) => p.iter(),
-        Err(_) => [].iter(),
+    // Per message: its id, then where its first copy goes (group, position) or its refusal.
+    let mut each: SmallVec<[(Option<String>, Outcome); 8]> = SmallVec::new();
+    let mut groups: pipeline::Groups<'_, Frame> = SmallVec::new();
+    let shed = traffic.shard.shared.memory.shed_now();
+    let shared_refusal = if shed {
+        Some(refusal(&super::shed()))
+    } else {
+        gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r))
     };
-    for (id, invalid) in &parsed {
-        let result = match (invalid, &stored) {
-            (Some(detail), _) => Err((400, detail.as_str())),
-            (None, Err((status, detail))) => Err((*status, detail.as_str())),
-            (None, Ok(_)) => Ok(*placed.next().expect("one placement per stored event")),
+    for t in texts {
+        let mut f = match cloudevents::parse_structured_text(topic, t) {
+            Ok(f) => f,
+            Err(e) => {
+                each.push((loose_id(t), Err((400, e.to_string()))));
+                continue;
+            }
+        };
+        f.set_timestamp(now);
+        let id = f.body().attr_str("id").map(str::to_owned);
+        if let Some(r) = &shared_refusal {
+            each.push((id, Err(r.clone())));
+            continue;
+        }
+        if let Err(r) = gate.limit(topic, 1, t.len() as u64) {
+            each.push((id, Err(refusal(&r))));
+            continue;
+        }
+        let routed = match traffic.transform_and_route(&gate.snap, topic, vec![f]) {
+            Ok(r) => r,
+            Err(r) => {
+                each.push((id, Err(refusal(&r))));
+                continue;
+            }
+        };
+        // Merged into the round's groups (by destination topic), remembering the first copy.
+        let (g0, at0) = routed.first.as_ref().map_or((0, 0), |f| f[0]);
+        let mut first = None;
+        for (k, (dest, frames)) in routed.groups.into_iter().enumerate() {
+            let g = match groups.iter().position(|(n, _)| *n == dest) {
+                Some(g) => g,
+                None => {
+                    groups.push((Cow::Owned(dest.into_owned()), Vec::new()));
+                    groups.len() - 1
+                }
+            };
+            if k == g0 {
+                first = Some((g, groups[g].1.len() + at0));
+            }
+            groups[g].1.extend(frames);
+        }
+        each.push((id, Ok(first.expect("the first copy's group is among the groups"))));
+    }
+    let stored: Result<pipeline::Groups<'_, (PartitionId, u64)>, (u16, String)> = if groups.is_empty() {
+        Ok(SmallVec::new())
+    } else {
+        traffic.store_routed(groups).await.map_err(|r| refusal(&r))
+    };
+    let mut published = 0;
+    for (id, placed) in &each {
+        let result = match (placed, &stored) {
+            (Err((status, detail)), _) => Err((*status, detail.as_str())),
+            (Ok(_), Err((status, detail))) => Err((*status, detail.as_str())),
+            (Ok((g, at)), Ok(stored)) => {
+                let (t, placed) = &stored[*g];
+                let (p, o) = placed[*at];
+                published += 1;
+                let moved = (t.as_ref() != topic).then(|| gate.local(t)).flatten();
+                Ok((moved, p.0, o))
+            }
         };
         if result.is_err() {
             m.publish_errors.inc();
         }
         answer(out, id.as_deref(), result);
     }
-}
-
-/// The checks and the store of `POST /events/publish`, for a round's valid events: where each
-/// landed (partition, offset), or the one refusal for all of them.
-async fn publish(
-    traffic: &Traffic,
-    gate: &mut Gate<'_>,
-    spec: &PublishSpec,
-    frames: Vec<Frame>,
-    bytes: usize,
-) -> Result<Vec<(u32, u64)>, (u16, String)> {
-    if frames.is_empty() {
-        return Ok(Vec::new());
-    }
-    if traffic.shard.shared.memory.shed_now() {
-        return Err(refusal(&shed()));
-    }
-    let topic = spec.topic.as_str();
-    gate.allow(Action::Publish, Kind::Topic, &spec.local).map_err(|r| refusal(&r))?;
-    gate.limit(topic, frames.len() as u64, bytes as u64).map_err(|r| refusal(&r))?;
-    gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).map_err(|r| refusal(&r))?;
-    let n = frames.len();
-    let routed = traffic.transform_and_route(&gate.snap, topic, frames).map_err(|r| refusal(&r))?;
-    let first = routed.first;
-    let stored = traffic.store_routed(routed.groups).await.map_err(|r| refusal(&r))?;
-    let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
-    m.events_published.add(n as u64);
-    gate.tenant_count(|s| &s.published, n as u64);
-    Ok((0..n)
-        .map(|i| {
-            let (g, at) = first.as_ref().map_or((0, i), |f| f[i]);
-            let (p, o) = stored[g].1[at];
-            (p.0, o)
-        })
-        .collect())
+    m.events_published.add(published);
+    gate.tenant_count(|s| &s.published, published);
 }

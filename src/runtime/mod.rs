@@ -344,6 +344,13 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         syncer,
         config,
     });
+    // Every partition's log opened (its tail recovered) before the shards start: recovery reads
+    // up to two segments, which a shard's first append would otherwise do on its core.
+    for (topic, m) in crate::storage::meta::list(&shared.db)? {
+        for p in (0..m.partitions).map(crate::shard::PartitionId) {
+            shared.logs.with(&topic, p, |_| Ok(()))?;
+        }
+    }
     #[cfg(feature = "kafka")]
     if let Some(k) = &shared.kafka {
         start_kafka(&shared, k)?;

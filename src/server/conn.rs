@@ -200,7 +200,7 @@ pub(crate) async fn read_more_sized<R: AsyncReadRent>(
     let owned = std::mem::take(buf);
     let read = stream.read(owned.slice_mut(len..cap));
     let (res, slice) = match timeout {
-        Some(t) => match monoio::time::timeout(t, read).await {
+        Some(t) => match super::deadline::within(t, read).await {
             Err(_) => return ReadOutcome::TimedOut,
             Ok(r) => r,
         },
@@ -225,7 +225,7 @@ pub(crate) async fn read_at_most<R: AsyncReadRent>(
     let len = buf.len();
     let owned = std::mem::take(buf);
     let read = stream.read(owned.slice_mut(len..len + max));
-    let (res, slice) = match monoio::time::timeout(timeout, read).await {
+    let (res, slice) = match super::deadline::within(timeout, read).await {
         Err(_) => return ReadOutcome::TimedOut,
         Ok(r) => r,
     };
@@ -246,7 +246,7 @@ pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>, 
     let mut buf = std::mem::take(out);
     let mut written = 0;
     while written < buf.len() {
-        let Ok((res, slice)) = monoio::time::timeout(timeout, stream.write(buf.slice(written..))).await else {
+        let Ok((res, slice)) = super::deadline::within(timeout, stream.write(buf.slice(written..))).await else {
             return false;
         };
         buf = slice.into_inner();
@@ -380,8 +380,9 @@ async fn serve_metered<H: Handler>(
     // it is trickled in: a per-read timeout alone would let a slow client hold the slot forever.
     let mut deadline: Option<std::time::Instant> = None;
     let remaining = |deadline: &mut Option<std::time::Instant>| {
-        let d = *deadline.get_or_insert_with(|| std::time::Instant::now() + limits.header_read_timeout);
-        d.saturating_duration_since(std::time::Instant::now())
+        // The sweep's clock: a deadline a tick early or late, and no clock read per read.
+        let d = *deadline.get_or_insert_with(|| super::deadline::now() + limits.header_read_timeout);
+        d.saturating_duration_since(super::deadline::now())
     };
     // While a request is incomplete every byte of `buf` is part of it, and the parsers refuse it
     // once it is over the budget: reading at most one byte past the budget bounds the buffer.

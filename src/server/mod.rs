@@ -5,6 +5,7 @@
 //! accepted it. Plain and TLS connections are one [`Stream`] to everything above.
 
 pub mod conn;
+pub mod deadline;
 pub mod listen;
 pub mod stream;
 pub mod tls;

@@ -145,8 +145,10 @@ impl Syncer {
         let mut synced: Vec<*const std::fs::File> = Vec::new();
         let mut dirs: Vec<&std::path::Path> = Vec::new();
         for w in waiting.iter().flat_map(|t| &t.files) {
-            if let Some(dir) = &w.created_in {
-                if !dirs.contains(&dir.as_path()) {
+            // A new segment: its directory entry, and those of the directories above it up to
+            // `segments/` (a partition's first segment created them).
+            for dir in w.created_in.iter().flat_map(|d| d.ancestors().take(3)) {
+                if !dirs.contains(&dir) {
                     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
                     dirs.push(dir);
                 }
@@ -279,7 +281,8 @@ impl Inner {
         for (slot, ws) in staged {
             let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
             let log = g.as_mut().expect("a staged partition is open");
-            let result = log.commit(now).map(|w| written.extend(w.filter(|_| fsync))).map_err(StorageError::from);
+            let result =
+                log.commit(now).map(|w| written.extend(w.into_iter().filter(|_| fsync))).map_err(StorageError::from);
             answers.push((ws, result));
         }
         let mut wal = false;

@@ -57,6 +57,9 @@ pub const HEADER: usize = 64;
 const ENTRY: usize = 16;
 /// Bytes of batches between two index entries.
 pub const INDEX_INTERVAL: u64 = 4096;
+/// A staged batch is closed at this size and the frames staged after it start another: reading
+/// one event reads and checks its whole batch.
+pub const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Batches a read by time opens at most.
 pub const TIME_SCAN: usize = 4096;
 
@@ -167,22 +170,37 @@ impl Staged {
     }
 }
 
-/// The frames of a batch body (checked by its CRC), from offset `from` on.
-fn frames_of(body: &[u8], h: &BatchHeader, from: u64, path: &Path) -> Result<Vec<Frame>, SegmentError> {
+/// Walks the frames of a batch body (checked by its CRC) from offset `from` on, handing each
+/// one's offset and bytes to `each` until it says stop (`false`): what is not wanted is neither
+/// decoded nor copied.
+fn frames_of(
+    body: &[u8],
+    h: &BatchHeader,
+    from: u64,
+    path: &Path,
+    mut each: impl FnMut(u64, &[u8]) -> Result<bool, SegmentError>,
+) -> Result<(), SegmentError> {
     let corrupt = |reason: String| SegmentError::Corrupt { path: path.display().to_string(), reason };
-    let mut out = Vec::new();
     let mut at = 0;
     for i in 0..u64::from(h.count) {
         let len = body.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
         let Some(bytes) = len.and_then(|len| body.get(at + 8..at + 8 + len)) else {
             return Err(corrupt(format!("batch at offset {} is cut short", h.base)));
         };
-        if h.base + i >= from {
-            out.push(Frame::decode(bytes).map_err(|e| corrupt(format!("offset {}: {e}", h.base + i)))?);
+        if h.base + i >= from && !each(h.base + i, bytes)? {
+            break;
         }
         at = padded(at + 8 + bytes.len());
     }
-    Ok(out)
+    Ok(())
+}
+
+/// A stored frame, validated.
+fn decode(offset: u64, bytes: &[u8], path: &Path) -> Result<Frame, SegmentError> {
+    Frame::decode(bytes).map_err(|e| SegmentError::Corrupt {
+        path: path.display().to_string(),
+        reason: format!("offset {offset}: {e}"),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -376,7 +394,9 @@ pub struct PartitionLog {
     max_segment_bytes: u64,
     /// The latest publish time written (batches' times never go back).
     last_publish: i64,
-    staged: Staged,
+    /// The batches being built (one, unless the frames staged in a turn pass
+    /// [`MAX_BATCH_BYTES`]).
+    staged: Vec<Staged>,
     /// A mirror of a log whose offsets may skip (the Kafka backend's local copy).
     gaps: bool,
     /// The first offset kept (retention moves it; whole segments below it are deleted).
@@ -438,7 +458,7 @@ impl PartitionLog {
             // are checked batch by batch; an older one is trusted when its index file is
             // consistent, and checked the same way when not.
             let recent = i + 2 >= bases.len();
-            let trusted = !recent && !gaps && s.load_index(dir, next.expect("not the tail"))?;
+            let trusted = !recent && s.load_index(dir, next.expect("not the tail"))?;
             if !trusted {
                 s.scan(gaps)?;
             }
@@ -473,7 +493,7 @@ impl PartitionLog {
             segments,
             max_segment_bytes,
             last_publish,
-            staged: Staged::new(),
+            staged: vec![Staged::new()],
             gaps,
             start: 0,
             created: true,
@@ -496,12 +516,12 @@ impl PartitionLog {
 
     /// The offset the next staged event will get.
     pub fn next_offset(&self) -> u64 {
-        self.bounds().1 + u64::from(self.staged.count)
+        self.bounds().1 + self.staged.iter().map(|b| u64::from(b.count)).sum::<u64>()
     }
 
     /// Whether appends are staged and not yet committed.
     pub fn is_staged(&self) -> bool {
-        self.staged.count > 0
+        self.staged.iter().any(|b| b.count > 0)
     }
 
     /// Appends `frames` as one batch with one `write`, stamping their offsets; returns the first.
@@ -516,39 +536,67 @@ impl PartitionLog {
     /// [`PartitionLog::commit`] writes; returns the first offset.
     pub fn stage(&mut self, frames: &mut [Frame]) -> u64 {
         let base = self.next_offset();
-        if self.staged.count == 0 {
-            self.staged.clear(base);
-        }
         for (i, f) in frames.iter_mut().enumerate() {
             f.set_offset(base + i as u64);
         }
-        self.staged.add(frames);
+        for f in frames.iter() {
+            let cur = self.staged.last_mut().expect("a batch is always being built");
+            if cur.count > 0 && cur.buf.len() + 8 + f.as_bytes().len() > MAX_BATCH_BYTES {
+                let next = cur.base + u64::from(cur.count);
+                let mut b = Staged::new();
+                b.clear(next);
+                self.staged.push(b);
+            }
+            let cur = self.staged.last_mut().expect("a batch is always being built");
+            if cur.count == 0 {
+                cur.clear(f.header().offset);
+            }
+            cur.add(std::slice::from_ref(f));
+        }
         base
     }
 
-    /// Writes what was staged as one batch with one `write` (rolling to a new segment first when
+    /// Writes what was staged, each batch with one `write` (rolling to a new segment first when
     /// the tail would pass the segment size). Returns what was written to, for a sync. On an
-    /// error nothing staged is kept: the offsets handed out are handed out again.
-    pub fn commit(&mut self, publish_us: i64) -> Result<Option<Written>, SegmentError> {
-        if self.staged.count == 0 {
-            return Ok(None);
-        }
+    /// error the batches not written are dropped: their offsets are handed out again (batches
+    /// written before the failing one stay: their appends fail, and their events are there).
+    pub fn commit(&mut self, publish_us: i64) -> Result<Vec<Written>, SegmentError> {
         let publish_us = publish_us.max(self.last_publish);
-        let h = self.staged.finish(publish_us);
-        let buf = std::mem::take(&mut self.staged.buf);
-        let written = self.write_batch(&h, &buf);
-        self.staged.buf = buf;
-        self.staged.clear(self.bounds().1);
-        if written.is_ok() {
+        let mut batches = std::mem::take(&mut self.staged);
+        let mut written: Vec<Written> = Vec::new();
+        let mut result = Ok(());
+        for b in batches.iter_mut().filter(|b| b.count > 0) {
+            let h = b.finish(publish_us);
+            match self.write_batch(&h, &b.buf) {
+                Ok(w) if written.last().is_some_and(|l| Arc::ptr_eq(&l.file, &w.file) && w.created_in.is_none()) => {}
+                Ok(w) => written.push(w),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
             self.last_publish = publish_us;
         }
-        written
+        batches.truncate(1);
+        batches[0].clear(self.bounds().1);
+        self.staged = batches;
+        result.map(|()| written)
     }
 
-    fn write_batch(&mut self, h: &BatchHeader, buf: &[u8]) -> Result<Option<Written>, SegmentError> {
-        let (max, tail_size) = (self.max_segment_bytes, self.tail().size);
-        if tail_size > 0 && tail_size + buf.len() as u64 > max {
-            self.roll()?;
+    fn write_batch(&mut self, h: &BatchHeader, buf: &[u8]) -> Result<Written, SegmentError> {
+        if u32::try_from(buf.len()).is_err() {
+            let reason = format!("a batch of {} bytes (4 GiB at most)", buf.len());
+            return Err(SegmentError::Corrupt { path: self.dir.display().to_string(), reason });
+        }
+        let (max, tail) = (self.max_segment_bytes, self.segments.last().expect("a segment"));
+        if tail.size > 0 && tail.size + buf.len() as u64 > max {
+            self.roll(self.bounds().1)?;
+        }
+        // A mirror's batch past what a segment's 32-bit relative offsets reach (or past an
+        // empty tail's name) starts a segment named by its own offset.
+        let tail = self.segments.last().expect("a segment");
+        if h.base - tail.base > u64::from(u32::MAX) || (tail.size == 0 && h.base != tail.base) {
+            self.roll(h.base)?;
         }
         self.busy = true;
         let tail = self.tail();
@@ -561,7 +609,7 @@ impl PartitionLog {
         tail.size += buf.len() as u64;
         let file = tail.file.clone().expect("the tail is open");
         let created_in = std::mem::take(&mut self.created).then(|| self.dir.clone());
-        Ok(Some(Written { file, created_in }))
+        Ok(Written { file, created_in })
     }
 
     /// Stores frames that carry their offsets already (a mirror's): increasing, at or past the
@@ -578,20 +626,34 @@ impl PartitionLog {
                 return Err(SegmentError::Corrupt { path: self.dir.display().to_string(), reason });
             }
             let run = 1 + rest.windows(2).take_while(|w| w[1].header().offset == w[0].header().offset + 1).count();
-            self.staged.clear(base);
-            self.staged.add(&rest[..run]);
+            self.staged[0].clear(base);
+            for f in &rest[..run] {
+                let cur = self.staged.last_mut().expect("a batch is always being built");
+                if cur.count > 0 && cur.buf.len() + 8 + f.as_bytes().len() > MAX_BATCH_BYTES {
+                    let mut b = Staged::new();
+                    b.clear(f.header().offset);
+                    self.staged.push(b);
+                }
+                self.staged.last_mut().expect("a batch").add(std::slice::from_ref(f));
+            }
             self.commit(publish_us)?;
             rest = &rest[run..];
         }
         Ok(())
     }
 
-    /// Seals the tail (its index written) and starts the next segment.
-    fn roll(&mut self) -> Result<(), SegmentError> {
-        let (dir, next) = (self.dir.clone(), self.bounds().1);
-        self.tail().write_index(&dir)?;
-        self.tail().file = None;
-        self.segments.push(Segment::create(&dir, next)?);
+    /// Seals the tail (its index written) and starts the next segment at `base`; an empty tail
+    /// is replaced instead (a mirror's first batch far past 0).
+    fn roll(&mut self, base: u64) -> Result<(), SegmentError> {
+        let dir = self.dir.clone();
+        if self.tail().size == 0 {
+            let empty = self.segments.pop().expect("a segment");
+            std::fs::remove_file(&empty.path)?;
+        } else {
+            self.tail().write_index(&dir)?;
+            self.tail().file = None;
+        }
+        self.segments.push(Segment::create(&dir, base)?);
         self.created = true;
         Ok(())
     }
@@ -622,8 +684,11 @@ impl PartitionLog {
         let start = self.segments.partition_point(|s| s.base <= from).saturating_sub(1);
         let mut head = [0u8; HEADER];
         for s in &self.segments[start..] {
-            if from >= end || s.size == 0 {
+            if from >= end {
                 break;
+            }
+            if s.size == 0 {
+                continue;
             }
             let file = s.reader()?;
             let mut pos = s.seek(from);
@@ -635,13 +700,14 @@ impl PartitionLog {
                 })?;
                 if h.base + u64::from(h.count) > from {
                     let body = Self::body(&file, &h, pos, &s.path)?;
-                    for f in frames_of(&body, &h, from.max(h.base), &s.path)? {
+                    frames_of(&body, &h, from.max(h.base), &s.path, |o, b| {
                         if out.len() >= max || bytes >= max_bytes {
-                            break;
+                            return Ok(false);
                         }
-                        bytes += f.as_bytes().len();
-                        out.push(f);
-                    }
+                        bytes += b.len();
+                        out.push(decode(o, b, &s.path)?);
+                        Ok(true)
+                    })?;
                 }
                 pos += u64::from(h.total_len);
             }
@@ -686,9 +752,17 @@ impl PartitionLog {
                     }
                     opened += 1;
                     let body = Self::body(&file, &h, pos, &s.path)?;
-                    let frames = frames_of(&body, &h, first.max(h.base), &s.path)?;
-                    if let Some(f) = frames.iter().find(|f| f.header().timestamp_us >= ts_us) {
-                        return Ok(f.header().offset);
+                    let mut hit = None;
+                    frames_of(&body, &h, first.max(h.base), &s.path, |o, b| {
+                        let t = frame_codec::FrameHeader::read(b).map_err(|e| SegmentError::Corrupt {
+                            path: s.path.display().to_string(),
+                            reason: format!("offset {o}: {e}"),
+                        })?;
+                        hit = (t.timestamp_us >= ts_us).then_some(o);
+                        Ok(hit.is_none())
+                    })?;
+                    if let Some(o) = hit {
+                        return Ok(o);
                     }
                 }
                 pos += u64::from(h.total_len);
@@ -729,9 +803,14 @@ impl PartitionLog {
         if offset <= first {
             return Ok(0);
         }
+        // Written whole, synced, then renamed over the old one and the rename synced: after a
+        // crash the file says the old first offset or the new one, never less than was dropped.
         let tmp = self.dir.join("start.tmp");
-        std::fs::write(&tmp, offset.to_le_bytes())?;
+        let mut f = File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, &offset.to_le_bytes())?;
+        f.sync_all()?;
         std::fs::rename(&tmp, start_path(&self.dir))?;
+        File::open(&self.dir)?.sync_all()?;
         self.start = offset;
         self.retain(|s| s.next <= offset)?;
         Ok(offset - first)

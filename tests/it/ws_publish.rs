@@ -78,6 +78,24 @@ fn events_published_over_websocket_are_answered_in_order_and_stored() {
     ws.close(None).unwrap();
 }
 
+/// More messages than one round takes (256), sent before any answer is read: every one is
+/// answered, in order, without waiting for more bytes from the client.
+#[test]
+fn a_backlog_past_one_round_is_answered_without_more_input() {
+    let b = TestBroker::start(&["--default-partitions", "1", "--idle-timeout-ms", "60000"]);
+    let mut ws = publisher(&b, "wsr");
+    let n = 700;
+    for i in 0..n {
+        ws.write(Message::text(event(&format!("r{i}")).to_string())).unwrap();
+    }
+    ws.flush().unwrap();
+    for i in 0..n {
+        let a = answer(&mut ws);
+        assert_eq!((a["type"].as_str(), a["offset"].as_str()), (Some("published"), Some(i.to_string().as_str())));
+    }
+    assert_eq!(b.events("wsr", 0).len(), n);
+}
+
 /// A bad topic is refused before the upgrade, with the status a publish would get.
 #[test]
 fn a_bad_topic_is_refused_before_the_upgrade() {

@@ -263,3 +263,55 @@ fn an_idle_tail_closes_its_file_and_the_next_write_reopens_it() {
     assert_eq!(log.bounds(), (0, 4));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A mirror's offsets may start far past 0 and skip past what 32-bit relative offsets reach:
+/// such a batch starts a segment named by its own offset (no panic), and all of it reads back,
+/// also after a reopen.
+#[test]
+fn a_mirror_takes_offsets_far_apart() {
+    let d = dir("mirror-far");
+    let mut log = PartitionLog::open_mirror(&d, 1 << 20).unwrap();
+    let at = |o: u64, id: &str| {
+        let mut f = frame(id, 10, 1);
+        f.set_offset(o);
+        f
+    };
+    let far = 5u64 << 32;
+    log.write_at(&[at(far, "a"), at(far + 1, "b")], 1).unwrap();
+    log.write_at(&[at(far + 2, "c"), at(3 * far, "d")], 2).unwrap();
+    assert_eq!(log.bounds().1, 3 * far + 1);
+    assert_eq!(ids(&log.read(0, 10, usize::MAX).unwrap()), ["a", "b", "c", "d"]);
+    assert_eq!(offsets(&log.read(far + 2, 10, usize::MAX).unwrap()), [far + 2, 3 * far]);
+    drop(log);
+    let log = PartitionLog::open_mirror(&d, 1 << 20).unwrap();
+    assert_eq!(ids(&log.read(0, 10, usize::MAX).unwrap()), ["a", "b", "c", "d"]);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// What one turn stages past [`MAX_BATCH_BYTES`] is written as several batches (a read of one
+/// event reads one batch, not the turn's megabytes), with dense offsets.
+#[test]
+fn a_large_turn_is_cut_into_bounded_batches() {
+    let d = dir("big-turn");
+    let mut log = PartitionLog::open(&d, 64 << 20).unwrap();
+    let mut big: Vec<Frame> = (0..40).map(|i| frame(&format!("g{i}"), 100 << 10, 1)).collect();
+    assert_eq!(log.stage(&mut big), 0);
+    assert_eq!(log.stage(&mut frames("s", 3, 1)), 40);
+    assert!(log.staged.len() > 1);
+    let written = log.commit(1).unwrap();
+    assert_eq!(written.len(), 1, "one file to sync");
+    assert_eq!(log.bounds(), (0, 43));
+    let bytes = std::fs::read(d.join(format!("{:020}.log", 0))).unwrap();
+    let mut pos = 0;
+    let mut batches = 0;
+    while pos < bytes.len() {
+        let h = BatchHeader::read(&bytes[pos..]).unwrap();
+        assert!(h.total_len as usize <= MAX_BATCH_BYTES + (100 << 10) + 256, "{}", h.total_len);
+        pos += h.total_len as usize;
+        batches += 1;
+    }
+    assert!(batches >= 4, "{batches} batches");
+    assert_eq!(offsets(&log.read(0, 100, usize::MAX).unwrap()), (0..43).collect::<Vec<_>>());
+    assert_eq!(ids(&log.read(20, 1, usize::MAX).unwrap()), ["g20"]);
+    let _ = std::fs::remove_dir_all(&d);
+}
