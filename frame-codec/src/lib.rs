@@ -122,7 +122,17 @@ impl std::fmt::Debug for Frame {
 impl Frame {
     /// Builds a frame from a header and a body. The header's body length is filled in here.
     pub fn encode(header: &FrameHeader, body: &FrameBody) -> Result<Frame, FrameError> {
-        let mut buf = FrameBuf::with_capacity(HEADER_LEN + 128 + body.data.len());
+        Self::archive(header, body, 128 + body.data.len())
+    }
+
+    /// The header, then `body` archived after it (`room`: the body's expected size).
+    fn archive<B>(header: &FrameHeader, body: &B, room: usize) -> Result<Frame, FrameError>
+    where
+        B: for<'a> rkyv::Serialize<
+            rkyv::api::high::HighSerializer<FrameBuf, rkyv::ser::allocator::ArenaHandle<'a>, rkyv::rancor::Error>,
+        >,
+    {
+        let mut buf = FrameBuf::with_capacity(HEADER_LEN + room);
         buf.extend_from_slice(&[0u8; HEADER_LEN]);
         let mut buf = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(body, buf)
             .map_err(|e| FrameError::Encode(e.to_string()))?;
@@ -136,16 +146,10 @@ impl Frame {
     /// of the owned body with the same contents (a test holds that), with no allocation but the
     /// frame's buffer.
     pub fn encode_ref(header: &FrameHeader, body: &FrameBodyRef<'_>) -> Result<Frame, FrameError> {
-        let mut buf = FrameBuf::with_capacity(HEADER_LEN + 64 + 48 * body.attributes.0.len() + body.data.0.len());
-        buf.extend_from_slice(&[0u8; HEADER_LEN]);
-        let mut buf = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(body, buf)
-            .map_err(|e| FrameError::Encode(e.to_string()))?;
-        let body_len =
-            u32::try_from(buf.len() - HEADER_LEN).map_err(|_| FrameError::Encode("body over 4 GiB".into()))?;
-        header.write(&mut buf[..HEADER_LEN], body_len);
+        let frame = Self::archive(header, body, 64 + 48 * body.attributes.0.len() + body.data.0.len())?;
         // The borrowed types archive as the owned ones by construction; checked in debug builds.
-        debug_assert!(access::validate(&buf[HEADER_LEN..]).is_ok());
-        Ok(Frame { buf })
+        debug_assert!(access::validate(&frame.buf[HEADER_LEN..]).is_ok());
+        Ok(frame)
     }
 
     /// Copies bytes from outside this process (a socket, a file, a log) into an aligned buffer

@@ -34,6 +34,17 @@ struct ThreadResult {
     connect_errors: u64,
 }
 
+impl ThreadResult {
+    fn new() -> ThreadResult {
+        ThreadResult {
+            hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
+            ok: 0,
+            errors: 0,
+            connect_errors: 0,
+        }
+    }
+}
+
 /// Server CPU time (user + system) in microseconds, from /proc/PID/stat.
 fn cpu_micros(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -45,6 +56,24 @@ fn cpu_micros(pid: u32) -> Option<u64> {
     Some((utime + stime) * 1_000_000 / hz.max(1))
 }
 
+/// When request `n` of a connection is due: now in a closed loop; in an open loop its slot in
+/// the schedule (after sleeping until it, if it is still ahead).
+pub(crate) async fn scheduled(interval: Option<Duration>, start: Instant, n: u64) -> Instant {
+    match interval {
+        Some(iv) => {
+            let at = start + iv * n as u32;
+            let now = Instant::now();
+            if at > now {
+                monoio::time::sleep(at - now).await;
+                Instant::now()
+            } else {
+                at
+            }
+        }
+        None => Instant::now(),
+    }
+}
+
 async fn connection(
     args: Rc<Args>,
     request: Rc<Vec<u8>>,
@@ -54,12 +83,7 @@ async fn connection(
     end: Instant,
     stop: Arc<AtomicBool>,
 ) -> ThreadResult {
-    let mut r = ThreadResult {
-        hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
-        ok: 0,
-        errors: 0,
-        connect_errors: 0,
-    };
+    let mut r = ThreadResult::new();
     let mut stream = match TcpStream::connect(args.addr).await {
         Ok(s) => s,
         Err(_) => {
@@ -78,19 +102,7 @@ async fn connection(
         // scheduled time, the server delayed it and its latency counts from the schedule. When
         // the connection was free in time, the wait is our timer's (1 ms wheel) and the latency
         // counts from the actual send.
-        let scheduled = match per_conn_interval {
-            Some(iv) => {
-                let at = start + iv * n as u32;
-                let now = Instant::now();
-                if at > now {
-                    monoio::time::sleep(at - now).await;
-                    Instant::now()
-                } else {
-                    at
-                }
-            }
-            None => Instant::now(),
-        };
+        let scheduled = scheduled(per_conn_interval, start, n).await;
         if scheduled >= end || stop.load(Ordering::Relaxed) {
             return r;
         }
@@ -169,12 +181,7 @@ fn run_thread(
                 ))
             })
             .collect();
-        let mut total = ThreadResult {
-            hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
-            ok: 0,
-            errors: 0,
-            connect_errors: 0,
-        };
+        let mut total = ThreadResult::new();
         for t in tasks {
             let r = t.await;
             total.hist.add(&r.hist).expect("same bounds");

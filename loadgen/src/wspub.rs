@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
@@ -43,12 +42,7 @@ pub async fn connection(
     (start, measure_from, end): (Instant, Instant, Instant),
     stop: Arc<AtomicBool>,
 ) -> ThreadResult {
-    let mut r = ThreadResult {
-        hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(),
-        ok: 0,
-        errors: 0,
-        connect_errors: 0,
-    };
+    let mut r = ThreadResult::new();
     let Ok(mut stream) = TcpStream::connect(args.addr).await else {
         r.connect_errors += 1;
         return r;
@@ -81,19 +75,7 @@ pub async fn connection(
     let mut out = Vec::with_capacity(group.len());
     let mut n: u64 = 0;
     loop {
-        let scheduled = match interval {
-            Some(iv) => {
-                let at = start + iv * n as u32;
-                let now = Instant::now();
-                if at > now {
-                    monoio::time::sleep(at - now).await;
-                    Instant::now()
-                } else {
-                    at
-                }
-            }
-            None => Instant::now(),
-        };
+        let scheduled = crate::scheduled(interval, start, n).await;
         if scheduled >= end || stop.load(Ordering::Relaxed) {
             return r;
         }

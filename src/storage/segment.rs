@@ -540,20 +540,23 @@ impl PartitionLog {
             f.set_offset(base + i as u64);
         }
         for f in frames.iter() {
-            let cur = self.staged.last_mut().expect("a batch is always being built");
-            if cur.count > 0 && cur.buf.len() + 8 + f.as_bytes().len() > MAX_BATCH_BYTES {
-                let next = cur.base + u64::from(cur.count);
-                let mut b = Staged::new();
-                b.clear(next);
-                self.staged.push(b);
-            }
-            let cur = self.staged.last_mut().expect("a batch is always being built");
-            if cur.count == 0 {
-                cur.clear(f.header().offset);
-            }
-            cur.add(std::slice::from_ref(f));
+            self.stage_one(f);
         }
         base
+    }
+
+    /// Adds one frame (its offset stamped) to the batch being built, starting another when it
+    /// would pass [`MAX_BATCH_BYTES`].
+    fn stage_one(&mut self, f: &Frame) {
+        let cur = self.staged.last_mut().expect("a batch is always being built");
+        if cur.count > 0 && cur.buf.len() + 8 + f.as_bytes().len() > MAX_BATCH_BYTES {
+            self.staged.push(Staged::new());
+        }
+        let cur = self.staged.last_mut().expect("a batch is always being built");
+        if cur.count == 0 {
+            cur.clear(f.header().offset);
+        }
+        cur.add(std::slice::from_ref(f));
     }
 
     /// Writes what was staged, each batch with one `write` (rolling to a new segment first when
@@ -626,15 +629,8 @@ impl PartitionLog {
                 return Err(SegmentError::Corrupt { path: self.dir.display().to_string(), reason });
             }
             let run = 1 + rest.windows(2).take_while(|w| w[1].header().offset == w[0].header().offset + 1).count();
-            self.staged[0].clear(base);
             for f in &rest[..run] {
-                let cur = self.staged.last_mut().expect("a batch is always being built");
-                if cur.count > 0 && cur.buf.len() + 8 + f.as_bytes().len() > MAX_BATCH_BYTES {
-                    let mut b = Staged::new();
-                    b.clear(f.header().offset);
-                    self.staged.push(b);
-                }
-                self.staged.last_mut().expect("a batch").add(std::slice::from_ref(f));
+                self.stage_one(f);
             }
             self.commit(publish_us)?;
             rest = &rest[run..];
