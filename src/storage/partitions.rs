@@ -58,7 +58,7 @@ impl PartitionLogs {
         self.root.join(name).join(partition.0.to_string())
     }
 
-    /// The partition's slot (not yet opened: [`lock`] opens it).
+    /// The partition's slot (not yet opened: [`PartitionLogs::lock`] opens it).
     pub fn slot(&self, topic: &str, partition: PartitionId) -> Slot {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.entry((topic.into(), partition.0)).or_default().clone()
