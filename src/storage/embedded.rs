@@ -142,20 +142,19 @@ impl Syncer {
 
     fn sync_all(db: &DB, waiting: &[SyncTicket]) -> Result<(), StorageError> {
         let io = |e: std::io::Error| StorageError::Engine(format!("fsync: {e}"));
-        let mut synced: Vec<*const std::fs::File> = Vec::new();
-        let mut dirs: Vec<&std::path::Path> = Vec::new();
+        // Sets: a group may hold many partitions' files (one each, however many tickets name it).
+        let mut synced: std::collections::HashSet<*const std::fs::File> = Default::default();
+        let mut dirs: std::collections::HashSet<&std::path::Path> = Default::default();
         for w in waiting.iter().flat_map(|t| &t.files) {
             // A new segment: its directory entry, and those of the directories above it up to
             // `segments/` (a partition's first segment created them).
             for dir in w.created_in.iter().flat_map(|d| d.ancestors().take(3)) {
-                if !dirs.contains(&dir) {
+                if dirs.insert(dir) {
                     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-                    dirs.push(dir);
                 }
             }
-            if !synced.contains(&Arc::as_ptr(&w.file)) {
+            if synced.insert(Arc::as_ptr(&w.file)) {
                 w.file.sync_data().map_err(io)?;
-                synced.push(Arc::as_ptr(&w.file));
             }
         }
         if waiting.iter().any(|t| t.wal) {
