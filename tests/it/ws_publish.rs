@@ -153,3 +153,110 @@ fn a_rate_limited_publisher_gets_429_answers_and_goes_on() {
     assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 3, "{statuses:?}");
     assert_eq!(b.events("wsl", 0).len(), 3);
 }
+
+/// A masked client text frame (RFC 6455: every client frame is masked).
+fn masked_text(payload: &[u8]) -> Vec<u8> {
+    let mask = [0x11u8, 0x22, 0x33, 0x44];
+    let mut f = vec![0x81];
+    match payload.len() {
+        n @ 0..=125 => f.push(0x80 | n as u8),
+        n => {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    f.extend_from_slice(&mask);
+    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    f
+}
+
+/// A publisher that floods events and never reads its answers: the broker stops reading once
+/// its answers cannot be written (the client cannot push without bound, the broker's memory
+/// stays flat), drops it after write_timeout, and serves others meanwhile.
+#[test]
+fn a_publisher_that_never_reads_its_answers_is_bounded_and_dropped() {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let b = TestBroker::start(&["--default-partitions", "1", "--write-timeout-ms", "500"]);
+    let rss_before = b.rss_bytes();
+    let mut s = TcpStream::connect(b.traffic).unwrap();
+    s.write_all(b"GET /events/ws?publish=flood HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    let chunk = masked_text(event("f").to_string().as_bytes()).repeat(500);
+    s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut sent = 0usize;
+    while sent < 256 << 20 && s.write_all(&chunk).is_ok() {
+        sent += chunk.len();
+    }
+    assert!(sent < 64 << 20, "the client pushed {sent} bytes: the broker kept reading");
+    let grown = b.rss_bytes().saturating_sub(rss_before);
+    assert!(grown < 64 << 20, "the broker grew by {grown} bytes");
+    assert_eq!(b.publish("bystander", &event("b")).status, 202, "others are served");
+    // Dropped: what is left to read ends (answers written before the stall, then the end).
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut sink = vec![0u8; 64 << 10];
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                panic!("the broker kept the connection of a publisher that does not read")
+            }
+            Err(_) => break,
+        }
+    }
+}
+
+/// A route that moves an event: its answer names the topic it went to (as the HTTP answer
+/// does), kept events are answered without one, and copies do not shift the placements of the
+/// events after them in the same round.
+#[test]
+fn routed_events_are_answered_where_they_went() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    let put = |id: &str, body: Value| {
+        let body = body.to_string();
+        b.admin().request(
+            "PUT",
+            &format!("/admin/routes/{id}"),
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+        )
+    };
+    let eu = json!({"topic": "wso", "condition": "region = 'eu'", "targets": ["wso.eu"], "mode": "move"});
+    assert_eq!(put("eu", eu).status, 201);
+    assert_eq!(put("audit", json!({"topic": "wso", "condition": "TRUE", "targets": ["wso.audit"]})).status, 201);
+    let mut ws = publisher(&b, "wso");
+    let regions = ["eu", "us", "eu", "us", "us"];
+    for (i, r) in regions.iter().enumerate() {
+        let mut e = event(&format!("o{i}"));
+        e["region"] = json!(r);
+        ws.write(Message::text(e.to_string())).unwrap();
+    }
+    ws.flush().unwrap();
+    let (mut eu_at, mut us_at) = (0, 0);
+    for (i, r) in regions.iter().enumerate() {
+        let a = answer(&mut ws);
+        assert_eq!((a["type"].as_str(), &a["id"]), (Some("published"), &json!(format!("o{i}"))), "{a}");
+        if *r == "eu" {
+            assert_eq!(a["topic"], "wso.eu", "{a}");
+            assert_eq!(a["offset"], eu_at.to_string());
+            eu_at += 1;
+        } else {
+            assert!(a.get("topic").is_none(), "{a}");
+            assert_eq!(a["offset"], us_at.to_string());
+            us_at += 1;
+        }
+    }
+    let ids = |t: &str| -> Vec<String> {
+        b.events(t, 0).into_iter().map(|(_, e)| e["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids("wso"), ["o1", "o3", "o4"]);
+    assert_eq!(ids("wso.eu"), ["o0", "o2"]);
+    assert_eq!(ids("wso.audit").len(), 5, "every event copied");
+}
