@@ -312,7 +312,10 @@ impl Admin {
             (Method::Get, ["readyz"]) => {
                 let ready = self.shared.ready.load(Ordering::Acquire);
                 let stalled = self.shared.stalled_shards();
-                if ready == self.shared.config.shards && stalled.is_empty() {
+                if let Some(why) = self.shared.syncer.as_ref().and_then(|s| s.failure()) {
+                    let detail = format!("{why}: nothing written since is durable; restart evmesh to recover");
+                    problem(StatusCode::SERVICE_UNAVAILABLE, &detail)
+                } else if ready == self.shared.config.shards && stalled.is_empty() {
                     Response::json(StatusCode::OK, r#"{"status":"ready"}"#)
                 } else if ready == self.shared.config.shards {
                     let detail = format!("shards {stalled:?} have not run their event loop for over 5 s");

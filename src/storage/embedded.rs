@@ -110,7 +110,7 @@ pub fn end_of(db: &DB, cf: &rocksdb::ColumnFamily, topic: &str) -> Result<u64, S
 }
 
 /// What one flush asks the [`Syncer`] to make durable.
-struct SyncTicket {
+pub(super) struct SyncTicket {
     files: Vec<Written>,
     wal: bool,
     done: oneshot::Sender<Result<(), StorageError>>,
@@ -119,28 +119,56 @@ struct SyncTicket {
 /// The helper thread that syncs segment files and the WAL for `fsync` durability. Requests that
 /// arrive while a sync runs are answered together by the next one: each file once, the WAL
 /// once.
+///
+/// A failed sync poisons it for the life of the process: Linux reports a write-back error to
+/// one `fsync` and may drop the dirty pages, so a later sync of the same file can succeed while
+/// an earlier batch in the middle of it is gone; recovery would then cut the segment at that
+/// hole and lose the batches acknowledged after it. So after the first failure every sync
+/// fails (appends get 503), `/readyz` says why, and a restart recovers from what is on disk.
 #[derive(Clone)]
 pub struct Syncer {
     tx: crossbeam_channel::Sender<SyncTicket>,
+    failed: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Syncer {
     pub fn start(db: Arc<DB>) -> std::io::Result<Syncer> {
+        Self::start_with(db, Self::sync_all)
+    }
+
+    /// [`Syncer::start`] with `sync` doing the work (a test makes it fail).
+    pub(super) fn start_with(
+        db: Arc<DB>,
+        sync: fn(&DB, &[SyncTicket]) -> Result<(), StorageError>,
+    ) -> std::io::Result<Syncer> {
         let (tx, rx) = crossbeam_channel::unbounded::<SyncTicket>();
+        let failed = Arc::new(std::sync::OnceLock::new());
+        let poisoned = failed.clone();
         std::thread::Builder::new().name("evmesh-fsync".into()).spawn(move || {
             while let Ok(first) = rx.recv() {
                 let mut waiting = vec![first];
                 waiting.extend(rx.try_iter());
-                let result = Self::sync_all(&db, &waiting);
+                let result = match poisoned.get() {
+                    Some(why) => Err(StorageError::Engine(format!("an earlier {why}; restart evmesh to recover"))),
+                    None => sync(&db, &waiting),
+                };
+                if let Err(StorageError::Engine(e)) = &result {
+                    let _ = poisoned.set(e.clone());
+                }
                 for t in waiting {
                     let _ = t.done.send(result.clone());
                 }
             }
         })?;
-        Ok(Syncer { tx })
+        Ok(Syncer { tx, failed })
     }
 
-    fn sync_all(db: &DB, waiting: &[SyncTicket]) -> Result<(), StorageError> {
+    /// The first sync failure, if one happened (nothing has been durable since).
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.get().map(String::as_str)
+    }
+
+    pub(super) fn sync_all(db: &DB, waiting: &[SyncTicket]) -> Result<(), StorageError> {
         let io = |e: std::io::Error| StorageError::Engine(format!("fsync: {e}"));
         // Sets: a group may hold many partitions' files (one each, however many tickets name it).
         let mut synced: std::collections::HashSet<*const std::fs::File> = Default::default();
@@ -158,7 +186,7 @@ impl Syncer {
             }
         }
         if waiting.iter().any(|t| t.wal) {
-            db.flush_wal(true)?;
+            db.flush_wal(true).map_err(|e| StorageError::Engine(format!("WAL sync: {}", e.into_string())))?;
         }
         Ok(())
     }

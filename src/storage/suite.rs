@@ -9,7 +9,7 @@ use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader}
 
 use std::sync::Arc;
 
-use super::embedded::{EmbeddedLog, Syncer};
+use super::embedded::{EmbeddedLog, SyncTicket, Syncer};
 #[cfg(feature = "kafka")]
 use super::kafka::{KafkaBackend, KafkaLog};
 use super::partitions::PartitionLogs;
@@ -309,4 +309,33 @@ fn offsets_are_found_by_time() {
             assert_eq!(at(9_501), 20, "{t}: after the last, the end");
         }
     }
+}
+
+/// A sync that fails the first time it is asked, then syncs.
+fn fails_once(db: &rocksdb::DB, waiting: &[SyncTicket]) -> Result<(), super::StorageError> {
+    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !FAILED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return Err(super::StorageError::Engine("fsync: Input/output error (os error 5)".into()));
+    }
+    Syncer::sync_all(db, waiting)
+}
+
+/// After one failed fsync nothing more is acknowledged (Linux may have dropped the dirty pages
+/// of the failed batch, so a later sync of the same file succeeding would prove nothing), and
+/// the syncer says why; a restart reads back only what the log holds.
+#[test]
+fn a_failed_fsync_fails_every_later_append() {
+    let dir = TempDir::new("fsync-fail");
+    let db = db::open(&dir.0, 2).unwrap();
+    let syncer = Syncer::start_with(db.clone(), fails_once).unwrap();
+    let log = EmbeddedLog::new(db, logs(&dir, false), ShardId(0), Durability::Fsync, Some(syncer.clone()), HOUR);
+    let try_append = |id: &str| block_on(log.append("t", PartitionId(0), &mut [frame("t", id, 1, 10)]));
+    let first = try_append("a").unwrap_err();
+    assert!(first.to_string().contains("Input/output error"), "{first}");
+    for id in ["b", "c"] {
+        let later = try_append(id).unwrap_err();
+        assert!(later.to_string().contains("restart evmesh"), "{later}");
+    }
+    assert!(syncer.failure().is_some_and(|why| why.contains("Input/output error")));
+    assert!(block_on(syncer.sync_wal()).is_err(), "the WAL is not synced either");
 }
