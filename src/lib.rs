@@ -14,6 +14,7 @@ pub mod governance;
 pub mod ingress;
 pub mod metrics;
 pub mod push;
+pub mod queue;
 pub mod runtime;
 pub mod server;
 pub mod shard;

@@ -71,6 +71,8 @@ pub struct ShardMetrics {
     pub connections_rejected: Counter,
     pub deliveries_dropped: Counter,
     pub deliveries: Counter,
+    /// Writes to WebSocket sessions, each every frame queued when the writer woke.
+    pub ws_writes: Counter,
     pub redeliveries: Counter,
     pub acks: Counter,
     pub dead_lettered: Counter,
@@ -131,7 +133,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 21] = [
+        let counters: [(&str, &str, CounterOf); 22] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
@@ -153,6 +155,11 @@ impl Metrics {
                 "evmesh_deliveries_total",
                 "Events queued to sessions (all transports), by the shard holding the session",
                 |m| &m.deliveries,
+            ),
+            (
+                "evmesh_ws_writes_total",
+                "Writes to WebSocket sessions (each gathers every frame queued when it starts: deliveries per write is the gathering)",
+                |m| &m.ws_writes,
             ),
             ("evmesh_redeliveries_total", "Deliveries after the first attempt", |m| &m.redeliveries),
             ("evmesh_acks_total", "Acks and nacks received", |m| &m.acks),

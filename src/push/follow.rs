@@ -11,9 +11,8 @@
 
 use std::rc::Rc;
 
+use crate::queue;
 use frame_codec::{AttrValue, Frame};
-use futures::channel::mpsc;
-use futures::SinkExt;
 
 use super::Outbound;
 use crate::server::FollowSpec;
@@ -52,7 +51,7 @@ async fn follow(
     claim: Claim,
     spec: FollowSpec,
     sse: bool,
-    mut out: mpsc::Sender<Outbound>,
+    mut out: queue::Sender<Outbound>,
 ) -> &'static str {
     let shared = &shard.shared;
     let owner = crate::shard::owner(&spec.topic, PartitionId(0), shared.config.shards);
@@ -109,7 +108,7 @@ pub async fn websocket(
     limits: crate::server::conn::ConnLimits,
     spec: Box<FollowSpec>,
 ) {
-    let (tx, events) = mpsc::channel(QUEUE);
+    let (tx, events) = queue::channel(QUEUE);
     let claim = shard.shared.watchers.claim(&spec.topic);
     // An agent's attachment: its id and the claim's number.
     let agent = spec.agent.clone().zip(claim.as_ref().map(|c| c.watch.gen));
@@ -142,7 +141,7 @@ pub async fn websocket(
 
 /// A server-sent events follower, after the `200` head.
 pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<FollowSpec>) {
-    let (tx, events) = mpsc::channel(QUEUE);
+    let (tx, events) = queue::channel(QUEUE);
     let Some(claim) = shard.shared.watchers.claim(&spec.topic) else {
         // Another subscriber claimed it since the 200 was decided: the stream ends empty.
         drop(tx);

@@ -15,7 +15,7 @@ pub mod ws;
 
 use std::rc::Rc;
 
-use futures::channel::mpsc;
+use crate::queue;
 
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
@@ -41,7 +41,7 @@ pub fn attach_acked(
     shard: &Rc<Shard>,
     spec: &SessionSpec,
     kind: Kind,
-) -> (mpsc::Receiver<Outbound>, ConsumerKey, SessionRef) {
+) -> (queue::Receiver<Outbound>, ConsumerKey, SessionRef) {
     let (id, events) = shard.sessions.add_acked(&spec.subscription, kind, shard.shared.config.shards);
     let (consumer, persist) = consumer_of(spec, shard.id, id);
     let at = SessionRef { shard: shard.id, id };

@@ -9,9 +9,8 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures::channel::mpsc;
+use crate::queue;
 use futures::future::{select, Either};
-use futures::StreamExt;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
@@ -43,10 +42,10 @@ async fn until_closed<R: AsyncReadRent>(mut rd: R, mut buf: Vec<u8>) {
     }
 }
 
-async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<Outbound>) {
+async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: queue::Receiver<Outbound>) {
     let mut out = Vec::new();
     loop {
-        match monoio::time::timeout(HEARTBEAT, events.next()).await {
+        match monoio::time::timeout(HEARTBEAT, events.recv()).await {
             Ok(Some(Outbound::Frame(bytes))) => {
                 out.extend_from_slice(&bytes);
                 while let Ok(Outbound::Frame(more)) = events.try_recv() {
@@ -59,13 +58,13 @@ async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<O
             // Closed (subscription removed) or dropped: end the stream properly.
             Ok(Some(Outbound::Close(..))) | Ok(None) => {
                 out.extend_from_slice(b"0\r\n\r\n");
-                let _ = monoio::time::timeout(WRITE_STALL, wr.write_all(out)).await;
+                let _ = crate::server::deadline::within(WRITE_STALL, wr.write_all(out)).await;
                 let _ = wr.shutdown().await;
                 return;
             }
             Err(_) => chunk(b": keep-alive\n\n", &mut out),
         }
-        let sent = monoio::time::timeout(WRITE_STALL, wr.write_all(std::mem::take(&mut out))).await;
+        let sent = crate::server::deadline::within(WRITE_STALL, wr.write_all(std::mem::take(&mut out))).await;
         match sent {
             Ok((Ok(_), mut back)) => {
                 back.clear();
@@ -78,7 +77,7 @@ async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: mpsc::Receiver<O
 
 /// Serves a stream whose events come from `events` until the client goes away or the queue
 /// ends (then the chunked body is ended properly).
-pub(super) async fn serve(stream: crate::server::Stream, buf: Vec<u8>, events: mpsc::Receiver<Outbound>) {
+pub(super) async fn serve(stream: crate::server::Stream, buf: Vec<u8>, events: queue::Receiver<Outbound>) {
     let (rd, wr) = stream.into_split();
     let _ = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events))).await;
 }

@@ -10,9 +10,8 @@
 
 use std::rc::Rc;
 
+use crate::queue;
 use frame_codec::{DataKind, Frame};
-use futures::channel::mpsc;
-use futures::SinkExt;
 
 use super::Outbound;
 use crate::server::TurnSpec;
@@ -57,7 +56,7 @@ pub fn render(f: &Frame, out: &mut Vec<u8>) {
 }
 
 /// Feeds `out` from the reader until the turn ends or the reader is replaced.
-async fn feed(mut reader: Reader, mut out: mpsc::Sender<Outbound>) {
+async fn feed(mut reader: Reader, mut out: queue::Sender<Outbound>) {
     let watch = reader.watch.clone();
     loop {
         match reader.read(BATCH, BATCH_BYTES) {
@@ -83,13 +82,12 @@ async fn feed(mut reader: Reader, mut out: mpsc::Sender<Outbound>) {
 
 /// Streams the turn `spec` names, after the `200` head.
 pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<TurnSpec>) {
-    let (tx, events) = mpsc::channel(QUEUE);
+    let (tx, events) = queue::channel(QUEUE);
     let calls = &shard.shared.calls;
     let Some(call) = calls.get(&spec.key) else {
         // The session was closed (or expired) since the head was decided: the stream says so.
         let mut event = Vec::new();
         crate::shard::sessions::chunk(b"event: error\ndata: the session was closed\n\n", &mut event);
-        let mut tx = tx;
         let _ = tx.try_send(Outbound::Frame(Rc::new(event)));
         drop(tx);
         return super::sse::serve(stream, buf, events).await;

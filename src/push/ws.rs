@@ -6,9 +6,8 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use futures::channel::mpsc;
+use crate::queue;
 use futures::future::{select, Either};
-use futures::StreamExt;
 use monoio::io::AsyncWriteRent;
 
 use super::{attach_acked, detach_acked, Kind, Outbound};
@@ -51,7 +50,7 @@ impl Replies {
     /// Hands one reply to its requester. Only a failure is answered, with a text frame
     /// `{"type":"error","id":<emcorrelationid>,"status":S,"detail":D}` (404: nobody waits for
     /// it; 403: the ACL; 400: not a valid CloudEvent); the session goes on either way.
-    async fn reply(&self, event: Option<&str>, ctl: &mut mpsc::Sender<Outbound>) {
+    async fn reply(&self, event: Option<&str>, ctl: &mut queue::Sender<Outbound>) {
         let parsed = match event {
             Some(e) => crate::adaptor::cloudevents::parse_structured("", e.as_bytes()),
             None => Err(crate::adaptor::cloudevents::CeError::Invalid(
@@ -91,7 +90,7 @@ impl Replies {
     /// Takes an agent's chunk frame `{"type":"chunk","sessionId":S,...}`. Only a failure is
     /// answered, as for replies (`id` the session id; 404 no such session, 403 another
     /// agent's, 409 no turn in progress, 429 streams too far behind, 400 malformed).
-    async fn chunk(&self, text: &str, ctl: &mut mpsc::Sender<Outbound>) {
+    async fn chunk(&self, text: &str, ctl: &mut queue::Sender<Outbound>) {
         let taken = || -> Result<(), (Option<String>, u16, String)> {
             let Some((agent, gen)) = &self.replier.agent else {
                 return Err((None, 400, "chunk frames are sent on an agent's WebSocket (GET /agent/ws)".into()));
@@ -120,11 +119,11 @@ impl Replies {
 
 /// Answers a failed reply or chunk frame: `{"type":"error","id","status","detail"}`. The
 /// reader waits for room: a peer flooding bad frames is held at its socket.
-async fn send_error(ctl: &mut mpsc::Sender<Outbound>, id: Option<String>, status: u16, detail: String) {
+async fn send_error(ctl: &mut queue::Sender<Outbound>, id: Option<String>, status: u16, detail: String) {
     let note = serde_json::json!({"type": "error", "id": id, "status": status, "detail": detail}).to_string();
     let mut out = Vec::with_capacity(note.len() + 4);
     encode_frame(OpCode::Text, true, note.as_bytes(), &mut out);
-    let _ = futures::SinkExt::send(ctl, Outbound::Frame(Rc::new(out))).await;
+    let _ = ctl.send(Outbound::Frame(Rc::new(out))).await;
 }
 
 /// Where an acknowledged session's control messages go.
@@ -180,7 +179,7 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
     rd: R,
     buf: Vec<u8>,
     max_message: usize,
-    ctl: mpsc::Sender<Outbound>,
+    ctl: queue::Sender<Outbound>,
     (acked, replies): (Option<AckedSession>, Replies),
     heard: Rc<Cell<Instant>>,
 ) {
@@ -195,7 +194,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
     mut rd: R,
     mut buf: Vec<u8>,
     max_message: usize,
-    ctl: mpsc::Sender<Outbound>,
+    ctl: queue::Sender<Outbound>,
     (acked, replies): (Option<AckedSession>, Replies),
     heard: Rc<Cell<Instant>>,
     meter: &crate::task::Meter,
@@ -283,7 +282,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
 /// the socket broke or a write made no progress for `WRITE_STALL` (the client stopped reading).
 pub(crate) async fn write_shared<W: AsyncWriteRent>(wr: &mut W, mut batch: SharedFrames) -> (bool, SharedFrames) {
     while batch.bytes() > 0 {
-        match monoio::time::timeout(WRITE_STALL, wr.writev(batch)).await {
+        match crate::server::deadline::within(WRITE_STALL, wr.writev(batch)).await {
             Ok((Ok(n), back)) if n > 0 => {
                 batch = back;
                 batch.advance(n);
@@ -298,7 +297,7 @@ pub(crate) async fn write_shared<W: AsyncWriteRent>(wr: &mut W, mut batch: Share
 
 /// Pings a session from which nothing arrived for `every`, and ends (returns) once nothing
 /// arrived for twice that: a peer that vanished without a FIN must not hold a session forever.
-async fn keepalive(mut ctl: mpsc::Sender<Outbound>, heard: Rc<Cell<Instant>>, every: Duration) {
+async fn keepalive(ctl: queue::Sender<Outbound>, heard: Rc<Cell<Instant>>, every: Duration) {
     loop {
         monoio::time::sleep(every).await;
         let silent = heard.get().elapsed();
@@ -318,9 +317,10 @@ async fn keepalive(mut ctl: mpsc::Sender<Outbound>, heard: Rc<Cell<Instant>>, ev
 /// Whatever is queued when the writer wakes (after `linger`) goes out in one vectored write of
 /// the shared renderings, without copying them.
 async fn write_half<W: AsyncWriteRent>(
+    shard: Rc<Shard>,
     mut wr: W,
-    mut events: mpsc::Receiver<Outbound>,
-    mut ctl: mpsc::Receiver<Outbound>,
+    mut events: queue::Receiver<Outbound>,
+    mut ctl: queue::Receiver<Outbound>,
     linger: Duration,
     queued: Option<Rc<Cell<usize>>>,
 ) {
@@ -333,7 +333,7 @@ async fn write_half<W: AsyncWriteRent>(
     };
     let mut batch = SharedFrames::default();
     loop {
-        let next = match select(events.next(), ctl.next()).await {
+        let next = match select(events.recv(), ctl.recv()).await {
             Either::Left((Some(m), _)) => taken(m),
             Either::Right((Some(m), _)) => m,
             // Our queue was closed by the fan-out: this session fell too far behind.
@@ -362,6 +362,7 @@ async fn write_half<W: AsyncWriteRent>(
         if let Some((code, reason)) = close {
             batch.push(Rc::new(close_bytes(code, reason)));
         }
+        shard.shared.metrics.shard(shard.id).ws_writes.inc();
         let (ok, mut back) = write_shared(&mut wr, batch).await;
         if !ok {
             return;
@@ -381,7 +382,7 @@ pub(super) struct Io {
     /// Bytes read past the upgrade request.
     pub buf: Vec<u8>,
     pub limits: ConnLimits,
-    pub events: mpsc::Receiver<Outbound>,
+    pub events: queue::Receiver<Outbound>,
     /// What `events` holds, in bytes (live fan-out sessions).
     pub queued: Option<Rc<Cell<usize>>>,
 }
@@ -396,8 +397,8 @@ pub(super) type Ends = std::pin::Pin<Box<dyn std::future::Future<Output = Option
 /// session goes on until either side closes it).
 ///
 /// A plain function returning the future, not an `async fn`: everything is set up before the
-/// first await, and the future keeps only the reader's and the writer's boxes (an `async fn`
-/// would also keep room for every argument, per idle session).
+/// first await, and the future keeps only the reader's box and the writer task's handle (an
+/// `async fn` would also keep room for every argument, per idle session).
 pub(super) fn run(
     shard: &Rc<Shard>,
     io: Io,
@@ -409,11 +410,11 @@ pub(super) fn run(
     // The HTTP read buffer came along with the upgrade; keep only what it holds.
     buf.shrink_to_fit();
     let (rd, wr) = stream.into_split();
-    let (ctl_tx, ctl_rx) = mpsc::channel(16);
+    let (ctl_tx, ctl_rx) = queue::channel(16);
     let heard = Rc::new(Cell::new(Instant::now()));
     let alive = keepalive(ctl_tx.clone(), heard.clone(), shard.shared.config.ws_ping_interval);
     let guard = {
-        let mut ctl = ctl_tx.clone();
+        let ctl = ctl_tx.clone();
         async move {
             match ends.await {
                 Some(reason) => {
@@ -431,7 +432,10 @@ pub(super) fn run(
         let read = read_half(rd, buf, limits.ws_max_message, ctl_tx, (acked, replies), heard);
         let _ = select(Box::pin(read), select(Box::pin(alive), Box::pin(guard))).await;
     });
-    let writer = Box::pin(write_half(wr, events, ctl_rx, limits.delivery_linger, queued));
+    // Its own task: under one `select` every wake of the writer (each delivery) would poll the
+    // reader too, and the reader's metering reads the clock twice per poll. It ends by itself
+    // once the reader's side is dropped (its control queue then has no sender).
+    let writer = monoio::spawn(write_half(shard.clone(), wr, events, ctl_rx, limits.delivery_linger, queued));
     async move {
         match select(reader, writer).await {
             // The reader is done (close asked or peer gone): let the writer send what it must.

@@ -14,9 +14,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use crate::queue;
 use frame_codec::{AttrValue, Frame};
-use futures::channel::mpsc;
-use futures::StreamExt;
 
 use super::message::{ConsumerKey, Delivery};
 use crate::adaptor::cloudevents::write_structured;
@@ -37,7 +36,7 @@ pub enum Outbound {
 
 struct SessionTx {
     id: u64,
-    tx: mpsc::Sender<Outbound>,
+    tx: queue::Sender<Outbound>,
     /// Bytes queued and not yet taken by its writer (the renderings are shared, but a slow
     /// session pins them).
     queued: Rc<Cell<usize>>,
@@ -62,7 +61,7 @@ pub enum Kind {
 struct AckedTx {
     subscription: String,
     kind: Kind,
-    tx: mpsc::Sender<Outbound>,
+    tx: queue::Sender<Outbound>,
 }
 
 /// This shard's attached sessions.
@@ -121,10 +120,10 @@ impl Sessions {
     /// first on this shard (then the shard must announce its interest).
     /// The returned counter is the session's queued bytes: its writer takes off what it
     /// dequeues.
-    pub fn add(&self, subscription: &str) -> (u64, mpsc::Receiver<Outbound>, Rc<Cell<usize>>, bool) {
+    pub fn add(&self, subscription: &str) -> (u64, queue::Receiver<Outbound>, Rc<Cell<usize>>, bool) {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        let (tx, rx) = mpsc::channel(SESSION_QUEUE);
+        let (tx, rx) = queue::channel(SESSION_QUEUE);
         let queued = Rc::new(Cell::new(0));
         let mut map = self.by_subscription.borrow_mut();
         let list = map.entry(subscription.to_owned()).or_default();
@@ -146,10 +145,10 @@ impl Sessions {
 
     /// Registers a session of acknowledged delivery; returns its id and its queue, which can
     /// hold every event the shards may have in flight to it.
-    pub fn add_acked(&self, subscription: &str, kind: Kind, shards: usize) -> (u64, mpsc::Receiver<Outbound>) {
+    pub fn add_acked(&self, subscription: &str, kind: Kind, shards: usize) -> (u64, queue::Receiver<Outbound>) {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        let (tx, rx) = mpsc::channel(crate::delivery::MAX_WINDOW as usize * shards);
+        let (tx, rx) = queue::channel(crate::delivery::MAX_WINDOW as usize * shards);
         self.acked.borrow_mut().insert(id, AckedTx { subscription: subscription.to_owned(), kind, tx });
         (id, rx)
     }
@@ -237,7 +236,7 @@ impl Sessions {
 pub struct PollSession {
     pub id: u64,
     /// Taken by the poll in progress (one at a time per consumer and shard).
-    pub rx: RefCell<Option<mpsc::Receiver<Outbound>>>,
+    pub rx: RefCell<Option<queue::Receiver<Outbound>>>,
     pub last: Cell<Instant>,
     pub closed: Cell<bool>,
 }
@@ -255,7 +254,7 @@ impl PollSession {
         let mut out = Vec::new();
         self.drain(&mut rx, &mut out, max);
         if out.is_empty() && !self.closed.get() {
-            match monoio::time::timeout(wait, rx.next()).await {
+            match monoio::time::timeout(wait, rx.recv()).await {
                 Ok(Some(Outbound::Frame(b))) => {
                     out.push(b);
                     self.drain(&mut rx, &mut out, max);
@@ -269,7 +268,7 @@ impl PollSession {
         out
     }
 
-    fn drain(&self, rx: &mut mpsc::Receiver<Outbound>, out: &mut Vec<Rc<Vec<u8>>>, max: usize) {
+    fn drain(&self, rx: &mut queue::Receiver<Outbound>, out: &mut Vec<Rc<Vec<u8>>>, max: usize) {
         while out.len() < max {
             match rx.try_recv() {
                 Ok(Outbound::Frame(b)) => out.push(b),

@@ -251,3 +251,65 @@ fn a_lingering_session_gets_every_event_in_order() {
     }
     assert_eq!(got, ["l0", "l1", "l2", "l3", "l4"]);
 }
+
+/// The sum over shards of one counter on `/metrics`.
+fn counter(b: &TestBroker, name: &str) -> u64 {
+    let text = b.admin().get("/metrics").text();
+    let prefix = format!("{name}{{");
+    text.lines().filter(|l| l.starts_with(&prefix)).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum()
+}
+
+/// Events that reach a session in one turn of its shard go out in one write, with no linger
+/// timer: a batch of 10 (one append, one delivery) is one write to the session, on both I/O
+/// drivers. The bound is on writes counted by the broker, not on what one read happened to see.
+#[test]
+fn events_of_one_turn_reach_a_session_in_one_write() {
+    for driver in ["epoll", "auto"] {
+        // No keepalive ping in the window counted.
+        let b = TestBroker::start(&["--io-driver", driver, "--ws-ping-interval-ms", "3600000"]);
+        let def = json!({"subscription": "gather", "topic": "gather", "mode": "BROADCAST"});
+        assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+        let mut ws = attach(&b, "subscription=gather&ack=none");
+        let keyed = |id: String| {
+            let mut e = event(&id);
+            e["partitionkey"] = json!("one");
+            e
+        };
+        // Interest reaches the partition's owner asynchronously: markers until one arrives,
+        // then one more read back, so no marker is still on its way when counting starts.
+        let start = Instant::now();
+        'attached: for round in 0.. {
+            assert!(start.elapsed() < Duration::from_secs(20), "the session never attached");
+            assert_eq!(b.publish("gather", &keyed(format!("marker-{round}"))).status, 202);
+            while let Some(e) = next_event(&mut ws) {
+                if e["id"].as_str().unwrap().starts_with("marker-") {
+                    break 'attached;
+                }
+            }
+        }
+        assert_eq!(b.publish("gather", &keyed("sync".into())).status, 202);
+        let start = Instant::now();
+        while next_event(&mut ws).is_none_or(|e| e["id"] != "sync") {
+            assert!(start.elapsed() < Duration::from_secs(20), "the sync marker never arrived");
+        }
+        let (writes, deliveries) = (counter(&b, "evmesh_ws_writes_total"), counter(&b, "evmesh_deliveries_total"));
+        let batch: Vec<Value> = (0..10).map(|i| keyed(format!("b{i}"))).collect();
+        let r = b.client().post(
+            "/events/publish?topic=gather",
+            "application/cloudevents-batch+json",
+            serde_json::to_vec(&batch).unwrap().as_slice(),
+        );
+        assert_eq!(r.status, 202, "{}", r.text());
+        let mut got = Vec::new();
+        let start = Instant::now();
+        while got.len() < 10 {
+            assert!(start.elapsed() < Duration::from_secs(20), "got {got:?}");
+            if let Some(e) = next_event(&mut ws) {
+                got.push(e["id"].as_str().unwrap().to_owned());
+            }
+        }
+        assert_eq!(got, (0..10).map(|i| format!("b{i}")).collect::<Vec<_>>(), "{driver}: in order");
+        assert_eq!(counter(&b, "evmesh_deliveries_total") - deliveries, 10, "{driver}");
+        assert_eq!(counter(&b, "evmesh_ws_writes_total") - writes, 1, "{driver}: ten events, one write");
+    }
+}
