@@ -25,6 +25,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::Waker;
 
 use frame_codec::Frame;
 use futures::channel::oneshot;
@@ -242,16 +243,80 @@ fn lite_time_key(ms: u64, name: &[u8]) -> Vec<u8> {
     [&[0u8, b't'][..], &ms.to_be_bytes()[..], name].concat()
 }
 
-type Waiter = oneshot::Sender<Result<(), StorageError>>;
+/// What one flush did, shared by every append it carries (one allocation per flush, not a
+/// channel per append): the outcome of each staged partition, by its place in
+/// [`Pending::staged`], and of the lite topics' batch.
+#[derive(Default)]
+struct Flush {
+    outcome: RefCell<Option<Outcome>>,
+    waiting: RefCell<Vec<Waker>>,
+}
+
+struct Outcome {
+    parts: Vec<Result<(), StorageError>>,
+    lite: Result<(), StorageError>,
+}
+
+/// Which part of a flush an append waits for.
+#[derive(Clone, Copy)]
+enum Part {
+    Staged(usize),
+    Lite,
+}
+
+impl Flush {
+    fn answer(&self, outcome: Outcome) {
+        *self.outcome.borrow_mut() = Some(outcome);
+        for w in self.waiting.take() {
+            w.wake();
+        }
+    }
+
+    /// Resolves with `part`'s result once the flush answered.
+    async fn done(&self, part: Part) -> Result<(), StorageError> {
+        std::future::poll_fn(|cx| match &*self.outcome.borrow() {
+            Some(o) => std::task::Poll::Ready(match part {
+                Part::Staged(i) => o.parts[i].clone(),
+                Part::Lite => o.lite.clone(),
+            }),
+            None => {
+                let mut w = self.waiting.borrow_mut();
+                if !w.iter().any(|w| w.will_wake(cx.waker())) {
+                    w.push(cx.waker().clone());
+                }
+                std::task::Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// Answers a flush that ends without answering (its task dropped at shutdown): its appends
+/// fail rather than wait forever.
+struct Unanswered {
+    flush: Rc<Flush>,
+    parts: usize,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if self.flush.outcome.borrow().is_none() {
+            let gone = || Err(StorageError::Unavailable("log writer stopped"));
+            self.flush.answer(Outcome { parts: (0..self.parts).map(|_| gone()).collect(), lite: gone() });
+        }
+    }
+}
 
 /// Appends waiting for the next write of this shard.
 #[derive(Default)]
 struct Pending {
-    /// Lite topics' records, and the appends waiting for them.
+    /// Lite topics' records, and how many appends wait for them.
     batch: WriteBatch,
-    waiters: Vec<Waiter>,
-    /// Partitions with staged appends, and the appends waiting for their commit.
-    staged: Vec<(Slot, Vec<Waiter>)>,
+    lite: usize,
+    /// Partitions with staged appends.
+    staged: Vec<Slot>,
+    /// What the appends staged so far wait on.
+    flush: Rc<Flush>,
     /// A flush task is queued.
     scheduled: bool,
 }
@@ -294,41 +359,40 @@ impl Inner {
     async fn flush(self: Rc<Self>) {
         // Behind every task already woken, so appends made meanwhile join this batch.
         crate::task::yield_now().await;
-        let (batch, waiters, staged) = {
+        let (batch, lite, staged, flush) = {
             let mut p = self.pending.borrow_mut();
             p.scheduled = false;
-            (std::mem::take(&mut p.batch), std::mem::take(&mut p.waiters), std::mem::take(&mut p.staged))
+            let lite = std::mem::take(&mut p.lite);
+            (std::mem::take(&mut p.batch), lite, std::mem::take(&mut p.staged), std::mem::take(&mut p.flush))
         };
+        let flush = Unanswered { flush, parts: staged.len() };
         let fsync = self.durability == Durability::Fsync;
         // Each staged partition: one write. Nothing awaited between staging and here, so every
         // append staged is in these batches.
         let now = crate::clock::now_micros();
         let mut written = Vec::new();
-        let mut answers = Vec::with_capacity(staged.len() + 1);
-        for (slot, ws) in staged {
+        let mut parts = Vec::with_capacity(staged.len());
+        for slot in staged {
             let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
             let log = g.as_mut().expect("a staged partition is open");
             let result =
                 log.commit(now).map(|w| written.extend(w.into_iter().filter(|_| fsync))).map_err(StorageError::from);
-            answers.push((ws, result));
+            parts.push(result);
         }
         let mut wal = false;
-        if !waiters.is_empty() {
-            let result = self.write_lite(batch);
-            wal = fsync && result.is_ok();
-            answers.push((waiters, result));
+        let mut lite_result = Ok(());
+        if lite > 0 {
+            lite_result = self.write_lite(batch);
+            wal = fsync && lite_result.is_ok();
         }
         // One sync for all of it (durability fsync), on the helper thread.
         let synced = match &self.syncer {
             Some(s) if wal || !written.is_empty() => s.sync(written, wal).await,
             _ => Ok(()),
         };
-        for (ws, result) in answers {
-            let result = result.and_then(|()| synced.clone());
-            for w in ws {
-                let _ = w.send(result.clone());
-            }
-        }
+        let with_sync = |r: Result<(), StorageError>| r.and_then(|()| synced.clone());
+        let parts = parts.into_iter().map(with_sync).collect();
+        flush.flush.answer(Outcome { parts, lite: with_sync(lite_result) });
     }
 
     /// Writes the lite topics' records of a turn.
@@ -342,15 +406,11 @@ impl Inner {
             self.evict_lite();
         } else {
             // Offsets were handed out for records that are not in the log. Forget every lite
-            // topic's end (they are re-read from the log) and fail the appends queued since,
-            // whose offsets would otherwise leave a gap.
+            // topic's end (they are re-read from the log). No append was queued since the batch
+            // was taken (no await between), so none holds an offset past the gap.
+            debug_assert_eq!(self.pending.borrow().lite, 0);
             self.parts.borrow_mut().clear();
             self.lite_cached.borrow_mut().clear();
-            let mut p = self.pending.borrow_mut();
-            p.batch = WriteBatch::default();
-            for w in std::mem::take(&mut p.waiters) {
-                let _ = w.send(result.clone());
-            }
         }
         result
     }
@@ -361,7 +421,7 @@ impl Inner {
     /// an entry with offsets handed out but not written must stay.
     fn evict_lite(&self) {
         let mut order = self.lite_cached.borrow_mut();
-        if order.len() <= LITE_CACHE || !self.pending.borrow().waiters.is_empty() {
+        if order.len() <= LITE_CACHE || self.pending.borrow().lite > 0 {
             return;
         }
         let mut parts = self.parts.borrow_mut();
@@ -558,7 +618,7 @@ impl EmbeddedLog {
         it.seek(lite_time_key(0, b""));
         let mut batch = WriteBatch::default();
         let mut gone = Vec::new();
-        let busy = !self.inner.pending.borrow().waiters.is_empty();
+        let busy = self.inner.pending.borrow().lite > 0;
         let mut looked = 0;
         while it.valid() && gone.len() < LITE_EXPIRE_BATCH && looked < 4 * LITE_EXPIRE_BATCH {
             looked += 1;
@@ -599,6 +659,14 @@ impl EmbeddedLog {
 }
 
 impl EmbeddedLog {
+    /// Queues this turn's flush task, if the turn's first append.
+    fn schedule(&self, p: &mut Pending) {
+        if !p.scheduled {
+            p.scheduled = true;
+            monoio::spawn(self.inner.clone().flush());
+        }
+    }
+
     /// Stages an append to a partition's segment log; resolves once this turn's flush wrote it.
     async fn append_segment(
         &self,
@@ -613,20 +681,19 @@ impl EmbeddedLog {
             }
             g.as_mut().expect("opened by lock").stage(frames)
         };
-        let rx = {
+        let (flush, part) = {
             let mut p = self.inner.pending.borrow_mut();
-            let (tx, rx) = oneshot::channel();
-            match p.staged.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &slot)) {
-                Some((_, ws)) => ws.push(tx),
-                None => p.staged.push((slot, vec![tx])),
-            }
-            if !p.scheduled {
-                p.scheduled = true;
-                monoio::spawn(self.inner.clone().flush());
-            }
-            rx
+            let i = match p.staged.iter().position(|s| Arc::ptr_eq(s, &slot)) {
+                Some(i) => i,
+                None => {
+                    p.staged.push(slot);
+                    p.staged.len() - 1
+                }
+            };
+            self.schedule(&mut p);
+            (p.flush.clone(), Part::Staged(i))
         };
-        rx.await.map_err(|_| StorageError::Unavailable("log writer stopped"))??;
+        flush.done(part).await?;
         Ok(first)
     }
 }
@@ -659,7 +726,7 @@ impl Storage for EmbeddedLog {
         let pre = prefix(topic, partition);
         let (state, cached) = self.part_state(&pre)?;
         let first = state.next;
-        let rx = {
+        let flush = {
             let cf = self.cf();
             let mut p = self.inner.pending.borrow_mut();
             for (i, f) in frames.iter_mut().enumerate() {
@@ -687,15 +754,11 @@ impl Storage for EmbeddedLog {
                     }
                 }
             }
-            let (tx, rx) = oneshot::channel();
-            p.waiters.push(tx);
-            if !p.scheduled {
-                p.scheduled = true;
-                monoio::spawn(self.inner.clone().flush());
-            }
-            rx
+            p.lite += 1;
+            self.schedule(&mut p);
+            p.flush.clone()
         };
-        rx.await.map_err(|_| StorageError::Unavailable("log writer stopped"))??;
+        flush.done(Part::Lite).await?;
         Ok(first)
     }
 
