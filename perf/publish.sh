@@ -8,12 +8,17 @@
 # corrected). Targets: evmesh epoll/os, evmesh uring/os, evmesh epoll/fsync, nchan /pub, and
 # nginx's bare `return 200` for the same POST (the loopback HTTP ceiling). evmesh runs
 # with SHARDS=1 so it gets the same one core as the single nginx worker; loadgen uses the other.
+# Pinned: evmesh's shard sits on CPU 0 (it pins itself), the nginx worker is pinned there too,
+# and loadgen runs under `taskset -c $GEN_CPUS` (default: every CPU but 0); the open-loop runs
+# use two generator threads, and the table shows the rate each held.
 # Raw JSON reports land in perf/results/<stamp>/, a markdown table is printed and appended to
 # perf/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-10}; CONNS=${CONNS:-64}; SHARDS=${SHARDS:-1}; LOW_RATE=${LOW_RATE:-5000}
 source perf/common.sh
+GEN_CPUS=${GEN_CPUS:-1-$(( $(nproc) - 1 ))}
+taskset -pc 0 "$NCHAN_PID" > /dev/null
 OUT=$ROOT/perf/results/publish-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 
 EV_PID=
@@ -28,11 +33,11 @@ stop_evmesh() { kill "$EV_PID" 2>/dev/null; wait "$EV_PID" 2>/dev/null || true; 
 
 run() { # name url pid
   local name=$1 url=$2 pid=$3 max half
-  "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --server-pid "$pid" --json "$OUT/$name.closed.json" | tee -a "$OUT/log.txt"
+  taskset -c "$GEN_CPUS" "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --server-pid "$pid" --json "$OUT/$name.closed.json" | tee -a "$OUT/log.txt"
   max=$(python3 -c "import json;print(int(json.load(open('$OUT/$name.closed.json'))['throughput']))")
   half=$((max / 2))
-  "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --rate "$half" --server-pid "$pid" --json "$OUT/$name.open.json" | tee -a "$OUT/log.txt"
-  "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --rate "$LOW_RATE" --server-pid "$pid" --json "$OUT/$name.low.json" | tee -a "$OUT/log.txt"
+  taskset -c "$GEN_CPUS" "$LOADGEN" --url "$url" --connections "$CONNS" --threads 2 --duration "${DUR}s" --warmup 1s --rate "$half" --server-pid "$pid" --json "$OUT/$name.open.json" | tee -a "$OUT/log.txt"
+  taskset -c "$GEN_CPUS" "$LOADGEN" --url "$url" --connections "$CONNS" --threads 2 --duration "${DUR}s" --warmup 1s --rate "$LOW_RATE" --server-pid "$pid" --json "$OUT/$name.low.json" | tee -a "$OUT/log.txt"
 }
 
 for r in $(seq "$ROUNDS"); do
@@ -57,10 +62,10 @@ def load(t, kind):
     return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.{kind}.json"))]
 cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
 print(f"### publish, {os.path.basename(out)}\n")
-print(f"Machine: {cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}. loadgen 1 thread, {conns} keep-alive connections, "
+print(f"Machine: {cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}. loadgen pinned away from CPU 0 (the shard's and the nginx worker's), 1 thread closed loop and 2 threads open loop, {conns} keep-alive connections, "
       f"1 KiB structured CloudEvent, {dur}s per run after 1s warm-up, {rounds} rounds in alternation; evmesh shards={shards}, nginx 1 worker.\n")
-print(f"| target | max rate (req/s, median) | server CPU µs/request (median of rounds) | CPU µs per round | p50 / p99 / p99.9 µs at half max rate (median) | p50 / p99 / p99.9 µs at {low}/s (median) | errors |")
-print("|---|---|---|---|---|---|---|")
+print(f"| target | max rate (req/s, median) | server CPU µs/request (median of rounds) | CPU µs per round | half max: rate held (req/s) | p50 / p99 / p99.9 µs at half max rate (median) | p50 / p99 / p99.9 µs at {low}/s (median) | errors |")
+print("|---|---|---|---|---|---|---|---|")
 med = {}
 for t in targets:
     c, o, lo = load(t, "closed"), load(t, "open"), load(t, "low")
@@ -70,7 +75,7 @@ for t in targets:
     lat = lambda runs, k: int(st.median([x["latency_us"][k] for x in runs]))
     errs = sum(x["errors"] + x["connect_errors"] for x in c + o + lo)
     print(f"| {t} | {int(st.median([x['throughput'] for x in c]))} | {med[t]:.2f} | {', '.join(f'{v:.2f}' for v in cpus)} | "
-          f"{lat(o, 'p50')} / {lat(o, 'p99')} / {lat(o, 'p999')} | {lat(lo, 'p50')} / {lat(lo, 'p99')} / {lat(lo, 'p999')} | {errs} |")
+          f"{int(st.median([x['throughput'] for x in o]))} | {lat(o, 'p50')} / {lat(o, 'p99')} / {lat(o, 'p999')} | {lat(lo, 'p50')} / {lat(lo, 'p99')} / {lat(lo, 'p999')} | {errs} |")
 if med.get("nchan"):
     print()
     for t in targets[:3]:
