@@ -204,16 +204,22 @@ impl<'de> serde::Deserialize<'de> for Members<'de> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a CloudEvent JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
-                let mut v = SmallVec::new();
-                while let Some(Key(k)) = m.next_key::<Key<'de>>()? {
-                    let raw: &'de RawValue = m.next_value()?;
-                    v.push((k, raw));
-                }
-                Ok(Members(v))
+            fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Self::Value, A::Error> {
+                Members::from_map(m)
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+impl<'de> Members<'de> {
+    fn from_map<A: MapAccess<'de>>(mut m: A) -> Result<Self, A::Error> {
+        let mut v = SmallVec::new();
+        while let Some(Key(k)) = m.next_key::<Key<'de>>()? {
+            let raw: &'de RawValue = m.next_value()?;
+            v.push((k, raw));
+        }
+        Ok(Members(v))
     }
 }
 
@@ -227,26 +233,105 @@ fn json_string(text: &str) -> Result<Text<'_>, CeError> {
     Ok(Text(Cow::Owned(serde_json::from_str::<String>(text).map_err(json_err)?)))
 }
 
-/// A JSON array of events, each still raw.
-struct Elements<'a>(Vec<&'a RawValue>);
+/// A JSON array of events, each built into its frame as the parser reaches it: the batch's
+/// text is scanned once (a first pass splitting it into raw elements would scan it twice).
+/// Why an element was refused is kept in `refused` (serde's error type only carries text).
+struct Batch<'t> {
+    topic: &'t str,
+    refused: &'t std::cell::Cell<Option<CeError>>,
+}
 
-impl<'de> serde::Deserialize<'de> for Elements<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Elements<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON array of CloudEvents")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Self::Value, A::Error> {
-                let mut v = Vec::with_capacity(s.size_hint().unwrap_or(16));
-                while let Some(e) = s.next_element::<&'de RawValue>()? {
-                    v.push(e);
-                }
-                Ok(Elements(v))
+impl<'de> serde::de::DeserializeSeed<'de> for Batch<'_> {
+    type Value = Vec<Frame>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<Frame>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Batch<'_> {
+    type Value = Vec<Frame>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON array of CloudEvents")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Vec<Frame>, A::Error> {
+        let mut frames = Vec::with_capacity(s.size_hint().unwrap_or(16));
+        loop {
+            let element = Element { topic: self.topic, index: frames.len(), refused: self.refused };
+            match s.next_element_seed(element)? {
+                Some(f) => frames.push(f),
+                None => return Ok(frames),
             }
         }
-        d.deserialize_seq(V)
+    }
+}
+
+/// One element of a [`Batch`]: an object, made into a frame.
+struct Element<'t> {
+    topic: &'t str,
+    index: usize,
+    refused: &'t std::cell::Cell<Option<CeError>>,
+}
+
+impl Element<'_> {
+    fn refuse<E: serde::de::Error>(&self, e: CeError) -> E {
+        let e = match e {
+            CeError::Invalid(m) => invalid(format!("batch element {}: {m}", self.index)),
+            other => other,
+        };
+        self.refused.set(Some(e));
+        E::custom("refused")
+    }
+
+    fn not_an_object<E: serde::de::Error>(&self) -> E {
+        self.refused.set(Some(invalid(format!("batch element {} is not a JSON object", self.index))));
+        E::custom("refused")
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Element<'_> {
+    type Value = Frame;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Frame, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Element<'_> {
+    type Value = Frame;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a CloudEvent JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Frame, A::Error> {
+        let members = Members::from_map(m)?;
+        members_frame(self.topic, members).map_err(|e| self.refuse(e))
+    }
+
+    // Anything but an object.
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Frame, E> {
+        Err(self.not_an_object())
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Frame, E> {
+        Err(self.not_an_object())
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Frame, E> {
+        Err(self.not_an_object())
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Frame, E> {
+        Err(self.not_an_object())
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Frame, E> {
+        Err(self.not_an_object())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Frame, E> {
+        Err(self.not_an_object())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Frame, A::Error> {
+        Err(self.not_an_object())
     }
 }
 
@@ -257,7 +342,11 @@ fn json_err(e: serde_json::Error) -> CeError {
 /// Builds the frame for one structured-mode event (a JSON object, as raw text), from the text
 /// itself: no allocation but the frame for an event of up to 16 members without escapes.
 fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
-    let members: Members = serde_json::from_str(json).map_err(json_err)?;
+    members_frame(topic, serde_json::from_str(json).map_err(json_err)?)
+}
+
+/// The frame for one event's members.
+fn members_frame(topic: &str, members: Members<'_>) -> Result<Frame, CeError> {
     let mut attributes: SmallVec<[AttributeRef<'_>; INLINE_MEMBERS]> = SmallVec::new();
     let mut data: Option<(DataKind, Cow<'_, [u8]>)> = None;
     for (key, raw) in members.0 {
@@ -327,21 +416,11 @@ pub fn parse_structured_text(topic: &str, text: &str) -> Result<Frame, CeError> 
 /// Parses a batched-mode body (a JSON array of events); all are valid or none is accepted.
 pub fn parse_batch(topic: &str, body: &[u8]) -> Result<Vec<Frame>, CeError> {
     let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
-    let elements: Elements = serde_json::from_str(text).map_err(json_err)?;
-    elements
-        .0
-        .into_iter()
-        .enumerate()
-        .map(|(i, raw)| {
-            if !raw.get().starts_with('{') {
-                return Err(invalid(format!("batch element {i} is not a JSON object")));
-            }
-            structured_frame(topic, raw.get()).map_err(|e| match e {
-                CeError::Invalid(m) => invalid(format!("batch element {i}: {m}")),
-                other => other,
-            })
-        })
-        .collect()
+    let refused = std::cell::Cell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    let parsed = serde::de::DeserializeSeed::deserialize(Batch { topic, refused: &refused }, &mut de)
+        .and_then(|frames| de.end().map(|()| frames));
+    parsed.map_err(|e| refused.take().unwrap_or_else(|| json_err(e)))
 }
 
 /// Percent-decodes a binary-mode header value (CloudEvents HTTP binding section 3.1.3.2).
@@ -765,6 +844,27 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(parse_batch("t", b"[]").unwrap().len(), 0);
+        for (body, says) in [
+            (format!("[{EV},3]"), "batch element 1 is not a JSON object"),
+            (format!(r#"[{EV},"x"]"#), "batch element 1 is not a JSON object"),
+            (format!("[{EV},[{EV}]]"), "batch element 1 is not a JSON object"),
+            (format!("[{EV},null]"), "batch element 1 is not a JSON object"),
+            (format!("[{EV}] [{EV}]"), "malformed JSON"),
+            (format!("[{EV},{EV}"), "malformed JSON"),
+            (format!("{EV}"), "malformed JSON"),
+            (format!(r#"[{EV},{{"id":1,"id":2}}]"#), "batch element 1: "),
+        ] {
+            match parse_batch("t", body.as_bytes()) {
+                Err(CeError::Invalid(m)) => assert!(m.starts_with(says), "{body}: {m}"),
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        // One pass over the batch builds the same frames as each element parsed alone.
+        let second = EV.replace(r#""id":"1""#, r#""id":"2","ext":"a\"b""#);
+        let frames = parse_batch("t", format!(" [ {EV} , {second} ] ").as_bytes()).unwrap();
+        for (f, alone) in frames.iter().zip([EV, second.as_str()]) {
+            assert_eq!(f.as_bytes(), parse_structured("t", alone.as_bytes()).unwrap().as_bytes());
+        }
     }
 
     #[test]
