@@ -771,7 +771,9 @@ impl Storage for EmbeddedLog {
         max_bytes: usize,
     ) -> Result<Vec<Frame>, StorageError> {
         if !topic_is_lite(topic) {
-            return self.with_log((topic, partition), |log| Ok(log.read(from, max, max_bytes)?));
+            // Planned under the partition's mutex, read after it is let go.
+            let plan = self.with_log((topic, partition), |log| Ok(log.plan_read(from, max_bytes)))?;
+            return Ok(plan.read(max, max_bytes)?);
         }
         read_from(&self.inner.db, self.cf(), topic, partition, (from, max, max_bytes))
     }

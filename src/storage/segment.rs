@@ -227,6 +227,68 @@ struct Segment {
     since_entry: u64,
 }
 
+/// A read of a partition's log planned under its mutex ([`PartitionLog::plan_read`]) and done
+/// without it. It sees the log as it was when planned: the bytes below each segment's planned
+/// size never change (appends, and a write retried after a failed one, only write past them).
+pub struct ReadPlan {
+    from: u64,
+    segments: Vec<Planned>,
+}
+
+/// One segment of a [`ReadPlan`]: the tail's open file, or a sealed segment's path.
+struct Planned {
+    path: PathBuf,
+    file: Option<Arc<File>>,
+    /// Where the read starts in it, and its size when planned.
+    pos: u64,
+    size: u64,
+}
+
+impl ReadPlan {
+    /// Up to `max` events, stopping after the one that reaches `max_bytes`. A sealed segment
+    /// that retention deleted since the plan was made ends the read with what it found before.
+    pub fn read(&self, max: usize, max_bytes: usize) -> Result<Vec<Frame>, SegmentError> {
+        let from = self.from;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        let mut head = [0u8; HEADER];
+        for s in &self.segments {
+            let file = match &s.file {
+                Some(f) => f.clone(),
+                None => match File::open(&s.path) {
+                    Ok(f) => Arc::new(f),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            let mut pos = s.pos;
+            while pos < s.size && out.len() < max && bytes < max_bytes {
+                file.read_exact_at(&mut head, pos)?;
+                let h = BatchHeader::read(&head).ok_or_else(|| SegmentError::Corrupt {
+                    path: s.path.display().to_string(),
+                    reason: format!("no batch header at byte {pos}"),
+                })?;
+                if h.base + u64::from(h.count) > from {
+                    let body = PartitionLog::body(&file, &h, pos, &s.path)?;
+                    frames_of(&body, &h, from.max(h.base), &s.path, |o, b| {
+                        if out.len() >= max || bytes >= max_bytes {
+                            return Ok(false);
+                        }
+                        bytes += b.len();
+                        out.push(decode(o, b, &s.path)?);
+                        Ok(true)
+                    })?;
+                }
+                pos += u64::from(h.total_len);
+            }
+            if out.len() >= max || bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn log_path(dir: &Path, base: u64) -> PathBuf {
     dir.join(format!("{base:020}.log"))
 }
@@ -673,45 +735,30 @@ impl PartitionLog {
     /// Up to `max` events from offset `from` (or the first kept, if later), stopping after the
     /// one that reaches `max_bytes`.
     pub fn read(&self, from: u64, max: usize, max_bytes: usize) -> Result<Vec<Frame>, SegmentError> {
+        self.plan_read(from, max_bytes).read(max, max_bytes)
+    }
+
+    /// What a read from `from` of up to `max_bytes` needs of this log, to be done by
+    /// [`ReadPlan::read`] after the partition's mutex is let go: another thread's read (the
+    /// admin API's, a backlog measurement) then never holds the owner's appends behind its I/O.
+    /// Enough segments for `max_bytes` are taken, with room for what a read skips to reach
+    /// `from` (up to an index interval and a batch) and a last whole batch.
+    pub fn plan_read(&self, from: u64, max_bytes: usize) -> ReadPlan {
         let (first, end) = self.bounds();
         let from = from.max(first);
-        let mut out = Vec::new();
-        let mut bytes = 0;
+        let room = max_bytes.saturating_add(2 * MAX_BATCH_BYTES + INDEX_INTERVAL as usize + HEADER) as u64;
+        let mut segments = Vec::new();
+        let mut planned = 0u64;
         let start = self.segments.partition_point(|s| s.base <= from).saturating_sub(1);
-        let mut head = [0u8; HEADER];
-        for s in &self.segments[start..] {
-            if from >= end {
+        for s in self.segments[start..].iter().filter(|s| s.size > 0) {
+            if from >= end || planned >= room {
                 break;
             }
-            if s.size == 0 {
-                continue;
-            }
-            let file = s.reader()?;
-            let mut pos = s.seek(from);
-            while pos < s.size && out.len() < max && bytes < max_bytes {
-                file.read_exact_at(&mut head, pos)?;
-                let h = BatchHeader::read(&head).ok_or_else(|| SegmentError::Corrupt {
-                    path: s.path.display().to_string(),
-                    reason: format!("no batch header at byte {pos}"),
-                })?;
-                if h.base + u64::from(h.count) > from {
-                    let body = Self::body(&file, &h, pos, &s.path)?;
-                    frames_of(&body, &h, from.max(h.base), &s.path, |o, b| {
-                        if out.len() >= max || bytes >= max_bytes {
-                            return Ok(false);
-                        }
-                        bytes += b.len();
-                        out.push(decode(o, b, &s.path)?);
-                        Ok(true)
-                    })?;
-                }
-                pos += u64::from(h.total_len);
-            }
-            if out.len() >= max || bytes >= max_bytes {
-                break;
-            }
+            let pos = if segments.is_empty() { s.seek(from) } else { 0 };
+            planned += s.size - pos;
+            segments.push(Planned { path: s.path.clone(), file: s.file.clone(), pos, size: s.size });
         }
-        Ok(out)
+        ReadPlan { from, segments }
     }
 
     /// A batch's body, checked against its CRC.

@@ -171,6 +171,49 @@ fn reads_by_time_and_retention_by_whole_segments() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A read is planned under the partition's mutex and done after it: it sees the log as it was
+/// when planned, whatever is appended meanwhile, and a sealed segment that retention deleted
+/// meanwhile ends it with what came before (no error), while the log itself reads on.
+#[test]
+fn a_planned_read_sees_the_log_as_planned() {
+    let d = dir("plan");
+    let mut log = PartitionLog::open(&d, 4 * 1024).unwrap();
+    for i in 0..20i64 {
+        log.append(&mut frames(&format!("p{i}-"), 2, i), i).unwrap();
+    }
+    let (_, end) = log.bounds();
+    let everything = log.plan_read(0, usize::MAX);
+    let from_ten = log.plan_read(10, usize::MAX);
+    log.append(&mut frames("later", 3, 99), 99).unwrap();
+    assert_eq!(offsets(&everything.read(1_000, usize::MAX).unwrap()), (0..end).collect::<Vec<_>>());
+    assert_eq!(offsets(&from_ten.read(1_000, usize::MAX).unwrap()), (10..end).collect::<Vec<_>>());
+    assert_eq!(log.read(0, 1_000, usize::MAX).unwrap().len() as u64, end + 3, "the log itself has the new events");
+    // Limits apply to the planned read as to a read under the mutex.
+    let one = log.read(0, 1, usize::MAX).unwrap()[0].as_bytes().len();
+    assert_eq!(offsets(&everything.read(3, usize::MAX).unwrap()), [0, 1, 2]);
+    assert_eq!(offsets(&everything.read(1_000, one + 1).unwrap()), [0, 1]);
+    // Retention deletes the planned sealed segments: the read ends there, without an error.
+    assert!(log.segments().len() > 2);
+    let n = log.segments().len();
+    assert_eq!(log.retain(|_| true).unwrap(), n - 1);
+    assert!(everything.read(1_000, usize::MAX).unwrap().is_empty());
+    let first = log.bounds().0;
+    assert_eq!(log.read(0, 1, usize::MAX).unwrap()[0].header().offset, first);
+    let _ = std::fs::remove_dir_all(&d);
+    // A plan takes the segments its byte budget needs (with room for a batch or two), not all.
+    let d = dir("plan-budget");
+    let mut log = PartitionLog::open(&d, 64 * 1024).unwrap();
+    for i in 0..100 {
+        log.append(&mut (0..4).map(|k| frame(&format!("big{i}-{k}"), 16 * 1024, i)).collect::<Vec<_>>(), i).unwrap();
+    }
+    let small = log.plan_read(0, 1);
+    assert!(small.segments.len() < log.segments().len() / 2, "{} of {}", small.segments.len(), log.segments().len());
+    assert_eq!(offsets(&small.read(1_000, 1).unwrap()), [0]);
+    let far = log.plan_read(300, 1);
+    assert_eq!(offsets(&far.read(1_000, 1).unwrap()), [300]);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 mod prop {
     use super::*;
     use proptest::prelude::*;
