@@ -45,23 +45,21 @@ async fn until_closed<R: AsyncReadRent>(mut rd: R, mut buf: Vec<u8>) {
 async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: queue::Receiver<Outbound>) {
     let mut out = Vec::new();
     loop {
-        match monoio::time::timeout(HEARTBEAT, events.recv()).await {
+        match crate::server::deadline::within(HEARTBEAT, events.recv()).await {
             Ok(Some(Outbound::Frame(bytes))) => {
                 out.extend_from_slice(&bytes);
-                while let Ok(Outbound::Frame(more)) = events.try_recv() {
-                    out.extend_from_slice(&more);
-                    if out.len() > 256 * 1024 {
-                        break;
+                // What else is queued joins this write; a close among it ends the stream after
+                // the events before it (taken here, it must not be dropped).
+                while out.len() <= 256 * 1024 {
+                    match events.try_recv() {
+                        Ok(Outbound::Frame(more)) => out.extend_from_slice(&more),
+                        Ok(Outbound::Close(..)) => return end_stream(wr, out).await,
+                        Err(_) => break,
                     }
                 }
             }
             // Closed (subscription removed) or dropped: end the stream properly.
-            Ok(Some(Outbound::Close(..))) | Ok(None) => {
-                out.extend_from_slice(b"0\r\n\r\n");
-                let _ = crate::server::deadline::within(WRITE_STALL, wr.write_all(out)).await;
-                let _ = wr.shutdown().await;
-                return;
-            }
+            Ok(Some(Outbound::Close(..))) | Ok(None) => return end_stream(wr, out).await,
             Err(_) => chunk(b": keep-alive\n\n", &mut out),
         }
         let sent = crate::server::deadline::within(WRITE_STALL, wr.write_all(std::mem::take(&mut out))).await;
@@ -73,6 +71,13 @@ async fn write_events<W: AsyncWriteRent>(mut wr: W, mut events: queue::Receiver<
             _ => return,
         }
     }
+}
+
+/// Writes what is pending and the chunked body's end, then shuts the socket's writing side.
+async fn end_stream<W: AsyncWriteRent>(mut wr: W, mut out: Vec<u8>) {
+    out.extend_from_slice(b"0\r\n\r\n");
+    let _ = crate::server::deadline::within(WRITE_STALL, wr.write_all(out)).await;
+    let _ = wr.shutdown().await;
 }
 
 /// Serves a stream whose events come from `events` until the client goes away or the queue
@@ -106,4 +111,43 @@ pub async fn session(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u
         Either::Left(_) | Either::Right(_) => {}
     }
     detach_acked(&shard, consumer, &spec.topic, at);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// A close queued right behind events (a subscription removed, a credential expired, in the
+    /// same turn as a delivery) ends the stream after those events; it was once taken with them
+    /// and dropped, and the stream went on.
+    #[test]
+    fn a_close_queued_behind_events_ends_the_stream() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).map(|_| got)
+        });
+        let (stream, _) = listener.accept().unwrap();
+        stream.set_nonblocking(true).unwrap();
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap().block_on(async move {
+            let stream = monoio::net::TcpStream::from_std(stream).unwrap();
+            let (tx, rx) = queue::channel(8);
+            for e in [&b"one"[..], b"two"] {
+                let mut framed = Vec::new();
+                chunk(e, &mut framed);
+                tx.try_send(Outbound::Frame(Rc::new(framed))).unwrap();
+            }
+            tx.try_send(Outbound::Close(1000, "")).unwrap();
+            // The sender stays: only the close can end the stream.
+            let _keep = tx;
+            let ended = monoio::time::timeout(Duration::from_secs(10), write_events(stream, rx)).await;
+            assert!(ended.is_ok(), "the writer went on after the close");
+        });
+        let got = client.join().unwrap().expect("the stream ended (no read timeout)");
+        assert_eq!(got, b"3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n");
+    }
 }
