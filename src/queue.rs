@@ -20,6 +20,8 @@ struct Chan<T> {
     /// `close_channel` was called or the receiver is gone: nothing more is accepted.
     closed: bool,
     receiver: Option<Waker>,
+    /// The receiver is waiting: the next item wakes it (and only that one, as futures' does).
+    parked: bool,
     /// Senders waiting in [`Sender::send`] for room.
     waiting: Vec<Waker>,
 }
@@ -29,10 +31,13 @@ impl<T> Chan<T> {
         self.items.len() >= self.bound + self.senders
     }
 
-    /// Kept, not taken: the receiver's next wait finds it in place and clones nothing.
+    /// Wakes a waiting receiver once. The waker is kept, not taken: the receiver's next wait
+    /// finds it in place and clones nothing.
     fn wake_receiver(&mut self) {
-        if let Some(w) = &self.receiver {
-            w.wake_by_ref();
+        if std::mem::take(&mut self.parked) {
+            if let Some(w) = &self.receiver {
+                w.wake_by_ref();
+            }
         }
     }
 }
@@ -75,6 +80,7 @@ pub fn channel<T>(bound: usize) -> (Sender<T>, Receiver<T>) {
         senders: 1,
         closed: false,
         receiver: None,
+        parked: false,
         waiting: Vec::new(),
     }));
     (Sender { chan: chan.clone() }, Receiver { chan })
@@ -89,6 +95,18 @@ impl<T> Sender<T> {
         }
         if c.full() {
             return Err(TrySendError::Full);
+        }
+        c.items.push_back(item);
+        c.wake_receiver();
+        Ok(())
+    }
+
+    /// Queues `item` even past the bound (refused only once the queue is closed): for the one
+    /// close a sender may ask for, which a queue full of other items must not lose.
+    pub fn send_past_bound(&self, item: T) -> Result<(), TrySendError> {
+        let mut c = self.chan.borrow_mut();
+        if c.closed {
+            return Err(TrySendError::Closed);
         }
         c.items.push_back(item);
         c.wake_receiver();
@@ -156,6 +174,7 @@ impl<T> Receiver<T> {
                 if !c.receiver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     c.receiver = Some(cx.waker().clone());
                 }
+                c.parked = true;
                 Poll::Pending
             }
         })
@@ -180,6 +199,7 @@ impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let mut c = self.chan.borrow_mut();
         c.closed = true;
+        c.receiver = None;
         // Whatever is queued is of no use now; drop it (and what it pins) at once.
         c.items.clear();
         for w in c.waiting.drain(..) {
@@ -209,6 +229,46 @@ mod tests {
         let got: Vec<u32> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
         assert_eq!(got, [1, 2, 3, 4]);
         assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+    }
+
+    #[test]
+    fn a_close_goes_past_the_bound_but_not_past_the_end() {
+        let (tx, mut rx) = channel::<u32>(0);
+        tx.try_send(1).unwrap();
+        assert_eq!(tx.try_send(2), Err(TrySendError::Full));
+        assert_eq!(tx.send_past_bound(99), Ok(()));
+        assert_eq!(rx.try_recv(), Ok(1));
+        assert_eq!(rx.try_recv(), Ok(99));
+        tx.close_channel();
+        assert_eq!(tx.send_past_bound(100), Err(TrySendError::Closed));
+    }
+
+    /// The receiver is woken once per wait, not once per item (a busy writer is not re-polled
+    /// for every delivery).
+    #[test]
+    fn a_waiting_receiver_is_woken_once() {
+        use std::future::Future;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        struct Count(AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let (tx, mut rx) = channel::<u32>(8);
+        assert!(std::pin::pin!(rx.recv()).poll(&mut cx).is_pending());
+        for i in 0..5 {
+            tx.try_send(i).unwrap();
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        // Not waiting: items queue without waking anything.
+        assert_eq!(rx.try_recv(), Ok(0));
+        tx.try_send(5).unwrap();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -212,7 +212,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
             let (msg, used) = match reader.read(&mut buf) {
                 Ok(r) => r,
                 Err(e) => {
-                    let _ = ctl.try_send(Outbound::Close(e.code.0, ""));
+                    let _ = ctl.send_past_bound(Outbound::Close(e.code.0, ""));
                     return;
                 }
             };
@@ -225,11 +225,11 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                     let _ = ctl.try_send(Outbound::Frame(Rc::new(out)));
                 }
                 Some(Message::Close(code, _)) => {
-                    let _ = ctl.try_send(Outbound::Close(code.unwrap_or(CloseCode::NORMAL.0), ""));
+                    let _ = ctl.send_past_bound(Outbound::Close(code.unwrap_or(CloseCode::NORMAL.0), ""));
                     return;
                 }
                 Some(Message::Binary(_)) => {
-                    let _ = ctl.try_send(Outbound::Close(CloseCode::UNSUPPORTED.0, ""));
+                    let _ = ctl.send_past_bound(Outbound::Close(CloseCode::UNSUPPORTED.0, ""));
                     return;
                 }
                 Some(Message::Text(text)) => {
@@ -253,7 +253,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                     } else if let (Some(a), Some(control)) = (&acked, control) {
                         let applied = control.map_err(|_| CloseCode::POLICY).and_then(|c| a.control(c));
                         if let Err(code) = applied {
-                            let _ = ctl.try_send(Outbound::Close(code.0, ""));
+                            let _ = ctl.send_past_bound(Outbound::Close(code.0, ""));
                             return;
                         }
                         // A client flooding acks waits here, at its own socket, for the
@@ -302,7 +302,7 @@ async fn keepalive(ctl: queue::Sender<Outbound>, heard: Rc<Cell<Instant>>, every
         monoio::time::sleep(every).await;
         let silent = heard.get().elapsed();
         if silent >= every * 2 {
-            let _ = ctl.try_send(Outbound::Close(CloseCode::GOING_AWAY.0, ""));
+            let _ = ctl.send_past_bound(Outbound::Close(CloseCode::GOING_AWAY.0, ""));
             return;
         }
         if silent >= every {
@@ -333,19 +333,21 @@ async fn write_half<W: AsyncWriteRent>(
     };
     let mut batch = SharedFrames::default();
     loop {
-        let next = match select(events.recv(), ctl.recv()).await {
-            Either::Left((Some(m), _)) => taken(m),
-            Either::Right((Some(m), _)) => m,
-            // Our queue was closed by the fan-out: this session fell too far behind.
-            Either::Left((None, _)) => Outbound::Close(CloseCode::POLICY.0, ""),
+        // The control queue first: a close, or the peer gone, is seen however busy the fan-out.
+        let next = match select(ctl.recv(), events.recv()).await {
+            Either::Left((Some(m), _)) => m,
             // The reader finished without asking for a close: the peer is gone.
-            Either::Right((None, _)) => return,
+            Either::Left((None, _)) => return,
+            Either::Right((Some(m), _)) => taken(m),
+            // Our queue was closed by the fan-out: this session fell too far behind.
+            Either::Right((None, _)) => Outbound::Close(CloseCode::POLICY.0, ""),
         };
         if !linger.is_zero() && matches!(next, Outbound::Frame(_)) {
             // Let more events join this write (delivery_linger_us).
             monoio::time::sleep(linger).await;
         }
         let mut close = None;
+        let mut peer_gone = false;
         let mut pending = Some(next);
         while let Some(m) = pending.take() {
             match m {
@@ -356,7 +358,13 @@ async fn write_half<W: AsyncWriteRent>(
                 }
             }
             if batch.bytes() < WRITE_BATCH && batch.len() < SharedFrames::MAX - 1 {
-                pending = ctl.try_recv().ok().or_else(|| events.try_recv().ok().map(taken));
+                pending = match ctl.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        peer_gone |= e.is_closed();
+                        events.try_recv().ok().map(taken)
+                    }
+                };
             }
         }
         if let Some((code, reason)) = close {
@@ -371,6 +379,9 @@ async fn write_half<W: AsyncWriteRent>(
         batch = back;
         if close.is_some() {
             let _ = wr.shutdown().await;
+            return;
+        }
+        if peer_gone {
             return;
         }
     }
@@ -418,7 +429,7 @@ pub(super) fn run(
         async move {
             match ends.await {
                 Some(reason) => {
-                    let _ = ctl.try_send(Outbound::Close(CloseCode::POLICY.0, reason));
+                    let _ = ctl.send_past_bound(Outbound::Close(CloseCode::POLICY.0, reason));
                 }
                 None => std::future::pending().await,
             }

@@ -160,7 +160,7 @@ impl Sessions {
     /// Asks one acknowledged session to close after what is queued.
     pub fn close_acked(&self, id: u64, code: u16, reason: &'static str) {
         if let Some(s) = self.acked.borrow_mut().get_mut(&id) {
-            let _ = s.tx.try_send(Outbound::Close(code, reason));
+            let _ = s.tx.send_past_bound(Outbound::Close(code, reason));
         }
     }
 
@@ -222,11 +222,11 @@ impl Sessions {
     pub fn close_all(&self, subscription: &str, code: u16) {
         if let Some(list) = self.by_subscription.borrow_mut().get_mut(subscription) {
             for s in list.iter_mut() {
-                let _ = s.tx.try_send(Outbound::Close(code, ""));
+                let _ = s.tx.send_past_bound(Outbound::Close(code, ""));
             }
         }
         for s in self.acked.borrow_mut().values_mut().filter(|s| s.subscription == subscription) {
-            let _ = s.tx.try_send(Outbound::Close(code, ""));
+            let _ = s.tx.send_past_bound(Outbound::Close(code, ""));
         }
         self.polls.borrow_mut().retain(|k, _| k.subscription != subscription);
     }

@@ -22,7 +22,8 @@
 //! buffer of our own) and skips the WAL for lite topics.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Waker;
@@ -110,6 +111,21 @@ pub fn end_of(db: &DB, cf: &rocksdb::ColumnFamily, topic: &str) -> Result<u64, S
     Ok(end)
 }
 
+/// What a sync round does ([`Syncer::sync_all`], or a test's stand-in).
+pub(super) type SyncFn = fn(&DB, &[SyncTicket], &mut HashSet<PathBuf>) -> Result<(), SyncError>;
+
+/// Why a sync round failed.
+pub(super) enum SyncError {
+    /// Nothing was lost (a directory could not be opened); a later round retries.
+    Transient(StorageError),
+    /// The device refused a sync: what it held may be gone (this poisons the syncer).
+    Lost(String),
+}
+
+fn poisoned_error(why: &str) -> StorageError {
+    StorageError::Engine(format!("an earlier {why}; restart evmesh to recover"))
+}
+
 /// What one flush asks the [`Syncer`] to make durable.
 pub(super) struct SyncTicket {
     files: Vec<Written>,
@@ -125,7 +141,10 @@ pub(super) struct SyncTicket {
 /// one `fsync` and may drop the dirty pages, so a later sync of the same file can succeed while
 /// an earlier batch in the middle of it is gone; recovery would then cut the segment at that
 /// hole and lose the batches acknowledged after it. So after the first failure every sync
-/// fails (appends get 503), `/readyz` says why, and a restart recovers from what is on disk.
+/// fails and no append is written any more (they get 503: nothing new becomes readable),
+/// `/readyz` says why, and a restart recovers from what is on disk. Not being able to open a
+/// directory (out of descriptors) loses nothing: that round fails, and the directory is synced
+/// by a later one before it answers.
 #[derive(Clone)]
 pub struct Syncer {
     tx: crossbeam_channel::Sender<SyncTicket>,
@@ -138,24 +157,28 @@ impl Syncer {
     }
 
     /// [`Syncer::start`] with `sync` doing the work (a test makes it fail).
-    pub(super) fn start_with(
-        db: Arc<DB>,
-        sync: fn(&DB, &[SyncTicket]) -> Result<(), StorageError>,
-    ) -> std::io::Result<Syncer> {
+    pub(super) fn start_with(db: Arc<DB>, sync: SyncFn) -> std::io::Result<Syncer> {
         let (tx, rx) = crossbeam_channel::unbounded::<SyncTicket>();
-        let failed = Arc::new(std::sync::OnceLock::new());
+        let failed = Arc::new(std::sync::OnceLock::<String>::new());
         let poisoned = failed.clone();
         std::thread::Builder::new().name("evmesh-fsync".into()).spawn(move || {
+            // New directories whose entries are not synced yet (a round that could not open
+            // one leaves it here for the next).
+            let mut dirs = HashSet::new();
             while let Ok(first) = rx.recv() {
                 let mut waiting = vec![first];
                 waiting.extend(rx.try_iter());
                 let result = match poisoned.get() {
-                    Some(why) => Err(StorageError::Engine(format!("an earlier {why}; restart evmesh to recover"))),
-                    None => sync(&db, &waiting),
+                    Some(why) => Err(poisoned_error(why)),
+                    None => match sync(&db, &waiting, &mut dirs) {
+                        Ok(()) => Ok(()),
+                        Err(SyncError::Transient(e)) => Err(e),
+                        Err(SyncError::Lost(e)) => {
+                            let _ = poisoned.set(e.clone());
+                            Err(StorageError::Engine(e))
+                        }
+                    },
                 };
-                if let Err(StorageError::Engine(e)) = &result {
-                    let _ = poisoned.set(e.clone());
-                }
                 for t in waiting {
                     let _ = t.done.send(result.clone());
                 }
@@ -169,25 +192,29 @@ impl Syncer {
         self.failed.get().map(String::as_str)
     }
 
-    pub(super) fn sync_all(db: &DB, waiting: &[SyncTicket]) -> Result<(), StorageError> {
-        let io = |e: std::io::Error| StorageError::Engine(format!("fsync: {e}"));
-        // Sets: a group may hold many partitions' files (one each, however many tickets name it).
-        let mut synced: std::collections::HashSet<*const std::fs::File> = Default::default();
-        let mut dirs: std::collections::HashSet<&std::path::Path> = Default::default();
+    /// The sync of one round: new directories' entries, each file written once, the WAL.
+    pub(super) fn sync_all(db: &DB, waiting: &[SyncTicket], dirs: &mut HashSet<PathBuf>) -> Result<(), SyncError> {
+        let lost = |e: std::io::Error| SyncError::Lost(format!("fsync: {e}"));
+        // A new segment: its directory entry, and those of the directories above it up to
+        // `segments/` (a partition's first segment created them).
         for w in waiting.iter().flat_map(|t| &t.files) {
-            // A new segment: its directory entry, and those of the directories above it up to
-            // `segments/` (a partition's first segment created them).
-            for dir in w.created_in.iter().flat_map(|d| d.ancestors().take(3)) {
-                if dirs.insert(dir) {
-                    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-                }
-            }
+            dirs.extend(w.created_in.iter().flat_map(|d| d.ancestors().take(3)).map(Path::to_path_buf));
+        }
+        while let Some(dir) = dirs.iter().next().cloned() {
+            let d = std::fs::File::open(&dir)
+                .map_err(|e| SyncError::Transient(StorageError::Engine(format!("opening {}: {e}", dir.display()))))?;
+            d.sync_all().map_err(lost)?;
+            dirs.remove(&dir);
+        }
+        // A set: a group may hold many partitions' files (one each, however many tickets name it).
+        let mut synced: HashSet<*const std::fs::File> = HashSet::new();
+        for w in waiting.iter().flat_map(|t| &t.files) {
             if synced.insert(Arc::as_ptr(&w.file)) {
-                w.file.sync_data().map_err(io)?;
+                w.file.sync_data().map_err(lost)?;
             }
         }
         if waiting.iter().any(|t| t.wal) {
-            db.flush_wal(true).map_err(|e| StorageError::Engine(format!("WAL sync: {}", e.into_string())))?;
+            db.flush_wal(true).map_err(|e| SyncError::Lost(format!("WAL sync: {}", e.into_string())))?;
         }
         Ok(())
     }
@@ -659,6 +686,15 @@ impl EmbeddedLog {
 }
 
 impl EmbeddedLog {
+    /// After a failed sync nothing more is written: what cannot be acknowledged must not become
+    /// readable either (consumers would get every retry of it).
+    fn refuse_if_poisoned(&self) -> Result<(), StorageError> {
+        match self.inner.syncer.as_ref().and_then(Syncer::failure) {
+            Some(why) => Err(poisoned_error(why)),
+            None => Ok(()),
+        }
+    }
+
     /// Queues this turn's flush task, if the turn's first append.
     fn schedule(&self, p: &mut Pending) {
         if !p.scheduled {
@@ -673,6 +709,7 @@ impl EmbeddedLog {
         (topic, partition): (&str, PartitionId),
         frames: &mut [Frame],
     ) -> Result<u64, StorageError> {
+        self.refuse_if_poisoned()?;
         let slot = self.slot(topic, partition);
         let first = {
             let mut g = self.inner.logs.lock(&slot, topic, partition)?;
@@ -723,6 +760,7 @@ impl Storage for EmbeddedLog {
         if !topic_is_lite(topic) {
             return self.append_segment((topic, partition), frames).await;
         }
+        self.refuse_if_poisoned()?;
         let pre = prefix(topic, partition);
         let (state, cached) = self.part_state(&pre)?;
         let first = state.next;
@@ -772,7 +810,7 @@ impl Storage for EmbeddedLog {
     ) -> Result<Vec<Frame>, StorageError> {
         if !topic_is_lite(topic) {
             // Planned under the partition's mutex, read after it is let go.
-            let plan = self.with_log((topic, partition), |log| Ok(log.plan_read(from, max_bytes)))?;
+            let plan = self.with_log((topic, partition), |log| Ok(log.plan_read(from, max, max_bytes)))?;
             return Ok(plan.read(max, max_bytes)?);
         }
         read_from(&self.inner.db, self.cf(), topic, partition, (from, max, max_bytes))

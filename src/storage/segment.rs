@@ -735,18 +735,22 @@ impl PartitionLog {
     /// Up to `max` events from offset `from` (or the first kept, if later), stopping after the
     /// one that reaches `max_bytes`.
     pub fn read(&self, from: u64, max: usize, max_bytes: usize) -> Result<Vec<Frame>, SegmentError> {
-        self.plan_read(from, max_bytes).read(max, max_bytes)
+        self.plan_read(from, max, max_bytes).read(max, max_bytes)
     }
 
     /// What a read from `from` of up to `max_bytes` needs of this log, to be done by
     /// [`ReadPlan::read`] after the partition's mutex is let go: another thread's read (the
     /// admin API's, a backlog measurement) then never holds the owner's appends behind its I/O.
-    /// Enough segments for `max_bytes` are taken, with room for what a read skips to reach
-    /// `from` (up to an index interval and a batch) and a last whole batch.
-    pub fn plan_read(&self, from: u64, max_bytes: usize) -> ReadPlan {
+    /// Enough segments for `max` events and `max_bytes` are taken: the events' bytes, what the
+    /// file adds to each (at most a batch header, a length and padding, for an event alone in
+    /// its batch), what a read skips to reach `from` (up to an index interval and a batch) and
+    /// a last whole batch.
+    pub fn plan_read(&self, from: u64, max: usize, max_bytes: usize) -> ReadPlan {
         let (first, end) = self.bounds();
         let from = from.max(first);
-        let room = max_bytes.saturating_add(2 * MAX_BATCH_BYTES + INDEX_INTERVAL as usize + HEADER) as u64;
+        let room = max_bytes
+            .saturating_add(max.saturating_mul(HEADER + 16))
+            .saturating_add(2 * MAX_BATCH_BYTES + INDEX_INTERVAL as usize + HEADER) as u64;
         let mut segments = Vec::new();
         let mut planned = 0u64;
         let start = self.segments.partition_point(|s| s.base <= from).saturating_sub(1);

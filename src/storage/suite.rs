@@ -9,7 +9,7 @@ use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader}
 
 use std::sync::Arc;
 
-use super::embedded::{EmbeddedLog, SyncTicket, Syncer};
+use super::embedded::{EmbeddedLog, SyncError, SyncTicket, Syncer};
 #[cfg(feature = "kafka")]
 use super::kafka::{KafkaBackend, KafkaLog};
 use super::partitions::PartitionLogs;
@@ -311,13 +311,37 @@ fn offsets_are_found_by_time() {
     }
 }
 
-/// A sync that fails the first time it is asked, then syncs.
-fn fails_once(db: &rocksdb::DB, waiting: &[SyncTicket]) -> Result<(), super::StorageError> {
+type Dirs = std::collections::HashSet<PathBuf>;
+
+/// A sync whose device fails the first time it is asked, then syncs.
+fn fails_once(db: &rocksdb::DB, waiting: &[SyncTicket], dirs: &mut Dirs) -> Result<(), SyncError> {
     static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !FAILED.swap(true, std::sync::atomic::Ordering::SeqCst) {
-        return Err(super::StorageError::Engine("fsync: Input/output error (os error 5)".into()));
+        return Err(SyncError::Lost("fsync: Input/output error (os error 5)".into()));
     }
-    Syncer::sync_all(db, waiting)
+    Syncer::sync_all(db, waiting, dirs)
+}
+
+/// A sync that cannot open a directory the first time (out of descriptors), then syncs.
+fn no_descriptor_once(db: &rocksdb::DB, waiting: &[SyncTicket], dirs: &mut Dirs) -> Result<(), SyncError> {
+    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !FAILED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return Err(SyncError::Transient(super::StorageError::Engine("opening segments: Too many open files".into())));
+    }
+    Syncer::sync_all(db, waiting, dirs)
+}
+
+/// Running out of descriptors for a moment fails that round's appends and nothing after.
+#[test]
+fn a_directory_that_cannot_be_opened_fails_only_its_round() {
+    let dir = TempDir::new("fsync-transient");
+    let db = db::open(&dir.0, 2).unwrap();
+    let syncer = Syncer::start_with(db.clone(), no_descriptor_once).unwrap();
+    let log = EmbeddedLog::new(db, logs(&dir, false), ShardId(0), Durability::Fsync, Some(syncer.clone()), HOUR);
+    let try_append = |id: &str| block_on(log.append("t", PartitionId(0), &mut [frame("t", id, 1, 10)]));
+    assert!(try_append("a").unwrap_err().to_string().contains("Too many open files"));
+    assert_eq!(try_append("b"), Ok(1));
+    assert!(syncer.failure().is_none());
 }
 
 /// After one failed fsync nothing more is acknowledged (Linux may have dropped the dirty pages
@@ -336,6 +360,9 @@ fn a_failed_fsync_fails_every_later_append() {
         let later = try_append(id).unwrap_err();
         assert!(later.to_string().contains("restart evmesh"), "{later}");
     }
+    // Refused before they were written: only the event of the failed round is in the log (its
+    // offset was taken), and nothing after it.
+    assert_eq!(log.bounds("t", PartitionId(0)).unwrap(), Bounds { start: 0, end: 1 });
     assert!(syncer.failure().is_some_and(|why| why.contains("Input/output error")));
     assert!(block_on(syncer.sync_wal()).is_err(), "the WAL is not synced either");
 }

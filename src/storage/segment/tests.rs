@@ -182,8 +182,8 @@ fn a_planned_read_sees_the_log_as_planned() {
         log.append(&mut frames(&format!("p{i}-"), 2, i), i).unwrap();
     }
     let (_, end) = log.bounds();
-    let everything = log.plan_read(0, usize::MAX);
-    let from_ten = log.plan_read(10, usize::MAX);
+    let everything = log.plan_read(0, usize::MAX, usize::MAX);
+    let from_ten = log.plan_read(10, usize::MAX, usize::MAX);
     log.append(&mut frames("later", 3, 99), 99).unwrap();
     assert_eq!(offsets(&everything.read(1_000, usize::MAX).unwrap()), (0..end).collect::<Vec<_>>());
     assert_eq!(offsets(&from_ten.read(1_000, usize::MAX).unwrap()), (10..end).collect::<Vec<_>>());
@@ -206,11 +206,21 @@ fn a_planned_read_sees_the_log_as_planned() {
     for i in 0..100 {
         log.append(&mut (0..4).map(|k| frame(&format!("big{i}-{k}"), 16 * 1024, i)).collect::<Vec<_>>(), i).unwrap();
     }
-    let small = log.plan_read(0, 1);
+    let small = log.plan_read(0, 1, 1);
     assert!(small.segments.len() < log.segments().len() / 2, "{} of {}", small.segments.len(), log.segments().len());
     assert_eq!(offsets(&small.read(1_000, 1).unwrap()), [0]);
-    let far = log.plan_read(300, 1);
+    let far = log.plan_read(300, 1, 1);
     assert_eq!(offsets(&far.read(1_000, 1).unwrap()), [300]);
+    // Many small events, each alone in its batch: the plan has room for the file's bytes
+    // around each of them, so a read for `max` of them is not cut short by its plan.
+    let d = dir("plan-small");
+    let mut log = PartitionLog::open(&d, 64 * 1024).unwrap();
+    for i in 0..40_000 {
+        log.append(&mut [frame(&format!("s{i}"), 0, i)], i).unwrap();
+    }
+    let one = log.read(0, 1, usize::MAX).unwrap()[0].as_bytes().len();
+    let n = 35_000;
+    assert_eq!(log.read(0, n, n * one).unwrap().len(), n);
     let _ = std::fs::remove_dir_all(&d);
 }
 
