@@ -317,7 +317,7 @@ async fn keepalive(ctl: queue::Sender<Outbound>, heard: Rc<Cell<Instant>>, every
 /// Whatever is queued when the writer wakes (after `linger`) goes out in one vectored write of
 /// the shared renderings, without copying them.
 async fn write_half<W: AsyncWriteRent>(
-    shard: Rc<Shard>,
+    count_write: impl Fn(),
     mut wr: W,
     mut events: queue::Receiver<Outbound>,
     mut ctl: queue::Receiver<Outbound>,
@@ -370,7 +370,7 @@ async fn write_half<W: AsyncWriteRent>(
         if let Some((code, reason)) = close {
             batch.push(Rc::new(close_bytes(code, reason)));
         }
-        shard.shared.metrics.shard(shard.id).ws_writes.inc();
+        count_write();
         let (ok, mut back) = write_shared(&mut wr, batch).await;
         if !ok {
             return;
@@ -446,7 +446,11 @@ pub(super) fn run(
     // Its own task: under one `select` every wake of the writer (each delivery) would poll the
     // reader too, and the reader's metering reads the clock twice per poll. It ends by itself
     // once the reader's side is dropped (its control queue then has no sender).
-    let writer = monoio::spawn(write_half(shard.clone(), wr, events, ctl_rx, limits.delivery_linger, queued));
+    let count_write = {
+        let shard = shard.clone();
+        move || shard.shared.metrics.shard(shard.id).ws_writes.inc()
+    };
+    let writer = monoio::spawn(write_half(count_write, wr, events, ctl_rx, limits.delivery_linger, queued));
     async move {
         match select(reader, writer).await {
             // The reader is done (close asked or peer gone): let the writer send what it must.
@@ -495,5 +499,55 @@ pub async fn session(
             }
         }
         (None, None) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Once the reader is gone (its control queue has no sender), the writer ends at its next
+    /// turn, however busy the fan-out: it once looked at the events first and at the control
+    /// queue only when they ran dry, so a steady stream kept a dead peer's session alive.
+    #[test]
+    fn the_writer_ends_when_the_reader_is_gone_however_busy_the_fan_out() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A client that reads slowly: the writer's writes wait for room, and the fan-out
+        // refills its queue meanwhile.
+        let client = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            let mut buf = [0u8; 4096];
+            while c.read(&mut buf).is_ok_and(|n| n > 0) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let (stream, _) = listener.accept().unwrap();
+        stream.set_nonblocking(true).unwrap();
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap().block_on(async move {
+            let wr = monoio::net::TcpStream::from_std(stream).unwrap();
+            let (events_tx, events) = queue::channel(SharedFrames::MAX * 4);
+            let (ctl_tx, ctl) = queue::channel(16);
+            let frame = Rc::new(vec![b'x'; 4096]);
+            // The fan-out: the queue is never empty when the writer looks.
+            for _ in 0..SharedFrames::MAX * 2 {
+                events_tx.try_send(Outbound::Frame(frame.clone())).unwrap();
+            }
+            let stop = Rc::new(Cell::new(false));
+            let feeding = stop.clone();
+            monoio::spawn(async move {
+                while !feeding.get() {
+                    while events_tx.try_send(Outbound::Frame(frame.clone())).is_ok() {}
+                    monoio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+            drop(ctl_tx);
+            let writer = write_half(|| (), wr, events, ctl, Duration::ZERO, None);
+            let ended = monoio::time::timeout(Duration::from_secs(5), writer).await;
+            stop.set(true);
+            assert!(ended.is_ok(), "the writer went on writing for a reader that is gone");
+        });
+        client.join().unwrap();
     }
 }
