@@ -851,7 +851,7 @@ mod tests {
             (format!("[{EV},null]"), "batch element 1 is not a JSON object"),
             (format!("[{EV}] [{EV}]"), "malformed JSON"),
             (format!("[{EV},{EV}"), "malformed JSON"),
-            (format!("{EV}"), "malformed JSON"),
+            (EV.to_string(), "malformed JSON"),
             (format!(r#"[{EV},{{"id":1,"id":2}}]"#), "batch element 1: "),
         ] {
             match parse_batch("t", body.as_bytes()) {
