@@ -253,7 +253,7 @@ fn a_lingering_session_gets_every_event_in_order() {
 }
 
 /// The sum over shards of one counter on `/metrics`.
-fn counter(b: &TestBroker, name: &str) -> u64 {
+pub(super) fn counter(b: &TestBroker, name: &str) -> u64 {
     let text = b.admin().get("/metrics").text();
     let prefix = format!("{name}{{");
     text.lines().filter(|l| l.starts_with(&prefix)).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum()

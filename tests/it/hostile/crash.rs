@@ -106,3 +106,84 @@ fn partial_vectored_writes_on_epoll_keep_the_stream_exact() {
 fn partial_vectored_writes_on_io_uring_keep_the_stream_exact() {
     partial_writes_keep_the_stream_exact("uring");
 }
+
+/// Subscribers that vanish mid-stream (a reset, no close frame) under a steady fan-out. The
+/// broker stays ready, every vanished subscriber's connection is let go (its session's writer
+/// task ends, so the open-connection gauge falls back to the bystanders), and each bystander
+/// gets every event, in order.
+fn vanishing_subscribers_under_fan_out(driver: &str) {
+    use super::super::delivery::{attach, counter, next_event, Ws};
+    let b = TestBroker::start(&["--io-driver", driver]);
+    let def = json!({"subscription": "vanish", "topic": "vanish", "mode": "BROADCAST"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let keyed = |id: String| {
+        let mut e = event(&id);
+        e["partitionkey"] = json!("one");
+        e
+    };
+    let mut bystanders: Vec<Ws> = (0..6).map(|_| attach(&b, "subscription=vanish&ack=none")).collect();
+    let mut vanishing: Vec<Ws> = (0..24).map(|_| attach(&b, "subscription=vanish&ack=none")).collect();
+    // Interest reaches the partition's owner asynchronously: markers until every client has one.
+    let mut seen = vec![false; bystanders.len() + vanishing.len()];
+    for round in 0.. {
+        assert!(round < 400, "the sessions never attached: {seen:?}");
+        assert_eq!(b.publish("vanish", &keyed(format!("marker-{round}"))).status, 202);
+        for (ws, s) in bystanders.iter_mut().chain(vanishing.iter_mut()).zip(seen.iter_mut()) {
+            while next_event(ws).is_some() {
+                *s = true;
+            }
+        }
+        if seen.iter().all(|&s| s) {
+            break;
+        }
+    }
+    let open = || counter(&b, "evmesh_connections_open");
+    let n = 300;
+    let publisher = {
+        let b = &b;
+        move || {
+            for i in 0..n {
+                assert_eq!(b.publish("vanish", &keyed(format!("e{i}"))).status, 202);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        let publishing = s.spawn(publisher);
+        // A third of the way in, the vanishing ones reset their connections.
+        std::thread::sleep(Duration::from_millis(100));
+        for ws in vanishing.drain(..) {
+            let sock = socket2::SockRef::from(ws.get_ref());
+            sock.set_linger(Some(Duration::ZERO)).unwrap();
+        }
+        publishing.join().unwrap();
+    });
+    for ws in bystanders.iter_mut() {
+        let mut got = Vec::new();
+        let start = std::time::Instant::now();
+        while got.len() < n {
+            assert!(start.elapsed() < Duration::from_secs(30), "{driver}: a bystander got {} of {n}", got.len());
+            if let Some(e) = next_event(ws) {
+                let id = e["id"].as_str().unwrap().to_owned();
+                if !id.starts_with("marker-") {
+                    got.push(id);
+                }
+            }
+        }
+        assert_eq!(got, (0..n).map(|i| format!("e{i}")).collect::<Vec<_>>(), "{driver}: every event, in order");
+    }
+    // Only the bystanders' connections are left (the publisher's and the scrapes' are closed).
+    wait_for(Duration::from_secs(20), || (open() == bystanders.len() as u64).then_some(()));
+    let r = b.admin().get("/readyz");
+    assert_eq!(r.status, 200, "{driver}: {}", r.text());
+}
+
+#[test]
+fn vanishing_subscribers_under_fan_out_on_epoll() {
+    vanishing_subscribers_under_fan_out("epoll");
+}
+
+#[test]
+fn vanishing_subscribers_under_fan_out_on_io_uring() {
+    vanishing_subscribers_under_fan_out("uring");
+}
