@@ -19,7 +19,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use super::stream::Stream;
 use super::tls::PeerCert;
 use super::upgrade::{Response, Upgrade};
-use crate::http::{self, parse_head, BodyKind, ChunkedLimits, ChunkedScanner, Head, Limits, Status, StatusCode};
+use crate::http::{self, parse_head_into, BodyKind, ChunkedLimits, ChunkedScanner, Head, Limits, Status, StatusCode};
 
 /// One complete request, borrowed from the connection's buffer.
 pub struct Request<'a> {
@@ -391,10 +391,12 @@ async fn serve_metered<H: Handler>(
         let spare = READ_CHUNK.max(buf.capacity() - buf.len());
         (budget + 1).saturating_sub(buf.len()).min(spare).max(1)
     };
+    // The last head's header list, for the next head to fill (no allocation per request).
+    let mut spare_headers = Vec::new();
     loop {
         // Parse the next head, reading until one is complete.
         let head = loop {
-            match parse_head(&buf, &limits.http) {
+            match parse_head_into(&buf, &limits.http, &mut spare_headers) {
                 Ok(Status::Complete(h)) => break h,
                 Ok(Status::Partial) => {
                     if !flush(&mut stream, &mut out, wt).await {
@@ -496,6 +498,7 @@ async fn serve_metered<H: Handler>(
             drop((head, out, chunked_body));
             return handler.upgraded(conn, upgrade, stream, buf, limits, guard);
         }
+        spare_headers = head.headers;
         if !keep_alive {
             // Shut, not just dropped: a TLS client reads close_notify, not a truncation.
             if flush(&mut stream, &mut out, wt).await {
@@ -516,6 +519,9 @@ async fn serve_metered<H: Handler>(
         }
         if chunked_body.capacity() > 4 * READ_CHUNK {
             chunked_body = Vec::new();
+        }
+        if spare_headers.capacity() > 32 {
+            spare_headers = Vec::new();
         }
         if out.is_empty() && out.capacity() > 4 * READ_CHUNK {
             out = Vec::new();

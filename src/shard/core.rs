@@ -535,20 +535,21 @@ impl Shard {
             self.shared.watchers.notify(first.body().topic.as_str());
             return;
         }
-        let topic = first.body().topic.as_str().to_owned();
         // Acked consumers as of now: one attaching later starts from the log, which has these.
-        let consumers = self.delivery.machine.borrow().consumers_of(&topic);
-        let live = self.interest.borrow().get(&topic).is_some_and(|l| !l.is_empty());
+        let consumers = self.delivery.machine.borrow().consumers_of(first.body().topic.as_str());
+        let live = self.interest.borrow().get(first.body().topic.as_str()).is_some_and(|l| !l.is_empty());
         if consumers.is_empty() && !live && place.is_none() {
             // Nobody to deliver to: no line to join.
             return;
         }
-        let place = place.unwrap_or_else(|| self.fan_out_place(&topic));
         let frames: Arc<[Frame]> = frames.into();
+        // Borrowed from the frames, which this call keeps to the end: no copy of the name.
+        let topic = frames[0].body().topic.as_str();
+        let place = place.unwrap_or_else(|| self.fan_out_place(topic));
         place.enter().await;
         let mut slice = crate::task::Slice::start();
         self.deliver_new(consumers, &frames, &mut slice).await;
-        let list = match self.interest.borrow().get(&topic) {
+        let list = match self.interest.borrow().get(topic) {
             Some(l) if !l.is_empty() => l.clone(),
             _ => return,
         };

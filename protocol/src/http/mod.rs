@@ -13,7 +13,7 @@ mod parse;
 mod response;
 
 pub use chunked::{ChunkedEnd, ChunkedLimits, ChunkedScanner};
-pub use parse::{parse_head, BodyKind, Head, HeaderPos, Limits, Method};
+pub use parse::{parse_head, parse_head_into, BodyKind, Head, HeaderPos, Limits, Method};
 pub use response::{itoa_buf::Buf as Decimal, problem, Response, StatusCode};
 
 /// Outcome of parsing a prefix of a byte stream.

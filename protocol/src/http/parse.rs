@@ -136,6 +136,15 @@ fn line_end(buf: &[u8], at: usize) -> Option<(usize, usize)> {
 
 /// Parses a request head from the start of `buf`.
 pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError> {
+    parse_head_into(buf, limits, &mut Vec::with_capacity(16))
+}
+
+/// [`parse_head`] that lists the headers in `spare` (taken, and cleared) instead of a new
+/// vector: a connection hands back each head's list once done with it, so its requests are
+/// parsed without an allocation. A partial head or an error leaves `spare` empty.
+pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) -> Result<Status<Head>, HttpError> {
+    let mut headers = std::mem::take(spare);
+    headers.clear();
     let too_big = HttpError::new(StatusCode::HEADERS_TOO_LARGE, "request head too large");
     // Tolerate empty lines before the request line (RFC 9112 section 2.2).
     let mut pos = 0;
@@ -190,7 +199,7 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError
         method_pos: (pos as u32, (pos + sp1) as u32),
         target: ((pos + sp1 + 1) as u32, (pos + sp1 + 1 + sp2) as u32),
         minor,
-        headers: Vec::with_capacity(16),
+        headers,
         body: BodyKind::Length(0),
         keep_alive: minor == 1,
         expect_continue: false,
