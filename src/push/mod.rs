@@ -110,3 +110,28 @@ pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
         }
     }
 }
+
+/// Runs `server` on a monoio runtime (epoll, timers on) with the accepted end of a loopback
+/// connection, while `client` drives the other end on its own thread; returns what `client`
+/// returned. For the transports' unit tests.
+#[cfg(test)]
+pub(crate) fn with_loopback_client<T, F>(
+    client: impl FnOnce(std::net::TcpStream) -> T + Send + 'static,
+    server: impl FnOnce(monoio::net::TcpStream) -> F,
+) -> T
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = ()>,
+{
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = std::thread::spawn(move || client(std::net::TcpStream::connect(addr).unwrap()));
+    let (stream, _) = listener.accept().unwrap();
+    stream.set_nonblocking(true).unwrap();
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        .enable_timer()
+        .build()
+        .unwrap()
+        .block_on(async move { server(monoio::net::TcpStream::from_std(stream).unwrap()).await });
+    client.join().unwrap()
+}

@@ -123,18 +123,12 @@ mod tests {
     /// and dropped, and the stream went on.
     #[test]
     fn a_close_queued_behind_events_ends_the_stream() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let client = std::thread::spawn(move || {
-            let mut c = std::net::TcpStream::connect(addr).unwrap();
+        let client = |mut c: std::net::TcpStream| {
             c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let mut got = Vec::new();
             c.read_to_end(&mut got).map(|_| got)
-        });
-        let (stream, _) = listener.accept().unwrap();
-        stream.set_nonblocking(true).unwrap();
-        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap().block_on(async move {
-            let stream = monoio::net::TcpStream::from_std(stream).unwrap();
+        };
+        let got = super::super::with_loopback_client(client, |stream| async move {
             let (tx, rx) = queue::channel(8);
             for e in [&b"one"[..], b"two"] {
                 let mut framed = Vec::new();
@@ -147,7 +141,7 @@ mod tests {
             let ended = monoio::time::timeout(Duration::from_secs(10), write_events(stream, rx)).await;
             assert!(ended.is_ok(), "the writer went on after the close");
         });
-        let got = client.join().unwrap().expect("the stream ended (no read timeout)");
+        let got = got.expect("the stream ended (no read timeout)");
         assert_eq!(got, b"3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n");
     }
 }

@@ -511,22 +511,16 @@ mod tests {
     /// queue only when they ran dry, so a steady stream kept a dead peer's session alive.
     #[test]
     fn the_writer_ends_when_the_reader_is_gone_however_busy_the_fan_out() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
         // A client that reads slowly: the writer's writes wait for room, and the fan-out
         // refills its queue meanwhile.
-        let client = std::thread::spawn(move || {
+        let client = |mut c: std::net::TcpStream| {
             use std::io::Read;
-            let mut c = std::net::TcpStream::connect(addr).unwrap();
             let mut buf = [0u8; 4096];
             while c.read(&mut buf).is_ok_and(|n| n > 0) {
                 std::thread::sleep(Duration::from_millis(1));
             }
-        });
-        let (stream, _) = listener.accept().unwrap();
-        stream.set_nonblocking(true).unwrap();
-        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap().block_on(async move {
-            let wr = monoio::net::TcpStream::from_std(stream).unwrap();
+        };
+        super::super::with_loopback_client(client, |wr| async move {
             let (events_tx, events) = queue::channel(SharedFrames::MAX * 4);
             let (ctl_tx, ctl) = queue::channel(16);
             let frame = Rc::new(vec![b'x'; 4096]);
@@ -548,6 +542,5 @@ mod tests {
             stop.set(true);
             assert!(ended.is_ok(), "the writer went on writing for a reader that is gone");
         });
-        client.join().unwrap();
     }
 }

@@ -380,8 +380,9 @@ async fn serve_metered<H: Handler>(
     // it is trickled in: a per-read timeout alone would let a slow client hold the slot forever.
     let mut deadline: Option<std::time::Instant> = None;
     let remaining = |deadline: &mut Option<std::time::Instant>| {
-        // The sweep's clock: a deadline a tick early or late, and no clock read per read.
-        let d = *deadline.get_or_insert_with(|| super::deadline::now() + limits.header_read_timeout);
+        // Set from the clock (the sweep's reading can be a stall old: the deadline would come
+        // early); measured with the sweep's, a tick late at most, and no clock read per read.
+        let d = *deadline.get_or_insert_with(|| std::time::Instant::now() + limits.header_read_timeout);
         d.saturating_duration_since(super::deadline::now())
     };
     // While a request is incomplete every byte of `buf` is part of it, and the parsers refuse it

@@ -3,10 +3,13 @@
 //! [`within`] puts the operation's deadline in a slot of the thread's table (a `Vec` with a free
 //! list: no allocation once it has grown to the connections in flight) and takes it out when the
 //! operation ends; the table's sweep task, started on the thread's first use, wakes every
-//! [`TICK`] and fails the operations whose deadline passed. Deadlines are taken from the sweep's
-//! clock (read once a tick, not once an operation), so a timeout fires between its time and
-//! two ticks after it: fine for timeouts of seconds (and tests' hundreds of milliseconds), which
-//! is all the connection loop uses. The sweep lives as long as the thread's runtime: a thread
+//! [`TICK`] and fails the operations whose deadline passed. A deadline is set from a clock read
+//! when its operation first waits (an operation done at once costs none), never from the
+//! sweep's last reading: that one is as old as the longest stall of the thread (a long
+//! request, a blocking call), and a deadline set from it would fire early by that much. So a
+//! timeout fires between its time and a tick after it (or after a stall ends): fine for
+//! timeouts of seconds (and tests' hundreds of milliseconds), which is all the connection loop
+//! uses. The sweep lives as long as the thread's runtime: a thread
 //! runs one runtime for its life (each shard's, the admin thread's `runtime::block_on`); a second
 //! runtime on the same thread would find no sweep (monoio does not drop the first one's tasks). Before: a `monoio::time::timeout` per read and per write,
 //! each a clock read and a timer-wheel insert and removal.
@@ -133,7 +136,8 @@ impl<F: Future> Future for Within<F> {
         }
         match *this.slot {
             None => {
-                let at = now() + *this.timeout;
+                now(); // starts the sweep on the thread's first use
+                let at = Instant::now() + *this.timeout;
                 let slot = Slot { at: Some(at), waker: Some(cx.waker().clone()), fired: false };
                 *this.slot = Some(TABLE.with_borrow_mut(|table| {
                     table.earliest = Some(table.earliest.map_or(at, |e| e.min(at)));
@@ -175,6 +179,20 @@ mod tests {
 
     fn block_on<F: Future>(f: F) -> F::Output {
         monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime").block_on(f)
+    }
+
+    /// A deadline set right after the thread stalled (the sweep's clock is as old as the stall)
+    /// is not early: it was once set from that clock and fired at the sweep's next tick.
+    #[test]
+    fn a_deadline_set_after_a_stall_is_not_early() {
+        block_on(async {
+            now();
+            monoio::time::sleep(TICK * 2).await;
+            // A blocked thread: the sweep cannot run, its clock grows 1.5 s old.
+            std::thread::sleep(Duration::from_millis(1500));
+            let r = within(Duration::from_millis(1000), monoio::time::sleep(Duration::from_millis(50))).await;
+            assert_eq!(r, Ok(()), "timed out before its second was up");
+        })
     }
 
     /// What finishes in time is returned; what does not fails within a few ticks of its

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::{Message, WebSocket};
 
+use super::request::metric;
 use super::util::{event, TestBroker};
 
 pub(super) type Ws = WebSocket<TcpStream>;
@@ -241,22 +242,31 @@ fn a_lingering_session_gets_every_event_in_order() {
     for i in 0..5 {
         assert_eq!(b.publish("news", &event(&format!("l{i}"))).status, 202);
     }
-    let mut got = Vec::new();
-    let start = Instant::now();
-    while got.len() < 5 {
-        assert!(start.elapsed() < Duration::from_secs(20), "got {got:?}");
-        if let Some(e) = next_event(&mut ws) {
-            got.push(e["id"].as_str().unwrap().to_owned());
-        }
-    }
-    assert_eq!(got, ["l0", "l1", "l2", "l3", "l4"]);
+    assert_eq!(read_ids(&mut ws, 5), ["l0", "l1", "l2", "l3", "l4"]);
 }
 
-/// The sum over shards of one counter on `/metrics`.
-pub(super) fn counter(b: &TestBroker, name: &str) -> u64 {
-    let text = b.admin().get("/metrics").text();
-    let prefix = format!("{name}{{");
-    text.lines().filter(|l| l.starts_with(&prefix)).map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap()).sum()
+/// An event with a partition key (every event of one key lands in one partition, in order).
+pub(super) fn keyed(id: &str, key: &str) -> Value {
+    let mut e = event(id);
+    e["partitionkey"] = json!(key);
+    e
+}
+
+/// The ids of the next `n` events a session gets, in arrival order (markers left by an
+/// attach are skipped); fails after 20 s.
+pub(super) fn read_ids(ws: &mut Ws, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.len() < n {
+        assert!(start.elapsed() < Duration::from_secs(20), "got {} of {n}: {got:?}", got.len());
+        if let Some(e) = next_event(ws) {
+            let id = e["id"].as_str().unwrap().to_owned();
+            if !id.starts_with("marker-") {
+                got.push(id);
+            }
+        }
+    }
+    got
 }
 
 /// Events that reach a session in one turn of its shard go out in one write, with no linger
@@ -270,46 +280,34 @@ fn events_of_one_turn_reach_a_session_in_one_write() {
         let def = json!({"subscription": "gather", "topic": "gather", "mode": "BROADCAST"});
         assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
         let mut ws = attach(&b, "subscription=gather&ack=none");
-        let keyed = |id: String| {
-            let mut e = event(&id);
-            e["partitionkey"] = json!("one");
-            e
-        };
         // Interest reaches the partition's owner asynchronously: markers until one arrives,
         // then one more read back, so no marker is still on its way when counting starts.
         let start = Instant::now();
         'attached: for round in 0.. {
             assert!(start.elapsed() < Duration::from_secs(20), "the session never attached");
-            assert_eq!(b.publish("gather", &keyed(format!("marker-{round}"))).status, 202);
+            assert_eq!(b.publish("gather", &keyed(&format!("marker-{round}"), "one")).status, 202);
             while let Some(e) = next_event(&mut ws) {
                 if e["id"].as_str().unwrap().starts_with("marker-") {
                     break 'attached;
                 }
             }
         }
-        assert_eq!(b.publish("gather", &keyed("sync".into())).status, 202);
+        assert_eq!(b.publish("gather", &keyed("sync", "one")).status, 202);
         let start = Instant::now();
         while next_event(&mut ws).is_none_or(|e| e["id"] != "sync") {
             assert!(start.elapsed() < Duration::from_secs(20), "the sync marker never arrived");
         }
-        let (writes, deliveries) = (counter(&b, "evmesh_ws_writes_total"), counter(&b, "evmesh_deliveries_total"));
-        let batch: Vec<Value> = (0..10).map(|i| keyed(format!("b{i}"))).collect();
+        let counter = |name| metric(&b, name, "");
+        let (writes, deliveries) = (counter("evmesh_ws_writes_total"), counter("evmesh_deliveries_total"));
+        let batch: Vec<Value> = (0..10).map(|i| keyed(&format!("b{i}"), "one")).collect();
         let r = b.client().post(
             "/events/publish?topic=gather",
             "application/cloudevents-batch+json",
             serde_json::to_vec(&batch).unwrap().as_slice(),
         );
         assert_eq!(r.status, 202, "{}", r.text());
-        let mut got = Vec::new();
-        let start = Instant::now();
-        while got.len() < 10 {
-            assert!(start.elapsed() < Duration::from_secs(20), "got {got:?}");
-            if let Some(e) = next_event(&mut ws) {
-                got.push(e["id"].as_str().unwrap().to_owned());
-            }
-        }
-        assert_eq!(got, (0..10).map(|i| format!("b{i}")).collect::<Vec<_>>(), "{driver}: in order");
-        assert_eq!(counter(&b, "evmesh_deliveries_total") - deliveries, 10, "{driver}");
-        assert_eq!(counter(&b, "evmesh_ws_writes_total") - writes, 1, "{driver}: ten events, one write");
+        assert_eq!(read_ids(&mut ws, 10), (0..10).map(|i| format!("b{i}")).collect::<Vec<_>>(), "{driver}: in order");
+        assert_eq!(counter("evmesh_deliveries_total") - deliveries, 10, "{driver}");
+        assert_eq!(counter("evmesh_ws_writes_total") - writes, 1, "{driver}: ten events, one write");
     }
 }

@@ -139,12 +139,12 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError
     parse_head_into(buf, limits, &mut Vec::with_capacity(16))
 }
 
-/// [`parse_head`] that lists the headers in `spare` (taken, and cleared) instead of a new
-/// vector: a connection hands back each head's list once done with it, so its requests are
-/// parsed without an allocation. A partial head or an error leaves `spare` empty.
+/// [`parse_head`] that lists the headers in `spare` (cleared first) instead of a new vector:
+/// a complete head takes it, a partial head or an error leaves it (and its room) in `spare`,
+/// and a connection hands each head's list back once done with it, so its requests are parsed
+/// without an allocation.
 pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) -> Result<Status<Head>, HttpError> {
-    let mut headers = std::mem::take(spare);
-    headers.clear();
+    spare.clear();
     let too_big = HttpError::new(StatusCode::HEADERS_TOO_LARGE, "request head too large");
     // Tolerate empty lines before the request line (RFC 9112 section 2.2).
     let mut pos = 0;
@@ -199,7 +199,7 @@ pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) 
         method_pos: (pos as u32, (pos + sp1) as u32),
         target: ((pos + sp1 + 1) as u32, (pos + sp1 + 1 + sp2) as u32),
         minor,
-        headers,
+        headers: Vec::new(),
         body: BodyKind::Length(0),
         keep_alive: minor == 1,
         expect_continue: false,
@@ -244,10 +244,10 @@ pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) 
         if !value.iter().all(|&b| is_value_char(b)) {
             return Err(HttpError::bad("invalid header value"));
         }
-        if head.headers.len() == limits.max_headers {
+        if spare.len() == limits.max_headers {
             return Err(HttpError::new(StatusCode::HEADERS_TOO_LARGE, "too many header fields"));
         }
-        head.headers.push(HeaderPos {
+        spare.push(HeaderPos {
             name: (next as u32, (next + colon) as u32),
             value: ((next + vs) as u32, (next + ve) as u32),
         });
@@ -327,5 +327,6 @@ pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) 
         BodyKind::Length(n)
     };
     head.len = next;
+    head.headers = std::mem::take(spare);
     Ok(Status::Complete(head))
 }

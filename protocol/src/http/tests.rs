@@ -419,4 +419,14 @@ fn a_reused_header_list_parses_the_same() {
             spare = h.headers;
         }
     }
+    // A keep-alive connection parses its empty buffer first (partial): the list keeps its room
+    // for the request that follows.
+    let request = b"GET / HTTP/1.1\r\nHost: a\r\nX-One: 1\r\n\r\n";
+    let Ok(Status::Complete(h)) = parse_head_into(request, &L, &mut spare) else { panic!("complete") };
+    spare = h.headers;
+    let room = spare.capacity();
+    assert!(room >= 2);
+    assert_eq!(parse_head_into(b"", &L, &mut spare), Ok(Status::Partial));
+    assert_eq!(parse_head_into(b"GET / HTTP/1.1\r\nHo", &L, &mut spare), Ok(Status::Partial));
+    assert_eq!(spare.capacity(), room, "a partial head keeps the list's room");
 }

@@ -112,22 +112,18 @@ fn partial_vectored_writes_on_io_uring_keep_the_stream_exact() {
 /// task ends, so the open-connection gauge falls back to the bystanders), and each bystander
 /// gets every event, in order.
 fn vanishing_subscribers_under_fan_out(driver: &str) {
-    use super::super::delivery::{attach, counter, next_event, Ws};
+    use super::super::delivery::{attach, keyed, next_event, read_ids, Ws};
+    use super::super::request::metric;
     let b = TestBroker::start(&["--io-driver", driver]);
     let def = json!({"subscription": "vanish", "topic": "vanish", "mode": "BROADCAST"});
     assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
-    let keyed = |id: String| {
-        let mut e = event(&id);
-        e["partitionkey"] = json!("one");
-        e
-    };
     let mut bystanders: Vec<Ws> = (0..6).map(|_| attach(&b, "subscription=vanish&ack=none")).collect();
     let mut vanishing: Vec<Ws> = (0..24).map(|_| attach(&b, "subscription=vanish&ack=none")).collect();
     // Interest reaches the partition's owner asynchronously: markers until every client has one.
     let mut seen = vec![false; bystanders.len() + vanishing.len()];
     for round in 0.. {
         assert!(round < 400, "the sessions never attached: {seen:?}");
-        assert_eq!(b.publish("vanish", &keyed(format!("marker-{round}"))).status, 202);
+        assert_eq!(b.publish("vanish", &keyed(&format!("marker-{round}"), "one")).status, 202);
         for (ws, s) in bystanders.iter_mut().chain(vanishing.iter_mut()).zip(seen.iter_mut()) {
             while next_event(ws).is_some() {
                 *s = true;
@@ -137,13 +133,13 @@ fn vanishing_subscribers_under_fan_out(driver: &str) {
             break;
         }
     }
-    let open = || counter(&b, "evmesh_connections_open");
+    let open = || metric(&b, "evmesh_connections_open", "");
     let n = 300;
     let publisher = {
         let b = &b;
         move || {
             for i in 0..n {
-                assert_eq!(b.publish("vanish", &keyed(format!("e{i}"))).status, 202);
+                assert_eq!(b.publish("vanish", &keyed(&format!("e{i}"), "one")).status, 202);
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
@@ -159,18 +155,11 @@ fn vanishing_subscribers_under_fan_out(driver: &str) {
         publishing.join().unwrap();
     });
     for ws in bystanders.iter_mut() {
-        let mut got = Vec::new();
-        let start = std::time::Instant::now();
-        while got.len() < n {
-            assert!(start.elapsed() < Duration::from_secs(30), "{driver}: a bystander got {} of {n}", got.len());
-            if let Some(e) = next_event(ws) {
-                let id = e["id"].as_str().unwrap().to_owned();
-                if !id.starts_with("marker-") {
-                    got.push(id);
-                }
-            }
-        }
-        assert_eq!(got, (0..n).map(|i| format!("e{i}")).collect::<Vec<_>>(), "{driver}: every event, in order");
+        assert_eq!(
+            read_ids(ws, n),
+            (0..n).map(|i| format!("e{i}")).collect::<Vec<_>>(),
+            "{driver}: every event, in order"
+        );
     }
     // Only the bystanders' connections are left (the publisher's and the scrapes' are closed).
     wait_for(Duration::from_secs(20), || (open() == bystanders.len() as u64).then_some(()));
