@@ -20,7 +20,6 @@
 //! structured events as text); an expired credential, one the keys no longer verify, or an ACL
 //! that no longer allows PUBLISH closes with 1008 (checked each round, pings included).
 
-use std::borrow::Cow;
 use std::rc::Rc;
 
 use frame_codec::Frame;
@@ -111,8 +110,6 @@ pub(super) async fn session(
     let shared = traffic.shard.shared.clone();
     let max_body = shared.config.limits.max_body_bytes;
     let max_message = limits.ws_max_message.min(max_body);
-    // What the connection buffers at most: one whole message, its frame header, a read's worth.
-    let buffered = max_message + 14 + READ_ROOM;
     let who = Rc::new(Principal {
         name: spec.principal.clone().unwrap_or_else(|| "anonymous".into()),
         tenant: spec.tenant.clone(),
@@ -121,6 +118,9 @@ pub(super) async fn session(
     let mut reader = MessageReader::new(max_message);
     let mut out = Vec::new();
     let mut generation = shared.governance.generation();
+    // When the last whole frame arrived: `idle_timeout` after it the session ends, however
+    // many bytes of an unfinished frame trickle in meanwhile.
+    let mut last_frame = std::time::Instant::now();
     loop {
         // The round: every complete message already read, within its budgets.
         let mut texts: SmallVec<[String; 8]> = SmallVec::new();
@@ -155,6 +155,9 @@ pub(super) async fn session(
         }
         // Once per round: the messages taken leave the buffer together.
         buf.drain(..consumed);
+        if consumed > 0 {
+            last_frame = std::time::Instant::now();
+        }
         // A round that stopped at its budget leaves whole messages behind: the next round takes
         // them without waiting for more bytes.
         let full = texts.len() == MAX_ROUND || bytes >= max_body;
@@ -186,8 +189,10 @@ pub(super) async fn session(
             crate::task::yield_now().await;
             continue;
         }
-        let room = buffered.saturating_sub(buf.len()).max(1);
-        match read_at_most(&mut stream, &mut buf, limits.idle_timeout, room.min(READ_ROOM)).await {
+        // What is buffered here is less than one whole frame (a round takes every whole one),
+        // so the buffer stays under a message, its frame header and a read.
+        let quiet = limits.idle_timeout.saturating_sub(last_frame.elapsed());
+        match read_at_most(&mut stream, &mut buf, quiet, READ_ROOM).await {
             ReadOutcome::Data => {}
             ReadOutcome::Closed => return,
             ReadOutcome::TimedOut => {
@@ -214,13 +219,14 @@ async fn round(traffic: &Traffic, gate: &mut Gate<'_>, spec: &PublishSpec, texts
     // Per message: its id, then where its first copy goes (group, position) or its refusal.
     let mut each: SmallVec<[(Option<String>, Outcome); 8]> = SmallVec::new();
     let mut groups: pipeline::Groups<'_, Frame> = SmallVec::new();
-    let shed = traffic.shard.shared.memory.shed_now();
-    let shared_refusal = if shed {
-        Some(refusal(&super::shed()))
-    } else {
-        gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r))
-    };
+    // Over the memory limit nothing is parsed (as `POST /events/publish` answers 503 first).
+    let shed = traffic.shard.shared.memory.shed_now().then(|| refusal(&super::shed()));
+    let shared_refusal = gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r));
     for t in texts {
+        if let Some(r) = &shed {
+            each.push((loose_id(t), Err(r.clone())));
+            continue;
+        }
         let mut f = match cloudevents::parse_structured_text(topic, t) {
             Ok(f) => f,
             Err(e) => {
@@ -252,7 +258,7 @@ async fn round(traffic: &Traffic, gate: &mut Gate<'_>, spec: &PublishSpec, texts
             let g = match groups.iter().position(|(n, _)| *n == dest) {
                 Some(g) => g,
                 None => {
-                    groups.push((Cow::Owned(dest.into_owned()), Vec::new()));
+                    groups.push((dest, Vec::new()));
                     groups.len() - 1
                 }
             };

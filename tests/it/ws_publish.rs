@@ -135,6 +135,43 @@ fn oversized_binary_and_idle_publishers_are_closed_with_their_codes() {
     assert!(started.elapsed() >= std::time::Duration::from_millis(250), "{:?}", started.elapsed());
 }
 
+/// A publisher that trickles a frame a byte at a time, each byte within `idle_timeout` of the
+/// last, never finishing it: `idle_timeout` after its last whole frame it is closed with 1001,
+/// however many bytes still arrive (the timeout once restarted on every read, so it held its
+/// connection forever).
+#[test]
+fn a_publisher_trickling_an_unfinished_frame_is_closed_after_idle_timeout() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let b = TestBroker::start(&["--idle-timeout-ms", "300"]);
+    let mut ws = publisher(&b, "wst");
+    let MaybeTlsStream::Plain(s) = ws.get_mut() else { unreachable!() };
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let frame = masked_text(event("slow").to_string().as_bytes());
+    let started = Instant::now();
+    let mut sent = 0;
+    let code = loop {
+        assert!(started.elapsed() < Duration::from_secs(10), "still open after {sent} bytes");
+        if sent < frame.len() - 1 {
+            let MaybeTlsStream::Plain(s) = ws.get_mut() else { unreachable!() };
+            if s.write_all(&frame[sent..sent + 1]).is_err() {
+                panic!("the connection was dropped without a close frame");
+            }
+            sent += 1;
+        }
+        match ws.read() {
+            Ok(Message::Close(Some(f))) => break f.code,
+            Ok(other) => panic!("{other:?}"),
+            Err(tungstenite::Error::Io(e))
+                if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(code, CloseCode::Away);
+    assert!(sent < frame.len() - 1, "closed only once the trickle stopped ({sent} bytes)");
+    assert!(started.elapsed() >= Duration::from_millis(250), "{:?}", started.elapsed());
+}
+
 /// The topic's rate limit answers 429 for the events over it; the session goes on.
 #[test]
 fn a_rate_limited_publisher_gets_429_answers_and_goes_on() {
