@@ -143,17 +143,37 @@ impl Handler for Traffic {
             return;
         }
         // The caller (its tenant's connection slot) is held as long as the session, like the
-        // connection's own count.
-        let guard = (guard, caller);
+        // connection's own count: by a WebSocket session's publisher (its `publish` messages go
+        // through the caller's limits), by the guard otherwise.
+        let mut caller = Some(caller);
         let session: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = match upgrade {
             Upgrade::WsEcho => Box::pin(crate::server::ws::echo(stream, buf, limits)),
-            Upgrade::WsDeliver(spec) => Box::pin(crate::push::ws::session(shard, stream, buf, limits, spec)),
+            Upgrade::WsDeliver(spec) => {
+                let p = ws_publish::SessionPublisher::boxed(
+                    &shard,
+                    &mut caller,
+                    &spec.principal,
+                    &spec.tenant,
+                    spec.expires_us,
+                );
+                Box::pin(crate::push::ws::session(shard, stream, buf, limits, spec, p))
+            }
             Upgrade::Sse(spec) => Box::pin(crate::push::sse::session(shard, stream, buf, spec)),
-            Upgrade::FollowWs(spec) => Box::pin(crate::push::follow::websocket(shard, stream, buf, limits, spec)),
+            Upgrade::FollowWs(spec) => {
+                let p = ws_publish::SessionPublisher::boxed(
+                    &shard,
+                    &mut caller,
+                    &spec.principal,
+                    &spec.tenant,
+                    spec.expires_us,
+                );
+                Box::pin(crate::push::follow::websocket(shard, stream, buf, limits, spec, p))
+            }
             Upgrade::FollowSse(spec) => Box::pin(crate::push::follow::sse(shard, stream, buf, spec)),
             Upgrade::TurnSse(spec) => Box::pin(crate::push::turn::sse(shard, stream, buf, spec)),
             Upgrade::WsPublish(_) => unreachable!("served above"),
         };
+        let guard = (guard, caller);
         monoio::spawn(async move {
             session.await;
             drop(guard);
@@ -913,6 +933,16 @@ impl Traffic {
         let Some(topic) = req.query(param) else {
             return Err(problem(StatusCode::BAD_REQUEST, &format!("missing ?{param}=")));
         };
+        self.topic_named(gate, topic, action)
+    }
+
+    /// A topic as the caller names it, checked as [`Traffic::topic_param`] does: its stored name.
+    fn topic_named<'r>(
+        &self,
+        gate: &mut Gate<'_>,
+        topic: Cow<'r, str>,
+        action: Action,
+    ) -> Result<Cow<'r, str>, Response> {
         if !valid_topic(&topic) {
             return Err(problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}"));
         }

@@ -20,6 +20,7 @@
 //! structured events as text); an expired credential, one the keys no longer verify, or an ACL
 //! that no longer allows PUBLISH closes with 1008 (checked each round, pings included).
 
+use std::borrow::Cow;
 use std::rc::Rc;
 
 use frame_codec::Frame;
@@ -176,7 +177,7 @@ pub(super) async fn session(
             if gate.allow(Action::Publish, Kind::Topic, &spec.local).is_err() {
                 close = Some(CloseCode::POLICY);
             } else {
-                round(&traffic, &mut gate, &spec, &texts, &mut out).await;
+                round(&traffic, &mut gate, &spec.topic, &texts, &mut out).await;
             }
         }
         if let Some(code) = close {
@@ -211,10 +212,9 @@ const READ_ROOM: usize = 16 * 1024;
 /// Publishes one round's messages and writes their answers, in order. Each message is checked as
 /// a publish of its own (its parse, the rate limits, the transformer and the routes, each with
 /// the budgets of one request); those that pass are stored together.
-async fn round(traffic: &Traffic, gate: &mut Gate<'_>, spec: &PublishSpec, texts: &[String], out: &mut Vec<u8>) {
+async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &str, texts: &[T], out: &mut Vec<u8>) {
     let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
     m.publish_requests.add(texts.len() as u64);
-    let topic = spec.topic.as_str();
     let now = crate::clock::now_micros();
     // Per message: its id, then where its first copy goes (group, position) or its refusal.
     let mut each: SmallVec<[(Option<String>, Outcome); 8]> = SmallVec::new();
@@ -223,6 +223,7 @@ async fn round(traffic: &Traffic, gate: &mut Gate<'_>, spec: &PublishSpec, texts
     let shed = traffic.shard.shared.memory.shed_now().then(|| refusal(&super::shed()));
     let shared_refusal = gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r));
     for t in texts {
+        let t = t.as_ref();
         if let Some(r) = &shed {
             each.push((loose_id(t), Err(r.clone())));
             continue;
@@ -294,4 +295,78 @@ async fn round(traffic: &Traffic, gate: &mut Gate<'_>, spec: &PublishSpec, texts
     }
     m.events_published.add(published);
     gate.tenant_count(|s| &s.published, published);
+}
+
+/// A WebSocket session's `{"type":"publish","topic":T,"event":{...}}` messages (SPEC: on any
+/// session): each is a round of one event to its topic, as the session's caller, answered as
+/// `GET /events/ws?publish=T` answers (`published` or `error`, never a close: the session is
+/// there for something else). The topic is checked and allowed per message.
+pub(super) struct SessionPublisher {
+    traffic: Traffic,
+    caller: Caller,
+    who: Rc<Principal>,
+}
+
+impl SessionPublisher {
+    /// The publisher of a session opened by `principal` (of `tenant`, its credential expiring
+    /// at `expires_us`), holding the connection's caller from now on.
+    pub(super) fn boxed(
+        shard: &Rc<crate::shard::core::Shard>,
+        caller: &mut Option<Caller>,
+        principal: &Option<String>,
+        tenant: &Option<String>,
+        expires_us: Option<i64>,
+    ) -> crate::push::Publisher {
+        let name = principal.clone().unwrap_or_else(|| "anonymous".into());
+        Box::new(SessionPublisher {
+            traffic: Traffic::new(shard.clone()),
+            caller: caller.take().expect("one session per connection"),
+            who: Rc::new(Principal { name, tenant: tenant.clone(), expires_us }),
+        })
+    }
+
+    async fn publish_one(&mut self, text: &str, out: &mut Vec<u8>) {
+        #[derive(serde::Deserialize)]
+        struct PublishMessage<'a> {
+            #[serde(borrow)]
+            topic: Option<Cow<'a, str>>,
+            #[serde(borrow)]
+            event: Option<&'a serde_json::value::RawValue>,
+        }
+        let (topic, event) = match serde_json::from_str::<PublishMessage>(text) {
+            Ok(PublishMessage { topic: Some(t), event: Some(e) }) => (t, e.get()),
+            Ok(PublishMessage { event, .. }) => {
+                let detail = "a publish message names its \"topic\" and carries the event as \"event\"";
+                return answer(out, event.and_then(|e| loose_id(e.get())).as_deref(), Err((400, detail)));
+            }
+            Err(e) => return answer(out, None, Err((400, &format!("malformed publish message: {e}")))),
+        };
+        let shared = &self.traffic.shard.shared;
+        // A session's messages may be larger than a request body may (`ws_max_message_bytes`):
+        // an event is held to what `POST /events/publish` takes.
+        if event.len() > shared.config.limits.max_body_bytes {
+            let detail = "the event is larger than max_body_bytes";
+            return answer(out, None, Err((413, detail)));
+        }
+        let snap = self.traffic.view.current(&shared.governance);
+        let mut gate = Gate { traffic: &self.traffic, snap, caller: &mut self.caller, who: &self.who, token: None };
+        let stored = match self.traffic.topic_named(&mut gate, topic, Action::Publish) {
+            Ok(t) => t.into_owned(),
+            Err(r) => {
+                let (status, detail) = refusal(&r);
+                return answer(out, loose_id(event).as_deref(), Err((status, &detail)));
+            }
+        };
+        round(&self.traffic, &mut gate, &stored, &[event], out).await;
+    }
+}
+
+impl crate::push::Publish for SessionPublisher {
+    fn publish<'a>(
+        &'a mut self,
+        text: &'a str,
+        out: &'a mut Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>> {
+        Box::pin(self.publish_one(text, out))
+    }
 }

@@ -107,6 +107,7 @@ pub async fn websocket(
     buf: Vec<u8>,
     limits: crate::server::conn::ConnLimits,
     spec: Box<FollowSpec>,
+    publisher: super::Publisher,
 ) {
     let (tx, events) = queue::channel(QUEUE);
     let claim = shard.shared.watchers.claim(&spec.topic);
@@ -121,7 +122,7 @@ pub async fn websocket(
     let Some(claim) = claim else {
         // Another subscriber claimed it since the 101 was decided.
         let ends = Box::pin(async { Some("the session has another subscriber") });
-        return super::ws::run(&shard, io, None, replier, ends).await;
+        return super::ws::run(&shard, io, None, (replier, publisher), ends).await;
     };
     let expiry = expired(spec.expires_us);
     let follower = follow(shard.clone(), claim, *spec, false, tx);
@@ -131,7 +132,7 @@ pub async fn websocket(
             futures::future::Either::Right((r, _)) => Some(r),
         }
     });
-    super::ws::run(&shard, io, None, replier, ends).await;
+    super::ws::run(&shard, io, None, (replier, publisher), ends).await;
     // The claim is released (with the session's futures): a turn started from now on sees the
     // agent gone; each one routed to this attachment ends with an error event.
     if let Some((agent, gen)) = agent {

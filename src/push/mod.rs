@@ -23,6 +23,21 @@ use crate::shard::message::{ConsumerKey, SessionChange, SessionEvent, SessionRef
 pub use crate::shard::sessions::{Kind, Outbound, Sessions};
 use crate::shard::ShardId;
 
+/// A session client's `{"type":"publish","topic":T,"event":{...}}` message (SPEC, "Other
+/// protocols": on any WebSocket session): the ingress pipeline, as the session's caller. Handed
+/// down at the upgrade, because push sits below ingress.
+pub trait Publish {
+    /// Publishes one such message (its whole text), appending its answer frame to `out`.
+    fn publish<'a>(
+        &'a mut self,
+        text: &'a str,
+        out: &'a mut Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+}
+
+/// A session's publisher (see [`Publish`]).
+pub type Publisher = Box<dyn Publish>;
+
 /// The offsets owner of a session: the subscription, or one client of it (a session without a
 /// `clientId` is a client of its own whose offsets are never stored). Returns the key and
 /// whether its offsets are stored.

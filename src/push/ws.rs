@@ -1,6 +1,7 @@
-//! One WebSocket session of a subscription: a reader half (client frames: ping, close, and the
-//! `ack` / `nack` / `credit` text messages of acknowledged delivery) and a writer half draining
-//! the session's bounded queue, batching whatever is queued into one write.
+//! One WebSocket session of a subscription: a reader half (client frames: ping, close, the
+//! `ack` / `nack` / `credit` text messages of acknowledged delivery, and on any session `reply`,
+//! `chunk` and `publish` messages) and a writer half draining the session's bounded queue,
+//! batching whatever is queued into one write.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -10,7 +11,7 @@ use crate::queue;
 use futures::future::{select, Either};
 use monoio::io::AsyncWriteRent;
 
-use super::{attach_acked, detach_acked, Kind, Outbound};
+use super::{attach_acked, detach_acked, Kind, Outbound, Publisher};
 use crate::delivery::{group_ids, MAX_WINDOW};
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::server::SessionSpec;
@@ -30,8 +31,9 @@ enum Control {
     Credit { n: u32 },
 }
 
-/// A responder's reply to a request, sent on its session: `{"type":"reply","event":{...}}`
-/// (members besides these two are ignored).
+/// A typed message on any session: a responder's reply to a request
+/// (`{"type":"reply","event":{...}}`), an agent's chunk, or a publish (members besides these
+/// two are read by their handlers).
 #[derive(serde::Deserialize)]
 struct ReplyFrame<'a> {
     #[serde(rename = "type", borrow)]
@@ -40,10 +42,11 @@ struct ReplyFrame<'a> {
     event: Option<&'a serde_json::value::RawValue>,
 }
 
-/// Where a session's `reply` frames go, and who sends them.
+/// Where a session's `reply`, `chunk` and `publish` frames go, and who sends them.
 struct Replies {
     shard: Rc<Shard>,
     replier: Replier,
+    publisher: Publisher,
 }
 
 impl Replies {
@@ -195,7 +198,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
     mut buf: Vec<u8>,
     max_message: usize,
     ctl: queue::Sender<Outbound>,
-    (acked, replies): (Option<AckedSession>, Replies),
+    (acked, mut replies): (Option<AckedSession>, Replies),
     heard: Rc<Cell<Instant>>,
     meter: &crate::task::Meter,
 ) {
@@ -233,18 +236,25 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                     return;
                 }
                 Some(Message::Text(text)) => {
-                    // A reply to a request, on any session; ack / nack / credit: meaningless
-                    // for ack=none sessions, followers and agents, which are not asked to
-                    // parse them (an agent's chunks would each be buffered whole by the
-                    // tagged enum's parse first).
+                    // A reply to a request or a publish, on any session; ack / nack / credit:
+                    // meaningless for ack=none sessions, followers and agents, which are not
+                    // asked to parse them (an agent's chunks would each be buffered whole by
+                    // the tagged enum's parse first).
                     let control = acked.as_ref().map(|_| serde_json::from_str::<Control>(&text));
                     let reply = match &control {
                         Some(Ok(_)) => None,
                         _ => serde_json::from_str::<ReplyFrame>(&text)
                             .ok()
-                            .filter(|r| matches!(&*r.kind, "reply" | "chunk")),
+                            .filter(|r| matches!(&*r.kind, "reply" | "chunk" | "publish")),
                     };
-                    if reply.as_ref().is_some_and(|r| r.kind == "chunk") {
+                    if reply.as_ref().is_some_and(|r| r.kind == "publish") {
+                        // Answered in order with the session's other control frames; a
+                        // publisher that does not read its answers waits here, at its socket.
+                        let mut out = Vec::new();
+                        replies.publisher.publish(&text, &mut out).await;
+                        let _ = ctl.send(Outbound::Frame(Rc::new(out))).await;
+                        pay_heavy(&replies.shard, meter).await;
+                    } else if reply.as_ref().is_some_and(|r| r.kind == "chunk") {
                         // Boxed, as a reply is.
                         Box::pin(replies.chunk(&text, &mut ctl)).await;
                     } else if let Some(r) = reply {
@@ -259,12 +269,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                         // A client flooding acks waits here, at its own socket, for the
                         // control lane to drain, and after a costly one for its turn.
                         a.shard.control_room().await;
-                        let cost = meter.take();
-                        if cost > crate::task::HEAVY {
-                            a.shard.shared.metrics.shard(a.shard.id).heavy(cost);
-                            crate::task::charge(cost);
-                            crate::task::turn().await;
-                        }
+                        pay_heavy(&a.shard, meter).await;
                     }
                 }
                 Some(Message::Pong(_)) => {}
@@ -275,6 +280,17 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
             ReadOutcome::Data => heard.set(Instant::now()),
             ReadOutcome::Closed | ReadOutcome::TimedOut => return,
         }
+    }
+}
+
+/// After a message that took over `task::HEAVY` of the core, waits the session's turn in the
+/// heavy lane.
+async fn pay_heavy(shard: &Shard, meter: &crate::task::Meter) {
+    let cost = meter.take();
+    if cost > crate::task::HEAVY {
+        shard.shared.metrics.shard(shard.id).heavy(cost);
+        crate::task::charge(cost);
+        crate::task::turn().await;
     }
 }
 
@@ -414,7 +430,7 @@ pub(super) fn run(
     shard: &Rc<Shard>,
     io: Io,
     acked: Option<AckedSession>,
-    replier: Replier,
+    (replier, publisher): (Replier, Publisher),
     ends: Ends,
 ) -> impl std::future::Future<Output = ()> {
     let Io { stream, mut buf, limits, events, queued } = io;
@@ -435,7 +451,7 @@ pub(super) fn run(
             }
         }
     };
-    let replies = Replies { shard: shard.clone(), replier };
+    let replies = Replies { shard: shard.clone(), replier, publisher };
     let reader = Box::pin(async move {
         // A dead peer ends the reading side like a closed socket does (both senders of the
         // control queue are dropped then, which tells the writer the peer is gone); so do an
@@ -471,6 +487,7 @@ pub async fn session(
     buf: Vec<u8>,
     limits: ConnLimits,
     spec: Box<SessionSpec>,
+    publisher: Publisher,
 ) {
     let (events, acked, live_id, queued) = if spec.acked {
         let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Ws);
@@ -490,7 +507,7 @@ pub async fn session(
         Box::pin(async move { Some(super::authority(&shard, &spec).await) })
     };
     let io = Io { stream, buf, limits, events, queued };
-    run(&shard, io, acked, replier, guard).await;
+    run(&shard, io, acked, (replier, publisher), guard).await;
     match (detach, live_id) {
         (Some((consumer, at)), _) => detach_acked(&shard, consumer, &spec.topic, at),
         (None, Some(id)) => {

@@ -297,3 +297,81 @@ fn routed_events_are_answered_where_they_went() {
     assert_eq!(ids("wso.eu"), ["o0", "o2"]);
     assert_eq!(ids("wso.audit").len(), 5, "every event copied");
 }
+
+/// SPEC: a `{"type":"publish","topic":T,"event":{...}}` message on any session publishes as
+/// `?publish=T` does. On an acknowledged delivery session (whose ack / nack / credit messages
+/// are parsed first): the answers come in order, the event published to the session's own
+/// topic is delivered to it and acked, refusals are answered without closing the session, and
+/// what is stored is the event as sent.
+#[test]
+fn a_publish_message_on_a_delivery_session_is_published_and_answered() {
+    use super::delivery::{attach, next_event};
+    use std::time::{Duration, Instant};
+    let b = TestBroker::start(&["--default-partitions", "1", "--max-body-bytes", "4096"]);
+    let def = json!({"subscription": "loop", "topic": "loop"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let mut ws = attach(&b, "subscription=loop");
+    let publish = |topic: Option<&str>, event: Value| {
+        let mut m = json!({"type": "publish", "event": event});
+        if let Some(t) = topic {
+            m["topic"] = json!(t);
+        }
+        Message::text(m.to_string())
+    };
+    ws.send(publish(Some("loop"), event("p1"))).unwrap();
+    ws.send(publish(Some("elsewhere"), event("p2"))).unwrap();
+    ws.send(publish(None, event("p3"))).unwrap();
+    ws.send(publish(Some("bad topic!"), event("p4"))).unwrap();
+    ws.send(publish(Some("loop"), json!({"id": "p5", "source": "/it"}))).unwrap();
+    ws.send(publish(Some("agent.x"), event("p6"))).unwrap();
+    let mut big = event("p7");
+    big["data"] = json!("x".repeat(5000));
+    ws.send(publish(Some("loop"), big)).unwrap();
+    // The answers, in order, and the delivery of p1 somewhere among them.
+    let (mut answers, mut delivered) = (Vec::new(), None);
+    let start = Instant::now();
+    while answers.len() < 7 || delivered.is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "answers {answers:?}, delivered {delivered:?}");
+        match next_event(&mut ws) {
+            Some(m) if m["specversion"] == "1.0" => delivered = Some(m),
+            Some(m) => answers.push(m),
+            None => {}
+        }
+    }
+    let got: Vec<(Value, Value, Value)> =
+        answers.iter().map(|a| (a["type"].clone(), a["id"].clone(), a["status"].clone())).collect();
+    assert_eq!(
+        got,
+        [
+            (json!("published"), json!("p1"), Value::Null),
+            (json!("published"), json!("p2"), Value::Null),
+            (json!("error"), json!("p3"), json!(400)),
+            (json!("error"), json!("p4"), json!(400)),
+            (json!("error"), json!("p5"), json!(400)),
+            (json!("error"), json!("p6"), json!(403)),
+            (json!("error"), Value::Null, json!(413)),
+        ],
+        "{answers:?}"
+    );
+    assert_eq!((&answers[0]["partition"], &answers[0]["offset"]), (&json!(0), &json!("0")));
+    assert!(answers[4]["detail"].as_str().unwrap().contains("specversion"), "{}", answers[4]);
+    let delivered = delivered.unwrap();
+    assert_eq!(delivered["id"], "p1");
+    assert_eq!(b.events("loop", 0)[0].1, event("p1"));
+    assert_eq!(b.events("elsewhere", 0)[0].1, event("p2"));
+    // The session still delivers and takes acks: acked, p1 is not redelivered.
+    ws.send(Message::text(json!({"type": "ack", "ids": [delivered["emdeliveryid"]]}).to_string())).unwrap();
+    super::util::wait_for(Duration::from_secs(10), || {
+        let subs = b.admin().get("/admin/subscriptions").json();
+        let c = &subs[0]["partitions"][0]["consumers"][0];
+        (c["committed"].as_u64() == Some(1)).then_some(())
+    });
+    // An ack=none session publishes the same way.
+    let def = json!({"subscription": "live", "topic": "loop", "mode": "BROADCAST"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let mut live = attach(&b, "subscription=live&ack=none");
+    live.send(publish(Some("loop"), event("p8"))).unwrap();
+    let a =
+        super::util::wait_for(Duration::from_secs(10), || next_event(&mut live).filter(|m| m["type"] == "published"));
+    assert_eq!((&a["id"], &a["offset"]), (&json!("p8"), &json!("1")));
+}
