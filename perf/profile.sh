@@ -69,9 +69,9 @@ out, case, dur, targets, flags = sys.argv[1:]
 print(f"### profile, {os.path.basename(out)}\n")
 print(f"`perf record -F 999 -g` of the server for {dur}s under the `{case}` load (perf/profile.sh), "
       f"server on CPU 0, loadgen on the others{', evmesh ' + flags if flags else ''}. "
-      "Share of the server's samples; the symbol lists are in the raw directory.\n")
-print("| target | ops/s | kernel | user | heaviest user-space symbols (share of all samples) |")
-print("|---|---|---|---|---|")
+      "Shares of the server's samples (self time); the full symbol lists are in the raw directory.\n")
+print("| target | ops/s | kernel | user | heaviest kernel symbols | heaviest user-space symbols |")
+print("|---|---|---|---|---|---|")
 for t in targets.split():
     path = f"{out}/{t}.dso.txt"
     if not os.path.exists(path):
@@ -85,14 +85,14 @@ for t in targets.split():
                 kernel += share
             else:
                 user += share
-    top = []
+    top = {"k": [], ".": []}
     for line in open(f"{out}/{t}.symbols.txt"):
-        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[\.\]\s+(.+)", line)
-        if m and len(top) < 6:
-            top.append(f"{m.group(3).strip()[:60]} {m.group(1)}%")
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[([k.])\]\s+(.+?)(\s{2,}-\s+-)?\s*$", line)
+        if m and len(top[m.group(3)]) < 5:
+            top[m.group(3)].append(f"`{m.group(4).strip()[:70]}` {m.group(1)}%")
     load = json.load(open(f"{out}/{t}.load.json"))
     rate = load.get("fanout", {}).get("deliveries_per_s") or load.get("throughput", 0)
-    print(f"| {t} | {rate:.0f} | {kernel:.1f}% | {user:.1f}% | {'; '.join(top)} |")
+    print(f"| {t} | {rate:.0f} | {kernel:.1f}% | {user:.1f}% | {'; '.join(top['k'])} | {'; '.join(top['.'])} |")
 PY
 { echo; echo "Command: \`CASE=$CASE DUR=$DUR TARGETS=\"$TARGETS\" EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/profile.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"

@@ -45,6 +45,9 @@ pub struct Traffic {
     view: View,
     /// Failed authentications per source address (throttled past a few).
     failures: RefCell<Failures>,
+    /// Itself, for the sessions it hands a connection to: they share the shard's handler
+    /// (one snapshot copy per shard, not one per session).
+    me: std::rc::Weak<Traffic>,
 }
 
 /// The bearer credential of a request: `Authorization: Bearer T`, or for the sessions a browser
@@ -135,7 +138,7 @@ impl Handler for Traffic {
         let shard = self.shard.clone();
         if let Upgrade::WsPublish(spec) = upgrade {
             // The publisher's requests go through the caller's limits: the session owns it.
-            let session = ws_publish::session(Traffic::new(shard), caller, stream, buf, limits, spec);
+            let session = ws_publish::session(self.shared(), caller, stream, buf, limits, spec);
             monoio::spawn(async move {
                 Box::pin(session).await;
                 drop(guard);
@@ -150,7 +153,7 @@ impl Handler for Traffic {
             Upgrade::WsEcho => Box::pin(crate::server::ws::echo(stream, buf, limits)),
             Upgrade::WsDeliver(spec) => {
                 let p = ws_publish::SessionPublisher::boxed(
-                    &shard,
+                    self.shared(),
                     &mut caller,
                     &spec.principal,
                     &spec.tenant,
@@ -161,7 +164,7 @@ impl Handler for Traffic {
             Upgrade::Sse(spec) => Box::pin(crate::push::sse::session(shard, stream, buf, spec)),
             Upgrade::FollowWs(spec) => {
                 let p = ws_publish::SessionPublisher::boxed(
-                    &shard,
+                    self.shared(),
                     &mut caller,
                     &spec.principal,
                     &spec.tenant,
@@ -470,9 +473,14 @@ impl Gate<'_> {
 }
 
 impl Traffic {
-    pub fn new(shard: Rc<Shard>) -> Traffic {
+    pub fn new(shard: Rc<Shard>) -> Rc<Traffic> {
         let view = View::new(&shard.shared.governance);
-        Traffic { shard, view, failures: RefCell::new(Failures::default()) }
+        Rc::new_cyclic(|me| Traffic { shard, view, failures: RefCell::new(Failures::default()), me: me.clone() })
+    }
+
+    /// This handler, shared.
+    fn shared(&self) -> Rc<Traffic> {
+        self.me.upgrade().expect("a handler is used through its Rc")
     }
 
     /// Who the request comes from: 401 without valid credentials (429 for an address that

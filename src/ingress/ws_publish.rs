@@ -101,7 +101,7 @@ fn loose_id(text: &str) -> Option<String> {
 
 /// Serves a publisher until it closes, goes idle, or breaks a rule.
 pub(super) async fn session(
-    traffic: Traffic,
+    traffic: Rc<Traffic>,
     mut caller: Caller,
     mut stream: Stream,
     mut buf: Vec<u8>,
@@ -302,7 +302,7 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
 /// `GET /events/ws?publish=T` answers (`published` or `error`, never a close: the session is
 /// there for something else). The topic is checked and allowed per message.
 pub(super) struct SessionPublisher {
-    traffic: Traffic,
+    traffic: Rc<Traffic>,
     caller: Caller,
     who: Rc<Principal>,
 }
@@ -311,7 +311,7 @@ impl SessionPublisher {
     /// The publisher of a session opened by `principal` (of `tenant`, its credential expiring
     /// at `expires_us`), holding the connection's caller from now on.
     pub(super) fn boxed(
-        shard: &Rc<crate::shard::core::Shard>,
+        traffic: Rc<Traffic>,
         caller: &mut Option<Caller>,
         principal: &Option<String>,
         tenant: &Option<String>,
@@ -319,7 +319,7 @@ impl SessionPublisher {
     ) -> crate::push::Publisher {
         let name = principal.clone().unwrap_or_else(|| "anonymous".into());
         Box::new(SessionPublisher {
-            traffic: Traffic::new(shard.clone()),
+            traffic,
             caller: caller.take().expect("one session per connection"),
             who: Rc::new(Principal { name, tenant: tenant.clone(), expires_us }),
         })

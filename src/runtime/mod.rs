@@ -424,7 +424,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 monoio::spawn(injected_fault(i));
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);
-                let traffic = Rc::new(Traffic::new(shard.clone()));
+                let traffic = Traffic::new(shard.clone());
                 accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard)).await
             };
             if let Err(e) = block_on(driver, run) {
