@@ -83,7 +83,7 @@ for r in $(seq "$ROUNDS"); do
   auth=(-H "authorization: Bearer $token" -H 'content-type: application/json')
   curl -sf "${auth[@]}" 127.0.0.1:18490/streams -d '{"name":"perf"}' > /dev/null
   curl -sf "${auth[@]}" 127.0.0.1:18490/streams/perf/topics \
-    -d '{"name":"perf","partitions_count":1,"compression_algorithm":"none","message_expiry":"none","max_topic_size":"server_default"}' > /dev/null
+    -d '{"name":"perf","partitions_count":1,"compression_algorithm":"none","message_expiry":0,"max_topic_size":0}' > /dev/null
   # The messages must be accepted (201) before anything is measured.
   code=$(curl -s -o /dev/null -w '%{http_code}' "${auth[@]}" 127.0.0.1:18490/streams/perf/topics/perf/messages --data-binary @"$OUT/.iggy-body.json")
   [ "$code" = 201 ] || { echo "iggy refused the batch: $code" >&2; exit 1; }
