@@ -18,6 +18,7 @@ mod it {
     #[cfg(feature = "kafka")]
     mod kafka;
     mod lite;
+    mod meshmessage;
     mod pipeline;
     mod publish;
     mod request;

@@ -4,8 +4,10 @@
 //! owns; keyed ones to their murmur2 partition, wherever it lives. A batch is split per
 //! partition and the parts are appended concurrently; the 202 waits for all of them.
 
+mod adaptor;
 mod agent;
 mod call;
+mod meshmessage;
 mod pipeline;
 mod request;
 mod session;
@@ -194,7 +196,7 @@ impl Handler for Traffic {
     async fn handle(&self, caller: &mut Caller, req: Request<'_>) -> Response {
         let path = req.path();
         let session = path.strip_prefix("/session/").and_then(|rest| rest.split_once('/'));
-        if !matches!(
+        let ours = matches!(
             path,
             "/events/publish"
                 | "/events/request"
@@ -206,13 +208,17 @@ impl Handler for Traffic {
                 | "/events/poll"
                 | "/events/ack"
                 | "/ws/echo"
-        ) && !matches!(
+        ) || matches!(
             session,
             Some(("publish" | "subscribe" | "stream" | "chunk" | "end-turn" | "cancel" | "close", _))
-        ) && !matches!(
+        ) || matches!(
             path,
             "/agent/register" | "/agent/heartbeat" | "/agent/deregister" | "/agent/ws" | "/session/open"
-        ) {
+        );
+        // Classic EventMesh HTTP: its own paths, or any other path with a `code` header (its
+        // SDKs post to `/`).
+        let classic = !ours && (path.starts_with("/eventmesh/") || req.header("code").is_some());
+        if !ours && !classic {
             return problem(StatusCode::NOT_FOUND, &format!("no route for {path}"));
         }
         let browser = matches!(path, "/events/ws" | "/events/sse" | "/ws/echo" | "/agent/ws")
@@ -225,6 +231,9 @@ impl Handler for Traffic {
             Err(r) => return r,
         };
         let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
+        if classic {
+            return Box::pin(self.meshmessage(&mut gate, &req)).await;
+        }
         if path == "/agent/ws" {
             return match req.method() {
                 Method::Get => self.agent_ws(&mut gate, &req),
@@ -857,67 +866,9 @@ impl Traffic {
         }
     }
 
+    /// `POST /events/publish?topic=T`: CloudEvents over HTTP, through the one ingress path.
     async fn publish(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
-        if self.shard.shared.memory.shed_now() {
-            return shed();
-        }
-        let topic = match self.topic_param(gate, req, Action::Publish) {
-            Ok(t) => t,
-            Err(r) => return r,
-        };
-        let frames = match self.parse(req, &topic) {
-            Ok(f) => f,
-            Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
-            Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
-        };
-        let batch = frames.1;
-        // Rate limits count what was parsed: a refused or malformed request takes nothing.
-        if let Err(r) = gate.limit(&topic, frames.0.len() as u64, req.body.len() as u64) {
-            return r;
-        }
-        if let Err(r) = gate.quota(Quotaed::Topic, &topic).and_then(|()| gate.backlog()) {
-            return r;
-        }
-        // Then the topic's transformer and routes: where each event is stored, and as what.
-        let routed = match self.transform_and_route(&gate.snap, &topic, frames.0) {
-            Ok(r) => r,
-            Err(r) => return r,
-        };
-        let (n, first) = (routed.events(), routed.first);
-        let stored = match self.store_routed(routed.groups).await {
-            Ok(s) => s,
-            Err(r) => return r,
-        };
-        let m = self.shard.shared.metrics.shard(self.shard.id);
-        m.events_published.add(n as u64);
-        gate.tenant_count(|s| &s.published, n as u64);
-        let mut body = Vec::with_capacity(40 * n + 16);
-        if batch {
-            body.extend_from_slice(b"{\"results\":[");
-        }
-        let mut num = crate::http::Decimal::new();
-        for i in 0..n {
-            let (g, at) = first.as_ref().map_or((0, i), |f| f[i]);
-            let (t, placed) = &stored[g];
-            let (p, o) = placed[at];
-            if i > 0 {
-                body.push(b',');
-            }
-            body.extend_from_slice(b"{\"partition\":");
-            body.extend_from_slice(num.u64(u64::from(p.0)));
-            body.extend_from_slice(b",\"offset\":");
-            body.extend_from_slice(num.u64(o));
-            // A route moved it: the answer says where to (if it is the caller's to see).
-            if let Some(local) = (**t != *topic).then(|| gate.local(t)).flatten() {
-                body.extend_from_slice(b",\"topic\":");
-                serde_json::to_writer(&mut body, local).expect("a string serializes");
-            }
-            body.push(b'}');
-        }
-        if batch {
-            body.extend_from_slice(b"]}");
-        }
-        Response::json(StatusCode::ACCEPTED, body)
+        self.publish_with(&adaptor::CloudEventsHttp, gate, req).await
     }
 
     /// The `?topic=` of a request, checked, allowed for `action` and in the caller's namespace.

@@ -82,7 +82,7 @@ fn answer(out: &mut Vec<u8>, id: Option<&str>, result: Result<(Option<&str>, u32
 }
 
 /// The status and detail of a refusal as the HTTP endpoint words it.
-fn refusal(r: &Response) -> (u16, String) {
+pub(super) fn refusal(r: &Response) -> (u16, String) {
     let detail = serde_json::from_slice::<serde_json::Value>(&r.body)
         .ok()
         .and_then(|v| v["detail"].as_str().map(str::to_owned))

@@ -93,7 +93,12 @@ fn first_duplicate<'a, T, K: Hash + Eq + ?Sized + 'a>(items: &'a [T], key: impl 
     items.iter().find(|&a| !seen.insert(key(a)))
 }
 
-fn check_name(name: &str) -> Result<(), CeError> {
+/// Whether `name` is one of CloudEvents' context attributes (not an extension).
+pub(crate) fn is_context_attribute(name: &str) -> bool {
+    STRING_ATTRS.contains(&name)
+}
+
+pub(crate) fn check_name(name: &str) -> Result<(), CeError> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
         return Err(invalid(format!("attribute name {name:?} is not [a-z0-9]+")));
     }

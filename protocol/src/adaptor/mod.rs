@@ -5,6 +5,7 @@
 
 pub mod cloudevents;
 pub mod kafka;
+pub mod meshmessage;
 mod rfc3339;
 
 pub(crate) use rfc3339::civil_from_days;

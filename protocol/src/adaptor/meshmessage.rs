@@ -1,0 +1,491 @@
+//! Classic EventMesh HTTP (MeshMessage): what EventMesh's classic Java and Go SDKs send (form
+//! POSTs dispatched on a `code` header) straight to frames, and frames back to its push form.
+//! Pure: bytes in, frames and answers out.
+//!
+//! Followed from apache/eventmesh at 2527428 (`RequestCode`, `ProtocolKey`, `EventMeshRetCode`,
+//! `ClientRetCode`, `SendAsyncMessageProcessor`, `SendMessageRequestBody`,
+//! `SendMessageBatchRequestBody`, `MeshMessageProtocolAdaptor`, `AsyncHTTPPushRequest`) and its
+//! Java SDK's `EventMeshMessageProducer`:
+//! - header names are lowercase (the runtime looks them up by exact key); `idc`, `sys` and a
+//!   numeric `pid` are required of a send (retCode 6 without them);
+//! - a send's form carries `topic`, `content`, `bizseqno`, `uniqueid`, `producergroup` (required,
+//!   retCode 7; the group is accepted and ignored), `ttl` (ms; required by a sync send), `tag`,
+//!   `extFields` (a JSON object of strings, each an extension);
+//! - every answer is HTTP 200 with `{"retCode","retMsg","resTime"}`.
+//!
+//! A message becomes a CloudEvent as EventMesh's own adaptor makes it: `id` = `bizseqno`,
+//! `source` = `/`, `type` = `eventmeshmessage`, `subject` = the topic, `content` as text data,
+//! and `bizseqno`, `uniqueid`, `ttl`, `tag` and the `extFields` as extensions. So a CloudEvents
+//! subscriber reads it as a CloudEvent, and a MeshMessage subscriber gets `content` back.
+
+use std::borrow::Cow;
+
+use frame_codec::{ArchivedAttrValue, AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
+
+use super::cloudevents;
+
+/// `RequestCode`: what a request asks for.
+pub mod code {
+    /// A send that waits for its reply (request-reply, `ttl` its timeout).
+    pub const SEND_SYNC: u16 = 101;
+    /// A batch (`batchId`, `size`, `producerGroup`, `contents`).
+    pub const BATCH: u16 = 102;
+    /// A send.
+    pub const SEND_ASYNC: u16 = 104;
+    /// A push to a subscriber's `url` (asynchronous subscriptions).
+    pub const PUSH_ASYNC: u16 = 105;
+    /// A push to a subscriber's `url` (synchronous subscriptions).
+    pub const PUSH_SYNC: u16 = 106;
+    /// One message of a batch (`msg` instead of `content`).
+    pub const BATCH_V2: u16 = 107;
+    pub const HEARTBEAT: u16 = 203;
+    pub const SUBSCRIBE: u16 = 206;
+    pub const UNSUBSCRIBE: u16 = 207;
+    /// A reply to a sync send.
+    pub const REPLY: u16 = 301;
+}
+
+/// `EventMeshRetCode`: the `retCode` of an answer.
+pub mod ret {
+    pub const SUCCESS: u16 = 0;
+    pub const OVERLOAD: u16 = 1;
+    pub const REQUEST_CODE_INVALID: u16 = 2;
+    pub const SEND_SYNC_ERR: u16 = 3;
+    pub const WAITING_REPLY_ERR: u16 = 4;
+    pub const HEADER_ERR: u16 = 6;
+    pub const BODY_ERR: u16 = 7;
+    pub const BODY_SIZE_ERR: u16 = 8;
+    pub const SEND_ASYNC_ERR: u16 = 15;
+    pub const RUNTIME_ERR: u16 = 18;
+    pub const SUBSCRIBE_ERR: u16 = 19;
+    pub const ACL_ERR: u16 = 22;
+    pub const OVER_LIMIT: u16 = 23;
+}
+
+/// A refused classic request: its `retCode` and `retMsg`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub ret: u16,
+    pub msg: String,
+}
+
+fn refused(ret: u16, msg: impl Into<String>) -> Refused {
+    Refused { ret, msg: msg.into() }
+}
+
+/// The `retCode` for a refusal the broker words as an HTTP status (its limits, ACL, storage).
+pub fn ret_for_status(status: u16, sync: bool) -> u16 {
+    match status {
+        401 | 403 => ret::ACL_ERR,
+        413 => ret::BODY_SIZE_ERR,
+        429 => ret::OVER_LIMIT,
+        400..=499 => ret::BODY_ERR,
+        _ if sync => ret::SEND_SYNC_ERR,
+        _ => ret::SEND_ASYNC_ERR,
+    }
+}
+
+/// The answer envelope: `{"retCode":N,"retMsg":M,"resTime":T}` (`T` in ms since the epoch).
+pub fn answer(ret: u16, msg: &str, res_time_ms: i64) -> Vec<u8> {
+    let msg = serde_json::Value::from(msg);
+    format!(r#"{{"retCode":{ret},"retMsg":{msg},"resTime":{res_time_ms}}}"#).into_bytes()
+}
+
+/// An `application/x-www-form-urlencoded` body (or query string): its fields in order, `+` a
+/// space and `%XX` a byte (a `%` without two hex digits is itself), a field without `=` empty.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Form {
+    fields: Vec<(String, String)>,
+}
+
+impl Form {
+    /// Parses `body`; `Err` if a name or value is not UTF-8 once decoded.
+    pub fn parse(body: &[u8]) -> Result<Form, Refused> {
+        let mut fields = Vec::new();
+        for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+            let (k, v) = match pair.iter().position(|&b| b == b'=') {
+                Some(i) => (&pair[..i], &pair[i + 1..]),
+                None => (pair, &pair[..0]),
+            };
+            fields.push((decode(k)?, decode(v)?));
+        }
+        Ok(Form { fields })
+    }
+
+    /// The first value of `name` (names are case-sensitive, as EventMesh reads them).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The value of `name` if present and not blank.
+    fn nonblank(&self, name: &str) -> Option<&str> {
+        self.get(name).filter(|v| !v.trim().is_empty())
+    }
+}
+
+fn decode(raw: &[u8]) -> Result<String, Refused> {
+    let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16)).map(|d| d as u8);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match (raw[i], hex(raw.get(i + 1)), hex(raw.get(i + 2))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push(h * 16 + l);
+                i += 3;
+            }
+            (b'+', ..) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| refused(ret::BODY_ERR, "a form field is not UTF-8"))
+}
+
+/// The client headers every send must carry (`SendAsyncMessageProcessor`): `idc`, `sys` and a
+/// numeric `pid`. `header` looks a header up by name.
+pub fn check_client<'h>(header: impl Fn(&str) -> Option<&'h [u8]>) -> Result<(), Refused> {
+    let blank = |name: &str| header(name).is_none_or(|v| v.trim_ascii().is_empty());
+    for name in ["idc", "pid", "sys"] {
+        if blank(name) {
+            return Err(refused(ret::HEADER_ERR, format!("eventMesh protocol[header] error: {name} is missing")));
+        }
+    }
+    if !header("pid").is_some_and(|p| p.iter().all(u8::is_ascii_digit)) {
+        return Err(refused(ret::HEADER_ERR, "eventMesh protocol[header] error: pid must be numeric"));
+    }
+    Ok(())
+}
+
+/// Whether the request's `protocoltype` is one this adaptor reads (`eventmeshmessage`, or none:
+/// the classic SDKs always send it, curl users may not).
+pub fn check_protocol_type(protocol_type: Option<&[u8]>) -> Result<(), Refused> {
+    match protocol_type.map(<[u8]>::trim_ascii) {
+        None | Some(b"" | b"eventmeshmessage") => Ok(()),
+        Some(other) => Err(refused(
+            ret::HEADER_ERR,
+            format!(
+                "eventMesh protocol[header] error: protocoltype {:?} is not served here (eventmeshmessage is; CloudEvents go to POST /events/publish)",
+                String::from_utf8_lossy(other)
+            ),
+        )),
+    }
+}
+
+/// One message of a send, as its form (or a batch's element) carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message<'f> {
+    pub topic: &'f str,
+    pub content: &'f str,
+    pub bizseqno: &'f str,
+    pub uniqueid: &'f str,
+    pub ttl: Option<&'f str>,
+    pub tag: Option<&'f str>,
+    /// `extFields`, each an extension attribute.
+    pub ext: Vec<(String, String)>,
+}
+
+impl<'f> Message<'f> {
+    /// The message of a send's form (104, or 101 with `sync`: `ttl` required, a number of ms).
+    pub fn from_form(form: &'f Form, sync: bool) -> Result<Message<'f>, Refused> {
+        let body_err = |what: &str| refused(ret::BODY_ERR, format!("eventMesh protocol[body] error: {what}"));
+        let required = |name: &str| form.nonblank(name).ok_or_else(|| body_err(&format!("{name} is missing")));
+        let topic = required("topic")?;
+        let bizseqno = required("bizseqno")?;
+        let uniqueid = required("uniqueid")?;
+        required("producergroup")?;
+        let content = form.get("content").ok_or_else(|| body_err("content is missing"))?;
+        let ttl = form.nonblank("ttl");
+        if sync && !ttl.is_some_and(|t| t.parse::<u32>().is_ok_and(|t| t > 0)) {
+            return Err(body_err("a sync send needs ttl, its timeout in milliseconds"));
+        }
+        let ext = match form.nonblank("extFields") {
+            Some(json) => serde_json::from_str::<std::collections::BTreeMap<String, String>>(json)
+                .map_err(|e| body_err(&format!("extFields is not a JSON object of strings: {e}")))?
+                .into_iter()
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Message { topic, content, bizseqno, uniqueid, ttl, tag: form.nonblank("tag"), ext })
+    }
+
+    /// The message as a frame for `topic` (its stored name); `Err` if an extension is not a
+    /// valid CloudEvents attribute.
+    pub fn to_frame(&self, topic: &str) -> Result<Frame, Refused> {
+        let s = |name: &str, v: &str| Attribute { name: name.into(), value: AttrValue::Str(v.into()) };
+        let mut attributes = vec![
+            s("specversion", "1.0"),
+            s("id", self.bizseqno),
+            s("source", "/"),
+            s("type", MESSAGE_TYPE),
+            s("subject", self.topic),
+            s("datacontenttype", TEXT),
+            s("bizseqno", self.bizseqno),
+            s("uniqueid", self.uniqueid),
+        ];
+        attributes.extend(self.ttl.map(|t| s("ttl", t)));
+        attributes.extend(self.tag.map(|t| s("tag", t)));
+        for (k, v) in &self.ext {
+            attributes.push(s(k, v));
+        }
+        let invalid = |m: String| refused(ret::BODY_ERR, format!("eventMesh protocol[body] error: {m}"));
+        for a in &attributes[8..] {
+            cloudevents::check_name(&a.name).map_err(|e| invalid(format!("extFields: {e}")))?;
+        }
+        cloudevents::check_event(&attributes).map_err(|e| invalid(e.to_string()))?;
+        let body = FrameBody { topic: topic.to_owned(), attributes, data: self.content.as_bytes().to_vec() };
+        let kind = if self.content.is_empty() { DataKind::None } else { DataKind::Text };
+        Frame::encode(&FrameHeader::event(kind), &body).map_err(|e| invalid(e.to_string()))
+    }
+}
+
+/// The CloudEvents `type` of a message sent over the classic protocol (as EventMesh names it).
+pub const MESSAGE_TYPE: &str = "eventmeshmessage";
+const TEXT: &str = "text/plain;charset=utf-8";
+
+/// One element of a 102 batch's `contents` (`BatchMessageEntity`).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BatchEntity {
+    biz_seq_no: Option<String>,
+    topic: Option<String>,
+    msg: Option<String>,
+    tag: Option<String>,
+    ttl: Option<String>,
+}
+
+/// The messages of a 102 batch's form: `batchId`, `producerGroup` and `contents` (a JSON array
+/// of `{"bizSeqNo","topic","msg","tag","ttl"}`), at most `max` of them. Each message's
+/// `uniqueid` is its `bizSeqNo` (the batch carries none).
+pub fn batch(form: &Form, max: usize) -> Result<Vec<(String, Form)>, Refused> {
+    let body_err = |what: String| refused(ret::BODY_ERR, format!("eventMesh protocol[body] error: {what}"));
+    for name in ["batchId", "producerGroup"] {
+        form.nonblank(name).ok_or_else(|| body_err(format!("{name} is missing")))?;
+    }
+    let contents = form.get("contents").ok_or_else(|| body_err("contents is missing".into()))?;
+    let entities: Vec<BatchEntity> = serde_json::from_str(contents)
+        .map_err(|e| body_err(format!("contents is not a JSON array of messages: {e}")))?;
+    if entities.is_empty() || entities.len() > max {
+        return Err(body_err(format!("a batch carries 1 to {max} messages, not {}", entities.len())));
+    }
+    entities
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let Some(topic) = e.topic.filter(|t| !t.trim().is_empty()) else {
+                return Err(body_err(format!("message {i} of the batch names no topic")));
+            };
+            let seq = e.biz_seq_no.unwrap_or_default();
+            let mut fields = vec![
+                ("topic".to_owned(), topic.clone()),
+                ("content".to_owned(), e.msg.unwrap_or_default()),
+                ("bizseqno".to_owned(), seq.clone()),
+                ("uniqueid".to_owned(), seq),
+                ("producergroup".to_owned(), "batch".to_owned()),
+            ];
+            fields.extend(e.tag.map(|t| ("tag".to_owned(), t)));
+            fields.extend(e.ttl.map(|t| ("ttl".to_owned(), t)));
+            Ok((topic, Form { fields }))
+        })
+        .collect()
+}
+
+/// A 107 message's form as a send's: `msg` is its `content`, and its `uniqueid` its `bizseqno`.
+pub fn batch_v2(form: &Form) -> Form {
+    let mut fields = form.fields.clone();
+    if form.get("content").is_none() {
+        if let Some(msg) = form.get("msg") {
+            fields.push(("content".into(), msg.to_owned()));
+        }
+    }
+    if form.get("uniqueid").is_none() {
+        if let Some(seq) = form.get("bizseqno") {
+            fields.push(("uniqueid".into(), seq.to_owned()));
+        }
+    }
+    Form { fields }
+}
+
+/// The form body of a push of `frame` to a classic subscriber (`AsyncHTTPPushRequest`):
+/// `content` (a classic message's content as sent; any other event as a structured CloudEvent,
+/// as EventMesh pushes CloudEvents), `bizseqno`, `uniqueId`, `randomNo` (the push's own id,
+/// the same on every attempt), `topic` and `extFields` (every extension, as strings).
+pub fn push_form(frame: &Frame, topic: &str, random_no: &str) -> Vec<u8> {
+    let body = frame.body();
+    let classic = body.attr_str("type") == Some(MESSAGE_TYPE) && body.attr_str("bizseqno").is_some();
+    let content: Cow<'_, str> = if classic {
+        String::from_utf8_lossy(&body.data)
+    } else {
+        let mut out = Vec::new();
+        cloudevents::write_structured(frame, &[], &mut out);
+        Cow::Owned(String::from_utf8(out).expect("a structured event is UTF-8"))
+    };
+    let id = body.attr_str("id").unwrap_or_default();
+    let mut ext = serde_json::Map::new();
+    for a in body.attributes.iter() {
+        let name = a.name.as_str();
+        if cloudevents::is_context_attribute(name) {
+            continue;
+        }
+        let value = match &a.value {
+            ArchivedAttrValue::Str(s) => s.to_string(),
+            ArchivedAttrValue::Bool(b) => b.to_string(),
+            ArchivedAttrValue::Int(n) => n.to_native().to_string(),
+        };
+        ext.insert(name.to_owned(), serde_json::Value::String(value));
+    }
+    let mut out = Vec::new();
+    let fields = [
+        ("content", content.as_ref()),
+        ("bizseqno", body.attr_str("bizseqno").unwrap_or(id)),
+        ("uniqueId", body.attr_str("uniqueid").unwrap_or(id)),
+        ("randomNo", random_no),
+        ("topic", topic),
+    ];
+    for (k, v) in fields {
+        push_field(&mut out, k, v);
+    }
+    push_field(&mut out, "extFields", &serde_json::Value::Object(ext).to_string());
+    out
+}
+
+fn push_field(out: &mut Vec<u8>, name: &str, value: &str) {
+    if !out.is_empty() {
+        out.push(b'&');
+    }
+    for (i, part) in [name, value].into_iter().enumerate() {
+        if i == 1 {
+            out.push(b'=');
+        }
+        for &b in part.as_bytes() {
+            match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => out.push(b),
+                b' ' => out.push(b'+'),
+                _ => out.extend_from_slice(format!("%{b:02X}").as_bytes()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn form(s: &str) -> Form {
+        Form::parse(s.as_bytes()).unwrap()
+    }
+
+    /// The body EventMesh's Java SDK forms for a publish (`EventMeshMessageProducer`, Apache
+    /// `UrlEncodedFormEntity`: `+` for a space, `%XX` for the rest, a null `ttl` as a bare key).
+    const SDK_PUBLISH: &str = "producergroup=DefaultProducerGroup&topic=TEST-TOPIC-HTTP-ASYNC&content=%7B%22a%22%3A%22x+y%22%7D&ttl&bizseqno=764553018247542903411&uniqueid=283617203713462437451";
+
+    #[test]
+    fn a_java_sdk_publish_becomes_the_cloudevent_eventmesh_makes_of_it() {
+        let f = form(SDK_PUBLISH);
+        assert_eq!(f.get("content"), Some(r#"{"a":"x y"}"#));
+        assert_eq!(f.get("ttl"), Some(""));
+        let m = Message::from_form(&f, false).unwrap();
+        assert_eq!((m.ttl, m.tag), (None, None));
+        let frame = m.to_frame("TEST-TOPIC-HTTP-ASYNC").unwrap();
+        let mut out = Vec::new();
+        cloudevents::write_structured(&frame, &[], &mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"specversion": "1.0", "id": "764553018247542903411", "source": "/",
+                "type": "eventmeshmessage", "subject": "TEST-TOPIC-HTTP-ASYNC",
+                "datacontenttype": "text/plain;charset=utf-8", "bizseqno": "764553018247542903411",
+                "uniqueid": "283617203713462437451", "data": "{\"a\":\"x y\"}"})
+        );
+    }
+
+    #[test]
+    fn sends_missing_what_eventmesh_requires_are_refused_with_its_codes() {
+        let header = |pid: &'static [u8]| {
+            move |name: &str| match name {
+                "idc" => Some(&b"idc"[..]),
+                "sys" => Some(&b"1234"[..]),
+                "pid" => Some(pid),
+                _ => None,
+            }
+        };
+        assert!(check_client(header(b"4242")).is_ok());
+        assert_eq!(check_client(header(b"42a")).unwrap_err().ret, ret::HEADER_ERR);
+        assert_eq!(check_client(header(b" ")).unwrap_err().ret, ret::HEADER_ERR);
+        assert_eq!(check_client(|_| None).unwrap_err().ret, ret::HEADER_ERR);
+        for drop in ["topic", "bizseqno", "uniqueid", "producergroup", "content"] {
+            let f = form(&SDK_PUBLISH.split('&').filter(|p| !p.starts_with(drop)).collect::<Vec<_>>().join("&"));
+            let e = Message::from_form(&f, false).unwrap_err();
+            assert_eq!(e.ret, ret::BODY_ERR, "{drop}");
+            assert!(e.msg.contains(drop), "{drop}: {}", e.msg);
+        }
+        // A sync send needs its timeout.
+        assert_eq!(Message::from_form(&form(SDK_PUBLISH), true).unwrap_err().ret, ret::BODY_ERR);
+        let sync = form(&SDK_PUBLISH.replace("&ttl&", "&ttl=4000&"));
+        assert_eq!(Message::from_form(&sync, true).unwrap().ttl, Some("4000"));
+        // extFields: a JSON object of strings whose keys are attribute names.
+        let ext = |json: &str| form(&format!("{SDK_PUBLISH}&extFields={json}"));
+        let good = ext(r#"{"region":"eu","k2":"v"}"#);
+        let frame = Message::from_form(&good, false).unwrap().to_frame("t").unwrap();
+        assert_eq!(frame.body().attr_str("region"), Some("eu"));
+        assert_eq!(Message::from_form(&ext("[1]"), false).unwrap_err().ret, ret::BODY_ERR);
+        let bad_name = ext(r#"{"Bad-Name":"v"}"#);
+        assert_eq!(Message::from_form(&bad_name, false).unwrap().to_frame("t").unwrap_err().ret, ret::BODY_ERR);
+        assert_eq!(check_protocol_type(Some(b"cloudevents")).unwrap_err().ret, ret::HEADER_ERR);
+        assert!(check_protocol_type(Some(b"eventmeshmessage")).is_ok() && check_protocol_type(None).is_ok());
+    }
+
+    #[test]
+    fn batches_become_sends() {
+        let contents = r#"[{"bizSeqNo":"1","topic":"a","msg":"m1","ttl":"4000"},{"bizSeqNo":"2","topic":"b","msg":"m2","tag":"t"}]"#;
+        let f = Form {
+            fields: vec![
+                ("batchId".into(), "b1".into()),
+                ("producerGroup".into(), "g".into()),
+                ("contents".into(), contents.into()),
+            ],
+        };
+        let msgs = batch(&f, 10).unwrap();
+        assert_eq!(msgs.len(), 2);
+        let m = Message::from_form(&msgs[1].1, false).unwrap();
+        assert_eq!((m.topic, m.content, m.uniqueid, m.tag), ("b", "m2", "2", Some("t")));
+        assert_eq!(batch(&f, 1).unwrap_err().ret, ret::BODY_ERR);
+        let v2 = batch_v2(&form("bizseqno=9&topic=a&msg=hello&producergroup=g"));
+        let m = Message::from_form(&v2, false).unwrap();
+        assert_eq!((m.content, m.uniqueid), ("hello", "9"));
+    }
+
+    #[test]
+    fn a_push_carries_content_as_sent_and_every_extension() {
+        let f = form(&format!("{SDK_PUBLISH}&extFields=%7B%22region%22%3A%22eu%22%7D&tag=t1"));
+        let frame = Message::from_form(&f, false).unwrap().to_frame("T").unwrap();
+        let pushed = Form::parse(&push_form(&frame, "T", "17000001234")).unwrap();
+        assert_eq!(pushed.get("content"), Some(r#"{"a":"x y"}"#));
+        assert_eq!(pushed.get("uniqueId"), Some("283617203713462437451"));
+        assert_eq!((pushed.get("randomNo"), pushed.get("topic")), (Some("17000001234"), Some("T")));
+        let ext: serde_json::Value = serde_json::from_str(pushed.get("extFields").unwrap()).unwrap();
+        assert_eq!(ext["region"], "eu");
+        assert_eq!(ext["tag"], "t1");
+        assert!(ext.get("id").is_none() && ext.get("subject").is_none(), "{ext}");
+        // A CloudEvent published over HTTP is pushed as a structured CloudEvent.
+        let ce =
+            cloudevents::parse_structured("T", br#"{"specversion":"1.0","id":"c1","source":"/s","type":"t","n":3}"#)
+                .unwrap();
+        let pushed = Form::parse(&push_form(&ce, "T", "1")).unwrap();
+        let content: serde_json::Value = serde_json::from_str(pushed.get("content").unwrap()).unwrap();
+        assert_eq!(content["id"], "c1");
+        assert_eq!((pushed.get("bizseqno"), pushed.get("uniqueId")), (Some("c1"), Some("c1")));
+        assert_eq!(serde_json::from_str::<serde_json::Value>(pushed.get("extFields").unwrap()).unwrap()["n"], "3");
+    }
+
+    #[test]
+    fn answers_are_the_classic_envelope() {
+        let a: serde_json::Value = serde_json::from_slice(&answer(7, "bad \"x\"", 1700)).unwrap();
+        assert_eq!(a, serde_json::json!({"retCode": 7, "retMsg": "bad \"x\"", "resTime": 1700}));
+        assert_eq!((ret_for_status(403, false), ret_for_status(429, true), ret_for_status(503, true)), (22, 23, 3));
+    }
+}

@@ -1,0 +1,169 @@
+//! The FrameAdaptor SPI: what one protocol does at the edge of the broker. An adaptor names the
+//! topic a publish is for, turns the request into frames (never through another protocol's
+//! message: each protocol's conversion is its own module in `evmesh_protocol::adaptor`), and
+//! answers in the protocol's own shape. Everything between is one ingress path for every
+//! protocol ([`Traffic::publish_with`]): the topic's checks and the ACL, the rate limits, the
+//! quotas and backlog, the transformer, the routes and storage.
+//!
+//! Adding a protocol is one module implementing [`FrameAdaptor`] (its pure conversions in the
+//! protocol crate) and a route in `Traffic::handle` that calls `publish_with` with it.
+//! `frame -> wire` for push delivery (`meshmessage::push_form`, CloudEvents' binary mode) joins
+//! the trait with the webhook transport, its first user.
+
+use std::borrow::Cow;
+
+use frame_codec::Frame;
+use smallvec::SmallVec;
+
+use super::{shed, Gate, Quotaed, Traffic};
+use crate::adaptor::cloudevents::{self, CeError, Mode};
+use crate::governance::acl::Action;
+use crate::http::{problem, StatusCode};
+use crate::server::{Request, Response};
+
+/// Where one published event was stored: its partition and offset, and the topic (as the
+/// caller names it) when a route moved it elsewhere.
+pub(super) struct Placed<'a> {
+    pub partition: u32,
+    pub offset: u64,
+    pub moved_to: Option<&'a str>,
+}
+
+/// Why a publish was not taken.
+pub(super) enum Refusal {
+    /// The adaptor's own answer, already in the protocol's shape (it could not read the request).
+    Answered(Response),
+    /// The ingress's refusal, a problem (status + detail) for the adaptor to word.
+    Problem(Response),
+}
+
+impl From<Response> for Refusal {
+    fn from(problem: Response) -> Refusal {
+        Refusal::Problem(problem)
+    }
+}
+
+/// One protocol's publish, request to frames and back to an answer.
+pub(super) trait FrameAdaptor {
+    /// The topic the publish names, as the caller names it (checked by the ingress).
+    fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal>;
+    /// The publish's events as frames for `topic` (its stored name), each a valid CloudEvent.
+    /// The ingress stamps their publish time.
+    fn frames(&self, topic: &str, req: &Request<'_>) -> Result<Vec<Frame>, Refusal>;
+    /// The answer to a publish whose events were stored at `placed`, in request order.
+    fn accepted(&self, req: &Request<'_>, placed: &[Placed<'_>]) -> Response;
+    /// The answer to a publish the ingress refused with `problem` (a problem+json response:
+    /// its status, detail and headers).
+    fn refused(&self, problem: Response) -> Response;
+}
+
+/// CloudEvents over HTTP (`POST /events/publish?topic=T`, the HTTP binding's three modes):
+/// answered 202 with where each event went, refused with problem+json.
+pub(super) struct CloudEventsHttp;
+
+impl FrameAdaptor for CloudEventsHttp {
+    fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal> {
+        req.query("topic").ok_or_else(|| problem(StatusCode::BAD_REQUEST, "missing ?topic=").into())
+    }
+
+    fn frames(&self, topic: &str, req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
+        let ct = req.header("content-type");
+        let parsed = match cloudevents::mode(ct, req.header("ce-specversion").is_some()) {
+            Ok(Mode::Structured) => cloudevents::parse_structured(topic, req.body).map(|f| vec![f]),
+            Ok(Mode::Batch) => cloudevents::parse_batch(topic, req.body),
+            Ok(Mode::Binary) => cloudevents::parse_binary(topic, req.headers(), ct, req.body).map(|f| vec![f]),
+            Err(e) => Err(e),
+        };
+        parsed.map_err(|e| match e {
+            CeError::Invalid(m) => problem(StatusCode::BAD_REQUEST, &m).into(),
+            CeError::UnsupportedMedia(m) => problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m).into(),
+        })
+    }
+
+    fn accepted(&self, req: &Request<'_>, placed: &[Placed<'_>]) -> Response {
+        let batch = matches!(cloudevents::mode(req.header("content-type"), false), Ok(Mode::Batch));
+        let mut body = Vec::with_capacity(40 * placed.len() + 16);
+        if batch {
+            body.extend_from_slice(b"{\"results\":[");
+        }
+        let mut num = crate::http::Decimal::new();
+        for (i, p) in placed.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(b"{\"partition\":");
+            body.extend_from_slice(num.u64(u64::from(p.partition)));
+            body.extend_from_slice(b",\"offset\":");
+            body.extend_from_slice(num.u64(p.offset));
+            if let Some(t) = p.moved_to {
+                body.extend_from_slice(b",\"topic\":");
+                serde_json::to_writer(&mut body, t).expect("a string serializes");
+            }
+            body.push(b'}');
+        }
+        if batch {
+            body.extend_from_slice(b"]}");
+        }
+        Response::json(StatusCode::ACCEPTED, body)
+    }
+
+    fn refused(&self, problem: Response) -> Response {
+        problem
+    }
+}
+
+impl Traffic {
+    /// A publish in `adaptor`'s protocol, through the one ingress path.
+    pub(super) async fn publish_with<A: FrameAdaptor>(
+        &self,
+        adaptor: &A,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+    ) -> Response {
+        match self.ingest(adaptor, gate, req).await {
+            Ok(answer) => answer,
+            Err(Refusal::Answered(answer)) => answer,
+            Err(Refusal::Problem(problem)) => adaptor.refused(problem),
+        }
+    }
+
+    /// [`Traffic::publish_with`]'s path: the adaptor's answer, or why it was refused.
+    pub(super) async fn ingest<A: FrameAdaptor>(
+        &self,
+        adaptor: &A,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+    ) -> Result<Response, Refusal> {
+        if self.shard.shared.memory.shed_now() {
+            return Err(shed().into());
+        }
+        let named = adaptor.topic(req)?;
+        let topic = self.topic_named(gate, named, Action::Publish)?;
+        let mut frames = adaptor.frames(&topic, req)?;
+        let now = crate::clock::now_micros();
+        for f in &mut frames {
+            f.set_timestamp(now);
+        }
+        // Rate limits count what was parsed: a refused or malformed request takes nothing.
+        gate.limit(&topic, frames.len() as u64, req.body.len() as u64)?;
+        gate.quota(Quotaed::Topic, &topic).and_then(|()| gate.backlog())?;
+        // Then the topic's transformer and routes: where each event is stored, and as what.
+        let routed = self.transform_and_route(&gate.snap, &topic, frames)?;
+        let (n, first) = (routed.events(), routed.first);
+        let stored = self.store_routed(routed.groups).await?;
+        let m = self.shard.shared.metrics.shard(self.shard.id);
+        m.events_published.add(n as u64);
+        gate.tenant_count(|s| &s.published, n as u64);
+        let placed: SmallVec<[Placed<'_>; 1]> = (0..n)
+            .map(|i| {
+                let (g, at) = first.as_ref().map_or((0, i), |f| f[i]);
+                let (t, placed) = &stored[g];
+                let (p, o) = placed[at];
+                // A route moved it: the answer says where to (if it is the caller's to see).
+                let moved_to = (**t != *topic).then(|| gate.local(t)).flatten();
+                Placed { partition: p.0, offset: o, moved_to }
+            })
+            .collect();
+        Ok(adaptor.accepted(req, &placed))
+    }
+}

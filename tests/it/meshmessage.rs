@@ -1,0 +1,178 @@
+//! Classic EventMesh HTTP (MeshMessage): requests exactly as EventMesh's Java SDK forms them
+//! (`EventMeshMessageProducer` at apache/eventmesh 2527428: a POST to `/`, the `code` header and
+//! lowercase client headers, an Apache `UrlEncodedFormEntity` body), answered with the classic
+//! envelope and codes, stored as the CloudEvent EventMesh's own adaptor makes of them, and read
+//! by a CloudEvents subscriber as a CloudEvent.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::util::{event, wait_for, TestBroker};
+
+/// The headers `EventMeshMessageProducer` sets for a publish (104) or request (101), with the
+/// client configuration of EventMesh's HTTP demo (`HttpAbstractDemo`).
+fn sdk_headers(code: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("code", code),
+        ("env", "env"),
+        ("idc", "idc"),
+        ("ip", "127.0.0.1"),
+        ("pid", "4242"),
+        ("sys", "1234"),
+        ("username", "eventmesh"),
+        ("passwd", "pass"),
+        ("version", "1.0"),
+        ("protocoltype", "eventmeshmessage"),
+        ("protocoldesc", "http"),
+        ("protocolversion", "1.0"),
+        ("language", "JAVA"),
+        ("content-type", "application/x-www-form-urlencoded; charset=UTF-8"),
+    ]
+}
+
+/// An Apache `UrlEncodedFormEntity` body: `+` for a space, `%XX` for anything but
+/// `[A-Za-z0-9-_.*]`, a field with no value as a bare name.
+fn form(fields: &[(&str, Option<&str>)]) -> Vec<u8> {
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => (b as char).to_string(),
+                b' ' => "+".into(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    let parts: Vec<String> = fields
+        .iter()
+        .map(|(k, v)| match v {
+            Some(v) => format!("{}={}", enc(k), enc(v)),
+            None => enc(k),
+        })
+        .collect();
+    parts.join("&").into_bytes()
+}
+
+fn publish_form<'a>(topic: &'a str, content: &'a str, seq: &'a str) -> Vec<(&'a str, Option<&'a str>)> {
+    vec![
+        ("producergroup", Some("DefaultProducerGroup")),
+        ("topic", Some(topic)),
+        ("content", Some(content)),
+        ("ttl", None),
+        ("bizseqno", Some(seq)),
+        ("uniqueid", Some("u-1")),
+    ]
+}
+
+fn ret(r: &super::util::Resp) -> (u16, i64) {
+    (r.status, r.json()["retCode"].as_i64().unwrap_or(-1))
+}
+
+#[test]
+fn a_java_sdk_publish_is_stored_as_a_cloudevent_and_read_by_a_cloudevents_subscriber() {
+    use super::delivery::{attach, next_event};
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    let def = json!({"subscription": "ce-side", "topic": "classic"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let mut ws = attach(&b, "subscription=ce-side");
+    let mut c = b.client();
+    let content = r#"{"order":"A-1","note":"x y é"}"#;
+    let r =
+        c.request("POST", "/", &sdk_headers("104"), &form(&publish_form("classic", content, "764553018247542903411")));
+    assert_eq!(ret(&r), (200, 0), "{}", r.text());
+    let a = r.json();
+    assert!(a["retMsg"].as_str().unwrap().starts_with("success"), "{a}");
+    assert!(a["resTime"].as_i64().unwrap() > 1_700_000_000_000, "resTime is ms since the epoch: {a}");
+    let stored = &b.events("classic", 0)[0].1;
+    assert_eq!(
+        stored,
+        &json!({"specversion": "1.0", "id": "764553018247542903411", "source": "/", "type": "eventmeshmessage",
+            "subject": "classic", "datacontenttype": "text/plain;charset=utf-8", "bizseqno": "764553018247542903411",
+            "uniqueid": "u-1", "data": content})
+    );
+    let got = wait_for(Duration::from_secs(10), || next_event(&mut ws));
+    assert_eq!(
+        (&got["id"], &got["type"], &got["data"]),
+        (&json!("764553018247542903411"), &json!("eventmeshmessage"), &json!(content))
+    );
+    // A CloudEvent and a classic message share the topic's offsets.
+    assert_eq!(b.publish("classic", &event("ce-1")).json()["offset"], 1);
+    // 107 (one message of a batch: `msg` for `content`) and `POST /eventmesh/publish` (the
+    // client headers take their defaults there).
+    let v2 = form(&[
+        ("bizseqno", Some("s-2")),
+        ("topic", Some("classic")),
+        ("msg", Some("m2")),
+        ("producergroup", Some("g")),
+    ]);
+    assert_eq!(ret(&c.request("POST", "/", &sdk_headers("107"), &v2)), (200, 0));
+    let path = form(&publish_form("classic", "m3", "s-3"));
+    let r = c.request("POST", "/eventmesh/publish", &[("content-type", "application/x-www-form-urlencoded")], &path);
+    assert_eq!(ret(&r), (200, 0), "{}", r.text());
+    let ids: Vec<Value> = b.events("classic", 0).into_iter().map(|(_, e)| e["id"].clone()).collect();
+    assert_eq!(ids, [json!("764553018247542903411"), json!("ce-1"), json!("s-2"), json!("s-3")]);
+}
+
+#[test]
+fn a_classic_batch_stores_each_message_in_its_topic() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    let contents = json!([
+        {"bizSeqNo": "b1", "topic": "left", "msg": "one", "ttl": "4000"},
+        {"bizSeqNo": "b2", "topic": "right", "msg": "two", "tag": "t"},
+    ])
+    .to_string();
+    let body = form(&[
+        ("batchId", Some("batch-1")),
+        ("size", Some("2")),
+        ("producerGroup", Some("g")),
+        ("contents", Some(&contents)),
+    ]);
+    let r = b.client().request("POST", "/", &sdk_headers("102"), &body);
+    assert_eq!(ret(&r), (200, 0), "{}", r.text());
+    assert_eq!(b.events("left", 0)[0].1["data"], "one");
+    assert_eq!(b.events("right", 0)[0].1["tag"], "t");
+}
+
+/// What EventMesh answers a request it cannot take with, here with the same codes: 6 for the
+/// client headers, 7 for the body, 2 (and HTTP 400) for an unknown code; the broker's own
+/// refusals as their classic counterparts; paths with no `code` are still not found.
+#[test]
+fn classic_requests_are_refused_with_the_classic_codes() {
+    let b = TestBroker::start(&["--max-body-bytes", "2048"]);
+    let mut c = b.client();
+    let ok = form(&publish_form("t", "c", "s"));
+    let without =
+        |name: &str| -> Vec<(&str, &str)> { sdk_headers("104").into_iter().filter(|(k, _)| *k != name).collect() };
+    assert_eq!(ret(&c.request("POST", "/", &without("idc"), &ok)), (200, 6));
+    let mut bad_pid = sdk_headers("104");
+    bad_pid.iter_mut().find(|(k, _)| *k == "pid").unwrap().1 = "12a";
+    assert_eq!(ret(&c.request("POST", "/", &bad_pid, &ok)), (200, 6));
+    let mut ce = sdk_headers("104");
+    ce.iter_mut().find(|(k, _)| *k == "protocoltype").unwrap().1 = "cloudevents";
+    assert_eq!(ret(&c.request("POST", "/", &ce, &ok)), (200, 6));
+    for drop in ["topic", "bizseqno", "uniqueid", "producergroup", "content"] {
+        let fields: Vec<_> = publish_form("t", "c", "s").into_iter().filter(|(k, _)| *k != drop).collect();
+        let r = c.request("POST", "/", &sdk_headers("104"), &form(&fields));
+        assert_eq!(ret(&r), (200, 7), "{drop}: {}", r.text());
+    }
+    // The broker's checks, worded classically: a bad topic name (400 -> 7), an event over
+    // max_body_bytes (413 -> 8).
+    let r = c.request("POST", "/", &sdk_headers("104"), &form(&publish_form("bad topic!", "c", "s")));
+    assert_eq!(ret(&r), (200, 7), "{}", r.text());
+    let big = "x".repeat(3000);
+    let r = c.request("POST", "/", &sdk_headers("104"), &form(&publish_form("t", &big, "s")));
+    assert!(matches!(ret(&r), (413, _) | (200, 8)), "{} {}", r.status, r.text());
+    // (A body over the limit ends the connection.)
+    let mut c = b.client();
+    assert_eq!(ret(&c.request("POST", "/", &sdk_headers("999"), &ok)), (400, 2));
+    assert_eq!(ret(&c.request("POST", "/", &sdk_headers("203"), b"clientType=SUB&consumerGroup=g")), (200, 0));
+    // Not built yet, and said so.
+    let r = c.request("POST", "/", &sdk_headers("101"), &ok);
+    assert_eq!(ret(&r), (200, 3));
+    assert!(r.text().contains("not served yet"), "{}", r.text());
+    assert_eq!(ret(&c.request("POST", "/", &sdk_headers("206"), &ok)), (200, 19));
+    // Nothing refused was stored: the topic was never even created.
+    assert_eq!(b.admin().get("/admin/topics/t").status, 404);
+    // No `code`, not a classic path: still no route.
+    assert_eq!(c.request("POST", "/elsewhere", &[], b"x").status, 404);
+}
