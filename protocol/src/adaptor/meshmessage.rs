@@ -91,6 +91,9 @@ pub fn answer(ret: u16, msg: &str, res_time_ms: i64) -> Vec<u8> {
     format!(r#"{{"retCode":{ret},"retMsg":{msg},"resTime":{res_time_ms}}}"#).into_bytes()
 }
 
+/// Form fields a classic request may carry (the largest, a send, has under 20).
+pub const MAX_FIELDS: usize = 64;
+
 /// An `application/x-www-form-urlencoded` body (or query string): its fields in order, `+` a
 /// space and `%XX` a byte (a `%` without two hex digits is itself), a field without `=` empty.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -99,10 +102,18 @@ pub struct Form {
 }
 
 impl Form {
-    /// Parses `body`; `Err` if a name or value is not UTF-8 once decoded.
+    /// Parses `body`; `Err` if a name or value is not UTF-8 once decoded, or past
+    /// [`MAX_FIELDS`] fields (each field is two allocations: a body of `a&a&...` must not turn
+    /// one megabyte into fifty).
     pub fn parse(body: &[u8]) -> Result<Form, Refused> {
         let mut fields = Vec::new();
         for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+            if fields.len() == MAX_FIELDS {
+                return Err(refused(
+                    ret::BODY_ERR,
+                    format!("a classic request carries at most {MAX_FIELDS} form fields"),
+                ));
+            }
             let (k, v) = match pair.iter().position(|&b| b == b'=') {
                 Some(i) => (&pair[..i], &pair[i + 1..]),
                 None => (pair, &pair[..0]),
@@ -204,10 +215,12 @@ impl<'f> Message<'f> {
             return Err(body_err("a sync send needs ttl, its timeout in milliseconds"));
         }
         let ext = match form.nonblank("extFields") {
-            Some(json) => serde_json::from_str::<std::collections::BTreeMap<String, String>>(json)
-                .map_err(|e| body_err(&format!("extFields is not a JSON object of strings: {e}")))?
-                .into_iter()
-                .collect(),
+            Some(json) => {
+                bounded(json, Bounded::<(String, String)>::new(cloudevents::MAX_ATTRIBUTES)).map_err(|e| {
+                    let max = cloudevents::MAX_ATTRIBUTES;
+                    body_err(&format!("extFields is not a JSON object of at most {max} strings: {e}"))
+                })?
+            }
             None => Vec::new(),
         };
         Ok(Message { topic, content, bizseqno, uniqueid, ttl, tag: form.nonblank("tag"), ext })
@@ -258,6 +271,79 @@ struct BatchEntity {
     ttl: Option<String>,
 }
 
+/// A JSON array (of `T`) or object (of `(String, String)` entries) read into a `Vec` of at
+/// most `max` items: past it the parse stops, so a megabyte of `{}` is never collected.
+struct Bounded<T> {
+    max: usize,
+    _of: std::marker::PhantomData<T>,
+}
+
+impl<T> Bounded<T> {
+    fn new(max: usize) -> Self {
+        Bounded { max, _of: std::marker::PhantomData }
+    }
+}
+
+fn bounded<'de, T>(json: &'de str, seed: Bounded<T>) -> Result<Vec<T>, serde_json::Error>
+where
+    Bounded<T>: serde::de::DeserializeSeed<'de, Value = Vec<T>>,
+{
+    let mut de = serde_json::Deserializer::from_str(json);
+    let v = serde::de::DeserializeSeed::deserialize(seed, &mut de)?;
+    de.end()?;
+    Ok(v)
+}
+
+/// A batch's `contents`: an array's items.
+impl<'de> serde::de::DeserializeSeed<'de> for Bounded<BatchEntity> {
+    type Value = Vec<BatchEntity>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        struct Items(usize);
+        impl<'de> serde::de::Visitor<'de> for Items {
+            type Value = Vec<BatchEntity>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "an array of at most {} messages", self.0)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    if out.len() == self.0 {
+                        return Err(serde::de::Error::custom(format!("more than {} items", self.0)));
+                    }
+                    out.push(item);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Items(self.max))
+    }
+}
+
+/// `extFields`: an object's entries, in order (a key given twice is refused by the event check).
+impl<'de> serde::de::DeserializeSeed<'de> for Bounded<(String, String)> {
+    type Value = Vec<(String, String)>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        struct Entries(usize);
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = Vec<(String, String)>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "an object of at most {} strings", self.0)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, String>()? {
+                    if out.len() == self.0 {
+                        return Err(serde::de::Error::custom(format!("more than {} entries", self.0)));
+                    }
+                    out.push(entry);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Entries(self.max))
+    }
+}
+
 /// The messages of a 102 batch's form: `batchId`, `producerGroup` and `contents` (a JSON array
 /// of `{"bizSeqNo","topic","msg","tag","ttl"}`), at most `max` of them. Each message's
 /// `uniqueid` is its `bizSeqNo` (the batch carries none).
@@ -267,9 +353,9 @@ pub fn batch(form: &Form, max: usize) -> Result<Vec<(String, Form)>, Refused> {
         form.nonblank(name).ok_or_else(|| body_err(format!("{name} is missing")))?;
     }
     let contents = form.get("contents").ok_or_else(|| body_err("contents is missing".into()))?;
-    let entities: Vec<BatchEntity> = serde_json::from_str(contents)
-        .map_err(|e| body_err(format!("contents is not a JSON array of messages: {e}")))?;
-    if entities.is_empty() || entities.len() > max {
+    let entities = bounded(contents, Bounded::<BatchEntity>::new(max))
+        .map_err(|e| body_err(format!("contents is not a JSON array of at most {max} messages: {e}")))?;
+    if entities.is_empty() {
         return Err(body_err(format!("a batch carries 1 to {max} messages, not {}", entities.len())));
     }
     entities
@@ -480,6 +566,29 @@ mod tests {
         assert_eq!(content["id"], "c1");
         assert_eq!((pushed.get("bizseqno"), pushed.get("uniqueId")), (Some("c1"), Some("c1")));
         assert_eq!(serde_json::from_str::<serde_json::Value>(pushed.get("extFields").unwrap()).unwrap()["n"], "3");
+    }
+
+    /// Hostile: a body of empty and bare fields is refused past the cap, not collected.
+    #[test]
+    fn a_form_of_many_tiny_fields_is_refused() {
+        let body = "a&".repeat(100_000);
+        assert_eq!(Form::parse(body.as_bytes()).unwrap_err().ret, ret::BODY_ERR);
+        assert_eq!(Form::parse("&&&&".repeat(100_000).as_bytes()).unwrap(), Form::default());
+        assert!(Form::parse("a=1&".repeat(MAX_FIELDS).as_bytes()).is_ok());
+        // JSON inside the form is bounded the same way: a batch's contents and extFields stop
+        // at their caps instead of collecting a megabyte of empty items first.
+        let contents = format!("[{}{{}}]", "{},".repeat(100_000));
+        let f = Form {
+            fields: vec![
+                ("batchId".into(), "b".into()),
+                ("producerGroup".into(), "g".into()),
+                ("contents".into(), contents),
+            ],
+        };
+        assert!(batch(&f, 10).unwrap_err().msg.contains("at most 10"));
+        let ext: Vec<String> = (0..2000).map(|i| format!("\"k{i}\":\"v\"")).collect();
+        let f = form(&format!("{SDK_PUBLISH}&extFields={{{}}}", ext.join(",")));
+        assert!(Message::from_form(&f, false).unwrap_err().msg.contains("at most 1024"));
     }
 
     #[test]
