@@ -55,6 +55,11 @@ pub(super) trait FrameAdaptor {
     /// The answer to a publish the ingress refused with `problem` (a problem+json response:
     /// its status, detail and headers).
     fn refused(&self, problem: Response) -> Response;
+    /// The bytes the publish's rate limits count: the body, unless one request carries several
+    /// publishes (a classic batch's messages each count their own).
+    fn bytes(&self, req: &Request<'_>) -> u64 {
+        req.body.len() as u64
+    }
 }
 
 /// CloudEvents over HTTP (`POST /events/publish?topic=T`, the HTTP binding's three modes):
@@ -145,7 +150,7 @@ impl Traffic {
             f.set_timestamp(now);
         }
         // Rate limits count what was parsed: a refused or malformed request takes nothing.
-        gate.limit(&topic, frames.len() as u64, req.body.len() as u64)?;
+        gate.limit(&topic, frames.len() as u64, adaptor.bytes(req))?;
         gate.quota(Quotaed::Topic, &topic).and_then(|()| gate.backlog())?;
         // Then the topic's transformer and routes: where each event is stored, and as what.
         let routed = self.transform_and_route(&gate.snap, &topic, frames)?;

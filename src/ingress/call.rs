@@ -16,6 +16,7 @@ use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader,
 use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
+use crate::server::upgrade::Credential;
 use crate::server::{FollowSpec, Request, Response, TurnSpec, Upgrade};
 use crate::shard::calls::{session_key, Call, ChunkBody, End, Taken};
 
@@ -358,6 +359,7 @@ impl Traffic {
             principal: gate.principal(),
             tenant: gate.who.tenant.clone(),
             expires_us: gate.who.expires_us,
+            credential: gate.principal().and(gate.token.map(|t| Credential(t.to_vec()))),
             agent: Some(Self::stored_agent(gate, &agent)),
         });
         ws_upgrade(req, Upgrade::FollowWs(spec))

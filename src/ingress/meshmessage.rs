@@ -7,8 +7,9 @@
 //!
 //! Built: 104 (send), 107 (one message of a batch), 102 (a batch, each message through the
 //! ingress in turn; a failure stops it and is answered, the messages before it stay stored),
-//! 203 (heartbeat: answered, nothing to keep). Answered with a clear retCode until their
-//! transports land: 101 (sync send, 3), 301 (reply, 16), 206/207 (subscribe with a push `url`,
+//! 101 (sync send: a request-reply whose timeout is `ttl`, answered with the reply in `retMsg`
+//! as the Java SDK reads it), 203 (heartbeat: answered, nothing to keep). Answered with a clear
+//! retCode until their transports land: 301 (reply, 16), 206/207 (subscribe with a push `url`,
 //! 19: the webhook transport). Any other code is HTTP 400 with retCode 2, as EventMesh answers.
 //! `producergroup` is accepted and ignored; `username`/`passwd` are not credentials here (with
 //! `auth` on, a classic client sends `Authorization: Bearer`).
@@ -18,8 +19,10 @@ use std::borrow::Cow;
 use frame_codec::Frame;
 
 use super::adaptor::{FrameAdaptor, Placed, Refusal};
-use super::{Gate, Traffic};
+use super::request::Waited;
+use super::{shed, Gate, Traffic};
 use crate::adaptor::meshmessage::{self, code, ret, Form, Message, Refused};
+use crate::governance::acl::Action;
 use crate::http::{Method, StatusCode};
 use crate::server::{Request, Response};
 
@@ -34,6 +37,17 @@ fn answer(status: StatusCode, ret: u16, msg: &str) -> Response {
 
 fn refused(r: &Refused) -> Response {
     answer(StatusCode::OK, r.ret, &r.msg)
+}
+
+/// The classic answer to the ingress's refusal `problem`: its status as a retCode, its detail
+/// as `retMsg`, and its `Retry-After` kept (429, 503) so a classic client need not guess.
+fn from_problem(problem: &Response, sync: bool) -> Response {
+    let (status, detail) = super::ws_publish::refusal(problem);
+    let a = answer(StatusCode::OK, meshmessage::ret_for_status(status, sync), &detail);
+    match problem.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("retry-after")) {
+        Some((_, v)) => a.with_header("retry-after", v.clone()),
+        None => a,
+    }
 }
 
 /// One classic message's publish (104, 107, one of a 102 batch, `/eventmesh/publish`).
@@ -58,8 +72,11 @@ impl FrameAdaptor for ClassicSend<'_> {
     }
 
     fn refused(&self, problem: Response) -> Response {
-        let (status, detail) = super::ws_publish::refusal(&problem);
-        answer(StatusCode::OK, meshmessage::ret_for_status(status, false), &detail)
+        from_problem(&problem, false)
+    }
+
+    fn bytes(&self, _req: &Request<'_>) -> u64 {
+        self.message.content.len() as u64
     }
 }
 
@@ -75,7 +92,7 @@ impl Traffic {
             "/eventmesh/publish/batch" => Some(code::BATCH),
             _ => req.header("code").and_then(|c| std::str::from_utf8(c).ok()?.trim().parse::<u16>().ok()),
         };
-        let path_route = req.path().starts_with("/eventmesh/");
+        let path_route = matches!(req.path(), "/eventmesh/publish" | "/eventmesh/publish/batch");
         let checked = || -> Result<Form, Refused> {
             // Path routes take the client headers' defaults (as EventMesh's do).
             if !path_route {
@@ -104,12 +121,25 @@ impl Traffic {
                     Err(r) => return refused(&r),
                 };
                 let n = messages.len();
+                // Every message is read, and its topic checked and allowed, before any is
+                // stored: a malformed or forbidden one refuses the whole batch.
+                let mut sends = Vec::with_capacity(n);
                 for (_, form) in &messages {
-                    let adaptor = match Message::from_form(form, false) {
-                        Ok(message) => ClassicSend { message },
+                    let message = match Message::from_form(form, false) {
+                        Ok(m) => m,
                         Err(r) => return refused(&r),
                     };
-                    match Box::pin(self.ingest(&adaptor, gate, req)).await {
+                    let checked = self
+                        .topic_named(gate, Cow::Borrowed(message.topic), Action::Publish)
+                        .map_err(|p| from_problem(&p, false))
+                        .and_then(|t| message.to_frame(&t).map_err(|r| refused(&r)));
+                    if let Err(a) = checked {
+                        return a;
+                    }
+                    sends.push(ClassicSend { message });
+                }
+                for adaptor in &sends {
+                    match Box::pin(self.ingest(adaptor, gate, req)).await {
                         Ok(_) => {}
                         Err(Refusal::Answered(a)) => return a,
                         Err(Refusal::Problem(p)) => return adaptor.refused(p),
@@ -121,11 +151,19 @@ impl Traffic {
                 Ok(_) => answer(StatusCode::OK, ret::SUCCESS, "success"),
                 Err(r) => refused(&r),
             },
-            Some(code::SEND_SYNC) => answer(
-                StatusCode::OK,
-                ret::SEND_SYNC_ERR,
-                "sync send (101) is not served yet: use POST /events/request (request-reply)",
-            ),
+            Some(code::SEND_SYNC) => {
+                if let Err(r) = meshmessage::check_protocol_type(req.header("protocoltype")) {
+                    return refused(&r);
+                }
+                let form = match checked() {
+                    Ok(f) => f,
+                    Err(r) => return refused(&r),
+                };
+                match Message::from_form(&form, true) {
+                    Ok(message) => Box::pin(self.sync_send(gate, req, message)).await,
+                    Err(r) => refused(&r),
+                }
+            }
             Some(code::REPLY) => answer(StatusCode::OK, 16, "reply (301) is not served yet: use POST /events/reply"),
             Some(code::SUBSCRIBE | code::UNSUBSCRIBE) => answer(
                 StatusCode::OK,
@@ -133,6 +171,42 @@ impl Traffic {
                 "subscriptions with a push url are not served yet: use POST /events/subscribe and a WebSocket, SSE or long-poll session",
             ),
             _ => answer(StatusCode::BAD_REQUEST, ret::REQUEST_CODE_INVALID, "requestCode can't be null, or must be number"),
+        }
+    }
+}
+
+impl Traffic {
+    /// A sync send (101): the message stored as a request to its topic (REQUEST permission),
+    /// its reply awaited for `ttl` ms (at most `max_request_timeout_ms`), answered with retCode
+    /// 0 and the reply in `retMsg`, or 4 when none came in time.
+    async fn sync_send(&self, gate: &mut Gate<'_>, req: &Request<'_>, message: Message<'_>) -> Response {
+        let problem = |p: Response| from_problem(&p, true);
+        if self.shard.shared.memory.shed_now() {
+            return problem(shed());
+        }
+        let topic = match self.topic_named(gate, Cow::Borrowed(message.topic), Action::Request) {
+            Ok(t) => t,
+            Err(p) => return problem(p),
+        };
+        let mut frame = match message.to_frame(&topic) {
+            Ok(f) => f,
+            Err(r) => return refused(&r),
+        };
+        frame.set_timestamp(crate::clock::now_micros());
+        let ttl_ms: u64 = message.ttl.and_then(|t| t.parse().ok()).unwrap_or(1);
+        let timeout = std::time::Duration::from_millis(ttl_ms).min(self.shard.shared.config.max_request_timeout);
+        match self.send_and_wait(gate, req, &topic, frame, timeout).await {
+            Ok(Waited::Reply(reply)) => {
+                answer(StatusCode::OK, ret::SUCCESS, &meshmessage::reply_message(message.topic, &reply))
+            }
+            Ok(Waited::TimedOut(id)) => answer(
+                StatusCode::OK,
+                ret::WAITING_REPLY_ERR,
+                &format!("eventMesh waiting rr msg error: no reply to request {id} within {} ms", timeout.as_millis()),
+            ),
+            Ok(Waited::Gone) => answer(StatusCode::OK, ret::WAITING_REPLY_ERR, "the requester closed the connection")
+                .with_header("connection", "close"),
+            Err(p) => problem(p),
         }
     }
 }

@@ -159,7 +159,7 @@ impl Handler for Traffic {
                     &mut caller,
                     &spec.principal,
                     &spec.tenant,
-                    spec.expires_us,
+                    (spec.expires_us, spec.credential.clone()),
                 );
                 Box::pin(crate::push::ws::session(shard, stream, buf, limits, spec, p))
             }
@@ -170,7 +170,7 @@ impl Handler for Traffic {
                     &mut caller,
                     &spec.principal,
                     &spec.tenant,
-                    spec.expires_us,
+                    (spec.expires_us, spec.credential.clone()),
                 );
                 Box::pin(crate::push::follow::websocket(shard, stream, buf, limits, spec, p))
             }

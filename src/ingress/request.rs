@@ -22,6 +22,15 @@ use crate::shard::requests::{Correlation, Refusal, Replier, ReplyOutcome};
 /// The attributes evmesh sets on a request.
 const REQUEST_ATTRIBUTES: [&str; 3] = ["emcorrelationid", "emreplyto", "emexpiry"];
 
+/// How a request's wait ended.
+pub(super) enum Waited {
+    Reply(Frame),
+    /// No reply by the deadline (the request's correlation id).
+    TimedOut(String),
+    /// The requester closed its connection.
+    Gone,
+}
+
 /// Counts a request as waiting while it lives.
 struct Waiting<'a>(&'a crate::metrics::Counter);
 
@@ -102,27 +111,49 @@ impl Traffic {
             Err(CeError::Invalid(m)) => return problem(StatusCode::BAD_REQUEST, &m),
             Err(CeError::UnsupportedMedia(m)) => return problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m),
         };
+        let id_timeout = timeout.as_millis();
+        match self.send_and_wait(gate, req, &topic, event, timeout).await {
+            Ok(Waited::Reply(reply)) => answer(&reply, wants_binary(req.header("accept"))),
+            Ok(Waited::TimedOut(id)) => {
+                problem(StatusCode(504), &format!("no reply to request {id} within {id_timeout} ms"))
+            }
+            // Nobody reads this answer; the connection ends with it, so nothing pipelined
+            // behind the request runs for a client that left.
+            Ok(Waited::Gone) => {
+                problem(StatusCode(499), "the requester closed the connection").with_header("connection", "close")
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// Stores `event` as a request to `topic` (its stored name) and waits for its reply until
+    /// `timeout` or the requester's disconnect: the rate limits, quotas, transformer and routes
+    /// as for a publish, and the shard's bounds on waiting requests (429). `Err` is a refusal.
+    pub(super) async fn send_and_wait(
+        &self,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+        topic: &str,
+        event: Frame,
+        timeout: std::time::Duration,
+    ) -> Result<Waited, Response> {
         let own = event.body().attributes.iter().filter(|a| REQUEST_ATTRIBUTES.contains(&a.name.as_str())).count();
         if event.body().attributes.len() - own + REQUEST_ATTRIBUTES.len() > cloudevents::MAX_ATTRIBUTES {
             let detail = format!(
                 "a request carries at most {} attributes of its own (evmesh adds emcorrelationid, emreplyto, emexpiry)",
                 cloudevents::MAX_ATTRIBUTES - REQUEST_ATTRIBUTES.len()
             );
-            return problem(StatusCode::BAD_REQUEST, &detail);
+            return Err(problem(StatusCode::BAD_REQUEST, &detail));
         }
-        if let Err(r) = gate.limit(&topic, 1, req.body.len() as u64) {
-            return r;
-        }
-        if let Err(r) = gate.quota(Quotaed::Topic, &topic).and_then(|()| gate.backlog()) {
-            return r;
-        }
+        gate.limit(topic, 1, req.body.len() as u64)?;
+        gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog())?;
         let deadline_us = crate::clock::now_micros().saturating_add(timeout.as_micros() as i64);
         let metrics = self.shard.shared.metrics.shard(self.shard.id);
         let tenant = gate.who.tenant.as_deref();
         // What the waiting connection holds: its buffered request, the decoded body of a chunked
         // one (counted for both kinds, so over rather than under), and then the reply.
         let held = req.buf.len() + req.body.len();
-        let mut pending = match self.shard.requests.wait(&topic, tenant, held, deadline_us) {
+        let mut pending = match self.shard.requests.wait(topic, tenant, held, deadline_us) {
             Ok(p) => p,
             Err(refusal) => {
                 metrics.refused(429);
@@ -130,8 +161,8 @@ impl Traffic {
                     Refusal::Full => "this shard has max_pending_requests requests waiting for replies",
                     Refusal::Bytes => "the requests waiting for replies on this shard hold max_pending_request_bytes",
                 };
-                return problem(StatusCode::TOO_MANY_REQUESTS, &format!("{detail}; retry later"))
-                    .with_header("retry-after", "1");
+                return Err(problem(StatusCode::TOO_MANY_REQUESTS, &format!("{detail}; retry later"))
+                    .with_header("retry-after", "1"));
             }
         };
         metrics.requests_pending.inc();
@@ -139,42 +170,29 @@ impl Traffic {
         let reply_to = format!("{}/events/reply", self.shard.shared.config.advertised_url);
         // The parsed event goes (by value) into the frame, and is freed before the wait.
         let frame = request_frame(event, &pending.id, &reply_to, deadline_us);
-        let routed = match self.transform_and_route(&gate.snap, &topic, vec![frame]) {
-            Ok(r) => r,
-            Err(r) => return r,
-        };
-        if let Err(r) = self.store_routed(routed.groups).await {
-            return r;
-        }
+        let routed = self.transform_and_route(&gate.snap, topic, vec![frame])?;
+        self.store_routed(routed.groups).await?;
         metrics.events_published.inc();
         gate.tenant_count(|s| &s.published, 1);
         // Stored: now only the wait, which the requester's disconnect ends.
         let left = deadline_us.saturating_sub(crate::clock::now_micros()).max(0) as u64;
         let timer = Box::pin(monoio::time::sleep(std::time::Duration::from_micros(left)));
         let gone = Box::pin(req.peer_gone());
-        let binary = wants_binary(req.header("accept"));
         let id = pending.id.to_string();
-        let outcome = match select(&mut pending.reply, select(timer, gone)).await {
-            Either::Left((Ok(reply), _)) => Ok(reply),
-            Either::Left((Err(_), _)) | Either::Right((Either::Left(_), _)) => Err(true),
-            Either::Right((Either::Right(_), _)) => Err(false),
-        };
-        match outcome {
-            Ok(reply) => {
+        Ok(match select(&mut pending.reply, select(timer, gone)).await {
+            Either::Left((Ok(reply), _)) => {
                 metrics.requests[0].inc();
-                answer(&reply, binary)
+                Waited::Reply(reply)
             }
-            Err(true) => {
+            Either::Left((Err(_), _)) | Either::Right((Either::Left(_), _)) => {
                 metrics.requests[1].inc();
-                problem(StatusCode(504), &format!("no reply to request {id} within {} ms", timeout.as_millis()))
+                Waited::TimedOut(id)
             }
-            Err(false) => {
-                // Nobody reads this answer; the connection ends with it, so nothing pipelined
-                // behind the request runs for a client that left.
+            Either::Right((Either::Right(_), _)) => {
                 metrics.requests[2].inc();
-                problem(StatusCode(499), "the requester closed the connection").with_header("connection", "close")
+                Waited::Gone
             }
-        }
+        })
     }
 
     /// `POST /events/reply`: a CloudEvent (structured or binary) carrying `emcorrelationid`.

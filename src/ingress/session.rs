@@ -6,6 +6,7 @@ use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
 use crate::adaptor::cloudevents::CeError;
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
+use crate::server::upgrade::Credential;
 use crate::server::{FollowSpec, Request, Response, Upgrade};
 
 /// The stored name of session `sid`'s lite topic for the caller, and the name the ACL speaks
@@ -95,6 +96,7 @@ impl Traffic {
             principal: gate.principal(),
             tenant: gate.who.tenant.clone(),
             expires_us: gate.who.expires_us,
+            credential: gate.principal().and(gate.token.map(|t| Credential(t.to_vec()))),
             agent: None,
         });
         let websocket = req.header("upgrade").is_some_and(|v| v.eq_ignore_ascii_case(b"websocket"));

@@ -305,6 +305,9 @@ pub(super) struct SessionPublisher {
     traffic: Rc<Traffic>,
     caller: Caller,
     who: Rc<Principal>,
+    /// The credential the session was opened with: once the keys no longer verify it (or it
+    /// expires), its publish messages are refused with 401.
+    credential: Option<Credential>,
 }
 
 impl SessionPublisher {
@@ -315,13 +318,14 @@ impl SessionPublisher {
         caller: &mut Option<Caller>,
         principal: &Option<String>,
         tenant: &Option<String>,
-        expires_us: Option<i64>,
+        (expires_us, credential): (Option<i64>, Option<Credential>),
     ) -> crate::push::Publisher {
         let name = principal.clone().unwrap_or_else(|| "anonymous".into());
         Box::new(SessionPublisher {
             traffic,
             caller: caller.take().expect("one session per connection"),
             who: Rc::new(Principal { name, tenant: tenant.clone(), expires_us }),
+            credential,
         })
     }
 
@@ -349,6 +353,12 @@ impl SessionPublisher {
             return answer(out, None, Err((413, detail)));
         }
         let snap = self.traffic.view.current(&shared.governance);
+        let now = crate::clock::now_micros();
+        let revoked = self.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err());
+        if revoked || self.who.expires_us.is_some_and(|e| e <= now) {
+            let detail = "the session's credential expired or is no longer valid";
+            return answer(out, loose_id(event).as_deref(), Err((401, detail)));
+        }
         let mut gate = Gate { traffic: &self.traffic, snap, caller: &mut self.caller, who: &self.who, token: None };
         let stored = match self.traffic.topic_named(&mut gate, topic, Action::Publish) {
             Ok(t) => t.into_owned(),

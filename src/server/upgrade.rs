@@ -63,6 +63,9 @@ pub struct FollowSpec {
     pub tenant: Option<String>,
     /// When its credential expires (µs since the epoch): the session ends then (1008).
     pub expires_us: Option<i64>,
+    /// The credential it subscribed with: its `publish` messages are refused once the keys no
+    /// longer verify it.
+    pub credential: Option<Credential>,
     /// An agent's WebSocket (`GET /agent/ws`): the agent's stored id. It sends its turns'
     /// chunks on it, and its turns in progress end when it closes.
     pub agent: Option<String>,

@@ -131,6 +131,53 @@ fn a_classic_batch_stores_each_message_in_its_topic() {
     assert_eq!(ret(&r), (200, 0), "{}", r.text());
     assert_eq!(b.events("left", 0)[0].1["data"], "one");
     assert_eq!(b.events("right", 0)[0].1["tag"], "t");
+    // A batch whose second message is malformed (no bizSeqNo) or goes to a topic that cannot
+    // be had stores nothing: every message is checked before any is stored.
+    for bad in [json!({"topic": "left", "msg": "three"}), json!({"bizSeqNo": "b4", "topic": "bad topic!", "msg": "x"})]
+    {
+        let contents = json!([{"bizSeqNo": "b3", "topic": "left", "msg": "two-and-a-half"}, bad]).to_string();
+        let body = form(&[("batchId", Some("batch-2")), ("producerGroup", Some("g")), ("contents", Some(&contents))]);
+        let r = b.client().request("POST", "/", &sdk_headers("102"), &body);
+        assert_eq!(ret(&r), (200, 7), "{}", r.text());
+    }
+    assert_eq!(b.events("left", 0).len(), 1);
+}
+
+/// A sync send (101) is a request-reply: the message is stored as a request, a CloudEvents
+/// responder answers it, and the classic requester gets the reply in `retMsg` as the Java SDK
+/// reads it (`{"topic","body","properties"}`); without a reply within `ttl`, retCode 4.
+#[test]
+fn a_classic_sync_send_gets_its_reply_in_ret_msg() {
+    use super::delivery::{attach, next_event};
+    use tungstenite::Message as WsMessage;
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    let def = json!({"subscription": "responders", "topic": "rpc", "start": "earliest"});
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+    let mut ws = attach(&b, "subscription=responders");
+    let addr = b.traffic;
+    let requester = std::thread::spawn(move || {
+        let mut fields = publish_form("rpc", "what time is it", "q-1");
+        fields[3] = ("ttl", Some("10000"));
+        super::util::Client::connect(addr).request("POST", "/", &sdk_headers("101"), &form(&fields))
+    });
+    let request = wait_for(Duration::from_secs(10), || next_event(&mut ws));
+    assert_eq!((&request["id"], &request["data"]), (&json!("q-1"), &json!("what time is it")));
+    let reply = json!({"specversion": "1.0", "id": "r-1", "source": "/responder", "type": "reply",
+        "emcorrelationid": request["emcorrelationid"], "region": "eu", "data": "noon"});
+    ws.send(WsMessage::text(json!({"type": "reply", "event": reply}).to_string())).unwrap();
+    ws.send(WsMessage::text(json!({"type": "ack", "ids": [request["emdeliveryid"]]}).to_string())).unwrap();
+    let r = requester.join().unwrap();
+    assert_eq!(ret(&r), (200, 0), "{}", r.text());
+    let msg: Value = serde_json::from_str(r.json()["retMsg"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (&msg["topic"], &msg["body"], &msg["properties"]["region"]),
+        (&json!("rpc"), &json!("noon"), &json!("eu"))
+    );
+    // Nobody answers this one: retCode 4 after its ttl.
+    let mut fields = publish_form("rpc", "anyone?", "q-2");
+    fields[3] = ("ttl", Some("300"));
+    let r = b.client().request("POST", "/", &sdk_headers("101"), &form(&fields));
+    assert_eq!(ret(&r), (200, 4), "{}", r.text());
 }
 
 /// What EventMesh answers a request it cannot take with, here with the same codes: 6 for the
@@ -166,11 +213,12 @@ fn classic_requests_are_refused_with_the_classic_codes() {
     let mut c = b.client();
     assert_eq!(ret(&c.request("POST", "/", &sdk_headers("999"), &ok)), (400, 2));
     assert_eq!(ret(&c.request("POST", "/", &sdk_headers("203"), b"clientType=SUB&consumerGroup=g")), (200, 0));
-    // Not built yet, and said so.
-    let r = c.request("POST", "/", &sdk_headers("101"), &ok);
-    assert_eq!(ret(&r), (200, 3));
+    // A sync send without its ttl is a body error; subscribing with a push url is not built
+    // yet, and said so.
+    assert_eq!(ret(&c.request("POST", "/", &sdk_headers("101"), &ok)), (200, 7));
+    let r = c.request("POST", "/", &sdk_headers("206"), &ok);
+    assert_eq!(ret(&r), (200, 19));
     assert!(r.text().contains("not served yet"), "{}", r.text());
-    assert_eq!(ret(&c.request("POST", "/", &sdk_headers("206"), &ok)), (200, 19));
     // Nothing refused was stored: the topic was never even created.
     assert_eq!(b.admin().get("/admin/topics/t").status, 404);
     // No `code`, not a classic path: still no route.

@@ -79,7 +79,9 @@ pub fn ret_for_status(status: u16, sync: bool) -> u16 {
         401 | 403 => ret::ACL_ERR,
         413 => ret::BODY_SIZE_ERR,
         429 => ret::OVER_LIMIT,
+        409 => ret::SEND_ASYNC_ERR,
         400..=499 => ret::BODY_ERR,
+        503 => ret::OVERLOAD,
         _ if sync => ret::SEND_SYNC_ERR,
         _ => ret::SEND_ASYNC_ERR,
     }
@@ -254,6 +256,32 @@ impl<'f> Message<'f> {
         let kind = if self.content.is_empty() { DataKind::None } else { DataKind::Text };
         Frame::encode(&FrameHeader::event(kind), &body).map_err(|e| invalid(e.to_string()))
     }
+}
+
+/// The `retMsg` of a sync send's success: the reply as the Java SDK reads it
+/// (`SendMessageResponseBody.ReplyMessage`): `{"topic":T,"body":B,"properties":{...}}`, `B` the
+/// reply's data as text and `properties` its extensions as strings.
+pub fn reply_message(topic: &str, reply: &Frame) -> String {
+    let body = reply.body();
+    let mut properties = serde_json::Map::new();
+    for a in body.attributes.iter() {
+        if cloudevents::is_context_attribute(a.name.as_str()) {
+            continue;
+        }
+        let value = match &a.value {
+            ArchivedAttrValue::Str(s) => s.to_string(),
+            ArchivedAttrValue::Bool(b) => b.to_string(),
+            ArchivedAttrValue::Int(n) => n.to_native().to_string(),
+        };
+        properties.insert(a.name.to_string(), serde_json::Value::String(value));
+    }
+    // The data as text: a JSON string's value, any other JSON as its text, text as it is.
+    let data = match reply.header().data_kind {
+        DataKind::Json => serde_json::from_slice::<String>(&body.data).ok(),
+        _ => None,
+    };
+    let data = data.unwrap_or_else(|| String::from_utf8_lossy(&body.data).into_owned());
+    serde_json::json!({"topic": topic, "body": data, "properties": properties}).to_string()
 }
 
 /// The CloudEvents `type` of a message sent over the classic protocol (as EventMesh names it).
@@ -591,10 +619,24 @@ mod tests {
         assert!(Message::from_form(&f, false).unwrap_err().msg.contains("at most 1024"));
     }
 
+    /// Found by the sync-send test: a reply's JSON string data went out with its quotes.
+    #[test]
+    fn a_reply_message_carries_the_data_as_text() {
+        let reply = |data: &str| {
+            let e = format!(r#"{{"specversion":"1.0","id":"r","source":"/s","type":"t","k":"v","data":{data}}}"#);
+            cloudevents::parse_structured("rpc", e.as_bytes()).unwrap()
+        };
+        let m: serde_json::Value = serde_json::from_str(&reply_message("rpc", &reply(r#""noon""#))).unwrap();
+        assert_eq!(m, serde_json::json!({"topic": "rpc", "body": "noon", "properties": {"k": "v"}}));
+        let m: serde_json::Value = serde_json::from_str(&reply_message("rpc", &reply(r#"{"a":1}"#))).unwrap();
+        assert_eq!(m["body"], r#"{"a":1}"#);
+    }
+
     #[test]
     fn answers_are_the_classic_envelope() {
         let a: serde_json::Value = serde_json::from_slice(&answer(7, "bad \"x\"", 1700)).unwrap();
         assert_eq!(a, serde_json::json!({"retCode": 7, "retMsg": "bad \"x\"", "resTime": 1700}));
-        assert_eq!((ret_for_status(403, false), ret_for_status(429, true), ret_for_status(503, true)), (22, 23, 3));
+        assert_eq!((ret_for_status(403, false), ret_for_status(429, true), ret_for_status(503, true)), (22, 23, 1));
+        assert_eq!((ret_for_status(500, true), ret_for_status(500, false), ret_for_status(409, false)), (3, 15, 15));
     }
 }
