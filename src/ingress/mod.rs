@@ -232,7 +232,16 @@ impl Handler for Traffic {
         };
         let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
         if classic {
-            return Box::pin(self.meshmessage(&mut gate, &req)).await;
+            // Counted as publishes; a classic refusal is an HTTP 200 whose retCode is not 0.
+            let started = std::time::Instant::now();
+            let m = self.shard.shared.metrics.shard(self.shard.id);
+            m.publish_requests.inc();
+            let r = Box::pin(self.meshmessage(&mut gate, &req)).await;
+            if r.status.0 != 200 || !r.body.starts_with(br#"{"retCode":0,"#) {
+                m.publish_errors.inc();
+            }
+            m.publish_latency.record_us(started.elapsed().as_micros() as u64);
+            return r;
         }
         if path == "/agent/ws" {
             return match req.method() {

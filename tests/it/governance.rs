@@ -920,3 +920,59 @@ fn agent_calls_need_request_on_the_agent_agents_need_subscribe_and_tenants_are_a
     bot.send(chunk(&sid)).unwrap();
     assert_eq!(own.next().unwrap().1, "done");
 }
+
+/// A follower session (`GET /session/subscribe/{sid}`) closes only when its credential expires;
+/// its `publish` messages must still stop once the keys no longer verify the credential it was
+/// opened with (found by review: they went on being published after the token was removed).
+#[test]
+fn a_sessions_publish_messages_are_refused_once_its_token_is_removed() {
+    let acl = r#"
+[[acl]]
+id = "carol-everything"
+principal = "carol"
+resource = "topic:*"
+actions = ["PUBLISH", "SUBSCRIBE"]
+effect = "ALLOW"
+"#;
+    let tokens = [("carol", None, "carol-secret"), ("dave", None, "dave-secret")];
+    let (b, dir) = broker_with("revoke-session-publish", &tokens, acl, &[]);
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let url = format!("ws://{}/session/subscribe/s-1", b.traffic);
+    let mut req = tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
+    req.headers_mut().insert("authorization", bearer("carol-secret").parse().unwrap());
+    let (mut ws, _) = tungstenite::client(req, stream).unwrap();
+    let mut publish = |id: &str| -> Value {
+        let m = json!({"type": "publish", "topic": "orders.eu", "event": event(id)});
+        ws.send(tungstenite::Message::text(m.to_string())).unwrap();
+        wait_for(Duration::from_secs(10), || match ws.read() {
+            Ok(tungstenite::Message::Text(t)) => Some(serde_json::from_str::<Value>(&t).unwrap()),
+            _ => None,
+        })
+    };
+    assert_eq!(publish("before")["type"], "published");
+    // carol's line goes; dave's stays. The file is replaced by a rename, as an operator would.
+    let line = json!({"principal": "dave", "sha256": sha256_hex("dave-secret")});
+    std::fs::write(dir.join("tokens.new"), format!("{line}\n")).unwrap();
+    std::fs::rename(dir.join("tokens.new"), dir.join("tokens.jsonl")).unwrap();
+    wait_for(Duration::from_secs(10), || {
+        (publish_as(&mut b.client(), Some("carol-secret"), "orders.eu", "x").status == 401).then_some(())
+    });
+    let a = publish("after");
+    assert_eq!((&a["type"], &a["status"], &a["id"]), (&json!("error"), &json!(401), &json!("after")), "{a}");
+    let auth = bearer(ADMIN_TOKEN);
+    let get = |path: &str| b.admin().request("GET", path, &[("authorization", &auth)], b"").json();
+    // Every partition there may be (past the last, the admin API answers a problem, not a list).
+    let ids: Vec<Value> = (0..16)
+        .flat_map(|p| {
+            get(&format!("/admin/topics/orders.eu/partitions/{p}/events?from=0&max=10"))
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|e| e["event"]["id"].clone())
+        .filter(|id| id != "x")
+        .collect();
+    // ("x": the HTTP probe's publishes, stored until the new tokens file was read.)
+    assert_eq!(ids, [json!("before")]);
+}

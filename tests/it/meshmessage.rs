@@ -221,6 +221,9 @@ fn classic_requests_are_refused_with_the_classic_codes() {
     assert!(r.text().contains("not served yet"), "{}", r.text());
     // Nothing refused was stored: the topic was never even created.
     assert_eq!(b.admin().get("/admin/topics/t").status, 404);
+    // Classic requests count as publishes, their refusals as publish errors.
+    let errors = super::request::metric(&b, "evmesh_publish_errors_total", "");
+    assert!(errors >= 10, "{errors}");
     // No `code`, not a classic path: still no route.
     assert_eq!(c.request("POST", "/elsewhere", &[], b"x").status, 404);
 }
