@@ -4,6 +4,7 @@
 //! meaning of a request is a [`Handler`]'s. A connection lives and dies on the shard that
 //! accepted it. Plain and TLS connections are one [`Stream`] to everything above.
 
+pub mod client;
 pub mod conn;
 pub mod deadline;
 pub mod listen;

@@ -1,5 +1,6 @@
 //! HTTP/1.1, sans-io: a request-head parser, a resumable chunked-body scanner and a response
-//! writer.
+//! writer, and for the broker's own outbound requests a request writer and response-head parser
+//! (`client`).
 //!
 //! Pure functions over byte slices: no sockets, no async, no runtime types. Incomplete input is
 //! `Status::Partial` and consumes nothing; the connection code (in `server`) owns the buffers and
@@ -8,6 +9,7 @@
 //! types: what a connection becomes after a response is the caller's type parameter.
 
 mod chunked;
+pub mod client;
 pub mod date;
 mod parse;
 mod response;

@@ -1,0 +1,420 @@
+//! The broker's own HTTP/1.1 client, for what evmesh calls out to (webhook sinks, remote
+//! agents): on the shard that uses it, a pool of keep-alive connections per origin, every step
+//! (connect, write, each read) under a deadline, every response bounded. The wire format is the
+//! protocol crate's (`http::client`: a request writer and a strict response-head parser, the
+//! request side's chunked scanner for chunked bodies).
+//!
+//! Plain `http` only so far, to hosts given as IP addresses or `localhost`: a name would need
+//! the system resolver, which blocks, and a shard must not block. `https` comes with a TLS
+//! client configuration.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+
+use super::deadline::within;
+use crate::http::client::{parse_response_head, write_request, ResponseBody};
+use crate::http::{ChunkedLimits, ChunkedScanner, Status};
+
+/// An `http` URL the client can call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Url {
+    /// The host as written (the `Host` header's), and where it is.
+    pub host: String,
+    pub addr: SocketAddr,
+    /// Path and query, `/` at least.
+    pub target: String,
+}
+
+impl Url {
+    /// Parses `http://host[:port][/path][?query]`; `host` an IP address (`[...]` for IPv6) or
+    /// `localhost`. A fragment is dropped; user info is refused.
+    pub fn parse(s: &str) -> Result<Url, String> {
+        let rest = match s.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+            Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
+                return Err("https sinks are not supported yet (plain http only)".into())
+            }
+            _ => return Err(format!("{s:?} is not an http:// URL")),
+        };
+        let rest = rest.split('#').next().unwrap_or_default();
+        let (authority, target) = match rest.find(['/', '?']) {
+            Some(i) if rest.as_bytes()[i] == b'?' => (&rest[..i], format!("/{}", &rest[i..])),
+            Some(i) => (&rest[..i], rest[i..].to_owned()),
+            None => (rest, "/".to_owned()),
+        };
+        if authority.contains('@') {
+            return Err("a URL with user info is refused (credentials do not belong in a sink URL)".into());
+        }
+        if !target.bytes().all(|b| (b'!'..=b'~').contains(&b)) {
+            return Err("the URL's path and query must be visible ASCII (percent-encode the rest)".into());
+        }
+        let port =
+            |p: &str| p.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| format!("bad port in {authority:?}"));
+        // `[v6]` or `[v6]:port`; otherwise `host` or `host:port`.
+        let (host, port) = match authority.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((h, "")) => (h, 80),
+                Some((h, after)) => (h, port(after.strip_prefix(':').unwrap_or(after))?),
+                None => return Err(format!("unclosed [ in {authority:?}")),
+            },
+            None => match authority.rsplit_once(':') {
+                Some((h, p)) => (h, port(p)?),
+                None => (authority, 80),
+            },
+        };
+        let ip = match host {
+            "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            h => h.parse::<IpAddr>().map_err(|_| {
+                format!("the host {h:?} must be an IP address or localhost (names are not resolved yet)")
+            })?,
+        };
+        Ok(Url { host: authority.to_owned(), addr: SocketAddr::new(ip, port), target })
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("the connection closed before the answer was complete")]
+    Closed,
+    #[error("the answer broke HTTP: {0}")]
+    Protocol(&'static str),
+    #[error("the answer's body is over {0} bytes")]
+    TooLarge(usize),
+}
+
+/// An answer: its status, headers and (bounded) body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The first header named `name` (ASCII case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Bytes of a response head at most.
+const MAX_HEAD: usize = 16 * 1024;
+const MAX_HEADERS: usize = 100;
+/// Bytes one read takes at most.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Keep-alive connections by origin, on one shard.
+pub struct Pool {
+    idle: RefCell<HashMap<SocketAddr, Vec<TcpStream>>>,
+    max_idle: usize,
+    max_body: usize,
+}
+
+/// How one exchange on one connection ended badly.
+enum Failed {
+    /// Nothing came back on a pooled connection (the server had closed it): try a new one.
+    Stale,
+    Error(ClientError),
+}
+
+impl Pool {
+    /// A pool keeping at most `max_idle` idle connections per origin, taking answers' bodies
+    /// of at most `max_body` bytes.
+    pub fn new(max_idle: usize, max_body: usize) -> Pool {
+        Pool { idle: RefCell::new(HashMap::new()), max_idle, max_body }
+    }
+
+    /// Sends one request and reads its answer, each step within `timeout`. A pooled connection
+    /// the server closed meanwhile is replaced by a new one once.
+    pub async fn send(
+        &self,
+        url: &Url,
+        method: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Answer, ClientError> {
+        let mut req = Vec::new();
+        write_request(method, &url.host, &url.target, headers, body, &mut req);
+        let pooled = self.idle.borrow_mut().get_mut(&url.addr).and_then(Vec::pop);
+        if let Some(conn) = pooled {
+            match self.exchange(conn, url, req.clone(), method == "HEAD", timeout).await {
+                Ok(a) => return Ok(a),
+                Err(Failed::Error(e)) => return Err(e),
+                Err(Failed::Stale) => {}
+            }
+        }
+        let conn = match within(timeout, TcpStream::connect(url.addr)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(ClientError::Connect(e.to_string())),
+            Err(_) => return Err(ClientError::TimedOut(timeout)),
+        };
+        let _ = conn.set_nodelay(true);
+        match self.exchange(conn, url, req, method == "HEAD", timeout).await {
+            Ok(a) => Ok(a),
+            Err(Failed::Stale) => Err(ClientError::Closed),
+            Err(Failed::Error(e)) => Err(e),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        mut conn: TcpStream,
+        url: &Url,
+        req: Vec<u8>,
+        head_request: bool,
+        timeout: Duration,
+    ) -> Result<Answer, Failed> {
+        match within(timeout, conn.write_all(req)).await {
+            Ok((Ok(_), _)) => {}
+            Ok((Err(_), _)) => return Err(Failed::Stale),
+            Err(_) => return Err(Failed::Error(ClientError::TimedOut(timeout))),
+        }
+        let mut buf = Vec::with_capacity(READ_CHUNK);
+        // The head.
+        let head = loop {
+            match parse_response_head(&buf, MAX_HEAD, MAX_HEADERS, head_request) {
+                Ok(Status::Complete(h)) => break h,
+                Ok(Status::Partial) => {}
+                Err(e) => return Err(Failed::Error(ClientError::Protocol(e.detail))),
+            }
+            match read(&mut conn, &mut buf, timeout).await? {
+                0 if buf.is_empty() => return Err(Failed::Stale),
+                0 => return Err(Failed::Error(ClientError::Closed)),
+                _ => {}
+            }
+        };
+        let headers = head
+            .headers
+            .iter()
+            .map(|h| {
+                let s = |(a, b): (u32, u32)| String::from_utf8_lossy(&buf[a as usize..b as usize]).into_owned();
+                (s(h.name), s(h.value))
+            })
+            .collect();
+        let mut rest = buf.split_off(head.len);
+        let body = match head.body {
+            ResponseBody::Empty => Vec::new(),
+            ResponseBody::Length(n) if n > self.max_body => {
+                return Err(Failed::Error(ClientError::TooLarge(self.max_body)))
+            }
+            ResponseBody::Length(n) => {
+                while rest.len() < n {
+                    if read(&mut conn, &mut rest, timeout).await? == 0 {
+                        return Err(Failed::Error(ClientError::Closed));
+                    }
+                }
+                if rest.len() > n {
+                    // Bytes past the answer: the connection is not reused.
+                    rest.truncate(n);
+                    return Ok(Answer { status: head.status, headers, body: rest });
+                }
+                rest
+            }
+            ResponseBody::Chunked => {
+                let limits = ChunkedLimits {
+                    max_data: self.max_body,
+                    max_extensions: MAX_HEAD,
+                    max_trailers: MAX_HEAD,
+                    max_raw: self.max_body.saturating_mul(2).saturating_add(MAX_HEAD),
+                };
+                let mut scanner = ChunkedScanner::new(limits);
+                let mut out = Vec::new();
+                loop {
+                    match scanner.scan(&rest, &mut out) {
+                        Ok(Status::Complete(end)) if end.consumed == rest.len() => break out,
+                        Ok(Status::Complete(_)) => return Ok(Answer { status: head.status, headers, body: out }),
+                        Ok(Status::Partial) => {}
+                        Err(e) if e.status.0 == 413 => return Err(Failed::Error(ClientError::TooLarge(self.max_body))),
+                        Err(e) => return Err(Failed::Error(ClientError::Protocol(e.detail))),
+                    }
+                    if read(&mut conn, &mut rest, timeout).await? == 0 {
+                        return Err(Failed::Error(ClientError::Closed));
+                    }
+                }
+            }
+            ResponseBody::UntilClose => {
+                while read(&mut conn, &mut rest, timeout).await? > 0 {
+                    if rest.len() > self.max_body {
+                        return Err(Failed::Error(ClientError::TooLarge(self.max_body)));
+                    }
+                }
+                return Ok(Answer { status: head.status, headers, body: rest });
+            }
+        };
+        if head.keep_alive {
+            let mut idle = self.idle.borrow_mut();
+            let conns = idle.entry(url.addr).or_default();
+            if conns.len() < self.max_idle {
+                conns.push(conn);
+            }
+        }
+        Ok(Answer { status: head.status, headers, body })
+    }
+}
+
+/// Reads more onto `buf`: the bytes read (0 at the end of the stream; an error counts as one).
+async fn read(conn: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, Failed> {
+    buf.reserve(READ_CHUNK);
+    let (len, cap) = (buf.len(), buf.capacity());
+    let owned = std::mem::take(buf);
+    match within(timeout, conn.read(monoio::buf::IoBufMut::slice_mut(owned, len..cap))).await {
+        Ok((res, slice)) => {
+            *buf = slice.into_inner();
+            Ok(res.unwrap_or(0))
+        }
+        Err(_) => Err(Failed::Error(ClientError::TimedOut(timeout))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_plain_http_to_addresses() {
+        let u = Url::parse("http://127.0.0.1:8089/hook?x=1#frag").unwrap();
+        assert_eq!((u.host.as_str(), u.addr.port(), u.target.as_str()), ("127.0.0.1:8089", 8089, "/hook?x=1"));
+        let u = Url::parse("HTTP://localhost").unwrap();
+        assert_eq!((u.addr, u.target.as_str()), ("127.0.0.1:80".parse().unwrap(), "/"));
+        let u = Url::parse("http://[::1]:9/a").unwrap();
+        assert_eq!((u.addr, u.host.as_str()), ("[::1]:9".parse().unwrap(), "[::1]:9"));
+        assert_eq!(Url::parse("http://[::1]/a").unwrap().addr, "[::1]:80".parse::<SocketAddr>().unwrap());
+        assert_eq!(Url::parse("http://10.0.0.1?q").unwrap().target, "/?q");
+        for bad in [
+            "https://127.0.0.1/",
+            "ftp://x/",
+            "127.0.0.1:80/",
+            "http://example.com/",
+            "http://u:p@127.0.0.1/",
+            "http://127.0.0.1:0/",
+            "http://127.0.0.1:99999/",
+            "http://127.0.0.1/a b",
+            "http://[::1",
+            "http://[::1]x/",
+            "http://1.2.3.4:/",
+        ] {
+            assert!(Url::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A loopback server answering each request on a connection with `answers` in turn (one
+    /// per read of a whole request), recording what it got and how many connections it saw.
+    fn server(answers: Vec<&'static [u8]>) -> (SocketAddr, std::sync::mpsc::Receiver<(usize, Vec<u8>)>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut answers = answers.into_iter();
+            for (n, conn) in listener.incoming().enumerate() {
+                let Ok(mut conn) = conn else { return };
+                loop {
+                    let mut got = vec![0u8; 4096];
+                    let Ok(k) = conn.read(&mut got) else { break };
+                    if k == 0 {
+                        break;
+                    }
+                    got.truncate(k);
+                    let _ = tx.send((n, got));
+                    let Some(a) = answers.next() else { return };
+                    if a.is_empty() {
+                        break; // close without answering
+                    }
+                    conn.write_all(a).unwrap();
+                }
+            }
+        });
+        (addr, rx)
+    }
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap().block_on(f)
+    }
+
+    #[test]
+    fn answers_are_read_whole_and_connections_reused() {
+        let (addr, got) = server(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 13\r\n\r\n{\"retCode\":0}",
+            b"HTTP/1.1 429 Slow down\r\nretry-after: 2\r\ntransfer-encoding: chunked\r\n\r\n4\r\nbusy\r\n0\r\n\r\n",
+            b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n",
+        ]);
+        let url = Url::parse(&format!("http://{addr}/hook")).unwrap();
+        let pool = Pool::new(4, 1024);
+        let t = Duration::from_secs(5);
+        run(async {
+            let a = pool.send(&url, "POST", &[("x-em-delivery-id", "d1")], b"hello", t).await.unwrap();
+            assert_eq!((a.status, a.body.as_slice()), (200, &b"{\"retCode\":0}"[..]));
+            let a = pool.send(&url, "POST", &[], b"again", t).await.unwrap();
+            assert_eq!((a.status, a.header("Retry-After"), a.body.as_slice()), (429, Some("2"), &b"busy"[..]));
+            let a = pool.send(&url, "POST", &[], b"third", t).await.unwrap();
+            assert_eq!(a.status, 204);
+        });
+        let seen: Vec<(usize, Vec<u8>)> = got.try_iter().collect();
+        // One connection for all three: the keep-alive answers returned it to the pool.
+        assert_eq!(seen.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0, 0]);
+        let first = String::from_utf8_lossy(&seen[0].1);
+        assert!(first.starts_with("POST /hook HTTP/1.1\r\nhost: 127.0.0.1:"), "{first}");
+        assert!(
+            first.contains("x-em-delivery-id: d1\r\n") && first.ends_with("content-length: 5\r\n\r\nhello"),
+            "{first}"
+        );
+    }
+
+    #[test]
+    fn a_pooled_connection_the_server_closed_is_replaced_once() {
+        // The first connection answers once, then closes on the next request unanswered.
+        let (addr, got) = server(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            b"",
+            b"HTTP/1.1 202 OK\r\ncontent-length: 0\r\n\r\n",
+        ]);
+        let url = Url::parse(&format!("http://{addr}/")).unwrap();
+        let pool = Pool::new(4, 1024);
+        run(async {
+            assert_eq!(pool.send(&url, "POST", &[], b"1", Duration::from_secs(5)).await.unwrap().status, 200);
+            assert_eq!(pool.send(&url, "POST", &[], b"2", Duration::from_secs(5)).await.unwrap().status, 202);
+        });
+        assert_eq!(got.try_iter().map(|(n, _)| n).collect::<Vec<_>>(), [0, 0, 1]);
+    }
+
+    #[test]
+    fn slow_oversized_and_broken_answers_are_errors() {
+        let t = Duration::from_millis(300);
+        let pool = Pool::new(4, 16);
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let broken: Vec<(SocketAddr, ClientError)> = [
+            (&b"HTTP/1.1 200 OK\r\ncontent-length: 17\r\n\r\n"[..], ClientError::TooLarge(16)),
+            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n11\r\n", ClientError::TooLarge(16)),
+            (b"HTTP/1.1 2x0 OK\r\n\r\n", ClientError::Protocol("malformed status line")),
+        ]
+        .into_iter()
+        .map(|(answer, want)| (server(vec![answer]).0, want))
+        .collect();
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        // One runtime for all (the deadline sweep is the thread's first runtime's).
+        run(async {
+            // Nobody answers: the deadline.
+            let url = Url::parse(&format!("http://{}/", silent.local_addr().unwrap())).unwrap();
+            assert_eq!(pool.send(&url, "POST", &[], b"x", t).await, Err(ClientError::TimedOut(t)));
+            // A body over the bound, declared or chunked, and a broken head.
+            for (addr, want) in broken {
+                let url = Url::parse(&format!("http://{addr}/")).unwrap();
+                assert_eq!(pool.send(&url, "POST", &[], b"x", t).await, Err(want));
+            }
+            // Nothing listens.
+            let url = Url::parse(&format!("http://127.0.0.1:{closed}/")).unwrap();
+            assert!(matches!(pool.send(&url, "POST", &[], b"x", t).await, Err(ClientError::Connect(_))));
+        });
+    }
+}
