@@ -9,8 +9,10 @@
 //! ingress in turn; a failure stops it and is answered, the messages before it stay stored),
 //! 101 (sync send: a request-reply whose timeout is `ttl`, answered with the reply in `retMsg`
 //! as the Java SDK reads it), 203 (heartbeat: answered, nothing to keep). Answered with a clear
-//! retCode until their transports land: 301 (reply, 16), 206/207 (subscribe with a push `url`,
-//! 19: the webhook transport). Any other code is HTTP 400 with retCode 2, as EventMesh answers.
+//! retCode until their transport lands: 206/207 (subscribe with a push `url`, 19: the webhook
+//! transport). 301 (reply): `bizseqno`, `uniqueid`, `content` and the request's
+//! `emcorrelationid` in `extFields` (a push of the request carries it there) go to the waiting
+//! requester as a reply, answered 0, or 16 when nobody waits for it. Any other code is HTTP 400 with retCode 2, as EventMesh answers.
 //! `producergroup` is accepted and ignored; `username`/`passwd` are not credentials here (with
 //! `auth` on, a classic client sends `Authorization: Bearer`).
 
@@ -25,6 +27,7 @@ use crate::adaptor::meshmessage::{self, code, ret, Form, Message, Refused};
 use crate::governance::acl::Action;
 use crate::http::{Method, StatusCode};
 use crate::server::{Request, Response};
+use crate::shard::requests::Replier;
 
 /// Messages one 102 batch may carry (EventMesh's `maxEventBatchSize` default).
 const MAX_BATCH: usize = 10;
@@ -164,7 +167,24 @@ impl Traffic {
                     Err(r) => refused(&r),
                 }
             }
-            Some(code::REPLY) => answer(StatusCode::OK, 16, "reply (301) is not served yet: use POST /events/reply"),
+            Some(code::REPLY) => {
+                let form = match checked() {
+                    Ok(f) => meshmessage::reply(&f),
+                    Err(r) => return refused(&r),
+                };
+                let frame = match Message::from_form(&form, false).and_then(|m| m.to_frame("")) {
+                    Ok(f) => f,
+                    Err(r) => return refused(&r),
+                };
+                let replier = Replier { principal: gate.principal(), tenant: gate.who.tenant.clone(), agent: None };
+                match self.shard.send_reply(frame, replier).await {
+                    Ok(outcome) => match outcome.status(&gate.who.name) {
+                        (202, _) => answer(StatusCode::OK, ret::SUCCESS, "success"),
+                        (_, detail) => answer(StatusCode::OK, ret::REPLY_ERR, &format!("eventMesh reply msg err, {detail}")),
+                    },
+                    Err(e) => answer(StatusCode::OK, ret::REPLY_ERR, &format!("eventMesh reply msg err, {e}")),
+                }
+            }
             Some(code::SUBSCRIBE | code::UNSUBSCRIBE) => answer(
                 StatusCode::OK,
                 ret::SUBSCRIBE_ERR,

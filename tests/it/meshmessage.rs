@@ -173,6 +173,29 @@ fn a_classic_sync_send_gets_its_reply_in_ret_msg() {
         (&msg["topic"], &msg["body"], &msg["properties"]["region"]),
         (&json!("rpc"), &json!("noon"), &json!("eu"))
     );
+    // A classic responder answers with 301: the request's emcorrelationid in extFields.
+    let requester = std::thread::spawn(move || {
+        let mut fields = publish_form("rpc", "and now?", "q-3");
+        fields[3] = ("ttl", Some("10000"));
+        super::util::Client::connect(addr).request("POST", "/", &sdk_headers("101"), &form(&fields))
+    });
+    let request = wait_for(Duration::from_secs(10), || next_event(&mut ws));
+    assert_eq!(request["id"], "q-3");
+    let ext = json!({"emcorrelationid": request["emcorrelationid"], "zone": "z1"}).to_string();
+    let reply = form(&[
+        ("bizseqno", Some("r-3")),
+        ("uniqueid", Some("r-3")),
+        ("content", Some("one o'clock")),
+        ("origtopic", Some("rpc")),
+        ("extFields", Some(&ext)),
+    ]);
+    let r = b.client().request("POST", "/", &sdk_headers("301"), &reply);
+    assert_eq!(ret(&r), (200, 0), "{}", r.text());
+    let r = requester.join().unwrap();
+    let msg: Value = serde_json::from_str(r.json()["retMsg"].as_str().unwrap()).unwrap();
+    assert_eq!((&msg["body"], &msg["properties"]["zone"]), (&json!("one o'clock"), &json!("z1")), "{msg}");
+    // The same reply again: nobody waits for it any more.
+    assert_eq!(ret(&b.client().request("POST", "/", &sdk_headers("301"), &reply)), (200, 16));
     // Nobody answers this one: retCode 4 after its ttl.
     let mut fields = publish_form("rpc", "anyone?", "q-2");
     fields[3] = ("ttl", Some("300"));

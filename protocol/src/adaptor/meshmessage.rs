@@ -56,6 +56,7 @@ pub mod ret {
     pub const BODY_ERR: u16 = 7;
     pub const BODY_SIZE_ERR: u16 = 8;
     pub const SEND_ASYNC_ERR: u16 = 15;
+    pub const REPLY_ERR: u16 = 16;
     pub const RUNTIME_ERR: u16 = 18;
     pub const SUBSCRIBE_ERR: u16 = 19;
     pub const ACL_ERR: u16 = 22;
@@ -406,6 +407,20 @@ pub fn batch(form: &Form, max: usize) -> Result<Vec<(String, Form)>, Refused> {
             Ok((topic, Form { fields }))
         })
         .collect()
+}
+
+/// A 301 reply's form as a send's: `origtopic` (the request's topic) is its topic and
+/// `producergroup` may be absent; the request's `emcorrelationid` comes in `extFields` (a push
+/// of the request carried it there).
+pub fn reply(form: &Form) -> Form {
+    let mut fields = form.fields.clone();
+    if form.get("topic").is_none() {
+        fields.push(("topic".into(), form.get("origtopic").unwrap_or("reply").to_owned()));
+    }
+    if form.nonblank("producergroup").is_none() {
+        fields.push(("producergroup".into(), "reply".into()));
+    }
+    Form { fields }
 }
 
 /// A 107 message's form as a send's: `msg` is its `content`, and its `uniqueid` its `bizseqno`.
