@@ -151,27 +151,22 @@ impl Handler for Traffic {
         // connection's own count: by a WebSocket session's publisher (its `publish` messages go
         // through the caller's limits), by the guard otherwise.
         let mut caller = Some(caller);
+        let mut publisher = |principal: &Option<String>,
+                             tenant: &Option<String>,
+                             expires_us,
+                             credential: &Option<_>| {
+            let credential = Option::clone(credential);
+            ws_publish::SessionPublisher::boxed(self.shared(), &mut caller, principal, tenant, (expires_us, credential))
+        };
         let session: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = match upgrade {
             Upgrade::WsEcho => Box::pin(crate::server::ws::echo(stream, buf, limits)),
             Upgrade::WsDeliver(spec) => {
-                let p = ws_publish::SessionPublisher::boxed(
-                    self.shared(),
-                    &mut caller,
-                    &spec.principal,
-                    &spec.tenant,
-                    (spec.expires_us, spec.credential.clone()),
-                );
+                let p = publisher(&spec.principal, &spec.tenant, spec.expires_us, &spec.credential);
                 Box::pin(crate::push::ws::session(shard, stream, buf, limits, spec, p))
             }
             Upgrade::Sse(spec) => Box::pin(crate::push::sse::session(shard, stream, buf, spec)),
             Upgrade::FollowWs(spec) => {
-                let p = ws_publish::SessionPublisher::boxed(
-                    self.shared(),
-                    &mut caller,
-                    &spec.principal,
-                    &spec.tenant,
-                    (spec.expires_us, spec.credential.clone()),
-                );
+                let p = publisher(&spec.principal, &spec.tenant, spec.expires_us, &spec.credential);
                 Box::pin(crate::push::follow::websocket(shard, stream, buf, limits, spec, p))
             }
             Upgrade::FollowSse(spec) => Box::pin(crate::push::follow::sse(shard, stream, buf, spec)),

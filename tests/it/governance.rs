@@ -119,6 +119,17 @@ fn publish_as(c: &mut Client, token: Option<&str>, topic: &str, id: &str) -> Res
     c.request("POST", &format!("/events/publish?topic={topic}"), &headers, event(id).to_string().as_bytes())
 }
 
+/// A WebSocket session at `path` opened with `token` as the bearer credential (reads time out
+/// after 50 ms).
+fn ws_as(b: &TestBroker, path: &str, token: &str) -> tungstenite::WebSocket<TcpStream> {
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut req =
+        tungstenite::client::IntoClientRequest::into_client_request(format!("ws://{}{path}", b.traffic)).unwrap();
+    req.headers_mut().insert("authorization", bearer(token).parse().unwrap());
+    tungstenite::client(req, stream).unwrap().0
+}
+
 /// POSTs `body` (JSON) to `path` with `token` as the bearer credential.
 fn post_as(c: &mut Client, token: &str, path: &str, body: &Value) -> Resp {
     let auth = bearer(token);
@@ -497,12 +508,7 @@ fn a_session_ends_when_its_token_is_removed_from_the_tokens_file() {
     let sub = json!({"subscription": "billing-rt", "topic": "orders.eu", "mode": "BROADCAST"});
     let r = post_as(&mut b.client(), "bob-secret", "/events/subscribe", &sub);
     assert_eq!(r.status, 201, "{}", r.text());
-    let stream = TcpStream::connect(b.traffic).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let url = format!("ws://{}/events/ws?subscription=billing-rt&ack=none", b.traffic);
-    let mut req = tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
-    req.headers_mut().insert("authorization", bearer("bob-secret").parse().unwrap());
-    let (mut ws, _) = tungstenite::client(req, stream).unwrap();
+    let mut ws = ws_as(&b, "/events/ws?subscription=billing-rt&ack=none", "bob-secret");
     // bob's line goes; alice's stays. The file is replaced by a rename, as an operator would.
     let line = json!({"principal": "alice", "sha256": sha256_hex("alice-secret")});
     std::fs::write(dir.join("tokens.new"), format!("{line}\n")).unwrap();
@@ -926,22 +932,9 @@ fn agent_calls_need_request_on_the_agent_agents_need_subscribe_and_tenants_are_a
 /// opened with (found by review: they went on being published after the token was removed).
 #[test]
 fn a_sessions_publish_messages_are_refused_once_its_token_is_removed() {
-    let acl = r#"
-[[acl]]
-id = "carol-everything"
-principal = "carol"
-resource = "topic:*"
-actions = ["PUBLISH", "SUBSCRIBE"]
-effect = "ALLOW"
-"#;
-    let tokens = [("carol", None, "carol-secret"), ("dave", None, "dave-secret")];
-    let (b, dir) = broker_with("revoke-session-publish", &tokens, acl, &[]);
-    let stream = TcpStream::connect(b.traffic).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let url = format!("ws://{}/session/subscribe/s-1", b.traffic);
-    let mut req = tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
-    req.headers_mut().insert("authorization", bearer("carol-secret").parse().unwrap());
-    let (mut ws, _) = tungstenite::client(req, stream).unwrap();
+    let tokens = [("svc-carol", None, "carol-secret"), ("svc-dave", None, "dave-secret")];
+    let (b, dir) = broker_with("revoke-session-publish", &tokens, SERVICES_ACL, &[]);
+    let mut ws = ws_as(&b, "/session/subscribe/s-1", "carol-secret");
     let mut publish = |id: &str| -> Value {
         let m = json!({"type": "publish", "topic": "orders.eu", "event": event(id)});
         ws.send(tungstenite::Message::text(m.to_string())).unwrap();
@@ -952,7 +945,7 @@ effect = "ALLOW"
     };
     assert_eq!(publish("before")["type"], "published");
     // carol's line goes; dave's stays. The file is replaced by a rename, as an operator would.
-    let line = json!({"principal": "dave", "sha256": sha256_hex("dave-secret")});
+    let line = json!({"principal": "svc-dave", "sha256": sha256_hex("dave-secret")});
     std::fs::write(dir.join("tokens.new"), format!("{line}\n")).unwrap();
     std::fs::rename(dir.join("tokens.new"), dir.join("tokens.jsonl")).unwrap();
     wait_for(Duration::from_secs(10), || {

@@ -443,23 +443,7 @@ pub fn header_value(v: &[u8]) -> String {
     if !text.contains('%') {
         return text.into_owned();
     }
-    // `%` HEXDIG HEXDIG (RFC 3986): from_str_radix alone would also take a sign ("%+5").
-    let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16)).map(|d| d as u8);
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match (bytes[i], hex(bytes.get(i + 1)), hex(bytes.get(i + 2))) {
-            (b'%', Some(high), Some(low)) => {
-                out.push(high * 16 + low);
-                i += 3;
-            }
-            (b, ..) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
+    let out = super::percent_decode(text.as_bytes(), false);
     String::from_utf8(out).unwrap_or_else(|_| text.into_owned())
 }
 

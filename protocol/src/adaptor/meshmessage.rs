@@ -138,25 +138,7 @@ impl Form {
 }
 
 fn decode(raw: &[u8]) -> Result<String, Refused> {
-    let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16)).map(|d| d as u8);
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        match (raw[i], hex(raw.get(i + 1)), hex(raw.get(i + 2))) {
-            (b'%', Some(h), Some(l)) => {
-                out.push(h * 16 + l);
-                i += 3;
-            }
-            (b'+', ..) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, ..) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
+    let out = super::percent_decode(raw, true);
     String::from_utf8(out).map_err(|_| refused(ret::BODY_ERR, "a form field is not UTF-8"))
 }
 

@@ -11,6 +11,32 @@ pub mod webhook;
 
 pub(crate) use rfc3339::civil_from_days;
 
+/// Percent-decodes `raw` (RFC 3986): `%` HEXDIG HEXDIG is the byte it names, any other `%` is
+/// itself, and with `plus_is_space` (form bodies) `+` is a space. `from_str_radix` alone would
+/// also take a sign in place of a digit (`%+5`): each digit is checked.
+pub(crate) fn percent_decode(raw: &[u8], plus_is_space: bool) -> Vec<u8> {
+    let hex = |b: Option<&u8>| b.and_then(|&b| char::from(b).to_digit(16)).map(|d| d as u8);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match (raw[i], hex(raw.get(i + 1)), hex(raw.get(i + 2))) {
+            (b'%', Some(high), Some(low)) => {
+                out.push(high * 16 + low);
+                i += 3;
+            }
+            (b'+', ..) if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            (b, ..) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Whether `s` is an RFC 3339 timestamp (as CloudEvents `time` must be).
 pub fn is_rfc3339(s: &str) -> bool {
     rfc3339::is_valid(s)
