@@ -101,7 +101,14 @@ impl Traffic {
             if !path_route {
                 meshmessage::check_client(|name| req.header(name))?;
             }
-            Form::parse(req.body)
+            let json = req
+                .header("content-type")
+                .is_some_and(|ct| ct.windows(16).any(|w| w.eq_ignore_ascii_case(b"application/json")));
+            if path_route && json {
+                Form::from_json(req.body)
+            } else {
+                Form::parse(req.body)
+            }
         };
         match code {
             Some(c @ (code::SEND_ASYNC | code::BATCH_V2)) => {

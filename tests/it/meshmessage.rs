@@ -109,8 +109,13 @@ fn a_java_sdk_publish_is_stored_as_a_cloudevent_and_read_by_a_cloudevents_subscr
     let path = form(&publish_form("classic", "m3", "s-3"));
     let r = c.request("POST", "/eventmesh/publish", &[("content-type", "application/x-www-form-urlencoded")], &path);
     assert_eq!(ret(&r), (200, 0), "{}", r.text());
+    // The path route also takes a JSON object of the same fields.
+    let body = json!({"topic": "classic", "content": "m4", "bizseqno": "s-4", "uniqueid": "u-4", "producergroup": "g"});
+    let r =
+        c.request("POST", "/eventmesh/publish", &[("content-type", "application/json")], body.to_string().as_bytes());
+    assert_eq!(ret(&r), (200, 0), "{}", r.text());
     let ids: Vec<Value> = b.events("classic", 0).into_iter().map(|(_, e)| e["id"].clone()).collect();
-    assert_eq!(ids, [json!("764553018247542903411"), json!("ce-1"), json!("s-2"), json!("s-3")]);
+    assert_eq!(ids, [json!("764553018247542903411"), json!("ce-1"), json!("s-2"), json!("s-3"), json!("s-4")]);
 }
 
 #[test]

@@ -126,6 +126,16 @@ impl Form {
         Ok(Form { fields })
     }
 
+    /// A JSON object of strings read as a form (EventMesh's `/eventmesh/...` routes take either),
+    /// at most [`MAX_FIELDS`] of them.
+    pub fn from_json(body: &[u8]) -> Result<Form, Refused> {
+        let text = std::str::from_utf8(body).map_err(|_| refused(ret::BODY_ERR, "the body is not UTF-8"))?;
+        let fields = bounded(text, Bounded::<(String, String)>::new(MAX_FIELDS)).map_err(|e| {
+            refused(ret::BODY_ERR, format!("a JSON body is an object of at most {MAX_FIELDS} strings: {e}"))
+        })?;
+        Ok(Form { fields })
+    }
+
     /// The first value of `name` (names are case-sensitive, as EventMesh reads them).
     pub fn get(&self, name: &str) -> Option<&str> {
         self.fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
@@ -600,6 +610,11 @@ mod tests {
         assert_eq!(Form::parse(body.as_bytes()).unwrap_err().ret, ret::BODY_ERR);
         assert_eq!(Form::parse("&&&&".repeat(100_000).as_bytes()).unwrap(), Form::default());
         assert!(Form::parse("a=1&".repeat(MAX_FIELDS).as_bytes()).is_ok());
+        let json: Vec<String> = (0..=MAX_FIELDS).map(|i| format!("\"k{i}\":\"v\"")).collect();
+        assert_eq!(Form::from_json(format!("{{{}}}", json.join(",")).as_bytes()).unwrap_err().ret, ret::BODY_ERR);
+        let f = Form::from_json(br#"{"topic":"t","content":"c"}"#).unwrap();
+        assert_eq!((f.get("topic"), f.get("content")), (Some("t"), Some("c")));
+        assert!(Form::from_json(br#"{"topic":1}"#).is_err() && Form::from_json(b"[]").is_err());
         // JSON inside the form is bounded the same way: a batch's contents and extFields stop
         // at their caps instead of collecting a megabyte of empty items first.
         let contents = format!("[{}{{}}]", "{},".repeat(100_000));
