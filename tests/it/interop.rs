@@ -61,6 +61,15 @@ fn python_sdk_1x_events_round_trip() {
     run_on_with_env(&b, &python, "python_sdk1.py", &[("PYTHONPATH", &path)]);
 }
 
+/// WebSocket publishers written with Python `websockets`: a pipelined `?publish=T` session and a
+/// `publish` message on a delivery session (issue 12).
+#[test]
+#[ignore = "needs Python with websockets and the CloudEvents SDK (SDK_PYTHON; scripts/test.sh installs them)"]
+fn python_websocket_publishers() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_script(&python, "python_ws_publish.py");
+}
+
 /// Independent clients of delivery: Python `websockets`, `httpx-sse` and `httpx`.
 #[test]
 #[ignore = "needs Python with websockets, httpx and httpx-sse (SDK_PYTHON; scripts/test.sh installs them)"]
