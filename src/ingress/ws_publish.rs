@@ -308,6 +308,9 @@ pub(super) struct SessionPublisher {
     /// The credential the session was opened with: once the keys no longer verify it (or it
     /// expires), its publish messages are refused with 401.
     credential: Option<Credential>,
+    /// The policy generation it was last verified under: verified again only after a change
+    /// (a JWT's signature costs far more than a publish).
+    verified: u64,
 }
 
 impl SessionPublisher {
@@ -321,7 +324,9 @@ impl SessionPublisher {
         (expires_us, credential): (Option<i64>, Option<Credential>),
     ) -> crate::push::Publisher {
         let name = principal.clone().unwrap_or_else(|| "anonymous".into());
+        let verified = traffic.shard.shared.governance.generation();
         Box::new(SessionPublisher {
+            verified,
             traffic,
             caller: caller.take().expect("one session per connection"),
             who: Rc::new(Principal { name, tenant: tenant.clone(), expires_us }),
@@ -354,7 +359,11 @@ impl SessionPublisher {
         }
         let snap = self.traffic.view.current(&shared.governance);
         let now = crate::clock::now_micros();
-        let revoked = self.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err());
+        let revoked = snap.generation != self.verified
+            && self.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err());
+        if !revoked {
+            self.verified = snap.generation;
+        }
         if revoked || self.who.expires_us.is_some_and(|e| e <= now) {
             let detail = "the session's credential expired or is no longer valid";
             return answer(out, loose_id(event).as_deref(), Err((401, detail)));
