@@ -51,7 +51,7 @@ pub(super) trait FrameAdaptor {
     /// The ingress stamps their publish time.
     fn frames(&self, topic: &str, req: &Request<'_>) -> Result<Vec<Frame>, Refusal>;
     /// The answer to a publish whose events were stored at `placed`, in request order.
-    fn accepted(&self, req: &Request<'_>, placed: &[Placed<'_>]) -> Response;
+    fn accepted(&self, placed: &[Placed<'_>]) -> Response;
     /// The answer to a publish the ingress refused with `problem` (a problem+json response:
     /// its status, detail and headers).
     fn refused(&self, problem: Response) -> Response;
@@ -63,8 +63,12 @@ pub(super) trait FrameAdaptor {
 }
 
 /// CloudEvents over HTTP (`POST /events/publish?topic=T`, the HTTP binding's three modes):
-/// answered 202 with where each event went, refused with problem+json.
-pub(super) struct CloudEventsHttp;
+/// answered 202 with where each event went, refused with problem+json. One per request: it
+/// remembers whether the body was a batch (the answer's shape) from reading it.
+#[derive(Default)]
+pub(super) struct CloudEventsHttp {
+    batch: std::cell::Cell<bool>,
+}
 
 impl FrameAdaptor for CloudEventsHttp {
     fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal> {
@@ -75,7 +79,10 @@ impl FrameAdaptor for CloudEventsHttp {
         let ct = req.header("content-type");
         let parsed = match cloudevents::mode(ct, req.header("ce-specversion").is_some()) {
             Ok(Mode::Structured) => cloudevents::parse_structured(topic, req.body).map(|f| vec![f]),
-            Ok(Mode::Batch) => cloudevents::parse_batch(topic, req.body),
+            Ok(Mode::Batch) => {
+                self.batch.set(true);
+                cloudevents::parse_batch(topic, req.body)
+            }
             Ok(Mode::Binary) => cloudevents::parse_binary(topic, req.headers(), ct, req.body).map(|f| vec![f]),
             Err(e) => Err(e),
         };
@@ -85,8 +92,8 @@ impl FrameAdaptor for CloudEventsHttp {
         })
     }
 
-    fn accepted(&self, req: &Request<'_>, placed: &[Placed<'_>]) -> Response {
-        let batch = matches!(cloudevents::mode(req.header("content-type"), false), Ok(Mode::Batch));
+    fn accepted(&self, placed: &[Placed<'_>]) -> Response {
+        let batch = self.batch.get();
         let mut body = Vec::with_capacity(40 * placed.len() + 16);
         if batch {
             body.extend_from_slice(b"{\"results\":[");
@@ -169,6 +176,6 @@ impl Traffic {
                 Placed { partition: p.0, offset: o, moved_to }
             })
             .collect();
-        Ok(adaptor.accepted(req, &placed))
+        Ok(adaptor.accepted(&placed))
     }
 }

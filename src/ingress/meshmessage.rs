@@ -67,7 +67,7 @@ impl FrameAdaptor for ClassicSend<'_> {
         self.message.to_frame(topic).map(|f| vec![f]).map_err(|r| Refusal::Answered(refused(&r)))
     }
 
-    fn accepted(&self, _req: &Request<'_>, placed: &[Placed<'_>]) -> Response {
+    fn accepted(&self, placed: &[Placed<'_>]) -> Response {
         let p = &placed[0];
         // EventMesh answers "success" followed by its send result; the partition and offset
         // are evmesh's.

@@ -872,7 +872,7 @@ impl Traffic {
 
     /// `POST /events/publish?topic=T`: CloudEvents over HTTP, through the one ingress path.
     async fn publish(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
-        self.publish_with(&adaptor::CloudEventsHttp, gate, req).await
+        self.publish_with(&adaptor::CloudEventsHttp::default(), gate, req).await
     }
 
     /// The `?topic=` of a request, checked, allowed for `action` and in the caller's namespace.

@@ -113,7 +113,10 @@ const MAX_HEADERS: usize = 100;
 /// Bytes one read takes at most.
 const READ_CHUNK: usize = 16 * 1024;
 
-/// Keep-alive connections by origin, on one shard.
+/// Keep-alive connections by origin, on one shard. An idle connection stays until it is reused
+/// (a stale one is then replaced): its user must bound the origins it calls (the webhook
+/// transport: one per subscription with a sink, under the subscription quotas) and, before
+/// it serves many, expire idle connections.
 pub struct Pool {
     idle: RefCell<HashMap<SocketAddr, Vec<TcpStream>>>,
     max_idle: usize,
@@ -148,7 +151,7 @@ impl Pool {
         write_request(method, &url.host, &url.target, headers, body, &mut req);
         let pooled = self.idle.borrow_mut().get_mut(&url.addr).and_then(Vec::pop);
         if let Some(conn) = pooled {
-            match self.exchange(conn, url, req.clone(), method == "HEAD", timeout).await {
+            match self.exchange(conn, url, &mut req, method == "HEAD", timeout).await {
                 Ok(a) => return Ok(a),
                 Err(Failed::Error(e)) => return Err(e),
                 Err(Failed::Stale) => {}
@@ -160,7 +163,7 @@ impl Pool {
             Err(_) => return Err(ClientError::TimedOut(timeout)),
         };
         let _ = conn.set_nodelay(true);
-        match self.exchange(conn, url, req, method == "HEAD", timeout).await {
+        match self.exchange(conn, url, &mut req, method == "HEAD", timeout).await {
             Ok(a) => Ok(a),
             Err(Failed::Stale) => Err(ClientError::Closed),
             Err(Failed::Error(e)) => Err(e),
@@ -171,13 +174,19 @@ impl Pool {
         &self,
         mut conn: TcpStream,
         url: &Url,
-        req: Vec<u8>,
+        req: &mut Vec<u8>,
         head_request: bool,
         timeout: Duration,
     ) -> Result<Answer, Failed> {
-        match within(timeout, conn.write_all(req)).await {
-            Ok((Ok(_), _)) => {}
-            Ok((Err(_), _)) => return Err(Failed::Stale),
+        // The write hands the request back, so a stale connection's retry sends it again
+        // without a copy (a timed-out write loses it, and is not retried).
+        match within(timeout, conn.write_all(std::mem::take(req))).await {
+            Ok((res, back)) => {
+                *req = back;
+                if res.is_err() {
+                    return Err(Failed::Stale);
+                }
+            }
             Err(_) => return Err(Failed::Error(ClientError::TimedOut(timeout))),
         }
         let mut buf = Vec::with_capacity(READ_CHUNK);
@@ -385,7 +394,11 @@ mod tests {
             assert_eq!(pool.send(&url, "POST", &[], b"1", Duration::from_secs(5)).await.unwrap().status, 200);
             assert_eq!(pool.send(&url, "POST", &[], b"2", Duration::from_secs(5)).await.unwrap().status, 202);
         });
-        assert_eq!(got.try_iter().map(|(n, _)| n).collect::<Vec<_>>(), [0, 0, 1]);
+        let seen: Vec<(usize, Vec<u8>)> = got.try_iter().collect();
+        assert_eq!(seen.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0, 1]);
+        // The retry sends the whole request again (the write handed it back).
+        assert_eq!(seen[2].1, seen[1].1);
+        assert!(seen[2].1.ends_with(b"content-length: 1\r\n\r\n2"), "{:?}", String::from_utf8_lossy(&seen[2].1));
     }
 
     #[test]

@@ -256,18 +256,7 @@ impl<'f> Message<'f> {
 /// reply's data as text and `properties` its extensions as strings.
 pub fn reply_message(topic: &str, reply: &Frame) -> String {
     let body = reply.body();
-    let mut properties = serde_json::Map::new();
-    for a in body.attributes.iter() {
-        if cloudevents::is_context_attribute(a.name.as_str()) {
-            continue;
-        }
-        let value = match &a.value {
-            ArchivedAttrValue::Str(s) => s.to_string(),
-            ArchivedAttrValue::Bool(b) => b.to_string(),
-            ArchivedAttrValue::Int(n) => n.to_native().to_string(),
-        };
-        properties.insert(a.name.to_string(), serde_json::Value::String(value));
-    }
+    let properties = extensions(reply);
     // The data as text: a JSON string's value, any other JSON as its text, text as it is.
     let data = match reply.header().data_kind {
         DataKind::Json => serde_json::from_slice::<String>(&body.data).ok(),
@@ -446,19 +435,7 @@ pub fn push_form(frame: &Frame, topic: &str, random_no: &str) -> Vec<u8> {
         Cow::Owned(String::from_utf8(out).expect("a structured event is UTF-8"))
     };
     let id = body.attr_str("id").unwrap_or_default();
-    let mut ext = serde_json::Map::new();
-    for a in body.attributes.iter() {
-        let name = a.name.as_str();
-        if cloudevents::is_context_attribute(name) {
-            continue;
-        }
-        let value = match &a.value {
-            ArchivedAttrValue::Str(s) => s.to_string(),
-            ArchivedAttrValue::Bool(b) => b.to_string(),
-            ArchivedAttrValue::Int(n) => n.to_native().to_string(),
-        };
-        ext.insert(name.to_owned(), serde_json::Value::String(value));
-    }
+    let ext = extensions(frame);
     let mut out = Vec::new();
     let fields = [
         ("content", content.as_ref()),
@@ -470,9 +447,26 @@ pub fn push_form(frame: &Frame, topic: &str, random_no: &str) -> Vec<u8> {
     for (k, v) in fields {
         push_field(&mut out, k, v);
     }
-    push_field(&mut out, "extFields", &serde_json::Value::Object(ext).to_string());
+    push_field(&mut out, "extFields", &ext.to_string());
     out
 }
+
+/// A frame's extension attributes (everything but CloudEvents' context attributes) as a JSON
+/// object of strings: the classic protocol's `extFields` and a reply's `properties`.
+fn extensions(frame: &Frame) -> serde_json::Value {
+    let mut ext = serde_json::Map::new();
+    for a in frame.body().attributes.iter().filter(|a| !cloudevents::is_context_attribute(a.name.as_str())) {
+        let value = match &a.value {
+            ArchivedAttrValue::Str(s) => s.to_string(),
+            ArchivedAttrValue::Bool(b) => b.to_string(),
+            ArchivedAttrValue::Int(n) => n.to_native().to_string(),
+        };
+        ext.insert(a.name.to_string(), serde_json::Value::String(value));
+    }
+    serde_json::Value::Object(ext)
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 fn push_field(out: &mut Vec<u8>, name: &str, value: &str) {
     if !out.is_empty() {
@@ -486,7 +480,7 @@ fn push_field(out: &mut Vec<u8>, name: &str, value: &str) {
             match b {
                 b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => out.push(b),
                 b' ' => out.push(b'+'),
-                _ => out.extend_from_slice(format!("%{b:02X}").as_bytes()),
+                _ => out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]),
             }
         }
     }
