@@ -252,14 +252,15 @@ impl Pool {
                     }
                 }
             }
-            ResponseBody::UntilClose => {
-                while read(&mut conn, &mut rest, timeout).await? > 0 {
-                    if rest.len() > self.max_body {
-                        return Err(Failed::Error(ClientError::TooLarge(self.max_body)));
-                    }
+            ResponseBody::UntilClose => loop {
+                // What came with the head counts too (found by the test of this branch).
+                if rest.len() > self.max_body {
+                    return Err(Failed::Error(ClientError::TooLarge(self.max_body)));
                 }
-                return Ok(Answer { status: head.status, headers, body: rest });
-            }
+                if read(&mut conn, &mut rest, timeout).await? == 0 {
+                    return Ok(Answer { status: head.status, headers, body: rest });
+                }
+            },
         };
         if head.keep_alive {
             let mut idle = self.idle.borrow_mut();
@@ -399,6 +400,37 @@ mod tests {
         // The retry sends the whole request again (the write handed it back).
         assert_eq!(seen[2].1, seen[1].1);
         assert!(seen[2].1.ends_with(b"content-length: 1\r\n\r\n2"), "{:?}", String::from_utf8_lossy(&seen[2].1));
+    }
+
+    /// A server that answers one request with `answer` and closes the connection.
+    fn answer_and_close(answer: &'static [u8]) -> SocketAddr {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let _ = conn.read(&mut [0u8; 4096]);
+            conn.write_all(answer).unwrap();
+        });
+        addr
+    }
+
+    #[test]
+    fn bodies_framed_by_the_close_are_read_to_it_and_cut_ones_are_errors() {
+        let ok = answer_and_close(b"HTTP/1.1 200 OK\r\n\r\nuntil the end");
+        let cut = answer_and_close(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort");
+        let big = answer_and_close(b"HTTP/1.0 200 OK\r\n\r\n0123456789abcdefXYZ");
+        let pool = Pool::new(4, 16);
+        let t = Duration::from_secs(5);
+        run(async {
+            let url = |a: SocketAddr| Url::parse(&format!("http://{a}/")).unwrap();
+            let a = pool.send(&url(ok), "POST", &[], b"x", t).await.unwrap();
+            assert_eq!(a.body, b"until the end");
+            assert_eq!(pool.send(&url(cut), "POST", &[], b"x", t).await, Err(ClientError::Closed));
+            assert_eq!(pool.send(&url(big), "POST", &[], b"x", t).await, Err(ClientError::TooLarge(16)));
+            // None of them went back to the pool.
+            assert!(pool.idle.borrow().values().all(Vec::is_empty));
+        });
     }
 
     #[test]
