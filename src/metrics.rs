@@ -94,6 +94,8 @@ pub struct ShardMetrics {
     /// Requests refused by the connection itself before a close, by status: 400 (framing),
     /// 408, 413, 431, other.
     pub http_refused: [Counter; 5],
+    /// Requests to webhook sinks by result ([`WEBHOOK_RESULTS`]).
+    pub webhook_requests: [Counter; 3],
 }
 
 impl ShardMetrics {
@@ -114,6 +116,10 @@ const REFUSED: [u16; 4] = [400, 408, 413, 431];
 
 /// How a request that waited for its reply ended: the label of `evmesh_requests_total`.
 pub const REQUEST_OUTCOMES: [&str; 3] = ["replied", "timed_out", "abandoned"];
+
+/// How a request to a webhook sink ended: the label of `evmesh_webhook_requests_total`.
+/// `deferred` is a 429 or 503 with `Retry-After` (an attempt all the same).
+pub const WEBHOOK_RESULTS: [&str; 3] = ["ok", "failed", "deferred"];
 
 /// Picks one counter out of a shard's metrics.
 type CounterOf = fn(&ShardMetrics) -> &Counter;
@@ -229,6 +235,13 @@ impl Metrics {
         for (i, m) in self.shards.iter().enumerate() {
             for (outcome, c) in REQUEST_OUTCOMES.iter().zip(&m.requests) {
                 let _ = writeln!(out, "{name}{{shard=\"{i}\",outcome=\"{outcome}\"}} {}", c.get());
+            }
+        }
+        let name = "evmesh_webhook_requests_total";
+        let _ = writeln!(out, "# HELP {name} Requests to webhook sinks, by result\n# TYPE {name} counter");
+        for (i, m) in self.shards.iter().enumerate() {
+            for (result, c) in WEBHOOK_RESULTS.iter().zip(&m.webhook_requests) {
+                let _ = writeln!(out, "{name}{{shard=\"{i}\",result=\"{result}\"}} {}", c.get());
             }
         }
         let name = "evmesh_requests_pending";

@@ -25,6 +25,7 @@ mod it {
     mod session;
     mod subscriptions;
     mod tls;
+    mod webhook;
     mod ws;
     mod ws_publish;
 }

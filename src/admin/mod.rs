@@ -830,7 +830,7 @@ impl Admin {
                     serde_json::json!({"partition": p, "end_offset": end, "consumers": consumers})
                 })
                 .collect();
-            let mut v = serde_json::to_value(&s.def).expect("json");
+            let mut v = s.def.shown();
             v["partitions"] = serde_json::Value::Array(parts);
             out.push(v);
         }

@@ -81,6 +81,8 @@ pub const KEYS: &[(&str, &str)] = &[
         "session_window_bytes",
         "bytes of unacknowledged deliveries a session may hold per owning shard (at least one event)",
     ),
+    ("webhook_concurrency", "requests in flight to one webhook sink per owning shard (one per partition at a time)"),
+    ("webhook_timeout_ms", "a webhook sink taking longer over a step of a request fails that attempt"),
     ("ws_ping_interval_ms", "a WebSocket session silent this long is pinged; silent twice as long, it is closed"),
     ("max_topics", "topics in all (dead-letter topics not counted); creating more is refused (409)"),
     ("max_subscriptions", "subscriptions in all; creating more is refused (409)"),
@@ -171,6 +173,8 @@ pub struct RawConfig {
     redelivery_backoff_ms: u64,
     delivery_linger_us: u64,
     session_window_bytes: u64,
+    webhook_concurrency: u64,
+    webhook_timeout_ms: u64,
     ws_ping_interval_ms: u64,
     max_topics: u64,
     max_subscriptions: u64,
@@ -309,6 +313,9 @@ pub struct Config {
     pub delivery_linger: Duration,
     /// Bytes of unacknowledged deliveries a session may hold per owning shard.
     pub session_window_bytes: usize,
+    /// Requests in flight to one webhook sink, per shard owning some of its partitions.
+    pub webhook_concurrency: u32,
+    pub webhook_timeout: Duration,
     pub ws_ping_interval: Duration,
     pub max_topics: usize,
     pub max_subscriptions: usize,
@@ -545,6 +552,8 @@ impl RawConfig {
             )?),
             delivery_linger: Duration::from_micros(range("delivery_linger_us", self.delivery_linger_us, 0, 100_000)?),
             session_window_bytes: range("session_window_bytes", self.session_window_bytes, 1024, 1 << 30)? as usize,
+            webhook_concurrency: range("webhook_concurrency", self.webhook_concurrency, 1, 1024)? as u32,
+            webhook_timeout: Duration::from_millis(range("webhook_timeout_ms", self.webhook_timeout_ms, 100, 600_000)?),
             ws_ping_interval: Duration::from_millis(range(
                 "ws_ping_interval_ms",
                 self.ws_ping_interval_ms,

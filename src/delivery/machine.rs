@@ -20,6 +20,9 @@
 //!   so the assignment agrees across owners without a coordinator; it changes when sessions
 //!   come and go (a leaving session's unacknowledged events go to the new holder at once).
 //! * Sticky order: a partition's redeliveries go out before any newer event of it.
+//! * A subscription with a webhook `sink` has at most one event of a partition in flight (or
+//!   being dead-lettered), so with sticky order its partitions reach the sink in offset order
+//!   even when a delivery fails.
 //! * Flow control: a session holds at most its window of unacknowledged events from this shard
 //!   (`session_window`, or what its `credit` said) and at most `window_bytes` of them (at least
 //!   one event), and a partition at most `PART_INFLIGHT`. A full window pauses delivery; the log
@@ -413,10 +416,17 @@ impl Machine {
                 }
                 part.retry = part.retry.split_off(&upto.saturating_add(1));
             }
-            AckKind::Nack => {
+            AckKind::Nack | AckKind::Defer(_) => {
+                // A deferral (a webhook sink's `Retry-After`) is a failed attempt all the same,
+                // tried again no sooner than it asked.
+                let asked = match kind {
+                    AckKind::Defer(ms) => Duration::from_millis(u64::from(ms)),
+                    _ => Duration::ZERO,
+                };
                 for &o in offsets {
                     let Some(f) = settle(o, part) else { continue };
-                    if !f.rpc && part.failed(o, f.attempt, max, now + jitter.backoff(base, f.attempt)) {
+                    let due = now + jitter.backoff(base, f.attempt).max(asked);
+                    if !f.rpc && part.failed(o, f.attempt, max, due) {
                         out.push(Effect::dead_letter(&rc, gen, p, o, f.attempt, NACK));
                     }
                 }
@@ -566,6 +576,9 @@ impl Machine {
         let timeout = Duration::from_millis(c.def.ack_timeout_ms);
         let def = c.def.clone();
         let topic = def.topic.as_str();
+        // A webhook sink gets a partition's events one at a time (its order kept across
+        // failures: a redelivery waiting for its backoff holds the partition).
+        let part_max = if def.sink.is_some() { 1 } else { PART_INFLIGHT };
         let end = src.end(topic, p);
         let wall = src.wall_us();
         let mut skipped = 0;
@@ -580,7 +593,7 @@ impl Machine {
         let mut more = false;
         loop {
             let room_s = sess.window.saturating_sub(sess.inflight) as usize;
-            let room = room_s.min(PART_INFLIGHT.saturating_sub(part.inflight.len() + part.dead.len()));
+            let room = room_s.min(part_max.saturating_sub(part.inflight.len() + part.dead.len()));
             // At least one event may always be in flight, however large.
             let full_bytes = sess.inflight > 0 && sess.bytes >= window_bytes;
             if room == 0 || full_bytes {

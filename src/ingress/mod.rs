@@ -596,6 +596,10 @@ impl Traffic {
             Ok(None) => return Err(problem(StatusCode::NOT_FOUND, &format!("no subscription {name}"))),
             Err(e) => return Err(storage_problem(&e)),
         };
+        if def.sink.is_some() {
+            let detail = format!("subscription {name} delivers to its sink; sessions cannot attach to it");
+            return Err(problem(StatusCode::CONFLICT, &detail));
+        }
         let acked = match req.query("ack").as_deref() {
             None => true,
             Some("none") => false,
@@ -812,7 +816,7 @@ impl Traffic {
         }
         def.created_us = crate::clock::now_micros();
         // Answered with the names the client used; stored in its tenant's namespace.
-        let json = serde_json::to_vec(&def).expect("Definition serializes");
+        let json = def.shown().to_string();
         match (gate.scoped(&def.subscription), gate.scoped(&def.topic)) {
             (Ok(s), Ok(t)) => (def.subscription, def.topic) = (s.into_owned(), t.into_owned()),
             (Err(r), _) | (_, Err(r)) => return r,

@@ -11,6 +11,7 @@ pub mod follow;
 pub mod poll;
 pub mod sse;
 pub mod turn;
+pub mod webhook;
 pub mod ws;
 
 use std::rc::Rc;

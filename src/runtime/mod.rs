@@ -419,6 +419,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 }
                 monoio::spawn(shard.clone().delivery_timers());
                 monoio::spawn(crate::push::watch_policy(shard.clone()));
+                shard.sink_starter.set(Some(crate::push::webhook::start));
+                crate::push::webhook::start_all(&shard);
                 crate::task::set_heartbeat(shared.beats[i].clone(), shared.epoch);
                 monoio::spawn(heartbeat());
                 monoio::spawn(injected_fault(i));

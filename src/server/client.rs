@@ -114,11 +114,11 @@ const MAX_HEADERS: usize = 100;
 const READ_CHUNK: usize = 16 * 1024;
 
 /// Keep-alive connections by origin, on one shard. An idle connection stays until it is reused
-/// (a stale one is then replaced): its user must bound the origins it calls (the webhook
-/// transport: one per subscription with a sink, under the subscription quotas) and, before
-/// it serves many, expire idle connections.
+/// (a stale one is then replaced) or [`Pool::close_idle`] closes it: its user bounds the
+/// origins it calls (a webhook session has a pool of its own, for its one sink) and closes
+/// what stays idle.
 pub struct Pool {
-    idle: RefCell<HashMap<SocketAddr, Vec<TcpStream>>>,
+    idle: RefCell<HashMap<SocketAddr, Vec<(TcpStream, std::time::Instant)>>>,
     max_idle: usize,
     max_body: usize,
 }
@@ -137,6 +137,15 @@ impl Pool {
         Pool { idle: RefCell::new(HashMap::new()), max_idle, max_body }
     }
 
+    /// Closes the connections idle for `max` or longer.
+    pub fn close_idle(&self, max: Duration) {
+        let mut idle = self.idle.borrow_mut();
+        for conns in idle.values_mut() {
+            conns.retain(|(_, since)| since.elapsed() < max);
+        }
+        idle.retain(|_, conns| !conns.is_empty());
+    }
+
     /// Sends one request and reads its answer, each step within `timeout`. A pooled connection
     /// the server closed meanwhile is replaced by a new one once.
     pub async fn send(
@@ -149,7 +158,7 @@ impl Pool {
     ) -> Result<Answer, ClientError> {
         let mut req = Vec::new();
         write_request(method, &url.host, &url.target, headers, body, &mut req);
-        let pooled = self.idle.borrow_mut().get_mut(&url.addr).and_then(Vec::pop);
+        let pooled = self.idle.borrow_mut().get_mut(&url.addr).and_then(Vec::pop).map(|(c, _)| c);
         if let Some(conn) = pooled {
             match self.exchange(conn, url, &mut req, method == "HEAD", timeout).await {
                 Ok(a) => return Ok(a),
@@ -266,7 +275,7 @@ impl Pool {
             let mut idle = self.idle.borrow_mut();
             let conns = idle.entry(url.addr).or_default();
             if conns.len() < self.max_idle {
-                conns.push(conn);
+                conns.push((conn, std::time::Instant::now()));
             }
         }
         Ok(Answer { status: head.status, headers, body })

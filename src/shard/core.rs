@@ -24,6 +24,7 @@ use crate::delivery::machine::expired;
 use crate::shard::shared::Shared;
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
+use crate::subscription::definition::Definition;
 use crate::subscription::filter::{matches_all, Filter};
 use crate::task::{Gate, Place};
 
@@ -71,7 +72,13 @@ pub struct Shard {
     pub policy: crate::governance::Changes,
     /// Request-reply: the requests of this shard's connections waiting for their reply.
     pub requests: super::requests::Requests,
+    /// Starts the webhook session of a subscription with a sink whose name this shard owns
+    /// (`push::webhook::start`, set at start: push sits above the shard).
+    pub sink_starter: Cell<Option<SinkStarter>>,
 }
+
+/// See [`Shard::sink_starter`].
+pub type SinkStarter = fn(&Rc<Shard>, Definition);
 
 /// A lite topic's settings: one partition; it expires whole after `lite_topic_ttl_ms` idle.
 const LITE_META: TopicMeta = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None };
@@ -141,6 +148,7 @@ impl Shard {
             fanning: RefCell::new(HashMap::new()),
             policy: crate::governance::Changes::default(),
             requests,
+            sink_starter: Cell::new(None),
         }
     }
 
@@ -323,7 +331,7 @@ impl Shard {
     }
 
     /// Creates or removes a subscription; only the owner shard of its name runs this.
-    pub(super) async fn subscription_local(&self, request: SubRequest) -> SubReply {
+    pub(super) async fn subscription_local(self: &Rc<Self>, request: SubRequest) -> SubReply {
         let db = &self.shared.db;
         let outcome = match request {
             SubRequest::Create(def) => match meta::get_subscription(db, &def.subscription)? {
@@ -338,6 +346,9 @@ impl Shard {
                     if let Err(e) = meta::put_subscription(db, &def) {
                         count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                         return Err(e);
+                    }
+                    if let (Some(_), Some(start)) = (&def.sink, self.sink_starter.get()) {
+                        start(self, def);
                     }
                     SubOutcome::Created
                 }

@@ -145,6 +145,9 @@ pub enum AckKind {
     Nack,
     /// Every delivered offset up to and including the given one was received (SSE resume).
     UpTo,
+    /// Failed, and not to be tried again for this many milliseconds (a webhook sink's
+    /// `Retry-After`), nor before the backoff.
+    Defer(u32),
 }
 
 /// Records the Kafka tail fetched for a partition the receiver owns (offsets stamped).

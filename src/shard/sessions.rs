@@ -64,6 +64,19 @@ struct AckedTx {
     tx: queue::Sender<Outbound>,
 }
 
+/// What a webhook session is handed: the stored events themselves (it renders its requests),
+/// shared by handle with the delivery that carried them.
+#[derive(Debug)]
+pub enum Pushed {
+    Event {
+        frames: std::sync::Arc<[Frame]>,
+        index: u32,
+        attempt: u16,
+    },
+    /// The subscription was removed: end after what is queued.
+    Close,
+}
+
 /// This shard's attached sessions.
 #[derive(Default)]
 pub struct Sessions {
@@ -72,6 +85,8 @@ pub struct Sessions {
     by_subscription: RefCell<HashMap<String, Vec<SessionTx>>>,
     /// Acknowledged sessions, by id.
     acked: RefCell<HashMap<u64, AckedTx>>,
+    /// Webhook sessions (acknowledged too), by id, with their subscription.
+    webhooks: RefCell<HashMap<u64, (String, queue::Sender<Pushed>)>>,
     /// Long-poll sessions, by consumer: they outlive the requests that poll them.
     pub polls: RefCell<HashMap<ConsumerKey, Rc<PollSession>>>,
     /// First-attempt renderings of the frames last delivered: the owner sends the same frames
@@ -155,6 +170,17 @@ impl Sessions {
 
     pub fn remove_acked(&self, id: u64) {
         self.acked.borrow_mut().remove(&id);
+        self.webhooks.borrow_mut().remove(&id);
+    }
+
+    /// Registers a webhook session (acknowledged delivery); returns its id and its queue, which
+    /// can hold every event the shards may have in flight to it.
+    pub fn add_webhook(&self, subscription: &str, shards: usize) -> (u64, queue::Receiver<Pushed>) {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let (tx, rx) = queue::channel(crate::delivery::MAX_WINDOW as usize * shards);
+        self.webhooks.borrow_mut().insert(id, (subscription.to_owned(), tx));
+        (id, rx)
     }
 
     /// Asks one acknowledged session to close after what is queued.
@@ -175,7 +201,10 @@ impl Sessions {
         };
         if let Some(id) = d.session {
             let mut acked = self.acked.borrow_mut();
-            let Some(s) = acked.get_mut(&id) else { return 0 };
+            let Some(s) = acked.get_mut(&id) else {
+                drop(acked);
+                return self.push_to_webhook(id, d, picked());
+            };
             let mut queued = 0;
             let mut cache = self.rendered.borrow_mut();
             let fresh = !matches!(&*cache, Some(c) if std::sync::Arc::ptr_eq(&c.frames, &d.frames) && c.kind == s.kind);
@@ -218,6 +247,23 @@ impl Sessions {
         queued
     }
 
+    /// Hands delivered events to a webhook session by handle (nothing rendered here).
+    fn push_to_webhook(&self, id: u64, d: &Delivery, picked: impl Iterator<Item = usize>) -> u64 {
+        let mut hooks = self.webhooks.borrow_mut();
+        let Some((_, tx)) = hooks.get_mut(&id) else { return 0 };
+        let mut queued = 0;
+        for (k, i) in picked.enumerate() {
+            let attempt = d.attempts.get(k).copied().unwrap_or(1);
+            let event = Pushed::Event { frames: d.frames.clone(), index: i as u32, attempt };
+            if tx.try_send(event).is_err() {
+                tx.close_channel();
+                return queued;
+            }
+            queued += 1;
+        }
+        queued
+    }
+
     /// Closes every session of a subscription (it was removed).
     pub fn close_all(&self, subscription: &str, code: u16) {
         if let Some(list) = self.by_subscription.borrow_mut().get_mut(subscription) {
@@ -229,6 +275,9 @@ impl Sessions {
             let _ = s.tx.send_past_bound(Outbound::Close(code, ""));
         }
         self.polls.borrow_mut().retain(|k, _| k.subscription != subscription);
+        for (_, tx) in self.webhooks.borrow_mut().values_mut().filter(|(s, _)| s == subscription) {
+            let _ = tx.send_past_bound(Pushed::Close);
+        }
     }
 }
 

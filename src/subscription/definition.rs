@@ -49,6 +49,14 @@ pub struct Definition {
     /// Not part of the definition's identity (see [`Definition::same_as`]).
     #[serde(default)]
     pub created_us: i64,
+    /// A webhook: every event is POSTed to this `http://` URL instead of to attached sessions
+    /// (`crate::push::webhook`), one event of a partition at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink: Option<String>,
+    /// The key of the sink's `X-Em-Signature` (none: requests are not signed). Never shown:
+    /// answers and listings use [`Definition::shown`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_secret: Option<String>,
 }
 
 /// The body of `POST /events/subscribe`, before defaults.
@@ -67,10 +75,17 @@ struct Request {
     ack_timeout_ms: Option<u64>,
     #[serde(default)]
     max_attempts: Option<u32>,
+    #[serde(default)]
+    sink: Option<String>,
+    #[serde(default)]
+    sink_secret: Option<String>,
 }
 
 pub const DEFAULT_ACK_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 6;
+/// Bytes of a sink URL, and of its secret, at most.
+pub const MAX_SINK_BYTES: usize = 2048;
+pub const MAX_SINK_SECRET_BYTES: usize = 256;
 
 impl Definition {
     /// Parses and checks a subscribe request body; the error text is what the client sees.
@@ -105,6 +120,19 @@ impl Definition {
             Some(Json::Array(items)) => items,
             Some(_) => return Err("filters must be an array".into()),
         };
+        if let Some(sink) = &r.sink {
+            if sink.len() > MAX_SINK_BYTES {
+                return Err(format!("sink: at most {MAX_SINK_BYTES} bytes"));
+            }
+            crate::server::client::Url::parse(sink).map_err(|e| format!("sink: {e}"))?;
+        }
+        match (&r.sink, &r.sink_secret) {
+            (None, Some(_)) => return Err("sinkSecret signs what is POSTed to a sink: it needs a sink".into()),
+            (_, Some(k)) if k.is_empty() || k.len() > MAX_SINK_SECRET_BYTES => {
+                return Err(format!("sinkSecret must be 1..={MAX_SINK_SECRET_BYTES} bytes"));
+            }
+            _ => {}
+        }
         let def = Definition {
             subscription: r.subscription,
             topic: r.topic,
@@ -114,9 +142,23 @@ impl Definition {
             ack_timeout_ms,
             max_attempts,
             created_us: 0,
+            sink: r.sink,
+            sink_secret: r.sink_secret,
         };
         def.compile().map_err(|e| e.to_string())?;
         Ok(def)
+    }
+
+    /// The definition as answers and listings show it: the sink's secret left out (whether
+    /// there is one is `sinkSigned`).
+    pub fn shown(&self) -> Json {
+        let mut json = serde_json::to_value(self).expect("Definition serializes");
+        if let Some(obj) = json.as_object_mut() {
+            if obj.remove("sinkSecret").is_some() {
+                obj.insert("sinkSigned".into(), Json::Bool(true));
+            }
+        }
+        json
     }
 
     /// Whether `other` defines the same subscription (creation time aside).
@@ -172,6 +214,19 @@ mod tests {
         assert_eq!(serde_json::from_slice::<Definition>(&stored).unwrap(), d);
     }
 
+    #[test]
+    fn a_sink_secret_is_stored_but_never_shown() {
+        let body = br#"{"subscription":"s","topic":"t","sink":"http://127.0.0.1:9/h","sinkSecret":"k3y"}"#;
+        let d = Definition::parse(body).unwrap();
+        assert_eq!((d.sink.as_deref(), d.sink_secret.as_deref()), (Some("http://127.0.0.1:9/h"), Some("k3y")));
+        let stored = serde_json::to_vec(&d).unwrap();
+        assert_eq!(serde_json::from_slice::<Definition>(&stored).unwrap(), d, "kept to sign after a restart");
+        let shown = d.shown().to_string();
+        assert!(!shown.contains("k3y") && shown.contains(r#""sinkSigned":true"#), "{shown}");
+        let plain = Definition::parse(br#"{"subscription":"s","topic":"t"}"#).unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("sink"), "no sink: stored as before");
+    }
+
     /// Regression: a stored filter that no longer compiles (an older evmesh's looser limits)
     /// was replaced by no filter at all, so the subscriber got every event.
     #[test]
@@ -197,6 +252,10 @@ mod tests {
             (r#"{"subscription":"s","topic":"t","filters":[{"regex":{"type":"x"}}]}"#, "unknown dialect"),
             (r#"{"subscription":"s","topic":"t","filters":[{"sql":"type ="}]}"#, "CESQL parse error"),
             (r#"{"subscription":"s","topic":"t","bogus":1}"#, "unknown field"),
+            (r#"{"subscription":"s","topic":"t","sink":"ftp://x/"}"#, "sink: "),
+            (r#"{"subscription":"s","topic":"t","sink":"http://u:p@127.0.0.1/"}"#, "user info"),
+            (r#"{"subscription":"s","topic":"t","sinkSecret":"k"}"#, "needs a sink"),
+            (r#"{"subscription":"s","topic":"t","sink":"http://127.0.0.1/","sinkSecret":""}"#, "sinkSecret must be"),
         ] {
             let err = Definition::parse(body.as_bytes()).unwrap_err();
             assert!(err.contains(want), "{body}: {err}");

@@ -46,9 +46,74 @@ pub fn signature(secret: &[u8], method: &str, path: &str, timestamp: &str, body:
     format!("sha256={}", hex(&mac))
 }
 
+/// The wait a `Retry-After` value asks for (RFC 9110, 10.2.3), in seconds: delay-seconds, or
+/// an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) less `now` (Unix seconds; a date past is 0).
+/// `None` for anything else.
+pub fn retry_after(value: &str, now: u64) -> Option<u64> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(v.parse::<u64>().unwrap_or(u64::MAX));
+    }
+    // "Sun, 06 Nov 1994 08:49:37 GMT"
+    let rest = v.get(5..)?;
+    if v.as_bytes().get(3..5) != Some(b", ") {
+        return None;
+    }
+    let mut parts = rest.split(' ');
+    let (day, month, year, time, zone) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || zone != "GMT" || day.len() != 2 || year.len() != 4 || time.len() != 8 {
+        return None;
+    }
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    let m = MONTHS.iter().position(|&x| x == month)? as i64 + 1;
+    let num = |s: &str| s.bytes().all(|b| b.is_ascii_digit()).then(|| s.parse::<i64>().ok()).flatten();
+    let (d, y) = (num(day)?, num(year)?);
+    let mut hms = time.split(':');
+    let (h, mi, sec) = (num(hms.next()?)?, num(hms.next()?)?, num(hms.next()?)?);
+    if !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    // Days from the civil date (H. Hinnant's algorithm), then seconds since the epoch.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let at = days * 86_400 + h * 3600 + mi * 60 + sec;
+    Some((at - now as i64).max(0) as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_seconds_or_an_http_date() {
+        assert_eq!(retry_after("120", 0), Some(120));
+        assert_eq!(retry_after(" 0 ", 0), Some(0));
+        assert_eq!(retry_after("99999999999999999999999", 0), Some(u64::MAX));
+        // RFC 9110's example date is 784111777 seconds after the epoch.
+        assert_eq!(retry_after("Sun, 06 Nov 1994 08:49:37 GMT", 784_111_777 - 30), Some(30));
+        assert_eq!(retry_after("Sun, 06 Nov 1994 08:49:37 GMT", 784_111_777 + 5), Some(0), "past: at once");
+        assert_eq!(retry_after("Thu, 01 Jan 1970 00:00:00 GMT", 0), Some(0));
+        assert_eq!(retry_after("Wed, 02 Dec 2026 05:00:00 GMT", 1_796_187_600 - 1), Some(1));
+        for bad in [
+            "",
+            "-1",
+            "1.5",
+            "soon",
+            "Sun, 06 Nov 1994 08:49:37 PST",
+            "Sun, 6 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nox 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 24:49:37 GMT",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun, 06 Nov 1994 08:49:37 GMT x",
+            "é, 06 Nov 1994 08:49:37 GMT",
+        ] {
+            assert_eq!(retry_after(bad, 0), None, "{bad:?}");
+        }
+    }
 
     /// RFC 4231's test cases 1, 2 and 6 (a key longer than the block).
     #[test]

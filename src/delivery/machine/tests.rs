@@ -498,3 +498,50 @@ fn a_request_restored_among_redeliveries_is_settled_when_read() {
     m.attach(&key(), sess(1), 10, Vec::new(), now, &log, &mut out);
     assert_eq!(dead(&out), [(0, 1, 1, ACK_TIMEOUT)], "only the event is dead-lettered");
 }
+
+/// A webhook sink's subscription: one event of a partition in flight at a time, so a failed
+/// one holds its partition (not the others) until it is delivered again or dead-lettered.
+#[test]
+fn a_sink_gets_one_event_per_partition_at_a_time_and_a_failure_holds_the_partition() {
+    let (log, t0) = (Log::default(), Instant::now());
+    log.append(0, 3);
+    log.append(1, 2);
+    let def = r#"{"subscription":"s","topic":"t","ackTimeoutMs":60000,"maxAttempts":2,"sink":"http://127.0.0.1:9/"}"#;
+    let mut m = setup(def, &[0, 1], &[], t0);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 16, Vec::new(), t0, &log, &mut out);
+    assert_eq!(delivered(&out), [(1, 0, 0, 1), (1, 1, 0, 1)], "one per partition, whatever the window");
+    let out = ack(&mut m, &log, 0, &[0], AckKind::Nack, t0);
+    assert!(delivered(&out).is_empty(), "offset 1 waits behind the failed 0");
+    let out = ack(&mut m, &log, 1, &[0], AckKind::Ack, t0);
+    assert_eq!(delivered(&out), [(1, 1, 1, 1)], "the other partition goes on");
+    let mut out = Vec::new();
+    m.tick(t0 + Duration::from_millis(121), &log, &mut out);
+    assert_eq!(delivered(&out), [(1, 0, 0, 2)], "the failed one again, alone");
+    let out = ack(&mut m, &log, 0, &[0], AckKind::Nack, t0);
+    assert_eq!(dead(&out), [(0, 0, 2, NACK)]);
+    assert!(delivered(&out).is_empty(), "still held while it is being dead-lettered");
+    let Some(Effect::DeadLetter { gen, .. }) = out.iter().find(|e| matches!(e, Effect::DeadLetter { .. })) else {
+        panic!("{out:?}")
+    };
+    let mut out = Vec::new();
+    assert!(m.dead_lettered(&key(), *gen, 0, 0, 2, true, t0, &log, &mut out));
+    assert_eq!(delivered(&out), [(1, 0, 1, 1)], "then the partition goes on in order");
+}
+
+/// A sink's `Retry-After` defers the event at least that long, longer than the backoff.
+#[test]
+fn a_deferred_event_waits_as_long_as_asked_and_counts_as_an_attempt() {
+    let (log, t0) = (Log::default(), Instant::now());
+    log.append(0, 1);
+    let mut m = setup(r#"{"subscription":"s","topic":"t","ackTimeoutMs":60000,"maxAttempts":3}"#, &[0], &[], t0);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 10, Vec::new(), t0, &log, &mut out);
+    let out = ack(&mut m, &log, 0, &[0], AckKind::Defer(5_000), t0);
+    assert!(delivered(&out).is_empty());
+    let mut out = Vec::new();
+    m.tick(t0 + Duration::from_millis(4_900), &log, &mut out);
+    assert!(delivered(&out).is_empty(), "not before the 5 s asked (the backoff is 100 ms)");
+    m.tick(t0 + Duration::from_millis(5_001), &log, &mut out);
+    assert_eq!(delivered(&out), [(1, 0, 0, 2)]);
+}
