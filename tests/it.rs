@@ -24,7 +24,7 @@ mod it {
     mod request;
     mod session;
     mod subscriptions;
-    mod tls;
+    pub mod tls;
     mod webhook;
     mod ws;
     mod ws_publish;

@@ -81,8 +81,9 @@ pub const KEYS: &[(&str, &str)] = &[
         "session_window_bytes",
         "bytes of unacknowledged deliveries a session may hold per owning shard (at least one event)",
     ),
-    ("webhook_concurrency", "requests in flight to one webhook sink per owning shard (one per partition at a time)"),
+    ("webhook_concurrency", "requests in flight to one webhook sink at most (one per partition at a time)"),
     ("webhook_timeout_ms", "a webhook sink taking longer over a step of a request fails that attempt"),
+    ("webhook_ca_file", "PEM certificates trusted for https sinks besides the built-in Mozilla roots"),
     ("ws_ping_interval_ms", "a WebSocket session silent this long is pinged; silent twice as long, it is closed"),
     ("max_topics", "topics in all (dead-letter topics not counted); creating more is refused (409)"),
     ("max_subscriptions", "subscriptions in all; creating more is refused (409)"),
@@ -126,7 +127,7 @@ fn kind(key: &str) -> Kind {
         "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
         | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" | "auth" | "auth_tokens_file"
         | "jwt_jwks_file" | "jwt_audience" | "jwt_issuer" | "admin_token" | "audit_log" | "tls_cert" | "tls_key"
-        | "tls_client_ca" | "advertised_url" => Kind::Str,
+        | "tls_client_ca" | "advertised_url" | "webhook_ca_file" => Kind::Str,
         "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -175,6 +176,7 @@ pub struct RawConfig {
     session_window_bytes: u64,
     webhook_concurrency: u64,
     webhook_timeout_ms: u64,
+    webhook_ca_file: String,
     ws_ping_interval_ms: u64,
     max_topics: u64,
     max_subscriptions: u64,
@@ -313,9 +315,11 @@ pub struct Config {
     pub delivery_linger: Duration,
     /// Bytes of unacknowledged deliveries a session may hold per owning shard.
     pub session_window_bytes: usize,
-    /// Requests in flight to one webhook sink, per shard owning some of its partitions.
+    /// Requests in flight to one webhook sink at most.
     pub webhook_concurrency: u32,
     pub webhook_timeout: Duration,
+    /// Trusted for https sinks besides the built-in roots.
+    pub webhook_ca_file: Option<PathBuf>,
     pub ws_ping_interval: Duration,
     pub max_topics: usize,
     pub max_subscriptions: usize,
@@ -554,6 +558,7 @@ impl RawConfig {
             session_window_bytes: range("session_window_bytes", self.session_window_bytes, 1024, 1 << 30)? as usize,
             webhook_concurrency: range("webhook_concurrency", self.webhook_concurrency, 1, 1024)? as u32,
             webhook_timeout: Duration::from_millis(range("webhook_timeout_ms", self.webhook_timeout_ms, 100, 600_000)?),
+            webhook_ca_file: (!self.webhook_ca_file.is_empty()).then(|| PathBuf::from(&self.webhook_ca_file)),
             ws_ping_interval: Duration::from_millis(range(
                 "ws_ping_interval_ms",
                 self.ws_ping_interval_ms,

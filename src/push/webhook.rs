@@ -31,7 +31,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use crate::adaptor::cloudevents::write_binary;
 use crate::adaptor::webhook::{retry_after, signature};
 use crate::delivery::delivery_id;
-use crate::server::client::{Pool, Url};
+use crate::server::client::{ClientError, Pool, Url};
 use crate::shard::core::Shard;
 use crate::shard::message::{AckKind, ConsumerKey, SessionChange, SessionEvent, SessionRef};
 use crate::shard::sessions::Pushed;
@@ -106,9 +106,17 @@ enum Woke {
 enum Outcome {
     Ok,
     Failed,
+    /// No connection (refused, reset, TLS failed, or the name did not resolve): failed, and the
+    /// name is resolved again before the next request.
+    Unreachable,
     /// A 429 or 503 with `Retry-After`: not again before this.
     Defer(Duration),
 }
+
+/// How long a resolved address is used before the name is resolved again.
+const RESOLVE_EVERY: Duration = Duration::from_secs(60);
+/// Resolutions of a sink's name at most this often, when it failed or its address did not answer.
+const RESOLVE_RETRY: Duration = Duration::from_secs(1);
 
 async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
     let config = &shard.shared.config;
@@ -118,10 +126,30 @@ async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
     let concurrency = config.webhook_concurrency as usize;
     let change = SessionChange::Attach { window: config.webhook_concurrency, filters: None, persist: true };
     shard.announce_session(SessionEvent { consumer: consumer.clone(), topic: def.topic.clone(), session: at, change });
-    let pool = Pool::new(concurrency, MAX_ANSWER);
+    let pool = Pool::new(concurrency, MAX_ANSWER, Some(shard.shared.client_tls.clone()));
     let secret = def.sink_secret.as_deref().map(str::as_bytes);
     let timeout = config.webhook_timeout;
     let metrics = shard.shared.metrics.shard(shard.id);
+    // Tells the machine how one went.
+    let settle = |p: u32, o: u64, outcome: &Outcome| {
+        let kind = match outcome {
+            Outcome::Ok => AckKind::Ack,
+            Outcome::Failed | Outcome::Unreachable => AckKind::Nack,
+            Outcome::Defer(wait) => AckKind::Defer(wait.as_millis() as u32),
+        };
+        let slot = match outcome {
+            Outcome::Ok => 0,
+            Outcome::Failed | Outcome::Unreachable => 1,
+            Outcome::Defer(_) => 2,
+        };
+        metrics.webhook_requests[slot].inc();
+        let _ = shard.route_acks(&consumer, &def.topic, BTreeMap::from([(p, vec![o])]), kind, false);
+    };
+    // Where the sink is: resolved when first needed, again every `RESOLVE_EVERY` and after it
+    // did not answer.
+    let mut addr: Option<(std::net::SocketAddr, Instant)> = None;
+    let mut refresh = false;
+    let mut last_resolve: Option<Instant> = None;
     // Handed to the session, not yet POSTed (bounded by the windows the owners keep).
     let mut waiting: VecDeque<Event> = VecDeque::new();
     let mut inflight = FuturesUnordered::new();
@@ -131,9 +159,29 @@ async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
         if held_until.is_some_and(|t| t <= Instant::now()) {
             held_until = None;
         }
-        while !closing && held_until.is_none() && inflight.len() < concurrency {
+        let stale = refresh || addr.is_none_or(|(_, at)| at.elapsed() >= RESOLVE_EVERY);
+        let may_resolve = last_resolve.is_none_or(|t| t.elapsed() >= RESOLVE_RETRY);
+        if !closing && !waiting.is_empty() && stale && may_resolve {
+            last_resolve = Some(Instant::now());
+            match url.resolve(timeout).await {
+                Ok(a) => (addr, refresh) = (Some((a, Instant::now())), false),
+                Err(e) if addr.is_none() => {
+                    // Nowhere to send them: each is a failed attempt (retried after the backoff).
+                    eprintln!("evmesh: subscription {}: sink: {e}", def.subscription);
+                    for ev in waiting.drain(..) {
+                        let h = ev.frames[ev.index as usize].header();
+                        settle(h.partition, h.offset, &Outcome::Unreachable);
+                    }
+                }
+                Err(_) => {} // the last address it had is used on
+            }
+        }
+        while let (false, None, Some((to, _))) = (closing, held_until, addr) {
+            if inflight.len() >= concurrency {
+                break;
+            }
             let Some(e) = waiting.pop_front() else { break };
-            inflight.push(post(&pool, url, secret, e, timeout));
+            inflight.push(post(&pool, url, to, secret, e, timeout));
         }
         if closing && inflight.is_empty() {
             break;
@@ -150,7 +198,12 @@ async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
                 false => queue.recv().await,
             }
         };
-        let wake = held_until.map_or(IDLE, |t| t.saturating_duration_since(Instant::now()));
+        let wake = match (held_until, waiting.is_empty() || addr.is_some()) {
+            (Some(t), _) => t.saturating_duration_since(Instant::now()),
+            // Events wait for the name to resolve.
+            (None, false) => RESOLVE_RETRY,
+            (None, true) => IDLE,
+        };
         let timer = monoio::time::sleep(wake);
         let woke = {
             let (done, pushed, timer) = (std::pin::pin!(next_done), std::pin::pin!(next_event), std::pin::pin!(timer));
@@ -162,23 +215,13 @@ async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
         };
         match woke {
             Woke::Done(Some((p, o, outcome))) => {
-                let kind = match outcome {
-                    Outcome::Ok => {
-                        metrics.webhook_requests[0].inc();
-                        AckKind::Ack
-                    }
-                    Outcome::Failed => {
-                        metrics.webhook_requests[1].inc();
-                        AckKind::Nack
-                    }
-                    Outcome::Defer(wait) => {
-                        metrics.webhook_requests[2].inc();
-                        held_until = Some(Instant::now() + wait);
-                        AckKind::Defer(wait.as_millis() as u32)
-                    }
-                };
-                let by = BTreeMap::from([(p, vec![o])]);
-                let _ = shard.route_acks(&consumer, &def.topic, by, kind, false);
+                match outcome {
+                    Outcome::Defer(wait) => held_until = Some(Instant::now() + wait),
+                    // Resolved again before the next request (at most every `RESOLVE_RETRY`).
+                    Outcome::Unreachable if url.ip.is_none() => refresh = true,
+                    _ => {}
+                }
+                settle(p, o, &outcome);
             }
             Woke::Done(None) => {}
             Woke::Pushed(Some(Pushed::Event { frames, index, attempt })) => {
@@ -195,7 +238,14 @@ async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
 }
 
 /// POSTs one event; returns its partition, offset and how it went.
-async fn post(pool: &Pool, url: &Url, secret: Option<&[u8]>, e: Event, timeout: Duration) -> (u32, u64, Outcome) {
+async fn post(
+    pool: &Pool,
+    url: &Url,
+    addr: std::net::SocketAddr,
+    secret: Option<&[u8]>,
+    e: Event,
+    timeout: Duration,
+) -> (u32, u64, Outcome) {
     let frame = &e.frames[e.index as usize];
     let h = frame.header();
     let (p, o) = (h.partition, h.offset);
@@ -225,7 +275,7 @@ async fn post(pool: &Pool, url: &Url, secret: Option<&[u8]>, e: Event, timeout: 
     }
     headers.push(("x-em-timestamp".into(), timestamp));
     let refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-    let outcome = match pool.send(url, "POST", &refs, &body, timeout).await {
+    let outcome = match pool.send(url, addr, "POST", &refs, &body, timeout).await {
         Ok(a) if (200..300).contains(&a.status) => Outcome::Ok,
         Ok(a) if a.status == 429 || a.status == 503 => {
             match a.header("retry-after").and_then(|v| retry_after(v, now_s)) {
@@ -233,6 +283,7 @@ async fn post(pool: &Pool, url: &Url, secret: Option<&[u8]>, e: Event, timeout: 
                 None => Outcome::Failed,
             }
         }
+        Err(ClientError::Connect(_)) => Outcome::Unreachable,
         Ok(_) | Err(_) => Outcome::Failed,
     };
     (p, o, outcome)

@@ -322,8 +322,11 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         Some(files) => Some(Arc::new(TlsAcceptor::load(files.clone()).map_err(StartError::Tls)?)),
         None => None,
     };
+    let client_tls = crate::server::tls::client_config(config.webhook_ca_file.as_deref())
+        .map_err(|e| StartError::Tls(format!("webhook_ca_file: {e}")))?;
     let shared = Arc::new(Shared {
         governance,
+        client_tls,
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),

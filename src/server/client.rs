@@ -4,43 +4,49 @@
 //! protocol crate's (`http::client`: a request writer and a strict response-head parser, the
 //! request side's chunked scanner for chunked bodies).
 //!
-//! Plain `http` only so far, to hosts given as IP addresses or `localhost`: a name would need
-//! the system resolver, which blocks, and a shard must not block. `https` comes with a TLS
-//! client configuration.
+//! `http` and `https` (rustls, `tls::connect`: the Mozilla roots and `webhook_ca_file`). A
+//! host name is resolved by the system resolver on a thread of its own ([`resolve`]; it
+//! blocks, and a shard must not), by the caller, which keeps the address.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 use super::deadline::within;
+use super::Stream;
 use crate::http::client::{parse_response_head, write_request, ResponseBody};
 use crate::http::{ChunkedLimits, ChunkedScanner, Status};
 
-/// An `http` URL the client can call.
+/// An `http` or `https` URL the client can call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Url {
-    /// The host as written (the `Host` header's), and where it is.
+    pub tls: bool,
+    /// The authority as written (the `Host` header's).
     pub host: String,
-    pub addr: SocketAddr,
+    /// The host alone (no brackets, no port): the name to resolve and to verify on https.
+    pub name: String,
+    pub port: u16,
+    /// The host's address when it is one (or `localhost`): nothing to resolve.
+    pub ip: Option<IpAddr>,
     /// Path and query, `/` at least.
     pub target: String,
 }
 
 impl Url {
-    /// Parses `http://host[:port][/path][?query]`; `host` an IP address (`[...]` for IPv6) or
-    /// `localhost`. A fragment is dropped; user info is refused.
+    /// Parses `http[s]://host[:port][/path][?query]`; `host` a DNS name, an IPv4 address or
+    /// `[IPv6]`. A fragment is dropped; user info is refused.
     pub fn parse(s: &str) -> Result<Url, String> {
-        let rest = match s.split_once("://") {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-            Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-                return Err("https sinks are not supported yet (plain http only)".into())
-            }
-            _ => return Err(format!("{s:?} is not an http:// URL")),
+        let (tls, rest) = match s.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (false, rest),
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (true, rest),
+            _ => return Err(format!("{s:?} is not an http:// or https:// URL")),
         };
+        let default_port = if tls { 443 } else { 80 };
         let rest = rest.split('#').next().unwrap_or_default();
         let (authority, target) = match rest.find(['/', '?']) {
             Some(i) if rest.as_bytes()[i] == b'?' => (&rest[..i], format!("/{}", &rest[i..])),
@@ -58,22 +64,57 @@ impl Url {
         // `[v6]` or `[v6]:port`; otherwise `host` or `host:port`.
         let (host, port) = match authority.strip_prefix('[') {
             Some(rest) => match rest.split_once(']') {
-                Some((h, "")) => (h, 80),
+                Some((h, "")) => (h, default_port),
                 Some((h, after)) => (h, port(after.strip_prefix(':').unwrap_or(after))?),
                 None => return Err(format!("unclosed [ in {authority:?}")),
             },
             None => match authority.rsplit_once(':') {
                 Some((h, p)) => (h, port(p)?),
-                None => (authority, 80),
+                None => (authority, default_port),
             },
         };
         let ip = match host {
-            "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            h => h.parse::<IpAddr>().map_err(|_| {
-                format!("the host {h:?} must be an IP address or localhost (names are not resolved yet)")
-            })?,
+            h if h.eq_ignore_ascii_case("localhost") => Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            h if authority.starts_with('[') => {
+                Some(h.parse::<std::net::Ipv6Addr>().map_err(|_| format!("{h:?} is not an IPv6 address"))?.into())
+            }
+            h => h.parse::<Ipv4Addr>().ok().map(IpAddr::V4),
         };
-        Ok(Url { host: authority.to_owned(), addr: SocketAddr::new(ip, port), target })
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if ip.is_none() && (host.len() > 253 || !host.trim_end_matches('.').split('.').all(label_ok)) {
+            return Err(format!("the host {host:?} is neither a DNS name nor an IP address"));
+        }
+        Ok(Url { tls, host: authority.to_owned(), name: host.to_owned(), port, ip, target })
+    }
+
+    /// Where it is: its address, or what the resolver says its name is (on a thread of its
+    /// own, within `timeout`).
+    pub async fn resolve(&self, timeout: Duration) -> Result<SocketAddr, ClientError> {
+        if let Some(ip) = self.ip {
+            return Ok(SocketAddr::new(ip, self.port));
+        }
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let (name, port) = (self.name.clone(), self.port);
+        let spawned = std::thread::Builder::new().name("evmesh-resolve".into()).spawn(move || {
+            use std::net::ToSocketAddrs;
+            let found = (name.as_str(), port).to_socket_addrs().map(|mut a| a.next());
+            let _ = tx.send(found.map_err(|e| e.to_string()));
+        });
+        if let Err(e) = spawned {
+            return Err(ClientError::Connect(format!("cannot resolve {}: {e}", self.name)));
+        }
+        match monoio::time::timeout(timeout, rx).await {
+            Ok(Ok(Ok(Some(addr)))) => Ok(addr),
+            Ok(Ok(Ok(None))) => Err(ClientError::Connect(format!("{} has no address", self.name))),
+            Ok(Ok(Err(e))) => Err(ClientError::Connect(format!("cannot resolve {}: {e}", self.name))),
+            Ok(Err(_)) => Err(ClientError::Connect(format!("cannot resolve {}", self.name))),
+            Err(_) => Err(ClientError::TimedOut(timeout)),
+        }
     }
 }
 
@@ -118,10 +159,16 @@ const READ_CHUNK: usize = 16 * 1024;
 /// origins it calls (a webhook session has a pool of its own, for its one sink) and closes
 /// what stays idle.
 pub struct Pool {
-    idle: RefCell<HashMap<SocketAddr, Vec<(TcpStream, std::time::Instant)>>>,
+    /// By origin (https?, address): connections and since when they are idle.
+    idle: RefCell<HashMap<Origin, Vec<(Stream, std::time::Instant)>>>,
     max_idle: usize,
     max_body: usize,
+    /// For https (none: https URLs fail to connect).
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
+
+/// Where a pooled connection goes: https or not, and the address.
+type Origin = (bool, SocketAddr);
 
 /// How one exchange on one connection ended badly.
 enum Failed {
@@ -133,8 +180,8 @@ enum Failed {
 impl Pool {
     /// A pool keeping at most `max_idle` idle connections per origin, taking answers' bodies
     /// of at most `max_body` bytes.
-    pub fn new(max_idle: usize, max_body: usize) -> Pool {
-        Pool { idle: RefCell::new(HashMap::new()), max_idle, max_body }
+    pub fn new(max_idle: usize, max_body: usize, tls: Option<Arc<rustls::ClientConfig>>) -> Pool {
+        Pool { idle: RefCell::new(HashMap::new()), max_idle, max_body, tls }
     }
 
     /// Closes the connections idle for `max` or longer.
@@ -146,11 +193,14 @@ impl Pool {
         idle.retain(|_, conns| !conns.is_empty());
     }
 
-    /// Sends one request and reads its answer, each step within `timeout`. A pooled connection
-    /// the server closed meanwhile is replaced by a new one once.
+    /// Sends one request to `url` at `addr` (see [`Url::resolve`]) and reads its answer, each
+    /// step within `timeout`. A pooled connection the server closed meanwhile is replaced by a
+    /// new one once.
+    #[allow(clippy::too_many_arguments)]
     pub async fn send(
         &self,
         url: &Url,
+        addr: SocketAddr,
         method: &str,
         headers: &[(&str, &str)],
         body: &[u8],
@@ -158,21 +208,35 @@ impl Pool {
     ) -> Result<Answer, ClientError> {
         let mut req = Vec::new();
         write_request(method, &url.host, &url.target, headers, body, &mut req);
-        let pooled = self.idle.borrow_mut().get_mut(&url.addr).and_then(Vec::pop).map(|(c, _)| c);
+        let origin = (url.tls, addr);
+        let pooled = self.idle.borrow_mut().get_mut(&origin).and_then(Vec::pop).map(|(c, _)| c);
         if let Some(conn) = pooled {
-            match self.exchange(conn, url, &mut req, method == "HEAD", timeout).await {
+            match self.exchange(conn, origin, &mut req, method == "HEAD", timeout).await {
                 Ok(a) => return Ok(a),
                 Err(Failed::Error(e)) => return Err(e),
                 Err(Failed::Stale) => {}
             }
         }
-        let conn = match within(timeout, TcpStream::connect(url.addr)).await {
+        let tcp = match within(timeout, TcpStream::connect(addr)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(ClientError::Connect(e.to_string())),
             Err(_) => return Err(ClientError::TimedOut(timeout)),
         };
-        let _ = conn.set_nodelay(true);
-        match self.exchange(conn, url, &mut req, method == "HEAD", timeout).await {
+        let _ = tcp.set_nodelay(true);
+        let conn = match (url.tls, &self.tls) {
+            (false, _) => Stream::Plain(tcp),
+            (true, None) => return Err(ClientError::Connect("https is not configured".into())),
+            (true, Some(config)) => {
+                let name = rustls::pki_types::ServerName::try_from(url.name.clone())
+                    .map_err(|e| ClientError::Connect(format!("{}: {e}", url.name)))?;
+                match super::tls::connect(tcp, name, config.clone(), timeout).await {
+                    Ok(t) => Stream::Tls(Box::new(t)),
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(ClientError::TimedOut(timeout)),
+                    Err(e) => return Err(ClientError::Connect(format!("TLS: {e}"))),
+                }
+            }
+        };
+        match self.exchange(conn, origin, &mut req, method == "HEAD", timeout).await {
             Ok(a) => Ok(a),
             Err(Failed::Stale) => Err(ClientError::Closed),
             Err(Failed::Error(e)) => Err(e),
@@ -181,8 +245,8 @@ impl Pool {
 
     async fn exchange(
         &self,
-        mut conn: TcpStream,
-        url: &Url,
+        mut conn: Stream,
+        origin: Origin,
         req: &mut Vec<u8>,
         head_request: bool,
         timeout: Duration,
@@ -273,7 +337,7 @@ impl Pool {
         };
         if head.keep_alive {
             let mut idle = self.idle.borrow_mut();
-            let conns = idle.entry(url.addr).or_default();
+            let conns = idle.entry(origin).or_default();
             if conns.len() < self.max_idle {
                 conns.push((conn, std::time::Instant::now()));
             }
@@ -283,7 +347,7 @@ impl Pool {
 }
 
 /// Reads more onto `buf`: the bytes read (0 at the end of the stream; an error counts as one).
-async fn read(conn: &mut TcpStream, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, Failed> {
+async fn read(conn: &mut Stream, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, Failed> {
     buf.reserve(READ_CHUNK);
     let (len, cap) = (buf.len(), buf.capacity());
     let owned = std::mem::take(buf);
@@ -301,30 +365,52 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_are_plain_http_to_addresses() {
+    fn urls_are_http_or_https_to_addresses_or_names() {
         let u = Url::parse("http://127.0.0.1:8089/hook?x=1#frag").unwrap();
-        assert_eq!((u.host.as_str(), u.addr.port(), u.target.as_str()), ("127.0.0.1:8089", 8089, "/hook?x=1"));
+        assert_eq!((u.host.as_str(), u.port, u.target.as_str()), ("127.0.0.1:8089", 8089, "/hook?x=1"));
+        assert_eq!((u.tls, u.ip), (false, Some("127.0.0.1".parse().unwrap())));
         let u = Url::parse("HTTP://localhost").unwrap();
-        assert_eq!((u.addr, u.target.as_str()), ("127.0.0.1:80".parse().unwrap(), "/"));
+        assert_eq!((u.ip, u.port, u.target.as_str()), (Some("127.0.0.1".parse().unwrap()), 80, "/"));
         let u = Url::parse("http://[::1]:9/a").unwrap();
-        assert_eq!((u.addr, u.host.as_str()), ("[::1]:9".parse().unwrap(), "[::1]:9"));
-        assert_eq!(Url::parse("http://[::1]/a").unwrap().addr, "[::1]:80".parse::<SocketAddr>().unwrap());
+        assert_eq!((u.ip, u.host.as_str(), u.name.as_str()), (Some("::1".parse().unwrap()), "[::1]:9", "::1"));
+        assert_eq!(Url::parse("http://[::1]/a").unwrap().port, 80);
         assert_eq!(Url::parse("http://10.0.0.1?q").unwrap().target, "/?q");
+        let u = Url::parse("https://hooks.example.com/in").unwrap();
+        assert_eq!((u.tls, u.name.as_str(), u.port, u.ip), (true, "hooks.example.com", 443, None));
+        assert_eq!(Url::parse("https://a-b.example:8443").unwrap().port, 8443);
         for bad in [
-            "https://127.0.0.1/",
             "ftp://x/",
             "127.0.0.1:80/",
-            "http://example.com/",
             "http://u:p@127.0.0.1/",
             "http://127.0.0.1:0/",
             "http://127.0.0.1:99999/",
             "http://127.0.0.1/a b",
             "http://[::1",
             "http://[::1]x/",
+            "http://[nope]/",
             "http://1.2.3.4:/",
+            "http://-bad.example/",
+            "http://under_score.example/",
+            "http://a..b/",
+            "http:///path",
         ] {
             assert!(Url::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn names_are_resolved_off_the_thread() {
+        run(async {
+            // `localhost` as a name the resolver looks up (parse takes it as 127.0.0.1).
+            let u = Url { ip: None, ..Url::parse("http://localhost:7/").unwrap() };
+            let a = u.resolve(Duration::from_secs(5)).await.unwrap();
+            assert!(a.ip().is_loopback() && a.port() == 7, "{a}");
+            let u = Url::parse("http://no-such-host.invalid/").unwrap();
+            assert!(matches!(
+                u.resolve(Duration::from_secs(5)).await,
+                Err(ClientError::Connect(_) | ClientError::TimedOut(_))
+            ));
+        });
     }
 
     /// A loopback server answering each request on a connection with `answers` in turn (one
@@ -357,6 +443,11 @@ mod tests {
         (addr, rx)
     }
 
+    /// Where a URL with an address is.
+    fn at(u: &Url) -> SocketAddr {
+        SocketAddr::new(u.ip.unwrap(), u.port)
+    }
+
     fn run<F: std::future::Future>(f: F) -> F::Output {
         monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().unwrap().block_on(f)
     }
@@ -369,14 +460,14 @@ mod tests {
             b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n",
         ]);
         let url = Url::parse(&format!("http://{addr}/hook")).unwrap();
-        let pool = Pool::new(4, 1024);
+        let pool = Pool::new(4, 1024, None);
         let t = Duration::from_secs(5);
         run(async {
-            let a = pool.send(&url, "POST", &[("x-em-delivery-id", "d1")], b"hello", t).await.unwrap();
+            let a = pool.send(&url, at(&url), "POST", &[("x-em-delivery-id", "d1")], b"hello", t).await.unwrap();
             assert_eq!((a.status, a.body.as_slice()), (200, &b"{\"retCode\":0}"[..]));
-            let a = pool.send(&url, "POST", &[], b"again", t).await.unwrap();
+            let a = pool.send(&url, at(&url), "POST", &[], b"again", t).await.unwrap();
             assert_eq!((a.status, a.header("Retry-After"), a.body.as_slice()), (429, Some("2"), &b"busy"[..]));
-            let a = pool.send(&url, "POST", &[], b"third", t).await.unwrap();
+            let a = pool.send(&url, at(&url), "POST", &[], b"third", t).await.unwrap();
             assert_eq!(a.status, 204);
         });
         let seen: Vec<(usize, Vec<u8>)> = got.try_iter().collect();
@@ -399,10 +490,10 @@ mod tests {
             b"HTTP/1.1 202 OK\r\ncontent-length: 0\r\n\r\n",
         ]);
         let url = Url::parse(&format!("http://{addr}/")).unwrap();
-        let pool = Pool::new(4, 1024);
+        let pool = Pool::new(4, 1024, None);
         run(async {
-            assert_eq!(pool.send(&url, "POST", &[], b"1", Duration::from_secs(5)).await.unwrap().status, 200);
-            assert_eq!(pool.send(&url, "POST", &[], b"2", Duration::from_secs(5)).await.unwrap().status, 202);
+            assert_eq!(pool.send(&url, at(&url), "POST", &[], b"1", Duration::from_secs(5)).await.unwrap().status, 200);
+            assert_eq!(pool.send(&url, at(&url), "POST", &[], b"2", Duration::from_secs(5)).await.unwrap().status, 202);
         });
         let seen: Vec<(usize, Vec<u8>)> = got.try_iter().collect();
         assert_eq!(seen.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 0, 1]);
@@ -429,14 +520,14 @@ mod tests {
         let ok = answer_and_close(b"HTTP/1.1 200 OK\r\n\r\nuntil the end");
         let cut = answer_and_close(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort");
         let big = answer_and_close(b"HTTP/1.0 200 OK\r\n\r\n0123456789abcdefXYZ");
-        let pool = Pool::new(4, 16);
+        let pool = Pool::new(4, 16, None);
         let t = Duration::from_secs(5);
         run(async {
             let url = |a: SocketAddr| Url::parse(&format!("http://{a}/")).unwrap();
-            let a = pool.send(&url(ok), "POST", &[], b"x", t).await.unwrap();
+            let a = pool.send(&url(ok), at(&url(ok)), "POST", &[], b"x", t).await.unwrap();
             assert_eq!(a.body, b"until the end");
-            assert_eq!(pool.send(&url(cut), "POST", &[], b"x", t).await, Err(ClientError::Closed));
-            assert_eq!(pool.send(&url(big), "POST", &[], b"x", t).await, Err(ClientError::TooLarge(16)));
+            assert_eq!(pool.send(&url(cut), at(&url(cut)), "POST", &[], b"x", t).await, Err(ClientError::Closed));
+            assert_eq!(pool.send(&url(big), at(&url(big)), "POST", &[], b"x", t).await, Err(ClientError::TooLarge(16)));
             // None of them went back to the pool.
             assert!(pool.idle.borrow().values().all(Vec::is_empty));
         });
@@ -445,7 +536,7 @@ mod tests {
     #[test]
     fn slow_oversized_and_broken_answers_are_errors() {
         let t = Duration::from_millis(300);
-        let pool = Pool::new(4, 16);
+        let pool = Pool::new(4, 16, None);
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let broken: Vec<(SocketAddr, ClientError)> = [
             (&b"HTTP/1.1 200 OK\r\ncontent-length: 17\r\n\r\n"[..], ClientError::TooLarge(16)),
@@ -460,15 +551,15 @@ mod tests {
         run(async {
             // Nobody answers: the deadline.
             let url = Url::parse(&format!("http://{}/", silent.local_addr().unwrap())).unwrap();
-            assert_eq!(pool.send(&url, "POST", &[], b"x", t).await, Err(ClientError::TimedOut(t)));
+            assert_eq!(pool.send(&url, at(&url), "POST", &[], b"x", t).await, Err(ClientError::TimedOut(t)));
             // A body over the bound, declared or chunked, and a broken head.
             for (addr, want) in broken {
                 let url = Url::parse(&format!("http://{addr}/")).unwrap();
-                assert_eq!(pool.send(&url, "POST", &[], b"x", t).await, Err(want));
+                assert_eq!(pool.send(&url, at(&url), "POST", &[], b"x", t).await, Err(want));
             }
             // Nothing listens.
             let url = Url::parse(&format!("http://127.0.0.1:{closed}/")).unwrap();
-            assert!(matches!(pool.send(&url, "POST", &[], b"x", t).await, Err(ClientError::Connect(_))));
+            assert!(matches!(pool.send(&url, at(&url), "POST", &[], b"x", t).await, Err(ClientError::Connect(_))));
         });
     }
 }

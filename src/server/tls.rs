@@ -2,7 +2,8 @@
 //!
 //! No adapter crate: the one written for monoio (`monoio-rustls`) is unmaintained, gives no
 //! access to the session (so no client certificate), and is neither cancel-safe nor safe to
-//! split. Here the rustls [`ServerConnection`] lives in an `Rc<RefCell<_>>` that is borrowed
+//! split. Here the rustls [`Connection`] (a server's, or the broker's own client's: webhook
+//! sinks over https, [`connect`]) lives in an `Rc<RefCell<_>>` that is borrowed
 //! only between awaits, and each direction owns its socket half and its ciphertext buffer:
 //!
 //! - [`TlsReader`] reads ciphertext into its buffer, feeds rustls, and copies plaintext out.
@@ -32,9 +33,10 @@ use monoio::net::TcpStream;
 use monoio::BufResult;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::ServerName;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig, ServerConnection};
+use rustls::{ClientConfig, ClientConnection, Connection, RootCertStore, ServerConfig, ServerConnection};
 
 /// Ciphertext read at once at most: one full TLS record (16 KiB of plaintext plus its overhead).
 const RECORD: usize = 16 * 1024 + 2048;
@@ -127,7 +129,7 @@ impl TlsAcceptor {
     pub async fn accept(&self, tcp: TcpStream, timeout: Duration) -> io::Result<(TlsStream, Option<PeerCert>)> {
         let config = self.config.read().unwrap_or_else(|e| e.into_inner()).clone();
         let conn = ServerConnection::new(config).map_err(io::Error::other)?;
-        let r = match monoio::time::timeout(timeout, handshake(tcp, conn)).await {
+        let r = match monoio::time::timeout(timeout, handshake(tcp, conn.into())).await {
             Ok(r) => r,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
         };
@@ -136,12 +138,46 @@ impl TlsAcceptor {
         }
         let (tcp, conn, rest) = r?;
         let peer = peer_cert(&conn);
-        let tls = Rc::new(RefCell::new(conn));
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp);
-        let (rd, wr) = tcp.into_split();
-        let reader = TlsReader { io: rd, tls: tls.clone(), buf: Some(rest), pos: 0 };
-        let writer = TlsWriter { io: wr, tls, buf: Some(Vec::new()) };
-        Ok((TlsStream { reader, writer, fd }, peer))
+        Ok((TlsStream::new(tcp, conn, rest), peer))
+    }
+}
+
+/// The client configuration for https sinks: the Mozilla roots (`webpki-roots`) and the
+/// certificates of `extra_ca` (PEM), if given.
+pub fn client_config(extra_ca: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
+    let mut roots = RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    if let Some(ca) = extra_ca {
+        let named = |e: &dyn std::fmt::Display| format!("{}: {e}", ca.display());
+        let before = roots.len();
+        for c in CertificateDer::pem_file_iter(ca).map_err(|e| named(&e))? {
+            roots.add(c.map_err(|e| named(&e))?).map_err(|e| named(&e))?;
+        }
+        if roots.len() == before {
+            return Err(named(&"no CERTIFICATE in the file"));
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Completes a client handshake with `name` on `tcp` (the server's certificate checked against
+/// `config`'s roots and for `name`), within `timeout`.
+pub async fn connect(
+    tcp: TcpStream,
+    name: ServerName<'static>,
+    config: Arc<ClientConfig>,
+    timeout: Duration,
+) -> io::Result<TlsStream> {
+    let conn = ClientConnection::new(config, name).map_err(io::Error::other)?;
+    match monoio::time::timeout(timeout, handshake(tcp, conn.into())).await {
+        Ok(r) => r.map(|(tcp, conn, rest)| TlsStream::new(tcp, conn, rest)),
+        Err(_) => Err(io::ErrorKind::TimedOut.into()),
     }
 }
 
@@ -184,10 +220,7 @@ fn build(files: &TlsFiles, provider: &Arc<CryptoProvider>) -> Result<Arc<ServerC
 
 /// Runs the handshake on the whole socket; returns the ciphertext read past it (the client's
 /// first request may come in the same segment as its last handshake message).
-async fn handshake(
-    mut tcp: TcpStream,
-    mut conn: ServerConnection,
-) -> io::Result<(TcpStream, ServerConnection, Vec<u8>)> {
+async fn handshake(mut tcp: TcpStream, mut conn: Connection) -> io::Result<(TcpStream, Connection, Vec<u8>)> {
     let mut inb: Vec<u8> = Vec::with_capacity(RECORD);
     let mut pos = 0;
     let mut out = Vec::new();
@@ -224,7 +257,7 @@ async fn handshake(
     Ok((tcp, conn, inb))
 }
 
-fn peer_cert(conn: &ServerConnection) -> Option<PeerCert> {
+fn peer_cert(conn: &Connection) -> Option<PeerCert> {
     use x509_cert::der::Decode;
     let leaf = conn.peer_certificates()?.first()?;
     let cert = x509_cert::Certificate::from_der(leaf.as_ref()).ok()?;
@@ -258,6 +291,15 @@ pub struct TlsStream {
 }
 
 impl TlsStream {
+    fn new(tcp: TcpStream, conn: Connection, rest: Vec<u8>) -> TlsStream {
+        let tls = Rc::new(RefCell::new(conn));
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&tcp);
+        let (rd, wr) = tcp.into_split();
+        let reader = TlsReader { io: rd, tls: tls.clone(), buf: Some(rest), pos: 0 };
+        let writer = TlsWriter { io: wr, tls, buf: Some(Vec::new()) };
+        TlsStream { reader, writer, fd }
+    }
+
     /// The two directions, to be driven by separate tasks.
     pub fn into_split(self) -> (TlsReader, TlsWriter) {
         (self.reader, self.writer)
@@ -267,7 +309,7 @@ impl TlsStream {
 /// The reading direction of a [`TlsStream`].
 pub struct TlsReader {
     io: OwnedReadHalf<TcpStream>,
-    tls: Rc<RefCell<ServerConnection>>,
+    tls: Rc<RefCell<Connection>>,
     /// Ciphertext read and not yet taken by rustls, from `pos`; `None` once a cancelled read
     /// took it.
     buf: Option<Vec<u8>>,
@@ -359,7 +401,7 @@ impl AsyncReadRent for TlsReader {
 /// The writing direction of a [`TlsStream`].
 pub struct TlsWriter {
     io: OwnedWriteHalf<TcpStream>,
-    tls: Rc<RefCell<ServerConnection>>,
+    tls: Rc<RefCell<Connection>>,
     /// Ciphertext on its way out; `None` once a cancelled write took it.
     buf: Option<Vec<u8>>,
 }

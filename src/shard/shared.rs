@@ -52,6 +52,8 @@ pub struct Shared {
     pub watchers: Arc<super::watch::Watchers>,
     /// With `tls_cert`: the TLS sessions of both listeners (certificates reloaded on SIGHUP).
     pub tls: Option<Arc<crate::server::tls::TlsAcceptor>>,
+    /// The broker's TLS client configuration (https webhook sinks).
+    pub client_tls: Arc<rustls::ClientConfig>,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,

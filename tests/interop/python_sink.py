@@ -3,7 +3,8 @@
 Usage: python_sink.py PLAN_JSON
 
 PLAN_JSON: {"secret": "k" | null, "answers": {"<ce-id>": ["500", "429:1", "200", ...]},
-            "default": "200", "delay_ms": 0, "hold_ids": ["<ce-id>", ...]}
+            "default": "200", "delay_ms": 0, "hold_ids": ["<ce-id>", ...],
+            "tls": {"cert": "server.pem", "key": "server.key"} | null}
 Each request for an event gets the next answer of its list ("STATUS" or "STATUS:RETRY_AFTER"),
 then `default`. A request for an event in `hold_ids` is answered only after 60 s (a sink that
 hangs). Prints {"port": N} first, then one JSON line per request received, as it arrives:
@@ -14,6 +15,7 @@ in flight when it arrived).
 import hashlib
 import hmac
 import json
+import ssl
 import sys
 import threading
 import time
@@ -91,6 +93,11 @@ class Sink(BaseHTTPRequestHandler):
 def main():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     server.daemon_threads = True
+    tls = PLAN.get("tls")
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls["cert"], tls["key"])
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     emit({"port": server.server_address[1]})
     server.serve_forever()
 

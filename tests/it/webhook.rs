@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::acked::{publish_to, subscribe};
 use super::delivery::{attach, next_event};
+use super::tls::Pki;
 use super::util::{event, wait_for, TestBroker};
 
 const LONG: Duration = Duration::from_secs(20);
@@ -283,4 +284,34 @@ fn a_sink_is_served_again_after_a_restart_and_not_after_unsubscribe() {
     let mut rest = paths[1..].to_vec();
     rest.sort();
     assert_eq!(rest, [("/two", "after-removal"), ("/two", "after-restart")]);
+}
+
+#[test]
+#[ignore = "needs python3 (the sink is written with its standard library)"]
+fn https_sinks_are_verified_against_the_roots_and_webhook_ca_file() {
+    let dir = std::env::temp_dir().join(format!("evmesh-webhook-tls-{}", std::process::id()));
+    let trusted = Pki::new(&dir.join("trusted"), "trusted-ca");
+    let (cert, key) = trusted.issue("sink", "sink");
+    let stranger = Pki::new(&dir.join("stranger"), "stranger-ca");
+    let (scert, skey) = stranger.issue("sink", "sink");
+    let ca = dir.join("trusted/trusted-ca.pem");
+    let b = TestBroker::start(&["--webhook-ca-file", ca.to_str().unwrap(), "--redelivery-backoff-ms", "50"]);
+    let tls = |c: &std::path::Path, k: &std::path::Path| json!({"cert": c, "key": k});
+    let mut good = Sink::start(json!({ "tls": tls(&cert, &key), "secret": "k" }));
+    let mut bad = Sink::start(json!({ "tls": tls(&scert, &skey) }));
+    topic_with(&b, "t", 1);
+    let https = |s: &Sink, host: &str| format!("https://{host}:{}/in", s.port);
+    subscribe(&b, json!({"subscription": "good", "topic": "t", "sink": https(&good, "localhost"), "sinkSecret": "k"}));
+    subscribe(&b, json!({"subscription": "byip", "topic": "t", "sink": https(&good, "127.0.0.1")}));
+    subscribe(&b, json!({"subscription": "bad", "topic": "t", "sink": https(&bad, "localhost"), "maxAttempts": 2}));
+    publish_to(&b, "t", "secure", None);
+    let seen = good.wait(2).to_vec();
+    assert!(seen.iter().all(|r| h(r, "ce-id") == "secure"), "{seen:#?}");
+    assert!(seen.iter().any(|r| r["sig_ok"] == true), "signed over TLS too: {seen:#?}");
+    // The stranger's certificate is refused: both attempts fail, the event is dead-lettered,
+    // and the sink never saw a request.
+    let dead = wait_for(LONG, || dead_letters(&b, "t").pop());
+    assert_eq!((dead.1["emdlqsubscription"].as_str(), dead.1["id"].as_str()), (Some("bad"), Some("secure")));
+    assert!(bad.drain().is_empty(), "{:#?}", bad.seen);
+    let _ = std::fs::remove_dir_all(&dir);
 }
