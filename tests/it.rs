@@ -25,7 +25,7 @@ mod it {
     mod session;
     mod subscriptions;
     pub mod tls;
-    mod webhook;
+    pub mod webhook;
     mod ws;
     mod ws_publish;
 }

@@ -112,6 +112,7 @@ impl Effect {
 /// Why an event is dead-lettered.
 pub const ACK_TIMEOUT: &str = "ack-timeout";
 pub const NACK: &str = "nack";
+pub const REJECTED: &str = "rejected";
 
 struct Consumer {
     /// Tells this incarnation from a later one of the same key (dead letters finish late).
@@ -415,6 +416,26 @@ impl Machine {
                     settle(o, part);
                 }
                 part.retry = part.retry.split_off(&upto.saturating_add(1));
+            }
+            // Handed back unattempted (a webhook session holding its sink): due again after the
+            // wait, its attempt not counted, so the next delivery carries the same number.
+            AckKind::Release(ms) => {
+                let due = now + Duration::from_millis(u64::from(ms));
+                for &o in offsets {
+                    let Some(f) = settle(o, part) else { continue };
+                    if !f.rpc {
+                        part.retry.insert(o, Retry { attempt: f.attempt.saturating_sub(1), due });
+                    }
+                }
+            }
+            // Refused for good (a classic subscriber's retCode 3): dead-lettered now.
+            AckKind::Reject => {
+                for &o in offsets {
+                    let Some(f) = settle(o, part) else { continue };
+                    if !f.rpc && part.failed(o, f.attempt, 0, now) {
+                        out.push(Effect::dead_letter(&rc, gen, p, o, f.attempt, REJECTED));
+                    }
+                }
             }
             AckKind::Nack | AckKind::Defer(_) => {
                 // A deferral (a webhook sink's `Retry-After`) is a failed attempt all the same,

@@ -22,15 +22,32 @@ use frame_codec::Frame;
 
 use super::adaptor::{FrameAdaptor, Placed, Refusal};
 use super::request::Waited;
-use super::{shed, Gate, Traffic};
+use super::{shed, Gate, Quotaed, Traffic};
 use crate::adaptor::meshmessage::{self, code, ret, Form, Message, Refused};
 use crate::governance::acl::Action;
 use crate::http::{Method, StatusCode};
 use crate::server::{Request, Response};
+use crate::shard::message::{InterestChange, SubOutcome, SubRequest};
 use crate::shard::requests::Replier;
+use crate::shard::valid_topic;
+use crate::subscription::definition::Definition;
 
 /// Messages one 102 batch may carry (EventMesh's `maxEventBatchSize` default).
 const MAX_BATCH: usize = 10;
+
+/// Push URLs one classic subscription may have (one webhook session each).
+pub const MAX_PUSH_URLS: usize = 16;
+
+/// The path routes `/eventmesh/subscribe/local` and `/eventmesh/unsubscribe/local` (JSON
+/// bodies), dispatched as these codes (no classic code is this large).
+const LOCAL_SUBSCRIBE: u16 = 60_206;
+const LOCAL_UNSUBSCRIBE: u16 = 60_207;
+
+/// The evmesh subscription of a consumer group's topic: `cg.<length of the group>.<group>.<topic>`
+/// (the length keeps `a.b` + `c` apart from `a` + `b.c`).
+pub fn group_subscription(group: &str, topic: &str) -> String {
+    format!("cg.{}.{group}.{topic}", group.len())
+}
 
 /// The classic answer envelope, HTTP 200 (`status` 400 for an unknown code, as EventMesh).
 fn answer(status: StatusCode, ret: u16, msg: &str) -> Response {
@@ -93,6 +110,8 @@ impl Traffic {
         let code = match req.path() {
             "/eventmesh/publish" => Some(code::SEND_ASYNC),
             "/eventmesh/publish/batch" => Some(code::BATCH),
+            "/eventmesh/subscribe/local" => Some(LOCAL_SUBSCRIBE),
+            "/eventmesh/unsubscribe/local" => Some(LOCAL_UNSUBSCRIBE),
             _ => req.header("code").and_then(|c| std::str::from_utf8(c).ok()?.trim().parse::<u16>().ok()),
         };
         let path_route = matches!(req.path(), "/eventmesh/publish" | "/eventmesh/publish/batch");
@@ -187,22 +206,159 @@ impl Traffic {
                 match self.shard.send_reply(frame, replier).await {
                     Ok(outcome) => match outcome.status(&gate.who.name) {
                         (202, _) => answer(StatusCode::OK, ret::SUCCESS, "success"),
-                        (_, detail) => answer(StatusCode::OK, ret::REPLY_ERR, &format!("eventMesh reply msg err, {detail}")),
+                        (_, detail) => {
+                            answer(StatusCode::OK, ret::REPLY_ERR, &format!("eventMesh reply msg err, {detail}"))
+                        }
                     },
                     Err(e) => answer(StatusCode::OK, ret::REPLY_ERR, &format!("eventMesh reply msg err, {e}")),
                 }
             }
-            Some(code::SUBSCRIBE | code::UNSUBSCRIBE) => answer(
-                StatusCode::OK,
-                ret::SUBSCRIBE_ERR,
-                "subscriptions with a push url are not served yet: use POST /events/subscribe and a WebSocket, SSE or long-poll session",
+            Some(c @ (code::SUBSCRIBE | code::UNSUBSCRIBE)) => {
+                let unsubscribe = c == code::UNSUBSCRIBE;
+                match checked().and_then(|f| meshmessage::subscribe(&f, unsubscribe)) {
+                    Ok(s) => Box::pin(self.classic_subscribe(gate, s, unsubscribe)).await,
+                    Err(r) => refused(&r),
+                }
+            }
+            Some(LOCAL_SUBSCRIBE | LOCAL_UNSUBSCRIBE) => {
+                let unsubscribe = code == Some(LOCAL_UNSUBSCRIBE);
+                match meshmessage::subscribe_json(req.body, unsubscribe) {
+                    Ok(s) => Box::pin(self.classic_subscribe(gate, s, unsubscribe)).await,
+                    Err(r) => refused(&r),
+                }
+            }
+            _ => answer(
+                StatusCode::BAD_REQUEST,
+                ret::REQUEST_CODE_INVALID,
+                "requestCode can't be null, or must be number",
             ),
-            _ => answer(StatusCode::BAD_REQUEST, ret::REQUEST_CODE_INVALID, "requestCode can't be null, or must be number"),
         }
     }
 }
 
 impl Traffic {
+    /// A classic subscribe (206, `/eventmesh/subscribe/local`) or unsubscribe (207,
+    /// `/eventmesh/unsubscribe/local`). Each topic of a consumer group is an evmesh
+    /// subscription ([`group_subscription`]: `LOAD_BALANCE` for `CLUSTERING`, `BROADCAST` for
+    /// `BROADCASTING`) and each `url` a push registration of it, served by a webhook session
+    /// (`push::webhook`): the URLs of a clustering group share its events (partitions spread
+    /// over them), a broadcasting group's URLs each get all of them. An unsubscribe removes the
+    /// URL; the group's subscription goes with its last URL.
+    async fn classic_subscribe(&self, gate: &mut Gate<'_>, s: meshmessage::Subscribe, unsubscribe: bool) -> Response {
+        let err = |m: String| answer(StatusCode::OK, ret::SUBSCRIBE_ERR, &m);
+        if crate::server::client::Url::parse(&s.url).is_err()
+            || s.url.len() > crate::subscription::definition::MAX_SINK_BYTES
+        {
+            return answer(
+                StatusCode::OK,
+                ret::BODY_ERR,
+                &format!("eventMesh protocol[body] error invalid URL: {}", s.url),
+            );
+        }
+        if !valid_topic(&s.group) {
+            return answer(
+                StatusCode::OK,
+                ret::BODY_ERR,
+                "eventMesh protocol[body] error: consumerGroup is [A-Za-z0-9._-]",
+            );
+        }
+        for item in &s.items {
+            let local = group_subscription(&s.group, &item.topic);
+            let checked = self.topic_named(gate, Cow::Borrowed(&item.topic), Action::Subscribe).and_then(|t| {
+                gate.allow(Action::Subscribe, crate::governance::acl::Kind::Subscription, &local)?;
+                Ok((t.into_owned(), gate.scoped(&local)?.into_owned()))
+            });
+            let (topic, name) = match checked {
+                Ok(x) => x,
+                Err(p) => return from_problem(&p, false),
+            };
+            let done = match unsubscribe {
+                true => self.classic_unsubscribe_one(&name, &topic, &s.url).await,
+                false => self.classic_subscribe_one(gate, item, &s.url, name, topic).await,
+            };
+            if let Err(m) = done {
+                return err(m);
+            }
+        }
+        answer(StatusCode::OK, ret::SUCCESS, "success")
+    }
+
+    async fn classic_subscribe_one(
+        &self,
+        gate: &mut Gate<'_>,
+        item: &meshmessage::SubscriptionItem,
+        url: &str,
+        name: String,
+        topic: String,
+    ) -> Result<(), String> {
+        use crate::storage::meta::{self, Policy};
+        let db = &self.shard.shared.db;
+        let mode = if item.broadcasting() { "BROADCAST" } else { "LOAD_BALANCE" };
+        let body = serde_json::json!({"subscription": name, "topic": topic, "mode": mode});
+        let mut def = Definition::parse(body.to_string().as_bytes())?;
+        def.created_us = crate::clock::now_micros();
+        gate.quota(Quotaed::Topic, &topic)
+            .and_then(|()| gate.quota(Quotaed::Subscription, &name))
+            .map_err(|p| super::ws_publish::refusal(&p).1)?;
+        self.shard.topic(&topic, None, false).await.map_err(|e| e.to_string())?;
+        match self.shard.subscription(SubRequest::Create(def)).await {
+            Ok(SubOutcome::Created | SubOutcome::Unchanged) => {}
+            Ok(SubOutcome::Limit) => return Err("max_subscriptions subscriptions exist".into()),
+            Ok(_) => return Err(format!("{name} exists with another mode; unsubscribe its URLs first")),
+            Err(e) => return Err(e.to_string()),
+        }
+        let pushes = crate::push::webhook::pushes_of(db, &name);
+        // BROADCASTING: each URL its own consumer, named after the URL (stable across restarts).
+        let client = match item.broadcasting() {
+            true => {
+                let digest = <sha2::Sha256 as sha2::Digest>::digest(url.as_bytes());
+                format!("push-{}", digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())
+            }
+            false => String::new(),
+        };
+        let push = crate::push::webhook::ClassicPush {
+            subscription: name.clone(),
+            topic: item.topic.clone(),
+            url: url.to_owned(),
+            sync: item.sync(),
+            client,
+            created_us: crate::clock::now_micros(),
+        };
+        match pushes.iter().find(|p| p.url == url) {
+            Some(p) if p.sync == push.sync && p.client == push.client => return Ok(()),
+            Some(_) => {}
+            None if pushes.len() >= MAX_PUSH_URLS => {
+                return Err(format!("{name} has {MAX_PUSH_URLS} push URLs; unsubscribe one first"))
+            }
+            None => {}
+        }
+        meta::put_policy(db, Policy::Push, &push.id(), &push).map_err(|e| e.to_string())?;
+        self.shard.announce(&name, &topic, InterestChange::Pushes);
+        Ok(())
+    }
+
+    async fn classic_unsubscribe_one(&self, name: &str, topic: &str, url: &str) -> Result<(), String> {
+        use crate::storage::meta::{self, Policy};
+        let db = &self.shard.shared.db;
+        let pushes = crate::push::webhook::pushes_of(db, name);
+        let Some(push) = pushes.iter().find(|p| p.url == url) else {
+            return Err(format!("{url} is not subscribed to {name}"));
+        };
+        meta::delete_policy(db, Policy::Push, &push.id()).map_err(|e| e.to_string())?;
+        if pushes.len() > 1 {
+            self.shard.announce(name, topic, InterestChange::Pushes);
+            return Ok(());
+        }
+        // The group's last URL: its subscription goes too (as EventMesh drops the group).
+        match self.shard.subscription(SubRequest::Remove(name.to_owned())).await {
+            Ok(_) => {
+                self.shard.announce(name, topic, InterestChange::Removed);
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// A sync send (101): the message stored as a request to its topic (REQUEST permission),
     /// its reply awaited for `ttl` ms (at most `max_request_timeout_ms`), answered with retCode
     /// 0 and the reply in `retMsg`, or 4 when none came in time.

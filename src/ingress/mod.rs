@@ -760,6 +760,10 @@ impl Traffic {
             Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no subscription {}", a.subscription)),
             Err(e) => return storage_problem(&e),
         };
+        if def.sink.is_some() {
+            let detail = format!("subscription {} delivers to its sink, which acks by its answers", a.subscription);
+            return problem(StatusCode::CONFLICT, &detail);
+        }
         let client = match (def.mode, a.client_id) {
             (SubMode::LoadBalance, _) => String::new(),
             (_, Some(c)) if valid_topic(&c) => c,

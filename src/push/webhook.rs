@@ -20,11 +20,12 @@
 //! to `MAX_ANSWER` bytes and dropped.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use frame_codec::{AttrValue, Frame};
+use frame_codec::Frame;
 use futures::future::{select, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 
@@ -45,43 +46,172 @@ const IDLE: Duration = Duration::from_secs(30);
 /// The longest `Retry-After` honoured: a sink cannot park a subscription for longer per attempt.
 const MAX_DEFER: Duration = Duration::from_secs(300);
 
-/// Starts the webhook session of a subscription with a sink (on the shard owning its name).
-pub fn start(shard: &Rc<Shard>, def: Definition) {
-    monoio::spawn(run(shard.clone(), def));
+/// A classic subscriber's push URL (`code` 206), stored as `push/<subscription> <url>`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ClassicPush {
+    pub subscription: String,
+    /// The topic as the subscriber named it (the `topic` field of a push).
+    pub topic: String,
+    pub url: String,
+    /// `type` `SYNC`: pushed with code 106 (else 105).
+    pub sync: bool,
+    /// The consumer: empty for `CLUSTERING` (the subscription's own offsets, shared by its
+    /// URLs), one of its own per URL for `BROADCASTING`.
+    pub client: String,
+    pub created_us: i64,
 }
 
-/// Starts the webhook sessions of the stored subscriptions with a sink whose names this shard
-/// owns (at the broker's start).
-pub fn start_all(shard: &Rc<Shard>) {
-    let defs = match meta::list_subscriptions(&shard.shared.db) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("evmesh: {}: cannot list subscriptions to start their sinks: {e}", shard.id);
-            return;
+impl ClassicPush {
+    /// Its key under `push/`.
+    pub fn id(&self) -> String {
+        format!("{} {}", self.subscription, self.url)
+    }
+}
+
+/// What a webhook session POSTs to, and how.
+#[derive(Clone)]
+enum Target {
+    /// A subscription's `sink`: CloudEvents in binary mode, signed.
+    Sink(Definition),
+    /// A classic subscriber: the classic push form.
+    Classic(ClassicPush),
+}
+
+impl Target {
+    fn subscription(&self) -> &str {
+        match self {
+            Target::Sink(d) => &d.subscription,
+            Target::Classic(c) => &c.subscription,
         }
-    };
-    let shards = shard.shared.config.shards;
-    for def in defs {
-        if def.sink.is_some() && crate::shard::meta_owner(&def.subscription, shards) == shard.id {
-            start(shard, def);
+    }
+
+    fn client(&self) -> &str {
+        match self {
+            Target::Sink(_) => "",
+            Target::Classic(c) => &c.client,
+        }
+    }
+
+    fn url(&self) -> &str {
+        match self {
+            Target::Sink(d) => d.sink.as_deref().unwrap_or_default(),
+            Target::Classic(c) => &c.url,
+        }
+    }
+
+    /// Whether it is still stored as it was when the session started.
+    fn wanted(&self, shard: &Shard) -> bool {
+        let db = &shard.shared.db;
+        match self {
+            Target::Sink(def) => {
+                matches!(meta::get_subscription(db, &def.subscription), Ok(Some(d)) if d.created_us == def.created_us)
+            }
+            // Removed and added again meanwhile: the same URL, served on.
+            Target::Classic(c) => {
+                let stored = meta::get_policy::<ClassicPush>(db, meta::Policy::Push, &c.id());
+                matches!(stored, Ok(Some(s)) if s.client == c.client && s.sync == c.sync)
+                    && matches!(meta::get_subscription(db, &c.subscription), Ok(Some(_)))
+            }
         }
     }
 }
 
-/// Runs the session while the subscription exists. A removal closes it; a removal announced
-/// late can also close the session of a subscription created again under the same name since,
-/// and a session whose queue overflowed ends too: while the same definition is stored, it is
-/// attached again.
-async fn run(shard: Rc<Shard>, def: Definition) {
-    let url = match def.sink.as_deref().map(Url::parse) {
-        Some(Ok(u)) => u,
-        Some(Err(e)) => return eprintln!("evmesh: subscription {}: sink not served: {e}", def.subscription),
-        None => return,
+/// Starts the webhook session of a subscription with a sink (on the shard owning its name).
+pub fn start(shard: &Rc<Shard>, def: Definition) {
+    monoio::spawn(run(shard.clone(), Target::Sink(def)));
+}
+
+/// The shard that runs a classic subscriber's push session.
+pub fn classic_home(push: &ClassicPush, shards: usize) -> crate::shard::ShardId {
+    crate::shard::meta_owner(&push.id(), shards)
+}
+
+thread_local! {
+    /// The classic push sessions this shard's thread runs, by id: one per URL.
+    static RUNNING: std::cell::RefCell<std::collections::HashSet<String>> = Default::default();
+}
+
+/// Starts a classic subscriber's push session (on its [`classic_home`]) unless it runs.
+pub fn start_classic(shard: &Rc<Shard>, push: ClassicPush) {
+    let id = push.id();
+    if !RUNNING.with(|r| r.borrow_mut().insert(id.clone())) {
+        return;
+    }
+    let shard = shard.clone();
+    monoio::spawn(async move {
+        run(shard, Target::Classic(push)).await;
+        RUNNING.with(|r| r.borrow_mut().remove(&id));
+    });
+}
+
+/// Starts the push sessions of `subscription`'s classic URLs homed on this shard that do not
+/// run yet (after a 206 stored one; see `InterestChange::Pushes`).
+pub fn sync_pushes(shard: &Rc<Shard>, subscription: &str) {
+    let shards = shard.shared.config.shards;
+    for push in pushes_of(&shard.shared.db, subscription) {
+        if classic_home(&push, shards) == shard.id {
+            start_classic(shard, push);
+        }
+    }
+}
+
+/// The classic push URLs of a subscription.
+pub fn pushes_of(db: &rocksdb::DB, subscription: &str) -> Vec<ClassicPush> {
+    match meta::list_policy::<ClassicPush>(db, meta::Policy::Push) {
+        Ok(all) => all.into_iter().map(|(_, p)| p).filter(|p| p.subscription == subscription).collect(),
+        Err(e) => {
+            eprintln!("evmesh: cannot list classic push URLs: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// Starts the webhook sessions this shard runs: of the stored subscriptions with a sink whose
+/// names it owns, and of the classic push URLs whose home it is (at the broker's start).
+pub fn start_all(shard: &Rc<Shard>) {
+    let db = &shard.shared.db;
+    let shards = shard.shared.config.shards;
+    match meta::list_subscriptions(db) {
+        Ok(defs) => {
+            for def in defs {
+                if def.sink.is_some() && crate::shard::meta_owner(&def.subscription, shards) == shard.id {
+                    start(shard, def);
+                }
+            }
+        }
+        Err(e) => eprintln!("evmesh: {}: cannot list subscriptions to start their sinks: {e}", shard.id),
+    }
+    match meta::list_policy::<ClassicPush>(db, meta::Policy::Push) {
+        Ok(pushes) => {
+            for (_, push) in pushes {
+                if classic_home(&push, shards) == shard.id {
+                    start_classic(shard, push);
+                }
+            }
+        }
+        Err(e) => eprintln!("evmesh: {}: cannot list classic push URLs: {e}", shard.id),
+    }
+}
+
+/// Runs the session while its target is stored. A removal closes it; a removal announced late
+/// can also close the session of a subscription created again under the same name since, and
+/// a session whose queue overflowed ends too: while the same target is stored, it is attached
+/// again.
+async fn run(shard: Rc<Shard>, target: Target) {
+    let url = match Url::parse(target.url()) {
+        Ok(u) => u,
+        Err(e) => return eprintln!("evmesh: subscription {}: push URL not served: {e}", target.subscription()),
     };
-    loop {
-        serve(&shard, &def, &url).await;
-        let stored = meta::get_subscription(&shard.shared.db, &def.subscription);
-        if !matches!(stored, Ok(Some(d)) if d.created_us == def.created_us) {
+    let topic = match &target {
+        Target::Sink(d) => d.topic.clone(),
+        Target::Classic(c) => match meta::get_subscription(&shard.shared.db, &c.subscription) {
+            Ok(Some(d)) => d.topic,
+            _ => return,
+        },
+    };
+    while target.wanted(&shard) {
+        serve(&shard, &target, &topic, &url).await;
+        if !target.wanted(&shard) {
             return;
         }
         monoio::time::sleep(Duration::from_secs(1)).await;
@@ -111,6 +241,8 @@ enum Outcome {
     Unreachable,
     /// A 429 or 503 with `Retry-After`: not again before this.
     Defer(Duration),
+    /// Refused for good (a classic subscriber's retCode 3): dead-lettered now.
+    Reject,
 }
 
 /// How long a resolved address is used before the name is resolved again.
@@ -118,72 +250,109 @@ const RESOLVE_EVERY: Duration = Duration::from_secs(60);
 /// Resolutions of a sink's name at most this often, when it failed or its address did not answer.
 const RESOLVE_RETRY: Duration = Duration::from_secs(1);
 
-async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
+async fn serve(shard: &Rc<Shard>, target: &Target, topic: &str, url: &Url) {
     let config = &shard.shared.config;
-    let (id, mut queue) = shard.sessions.add_webhook(&def.subscription, config.shards);
-    let consumer = ConsumerKey { subscription: def.subscription.clone(), client: String::new() };
+    let subscription = target.subscription();
+    let (id, mut queue) = shard.sessions.add_webhook(subscription, config.shards);
+    let consumer = ConsumerKey { subscription: subscription.to_owned(), client: target.client().to_owned() };
     let at = SessionRef { shard: shard.id, id };
     let concurrency = config.webhook_concurrency as usize;
-    let change = SessionChange::Attach { window: config.webhook_concurrency, filters: None, persist: true };
-    shard.announce_session(SessionEvent { consumer: consumer.clone(), topic: def.topic.clone(), session: at, change });
+    // Each owning shard's window is a share of the concurrency, so what the session is handed
+    // is about what it can have in flight: events do not wait here while their ack deadlines
+    // run (the owners count them delivered from the moment they are handed over).
+    let window = config.webhook_concurrency.div_ceil(config.shards as u32).max(1);
+    let change = SessionChange::Attach { window, filters: None, persist: true };
+    shard.announce_session(SessionEvent { consumer: consumer.clone(), topic: topic.to_owned(), session: at, change });
     let pool = Pool::new(concurrency, MAX_ANSWER, Some(shard.shared.client_tls.clone()));
-    let secret = def.sink_secret.as_deref().map(str::as_bytes);
     let timeout = config.webhook_timeout;
     let metrics = shard.shared.metrics.shard(shard.id);
+    let ack = |p: u32, o: u64, kind: AckKind| {
+        let _ = shard.route_acks(&consumer, topic, BTreeMap::from([(p, vec![o])]), kind, false);
+    };
     // Tells the machine how one went.
     let settle = |p: u32, o: u64, outcome: &Outcome| {
-        let kind = match outcome {
-            Outcome::Ok => AckKind::Ack,
-            Outcome::Failed | Outcome::Unreachable => AckKind::Nack,
-            Outcome::Defer(wait) => AckKind::Defer(wait.as_millis() as u32),
-        };
-        let slot = match outcome {
-            Outcome::Ok => 0,
-            Outcome::Failed | Outcome::Unreachable => 1,
-            Outcome::Defer(_) => 2,
+        let (kind, slot) = match outcome {
+            Outcome::Ok => (AckKind::Ack, 0),
+            Outcome::Failed | Outcome::Unreachable => (AckKind::Nack, 1),
+            Outcome::Reject => (AckKind::Reject, 1),
+            Outcome::Defer(wait) => (AckKind::Defer(wait.as_millis() as u32), 2),
         };
         metrics.webhook_requests[slot].inc();
-        let _ = shard.route_acks(&consumer, &def.topic, BTreeMap::from([(p, vec![o])]), kind, false);
+        ack(p, o, kind);
+    };
+    // Handed back, unattempted, to come again after `wait`.
+    let release = |e: &Event, wait: Duration| {
+        let h = e.frames[e.index as usize].header();
+        ack(h.partition, h.offset, AckKind::Release(wait.as_millis() as u32));
     };
     // Where the sink is: resolved when first needed, again every `RESOLVE_EVERY` and after it
     // did not answer.
-    let mut addr: Option<(std::net::SocketAddr, Instant)> = None;
+    let mut addr: Option<(SocketAddr, Instant)> = None;
     let mut refresh = false;
     let mut last_resolve: Option<Instant> = None;
-    // Handed to the session, not yet POSTed (bounded by the windows the owners keep).
+    let mut resolve_failed = false;
+    let mut last_prune = Instant::now();
+    // Handed to the session, not yet POSTed: at most about a window per owning shard beyond
+    // what is in flight, one entry per event (a redelivery replaces its earlier copy).
     let mut waiting: VecDeque<Event> = VecDeque::new();
     let mut inflight = FuturesUnordered::new();
     let mut held_until: Option<Instant> = None;
-    let mut closing = false;
+    // Ending: `Some(true)` when the subscription was removed (what completes is not acked: a
+    // subscription made again under its name must not see this one's acks).
+    let mut closing: Option<bool> = None;
     loop {
-        if held_until.is_some_and(|t| t <= Instant::now()) {
+        let now = Instant::now();
+        if held_until.is_some_and(|t| t <= now) {
             held_until = None;
+        }
+        if let Some(until) = held_until {
+            // The sink asked to wait: what is handed meanwhile goes back unattempted.
+            for e in waiting.drain(..) {
+                release(&e, until - now);
+            }
+        }
+        if now.duration_since(last_prune) >= IDLE / 4 {
+            pool.close_idle(IDLE);
+            last_prune = now;
         }
         let stale = refresh || addr.is_none_or(|(_, at)| at.elapsed() >= RESOLVE_EVERY);
         let may_resolve = last_resolve.is_none_or(|t| t.elapsed() >= RESOLVE_RETRY);
-        if !closing && !waiting.is_empty() && stale && may_resolve {
+        if closing.is_none() && !waiting.is_empty() && stale && may_resolve {
             last_resolve = Some(Instant::now());
             match url.resolve(timeout).await {
-                Ok(a) => (addr, refresh) = (Some((a, Instant::now())), false),
-                Err(e) if addr.is_none() => {
-                    // Nowhere to send them: each is a failed attempt (retried after the backoff).
-                    eprintln!("evmesh: subscription {}: sink: {e}", def.subscription);
-                    for ev in waiting.drain(..) {
-                        let h = ev.frames[ev.index as usize].header();
-                        settle(h.partition, h.offset, &Outcome::Unreachable);
+                Ok(a) => {
+                    if addr.is_some_and(|(old, _)| old != a) {
+                        pool.forget_all_but(a);
+                    }
+                    (addr, refresh, resolve_failed) = (Some((a, Instant::now())), false, false);
+                }
+                Err(e) => {
+                    if !resolve_failed {
+                        eprintln!("evmesh: subscription {subscription}: push URL: {e}");
+                        resolve_failed = true;
+                    }
+                    match addr {
+                        // The last address it had is used on, and not resolved again at once.
+                        Some((a, _)) => (addr, refresh) = (Some((a, Instant::now())), false),
+                        // Nowhere to send them: each is a failed attempt (retried after the backoff).
+                        None => {
+                            for ev in waiting.drain(..) {
+                                let h = ev.frames[ev.index as usize].header();
+                                settle(h.partition, h.offset, &Outcome::Unreachable);
+                            }
+                        }
                     }
                 }
-                Err(_) => {} // the last address it had is used on
             }
         }
-        while let (false, None, Some((to, _))) = (closing, held_until, addr) {
+        while let (None, None, Some((to, _))) = (closing, held_until, addr) {
             if inflight.len() >= concurrency {
                 break;
             }
             let Some(e) = waiting.pop_front() else { break };
-            inflight.push(post(&pool, url, to, secret, e, timeout));
+            inflight.push(post(&pool, target, url, to, e, timeout, &shard.shared.listeners));
         }
-        if closing && inflight.is_empty() {
+        if closing.is_some() && inflight.is_empty() {
             break;
         }
         let next_done = async {
@@ -194,15 +363,15 @@ async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
         };
         let next_event = async {
             match closing {
-                true => std::future::pending().await,
-                false => queue.recv().await,
+                Some(_) => std::future::pending().await,
+                None => queue.recv().await,
             }
         };
         let wake = match (held_until, waiting.is_empty() || addr.is_some()) {
             (Some(t), _) => t.saturating_duration_since(Instant::now()),
             // Events wait for the name to resolve.
             (None, false) => RESOLVE_RETRY,
-            (None, true) => IDLE,
+            (None, true) => IDLE / 4,
         };
         let timer = monoio::time::sleep(wake);
         let woke = {
@@ -221,62 +390,82 @@ async fn serve(shard: &Rc<Shard>, def: &Definition, url: &Url) {
                     Outcome::Unreachable if url.ip.is_none() => refresh = true,
                     _ => {}
                 }
-                settle(p, o, &outcome);
+                if closing != Some(true) {
+                    settle(p, o, &outcome);
+                }
             }
-            Woke::Done(None) => {}
+            Woke::Done(None) | Woke::Timer => {}
             Woke::Pushed(Some(Pushed::Event { frames, index, attempt })) => {
-                waiting.push_back(Event { frames, index, attempt });
+                let e = Event { frames, index, attempt };
+                let key = |e: &Event| {
+                    let h = e.frames[e.index as usize].header();
+                    (h.partition, h.offset)
+                };
+                // A redelivery of one still waiting (its ack deadline passed) takes its place.
+                match waiting.iter_mut().find(|w| key(w) == key(&e)) {
+                    Some(w) => *w = e,
+                    None => waiting.push_back(e),
+                }
             }
-            // Removed (or the queue overflowed): what is in flight finishes, the rest goes back.
-            Woke::Pushed(Some(Pushed::Close) | None) => closing = true,
-            Woke::Timer => pool.close_idle(IDLE),
+            // Removed: what is in flight finishes, unacked.
+            Woke::Pushed(Some(Pushed::Close)) => closing = Some(true),
+            // The queue overflowed, or its registration is gone (a classic URL unsubscribed,
+            // the subscription's other URLs go on): what waits goes back unattempted.
+            Woke::Pushed(None) => closing = Some(false),
+            Woke::Pushed(Some(Pushed::Recheck)) => {
+                if !target.wanted(shard) {
+                    closing = Some(false);
+                }
+            }
+        }
+        if closing == Some(false) {
+            for e in waiting.drain(..) {
+                release(&e, Duration::ZERO);
+            }
         }
     }
     shard.sessions.remove_acked(id);
     let change = SessionChange::Detach;
-    shard.announce_session(SessionEvent { consumer, topic: def.topic.clone(), session: at, change });
+    shard.announce_session(SessionEvent { consumer, topic: topic.to_owned(), session: at, change });
 }
 
 /// POSTs one event; returns its partition, offset and how it went.
 async fn post(
     pool: &Pool,
+    target: &Target,
     url: &Url,
-    addr: std::net::SocketAddr,
-    secret: Option<&[u8]>,
+    addr: SocketAddr,
     e: Event,
     timeout: Duration,
+    own: &[SocketAddr],
 ) -> (u32, u64, Outcome) {
     let frame = &e.frames[e.index as usize];
     let h = frame.header();
     let (p, o) = (h.partition, h.offset);
-    let (mut headers, content_type, body) = write_binary(frame);
     let id = delivery_id(p, o, e.attempt);
-    for (name, value) in [
-        ("ce-emdeliveryid", AttrValue::Str(id.clone())),
-        ("ce-empartition", AttrValue::Int(i64::from(p))),
-        ("ce-emoffset", AttrValue::Str(o.to_string())),
-        ("ce-emattempt", AttrValue::Int(i64::from(e.attempt))),
-    ] {
-        let value = match value {
-            AttrValue::Str(s) => s,
-            AttrValue::Int(n) => n.to_string(),
-            AttrValue::Bool(b) => b.to_string(),
-        };
-        headers.push((name.to_owned(), value));
-    }
     let now_s = (crate::clock::now_micros() / 1_000_000).max(0) as u64;
-    let timestamp = now_s.to_string();
-    if let Some(ct) = content_type {
-        headers.push(("content-type".into(), ct));
-    }
+    let (mut headers, body) = match target {
+        Target::Sink(def) => binary(frame, &id, e.attempt, def.sink_secret.as_deref(), &url.target, now_s),
+        Target::Classic(c) => classic(frame, c, p, o),
+    };
     headers.push(("x-em-delivery-id".into(), id));
-    if let Some(key) = secret {
-        headers.push(("x-em-signature".into(), signature(key, "POST", &url.target, &timestamp, &body)));
+    if is_own(addr, own) {
+        // Pushing into evmesh's own listeners would loop (a publish per delivery) or reach the
+        // admin API from inside.
+        return (p, o, Outcome::Unreachable);
     }
-    headers.push(("x-em-timestamp".into(), timestamp));
     let refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-    let outcome = match pool.send(url, addr, "POST", &refs, &body, timeout).await {
-        Ok(a) if (200..300).contains(&a.status) => Outcome::Ok,
+    // Each step within `timeout`, and the whole request within three of them (a sink that
+    // trickles its answer does not hold a request for longer).
+    let answer = match monoio::time::timeout(3 * timeout, pool.send(url, addr, "POST", &refs, &body, timeout)).await {
+        Ok(a) => a,
+        Err(_) => Err(ClientError::TimedOut(3 * timeout)),
+    };
+    let outcome = match answer {
+        Ok(a) if (200..300).contains(&a.status) => match target {
+            Target::Sink(_) => Outcome::Ok,
+            Target::Classic(_) => classic_outcome(&a.body),
+        },
         Ok(a) if a.status == 429 || a.status == 503 => {
             match a.header("retry-after").and_then(|v| retry_after(v, now_s)) {
                 Some(s) => Outcome::Defer(Duration::from_secs(s).min(MAX_DEFER)),
@@ -287,4 +476,71 @@ async fn post(
         Ok(_) | Err(_) => Outcome::Failed,
     };
     (p, o, outcome)
+}
+
+/// Whether `addr` is one of evmesh's own listeners (an unspecified listen address stands for
+/// every local one: loopback, or the same port on any address).
+fn is_own(addr: SocketAddr, own: &[SocketAddr]) -> bool {
+    own.iter().any(|l| {
+        l.port() == addr.port()
+            && (l.ip() == addr.ip() || l.ip().is_unspecified() || (l.ip().is_loopback() && addr.ip().is_loopback()))
+    })
+}
+
+/// A sink's request: the event in binary mode with the `em*` extensions, timestamped and
+/// (with a secret) signed.
+fn binary(
+    frame: &Frame,
+    id: &str,
+    attempt: u16,
+    secret: Option<&str>,
+    target: &str,
+    now_s: u64,
+) -> (Vec<(String, String)>, Vec<u8>) {
+    let h = frame.header();
+    let (mut headers, content_type, body) = write_binary(frame);
+    // The delivery's own, not a publisher's of the same names.
+    let ours = ["ce-emdeliveryid", "ce-empartition", "ce-emoffset", "ce-emattempt"];
+    headers.retain(|(n, _)| !ours.contains(&n.as_str()));
+    headers.push(("ce-emdeliveryid".into(), id.to_owned()));
+    headers.push(("ce-empartition".into(), h.partition.to_string()));
+    headers.push(("ce-emoffset".into(), h.offset.to_string()));
+    headers.push(("ce-emattempt".into(), attempt.to_string()));
+    if let Some(ct) = content_type {
+        headers.push(("content-type".into(), ct));
+    }
+    let timestamp = now_s.to_string();
+    if let Some(key) = secret {
+        headers.push(("x-em-signature".into(), signature(key.as_bytes(), "POST", target, &timestamp, &body)));
+    }
+    headers.push(("x-em-timestamp".into(), timestamp));
+    (headers, body)
+}
+
+/// A classic subscriber's push (EventMesh's `AsyncHTTPPushRequest`): code 105 (106 for `SYNC`),
+/// the form of `meshmessage::push_form`; `randomNo` stays the same across attempts.
+fn classic(frame: &Frame, c: &ClassicPush, p: u32, o: u64) -> (Vec<(String, String)>, Vec<u8>) {
+    let code = if c.sync { "106" } else { "105" };
+    let body = crate::adaptor::meshmessage::push_form(frame, &c.topic, &format!("{p}{o:012}"));
+    let headers = [
+        ("code", code),
+        ("language", "JAVA"),
+        ("version", "1.0"),
+        ("eventmeshcluster", "evmesh"),
+        ("eventmeshenv", "evmesh"),
+        ("eventmeshidc", "evmesh"),
+        ("content-type", "application/x-www-form-urlencoded; charset=UTF-8"),
+    ];
+    (headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(), body)
+}
+
+/// What a classic subscriber's answer says (its `{"retCode": N}`, `ClientRetCode`): 0 and 1
+/// are done, 3 is refused for good, 2 and 5 (and anything unreadable) are to be tried again.
+fn classic_outcome(body: &[u8]) -> Outcome {
+    let code = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| v.get("retCode")?.as_i64());
+    match code {
+        Some(0 | 1) => Outcome::Ok,
+        Some(3) => Outcome::Reject,
+        _ => Outcome::Failed,
+    }
 }

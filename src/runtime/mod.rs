@@ -327,6 +327,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let shared = Arc::new(Shared {
         governance,
         client_tls,
+        listeners: [started.listen, started.admin_listen],
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
@@ -423,6 +424,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 monoio::spawn(shard.clone().delivery_timers());
                 monoio::spawn(crate::push::watch_policy(shard.clone()));
                 shard.sink_starter.set(Some(crate::push::webhook::start));
+                shard.pushes_changed.set(Some(crate::push::webhook::sync_pushes));
                 crate::push::webhook::start_all(&shard);
                 crate::task::set_heartbeat(shared.beats[i].clone(), shared.epoch);
                 monoio::spawn(heartbeat());

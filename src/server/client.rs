@@ -184,6 +184,12 @@ impl Pool {
         Pool { idle: RefCell::new(HashMap::new()), max_idle, max_body, tls }
     }
 
+    /// Closes the idle connections to any other address than `addr` (a name now resolved
+    /// elsewhere).
+    pub fn forget_all_but(&self, addr: SocketAddr) {
+        self.idle.borrow_mut().retain(|(_, a), _| *a == addr);
+    }
+
     /// Closes the connections idle for `max` or longer.
     pub fn close_idle(&self, max: Duration) {
         let mut idle = self.idle.borrow_mut();

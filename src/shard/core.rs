@@ -75,7 +75,13 @@ pub struct Shard {
     /// Starts the webhook session of a subscription with a sink whose name this shard owns
     /// (`push::webhook::start`, set at start: push sits above the shard).
     pub sink_starter: Cell<Option<SinkStarter>>,
+    /// Starts the push sessions of a subscription's classic push URLs homed here that are not
+    /// running (`push::webhook::sync_pushes`, set at start).
+    pub pushes_changed: Cell<Option<PushesChanged>>,
 }
+
+/// See [`Shard::pushes_changed`].
+pub type PushesChanged = fn(&Rc<Shard>, &str);
 
 /// See [`Shard::sink_starter`].
 pub type SinkStarter = fn(&Rc<Shard>, Definition);
@@ -149,6 +155,7 @@ impl Shard {
             policy: crate::governance::Changes::default(),
             requests,
             sink_starter: Cell::new(None),
+            pushes_changed: Cell::new(None),
         }
     }
 
@@ -357,6 +364,12 @@ impl Shard {
                 None => SubOutcome::Unknown,
                 Some(_) => {
                     meta::delete_subscription(db, &name)?;
+                    // Its classic push URLs go with it.
+                    for (id, _) in meta::list_policy::<serde_json::Value>(db, meta::Policy::Push)? {
+                        if id.split_once(' ').is_some_and(|(s, _)| s == name) {
+                            meta::delete_policy(db, meta::Policy::Push, &id)?;
+                        }
+                    }
                     self.shared.subscription_count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     SubOutcome::Removed
                 }
@@ -520,6 +533,13 @@ impl Shard {
                 drop(interest);
                 self.forget_subscription(&i.subscription, &i.topic);
                 self.sessions.close_all(&i.subscription, 1000);
+            }
+            InterestChange::Pushes => {
+                drop(interest);
+                self.sessions.recheck_webhooks(&i.subscription);
+                if let Some(sync) = self.pushes_changed.get() {
+                    sync(self, &i.subscription);
+                }
             }
         }
     }

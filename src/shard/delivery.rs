@@ -284,7 +284,8 @@ impl Shard {
     /// anything else changes nothing and keeps nothing. Nacks change nothing (the event is
     /// redelivered anyway).
     fn settle_detached(&self, a: &Acks) {
-        if matches!(a.kind, AckKind::Nack | AckKind::Defer(_)) || a.consumer.client.starts_with('~') {
+        let settles = matches!(a.kind, AckKind::Ack | AckKind::UpTo);
+        if !settles || a.consumer.client.starts_with('~') {
             return;
         }
         self.settle_stored(&a.consumer, a.partition, |st| match a.kind {

@@ -78,6 +78,9 @@ pub enum InterestChange {
     Detach,
     /// The subscription was removed: every shard closes its sessions and forgets it.
     Removed,
+    /// Its push registrations (classic subscribers' URLs) changed: each shard's webhook
+    /// sessions of it look whether theirs is still there.
+    Pushes,
 }
 
 /// A change of which shards want a subscription's events.
@@ -148,6 +151,12 @@ pub enum AckKind {
     /// Failed, and not to be tried again for this many milliseconds (a webhook sink's
     /// `Retry-After`), nor before the backoff.
     Defer(u32),
+    /// Given back without an attempt (a webhook session whose sink asked it to wait): due again
+    /// after this many milliseconds, its attempt count as it was.
+    Release(u32),
+    /// Refused for good: dead-lettered at once, whatever attempts are left (a classic
+    /// subscriber's `retCode` 3).
+    Reject,
 }
 
 /// Records the Kafka tail fetched for a partition the receiver owns (offsets stamped).

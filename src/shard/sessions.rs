@@ -75,6 +75,8 @@ pub enum Pushed {
     },
     /// The subscription was removed: end after what is queued.
     Close,
+    /// Its push registrations changed: end if this session's is gone.
+    Recheck,
 }
 
 /// This shard's attached sessions.
@@ -262,6 +264,13 @@ impl Sessions {
             queued += 1;
         }
         queued
+    }
+
+    /// Asks every webhook session of a subscription whether it is still wanted.
+    pub fn recheck_webhooks(&self, subscription: &str) {
+        for (_, tx) in self.webhooks.borrow_mut().values_mut().filter(|(s, _)| s == subscription) {
+            let _ = tx.send_past_bound(Pushed::Recheck);
+        }
     }
 
     /// Closes every session of a subscription (it was removed).

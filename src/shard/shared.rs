@@ -54,6 +54,8 @@ pub struct Shared {
     pub tls: Option<Arc<crate::server::tls::TlsAcceptor>>,
     /// The broker's TLS client configuration (https webhook sinks).
     pub client_tls: Arc<rustls::ClientConfig>,
+    /// The traffic and admin listeners' bound addresses (webhook sinks may not point there).
+    pub listeners: [std::net::SocketAddr; 2],
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,

@@ -116,6 +116,8 @@ pub enum Policy {
     Transformer,
     /// `route/<id>`: a route.
     Route,
+    /// `push/<subscription> <url>`: a classic subscriber's push URL (`push::webhook`).
+    Push,
 }
 
 impl Policy {
@@ -126,6 +128,7 @@ impl Policy {
             Policy::Quota => "quota/",
             Policy::Transformer => "transformer/",
             Policy::Route => "route/",
+            Policy::Push => "push/",
         };
         format!("{prefix}{id}").into_bytes()
     }
@@ -134,6 +137,15 @@ impl Policy {
 /// Every entry of one kind, `(id, value)` in id order.
 pub fn list_policy<T: serde::de::DeserializeOwned>(db: &DB, kind: Policy) -> Result<Vec<(String, T)>, StorageError> {
     list_json(db, &kind.key(""))
+}
+
+/// One entry, if stored.
+pub fn get_policy<T: serde::de::DeserializeOwned>(db: &DB, kind: Policy, id: &str) -> Result<Option<T>, StorageError> {
+    let cf = db.cf_handle(META).expect("meta family exists");
+    match db.get_cf(cf, kind.key(id))? {
+        Some(v) => Ok(serde_json::from_slice(&v).ok()),
+        None => Ok(None),
+    }
 }
 
 /// Stores one entry (WAL durability).

@@ -5,8 +5,9 @@ Usage: python_sink.py PLAN_JSON
 PLAN_JSON: {"secret": "k" | null, "answers": {"<ce-id>": ["500", "429:1", "200", ...]},
             "default": "200", "delay_ms": 0, "hold_ids": ["<ce-id>", ...],
             "tls": {"cert": "server.pem", "key": "server.key"} | null}
-Each request for an event gets the next answer of its list ("STATUS" or "STATUS:RETRY_AFTER"),
-then `default`. A request for an event in `hold_ids` is answered only after 60 s (a sink that
+Each request for an event gets the next answer of its list ("STATUS", "STATUS:RETRY_AFTER",
+either followed by "|BODY"), then `default`; the body is {"retCode":0} unless given. An event is
+known by its `ce-id` header, or (a classic push's form) its `bizseqno` field. A request for an event in `hold_ids` is answered only after 60 s (a sink that
 hangs). Prints {"port": N} first, then one JSON line per request received, as it arrives:
 what the tests assert on (the headers, whether the signature verifies, how many requests were
 in flight when it arrived).
@@ -16,6 +17,7 @@ import hashlib
 import hmac
 import json
 import ssl
+import urllib.parse
 import sys
 import threading
 import time
@@ -56,6 +58,8 @@ class Sink(BaseHTTPRequestHandler):
     def handle_post(self, inflight):
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         h = {k.lower(): v for k, v in self.headers.items()}
+        names = [k.lower() for k in self.headers.keys()]
+        repeated = sorted({n for n in names if names.count(n) > 1})
         sig_ok = None
         if SECRET is not None:
             base = "\n".join(
@@ -63,7 +67,10 @@ class Sink(BaseHTTPRequestHandler):
             ).encode()
             want = "sha256=" + hmac.new(SECRET.encode(), base, hashlib.sha256).hexdigest()
             sig_ok = hmac.compare_digest(want, h.get("x-em-signature", ""))
-        ce_id = h.get("ce-id", "")
+        form = {}
+        if h.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode(), keep_blank_values=True).items()}
+        ce_id = h.get("ce-id") or form.get("bizseqno", "")
         with LOCK:
             queue = ANSWERS.get(ce_id)
             answer = queue.pop(0) if queue else DEFAULT
@@ -71,7 +78,9 @@ class Sink(BaseHTTPRequestHandler):
             "t": time.monotonic(),
             "path": self.path,
             "headers": h,
+            "repeated": repeated,
             "body": body.decode("utf-8", "replace"),
+            "form": form,
             "sig_ok": sig_ok,
             "inflight": inflight,
             "answer": answer,
@@ -80,11 +89,12 @@ class Sink(BaseHTTPRequestHandler):
             time.sleep(60)
         elif DELAY:
             time.sleep(DELAY)
-        status, _, retry = answer.partition(":")
+        head, _, reply = answer.partition("|")
+        status, _, retry = head.partition(":")
         self.send_response(int(status))
         if retry:
             self.send_header("Retry-After", retry)
-        reply = b'{"ok":true}'
+        reply = (reply or '{"retCode":0}').encode()
         self.send_header("Content-Length", str(len(reply)))
         self.end_headers()
         self.wfile.write(reply)

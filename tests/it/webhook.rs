@@ -19,15 +19,15 @@ use super::util::{event, wait_for, TestBroker};
 const LONG: Duration = Duration::from_secs(20);
 
 /// A running Python sink: its URL and the requests it reported, in arrival order.
-struct Sink {
+pub(super) struct Sink {
     child: Child,
-    port: u16,
+    pub port: u16,
     got: Receiver<Value>,
-    seen: Vec<Value>,
+    pub seen: Vec<Value>,
 }
 
 impl Sink {
-    fn start(plan: Value) -> Sink {
+    pub fn start(plan: Value) -> Sink {
         let root =
             std::env::var_os("CARGO_MANIFEST_DIR").map_or(env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from);
         let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -51,12 +51,12 @@ impl Sink {
         Sink { child, port, got, seen: Vec::new() }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
     /// Waits until `n` requests arrived in all; returns them all.
-    fn wait(&mut self, n: usize) -> &[Value] {
+    pub fn wait(&mut self, n: usize) -> &[Value] {
         let deadline = Instant::now() + LONG;
         while self.seen.len() < n {
             match self.got.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -71,7 +71,7 @@ impl Sink {
     }
 
     /// What arrived so far, without waiting.
-    fn drain(&mut self) -> &[Value] {
+    pub fn drain(&mut self) -> &[Value] {
         while let Ok(v) = self.got.try_recv() {
             self.seen.push(v);
         }
@@ -86,7 +86,7 @@ impl Drop for Sink {
     }
 }
 
-fn h<'a>(r: &'a Value, name: &str) -> &'a str {
+pub(super) fn h<'a>(r: &'a Value, name: &str) -> &'a str {
     r["headers"][name].as_str().unwrap_or("")
 }
 
@@ -96,7 +96,7 @@ fn ids(seen: &[Value]) -> Vec<(String, String)> {
 }
 
 /// The dead letters of `topic`, from every partition of its `.dlq` (none before it exists).
-fn dead_letters(b: &TestBroker, topic: &str) -> Vec<(u64, Value)> {
+pub(super) fn dead_letters(b: &TestBroker, topic: &str) -> Vec<(u64, Value)> {
     let mut out = Vec::new();
     for p in 0..4 {
         let r = b.admin().get(&format!("/admin/topics/{topic}.dlq/partitions/{p}/events?from=0&max=100"));
@@ -126,9 +126,14 @@ fn a_sink_gets_every_event_signed_in_binary_mode_in_order_and_acks_it() {
     assert!(!r.text().contains("s3cret") && r.json()["sinkSigned"] == true, "{}", r.text());
     // Sessions of clients cannot attach to a sink's subscription.
     b.client().get("/events/poll?subscription=hook&waitMs=0").assert_problem(409);
+    b.client()
+        .post("/events/ack", "application/json", br#"{"subscription":"hook","ids":["0:0:1"]}"#)
+        .assert_problem(409);
     for i in 0..5 {
         let mut e = event(&format!("e{i}"));
         e["subject"] = json!("s 1 é%");
+        // A publisher's own em* extensions do not pass for the delivery's.
+        e["emattempt"] = json!(99);
         publish_to_event(&b, "orders", &e);
     }
     let seen = sink.wait(5).to_vec();
@@ -136,6 +141,7 @@ fn a_sink_gets_every_event_signed_in_binary_mode_in_order_and_acks_it() {
     for (i, r) in seen.iter().enumerate() {
         assert_eq!(r["path"], "/in/hook?x=1");
         assert_eq!(r["sig_ok"], true, "the sink verified the signature: {r}");
+        assert_eq!(r["repeated"], json!([]), "{r}");
         assert_eq!(h(r, "x-em-delivery-id"), format!("0:{i}:1"));
         assert_eq!(h(r, "ce-emdeliveryid"), format!("0:{i}:1"));
         assert_eq!((h(r, "ce-empartition"), h(r, "ce-emoffset")), ("0", i.to_string().as_str()));
@@ -195,9 +201,12 @@ fn a_failing_sink_is_retried_in_partition_order_then_dead_lettered() {
 #[ignore = "needs python3 (the sink is written with its standard library)"]
 fn retry_after_holds_every_request_to_the_sink_until_then() {
     let b = TestBroker::start(&["--redelivery-backoff-ms", "50"]);
-    let mut sink = Sink::start(json!({ "answers": { "first": ["429:1"] } }));
+    let mut sink = Sink::start(json!({ "answers": { "first": ["429:2"] } }));
     topic_with(&b, "t", 2);
-    subscribe(&b, json!({"subscription": "hook", "topic": "t", "sink": sink.url("/")}));
+    // The hold (2 s) outlasts the ack timeout (1 s): what waits for it must not use attempts.
+    let def =
+        json!({"subscription": "hook", "topic": "t", "sink": sink.url("/"), "maxAttempts": 2, "ackTimeoutMs": 1000});
+    subscribe(&b, def);
     let (p0, _) = publish_to(&b, "t", "first", Some("k0"));
     let t0 = sink.wait(1)[0]["t"].as_f64().unwrap();
     // Once the broker has the 429 (not merely once the sink sent it)...
@@ -217,8 +226,13 @@ fn retry_after_holds_every_request_to_the_sink_until_then() {
     assert!(seen.iter().any(|r| h(r, "ce-empartition") != p0.to_string()), "{seen:#?}");
     for r in &seen[1..] {
         let waited = r["t"].as_f64().unwrap() - t0;
-        assert!(waited >= 1.0, "a request {waited:.3} s after the 429 with Retry-After: 1: {r}");
+        assert!(waited >= 2.0, "a request {waited:.3} s after the 429 with Retry-After: 2: {r}");
+        if h(r, "ce-id") != "first" {
+            // Held events were handed back unattempted: none used an attempt waiting.
+            assert_eq!(h(r, "ce-emattempt"), "1", "{r}");
+        }
     }
+    assert!(dead_letters(&b, "t").is_empty());
     assert_eq!(deferred(&b), 1);
 }
 
@@ -314,4 +328,20 @@ fn https_sinks_are_verified_against_the_roots_and_webhook_ca_file() {
     assert_eq!((dead.1["emdlqsubscription"].as_str(), dead.1["id"].as_str()), (Some("bad"), Some("secure")));
     assert!(bad.drain().is_empty(), "{:#?}", bad.seen);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A sink pointing at evmesh's own listeners would publish every delivery again (a loop) or
+/// reach the admin API from inside: such requests are never made.
+#[test]
+fn a_sink_may_not_point_at_the_brokers_own_listeners() {
+    let b = TestBroker::start(&[]);
+    topic_with(&b, "t", 1);
+    let own = format!("http://127.0.0.1:{}/events/publish?topic=t", b.traffic.port());
+    subscribe(&b, json!({"subscription": "loop", "topic": "t", "sink": own, "maxAttempts": 1}));
+    let admin = format!("http://localhost:{}/admin/topics", b.admin.port());
+    subscribe(&b, json!({"subscription": "adm", "topic": "t", "sink": admin, "maxAttempts": 1}));
+    publish_to(&b, "t", "once", None);
+    let dead = wait_for(LONG, || Some(dead_letters(&b, "t")).filter(|d| d.len() == 2));
+    assert!(dead.iter().all(|(_, e)| e["id"] == "once"), "{dead:?}");
+    assert_eq!(b.events("t", 0).len(), 1, "published once, never again by its own sink");
 }

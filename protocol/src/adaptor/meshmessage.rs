@@ -304,30 +304,38 @@ where
     Ok(v)
 }
 
-/// A batch's `contents`: an array's items.
-impl<'de> serde::de::DeserializeSeed<'de> for Bounded<BatchEntity> {
-    type Value = Vec<BatchEntity>;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        struct Items(usize);
-        impl<'de> serde::de::Visitor<'de> for Items {
-            type Value = Vec<BatchEntity>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "an array of at most {} messages", self.0)
+/// An array's items, at most `max` (a refusal past it, before the rest is read).
+struct Items<T>(usize, std::marker::PhantomData<T>);
+
+impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Items<T> {
+    type Value = Vec<T>;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "an array of at most {} items", self.0)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            if out.len() == self.0 {
+                return Err(serde::de::Error::custom(format!("more than {} items", self.0)));
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
-                while let Some(item) = seq.next_element()? {
-                    if out.len() == self.0 {
-                        return Err(serde::de::Error::custom(format!("more than {} items", self.0)));
-                    }
-                    out.push(item);
-                }
-                Ok(out)
-            }
+            out.push(item);
         }
-        d.deserialize_seq(Items(self.max))
+        Ok(out)
     }
 }
+
+/// Array items: a batch's `contents`, a subscribe's `topic`.
+macro_rules! bounded_items {
+    ($($t:ty),*) => {$(
+        impl<'de> serde::de::DeserializeSeed<'de> for Bounded<$t> {
+            type Value = Vec<$t>;
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_seq(Items(self.max, std::marker::PhantomData))
+            }
+        }
+    )*};
+}
+bounded_items!(BatchEntity, SubscriptionItem, String);
 
 /// `extFields`: an object's entries, in order (a key given twice is refused by the event check).
 impl<'de> serde::de::DeserializeSeed<'de> for Bounded<(String, String)> {
@@ -388,6 +396,113 @@ pub fn batch(form: &Form, max: usize) -> Result<Vec<(String, Form)>, Refused> {
             Ok((topic, Form { fields }))
         })
         .collect()
+}
+
+/// Topics one subscribe or unsubscribe may name.
+pub const MAX_SUBSCRIBE_TOPICS: usize = 16;
+
+/// One topic of a subscribe (`SubscriptionItem`): `mode` `CLUSTERING` (the default) or
+/// `BROADCASTING`, `type` `ASYNC` (the default, pushed with code 105) or `SYNC` (106).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct SubscriptionItem {
+    pub topic: String,
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+}
+
+impl SubscriptionItem {
+    pub fn broadcasting(&self) -> bool {
+        self.mode.as_deref() == Some("BROADCASTING")
+    }
+
+    pub fn sync(&self) -> bool {
+        self.kind.as_deref() == Some("SYNC")
+    }
+}
+
+/// A subscribe (206, `/eventmesh/subscribe/local`) or an unsubscribe (207,
+/// `/eventmesh/unsubscribe/local`, whose topics are plain names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscribe {
+    pub url: String,
+    pub group: String,
+    pub items: Vec<SubscriptionItem>,
+}
+
+/// Checks what a subscribe or unsubscribe names, whichever form it came in.
+fn subscribe_checked(
+    url: Option<&str>,
+    group: Option<&str>,
+    items: Vec<SubscriptionItem>,
+) -> Result<Subscribe, Refused> {
+    let body_err = |what: &str| refused(ret::BODY_ERR, format!("eventMesh protocol[body] error: {what}"));
+    let url = url.filter(|u| !u.trim().is_empty()).ok_or_else(|| body_err("url is missing"))?;
+    let group = group.filter(|g| !g.trim().is_empty()).ok_or_else(|| body_err("consumerGroup is missing"))?;
+    if items.is_empty() {
+        return Err(body_err("topic names no topic"));
+    }
+    for i in &items {
+        if i.topic.trim().is_empty() {
+            return Err(body_err("a topic is blank"));
+        }
+        if !matches!(i.mode.as_deref(), None | Some("CLUSTERING" | "BROADCASTING")) {
+            return Err(body_err("mode is CLUSTERING or BROADCASTING"));
+        }
+        if !matches!(i.kind.as_deref(), None | Some("ASYNC" | "SYNC")) {
+            return Err(body_err("type is ASYNC or SYNC"));
+        }
+    }
+    Ok(Subscribe { url: url.trim().to_owned(), group: group.trim().to_owned(), items })
+}
+
+/// The topics of a subscribe (`[{"topic","mode","type"}]`) or an unsubscribe (`["T"]`) as JSON.
+fn subscription_items(json: &str, unsubscribe: bool) -> Result<Vec<SubscriptionItem>, serde_json::Error> {
+    let max = MAX_SUBSCRIBE_TOPICS;
+    if unsubscribe {
+        let names = bounded(json, Bounded::<String>::new(max))?;
+        Ok(names.into_iter().map(|topic| SubscriptionItem { topic, mode: None, kind: None }).collect())
+    } else {
+        bounded(json, Bounded::<SubscriptionItem>::new(max))
+    }
+}
+
+/// A 206 (or, `unsubscribe`, 207) form: `url`, `consumerGroup` and `topic`, a JSON array of at
+/// most [`MAX_SUBSCRIBE_TOPICS`] items.
+pub fn subscribe(form: &Form, unsubscribe: bool) -> Result<Subscribe, Refused> {
+    let topics = form.get("topic").unwrap_or("[]");
+    let items = subscription_items(topics, unsubscribe).map_err(|e| {
+        refused(ret::BODY_ERR, format!("eventMesh protocol[body] error: topic is not a JSON array of at most {MAX_SUBSCRIBE_TOPICS} topics: {e}"))
+    })?;
+    subscribe_checked(form.get("url"), form.get("consumerGroup"), items)
+}
+
+/// The JSON body of `/eventmesh/subscribe/local` (or `unsubscribe/local`):
+/// `{"url","consumerGroup","topic":[...]}`.
+pub fn subscribe_json(body: &[u8], unsubscribe: bool) -> Result<Subscribe, Refused> {
+    let bad = |e: &dyn std::fmt::Display| {
+        refused(
+            ret::BODY_ERR,
+            format!("eventMesh protocol[body] error: expected {{\"url\",\"consumerGroup\",\"topic\":[...]}}: {e}"),
+        )
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Body<'a> {
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        consumer_group: Option<String>,
+        #[serde(default, borrow)]
+        topic: Option<&'a serde_json::value::RawValue>,
+    }
+    let b: Body<'_> = serde_json::from_slice(body).map_err(|e| bad(&e))?;
+    let items = match b.topic {
+        Some(raw) => subscription_items(raw.get(), unsubscribe).map_err(|e| bad(&e))?,
+        None => Vec::new(),
+    };
+    subscribe_checked(b.url.as_deref(), b.consumer_group.as_deref(), items)
 }
 
 /// A 301 reply's form as a send's: `origtopic` (the request's topic) is its topic and
@@ -644,5 +759,40 @@ mod tests {
         assert_eq!(a, serde_json::json!({"retCode": 7, "retMsg": "bad \"x\"", "resTime": 1700}));
         assert_eq!((ret_for_status(403, false), ret_for_status(429, true), ret_for_status(503, true)), (22, 23, 1));
         assert_eq!((ret_for_status(500, true), ret_for_status(500, false), ret_for_status(409, false)), (3, 15, 15));
+    }
+
+    /// As `EventMeshHttpConsumer` forms them (Jackson's JSON of `SubscriptionItem`s in the
+    /// form field `topic`, `consumerGroup` in camelCase; unsubscribe: topic names).
+    #[test]
+    fn subscribes_are_read_as_the_java_sdk_forms_them_and_bounded() {
+        let body = b"topic=%5B%7B%22topic%22%3A%22orders%22%2C%22mode%22%3A%22CLUSTERING%22%2C%22type%22%3A%22ASYNC%22%7D%5D&url=http%3A%2F%2F127.0.0.1%3A8088%2Fsub&consumerGroup=DefaultConsumerGroup";
+        let s = subscribe(&Form::parse(body).unwrap(), false).unwrap();
+        assert_eq!((s.url.as_str(), s.group.as_str()), ("http://127.0.0.1:8088/sub", "DefaultConsumerGroup"));
+        assert_eq!(s.items.len(), 1);
+        assert!(!s.items[0].broadcasting() && !s.items[0].sync() && s.items[0].topic == "orders");
+        let u = subscribe(&Form::parse(b"topic=%5B%22a%22%2C%22b%22%5D&url=u&consumerGroup=g").unwrap(), true).unwrap();
+        assert_eq!(u.items.iter().map(|i| i.topic.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        let j = subscribe_json(
+            br#"{"url":"http://h/x","consumerGroup":"g","topic":[{"topic":"t","mode":"BROADCASTING","type":"SYNC"}]}"#,
+            false,
+        )
+        .unwrap();
+        assert!(j.items[0].broadcasting() && j.items[0].sync());
+        let many = format!("[{}]", vec![r#"{"topic":"t"}"#; MAX_SUBSCRIBE_TOPICS + 1].join(","));
+        for (form, want) in [
+            (format!("topic={many}&url=u&consumerGroup=g"), "at most 16"),
+            ("topic=[]&url=u&consumerGroup=g".to_owned(), "names no topic"),
+            (r#"topic=[{"topic":"t"}]&consumerGroup=g"#.to_owned(), "url is missing"),
+            (r#"topic=[{"topic":"t"}]&url=u"#.to_owned(), "consumerGroup is missing"),
+            (r#"topic=[{"topic":"t","mode":"clustering"}]&url=u&consumerGroup=g"#.to_owned(), "mode is"),
+            (r#"topic=[{"topic":"t","type":"LATER"}]&url=u&consumerGroup=g"#.to_owned(), "type is"),
+            (r#"topic=[{"topic":" "}]&url=u&consumerGroup=g"#.to_owned(), "blank"),
+            ("topic={}&url=u&consumerGroup=g".to_owned(), "JSON array"),
+        ] {
+            let form = Form::parse(form.as_bytes()).unwrap();
+            let e = subscribe(&form, false).unwrap_err();
+            assert!(e.ret == ret::BODY_ERR && e.msg.contains(want), "{want}: {e:?}");
+        }
+        assert!(subscribe_json(b"{\"url\":1}", false).unwrap_err().msg.contains("expected"));
     }
 }

@@ -545,3 +545,20 @@ fn a_deferred_event_waits_as_long_as_asked_and_counts_as_an_attempt() {
     m.tick(t0 + Duration::from_millis(5_001), &log, &mut out);
     assert_eq!(delivered(&out), [(1, 0, 0, 2)]);
 }
+
+/// A webhook session holding its sink gives events back: not an attempt, due after the wait.
+#[test]
+fn a_released_event_keeps_its_attempt_count_and_waits() {
+    let (log, t0) = (Log::default(), Instant::now());
+    log.append(0, 1);
+    let mut m = setup(r#"{"subscription":"s","topic":"t","ackTimeoutMs":60000,"maxAttempts":1}"#, &[0], &[], t0);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 10, Vec::new(), t0, &log, &mut out);
+    let out = ack(&mut m, &log, 0, &[0], AckKind::Release(2_000), t0);
+    assert!(delivered(&out).is_empty() && dead(&out).is_empty(), "its one attempt is not used up");
+    let mut out = Vec::new();
+    m.tick(t0 + Duration::from_millis(1_900), &log, &mut out);
+    assert!(delivered(&out).is_empty());
+    m.tick(t0 + Duration::from_millis(2_001), &log, &mut out);
+    assert_eq!(delivered(&out), [(1, 0, 0, 1)], "delivered again as attempt 1");
+}
