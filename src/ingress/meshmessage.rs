@@ -8,9 +8,9 @@
 //! Built: 104 (send), 107 (one message of a batch), 102 (a batch, each message through the
 //! ingress in turn; a failure stops it and is answered, the messages before it stay stored),
 //! 101 (sync send: a request-reply whose timeout is `ttl`, answered with the reply in `retMsg`
-//! as the Java SDK reads it), 203 (heartbeat: answered, nothing to keep). Answered with a clear
-//! retCode until their transport lands: 206/207 (subscribe with a push `url`, 19: the webhook
-//! transport). 301 (reply): `bizseqno`, `uniqueid`, `content` and the request's
+//! as the Java SDK reads it), 203 (heartbeat: answered, nothing to keep), 206/207 and the
+//! `/eventmesh/(un)subscribe/local` routes (a consumer group's topic as an evmesh subscription,
+//! each push `url` served by `push::webhook`). 301 (reply): `bizseqno`, `uniqueid`, `content` and the request's
 //! `emcorrelationid` in `extFields` (a push of the request carries it there) go to the waiting
 //! requester as a reply, answered 0, or 16 when nobody waits for it. Any other code is HTTP 400 with retCode 2, as EventMesh answers.
 //! `producergroup` is accepted and ignored; `username`/`passwd` are not credentials here (with
