@@ -3,6 +3,7 @@
 //!
 //! Called by `ingress` on the shard that accepted the connection.
 
+pub mod a2a;
 pub mod cloudevents;
 pub mod kafka;
 pub mod meshmessage;
