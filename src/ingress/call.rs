@@ -48,7 +48,7 @@ fn agent_of(sid: &str) -> Result<&str, Response> {
 }
 
 /// A random (version 4) UUID: SipHash, keyed at random per process, of a counter.
-fn uuid_v4() -> String {
+pub(super) fn uuid_v4() -> String {
     use std::hash::{BuildHasher, Hasher};
     static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -69,15 +69,15 @@ fn uuid_v4() -> String {
 
 impl Traffic {
     /// The stored name of `agent.<A>` for the caller.
-    fn agent_topic(gate: &Gate<'_>, agent: &str) -> String {
+    pub(super) fn agent_topic(gate: &Gate<'_>, agent: &str) -> String {
         crate::shard::calls::agent_topic(gate.who.tenant.as_deref(), agent)
     }
 
-    fn stored_agent(gate: &Gate<'_>, agent: &str) -> String {
+    pub(super) fn stored_agent(gate: &Gate<'_>, agent: &str) -> String {
         crate::shard::agents::stored_id(gate.who.tenant.as_deref(), agent)
     }
 
-    fn routable(&self, stored_agent: &str) -> bool {
+    pub(super) fn routable(&self, stored_agent: &str) -> bool {
         let timeout = self.shard.shared.config.agent_heartbeat_timeout.as_millis() as u64;
         self.shard.shared.agents.routable(stored_agent, crate::storage::offsets::now_ms(), timeout)
     }
@@ -425,9 +425,22 @@ fn turn_frame(req: &Request<'_>, (sid, turn): (&str, u64), topic: &str, advertis
     Frame::encode(&header, &body).map_err(|e| problem(StatusCode::BAD_REQUEST, &e.to_string()))
 }
 
+/// A turn's `stream-request` frame whose prompt is `text` (an A2A message's).
+pub(super) fn text_turn_frame(text: &str, (sid, turn): (&str, u64), topic: &str, advertised: &str) -> Frame {
+    let mut attributes = base_attributes(uuid_v4(), format!("/session/{sid}"), "evmesh.stream.request", sid);
+    attributes.push(Attribute {
+        name: "emreplyto".into(),
+        value: AttrValue::Str(format!("{advertised}/session/chunk/{sid}")),
+    });
+    attributes.push(Attribute { name: "emturn".into(), value: AttrValue::Int(turn.min(i64::MAX as u64) as i64) });
+    let header = FrameHeader { kind: FrameKind::StreamRequest, ..FrameHeader::event(DataKind::Text) };
+    let body = FrameBody { topic: topic.to_owned(), attributes, data: text.as_bytes().to_vec() };
+    Frame::encode(&header, &body).expect("a text turn encodes")
+}
+
 /// What an agent is told of a client's `end-turn`, `cancel` or `close`: an event of type
 /// `evmesh.stream.<what>` on its WebSocket.
-fn control_frame(sid: &str, topic: &str, what: &str) -> Frame {
+pub(super) fn control_frame(sid: &str, topic: &str, what: &str) -> Frame {
     let attributes = base_attributes(uuid_v4(), format!("/session/{sid}"), &format!("evmesh.stream.{what}"), sid);
     let body = FrameBody { topic: topic.to_owned(), attributes, data: Vec::new() };
     Frame::encode(&FrameHeader::event(DataKind::None), &body).expect("a notice encodes")

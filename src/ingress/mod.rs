@@ -4,6 +4,7 @@
 //! owns; keyed ones to their murmur2 partition, wherever it lives. A batch is split per
 //! partition and the parts are appended concurrently; the 202 waits for all of them.
 
+mod a2a;
 mod adaptor;
 mod agent;
 mod call;
@@ -171,6 +172,7 @@ impl Handler for Traffic {
             }
             Upgrade::FollowSse(spec) => Box::pin(crate::push::follow::sse(shard, stream, buf, spec)),
             Upgrade::TurnSse(spec) => Box::pin(crate::push::turn::sse(shard, stream, buf, spec)),
+            Upgrade::A2aSse(spec) => Box::pin(crate::push::a2a::sse(shard, stream, buf, spec)),
             Upgrade::WsPublish(_) => unreachable!("served above"),
         };
         let guard = (guard, caller);
@@ -209,7 +211,7 @@ impl Handler for Traffic {
         ) || matches!(
             path,
             "/agent/register" | "/agent/heartbeat" | "/agent/deregister" | "/agent/ws" | "/session/open"
-        );
+        ) || path.starts_with("/a2a/");
         // Classic EventMesh HTTP: its own paths, or any other path with a `code` header (its
         // SDKs post to `/`).
         let classic = !ours && (path.starts_with("/eventmesh/") || req.header("code").is_some());
@@ -237,6 +239,9 @@ impl Handler for Traffic {
             }
             m.publish_latency.record_us(started.elapsed().as_micros() as u64);
             return r;
+        }
+        if let Some(rest) = path.strip_prefix("/a2a/") {
+            return Box::pin(self.a2a(&mut gate, &req, rest)).await;
         }
         if path == "/agent/ws" {
             return match req.method() {

@@ -7,6 +7,7 @@
 //! (`crate::shard::sessions`); this module attaches and detaches acknowledged sessions, and its
 //! submodules own the sockets.
 
+pub mod a2a;
 pub mod follow;
 pub mod poll;
 pub mod sse;

@@ -20,6 +20,19 @@ pub enum Upgrade {
     TurnSse(Box<TurnSpec>),
     /// CloudEvents published over WebSocket, one structured event per text message.
     WsPublish(Box<PublishSpec>),
+    /// An A2A task's stream responses, as server-sent events.
+    A2aSse(Box<A2aStreamSpec>),
+}
+
+/// A stream of an A2A task (`SendStreamingMessage`, `SubscribeToTask`, or their REST routes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct A2aStreamSpec {
+    pub task_id: String,
+    /// JSON-RPC: the request's id, each event a response to it; `None` for REST (bare events).
+    pub rpc_id: Option<serde_json::Value>,
+    pub history_length: Option<usize>,
+    /// When the credential expires (µs since the epoch): the stream ends then.
+    pub expires_us: Option<i64>,
 }
 
 /// A WebSocket publisher (`GET /events/ws?publish=T`), as the request set it up.

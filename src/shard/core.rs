@@ -638,6 +638,7 @@ impl Shard {
             monoio::time::sleep(every).await;
             let now = crate::storage::offsets::now_ms();
             self.shared.calls.expire(now, ttl.as_millis() as u64);
+            self.shared.tasks.expire(now, ttl.as_millis() as u64);
         }
     }
 

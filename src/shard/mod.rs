@@ -15,6 +15,7 @@ pub mod pump;
 pub mod requests;
 pub mod sessions;
 pub mod shared;
+pub mod tasks;
 pub mod watch;
 
 use std::fmt;

@@ -48,6 +48,8 @@ pub struct Shared {
     pub agents: super::agents::Agents,
     /// Open sessions of agent streaming calls (Mode 1), with their turns' chunks.
     pub calls: super::calls::Calls,
+    /// A2A tasks (the gateway's), running on those sessions.
+    pub tasks: super::tasks::Tasks,
     /// Lite topics with a follower (session pub/sub), woken by their owners after appends.
     pub watchers: Arc<super::watch::Watchers>,
     /// With `tls_cert`: the TLS sessions of both listeners (certificates reloaded on SIGHUP).

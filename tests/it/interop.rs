@@ -250,6 +250,16 @@ fn python_session_pubsub_clients() {
     run_script(&python, "python_session.py");
 }
 
+/// The A2A 1.0 gateway driven by the official Python SDK (`a2a-sdk` 1.3.0) as client, an evmesh
+/// agent (a `websockets` client) behind it: the card, blocking and streaming sends, a task
+/// waiting for input, get, list, cancel, the errors, the version check and the REST binding.
+#[test]
+#[ignore = "needs Python with a2a-sdk, httpx and websockets (SDK_PYTHON; scripts/test.sh installs them)"]
+fn python_a2a_sdk_client_through_the_gateway() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_script(&python, "python_a2a.py");
+}
+
 /// Agent streaming calls with independent clients: `websockets` agents, `httpx` + `httpx-sse`
 /// clients (turns, cancel, resume with `Last-Event-ID`, an agent leaving mid-turn, expiry).
 #[test]

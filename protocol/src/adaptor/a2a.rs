@@ -468,6 +468,8 @@ pub struct Task {
     pub timestamp: String,
     pub artifacts: Vec<Json>,
     pub history: Vec<Json>,
+    /// Bytes of the parts in `artifacts` (not rendered: what bounds them).
+    pub artifact_bytes: usize,
 }
 
 impl Task {
@@ -646,6 +648,7 @@ mod tests {
             timestamp: "2026-12-02T06:00:00.000Z".into(),
             artifacts: vec![json!({"artifactId": "a", "parts": [{"text": "x"}]})],
             history: vec![json!({"messageId": "1"}), json!({"messageId": "2"})],
+            artifact_bytes: 0,
         };
         let j = t.to_json(Some(1), true);
         assert_eq!(j["history"], json!([{"messageId": "2"}]));

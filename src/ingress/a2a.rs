@@ -1,0 +1,620 @@
+//! The A2A 1.0 gateway (SPEC, "Other protocols"): evmesh agents (Mode 1) served as A2A agents.
+//!
+//! `GET /a2a/{agentId}/.well-known/agent-card.json` (the card: JSON-RPC at `/a2a/{agentId}`,
+//! REST under `/a2a/{agentId}/v1`), JSON-RPC `POST /a2a/{agentId}` (`SendMessage`,
+//! `SendStreamingMessage`, `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`) and the same
+//! over REST (`POST v1/message:send|message:stream`, `GET v1/tasks`, `GET v1/tasks/{id}`,
+//! `POST v1/tasks/{id}:cancel`, `GET|POST v1/tasks/{id}:subscribe`). Every call but the card's
+//! needs `A2A-Version: 1.x` (header or query) and REQUEST on `agent:<agentId>`; tasks are their
+//! sender's (another principal's are "not found").
+//!
+//! A context is an agent streaming session (`shard::calls`, its key `<agent>:<contextId>`),
+//! each message of it a turn whose prompt is the message's text (`a2a::Message::prompt`). A
+//! task lives in `shard::tasks`; a driver (spawned where the message arrived) reads the turn's
+//! chunks and moves the task: the first chunk makes it working, each chunk's text (or JSON)
+//! becomes a part of the task's one artifact (streamed as `artifactUpdate`), the last one
+//! completes it, or with `chunkType` `input-required` sets it waiting for the client's input
+//! (its text the status message; the next message naming the task is its next turn); an error
+//! fails it, a cancel cancels it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use frame_codec::{ArchivedAttrValue, DataKind, Frame};
+use serde_json::{json, Value as Json};
+
+use super::call::{control_frame, text_turn_frame, uuid_v4};
+use super::{Gate, Traffic};
+use crate::adaptor::a2a::{self, A2aError, ErrorKind, Method, SendMessage, Task, TaskState};
+use crate::governance::acl::{Action, Kind};
+use crate::http::{Method as HttpMethod, StatusCode};
+use crate::server::{A2aStreamSpec, Request, Response, Upgrade};
+use crate::shard::calls::{session_key, Call, End, Read};
+use crate::shard::tasks::{Bell, TaskEntry, TaskLog};
+
+/// What one task keeps at most: messages of history (the oldest go), and parts and bytes of its
+/// artifact (past them the task fails: an agent streaming without end cannot grow it further).
+const MAX_HISTORY: usize = 100;
+const MAX_ARTIFACT_PARTS: usize = 4096;
+const MAX_ARTIFACT_BYTES: usize = 4 << 20;
+
+/// Ids (agents, contexts) as the gateway takes them.
+fn valid_id(id: &str) -> bool {
+    (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn now_ms() -> u64 {
+    crate::storage::offsets::now_ms()
+}
+
+/// Now as RFC 3339 UTC with milliseconds.
+fn timestamp() -> String {
+    let full = crate::adaptor::rfc3339_from_micros(crate::clock::now_micros());
+    format!("{}Z", &full[..full.len() - 4])
+}
+
+/// How an answer goes out: JSON-RPC (HTTP 200, the request's id) or REST (the status).
+enum Binding {
+    Rpc(Json),
+    Rest,
+}
+
+impl Binding {
+    fn ok(&self, result: &Json) -> Response {
+        match self {
+            Binding::Rpc(id) => Response::json(StatusCode::OK, a2a::jsonrpc_result(id, result)),
+            Binding::Rest => Response::json(StatusCode::OK, serde_json::to_vec(result).expect("json")),
+        }
+    }
+
+    fn err(&self, e: &A2aError) -> Response {
+        match self {
+            Binding::Rpc(id) => Response::json(StatusCode::OK, e.jsonrpc(id)),
+            Binding::Rest => {
+                let (status, body) = e.rest();
+                Response::json(StatusCode(status), body)
+            }
+        }
+    }
+
+    fn stream(self, task_id: String, history_length: Option<usize>, expires_us: Option<i64>) -> Response {
+        let rpc_id = match self {
+            Binding::Rpc(id) => Some(id),
+            Binding::Rest => None,
+        };
+        let spec = A2aStreamSpec { task_id, rpc_id, history_length, expires_us };
+        Response::streaming(Upgrade::A2aSse(Box::new(spec)), "text/event-stream")
+    }
+}
+
+/// What a refused request of the broker's own (ACL, limits) becomes: its detail, as A2A's
+/// nearest error.
+fn from_problem(p: &Response) -> A2aError {
+    let (status, detail) = super::ws_publish::refusal(p);
+    let kind = match status {
+        400 => ErrorKind::InvalidParams,
+        _ => ErrorKind::Internal,
+    };
+    A2aError::new(kind, format!("{status}: {detail}"))
+}
+
+impl Traffic {
+    /// A request under `/a2a/`: `rest` is the path after it.
+    pub(super) async fn a2a(&self, gate: &mut Gate<'_>, req: &Request<'_>, rest: &str) -> Response {
+        let (agent, tail) = rest.split_once('/').unwrap_or((rest, ""));
+        if !valid_id(agent) {
+            return Binding::Rest.err(&A2aError::new(ErrorKind::InvalidParams, "agent ids are [A-Za-z0-9._-]{1,100}"));
+        }
+        let rest_binding = tail == "v1" || tail.starts_with("v1/");
+        let binding = || if rest_binding { Binding::Rest } else { Binding::Rpc(Json::Null) };
+        if tail == ".well-known/agent-card.json" {
+            return match req.method() {
+                HttpMethod::Get => self.agent_card(gate, agent),
+                _ => Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "GET"),
+            };
+        }
+        if let Err(r) = gate.allow(Action::Request, Kind::Agent, agent) {
+            return binding().err(&from_problem(&r));
+        }
+        let version = req.header("a2a-version").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned);
+        let version = version.or_else(|| req.query("A2A-Version").map(|v| v.into_owned()));
+        if let Err(e) = a2a::negotiate(version.as_deref()) {
+            return match rest_binding {
+                true => Binding::Rest.err(&e),
+                // The id, if the body has one.
+                false => {
+                    let id = a2a::parse_rpc(req.body).map(|r| r.id).unwrap_or_else(|(id, _)| id);
+                    Binding::Rpc(id).err(&e)
+                }
+            };
+        }
+        if rest_binding {
+            return Box::pin(self.a2a_rest(gate, req, agent, tail.strip_prefix("v1").unwrap_or(""))).await;
+        }
+        if !tail.is_empty() {
+            return Binding::Rest.err(&A2aError::new(ErrorKind::MethodNotFound, format!("no A2A route {tail}")));
+        }
+        if req.method() != HttpMethod::Post {
+            return Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "POST");
+        }
+        let rpc = match a2a::parse_rpc(req.body) {
+            Ok(r) => r,
+            Err((id, e)) => return Binding::Rpc(id).err(&e),
+        };
+        let b = Binding::Rpc(rpc.id.clone());
+        let done = match rpc.method {
+            Method::SendMessage | Method::SendStreamingMessage => {
+                let streaming = rpc.method == Method::SendStreamingMessage;
+                match a2a::parse_send(rpc.params) {
+                    Ok(s) => return Box::pin(self.a2a_send(gate, agent, s, streaming, b)).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Method::GetTask => a2a::parse_task_id(rpc.params).and_then(|(id, h)| self.a2a_get(gate, agent, &id, h)),
+            Method::ListTasks => a2a::parse_list(rpc.params).and_then(|l| self.a2a_list(gate, agent, &l)),
+            Method::CancelTask => match a2a::parse_task_id(rpc.params) {
+                Ok((id, _)) => Box::pin(self.a2a_cancel(gate, agent, &id)).await,
+                Err(e) => Err(e),
+            },
+            Method::SubscribeToTask => match a2a::parse_task_id(rpc.params) {
+                Ok((id, h)) => return self.a2a_subscribe(gate, agent, &id, h, b),
+                Err(e) => Err(e),
+            },
+            Method::Unsupported(name) => {
+                Err(A2aError::new(ErrorKind::UnsupportedOperation, format!("{name} is not offered by this agent")))
+            }
+        };
+        match done {
+            Ok(result) => b.ok(&result),
+            Err(e) => b.err(&e),
+        }
+    }
+
+    /// The REST binding: `path` is what follows `/a2a/{agent}/v1`.
+    async fn a2a_rest(&self, gate: &mut Gate<'_>, req: &Request<'_>, agent: &str, path: &str) -> Response {
+        let b = Binding::Rest;
+        let method = req.method();
+        let raw = |body: &[u8]| -> Result<Box<serde_json::value::RawValue>, A2aError> {
+            let text = std::str::from_utf8(if body.is_empty() { b"{}" } else { body })
+                .map_err(|_| A2aError::new(ErrorKind::Parse, "the body is not UTF-8"))?;
+            serde_json::value::RawValue::from_string(text.to_owned())
+                .map_err(|e| A2aError::new(ErrorKind::Parse, format!("Invalid JSON payload: {e}")))
+        };
+        let query_params = || -> Box<serde_json::value::RawValue> {
+            let mut m = serde_json::Map::new();
+            for (name, number) in [
+                ("pageSize", true),
+                ("pageToken", false),
+                ("contextId", false),
+                ("status", false),
+                ("historyLength", true),
+                ("includeArtifacts", false),
+            ] {
+                if let Some(q) = req.query(name) {
+                    let value = match (number, name) {
+                        (true, _) => q.parse::<u64>().map(Json::from).unwrap_or(Json::String(q.into_owned())),
+                        (false, "includeArtifacts") => Json::Bool(q == "true"),
+                        _ => Json::String(q.into_owned()),
+                    };
+                    m.insert(name.to_owned(), value);
+                }
+            }
+            serde_json::value::RawValue::from_string(Json::Object(m).to_string()).expect("json")
+        };
+        let done = match (method, path) {
+            (HttpMethod::Post, "/message:send" | "/message:stream") => {
+                let streaming = path == "/message:stream";
+                match raw(req.body).and_then(|p| a2a::parse_send(Some(&p))) {
+                    Ok(s) => return Box::pin(self.a2a_send(gate, agent, s, streaming, b)).await,
+                    Err(e) => Err(e),
+                }
+            }
+            (HttpMethod::Get, "/tasks") => {
+                let q = query_params();
+                a2a::parse_list(Some(&q)).and_then(|l| self.a2a_list(gate, agent, &l))
+            }
+            (m, p) => match p.strip_prefix("/tasks/") {
+                Some(id) if id.ends_with(":cancel") && m == HttpMethod::Post => {
+                    Box::pin(self.a2a_cancel(gate, agent, id.trim_end_matches(":cancel"))).await
+                }
+                Some(id) if id.ends_with(":subscribe") && matches!(m, HttpMethod::Get | HttpMethod::Post) => {
+                    let h = req.query("historyLength").and_then(|h| h.parse().ok());
+                    return self.a2a_subscribe(gate, agent, id.trim_end_matches(":subscribe"), h, b);
+                }
+                Some(id) if !id.contains(':') && !id.contains('/') && m == HttpMethod::Get => {
+                    let h = req.query("historyLength").and_then(|h| h.parse().ok());
+                    self.a2a_get(gate, agent, id, h)
+                }
+                _ => Err(A2aError::new(ErrorKind::MethodNotFound, format!("no A2A route {method:?} v1{p}"))),
+            },
+        };
+        match done {
+            Ok(result) => b.ok(&result),
+            Err(e) => b.err(&e),
+        }
+    }
+
+    /// The agent card, with this broker's URLs.
+    fn agent_card(&self, gate: &mut Gate<'_>, agent: &str) -> Response {
+        if let Err(r) = gate.allow(Action::Request, Kind::Agent, agent) {
+            return r;
+        }
+        let base = format!("{}/a2a/{agent}", self.shard.shared.config.advertised_url);
+        let skills = json!([{"id": "chat", "name": "chat", "description": format!("a turn of evmesh agent {agent}"), "tags": ["evmesh"]}]);
+        let card =
+            a2a::agent_card(agent, &format!("evmesh agent {agent}, through evmesh's A2A gateway"), &base, skills);
+        Response::json(StatusCode::OK, serde_json::to_vec(&card).expect("json"))
+            .with_header("cache-control", "max-age=60")
+    }
+
+    /// A task of the caller's and this agent's, or TaskNotFound (another's is not told apart).
+    fn own_task(&self, gate: &Gate<'_>, agent: &str, id: &str) -> Result<Arc<TaskEntry>, A2aError> {
+        match self.shard.shared.tasks.get(id) {
+            Some(e) if e.owner == gate.principal() && e.tenant == gate.who.tenant && e.agent == agent => Ok(e),
+            _ => Err(A2aError::task_not_found(id)),
+        }
+    }
+
+    fn a2a_get(&self, gate: &Gate<'_>, agent: &str, id: &str, history: Option<usize>) -> Result<Json, A2aError> {
+        let e = self.own_task(gate, agent, id)?;
+        let log = e.log();
+        Ok(log.task.to_json(history, true))
+    }
+
+    fn a2a_list(&self, gate: &Gate<'_>, agent: &str, l: &a2a::ListTasks) -> Result<Json, A2aError> {
+        let (owner, tenant) = (gate.principal(), gate.who.tenant.clone());
+        let mut tasks: Vec<(u64, Json)> = self
+            .shard
+            .shared
+            .tasks
+            .matching(|e| e.owner == owner && e.tenant == tenant && e.agent == agent)
+            .iter()
+            .filter_map(|e| {
+                let log = e.log();
+                let t = &log.task;
+                let wanted =
+                    l.context_id.as_deref().is_none_or(|c| c == t.context_id) && l.status.is_none_or(|s| s == t.state);
+                wanted.then(|| (log.updated_ms, t.to_json(l.history_length, l.include_artifacts)))
+            })
+            .collect();
+        // Newest status first (ties by id, so pages are stable).
+        tasks.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1["id"].as_str().cmp(&b.1["id"].as_str())));
+        let total = tasks.len();
+        let page: Vec<Json> = tasks.into_iter().skip(l.offset).take(l.page_size).map(|(_, t)| t).collect();
+        let next = l.offset + page.len();
+        let next_token = if next < total { next.to_string() } else { String::new() };
+        Ok(json!({"tasks": page, "nextPageToken": next_token, "pageSize": l.page_size, "totalSize": total}))
+    }
+
+    async fn a2a_cancel(&self, gate: &Gate<'_>, agent: &str, id: &str) -> Result<Json, A2aError> {
+        let e = self.own_task(gate, agent, id)?;
+        let state = e.log().task.state;
+        if state.terminal() {
+            let msg = format!("the task is {}", state.as_str());
+            return Err(A2aError::new(ErrorKind::TaskNotCancelable, msg).with("taskId", id));
+        }
+        let calls = &self.shard.shared.calls;
+        if matches!(state, TaskState::Submitted | TaskState::Working) {
+            if let Some(call) = calls.get(&e.call_key) {
+                if calls.end_turn(&call, End::Cancelled, now_ms()) {
+                    let topic = Self::agent_topic(gate, agent);
+                    if self.shard.shared.watchers.is_followed(&topic) {
+                        let _ = self.store(&topic, vec![control_frame(&call.sid, &topic, "cancel")]).await;
+                    }
+                }
+            }
+        }
+        e.update(now_ms(), |t| {
+            if t.state.terminal() {
+                return Vec::new();
+            }
+            t.state = TaskState::Canceled;
+            t.timestamp = timestamp();
+            vec![t.status_update()]
+        });
+        let log = e.log();
+        Ok(log.task.to_json(None, true))
+    }
+
+    fn a2a_subscribe(&self, gate: &Gate<'_>, agent: &str, id: &str, history: Option<usize>, b: Binding) -> Response {
+        let e = match self.own_task(gate, agent, id) {
+            Ok(e) => e,
+            Err(err) => return b.err(&err),
+        };
+        if e.log().task.state.terminal() {
+            let err =
+                A2aError::new(ErrorKind::UnsupportedOperation, "the task is in a terminal state").with("taskId", id);
+            return b.err(&err);
+        }
+        b.stream(e.id.clone(), history, gate.who.expires_us)
+    }
+
+    /// `SendMessage` / `SendStreamingMessage`: a new task of the message's context, or the next
+    /// turn of the input-required task it names.
+    async fn a2a_send(
+        &self,
+        gate: &mut Gate<'_>,
+        agent: &str,
+        s: SendMessage,
+        streaming: bool,
+        b: Binding,
+    ) -> Response {
+        let shared = &self.shard.shared;
+        if shared.memory.shed_now() {
+            return b.err(&A2aError::new(ErrorKind::Internal, "the broker is over its memory limit; try again"));
+        }
+        let stored_agent = Self::stored_agent(gate, agent);
+        if !self.routable(&stored_agent) {
+            return b.err(&A2aError::new(
+                ErrorKind::Internal,
+                format!("agent {agent} is not registered, ready and heart-beating"),
+            ));
+        }
+        let topic = Self::agent_topic(gate, agent);
+        let prompt = s.message.prompt();
+        if let Err(r) = gate.limit(&topic, 1, prompt.len() as u64) {
+            return b.err(&from_problem(&r));
+        }
+        let entry = match self.a2a_task_for(gate, agent, &s) {
+            Ok(e) => e,
+            Err(e) => return b.err(&e),
+        };
+        // Past here a task exists: a turn that cannot start fails it (nothing would move it).
+        let failed = |e: A2aError| {
+            fail(&entry, &e.message);
+            b.err(&e)
+        };
+        let call = match shared.calls.get(&entry.call_key) {
+            Some(c) => c,
+            None => return failed(A2aError::new(ErrorKind::Internal, "the context's session ended")),
+        };
+        let turn = match shared.calls.start_turn(&call, now_ms()) {
+            Ok(t) => t,
+            Err(m) => {
+                return failed(A2aError::new(ErrorKind::UnsupportedOperation, format!("the context is busy: {m}")))
+            }
+        };
+        let advertised = &shared.config.advertised_url;
+        let frame = text_turn_frame(&prompt, (&call.sid, turn), &topic, advertised);
+        match shared.watchers.follower(&topic) {
+            Some(gen) => shared.calls.route(&call, turn, gen),
+            None => {
+                shared.calls.end_turn(&call, End::AgentGone, now_ms());
+                return failed(A2aError::new(
+                    ErrorKind::Internal,
+                    format!("agent {agent} is not attached (GET /agent/ws)"),
+                ));
+            }
+        }
+        entry.log().turn = turn;
+        if let Err(e) = self.store(&topic, vec![frame]).await {
+            shared.calls.end_turn(&call, End::Failed, now_ms());
+            return failed(A2aError::new(ErrorKind::Internal, format!("storage: {e}")));
+        }
+        monoio::spawn(drive(self.shard.clone(), entry.clone(), call, turn));
+        if streaming {
+            return b.stream(entry.id.clone(), s.history_length, gate.who.expires_us);
+        }
+        if !s.return_immediately {
+            // Blocking: until the task settles, or at most max_request_timeout_ms (then the task
+            // as it is, still working: GetTask or SubscribeToTask follow it).
+            let until = std::time::Instant::now() + shared.config.max_request_timeout;
+            loop {
+                let seen = entry.bell.rung();
+                if entry.log().task.state.settled() {
+                    break;
+                }
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let wait =
+                    futures::future::select(Box::pin(entry.bell.after(seen)), Box::pin(monoio::time::sleep(left)));
+                wait.await;
+            }
+        }
+        let log = entry.log();
+        b.ok(&json!({"task": log.task.to_json(s.history_length, true)}))
+    }
+
+    /// The task a message goes to: the input-required one it names (its next turn), or a new
+    /// one in the message's context (the caller's session of the agent by that id, opened if
+    /// new; a context id of its own when the message has none).
+    fn a2a_task_for(&self, gate: &Gate<'_>, agent: &str, s: &SendMessage) -> Result<Arc<TaskEntry>, A2aError> {
+        let shared = &self.shard.shared;
+        let bad = |m: &str| A2aError::new(ErrorKind::InvalidParams, m.to_owned());
+        let mut user = s.message.json.clone();
+        if let Some(id) = &s.message.task_id {
+            let e = self.own_task(gate, agent, id)?;
+            let mut log = e.log();
+            let t = &mut log.task;
+            if s.message.context_id.as_ref().is_some_and(|c| *c != t.context_id) {
+                return Err(bad("message: contextId is not the task's"));
+            }
+            if t.state.terminal() {
+                return Err(A2aError::new(
+                    ErrorKind::UnsupportedOperation,
+                    format!("the task is {}", t.state.as_str()),
+                )
+                .with("taskId", id));
+            }
+            if !matches!(t.state, TaskState::InputRequired | TaskState::AuthRequired) {
+                return Err(
+                    A2aError::new(ErrorKind::UnsupportedOperation, "the task is still working").with("taskId", id)
+                );
+            }
+            user["contextId"] = json!(t.context_id);
+            remember(t, user);
+            // Working again from here: a blocking send waits for this turn's outcome.
+            t.state = TaskState::Working;
+            t.status_message = None;
+            t.timestamp = timestamp();
+            let update = t.status_update();
+            log.emit(update, now_ms());
+            drop(log);
+            e.bell.ring();
+            return Ok(e);
+        }
+        let context = match &s.message.context_id {
+            Some(c) if valid_id(c) => c.clone(),
+            Some(_) => return Err(bad("message: contextId must be [A-Za-z0-9._-]{1,100}")),
+            None => uuid_v4(),
+        };
+        let sid = format!("{agent}:{context}");
+        let key = session_key(gate.who.tenant.as_deref(), &sid);
+        let principal = gate.principal();
+        match shared.calls.get(&key) {
+            Some(call) if call.principal != principal => return Err(bad("message: contextId is another caller's")),
+            Some(_) => {}
+            None => {
+                let named = (Self::stored_agent(gate, agent), sid.clone());
+                shared.calls.open(key.clone(), named, principal.clone(), now_ms()).map_err(|_| {
+                    A2aError::new(
+                        ErrorKind::Internal,
+                        format!("max_sessions ({}) sessions are open", shared.config.max_sessions),
+                    )
+                })?;
+            }
+        }
+        let id = uuid_v4();
+        user["contextId"] = json!(context);
+        user["taskId"] = json!(id);
+        let task = Task {
+            id: id.clone(),
+            context_id: context,
+            state: TaskState::Submitted,
+            status_message: None,
+            timestamp: timestamp(),
+            artifacts: Vec::new(),
+            history: vec![user],
+            artifact_bytes: 0,
+        };
+        let log = TaskLog { task, events: VecDeque::new(), first: 0, turn: 0, updated_ms: now_ms() };
+        let entry = Arc::new(TaskEntry {
+            id,
+            owner: principal,
+            tenant: gate.who.tenant.clone(),
+            agent: agent.to_owned(),
+            call_key: key,
+            log: Mutex::new(log),
+            bell: Bell::default(),
+        });
+        shared
+            .tasks
+            .insert(entry.clone())
+            .map_err(|_| A2aError::new(ErrorKind::Internal, "too many tasks are kept; try again later"))?;
+        Ok(entry)
+    }
+}
+
+/// Reads a turn's chunks and moves its task (see the module's doc).
+async fn drive(shard: std::rc::Rc<crate::shard::core::Shard>, entry: Arc<TaskEntry>, call: Arc<Call>, turn: u64) {
+    let calls = &shard.shared.calls;
+    let Some(mut reader) = calls.reader(&call, None, Some(turn)) else {
+        return fail(&entry, "the turn could not be read");
+    };
+    let watch = reader.watch.clone();
+    loop {
+        match reader.read(256, 256 * 1024) {
+            Read::Replaced => return fail(&entry, "the turn was replaced"),
+            Read::Wait => watch.rung().await,
+            Read::Chunks { chunks, end, .. } => {
+                for c in &chunks {
+                    apply(&entry, c);
+                }
+                if end {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn fail(entry: &TaskEntry, why: &str) {
+    entry.update(now_ms(), |t| settle(t, TaskState::Failed, Some(why)));
+}
+
+/// Moves a task to `state`, with an agent message saying `text`; the events saying so.
+fn settle(t: &mut Task, state: TaskState, text: Option<&str>) -> Vec<Json> {
+    if t.state.terminal() {
+        return Vec::new();
+    }
+    t.state = state;
+    t.timestamp = timestamp();
+    t.status_message = text.map(|m| a2a::agent_text(&uuid_v4(), &t.context_id, &t.id, m));
+    if let Some(m) = &t.status_message {
+        remember(t, m.clone());
+    }
+    vec![t.status_update()]
+}
+
+/// Adds a message to the task's history, which keeps the last [`MAX_HISTORY`].
+fn remember(t: &mut Task, message: Json) {
+    if t.history.len() == MAX_HISTORY {
+        t.history.remove(0);
+    }
+    t.history.push(message);
+}
+
+/// One chunk of the task's turn.
+fn apply(entry: &TaskEntry, chunk: &Frame) {
+    let body = chunk.body();
+    let error = body.attr_str("emerror").map(str::to_owned);
+    let done = matches!(body.attr("emdone"), Some(ArchivedAttrValue::Bool(true)));
+    let input = body.attr_str("emchunktype") == Some("input-required");
+    let part = match chunk.header().data_kind {
+        DataKind::None => None,
+        DataKind::Json => match serde_json::from_slice::<Json>(&body.data) {
+            Ok(Json::String(s)) if s.is_empty() => None,
+            Ok(Json::String(s)) => Some(json!({"text": s})),
+            Ok(v) => Some(json!({"data": v})),
+            Err(_) => None,
+        },
+        _ if body.data.is_empty() => None,
+        _ => Some(json!({"text": String::from_utf8_lossy(&body.data)})),
+    };
+    entry.update(now_ms(), |t| {
+        let mut events = Vec::new();
+        if t.state.terminal() {
+            return events;
+        }
+        if matches!(t.state, TaskState::Submitted | TaskState::InputRequired | TaskState::AuthRequired) {
+            t.state = TaskState::Working;
+            t.status_message = None;
+            t.timestamp = timestamp();
+            events.push(t.status_update());
+        }
+        if let Some(e) = error {
+            let state = if e == "cancelled" { TaskState::Canceled } else { TaskState::Failed };
+            events.extend(settle(t, state, Some(&e)));
+            return events;
+        }
+        if input && done {
+            let text = part.as_ref().and_then(|p| p["text"].as_str()).unwrap_or("input required").to_owned();
+            events.extend(settle(t, TaskState::InputRequired, Some(&text)));
+            return events;
+        }
+        if let Some(p) = part {
+            let parts = t.artifacts.first().and_then(|a| a["parts"].as_array()).map_or(0, Vec::len);
+            if parts >= MAX_ARTIFACT_PARTS || t.artifact_bytes >= MAX_ARTIFACT_BYTES {
+                let why = format!("the answer is over {MAX_ARTIFACT_PARTS} parts or {MAX_ARTIFACT_BYTES} bytes");
+                events.extend(settle(t, TaskState::Failed, Some(&why)));
+                return events;
+            }
+            let append = !t.artifacts.is_empty();
+            if !append {
+                t.artifacts.push(json!({"artifactId": format!("{}-response", t.id), "name": "response", "parts": []}));
+            }
+            t.artifact_bytes += chunk.as_bytes().len();
+            if let Some(parts) = t.artifacts[0]["parts"].as_array_mut() {
+                parts.push(p.clone());
+            }
+            let update = json!({"artifactId": format!("{}-response", t.id), "name": "response", "parts": [p]});
+            events.push(t.artifact_update(&update, append, false));
+        }
+        if done {
+            events.extend(settle(t, TaskState::Completed, None));
+        }
+        events
+    });
+}
