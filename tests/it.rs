@@ -4,6 +4,8 @@
 mod it {
     pub mod util;
 
+    mod a2a;
+
     mod acked;
     mod admin;
     mod agents;

@@ -518,7 +518,12 @@ async fn drive(shard: std::rc::Rc<crate::shard::core::Shard>, entry: Arc<TaskEnt
         match reader.read(256, 256 * 1024) {
             Read::Replaced => return fail(&entry, "the turn was replaced"),
             Read::Wait => watch.rung().await,
-            Read::Chunks { chunks, end, .. } => {
+            Read::Chunks { chunks, end, dropped } => {
+                if dropped > 0 {
+                    // The agent outran the turn's log: the answer has a hole, said so.
+                    let why = format!("{dropped} chunks of the answer were lost (the agent outran the gateway)");
+                    entry.update(now_ms(), |t| settle(t, TaskState::Failed, Some(&why)));
+                }
                 for c in &chunks {
                     apply(&entry, c);
                 }

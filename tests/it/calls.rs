@@ -13,12 +13,12 @@ use serde_json::{json, Value};
 use super::util::{wait_for, Resp, TestBroker};
 
 /// An agent: registered, and attached over `GET /agent/ws`.
-struct Agent {
+pub(super) struct Agent {
     ws: tungstenite::WebSocket<TcpStream>,
 }
 
 impl Agent {
-    fn attach(b: &TestBroker, id: &str) -> Agent {
+    pub(super) fn attach(b: &TestBroker, id: &str) -> Agent {
         let r = b.client().post("/agent/register", "application/json", json!({"agentId": id}).to_string().as_bytes());
         assert!(matches!(r.status, 200 | 201), "{}", r.text());
         let stream = TcpStream::connect(b.traffic).unwrap();
@@ -29,7 +29,7 @@ impl Agent {
     }
 
     /// The next event the agent gets (a turn's request, or a client's notice).
-    fn next(&mut self) -> Value {
+    pub(super) fn next(&mut self) -> Value {
         loop {
             match self.ws.read().unwrap() {
                 tungstenite::Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
@@ -39,7 +39,7 @@ impl Agent {
         }
     }
 
-    fn send(&mut self, chunk: Value) {
+    pub(super) fn send(&mut self, chunk: Value) {
         self.ws.send(tungstenite::Message::text(chunk.to_string())).unwrap();
     }
 }
