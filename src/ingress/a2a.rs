@@ -34,7 +34,10 @@ use crate::shard::tasks::{Bell, TaskEntry, TaskLog};
 
 /// What one task keeps at most: messages of history (the oldest go), and parts and bytes of its
 /// artifact (past them the task fails: an agent streaming without end cannot grow it further).
-const MAX_HISTORY: usize = 100;
+const MAX_HISTORY: usize = 20;
+/// A message kept in a task's history whose JSON is larger than this keeps its ids, not its
+/// parts (a part saying how large they were).
+const MAX_KEPT_MESSAGE: usize = 16 * 1024;
 const MAX_ARTIFACT_PARTS: usize = 4096;
 const MAX_ARTIFACT_BYTES: usize = 4 << 20;
 
@@ -72,7 +75,11 @@ impl Binding {
             Binding::Rpc(id) => Response::json(StatusCode::OK, e.jsonrpc(id)),
             Binding::Rest => {
                 let (status, body) = e.rest();
-                Response::json(StatusCode(status), body)
+                let r = Response::json(StatusCode(status), body);
+                match e.metadata.iter().find(|(k, _)| *k == "retryAfter") {
+                    Some((_, v)) => r.with_header("retry-after", v.clone()),
+                    None => r,
+                }
             }
         }
     }
@@ -93,9 +100,18 @@ fn from_problem(p: &Response) -> A2aError {
     let (status, detail) = super::ws_publish::refusal(p);
     let kind = match status {
         400 => ErrorKind::InvalidParams,
-        _ => ErrorKind::Internal,
+        s => ErrorKind::Broker(s),
     };
-    A2aError::new(kind, format!("{status}: {detail}"))
+    let e = A2aError::new(kind, detail);
+    match p.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("retry-after")) {
+        Some((_, v)) => e.with("retryAfter", v.clone()),
+        None => e,
+    }
+}
+
+/// The broker is shedding (over its memory limit) or out of room: 503, try again.
+fn unavailable(detail: impl Into<String>) -> A2aError {
+    A2aError::new(ErrorKind::Broker(503), detail).with("retryAfter", "1")
 }
 
 impl Traffic {
@@ -106,7 +122,11 @@ impl Traffic {
             return Binding::Rest.err(&A2aError::new(ErrorKind::InvalidParams, "agent ids are [A-Za-z0-9._-]{1,100}"));
         }
         let rest_binding = tail == "v1" || tail.starts_with("v1/");
-        let binding = || if rest_binding { Binding::Rest } else { Binding::Rpc(Json::Null) };
+        // Errors before the request is read still answer its id (clients match on it).
+        let binding = || match rest_binding {
+            true => Binding::Rest,
+            false => Binding::Rpc(a2a::parse_rpc(req.body).map(|r| r.id).unwrap_or_else(|(id, _)| id)),
+        };
         if tail == ".well-known/agent-card.json" {
             return match req.method() {
                 HttpMethod::Get => self.agent_card(gate, agent),
@@ -119,20 +139,14 @@ impl Traffic {
         let version = req.header("a2a-version").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned);
         let version = version.or_else(|| req.query("A2A-Version").map(|v| v.into_owned()));
         if let Err(e) = a2a::negotiate(version.as_deref()) {
-            return match rest_binding {
-                true => Binding::Rest.err(&e),
-                // The id, if the body has one.
-                false => {
-                    let id = a2a::parse_rpc(req.body).map(|r| r.id).unwrap_or_else(|(id, _)| id);
-                    Binding::Rpc(id).err(&e)
-                }
-            };
+            return binding().err(&e);
         }
         if rest_binding {
             return Box::pin(self.a2a_rest(gate, req, agent, tail.strip_prefix("v1").unwrap_or(""))).await;
         }
         if !tail.is_empty() {
-            return Binding::Rest.err(&A2aError::new(ErrorKind::MethodNotFound, format!("no A2A route {tail}")));
+            let route: String = tail.chars().take(64).collect();
+            return Binding::Rest.err(&A2aError::new(ErrorKind::MethodNotFound, format!("no A2A route {route}")));
         }
         if req.method() != HttpMethod::Post {
             return Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "POST");
@@ -215,17 +229,20 @@ impl Traffic {
             }
             (m, p) => match p.strip_prefix("/tasks/") {
                 Some(id) if id.ends_with(":cancel") && m == HttpMethod::Post => {
-                    Box::pin(self.a2a_cancel(gate, agent, id.trim_end_matches(":cancel"))).await
+                    Box::pin(self.a2a_cancel(gate, agent, id.strip_suffix(":cancel").unwrap_or(id))).await
                 }
                 Some(id) if id.ends_with(":subscribe") && matches!(m, HttpMethod::Get | HttpMethod::Post) => {
                     let h = req.query("historyLength").and_then(|h| h.parse().ok());
-                    return self.a2a_subscribe(gate, agent, id.trim_end_matches(":subscribe"), h, b);
+                    return self.a2a_subscribe(gate, agent, id.strip_suffix(":subscribe").unwrap_or(id), h, b);
                 }
                 Some(id) if !id.contains(':') && !id.contains('/') && m == HttpMethod::Get => {
                     let h = req.query("historyLength").and_then(|h| h.parse().ok());
                     self.a2a_get(gate, agent, id, h)
                 }
-                _ => Err(A2aError::new(ErrorKind::MethodNotFound, format!("no A2A route {method:?} v1{p}"))),
+                _ => {
+                    let route: String = p.chars().take(64).collect();
+                    Err(A2aError::new(ErrorKind::MethodNotFound, format!("no A2A route {method:?} v1{route}")))
+                }
             },
         };
         match done {
@@ -262,25 +279,30 @@ impl Traffic {
     }
 
     fn a2a_list(&self, gate: &Gate<'_>, agent: &str, l: &a2a::ListTasks) -> Result<Json, A2aError> {
-        let (owner, tenant) = (gate.principal(), gate.who.tenant.clone());
-        let mut tasks: Vec<(u64, Json)> = self
+        let scope = crate::shard::tasks::scope(gate.who.tenant.as_deref(), gate.principal().as_deref(), agent);
+        // The caller's tasks only (an index), filtered and sorted by key; only the page rendered.
+        let mut tasks: Vec<(u64, Arc<TaskEntry>)> = self
             .shard
             .shared
             .tasks
-            .matching(|e| e.owner == owner && e.tenant == tenant && e.agent == agent)
-            .iter()
-            .filter_map(|e| {
+            .of(&scope)
+            .into_iter()
+            .filter(|e| {
                 let log = e.log();
-                let t = &log.task;
-                let wanted =
-                    l.context_id.as_deref().is_none_or(|c| c == t.context_id) && l.status.is_none_or(|s| s == t.state);
-                wanted.then(|| (log.updated_ms, t.to_json(l.history_length, l.include_artifacts)))
+                l.context_id.as_deref().is_none_or(|c| c == log.task.context_id)
+                    && l.status.is_none_or(|s| s == log.task.state)
             })
+            .map(|e| (e.updated_ms.load(std::sync::atomic::Ordering::Relaxed), e))
             .collect();
         // Newest status first (ties by id, so pages are stable).
-        tasks.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1["id"].as_str().cmp(&b.1["id"].as_str())));
+        tasks.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
         let total = tasks.len();
-        let page: Vec<Json> = tasks.into_iter().skip(l.offset).take(l.page_size).map(|(_, t)| t).collect();
+        let page: Vec<Json> = tasks
+            .into_iter()
+            .skip(l.offset)
+            .take(l.page_size)
+            .map(|(_, e)| e.log().task.to_json(l.history_length, l.include_artifacts))
+            .collect();
         let next = l.offset + page.len();
         let next_token = if next < total { next.to_string() } else { String::new() };
         Ok(json!({"tasks": page, "nextPageToken": next_token, "pageSize": l.page_size, "totalSize": total}))
@@ -294,8 +316,10 @@ impl Traffic {
             return Err(A2aError::new(ErrorKind::TaskNotCancelable, msg).with("taskId", id));
         }
         let calls = &self.shard.shared.calls;
+        let turn = e.log().turn;
         if matches!(state, TaskState::Submitted | TaskState::Working) {
-            if let Some(call) = calls.get(&e.call_key) {
+            // Its own turn only (the session may be on another task's by now).
+            if let Some(call) = calls.get(&e.call_key).filter(|c| c.turn() == turn && c.live()) {
                 if calls.end_turn(&call, End::Cancelled, now_ms()) {
                     let topic = Self::agent_topic(gate, agent);
                     if self.shard.shared.watchers.is_followed(&topic) {
@@ -341,32 +365,35 @@ impl Traffic {
     ) -> Response {
         let shared = &self.shard.shared;
         if shared.memory.shed_now() {
-            return b.err(&A2aError::new(ErrorKind::Internal, "the broker is over its memory limit; try again"));
+            return b.err(&unavailable("the broker is over its memory limit; try again"));
         }
+        // Everything that can refuse the message first, before a task or a session exists.
         let stored_agent = Self::stored_agent(gate, agent);
-        if !self.routable(&stored_agent) {
-            return b.err(&A2aError::new(
-                ErrorKind::Internal,
-                format!("agent {agent} is not registered, ready and heart-beating"),
-            ));
-        }
         let topic = Self::agent_topic(gate, agent);
+        if !self.routable(&stored_agent) || shared.watchers.follower(&topic).is_none() {
+            return b.err(&unavailable(format!("agent {agent} is not registered, heart-beating and attached")));
+        }
         let prompt = s.message.prompt();
         if let Err(r) = gate.limit(&topic, 1, prompt.len() as u64) {
             return b.err(&from_problem(&r));
         }
+        let continued = s.message.task_id.is_some();
         let entry = match self.a2a_task_for(gate, agent, &s) {
             Ok(e) => e,
             Err(e) => return b.err(&e),
         };
-        // Past here a task exists: a turn that cannot start fails it (nothing would move it).
+        // Past here a task exists: a turn that cannot start fails a new task (nothing would
+        // move it), and leaves a continued one waiting for input as it was.
         let failed = |e: A2aError| {
-            fail(&entry, &e.message);
+            match continued {
+                true => entry.update(now_ms(), |t| settle(t, TaskState::InputRequired, Some(&e.message))),
+                false => fail(&entry, &e.message),
+            }
             b.err(&e)
         };
-        let call = match shared.calls.get(&entry.call_key) {
+        let call = match shared.calls.get(&entry.call_key).filter(|c| c.principal == entry.owner) {
             Some(c) => c,
-            None => return failed(A2aError::new(ErrorKind::Internal, "the context's session ended")),
+            None => return failed(A2aError::new(ErrorKind::UnsupportedOperation, "the context's session ended")),
         };
         let turn = match shared.calls.start_turn(&call, now_ms()) {
             Ok(t) => t,
@@ -380,10 +407,7 @@ impl Traffic {
             Some(gen) => shared.calls.route(&call, turn, gen),
             None => {
                 shared.calls.end_turn(&call, End::AgentGone, now_ms());
-                return failed(A2aError::new(
-                    ErrorKind::Internal,
-                    format!("agent {agent} is not attached (GET /agent/ws)"),
-                ));
+                return failed(unavailable(format!("agent {agent} is not attached (GET /agent/ws)")));
             }
         }
         entry.log().turn = turn;
@@ -450,8 +474,9 @@ impl Traffic {
             t.status_message = None;
             t.timestamp = timestamp();
             let update = t.status_update();
-            log.emit(update, now_ms());
+            log.emit(update);
             drop(log);
+            e.touch(now_ms());
             e.bell.ring();
             return Ok(e);
         }
@@ -460,28 +485,35 @@ impl Traffic {
             Some(_) => return Err(bad("message: contextId must be [A-Za-z0-9._-]{1,100}")),
             None => uuid_v4(),
         };
-        let sid = format!("{agent}:{context}");
-        let key = session_key(gate.who.tenant.as_deref(), &sid);
+        // The caller's own context (contexts are per principal: another's of the same name is
+        // not this one), on its session while that lives, else on a new one.
         let principal = gate.principal();
-        match shared.calls.get(&key) {
-            Some(call) if call.principal != principal => return Err(bad("message: contextId is another caller's")),
-            Some(_) => {}
-            None => {
-                let named = (Self::stored_agent(gate, agent), sid.clone());
-                shared.calls.open(key.clone(), named, principal.clone(), now_ms()).map_err(|_| {
-                    A2aError::new(
-                        ErrorKind::Internal,
-                        format!("max_sessions ({}) sessions are open", shared.config.max_sessions),
-                    )
-                })?;
+        let scope = crate::shard::tasks::scope(gate.who.tenant.as_deref(), principal.as_deref(), agent);
+        let known = shared.tasks.context(&scope, &context);
+        if let Some((_, latest)) = &known {
+            if !latest.log().task.state.settled() {
+                let e = A2aError::new(ErrorKind::UnsupportedOperation, "a task of this context is still working");
+                return Err(e.with("taskId", latest.id.clone()));
             }
         }
+        let key = match known.map(|(key, _)| key).filter(|k| shared.calls.get(k).is_some()) {
+            Some(key) => key,
+            None => {
+                let sid = format!("{agent}:{}", uuid_v4());
+                let key = session_key(gate.who.tenant.as_deref(), &sid);
+                let named = (Self::stored_agent(gate, agent), sid);
+                shared.calls.open(key.clone(), named, principal.clone(), now_ms()).map_err(|_| {
+                    unavailable(format!("max_sessions ({}) sessions are open", shared.config.max_sessions))
+                })?;
+                key
+            }
+        };
         let id = uuid_v4();
         user["contextId"] = json!(context);
         user["taskId"] = json!(id);
         let task = Task {
             id: id.clone(),
-            context_id: context,
+            context_id: context.clone(),
             state: TaskState::Submitted,
             status_message: None,
             timestamp: timestamp(),
@@ -489,20 +521,20 @@ impl Traffic {
             history: vec![user],
             artifact_bytes: 0,
         };
-        let log = TaskLog { task, events: VecDeque::new(), first: 0, turn: 0, updated_ms: now_ms() };
+        let log = TaskLog { task, events: VecDeque::new(), first: 0, turn: 0 };
         let entry = Arc::new(TaskEntry {
             id,
             owner: principal,
             tenant: gate.who.tenant.clone(),
             agent: agent.to_owned(),
-            call_key: key,
+            call_key: key.clone(),
             log: Mutex::new(log),
             bell: Bell::default(),
+            updated_ms: std::sync::atomic::AtomicU64::new(now_ms()),
         });
-        shared
-            .tasks
-            .insert(entry.clone())
-            .map_err(|_| A2aError::new(ErrorKind::Internal, "too many tasks are kept; try again later"))?;
+        if shared.tasks.insert(entry.clone(), (&key, &context)).is_err() {
+            return Err(unavailable("too many tasks are kept; try again later"));
+        }
         Ok(entry)
     }
 }
@@ -553,10 +585,15 @@ fn settle(t: &mut Task, state: TaskState, text: Option<&str>) -> Vec<Json> {
     vec![t.status_update()]
 }
 
-/// Adds a message to the task's history, which keeps the last [`MAX_HISTORY`].
-fn remember(t: &mut Task, message: Json) {
+/// Adds a message to the task's history, which keeps the last [`MAX_HISTORY`] (a large one
+/// without its parts).
+fn remember(t: &mut Task, mut message: Json) {
     if t.history.len() == MAX_HISTORY {
         t.history.remove(0);
+    }
+    let size = message.to_string().len();
+    if size > MAX_KEPT_MESSAGE {
+        message["parts"] = json!([{"text": format!("({size} bytes, not kept in the history)")}]);
     }
     t.history.push(message);
 }

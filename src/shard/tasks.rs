@@ -9,6 +9,7 @@
 //! task is one the spec lets a server forget: TaskNotFound).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 
@@ -23,42 +24,87 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A doorbell any number of waiters (a blocking send, streams) listen to, on any shard.
+/// A doorbell any number of waiters (a blocking send, streams) listen to, on any shard. A
+/// waiter that goes away (its stream's client left) takes its waker with it.
 #[derive(Default)]
 pub struct Bell {
-    state: Mutex<(u64, Vec<Waker>)>,
+    state: Mutex<BellState>,
+}
+
+#[derive(Default)]
+struct BellState {
+    rung: u64,
+    next_slot: u64,
+    waiting: Vec<(u64, Waker)>,
+}
+
+/// A wait on a [`Bell`] (see [`Bell::after`]).
+pub struct Ring<'b> {
+    bell: &'b Bell,
+    seen: u64,
+    slot: Option<u64>,
+}
+
+impl std::future::Future for Ring<'_> {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let bell = self.bell;
+        let mut s = lock(&bell.state);
+        if s.rung != self.seen {
+            return Poll::Ready(());
+        }
+        match self.slot {
+            Some(slot) => match s.waiting.iter_mut().find(|(id, _)| *id == slot) {
+                Some((_, w)) if w.will_wake(cx.waker()) => {}
+                Some((_, w)) => *w = cx.waker().clone(),
+                None => s.waiting.push((slot, cx.waker().clone())),
+            },
+            None => {
+                let slot = s.next_slot;
+                s.next_slot += 1;
+                s.waiting.push((slot, cx.waker().clone()));
+                drop(s);
+                self.slot = Some(slot);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Ring<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            lock(&self.bell.state).waiting.retain(|(id, _)| *id != slot);
+        }
+    }
 }
 
 impl Bell {
     /// How many times it rang.
     pub fn rung(&self) -> u64 {
-        lock(&self.state).0
+        lock(&self.state).rung
     }
 
     /// Resolves once it rang after `seen` (at once if it did).
-    pub async fn after(&self, seen: u64) {
-        std::future::poll_fn(|cx| {
-            let mut s = lock(&self.state);
-            if s.0 != seen {
-                return Poll::Ready(());
-            }
-            if !s.1.iter().any(|w| w.will_wake(cx.waker())) {
-                s.1.push(cx.waker().clone());
-            }
-            Poll::Pending
-        })
-        .await
+    pub fn after(&self, seen: u64) -> Ring<'_> {
+        Ring { bell: self, seen, slot: None }
     }
 
     pub fn ring(&self) {
         let wakers = {
             let mut s = lock(&self.state);
-            s.0 += 1;
-            std::mem::take(&mut s.1)
+            s.rung += 1;
+            std::mem::take(&mut s.waiting)
         };
-        for w in wakers {
+        for (_, w) in wakers {
             w.wake();
         }
+    }
+
+    /// Waiters now (for tests).
+    #[cfg(test)]
+    fn waiters(&self) -> usize {
+        lock(&self.state).waiting.len()
     }
 }
 
@@ -71,19 +117,16 @@ pub struct TaskLog {
     pub first: u64,
     /// The turn of its session that is the task's now (0: none yet).
     pub turn: u64,
-    /// When it last changed (ms since the epoch).
-    pub updated_ms: u64,
 }
 
 impl TaskLog {
     /// Records a stream response (the task was changed to match it).
-    pub fn emit(&mut self, event: Json, now_ms: u64) {
+    pub fn emit(&mut self, event: Json) {
         if self.events.len() == EVENTS {
             self.events.pop_front();
             self.first += 1;
         }
         self.events.push_back(event);
-        self.updated_ms = now_ms;
     }
 
     /// The number of the next event.
@@ -103,6 +146,8 @@ pub struct TaskEntry {
     pub call_key: String,
     pub log: Mutex<TaskLog>,
     pub bell: Bell,
+    /// When it last changed (ms since the epoch), read without its lock.
+    pub updated_ms: AtomicU64,
 }
 
 impl TaskEntry {
@@ -115,17 +160,43 @@ impl TaskEntry {
         {
             let mut log = self.log();
             for e in change(&mut log.task) {
-                log.emit(e, now_ms);
+                log.emit(e);
             }
-            log.updated_ms = now_ms;
         }
+        self.touch(now_ms);
         self.bell.ring();
     }
+
+    pub fn touch(&self, now_ms: u64) {
+        self.updated_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Whom it belongs to: tenant, principal and agent (the key of [`Tasks`]' index).
+    pub fn scope(&self) -> Scope {
+        scope(self.tenant.as_deref(), self.owner.as_deref(), &self.agent)
+    }
+}
+
+/// A caller's view: tenant, principal and agent, `\0`-joined.
+pub type Scope = String;
+
+pub fn scope(tenant: Option<&str>, owner: Option<&str>, agent: &str) -> Scope {
+    format!("{}\0{}\0{agent}", tenant.unwrap_or(""), owner.unwrap_or(""))
+}
+
+#[derive(Default)]
+struct Table {
+    map: HashMap<String, Arc<TaskEntry>>,
+    /// Task ids by scope, so a listing reads the caller's tasks only.
+    by_scope: HashMap<Scope, Vec<String>>,
+    /// A caller's contexts: (scope, contextId) -> the session's stored key and the context's
+    /// latest task.
+    contexts: HashMap<(Scope, String), (String, String)>,
 }
 
 /// Every task, by id.
 pub struct Tasks {
-    map: Mutex<HashMap<String, Arc<TaskEntry>>>,
+    table: Mutex<Table>,
     max: usize,
 }
 
@@ -135,45 +206,74 @@ pub struct Full;
 
 impl Tasks {
     pub fn new(max: usize) -> Tasks {
-        Tasks { map: Mutex::new(HashMap::new()), max }
+        Tasks { table: Mutex::new(Table::default()), max }
     }
 
-    pub fn insert(&self, entry: Arc<TaskEntry>) -> Result<(), Full> {
-        let mut map = lock(&self.map);
-        if map.len() >= self.max {
+    /// Adds a task, the latest of its context (`context`: the session's stored key and the
+    /// context id).
+    pub fn insert(&self, entry: Arc<TaskEntry>, context: (&str, &str)) -> Result<(), Full> {
+        let mut t = lock(&self.table);
+        if t.map.len() >= self.max {
             return Err(Full);
         }
-        map.insert(entry.id.clone(), entry);
+        let scope = entry.scope();
+        t.by_scope.entry(scope.clone()).or_default().push(entry.id.clone());
+        t.contexts.insert((scope, context.1.to_owned()), (context.0.to_owned(), entry.id.clone()));
+        t.map.insert(entry.id.clone(), entry);
         Ok(())
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<TaskEntry>> {
-        lock(&self.map).get(id).cloned()
+        lock(&self.table).map.get(id).cloned()
     }
 
-    /// The tasks `keep` wants.
-    pub fn matching(&self, keep: impl Fn(&TaskEntry) -> bool) -> Vec<Arc<TaskEntry>> {
-        lock(&self.map).values().filter(|e| keep(e)).cloned().collect()
+    /// A caller's context: its session's stored key and latest task.
+    pub fn context(&self, scope: &Scope, context: &str) -> Option<(String, Arc<TaskEntry>)> {
+        let t = lock(&self.table);
+        let (key, task) = t.contexts.get(&(scope.clone(), context.to_owned()))?;
+        Some((key.clone(), t.map.get(task)?.clone()))
     }
 
-    /// Drops the tasks unchanged for `ttl_ms`; returns them.
+    /// The tasks of a scope.
+    pub fn of(&self, scope: &Scope) -> Vec<Arc<TaskEntry>> {
+        let t = lock(&self.table);
+        let ids = t.by_scope.get(scope).map(Vec::as_slice).unwrap_or_default();
+        ids.iter().filter_map(|id| t.map.get(id).cloned()).collect()
+    }
+
+    /// Drops the tasks unchanged for `ttl_ms`; a task that had not settled fails first, so
+    /// its streams and waiters hear why. Returns them.
     pub fn expire(&self, now_ms: u64, ttl_ms: u64) -> Vec<Arc<TaskEntry>> {
-        let mut gone = Vec::new();
-        lock(&self.map).retain(|_, e| {
-            let stale = e.log().updated_ms.saturating_add(ttl_ms) <= now_ms;
-            if stale {
-                gone.push(e.clone());
+        let stale = |e: &TaskEntry| e.updated_ms.load(Ordering::Relaxed).saturating_add(ttl_ms) <= now_ms;
+        let gone: Vec<Arc<TaskEntry>> = {
+            let mut t = lock(&self.table);
+            let gone: Vec<Arc<TaskEntry>> = t.map.values().filter(|e| stale(e)).cloned().collect();
+            for e in &gone {
+                t.map.remove(&e.id);
             }
-            !stale
-        });
+            let Table { map, by_scope, contexts } = &mut *t;
+            by_scope.retain(|_, ids| {
+                ids.retain(|id| map.contains_key(id));
+                !ids.is_empty()
+            });
+            contexts.retain(|_, (_, task)| map.contains_key(task));
+            gone
+        };
         for e in &gone {
-            e.bell.ring(); // streams of it end
+            // Streams of it end (they find it gone), after this last word.
+            e.update(now_ms, |t| match t.state.settled() {
+                true => Vec::new(),
+                false => {
+                    t.state = crate::adaptor::a2a::TaskState::Failed;
+                    vec![t.status_update()]
+                }
+            });
         }
         gone
     }
 
     pub fn len(&self) -> usize {
-        lock(&self.map).len()
+        lock(&self.table).map.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -197,7 +297,7 @@ mod tests {
             history: Vec::new(),
             artifact_bytes: 0,
         };
-        let log = TaskLog { task, events: VecDeque::new(), first: 0, turn: 0, updated_ms: now };
+        let log = TaskLog { task, events: VecDeque::new(), first: 0, turn: 0 };
         Arc::new(TaskEntry {
             id: id.into(),
             owner: None,
@@ -206,15 +306,16 @@ mod tests {
             call_key: "k".into(),
             log: Mutex::new(log),
             bell: Bell::default(),
+            updated_ms: AtomicU64::new(now),
         })
     }
 
     #[test]
     fn tasks_are_bounded_expire_and_keep_their_last_events() {
         let t = Tasks::new(2);
-        t.insert(entry("1", 0)).unwrap();
-        t.insert(entry("2", 50)).unwrap();
-        assert!(t.insert(entry("3", 0)).is_err(), "at most max");
+        t.insert(entry("1", 0), ("k", "c1")).unwrap();
+        t.insert(entry("2", 50), ("k", "c2")).unwrap();
+        assert!(t.insert(entry("3", 0), ("k", "c3")).is_err(), "at most max");
         let e = t.get("2").unwrap();
         for i in 0..EVENTS + 10 {
             e.update(60, |task| {
@@ -231,10 +332,15 @@ mod tests {
         let gone = t.expire(100, 50);
         assert_eq!(gone.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["1"]);
         assert!(t.get("1").is_none() && t.get("2").is_some());
+        assert_eq!(gone[0].log().task.state, TaskState::Failed, "an unsettled task fails as it goes");
+        let s = scope(None, None, "a");
+        assert_eq!(t.of(&s).len(), 1, "the index forgets it too");
+        assert!(t.context(&s, "c1").is_none() && t.context(&s, "c2").is_some());
     }
 
     #[test]
     fn a_bell_wakes_every_waiter() {
+        use std::future::Future;
         let bell = Arc::new(Bell::default());
         let seen = bell.rung();
         let waiters: Vec<_> = (0..3)
@@ -244,7 +350,7 @@ mod tests {
             })
             .collect();
         // Once all three wait on it (a condition, not a sleep).
-        while lock(&bell.state).1.len() < 3 {
+        while bell.waiters() < 3 {
             std::thread::yield_now();
         }
         bell.ring();
@@ -252,5 +358,13 @@ mod tests {
             w.join().unwrap();
         }
         futures::executor::block_on(bell.after(seen)); // rang since: at once
+                                                       // A waiter that goes away takes its waker with it.
+        let seen = bell.rung();
+        for _ in 0..100 {
+            let mut wait = Box::pin(bell.after(seen));
+            let waker = futures::task::noop_waker();
+            let _ = wait.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+        }
+        assert_eq!(bell.waiters(), 0);
     }
 }

@@ -79,7 +79,13 @@ fn an_evmesh_agent_answers_a2a_clients_and_the_gateway_holds_its_bounds() {
     assert_eq!((r.status, r.json()["error"]["details"][0]["reason"].as_str()), (400, Some("TASK_NOT_CANCELABLE")));
 
     // Returned at once, then cancelled while working: the agent is told, the task says so.
-    let v = rpc(&b, "bot", Some("1.0"), "SendMessage", json!({"message": message("slow"), "configuration": {"returnImmediately": true}}));
+    let v = rpc(
+        &b,
+        "bot",
+        Some("1.0"),
+        "SendMessage",
+        json!({"message": message("slow"), "configuration": {"returnImmediately": true}}),
+    );
     let slow = v["result"]["task"]["id"].as_str().unwrap().to_owned();
     assert_eq!(agent.next()["data"], "slow");
     let v = rpc(&b, "bot", Some("1.0"), "CancelTask", json!({"id": slow}));
@@ -90,7 +96,13 @@ fn an_evmesh_agent_answers_a2a_clients_and_the_gateway_holds_its_bounds() {
     // An agent that never stops answering cannot grow a task: past 4,096 parts it fails. (Sent
     // in rounds the gateway keeps up with: one that outruns the turn's log fails it too, with
     // what was lost said.)
-    let v = rpc(&b, "bot", Some("1.0"), "SendMessage", json!({"message": message("flood"), "configuration": {"returnImmediately": true}}));
+    let v = rpc(
+        &b,
+        "bot",
+        Some("1.0"),
+        "SendMessage",
+        json!({"message": message("flood"), "configuration": {"returnImmediately": true}}),
+    );
     let flood = v["result"]["task"]["id"].as_str().unwrap().to_owned();
     let turn = agent.next();
     let sid = turn["emsessionid"].as_str().unwrap().to_owned();
@@ -115,7 +127,8 @@ fn an_evmesh_agent_answers_a2a_clients_and_the_gateway_holds_its_bounds() {
     assert!(failed["result"].get("history").is_none(), "historyLength 0: no history");
     // Listing: newest first, paged.
     let v = rpc(&b, "bot", Some("1.0"), "ListTasks", json!({"pageSize": 2}));
-    let listed: Vec<&str> = v["result"]["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    let listed: Vec<&str> =
+        v["result"]["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
     assert_eq!(listed, [flood.as_str(), slow.as_str()], "{v}");
     assert_eq!((v["result"]["totalSize"].as_u64(), v["result"]["nextPageToken"].as_str()), (Some(3), Some("2")));
 }

@@ -969,3 +969,98 @@ fn a_sessions_publish_messages_are_refused_once_its_token_is_removed() {
     // ("x": the HTTP probe's publishes, stored until the new tokens file was read.)
     assert_eq!(ids, [json!("before")]);
 }
+
+/// A2A contexts and tasks are their callers': two principals naming the same `contextId` get
+/// sessions of their own (the agent sees two), and neither reads, lists or continues the
+/// other's task (regression: a context's session was found by its name alone).
+#[test]
+fn a2a_contexts_and_tasks_belong_to_their_caller() {
+    let tokens = [("alice", None, "alice-secret"), ("bob", None, "bob-secret"), ("botp", None, "bot-secret")];
+    let acl = r#"
+[[acl]]
+id = "alice-calls"
+principal = "alice"
+resource = "agent:bot"
+actions = ["REQUEST"]
+effect = "ALLOW"
+
+[[acl]]
+id = "bob-calls"
+principal = "bob"
+resource = "agent:bot"
+actions = ["REQUEST"]
+effect = "ALLOW"
+
+[[acl]]
+id = "bot-serves"
+principal = "botp"
+resource = "topic:agent.bot"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+"#;
+    let (b, _dir) = broker_with("a2a-owners", &tokens, acl, &[]);
+    let auth = |t: &str| format!("Bearer {t}");
+    let bot = auth("bot-secret");
+    let r = b.client().request("POST", "/agent/register", &[("authorization", &bot)], br#"{"agentId":"bot"}"#);
+    assert!(matches!(r.status, 200 | 201), "{}", r.text());
+    let stream = TcpStream::connect(b.traffic).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let url = format!("ws://{}/agent/ws?agentId=bot&access_token=bot-secret", b.traffic);
+    let (mut ws, _) = tungstenite::client(url, stream).unwrap();
+    super::calls::attached(&b, "bot", Some("bot-secret"));
+    // The agent answers every turn at once, and says which session it came on.
+    let agent = std::thread::spawn(move || {
+        let mut sessions = Vec::new();
+        while sessions.len() < 2 {
+            let Ok(tungstenite::Message::Text(t)) = ws.read() else { continue };
+            let turn: Value = serde_json::from_str(t.as_str()).unwrap();
+            let sid = turn["emsessionid"].as_str().unwrap().to_owned();
+            let chunk = json!({"type": "chunk", "sessionId": sid, "seq": 0, "data": sid, "done": true});
+            ws.send(tungstenite::Message::text(chunk.to_string())).unwrap();
+            sessions.push(sid);
+        }
+        sessions
+    });
+    let call = |token: &str, method: &str, params: Value| -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        let who = auth(token);
+        let headers = [("authorization", who.as_str()), ("a2a-version", "1.0")];
+        b.client().request("POST", "/a2a/bot", &headers, body.as_bytes()).json()
+    };
+    let send = |token: &str| {
+        let m = json!({"messageId": "m", "role": "ROLE_USER", "contextId": "shared", "parts": [{"text": "hi"}]});
+        let v = call(token, "SendMessage", json!({"message": m}));
+        assert_eq!(v["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{v}");
+        v["result"]["task"].clone()
+    };
+    let (a, bt) = (send("alice-secret"), send("bob-secret"));
+    let sessions = agent.join().unwrap();
+    assert_ne!(sessions[0], sessions[1], "one context name, two callers, two sessions");
+    assert_eq!((a["contextId"].as_str(), bt["contextId"].as_str()), (Some("shared"), Some("shared")));
+    let alices = a["id"].as_str().unwrap();
+    assert_eq!(call("bob-secret", "GetTask", json!({"id": alices}))["error"]["code"], -32001);
+    assert_eq!(call("bob-secret", "CancelTask", json!({"id": alices}))["error"]["code"], -32001);
+    let listed = call("bob-secret", "ListTasks", json!({}));
+    assert_eq!(listed["result"]["totalSize"], 1, "{listed}");
+    assert_eq!(listed["result"]["tasks"][0]["id"], bt["id"]);
+    // Without REQUEST on the agent: refused, the request's id answered, 403 kept over REST.
+    let r = b.client().request(
+        "POST",
+        "/a2a/other",
+        &[("authorization", "Bearer alice-secret"), ("a2a-version", "1.0")],
+        br#"{"jsonrpc":"2.0","id":"q","method":"GetTask","params":{"id":"x"}}"#,
+    );
+    assert_eq!(
+        (r.json()["id"].as_str(), r.json()["error"]["code"].as_i64()),
+        (Some("q"), Some(-32603)),
+        "{}",
+        r.text()
+    );
+    let r = b.client().request(
+        "GET",
+        "/a2a/other/v1/tasks/x",
+        &[("authorization", "Bearer alice-secret"), ("a2a-version", "1.0")],
+        b"",
+    );
+    assert_eq!((r.status, r.json()["error"]["status"].as_str()), (403, Some("PERMISSION_DENIED")), "{}", r.text());
+}

@@ -37,6 +37,8 @@ pub enum ErrorKind {
     MethodNotFound,
     InvalidParams,
     Internal,
+    /// The broker's own refusal (401, 403, 429, 503): JSON-RPC's internal error, REST its status.
+    Broker(u16),
 }
 
 impl ErrorKind {
@@ -56,7 +58,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => -32600,
             ErrorKind::MethodNotFound => -32601,
             ErrorKind::InvalidParams => -32602,
-            ErrorKind::Internal => -32603,
+            ErrorKind::Internal | ErrorKind::Broker(_) => -32603,
         }
     }
 
@@ -83,8 +85,15 @@ impl ErrorKind {
             ErrorKind::ContentTypeNotSupported | ErrorKind::InvalidParams | ErrorKind::Parse => {
                 (400, "INVALID_ARGUMENT")
             }
-            ErrorKind::InvalidRequest | ErrorKind::MethodNotFound => (400, "INVALID_ARGUMENT"),
+            ErrorKind::InvalidRequest => (400, "INVALID_ARGUMENT"),
+            ErrorKind::MethodNotFound => (404, "NOT_FOUND"),
             ErrorKind::InvalidAgentResponse | ErrorKind::Internal => (500, "INTERNAL"),
+            ErrorKind::Broker(401) => (401, "UNAUTHENTICATED"),
+            ErrorKind::Broker(403) => (403, "PERMISSION_DENIED"),
+            ErrorKind::Broker(429) => (429, "RESOURCE_EXHAUSTED"),
+            ErrorKind::Broker(413) => (413, "INVALID_ARGUMENT"),
+            ErrorKind::Broker(s) if s >= 500 => (s, "UNAVAILABLE"),
+            ErrorKind::Broker(s) => (s, "FAILED_PRECONDITION"),
             _ => (400, "FAILED_PRECONDITION"),
         }
     }
@@ -216,6 +225,9 @@ pub fn parse_rpc(body: &[u8]) -> Result<RpcRequest<'_>, (Json, A2aError)> {
         #[serde(default, borrow)]
         params: Option<&'a RawValue>,
     }
+    if body.trim_ascii_start().starts_with(b"[") {
+        return Err((Json::Null, A2aError::new(ErrorKind::InvalidRequest, "batch requests are not supported")));
+    }
     let e: Envelope<'_> = serde_json::from_slice(body)
         .map_err(|e| (Json::Null, A2aError::new(ErrorKind::Parse, format!("Invalid JSON payload: {e}"))))?;
     let id = e.id.unwrap_or(Json::Null);
@@ -307,7 +319,10 @@ pub fn check_message(m: &Json) -> Result<Message, A2aError> {
         }
     }
     let (context_id, task_id) = (text("contextId").map(str::to_owned), text("taskId").map(str::to_owned));
-    Ok(Message { message_id, context_id, task_id, json: m.clone() })
+    let mut json = m.clone();
+    // 0.3's spelling, kept as 1.0's in the task's history.
+    json["role"] = Json::String(Role::User.as_str().to_owned());
+    Ok(Message { message_id, context_id, task_id, json })
 }
 
 /// A `SendMessage` / `SendStreamingMessage` request.
@@ -566,6 +581,7 @@ mod tests {
         );
         for (body, code, id) in [
             (&b"{"[..], -32700, Json::Null),
+            (br#"[{"jsonrpc":"2.0","id":1,"method":"GetTask"}]"#, -32600, Json::Null),
             (br#"{"jsonrpc":"2.0","id":"x","method":"message/send"}"#, -32601, json!("x")),
             (br#"{"jsonrpc":"1.0","id":1,"method":"GetTask"}"#, -32600, json!(1)),
             (br#"{"jsonrpc":"2.0","id":{},"method":"GetTask"}"#, -32600, Json::Null),
