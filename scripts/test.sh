@@ -14,10 +14,14 @@ VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
 "$VENV/bin/python" -c 'import cloudevents, websockets, httpx_sse, jwt, cryptography' 2>/dev/null ||
     "$VENV/bin/pip" install -q cloudevents==2.2.0 websockets==15.0.1 httpx==0.28.1 httpx-sse==0.4.1 \
         pyjwt==2.10.1 cryptography==46.0.3
-# The official A2A SDK (1.x: A2A 1.0, PascalCase methods) the A2A gateway's interop test drives.
-"$VENV/bin/python" -c 'import a2a.client' 2>/dev/null || "$VENV/bin/pip" install -q a2a-sdk==1.3.0
-[ -d "$NODE_DIR/node_modules/cloudevents" ] && [ -d "$NODE_DIR/node_modules/eventsource" ] ||
-    { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 eventsource@3.0.7 >/dev/null; }
+# The official A2A SDK (1.x: A2A 1.0, PascalCase methods) the A2A gateway's interop tests drive,
+# as client and (served by uvicorn) as a remote agent.
+"$VENV/bin/python" -c 'import a2a.client, uvicorn' 2>/dev/null ||
+    "$VENV/bin/pip" install -q "a2a-sdk[http-server]==1.3.0" uvicorn==0.54.0 click==8.5.1
+[ -d "$NODE_DIR/node_modules/cloudevents" ] && [ -d "$NODE_DIR/node_modules/eventsource" ] &&
+  [ -d "$NODE_DIR/node_modules/@a2a-js/sdk" ] && [ -d "$NODE_DIR/node_modules/ws" ] ||
+    { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 eventsource@3.0.7 \
+        @a2a-js/sdk@1.3.0 ws@8.23.0 >/dev/null; }
 # The Python SDK 1.x (the generation most installed; same package name as 2.x, so a directory of
 # its own, put on PYTHONPATH by the test that uses it) with requests, which it is used through.
 SDK1_DIR=/var/tmp/evmesh-sdk1

@@ -260,6 +260,14 @@ fn python_a2a_sdk_client_through_the_gateway() {
     run_script(&python, "python_a2a.py");
 }
 
+/// The same through the official JavaScript SDK (`@a2a-js/sdk` 1.3.0): JSON-RPC and REST
+/// transports, streaming, input-required, the typed errors.
+#[test]
+#[ignore = "needs Node with @a2a-js/sdk and ws (NODE_PATH; scripts/test.sh installs them)"]
+fn node_a2a_sdk_client_through_the_gateway() {
+    run_script("node", "node_a2a.js");
+}
+
 /// Agent streaming calls with independent clients: `websockets` agents, `httpx` + `httpx-sse`
 /// clients (turns, cancel, resume with `Last-Event-ID`, an agent leaving mid-turn, expiry).
 #[test]
