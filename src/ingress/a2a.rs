@@ -28,9 +28,10 @@ use super::{Gate, Traffic};
 use crate::adaptor::a2a::{self, A2aError, ErrorKind, Method, SendMessage, Task, TaskState};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{Method as HttpMethod, StatusCode};
-use crate::server::{A2aStreamSpec, Request, Response, Upgrade};
+use crate::server::client::{Pool, Url};
+use crate::server::{A2aRelaySpec, A2aStreamSpec, Request, Response, Upgrade};
 use crate::shard::calls::{session_key, Call, End, Read};
-use crate::shard::tasks::{Bell, TaskEntry, TaskLog};
+use crate::shard::tasks::{Bell, Remote, TaskEntry, TaskLog};
 
 /// What one task keeps at most: messages of history (the oldest go), and parts and bytes of its
 /// artifact (past them the task fails: an agent streaming without end cannot grow it further).
@@ -127,9 +128,18 @@ impl Traffic {
             true => Binding::Rest,
             false => Binding::Rpc(a2a::parse_rpc(req.body).map(|r| r.id).unwrap_or_else(|(id, _)| id)),
         };
+        let remote = self.shard.shared.remotes.get(&Self::stored_agent(gate, agent));
         if tail == ".well-known/agent-card.json" {
-            return match req.method() {
-                HttpMethod::Get => self.agent_card(gate, agent),
+            return match (req.method(), remote) {
+                (HttpMethod::Get, None) => self.agent_card(gate, agent),
+                (HttpMethod::Get, Some(r)) => match gate.allow(Action::Request, Kind::Agent, agent) {
+                    Err(r) => r,
+                    Ok(()) => match Box::pin(self.remote_card(&Self::stored_agent(gate, agent), agent, &r)).await {
+                        Ok((card, _)) => Response::json(StatusCode::OK, serde_json::to_vec(&card).expect("json"))
+                            .with_header("cache-control", "max-age=60"),
+                        Err(e) => Binding::Rest.err(&e),
+                    },
+                },
                 _ => Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "GET"),
             };
         }
@@ -140,6 +150,9 @@ impl Traffic {
         let version = version.or_else(|| req.query("A2A-Version").map(|v| v.into_owned()));
         if let Err(e) = a2a::negotiate(version.as_deref()) {
             return binding().err(&e);
+        }
+        if let Some(r) = remote {
+            return Box::pin(self.a2a_remote(gate, req, agent, &r, rest_binding, tail)).await;
         }
         if rest_binding {
             return Box::pin(self.a2a_rest(gate, req, agent, tail.strip_prefix("v1").unwrap_or(""))).await;
@@ -249,6 +262,150 @@ impl Traffic {
             Ok(result) => b.ok(&result),
             Err(e) => b.err(&e),
         }
+    }
+
+    /// A remote agent's card as evmesh serves it (its JSON-RPC interface evmesh's own URL; the
+    /// rest as the remote says), and the remote's JSON-RPC URL. Fetched at most once a minute.
+    async fn remote_card(&self, stored: &str, agent: &str, r: &Remote) -> Result<(Json, String), A2aError> {
+        let shared = &self.shard.shared;
+        let now = now_ms();
+        let (card, rpc) = match &r.card {
+            Some((card, at, rpc)) if now.saturating_sub(*at) < 60_000 => (card.clone(), rpc.clone()),
+            _ => {
+                let bad = |m: String| A2aError::new(ErrorKind::InvalidAgentResponse, format!("the remote agent: {m}"));
+                let url =
+                    Url::parse(&format!("{}/.well-known/agent-card.json", r.url.trim_end_matches('/'))).map_err(bad)?;
+                let timeout = shared.config.webhook_timeout;
+                let addr = url.resolve(timeout).await.map_err(|e| bad(e.to_string()))?;
+                if crate::push::webhook::is_own(addr, &shared.listeners) {
+                    return Err(bad("its URL is evmesh's own".into()));
+                }
+                let pool = Pool::new(0, 1 << 20, Some(shared.client_tls.clone()));
+                let headers = [("accept", "application/json"), ("a2a-version", "1.0")];
+                let a = pool.send(&url, addr, "GET", &headers, b"", timeout).await.map_err(|e| bad(e.to_string()))?;
+                let card: Json = match a.status {
+                    200 => serde_json::from_slice(&a.body).map_err(|e| bad(format!("its card is not JSON: {e}")))?,
+                    s => return Err(bad(format!("its card answered {s}"))),
+                };
+                if !card.is_object() {
+                    return Err(bad("its card is not an object".into()));
+                }
+                // Its JSON-RPC interface of A2A 1.x, else its own URL.
+                let rpc = card["supportedInterfaces"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|i| {
+                        i["protocolBinding"] == "JSONRPC"
+                            && i["protocolVersion"].as_str().is_some_and(|v| v.starts_with("1."))
+                    })
+                    .and_then(|i| i["url"].as_str())
+                    .unwrap_or(&r.url)
+                    .to_owned();
+                Url::parse(&rpc).map_err(|e| bad(format!("its JSON-RPC URL: {e}")))?;
+                shared.remotes.set_card(stored, card.clone(), now, rpc.clone());
+                (card, rpc)
+            }
+        };
+        let mut served = card;
+        let base = format!("{}/a2a/{agent}", shared.config.advertised_url);
+        served["supportedInterfaces"] =
+            json!([{"url": base, "protocolBinding": "JSONRPC", "protocolVersion": a2a::VERSION}]);
+        Ok((served, rpc))
+    }
+
+    /// A call to a remote agent (JSON-RPC only), forwarded as the client sent it. Its tasks are
+    /// the remote's; evmesh remembers which its callers made, and answers "not found" for the
+    /// others (a listing shows the caller's only).
+    async fn a2a_remote(
+        &self,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+        agent: &str,
+        r: &Remote,
+        rest_binding: bool,
+        tail: &str,
+    ) -> Response {
+        if rest_binding || !tail.is_empty() {
+            let e = A2aError::new(ErrorKind::UnsupportedOperation, "a remote agent is served over JSON-RPC only");
+            return Binding::Rest.err(&e);
+        }
+        if req.method() != HttpMethod::Post {
+            return Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "POST");
+        }
+        let rpc = match a2a::parse_rpc(req.body) {
+            Ok(r) => r,
+            Err((id, e)) => return Binding::Rpc(id).err(&e),
+        };
+        let b = Binding::Rpc(rpc.id.clone());
+        let scope = crate::shard::tasks::scope(gate.who.tenant.as_deref(), gate.principal().as_deref(), agent);
+        let remotes = &self.shard.shared.remotes;
+        if matches!(rpc.method, Method::GetTask | Method::CancelTask | Method::SubscribeToTask) {
+            match a2a::parse_task_id(rpc.params) {
+                Ok((id, _)) if remotes.owns(&id, &scope) => {}
+                Ok((id, _)) => return b.err(&A2aError::task_not_found(&id)),
+                Err(e) => return b.err(&e),
+            }
+        }
+        if let Method::SendMessage | Method::SendStreamingMessage = rpc.method {
+            if let Err(e) = a2a::parse_send(rpc.params) {
+                return b.err(&e);
+            }
+        }
+        let rpc_url = match Box::pin(self.remote_card(&Self::stored_agent(gate, agent), agent, r)).await {
+            Ok((_, u)) => u,
+            Err(e) => return b.err(&e),
+        };
+        if matches!(rpc.method, Method::SendStreamingMessage | Method::SubscribeToTask) {
+            let spec = A2aRelaySpec {
+                url: rpc_url,
+                body: req.body.to_vec(),
+                rpc_id: rpc.id.clone(),
+                scope,
+                expires_us: gate.who.expires_us,
+            };
+            return Response::streaming(Upgrade::A2aRelay(Box::new(spec)), "text/event-stream");
+        }
+        let shared = &self.shard.shared;
+        let bad = |m: String| A2aError::new(ErrorKind::InvalidAgentResponse, format!("the remote agent: {m}"));
+        let url = match Url::parse(&rpc_url) {
+            Ok(u) => u,
+            Err(e) => return b.err(&bad(e)),
+        };
+        let timeout = shared.config.webhook_timeout.max(shared.config.max_request_timeout);
+        let addr = match url.resolve(shared.config.webhook_timeout).await {
+            Ok(a) if !crate::push::webhook::is_own(a, &shared.listeners) => a,
+            Ok(_) => return b.err(&bad("its URL is evmesh's own".into())),
+            Err(e) => return b.err(&bad(e.to_string())),
+        };
+        let pool = Pool::new(0, shared.config.limits.max_body_bytes.max(1 << 20), Some(shared.client_tls.clone()));
+        let headers = [("content-type", "application/json"), ("a2a-version", "1.0"), ("accept", "application/json")];
+        let a = match pool.send(&url, addr, "POST", &headers, req.body, timeout).await {
+            Ok(a) => a,
+            Err(e) => return b.err(&bad(e.to_string())),
+        };
+        let mut v: Json = match serde_json::from_slice(&a.body) {
+            Ok(v) => v,
+            Err(_) => return b.err(&bad(format!("answered {} with no JSON-RPC response", a.status))),
+        };
+        match rpc.method {
+            Method::SendMessage => {
+                if let Some(id) = v["result"]["task"]["id"].as_str() {
+                    remotes.own(id, &scope);
+                }
+            }
+            // The caller's tasks only.
+            Method::ListTasks => {
+                if let Some(tasks) = v["result"]["tasks"].as_array_mut() {
+                    tasks.retain(|t| t["id"].as_str().is_some_and(|id| remotes.owns(id, &scope)));
+                    let n = tasks.len();
+                    v["result"]["totalSize"] = json!(n);
+                }
+            }
+            _ => {}
+        }
+        v["id"] = rpc.id.clone();
+        Response::json(StatusCode::OK, serde_json::to_vec(&v).expect("json"))
     }
 
     /// The agent card, with this broker's URLs.

@@ -14,6 +14,9 @@ struct AgentBody {
     agent_id: String,
     #[serde(default)]
     ready: Option<bool>,
+    /// A remote A2A server this agent is (register only): the gateway calls it.
+    #[serde(default)]
+    a2a_url: Option<String>,
 }
 
 impl Traffic {
@@ -45,6 +48,29 @@ impl Traffic {
             let body = serde_json::json!({"agentId": a.agent_id, "ready": ready, "routable": routable});
             Response::json(StatusCode(status), body.to_string())
         };
+        if let (Some(url), "register") = (&a.a2a_url, what) {
+            let ok = url.len() <= 2048 && crate::server::client::Url::parse(url).is_ok();
+            if !ok {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "a2aUrl must be an http:// or https:// URL of at most 2048 bytes",
+                );
+            }
+            return match self.shard.shared.remotes.register(&stored, url) {
+                Ok(new) => {
+                    let body = serde_json::json!({"agentId": a.agent_id, "a2aUrl": url, "routable": true});
+                    Response::json(StatusCode(if new { 201 } else { 200 }), body.to_string())
+                }
+                Err(_) => problem(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &format!("max_agents ({}) remote agents are registered", self.shard.shared.config.max_agents),
+                )
+                .with_header("retry-after", "10"),
+            };
+        }
+        if what == "deregister" && self.shard.shared.remotes.remove(&stored) {
+            return answer(200, false, false);
+        }
         match what {
             "register" => match agents.register(&stored, gate.who.tenant.as_deref(), a.ready.unwrap_or(true), now) {
                 Ok(new) => answer(if new { 201 } else { 200 }, a.ready.unwrap_or(true), a.ready.unwrap_or(true)),

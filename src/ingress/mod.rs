@@ -173,6 +173,7 @@ impl Handler for Traffic {
             Upgrade::FollowSse(spec) => Box::pin(crate::push::follow::sse(shard, stream, buf, spec)),
             Upgrade::TurnSse(spec) => Box::pin(crate::push::turn::sse(shard, stream, buf, spec)),
             Upgrade::A2aSse(spec) => Box::pin(crate::push::a2a::sse(shard, stream, buf, spec)),
+            Upgrade::A2aRelay(spec) => Box::pin(crate::push::a2a::relay(shard, stream, buf, spec)),
             Upgrade::WsPublish(_) => unreachable!("served above"),
         };
         let guard = (guard, caller);

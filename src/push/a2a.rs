@@ -13,7 +13,8 @@ use serde_json::{json, Value as Json};
 use super::Outbound;
 use crate::adaptor::a2a::{jsonrpc_result, sse_event};
 use crate::queue;
-use crate::server::A2aStreamSpec;
+use crate::server::client::{Pool, Url};
+use crate::server::{A2aRelaySpec, A2aStreamSpec};
 use crate::shard::core::Shard;
 use crate::shard::tasks::TaskEntry;
 
@@ -73,6 +74,112 @@ pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, 
         return super::sse::serve(stream, buf, events).await;
     };
     let feeding = Box::pin(feed(entry, &spec, &shard, tx));
+    let ending = futures::future::select(feeding, Box::pin(super::follow::expired(spec.expires_us)));
+    let serve = Box::pin(super::sse::serve(stream, buf, events));
+    if let futures::future::Either::Left((_, serve)) = futures::future::select(Box::pin(ending), serve).await {
+        serve.await;
+    }
+}
+
+/// How long a relayed stream may stay silent (remote servers ping every 15 s or so).
+const RELAY_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// Bytes one relayed stream may carry in all.
+const RELAY_BYTES: usize = 16 << 20;
+
+/// A JSON-RPC error of the relay's own, as an SSE `error` event (what the SDKs read mid-stream).
+fn relay_error(id: &Json, message: String, out: &mut Vec<u8>) {
+    let e = crate::adaptor::a2a::A2aError::new(crate::adaptor::a2a::ErrorKind::InvalidAgentResponse, message);
+    out.extend_from_slice(b"event: error\n");
+    sse_event(&e.jsonrpc(id), out);
+}
+
+/// The task id of a stream's first event (`data: {"result":{"task":{"id":...}}}`), once whole.
+fn first_task(events: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(events).ok()?;
+    let end = text.find("\n\n").or_else(|| text.find("\r\n\r\n"))?;
+    let data: String =
+        text[..end].lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect::<Vec<_>>().join("\n");
+    let v: Json = serde_json::from_str(&data).ok()?;
+    v["result"]["task"]["id"].as_str().map(str::to_owned)
+}
+
+async fn relay_feed(shard: &Shard, spec: &A2aRelaySpec, mut out: queue::Sender<Outbound>) {
+    let send = |bytes: Vec<u8>| {
+        let mut framed = Vec::with_capacity(bytes.len() + 16);
+        crate::shard::sessions::chunk(&bytes, &mut framed);
+        Outbound::Frame(Rc::new(framed))
+    };
+    let fail = |m: String| {
+        let mut e = Vec::new();
+        relay_error(&spec.rpc_id, m, &mut e);
+        e
+    };
+    let url = match Url::parse(&spec.url) {
+        Ok(u) => u,
+        Err(e) => return drop(out.send(send(fail(e))).await),
+    };
+    let timeout = shard.shared.config.webhook_timeout;
+    let addr = match url.resolve(timeout).await {
+        Ok(a) if !crate::push::webhook::is_own(a, &shard.shared.listeners) => a,
+        Ok(_) => return drop(out.send(send(fail("the remote agent's URL is evmesh's own".into()))).await),
+        Err(e) => return drop(out.send(send(fail(format!("the remote agent: {e}")))).await),
+    };
+    let pool = Pool::new(0, RELAY_BYTES, Some(shard.shared.client_tls.clone()));
+    let headers = [("content-type", "application/json"), ("a2a-version", "1.0"), ("accept", "text/event-stream")];
+    let mut s = match pool.stream(&url, addr, &headers, &spec.body, timeout).await {
+        Ok(s) => s,
+        Err(e) => return drop(out.send(send(fail(format!("the remote agent: {e}")))).await),
+    };
+    let sse = s.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("content-type") && v.contains("text/event-stream"));
+    if !(200..300).contains(&s.status) || !sse {
+        // One JSON-RPC answer (an error before the stream began): said as the stream's error.
+        let mut body = Vec::new();
+        while let Ok(Some(p)) = crate::server::deadline::within(timeout, s.next()).await.unwrap_or(Ok(None)) {
+            body.extend_from_slice(&p);
+            if body.len() > 64 * 1024 {
+                break;
+            }
+        }
+        let mut e = Vec::new();
+        match serde_json::from_slice::<Json>(&body) {
+            Ok(v) if v.get("error").is_some() => {
+                e.extend_from_slice(b"event: error\n");
+                sse_event(&serde_json::to_vec(&v).expect("json"), &mut e);
+            }
+            _ => relay_error(&spec.rpc_id, format!("the remote agent answered {} without a stream", s.status), &mut e),
+        }
+        return drop(out.send(send(e)).await);
+    }
+    // Relayed as it comes; the first event's task is remembered as the caller's.
+    let mut head: Option<Vec<u8>> = Some(Vec::new());
+    loop {
+        let (piece, last) = match crate::server::deadline::within(RELAY_SILENCE, s.next()).await {
+            Ok(Ok(Some(p))) => (p, false),
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => (fail(format!("the remote agent's stream broke: {e}")), true),
+            Err(_) => (fail(format!("the remote agent was silent for {RELAY_SILENCE:?}")), true),
+        };
+        if let Some(h) = &mut head {
+            h.extend_from_slice(&piece);
+            if let Some(task) = first_task(h) {
+                shard.shared.remotes.own(&task, &spec.scope);
+                head = None;
+            } else if h.len() > 64 * 1024 {
+                head = None;
+            }
+        }
+        if out.send(send(piece)).await.is_err() || last {
+            return;
+        }
+    }
+}
+
+/// Relays a remote A2A agent's stream (`SendStreamingMessage`, `SubscribeToTask`), after the
+/// `200` head: its events as they come; a failure (no connection, no stream, a broken one) ends
+/// it with an `error` event carrying a JSON-RPC error, as the SDKs read them.
+pub async fn relay(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<A2aRelaySpec>) {
+    let (tx, events) = queue::channel(QUEUE);
+    let feeding = Box::pin(relay_feed(&shard, &spec, tx));
     let ending = futures::future::select(feeding, Box::pin(super::follow::expired(spec.expires_us)));
     let serve = Box::pin(super::sse::serve(stream, buf, events));
     if let futures::future::Either::Left((_, serve)) = futures::future::select(Box::pin(ending), serve).await {

@@ -480,7 +480,7 @@ async fn post(
 
 /// Whether `addr` is one of evmesh's own listeners (an unspecified listen address stands for
 /// every local one: loopback, or the same port on any address).
-fn is_own(addr: SocketAddr, own: &[SocketAddr]) -> bool {
+pub fn is_own(addr: SocketAddr, own: &[SocketAddr]) -> bool {
     own.iter().any(|l| {
         l.port() == addr.port()
             && (l.ip() == addr.ip() || l.ip().is_unspecified() || (l.ip().is_loopback() && addr.ip().is_loopback()))

@@ -337,6 +337,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         agents: crate::shard::agents::Agents::new(config.max_agents, config.agent_heartbeat_timeout.as_millis() as u64),
         calls: crate::shard::calls::Calls::new(config.max_sessions),
         tasks: crate::shard::tasks::Tasks::new(config.max_sessions.saturating_mul(4)),
+        remotes: crate::shard::tasks::Remotes::new(config.max_agents, config.max_sessions.saturating_mul(4)),
         epoch: Instant::now(),
         topic_count: AtomicUsize::new(crate::storage::meta::list(&db)?.len()),
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),

@@ -223,25 +223,7 @@ impl Pool {
                 Err(Failed::Stale) => {}
             }
         }
-        let tcp = match within(timeout, TcpStream::connect(addr)).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(ClientError::Connect(e.to_string())),
-            Err(_) => return Err(ClientError::TimedOut(timeout)),
-        };
-        let _ = tcp.set_nodelay(true);
-        let conn = match (url.tls, &self.tls) {
-            (false, _) => Stream::Plain(tcp),
-            (true, None) => return Err(ClientError::Connect("https is not configured".into())),
-            (true, Some(config)) => {
-                let name = rustls::pki_types::ServerName::try_from(url.name.clone())
-                    .map_err(|e| ClientError::Connect(format!("{}: {e}", url.name)))?;
-                match super::tls::connect(tcp, name, config.clone(), timeout).await {
-                    Ok(t) => Stream::Tls(Box::new(t)),
-                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(ClientError::TimedOut(timeout)),
-                    Err(e) => return Err(ClientError::Connect(format!("TLS: {e}"))),
-                }
-            }
-        };
+        let conn = self.connect(url, addr, timeout).await?;
         match self.exchange(conn, origin, &mut req, method == "HEAD", timeout).await {
             Ok(a) => Ok(a),
             Err(Failed::Stale) => Err(ClientError::Closed),
@@ -349,6 +331,152 @@ impl Pool {
             }
         }
         Ok(Answer { status: head.status, headers, body })
+    }
+}
+
+/// An answer whose body is read as it comes (a relayed event stream): its status and headers,
+/// then [`Streamed::next`] until `None`. Its connection is its own (never pooled).
+pub struct Streamed {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    conn: Stream,
+    /// The body's bytes as they came (the chunked scanner reads from the first), and how much
+    /// of the decoded data was handed out.
+    raw: Vec<u8>,
+    data: Vec<u8>,
+    given: usize,
+    framing: Framing,
+    timeout: Duration,
+}
+
+enum Framing {
+    Chunked(ChunkedScanner),
+    Length(usize),
+    UntilClose,
+    Done,
+}
+
+impl Streamed {
+    /// The next piece of the body (`None` at its end), each read within the timeout; at most
+    /// the pool's `max_body` bytes in all (the stream fails past them).
+    pub async fn next(&mut self) -> Result<Option<Vec<u8>>, ClientError> {
+        loop {
+            let piece = match &mut self.framing {
+                Framing::Done => return Ok(None),
+                Framing::Chunked(scanner) => match scanner.scan(&self.raw, &mut self.data) {
+                    Ok(Status::Complete(_)) => {
+                        self.framing = Framing::Done;
+                        Some(self.data.split_off(self.given))
+                    }
+                    Ok(Status::Partial) if self.data.len() > self.given => Some(self.data[self.given..].to_vec()),
+                    Ok(Status::Partial) => None,
+                    Err(e) if e.status.0 == 413 => return Err(ClientError::TooLarge(self.raw.len())),
+                    Err(e) => return Err(ClientError::Protocol(e.detail)),
+                },
+                Framing::Length(left) => {
+                    let take = self.raw.len().min(*left);
+                    *left -= take;
+                    if *left == 0 {
+                        self.framing = Framing::Done;
+                    }
+                    (take > 0).then(|| self.raw.drain(..take).collect())
+                }
+                Framing::UntilClose => (!self.raw.is_empty()).then(|| std::mem::take(&mut self.raw)),
+            };
+            if let Some(p) = piece.filter(|p| !p.is_empty()) {
+                self.given = self.data.len();
+                return Ok(Some(p));
+            }
+            if matches!(self.framing, Framing::Done) {
+                return Ok(None);
+            }
+            match read(&mut self.conn, &mut self.raw, self.timeout).await {
+                Ok(0) if matches!(self.framing, Framing::UntilClose) => self.framing = Framing::Done,
+                Ok(0) | Err(Failed::Stale) => return Err(ClientError::Closed),
+                Ok(_) => {}
+                Err(Failed::Error(e)) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Pool {
+    /// Sends one request on a connection of its own and returns as soon as the answer's head
+    /// is in; its body is read with [`Streamed::next`], at most `max_body` bytes of it.
+    pub async fn stream(
+        &self,
+        url: &Url,
+        addr: SocketAddr,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Streamed, ClientError> {
+        let mut req = Vec::new();
+        write_request("POST", &url.host, &url.target, headers, body, &mut req);
+        let mut conn = self.connect(url, addr, timeout).await?;
+        match within(timeout, conn.write_all(req)).await {
+            Ok((Ok(_), _)) => {}
+            Ok((Err(e), _)) => return Err(ClientError::Connect(e.to_string())),
+            Err(_) => return Err(ClientError::TimedOut(timeout)),
+        }
+        let mut buf = Vec::with_capacity(READ_CHUNK);
+        let head = loop {
+            match parse_response_head(&buf, MAX_HEAD, MAX_HEADERS, false) {
+                Ok(Status::Complete(h)) => break h,
+                Ok(Status::Partial) => {}
+                Err(e) => return Err(ClientError::Protocol(e.detail)),
+            }
+            match read(&mut conn, &mut buf, timeout).await {
+                Ok(0) | Err(Failed::Stale) => return Err(ClientError::Closed),
+                Ok(_) => {}
+                Err(Failed::Error(e)) => return Err(e),
+            }
+        };
+        let headers = head
+            .headers
+            .iter()
+            .map(|h| {
+                let s = |(a, b): (u32, u32)| String::from_utf8_lossy(&buf[a as usize..b as usize]).into_owned();
+                (s(h.name), s(h.value))
+            })
+            .collect();
+        let raw = buf.split_off(head.len);
+        let framing = match head.body {
+            ResponseBody::Empty => Framing::Done,
+            ResponseBody::Length(n) if n > self.max_body => return Err(ClientError::TooLarge(self.max_body)),
+            ResponseBody::Length(n) => Framing::Length(n),
+            ResponseBody::Chunked => Framing::Chunked(ChunkedScanner::new(ChunkedLimits {
+                max_data: self.max_body,
+                max_extensions: MAX_HEAD,
+                max_trailers: MAX_HEAD,
+                max_raw: self.max_body.saturating_mul(2).saturating_add(MAX_HEAD),
+            })),
+            ResponseBody::UntilClose => Framing::UntilClose,
+        };
+        Ok(Streamed { status: head.status, headers, conn, raw, data: Vec::new(), given: 0, framing, timeout })
+    }
+
+    /// A new connection to `url` at `addr` (TLS for https).
+    async fn connect(&self, url: &Url, addr: SocketAddr, timeout: Duration) -> Result<Stream, ClientError> {
+        let tcp = match within(timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(ClientError::Connect(e.to_string())),
+            Err(_) => return Err(ClientError::TimedOut(timeout)),
+        };
+        let _ = tcp.set_nodelay(true);
+        match (url.tls, &self.tls) {
+            (false, _) => Ok(Stream::Plain(tcp)),
+            (true, None) => Err(ClientError::Connect("https is not configured".into())),
+            (true, Some(config)) => {
+                let name = rustls::pki_types::ServerName::try_from(url.name.clone())
+                    .map_err(|e| ClientError::Connect(format!("{}: {e}", url.name)))?;
+                match super::tls::connect(tcp, name, config.clone(), timeout).await {
+                    Ok(t) => Ok(Stream::Tls(Box::new(t))),
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(ClientError::TimedOut(timeout)),
+                    Err(e) => Err(ClientError::Connect(format!("TLS: {e}"))),
+                }
+            }
+        }
     }
 }
 

@@ -15,4 +15,4 @@ pub mod ws;
 
 pub use conn::{serve, ConnGuard, Handler, Request};
 pub use stream::Stream;
-pub use upgrade::{A2aStreamSpec, FollowSpec, Response, SessionSpec, TurnSpec, Upgrade};
+pub use upgrade::{A2aRelaySpec, A2aStreamSpec, FollowSpec, Response, SessionSpec, TurnSpec, Upgrade};

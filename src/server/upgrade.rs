@@ -22,6 +22,21 @@ pub enum Upgrade {
     WsPublish(Box<PublishSpec>),
     /// An A2A task's stream responses, as server-sent events.
     A2aSse(Box<A2aStreamSpec>),
+    /// A remote A2A agent's stream, relayed as it comes.
+    A2aRelay(Box<A2aRelaySpec>),
+}
+
+/// A streaming call to a remote A2A agent, made once the `200` head is out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct A2aRelaySpec {
+    /// The remote's JSON-RPC URL, and the request as the client sent it.
+    pub url: String,
+    pub body: Vec<u8>,
+    /// The request's id (a failure is answered as its JSON-RPC error), and the caller's scope
+    /// (the task the stream starts is remembered as its).
+    pub rpc_id: serde_json::Value,
+    pub scope: String,
+    pub expires_us: Option<i64>,
 }
 
 /// A stream of an A2A task (`SendStreamingMessage`, `SubscribeToTask`, or their REST routes).

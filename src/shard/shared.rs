@@ -50,6 +50,8 @@ pub struct Shared {
     pub calls: super::calls::Calls,
     /// A2A tasks (the gateway's), running on those sessions.
     pub tasks: super::tasks::Tasks,
+    /// Remote A2A agents, and which of their tasks are whose.
+    pub remotes: super::tasks::Remotes,
     /// Lite topics with a follower (session pub/sub), woken by their owners after appends.
     pub watchers: Arc<super::watch::Watchers>,
     /// With `tls_cert`: the TLS sessions of both listeners (certificates reloaded on SIGHUP).

@@ -281,6 +281,74 @@ impl Tasks {
     }
 }
 
+/// Remote A2A agents (`POST /agent/register` with `a2aUrl`): the gateway calls them as an A2A
+/// client. What is known of each: its URL, its card (fetched when first asked for, kept a
+/// minute) and the JSON-RPC URL the card names. The tasks evmesh's callers made there are
+/// remembered by id with the caller's scope (at most `max` of them, the oldest forgotten),
+/// so a caller reads, cancels and lists only its own.
+pub struct Remotes {
+    map: Mutex<HashMap<String, Remote>>,
+    owners: Mutex<(HashMap<String, Scope>, VecDeque<String>)>,
+    max_agents: usize,
+    max_tasks: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct Remote {
+    pub url: String,
+    /// The card as the remote serves it, when it was fetched (ms), and its JSON-RPC URL.
+    pub card: Option<(Json, u64, String)>,
+}
+
+impl Remotes {
+    pub fn new(max_agents: usize, max_tasks: usize) -> Remotes {
+        Remotes { map: Mutex::default(), owners: Mutex::default(), max_agents, max_tasks }
+    }
+
+    /// Registers (or moves) a remote agent; `Ok(true)` if it is new.
+    pub fn register(&self, id: &str, url: &str) -> Result<bool, Full> {
+        let mut m = lock(&self.map);
+        if !m.contains_key(id) && m.len() >= self.max_agents {
+            return Err(Full);
+        }
+        let old = m.insert(id.to_owned(), Remote { url: url.to_owned(), card: None });
+        Ok(old.is_none())
+    }
+
+    pub fn get(&self, id: &str) -> Option<Remote> {
+        lock(&self.map).get(id).cloned()
+    }
+
+    pub fn set_card(&self, id: &str, card: Json, now_ms: u64, rpc_url: String) {
+        if let Some(r) = lock(&self.map).get_mut(id) {
+            r.card = Some((card, now_ms, rpc_url));
+        }
+    }
+
+    pub fn remove(&self, id: &str) -> bool {
+        lock(&self.map).remove(id).is_some()
+    }
+
+    /// Remembers that `task` is `scope`'s.
+    pub fn own(&self, task: &str, scope: &Scope) {
+        let mut o = lock(&self.owners);
+        let (map, order) = &mut *o;
+        if map.insert(task.to_owned(), scope.clone()).is_none() {
+            order.push_back(task.to_owned());
+            while order.len() > self.max_tasks {
+                if let Some(old) = order.pop_front() {
+                    map.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Whether `task` is `scope`'s.
+    pub fn owns(&self, task: &str, scope: &Scope) -> bool {
+        lock(&self.owners).0.get(task) == Some(scope)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +404,19 @@ mod tests {
         let s = scope(None, None, "a");
         assert_eq!(t.of(&s).len(), 1, "the index forgets it too");
         assert!(t.context(&s, "c1").is_none() && t.context(&s, "c2").is_some());
+    }
+
+    #[test]
+    fn remote_tasks_are_their_owners_and_forgotten_oldest_first() {
+        let r = Remotes::new(1, 2);
+        assert!(r.register("a", "http://x").unwrap() && !r.register("a", "http://y").unwrap());
+        assert!(r.register("b", "http://z").is_err(), "at most max_agents");
+        let (me, you) = (scope(None, Some("me"), "a"), scope(None, Some("you"), "a"));
+        r.own("t1", &me);
+        r.own("t2", &you);
+        assert!(r.owns("t1", &me) && !r.owns("t1", &you) && !r.owns("nope", &me));
+        r.own("t3", &me);
+        assert!(!r.owns("t1", &me), "the oldest forgotten past max_tasks");
     }
 
     #[test]

@@ -260,6 +260,16 @@ fn python_a2a_sdk_client_through_the_gateway() {
     run_script(&python, "python_a2a.py");
 }
 
+/// A remote A2A server built with the official Python SDK (`a2a-sdk` 1.3.0, served by uvicorn)
+/// registered by URL and called through evmesh with the same SDK as client: the card with
+/// evmesh's URL, blocking and streaming sends relayed, cancel, an unknown task.
+#[test]
+#[ignore = "needs Python with a2a-sdk, uvicorn, httpx and websockets (SDK_PYTHON; scripts/test.sh installs them)"]
+fn python_a2a_remote_agent_through_the_gateway() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    run_script(&python, "python_a2a_remote.py");
+}
+
 /// The same through the official JavaScript SDK (`@a2a-js/sdk` 1.3.0): JSON-RPC and REST
 /// transports, streaming, input-required, the typed errors.
 #[test]
