@@ -42,6 +42,81 @@ const MAX_KEPT_MESSAGE: usize = 16 * 1024;
 const MAX_ARTIFACT_PARTS: usize = 4096;
 const MAX_ARTIFACT_BYTES: usize = 4 << 20;
 
+/// Bytes of a remote agent's card at most.
+const MAX_CARD: usize = 64 * 1024;
+
+/// The params a call to a remote agent is forwarded with: the checked fields only, in 1.0's
+/// camelCase; a task or context named must be the caller's (`owns`), or a context nobody's
+/// yet (`free`).
+fn remote_params(
+    method: Method,
+    params: Option<&serde_json::value::RawValue>,
+    owns: &dyn Fn(&str) -> bool,
+    free: &dyn Fn(&str) -> bool,
+) -> Result<Json, A2aError> {
+    let p: Json = match params {
+        Some(raw) => serde_json::from_str(raw.get())
+            .map_err(|e| A2aError::new(ErrorKind::InvalidParams, format!("params: {e}")))?,
+        None => json!({}),
+    };
+    let pick = |from: &Json, keys: &[&str]| -> Json {
+        let m: serde_json::Map<String, Json> =
+            keys.iter().filter_map(|k| from.get(*k).map(|v| ((*k).to_owned(), v.clone()))).collect();
+        Json::Object(m)
+    };
+    let task = |id: &str| match owns(id) {
+        true => Ok(()),
+        false => Err(A2aError::task_not_found(id)),
+    };
+    match method {
+        Method::SendMessage | Method::SendStreamingMessage => {
+            let s = a2a::parse_send(params)?;
+            if let Some(id) = &s.message.task_id {
+                task(id)?;
+            }
+            if let Some(c) = &s.message.context_id {
+                if !free(c) {
+                    return Err(A2aError::new(ErrorKind::InvalidParams, "message: contextId is another caller's"));
+                }
+            }
+            let refs = p["message"]["referenceTaskIds"].as_array().cloned().unwrap_or_default();
+            for r in &refs {
+                task(r.as_str().unwrap_or_default())?;
+            }
+            let mut message =
+                pick(&s.message.json, &["messageId", "role", "parts", "contextId", "taskId", "metadata", "extensions"]);
+            if !refs.is_empty() {
+                message["referenceTaskIds"] = Json::Array(refs);
+            }
+            let config = pick(&p["configuration"], &["acceptedOutputModes", "historyLength", "returnImmediately"]);
+            Ok(
+                json!({"message": message, "configuration": config, "metadata": p.get("metadata").cloned().unwrap_or(json!({}))}),
+            )
+        }
+        Method::GetTask | Method::CancelTask | Method::SubscribeToTask => {
+            let (id, _) = a2a::parse_task_id(params)?;
+            task(&id)?;
+            Ok(pick(&p, &["id", "historyLength", "metadata"]))
+        }
+        Method::ListTasks => {
+            a2a::parse_list(params)?;
+            Ok(pick(
+                &p,
+                &[
+                    "contextId",
+                    "status",
+                    "pageSize",
+                    "pageToken",
+                    "historyLength",
+                    "includeArtifacts",
+                    "statusTimestampAfter",
+                ],
+            ))
+        }
+        Method::Unsupported(_) => Ok(json!({})),
+    }
+}
+
 /// Ids (agents, contexts) as the gateway takes them.
 fn valid_id(id: &str) -> bool {
     (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
@@ -115,6 +190,20 @@ fn unavailable(detail: impl Into<String>) -> A2aError {
     A2aError::new(ErrorKind::Broker(503), detail).with("retryAfter", "1")
 }
 
+/// A JSON-RPC request (a POST), with how to answer it; or the answer to one that is not.
+fn rpc_of<'r>(req: &'r Request<'_>) -> Result<(a2a::RpcRequest<'r>, Binding), Response> {
+    if req.method() != HttpMethod::Post {
+        return Err(Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "POST"));
+    }
+    match a2a::parse_rpc(req.body) {
+        Ok(r) => {
+            let b = Binding::Rpc(r.id.clone());
+            Ok((r, b))
+        }
+        Err((id, e)) => Err(Binding::Rpc(id).err(&e)),
+    }
+}
+
 impl Traffic {
     /// A request under `/a2a/`: `rest` is the path after it.
     pub(super) async fn a2a(&self, gate: &mut Gate<'_>, req: &Request<'_>, rest: &str) -> Response {
@@ -161,14 +250,10 @@ impl Traffic {
             let route: String = tail.chars().take(64).collect();
             return Binding::Rest.err(&A2aError::new(ErrorKind::MethodNotFound, format!("no A2A route {route}")));
         }
-        if req.method() != HttpMethod::Post {
-            return Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "POST");
-        }
-        let rpc = match a2a::parse_rpc(req.body) {
-            Ok(r) => r,
-            Err((id, e)) => return Binding::Rpc(id).err(&e),
+        let (rpc, b) = match rpc_of(req) {
+            Ok(x) => x,
+            Err(r) => return r,
         };
-        let b = Binding::Rpc(rpc.id.clone());
         let done = match rpc.method {
             Method::SendMessage | Method::SendStreamingMessage => {
                 let streaming = rpc.method == Method::SendStreamingMessage;
@@ -280,7 +365,7 @@ impl Traffic {
                 if crate::push::webhook::is_own(addr, &shared.listeners) {
                     return Err(bad("its URL is evmesh's own".into()));
                 }
-                let pool = Pool::new(0, 1 << 20, Some(shared.client_tls.clone()));
+                let pool = Pool::new(0, MAX_CARD, Some(shared.client_tls.clone()));
                 let headers = [("accept", "application/json"), ("a2a-version", "1.0")];
                 let a = pool.send(&url, addr, "GET", &headers, b"", timeout).await.map_err(|e| bad(e.to_string()))?;
                 let card: Json = match a.status {
@@ -302,8 +387,12 @@ impl Traffic {
                     .and_then(|i| i["url"].as_str())
                     .unwrap_or(&r.url)
                     .to_owned();
-                Url::parse(&rpc).map_err(|e| bad(format!("its JSON-RPC URL: {e}")))?;
-                shared.remotes.set_card(stored, card.clone(), now, rpc.clone());
+                // On the registered origin only: a card cannot send evmesh's calls elsewhere.
+                let (rpc_url, own) = (Url::parse(&rpc).map_err(|e| bad(format!("its JSON-RPC URL: {e}")))?, &url);
+                if (rpc_url.tls, &rpc_url.name, rpc_url.port) != (own.tls, &own.name, own.port) {
+                    return Err(bad(format!("its JSON-RPC URL {rpc:?} is not on {}'s origin", r.url)));
+                }
+                shared.remotes.set_card(stored, &r.url, card.clone(), now, rpc.clone());
                 (card, rpc)
             }
         };
@@ -330,40 +419,41 @@ impl Traffic {
             let e = A2aError::new(ErrorKind::UnsupportedOperation, "a remote agent is served over JSON-RPC only");
             return Binding::Rest.err(&e);
         }
-        if req.method() != HttpMethod::Post {
-            return Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "POST");
-        }
-        let rpc = match a2a::parse_rpc(req.body) {
-            Ok(r) => r,
-            Err((id, e)) => return Binding::Rpc(id).err(&e),
+        let (rpc, b) = match rpc_of(req) {
+            Ok(x) => x,
+            Err(r) => return r,
         };
-        let b = Binding::Rpc(rpc.id.clone());
         let scope = crate::shard::tasks::scope(gate.who.tenant.as_deref(), gate.principal().as_deref(), agent);
         let remotes = &self.shard.shared.remotes;
-        if matches!(rpc.method, Method::GetTask | Method::CancelTask | Method::SubscribeToTask) {
-            match a2a::parse_task_id(rpc.params) {
-                Ok((id, _)) if remotes.owns(&id, &scope) => {}
-                Ok((id, _)) => return b.err(&A2aError::task_not_found(&id)),
-                Err(e) => return b.err(&e),
-            }
-        }
-        if let Method::SendMessage | Method::SendStreamingMessage = rpc.method {
-            if let Err(e) = a2a::parse_send(rpc.params) {
+        // What is forwarded is rebuilt from the checked fields (camelCase, known keys only): a
+        // field the remote would read that evmesh did not check cannot name another's task.
+        let forwarded = match remote_params(rpc.method, rpc.params, &|task| remotes.owns(task, &scope), &|ctx| {
+            remotes.context_free_for(ctx, &scope)
+        }) {
+            Ok(p) => p,
+            Err(e) => return b.err(&e),
+        };
+        let method = match rpc.method {
+            Method::SendMessage => "SendMessage",
+            Method::SendStreamingMessage => "SendStreamingMessage",
+            Method::GetTask => "GetTask",
+            Method::ListTasks => "ListTasks",
+            Method::CancelTask => "CancelTask",
+            Method::SubscribeToTask => "SubscribeToTask",
+            Method::Unsupported(name) => {
+                let e = A2aError::new(ErrorKind::UnsupportedOperation, format!("{name} is not offered through evmesh"));
                 return b.err(&e);
             }
-        }
+        };
+        let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": rpc.id, "method": method, "params": forwarded}))
+            .expect("json");
         let rpc_url = match Box::pin(self.remote_card(&Self::stored_agent(gate, agent), agent, r)).await {
             Ok((_, u)) => u,
             Err(e) => return b.err(&e),
         };
         if matches!(rpc.method, Method::SendStreamingMessage | Method::SubscribeToTask) {
-            let spec = A2aRelaySpec {
-                url: rpc_url,
-                body: req.body.to_vec(),
-                rpc_id: rpc.id.clone(),
-                scope,
-                expires_us: gate.who.expires_us,
-            };
+            let spec =
+                A2aRelaySpec { url: rpc_url, body, rpc_id: rpc.id.clone(), scope, expires_us: gate.who.expires_us };
             return Response::streaming(Upgrade::A2aRelay(Box::new(spec)), "text/event-stream");
         }
         let shared = &self.shard.shared;
@@ -380,31 +470,39 @@ impl Traffic {
         };
         let pool = Pool::new(0, shared.config.limits.max_body_bytes.max(1 << 20), Some(shared.client_tls.clone()));
         let headers = [("content-type", "application/json"), ("a2a-version", "1.0"), ("accept", "application/json")];
-        let a = match pool.send(&url, addr, "POST", &headers, req.body, timeout).await {
-            Ok(a) => a,
-            Err(e) => return b.err(&bad(e.to_string())),
+        // Each step within `timeout`, the whole call within twice that.
+        let sent = monoio::time::timeout(2 * timeout, pool.send(&url, addr, "POST", &headers, &body, timeout)).await;
+        let a = match sent {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => return b.err(&bad(e.to_string())),
+            Err(_) => return b.err(&bad(format!("no answer within {:?}", 2 * timeout))),
         };
-        let mut v: Json = match serde_json::from_slice(&a.body) {
-            Ok(v) => v,
-            Err(_) => return b.err(&bad(format!("answered {} with no JSON-RPC response", a.status))),
+        // A JSON-RPC response: an object with a result (every A2A result is an object) or an
+        // error; nothing else is relayed.
+        let mut v: serde_json::Map<String, Json> = match serde_json::from_slice(&a.body) {
+            Ok(Json::Object(v)) if v.get("result").is_some_and(Json::is_object) != v.contains_key("error") => v,
+            _ => return b.err(&bad(format!("answered {} with no JSON-RPC response", a.status))),
         };
-        match rpc.method {
-            Method::SendMessage => {
-                if let Some(id) = v["result"]["task"]["id"].as_str() {
-                    remotes.own(id, &scope);
+        if let Some(result) = v.get_mut("result").and_then(Json::as_object_mut) {
+            match rpc.method {
+                Method::SendMessage => {
+                    if let Some(task) = result.get("task").and_then(Json::as_object) {
+                        remotes.own_task(task, &scope);
+                    }
                 }
-            }
-            // The caller's tasks only.
-            Method::ListTasks => {
-                if let Some(tasks) = v["result"]["tasks"].as_array_mut() {
-                    tasks.retain(|t| t["id"].as_str().is_some_and(|id| remotes.owns(id, &scope)));
-                    let n = tasks.len();
-                    v["result"]["totalSize"] = json!(n);
+                // The caller's tasks only.
+                Method::ListTasks => {
+                    if let Some(tasks) = result.get_mut("tasks").and_then(Json::as_array_mut) {
+                        tasks.retain(|t| t["id"].as_str().is_some_and(|id| remotes.owns(id, &scope)));
+                        let n = tasks.len();
+                        result.insert("totalSize".into(), json!(n));
+                    }
                 }
+                _ => {}
             }
-            _ => {}
         }
-        v["id"] = rpc.id.clone();
+        v.insert("jsonrpc".into(), json!("2.0"));
+        v.insert("id".into(), rpc.id.clone());
         Response::json(StatusCode::OK, serde_json::to_vec(&v).expect("json"))
     }
 
@@ -816,4 +914,42 @@ fn apply(entry: &TaskEntry, chunk: &Frame) {
         }
         events
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(v: Json) -> Box<serde_json::value::RawValue> {
+        serde_json::value::RawValue::from_string(v.to_string()).unwrap()
+    }
+
+    /// Regression (a review): the client's body was forwarded as sent, so a message naming
+    /// another caller's task (or spelling it `task_id`, or in `referenceTaskIds`) reached it.
+    #[test]
+    fn a_remote_call_names_only_the_callers_tasks_and_is_rebuilt_from_checked_fields() {
+        let owns = |t: &str| t == "mine";
+        let free = |c: &str| c != "theirs";
+        let msg = |extra: Json| {
+            let mut m = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                m[k] = v.clone();
+            }
+            raw(json!({"message": m, "configuration": {"returnImmediately": true, "taskPushNotificationConfig": null}}))
+        };
+        let send = |p: &serde_json::value::RawValue| remote_params(Method::SendMessage, Some(p), &owns, &free);
+        assert_eq!(send(&msg(json!({"taskId": "yours"}))).unwrap_err().kind, ErrorKind::TaskNotFound);
+        assert_eq!(
+            send(&msg(json!({"referenceTaskIds": ["mine", "yours"]}))).unwrap_err().kind,
+            ErrorKind::TaskNotFound
+        );
+        assert_eq!(send(&msg(json!({"contextId": "theirs"}))).unwrap_err().kind, ErrorKind::InvalidParams);
+        let ok = send(&msg(json!({"taskId": "mine", "task_id": "yours", "contextId": "new"}))).unwrap();
+        assert_eq!(ok["message"]["taskId"], "mine");
+        assert!(ok["message"].get("task_id").is_none(), "unknown spellings are not forwarded: {ok}");
+        assert_eq!(ok["configuration"], json!({"returnImmediately": true}));
+        let get = |id: &str| remote_params(Method::GetTask, Some(&raw(json!({"id": id, "tenant": "x"}))), &owns, &free);
+        assert_eq!(get("yours").unwrap_err().kind, ErrorKind::TaskNotFound);
+        assert_eq!(get("mine").unwrap(), json!({"id": "mine"}));
+    }
 }

@@ -93,14 +93,16 @@ fn relay_error(id: &Json, message: String, out: &mut Vec<u8>) {
     sse_event(&e.jsonrpc(id), out);
 }
 
-/// The task id of a stream's first event (`data: {"result":{"task":{"id":...}}}`), once whole.
-fn first_task(events: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(events).ok()?;
-    let end = text.find("\n\n").or_else(|| text.find("\r\n\r\n"))?;
-    let data: String =
-        text[..end].lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect::<Vec<_>>().join("\n");
-    let v: Json = serde_json::from_str(&data).ok()?;
-    v["result"]["task"]["id"].as_str().map(str::to_owned)
+/// The first task among the whole events of `events` (`data: {"result":{"task":{...}}}`; a
+/// stream may start with comments or other events).
+fn first_task(events: &[u8]) -> Option<serde_json::Map<String, Json>> {
+    let text = String::from_utf8_lossy(events).replace("\r\n", "\n");
+    let whole = text.rfind("\n\n")?;
+    text[..whole].split("\n\n").find_map(|event| {
+        let data: Vec<&str> = event.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim_start).collect();
+        let v: Json = serde_json::from_str(&data.join("\n")).ok()?;
+        v.get("result")?.get("task")?.as_object().cloned()
+    })
 }
 
 async fn relay_feed(shard: &Shard, spec: &A2aRelaySpec, mut out: queue::Sender<Outbound>) {
@@ -126,7 +128,8 @@ async fn relay_feed(shard: &Shard, spec: &A2aRelaySpec, mut out: queue::Sender<O
     };
     let pool = Pool::new(0, RELAY_BYTES, Some(shard.shared.client_tls.clone()));
     let headers = [("content-type", "application/json"), ("a2a-version", "1.0"), ("accept", "text/event-stream")];
-    let mut s = match pool.stream(&url, addr, &headers, &spec.body, timeout).await {
+    // Each read may wait `RELAY_SILENCE` (a working remote may be quiet a while).
+    let mut s = match pool.stream(&url, addr, &headers, &spec.body, RELAY_SILENCE).await {
         Ok(s) => s,
         Err(e) => return drop(out.send(send(fail(format!("the remote agent: {e}")))).await),
     };
@@ -150,19 +153,25 @@ async fn relay_feed(shard: &Shard, spec: &A2aRelaySpec, mut out: queue::Sender<O
         }
         return drop(out.send(send(e)).await);
     }
-    // Relayed as it comes; the first event's task is remembered as the caller's.
+    // Relayed as it comes; the stream's task is remembered as the caller's.
     let mut head: Option<Vec<u8>> = Some(Vec::new());
+    let mut at_boundary = true;
     loop {
-        let (piece, last) = match crate::server::deadline::within(RELAY_SILENCE, s.next()).await {
-            Ok(Ok(Some(p))) => (p, false),
-            Ok(Ok(None)) => return,
-            Ok(Err(e)) => (fail(format!("the remote agent's stream broke: {e}")), true),
-            Err(_) => (fail(format!("the remote agent was silent for {RELAY_SILENCE:?}")), true),
+        let (piece, last) = match s.next().await {
+            Ok(Some(p)) => (p, false),
+            Ok(None) => return,
+            Err(e) => {
+                // Ends a half-sent event first, so the error is an event of its own.
+                let mut p = if at_boundary { Vec::new() } else { b"\n\n".to_vec() };
+                p.extend(fail(format!("the remote agent's stream broke: {e}")));
+                (p, true)
+            }
         };
+        at_boundary = piece.ends_with(b"\n\n") || piece.ends_with(b"\r\n\r\n");
         if let Some(h) = &mut head {
             h.extend_from_slice(&piece);
             if let Some(task) = first_task(h) {
-                shard.shared.remotes.own(&task, &spec.scope);
+                shard.shared.remotes.own_task(&task, &spec.scope);
                 head = None;
             } else if h.len() > 64 * 1024 {
                 head = None;
@@ -184,5 +193,18 @@ pub async fn relay(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>
     let serve = Box::pin(super::sse::serve(stream, buf, events));
     if let futures::future::Either::Left((_, serve)) = futures::future::select(Box::pin(ending), serve).await {
         serve.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streams_task_is_found_past_comments_and_other_events() {
+        let events = b": ping\r\n\r\ndata: {\"result\":{\"statusUpdate\":{}}}\n\ndata: {\"result\":\ndata: {\"task\":{\"id\":\"t1\"}}}\n\ndata: {\"res";
+        assert_eq!(first_task(events).unwrap()["id"], "t1");
+        assert!(first_task(b"data: {\"result\":{\"task\":{\"id\":\"t\"}}}").is_none(), "not whole yet");
+        assert!(first_task(b"data: [1]\n\n").is_none());
     }
 }

@@ -5,7 +5,7 @@
 //! request side's chunked scanner for chunked bodies).
 //!
 //! `http` and `https` (rustls, `tls::connect`: the Mozilla roots and `webhook_ca_file`). A
-//! host name is resolved by the system resolver on a thread of its own ([`resolve`]; it
+//! host name is resolved by the system resolver on a thread of its own ([`Url::resolve`]; it
 //! blocks, and a shard must not), by the caller, which keeps the address.
 
 use std::cell::RefCell;
@@ -264,14 +264,7 @@ impl Pool {
                 _ => {}
             }
         };
-        let headers = head
-            .headers
-            .iter()
-            .map(|h| {
-                let s = |(a, b): (u32, u32)| String::from_utf8_lossy(&buf[a as usize..b as usize]).into_owned();
-                (s(h.name), s(h.value))
-            })
-            .collect();
+        let headers = owned_headers(&head, &buf);
         let mut rest = buf.split_off(head.len);
         let body = match head.body {
             ResponseBody::Empty => Vec::new(),
@@ -347,6 +340,9 @@ pub struct Streamed {
     given: usize,
     framing: Framing,
     timeout: Duration,
+    /// Body bytes handed out, and the most there may be.
+    taken: usize,
+    max: usize,
 }
 
 enum Framing {
@@ -385,6 +381,10 @@ impl Streamed {
             };
             if let Some(p) = piece.filter(|p| !p.is_empty()) {
                 self.given = self.data.len();
+                self.taken += p.len();
+                if self.taken > self.max {
+                    return Err(ClientError::TooLarge(self.max));
+                }
                 return Ok(Some(p));
             }
             if matches!(self.framing, Framing::Done) {
@@ -432,14 +432,7 @@ impl Pool {
                 Err(Failed::Error(e)) => return Err(e),
             }
         };
-        let headers = head
-            .headers
-            .iter()
-            .map(|h| {
-                let s = |(a, b): (u32, u32)| String::from_utf8_lossy(&buf[a as usize..b as usize]).into_owned();
-                (s(h.name), s(h.value))
-            })
-            .collect();
+        let headers = owned_headers(&head, &buf);
         let raw = buf.split_off(head.len);
         let framing = match head.body {
             ResponseBody::Empty => Framing::Done,
@@ -453,7 +446,19 @@ impl Pool {
             })),
             ResponseBody::UntilClose => Framing::UntilClose,
         };
-        Ok(Streamed { status: head.status, headers, conn, raw, data: Vec::new(), given: 0, framing, timeout })
+        let max = self.max_body;
+        Ok(Streamed {
+            status: head.status,
+            headers,
+            conn,
+            raw,
+            data: Vec::new(),
+            given: 0,
+            framing,
+            timeout,
+            taken: 0,
+            max,
+        })
     }
 
     /// A new connection to `url` at `addr` (TLS for https).
@@ -478,6 +483,12 @@ impl Pool {
             }
         }
     }
+}
+
+/// A parsed head's header fields, as owned strings (`buf` is what it was parsed from).
+fn owned_headers(head: &crate::http::client::ResponseHead, buf: &[u8]) -> Vec<(String, String)> {
+    let s = |(a, b): (u32, u32)| String::from_utf8_lossy(&buf[a as usize..b as usize]).into_owned();
+    head.headers.iter().map(|h| (s(h.name), s(h.value))).collect()
 }
 
 /// Reads more onto `buf`: the bytes read (0 at the end of the stream; an error counts as one).

@@ -319,8 +319,9 @@ impl Remotes {
         lock(&self.map).get(id).cloned()
     }
 
-    pub fn set_card(&self, id: &str, card: Json, now_ms: u64, rpc_url: String) {
-        if let Some(r) = lock(&self.map).get_mut(id) {
+    /// Keeps the card fetched from `url` (not if the agent moved meanwhile).
+    pub fn set_card(&self, id: &str, url: &str, card: Json, now_ms: u64, rpc_url: String) {
+        if let Some(r) = lock(&self.map).get_mut(id).filter(|r| r.url == url) {
             r.card = Some((card, now_ms, rpc_url));
         }
     }
@@ -329,23 +330,44 @@ impl Remotes {
         lock(&self.map).remove(id).is_some()
     }
 
-    /// Remembers that `task` is `scope`'s.
-    pub fn own(&self, task: &str, scope: &Scope) {
+    /// Remembers that `id` (a task's, or `c:` and a context's) is `scope`'s; one already
+    /// another's stays theirs, and ids over 256 bytes are not kept (nor then reachable).
+    pub fn own(&self, id: &str, scope: &Scope) {
+        if id.is_empty() || id.len() > 256 {
+            return;
+        }
         let mut o = lock(&self.owners);
         let (map, order) = &mut *o;
-        if map.insert(task.to_owned(), scope.clone()).is_none() {
-            order.push_back(task.to_owned());
-            while order.len() > self.max_tasks {
-                if let Some(old) = order.pop_front() {
-                    map.remove(&old);
-                }
+        if map.contains_key(id) {
+            return;
+        }
+        map.insert(id.to_owned(), scope.clone());
+        order.push_back(id.to_owned());
+        while order.len() > self.max_tasks {
+            if let Some(old) = order.pop_front() {
+                map.remove(&old);
             }
         }
     }
 
-    /// Whether `task` is `scope`'s.
-    pub fn owns(&self, task: &str, scope: &Scope) -> bool {
-        lock(&self.owners).0.get(task) == Some(scope)
+    /// Remembers a task the remote answered (its id and its context) as `scope`'s.
+    pub fn own_task(&self, task: &serde_json::Map<String, Json>, scope: &Scope) {
+        if let Some(id) = task.get("id").and_then(Json::as_str) {
+            self.own(id, scope);
+        }
+        if let Some(c) = task.get("contextId").and_then(Json::as_str) {
+            self.own(&format!("c:{c}"), scope);
+        }
+    }
+
+    /// Whether `id` is `scope`'s.
+    pub fn owns(&self, id: &str, scope: &Scope) -> bool {
+        lock(&self.owners).0.get(id) == Some(scope)
+    }
+
+    /// Whether a context may be named by `scope`: its own, or nobody's yet.
+    pub fn context_free_for(&self, context: &str, scope: &Scope) -> bool {
+        lock(&self.owners).0.get(&format!("c:{context}")).is_none_or(|s| s == scope)
     }
 }
 
@@ -415,8 +437,12 @@ mod tests {
         r.own("t1", &me);
         r.own("t2", &you);
         assert!(r.owns("t1", &me) && !r.owns("t1", &you) && !r.owns("nope", &me));
+        r.own("t2", &me);
+        assert!(r.owns("t2", &you) && !r.owns("t2", &me), "another's stays theirs");
         r.own("t3", &me);
         assert!(!r.owns("t1", &me), "the oldest forgotten past max_tasks");
+        r.own(&"x".repeat(300), &me);
+        assert!(!r.owns(&"x".repeat(300), &me), "overlong ids are not kept");
     }
 
     #[test]

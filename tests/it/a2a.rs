@@ -132,3 +132,53 @@ fn an_evmesh_agent_answers_a2a_clients_and_the_gateway_holds_its_bounds() {
     assert_eq!(listed, [flood.as_str(), slow.as_str()], "{v}");
     assert_eq!((v["result"]["totalSize"].as_u64(), v["result"]["nextPageToken"].as_str()), (Some(3), Some("2")));
 }
+
+/// A remote A2A server is untrusted: answers that are not JSON-RPC responses (`[]`, `1`, a
+/// result that is not an object) are InvalidAgentResponse, and the broker lives on
+/// (regression: writing the id into a non-object answer panicked, and a panic ends the process).
+#[test]
+fn a_remote_agent_answering_garbage_gets_invalid_agent_response_and_the_broker_lives() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let card = json!({"name": "junk", "description": "d", "version": "1", "capabilities": {}, "skills": [],
+        "defaultInputModes": [], "defaultOutputModes": [],
+        "supportedInterfaces": [{"url": format!("http://127.0.0.1:{port}/rpc"), "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}]})
+    .to_string();
+    std::thread::spawn(move || {
+        let answers =
+            ["[]", "1", r#"{"jsonrpc":"2.0","id":1,"result":5}"#, r#"{"jsonrpc":"2.0","id":"x","result":{"tasks":7}}"#];
+        let mut n = 0;
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut got = vec![0u8; 65536];
+            let k = conn.read(&mut got).unwrap_or(0);
+            let body = if got[..k].starts_with(b"GET") {
+                card.clone()
+            } else {
+                n += 1;
+                answers[(n - 1) % answers.len()].to_owned()
+            };
+            let _ = write!(conn, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+        }
+    });
+    let b = TestBroker::start(&[]);
+    let r = b.client().post(
+        "/agent/register",
+        "application/json",
+        json!({"agentId": "junk", "a2aUrl": format!("http://127.0.0.1:{port}")}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let served = b.client().get("/a2a/junk/.well-known/agent-card.json").json();
+    assert_eq!(served["supportedInterfaces"][0]["url"], format!("http://{}/a2a/junk", b.traffic), "{served}");
+    for _ in 0..3 {
+        let v = rpc(&b, "junk", Some("1.0"), "SendMessage", json!({"message": message("x")}));
+        assert_eq!(code(&v), -32006, "{v}");
+    }
+    // A result of the wrong shape inside is relayed as the remote said it (the caller's SDK
+    // judges it); the broker only filters what it knows to be another's.
+    let v = rpc(&b, "junk", Some("1.0"), "ListTasks", json!({}));
+    assert_eq!(v["result"]["tasks"], 7, "{v}");
+    // Alive, and serving.
+    assert_eq!(b.client().get("/a2a/junk/.well-known/agent-card.json").status, 200);
+}
