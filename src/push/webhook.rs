@@ -29,8 +29,10 @@ use frame_codec::Frame;
 use futures::future::{select, Either};
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use crate::adaptor::cloudevents::write_binary;
-use crate::adaptor::webhook::{retry_after, signature};
+use crate::adaptor::cloudevents::BinaryPush;
+use crate::adaptor::meshmessage::PushForm;
+use crate::adaptor::webhook::retry_after;
+use crate::adaptor::{PushContext, PushWire, Verdict};
 use crate::delivery::delivery_id;
 use crate::server::client::{ClientError, Pool, Url};
 use crate::shard::core::Shard;
@@ -96,6 +98,14 @@ impl Target {
         match self {
             Target::Sink(d) => d.sink.as_deref().unwrap_or_default(),
             Target::Classic(c) => &c.url,
+        }
+    }
+
+    /// Frame -> wire: the protocol its requests speak.
+    fn wire(&self) -> Box<dyn PushWire> {
+        match self {
+            Target::Sink(d) => Box::new(BinaryPush { secret: d.sink_secret.clone() }),
+            Target::Classic(c) => Box::new(PushForm { topic: c.topic.clone(), sync: c.sync }),
         }
     }
 
@@ -264,6 +274,7 @@ async fn serve(shard: &Rc<Shard>, target: &Target, topic: &str, url: &Url) {
     let change = SessionChange::Attach { window, filters: None, persist: true };
     shard.announce_session(SessionEvent { consumer: consumer.clone(), topic: topic.to_owned(), session: at, change });
     let pool = Pool::new(concurrency, MAX_ANSWER, Some(shard.shared.client_tls.clone()));
+    let wire = target.wire();
     let timeout = config.webhook_timeout;
     let metrics = shard.shared.metrics.shard(shard.id);
     let ack = |p: u32, o: u64, kind: AckKind| {
@@ -350,7 +361,7 @@ async fn serve(shard: &Rc<Shard>, target: &Target, topic: &str, url: &Url) {
                 break;
             }
             let Some(e) = waiting.pop_front() else { break };
-            inflight.push(post(&pool, target, url, to, e, timeout, &shard.shared.listeners));
+            inflight.push(post(&pool, &*wire, url, to, e, timeout, &shard.shared.listeners));
         }
         if closing.is_some() && inflight.is_empty() {
             break;
@@ -432,7 +443,7 @@ async fn serve(shard: &Rc<Shard>, target: &Target, topic: &str, url: &Url) {
 /// POSTs one event; returns its partition, offset and how it went.
 async fn post(
     pool: &Pool,
-    target: &Target,
+    wire: &dyn PushWire,
     url: &Url,
     addr: SocketAddr,
     e: Event,
@@ -444,10 +455,8 @@ async fn post(
     let (p, o) = (h.partition, h.offset);
     let id = delivery_id(p, o, e.attempt);
     let now_s = (crate::clock::now_micros() / 1_000_000).max(0) as u64;
-    let (mut headers, body) = match target {
-        Target::Sink(def) => binary(frame, &id, e.attempt, def.sink_secret.as_deref(), &url.target, now_s),
-        Target::Classic(c) => classic(frame, c, p, o),
-    };
+    let push = PushContext { delivery_id: &id, attempt: e.attempt, target: &url.target, now_s };
+    let (mut headers, body) = wire.request(frame, &push);
     headers.push(("x-em-delivery-id".into(), id));
     if is_own(addr, own) {
         // Pushing into evmesh's own listeners would loop (a publish per delivery) or reach the
@@ -462,9 +471,10 @@ async fn post(
         Err(_) => Err(ClientError::TimedOut(3 * timeout)),
     };
     let outcome = match answer {
-        Ok(a) if (200..300).contains(&a.status) => match target {
-            Target::Sink(_) => Outcome::Ok,
-            Target::Classic(_) => classic_outcome(&a.body),
+        Ok(a) if (200..300).contains(&a.status) => match wire.verdict(&a.body) {
+            Verdict::Done => Outcome::Ok,
+            Verdict::Retry => Outcome::Failed,
+            Verdict::Refused => Outcome::Reject,
         },
         Ok(a) if a.status == 429 || a.status == 503 => {
             match a.header("retry-after").and_then(|v| retry_after(v, now_s)) {
@@ -485,62 +495,4 @@ pub fn is_own(addr: SocketAddr, own: &[SocketAddr]) -> bool {
         l.port() == addr.port()
             && (l.ip() == addr.ip() || l.ip().is_unspecified() || (l.ip().is_loopback() && addr.ip().is_loopback()))
     })
-}
-
-/// A sink's request: the event in binary mode with the `em*` extensions, timestamped and
-/// (with a secret) signed.
-fn binary(
-    frame: &Frame,
-    id: &str,
-    attempt: u16,
-    secret: Option<&str>,
-    target: &str,
-    now_s: u64,
-) -> (Vec<(String, String)>, Vec<u8>) {
-    let h = frame.header();
-    let (mut headers, content_type, body) = write_binary(frame);
-    // The delivery's own, not a publisher's of the same names.
-    let ours = ["ce-emdeliveryid", "ce-empartition", "ce-emoffset", "ce-emattempt"];
-    headers.retain(|(n, _)| !ours.contains(&n.as_str()));
-    headers.push(("ce-emdeliveryid".into(), id.to_owned()));
-    headers.push(("ce-empartition".into(), h.partition.to_string()));
-    headers.push(("ce-emoffset".into(), h.offset.to_string()));
-    headers.push(("ce-emattempt".into(), attempt.to_string()));
-    if let Some(ct) = content_type {
-        headers.push(("content-type".into(), ct));
-    }
-    let timestamp = now_s.to_string();
-    if let Some(key) = secret {
-        headers.push(("x-em-signature".into(), signature(key.as_bytes(), "POST", target, &timestamp, &body)));
-    }
-    headers.push(("x-em-timestamp".into(), timestamp));
-    (headers, body)
-}
-
-/// A classic subscriber's push (EventMesh's `AsyncHTTPPushRequest`): code 105 (106 for `SYNC`),
-/// the form of `meshmessage::push_form`; `randomNo` stays the same across attempts.
-fn classic(frame: &Frame, c: &ClassicPush, p: u32, o: u64) -> (Vec<(String, String)>, Vec<u8>) {
-    let code = if c.sync { "106" } else { "105" };
-    let body = crate::adaptor::meshmessage::push_form(frame, &c.topic, &format!("{p}{o:012}"));
-    let headers = [
-        ("code", code),
-        ("language", "JAVA"),
-        ("version", "1.0"),
-        ("eventmeshcluster", "evmesh"),
-        ("eventmeshenv", "evmesh"),
-        ("eventmeshidc", "evmesh"),
-        ("content-type", "application/x-www-form-urlencoded; charset=UTF-8"),
-    ];
-    (headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(), body)
-}
-
-/// What a classic subscriber's answer says (its `{"retCode": N}`, `ClientRetCode`): 0 and 1
-/// are done, 3 is refused for good, 2 and 5 (and anything unreadable) are to be tried again.
-fn classic_outcome(body: &[u8]) -> Outcome {
-    let code = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| v.get("retCode")?.as_i64());
-    match code {
-        Some(0 | 1) => Outcome::Ok,
-        Some(3) => Outcome::Reject,
-        _ => Outcome::Failed,
-    }
 }

@@ -635,9 +635,61 @@ pub fn write_binary(frame: &Frame) -> (Vec<(String, String)>, Option<String>, Ve
     (headers, content_type, data)
 }
 
+/// A webhook sink's push (SPEC, "Other protocols"): the event in binary mode with the delivery's
+/// `em*` extensions (a publisher's own of those names dropped), `X-Em-Timestamp` and, with a
+/// secret, `X-Em-Signature`. Any 2xx is done.
+pub struct BinaryPush {
+    pub secret: Option<String>,
+}
+
+impl super::PushWire for BinaryPush {
+    fn request(&self, frame: &Frame, d: &super::PushContext<'_>) -> (Vec<(String, String)>, Vec<u8>) {
+        let h = frame.header();
+        let (mut headers, content_type, body) = write_binary(frame);
+        let ours = ["ce-emdeliveryid", "ce-empartition", "ce-emoffset", "ce-emattempt"];
+        headers.retain(|(n, _)| !ours.contains(&n.as_str()));
+        headers.push(("ce-emdeliveryid".into(), d.delivery_id.to_owned()));
+        headers.push(("ce-empartition".into(), h.partition.to_string()));
+        headers.push(("ce-emoffset".into(), h.offset.to_string()));
+        headers.push(("ce-emattempt".into(), d.attempt.to_string()));
+        if let Some(ct) = content_type {
+            headers.push(("content-type".into(), ct));
+        }
+        let timestamp = d.now_s.to_string();
+        if let Some(key) = &self.secret {
+            let sig = super::webhook::signature(key.as_bytes(), "POST", d.target, &timestamp, &body);
+            headers.push(("x-em-signature".into(), sig));
+        }
+        headers.push(("x-em-timestamp".into(), timestamp));
+        (headers, body)
+    }
+
+    fn verdict(&self, _body: &[u8]) -> super::Verdict {
+        super::Verdict::Done
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binary_push_carries_the_deliverys_extensions_once_and_is_signed() {
+        use super::super::{PushContext, PushWire};
+        let ev = r#"{"specversion":"1.0","id":"1","source":"/s","type":"t","emattempt":99,"data":{"a":1}}"#;
+        let mut f = parse_structured("t", ev.as_bytes()).unwrap();
+        f.set_partition(2);
+        f.set_offset(7);
+        let d = PushContext { delivery_id: "2:7:3", attempt: 3, target: "/in?x=1", now_s: 1_796_000_000 };
+        let (headers, body) = BinaryPush { secret: Some("k".into()) }.request(&f, &d);
+        let get = |n: &str| headers.iter().filter(|(k, _)| k == n).map(|(_, v)| v.as_str()).collect::<Vec<_>>();
+        assert_eq!(get("ce-emattempt"), ["3"], "the delivery's, once");
+        assert_eq!((get("ce-empartition"), get("ce-emoffset")), (vec!["2"], vec!["7"]));
+        assert_eq!(body, br#"{"a":1}"#);
+        let want = super::super::webhook::signature(b"k", "POST", "/in?x=1", "1796000000", &body);
+        assert_eq!(get("x-em-signature"), [want.as_str()]);
+        assert!(BinaryPush { secret: None }.request(&f, &d).0.iter().all(|(k, _)| k != "x-em-signature"));
+    }
 
     const EV: &str =
         r#"{"specversion":"1.0","id":"1","source":"/s","type":"t","amount":5,"vip":true,"data":{"a":[1,2]}}"#;

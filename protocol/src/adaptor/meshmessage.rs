@@ -566,6 +566,43 @@ pub fn push_form(frame: &Frame, topic: &str, random_no: &str) -> Vec<u8> {
     out
 }
 
+/// A classic subscriber's push (EventMesh's `AsyncHTTPPushRequest`): code 105 (106 for
+/// `type: SYNC`) and the form of [`push_form`] (`randomNo` the same on every attempt of an
+/// event). The answer's `{"retCode": N}` (`ClientRetCode`): 0 and 1 are done, 3 is refused for
+/// good, 2 and 5 (and anything unreadable) are to be tried again.
+pub struct PushForm {
+    /// The topic as the subscriber named it.
+    pub topic: String,
+    pub sync: bool,
+}
+
+impl super::PushWire for PushForm {
+    fn request(&self, frame: &Frame, _d: &super::PushContext<'_>) -> (Vec<(String, String)>, Vec<u8>) {
+        let h = frame.header();
+        let code = if self.sync { "106" } else { "105" };
+        let body = push_form(frame, &self.topic, &format!("{}{:012}", h.partition, h.offset));
+        let headers = [
+            ("code", code),
+            ("language", "JAVA"),
+            ("version", "1.0"),
+            ("eventmeshcluster", "evmesh"),
+            ("eventmeshenv", "evmesh"),
+            ("eventmeshidc", "evmesh"),
+            ("content-type", "application/x-www-form-urlencoded; charset=UTF-8"),
+        ];
+        (headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(), body)
+    }
+
+    fn verdict(&self, body: &[u8]) -> super::Verdict {
+        let code = serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| v.get("retCode")?.as_i64());
+        match code {
+            Some(0 | 1) => super::Verdict::Done,
+            Some(3) => super::Verdict::Refused,
+            _ => super::Verdict::Retry,
+        }
+    }
+}
+
 /// A frame's extension attributes (everything but CloudEvents' context attributes) as a JSON
 /// object of strings: the classic protocol's `extFields` and a reply's `properties`.
 fn extensions(frame: &Frame) -> serde_json::Value {
@@ -794,5 +831,35 @@ mod tests {
             assert!(e.ret == ret::BODY_ERR && e.msg.contains(want), "{want}: {e:?}");
         }
         assert!(subscribe_json(b"{\"url\":1}", false).unwrap_err().msg.contains("expected"));
+    }
+
+    #[test]
+    fn a_classic_push_is_code_105_or_106_and_its_ret_code_decides() {
+        use super::super::{PushContext, PushWire, Verdict};
+        let mut f = Message::from_form(
+            &Form::parse(b"topic=t&content=hi&bizseqno=b1&uniqueid=u1&producergroup=g").unwrap(),
+            false,
+        )
+        .unwrap()
+        .to_frame("t")
+        .unwrap();
+        f.set_partition(1);
+        f.set_offset(5);
+        let d = PushContext { delivery_id: "1:5:2", attempt: 2, target: "/", now_s: 0 };
+        let (headers, body) = PushForm { topic: "t".into(), sync: true }.request(&f, &d);
+        assert!(headers.contains(&("code".into(), "106".into())), "{headers:?}");
+        let form = Form::parse(&body).unwrap();
+        assert_eq!((form.get("content"), form.get("randomNo")), (Some("hi"), Some("1000000000005")));
+        let w = PushForm { topic: "t".into(), sync: false };
+        for (answer, want) in [
+            (&br#"{"retCode":0}"#[..], Verdict::Done),
+            (br#"{"retCode":1}"#, Verdict::Done),
+            (br#"{"retCode":3}"#, Verdict::Refused),
+            (br#"{"retCode":2}"#, Verdict::Retry),
+            (br#"{"retCode":"1"}"#, Verdict::Retry),
+            (b"", Verdict::Retry),
+        ] {
+            assert_eq!(w.verdict(answer), want, "{}", String::from_utf8_lossy(answer));
+        }
     }
 }

@@ -12,6 +12,39 @@ pub mod webhook;
 
 pub(crate) use rfc3339::civil_from_days;
 
+/// Frame -> wire for push delivery: how a protocol renders a stored event as an HTTP POST to a
+/// subscriber's URL, and what the subscriber's 2xx answer means. Implemented by
+/// `cloudevents::BinaryPush` (webhook sinks) and `meshmessage::PushForm` (classic subscribers);
+/// the broker's webhook transport (`push::webhook`) does the rest (statuses, Retry-After,
+/// backoff, dead letters) the same for every protocol.
+pub trait PushWire {
+    /// The request's headers and body for `frame`, delivered as `d` says.
+    fn request(&self, frame: &frame_codec::Frame, d: &PushContext<'_>) -> (Vec<(String, String)>, Vec<u8>);
+    /// What a 2xx answer's body says.
+    fn verdict(&self, body: &[u8]) -> Verdict;
+}
+
+/// One push of an event: its delivery id and attempt, the request target (path and query, what
+/// a signature covers), and the time (Unix seconds).
+#[derive(Debug, Clone, Copy)]
+pub struct PushContext<'a> {
+    pub delivery_id: &'a str,
+    pub attempt: u16,
+    pub target: &'a str,
+    pub now_s: u64,
+}
+
+/// A subscriber's 2xx answer, read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Done: acknowledged.
+    Done,
+    /// Try again (backoff, then the dead-letter topic).
+    Retry,
+    /// Refused for good: dead-lettered at once.
+    Refused,
+}
+
 /// Percent-decodes `raw` (RFC 3986): `%` HEXDIG HEXDIG is the byte it names, any other `%` is
 /// itself, and with `plus_is_space` (form bodies) `+` is a space. `from_str_radix` alone would
 /// also take a sign in place of a digit (`%+5`): each digit is checked.
