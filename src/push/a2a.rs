@@ -73,12 +73,7 @@ pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, 
         drop(tx);
         return super::sse::serve(stream, buf, events).await;
     };
-    let feeding = Box::pin(feed(entry, &spec, &shard, tx));
-    let ending = futures::future::select(feeding, Box::pin(super::follow::expired(spec.expires_us)));
-    let serve = Box::pin(super::sse::serve(stream, buf, events));
-    if let futures::future::Either::Left((_, serve)) = futures::future::select(Box::pin(ending), serve).await {
-        serve.await;
-    }
+    super::sse::serve_fed(stream, buf, events, feed(entry, &spec, &shard, tx), spec.expires_us).await;
 }
 
 /// How long a relayed stream may stay silent (remote servers ping every 15 s or so).
@@ -188,12 +183,7 @@ async fn relay_feed(shard: &Shard, spec: &A2aRelaySpec, mut out: queue::Sender<O
 /// it with an `error` event carrying a JSON-RPC error, as the SDKs read them.
 pub async fn relay(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<A2aRelaySpec>) {
     let (tx, events) = queue::channel(QUEUE);
-    let feeding = Box::pin(relay_feed(&shard, &spec, tx));
-    let ending = futures::future::select(feeding, Box::pin(super::follow::expired(spec.expires_us)));
-    let serve = Box::pin(super::sse::serve(stream, buf, events));
-    if let futures::future::Either::Left((_, serve)) = futures::future::select(Box::pin(ending), serve).await {
-        serve.await;
-    }
+    super::sse::serve_fed(stream, buf, events, relay_feed(&shard, &spec, tx), spec.expires_us).await;
 }
 
 #[cfg(test)]

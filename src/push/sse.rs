@@ -82,6 +82,23 @@ async fn end_stream<W: AsyncWriteRent>(mut wr: W, mut out: Vec<u8>) {
 
 /// Serves a stream whose events come from `events` until the client goes away or the queue
 /// ends (then the chunked body is ended properly).
+/// Serves `events` while `feed` fills them: once the feed ends (its queue closed), the writer
+/// sends what is queued and ends the body; the credential's expiry ends the feed too; once the
+/// client goes, the feed ends with it. (Turn streams and A2A task streams and relays.)
+pub(super) async fn serve_fed(
+    stream: crate::server::Stream,
+    buf: Vec<u8>,
+    events: queue::Receiver<Outbound>,
+    feed: impl std::future::Future<Output = ()>,
+    expires_us: Option<i64>,
+) {
+    let ending = select(Box::pin(feed), Box::pin(super::follow::expired(expires_us)));
+    let serving = Box::pin(serve(stream, buf, events));
+    if let Either::Left((_, serving)) = select(Box::pin(ending), serving).await {
+        serving.await;
+    }
+}
+
 pub(super) async fn serve(stream: crate::server::Stream, buf: Vec<u8>, events: queue::Receiver<Outbound>) {
     let (rd, wr) = stream.into_split();
     let _ = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events))).await;

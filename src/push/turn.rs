@@ -97,13 +97,7 @@ pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, 
         drop(tx);
         return super::sse::serve(stream, buf, events).await;
     };
-    let ending = futures::future::select(Box::pin(feed(reader, tx)), Box::pin(super::follow::expired(spec.expires_us)));
-    let serve = Box::pin(super::sse::serve(stream, buf, events));
-    // Once the feed ends (its queue closed), the writer sends what is queued and ends the body;
-    // once the client goes, the feed ends with it.
-    if let futures::future::Either::Left((_, serve)) = futures::future::select(Box::pin(ending), serve).await {
-        serve.await;
-    }
+    super::sse::serve_fed(stream, buf, events, feed(reader, tx), spec.expires_us).await;
 }
 
 #[cfg(test)]
