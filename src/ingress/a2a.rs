@@ -361,10 +361,7 @@ impl Traffic {
                 let url =
                     Url::parse(&format!("{}/.well-known/agent-card.json", r.url.trim_end_matches('/'))).map_err(bad)?;
                 let timeout = shared.config.webhook_timeout;
-                let addr = url.resolve(timeout).await.map_err(|e| bad(e.to_string()))?;
-                if crate::push::webhook::is_own(addr, &shared.listeners) {
-                    return Err(bad("its URL is evmesh's own".into()));
-                }
+                let addr = self.remote_addr(stored, r, &url).await?;
                 let pool = Pool::new(0, MAX_CARD, Some(shared.client_tls.clone()));
                 let headers = [("accept", "application/json"), ("a2a-version", "1.0")];
                 let a = pool.send(&url, addr, "GET", &headers, b"", timeout).await.map_err(|e| bad(e.to_string()))?;
@@ -401,6 +398,27 @@ impl Traffic {
         served["supportedInterfaces"] =
             json!([{"url": base, "protocolBinding": "JSONRPC", "protocolVersion": a2a::VERSION}]);
         Ok((served, rpc))
+    }
+
+    /// Where a remote agent is: its name resolved at most once a minute (on a thread of its
+    /// own), never one of evmesh's own listeners. Its JSON-RPC URL is on the registered origin,
+    /// so one address serves the card and the calls.
+    async fn remote_addr(&self, stored: &str, r: &Remote, url: &Url) -> Result<std::net::SocketAddr, A2aError> {
+        let shared = &self.shard.shared;
+        let bad = |m: String| A2aError::new(ErrorKind::InvalidAgentResponse, format!("the remote agent: {m}"));
+        let now = now_ms();
+        let addr = match r.addr {
+            Some((a, at)) if now.saturating_sub(at) < 60_000 => a,
+            _ => {
+                let a = url.resolve(shared.config.webhook_timeout).await.map_err(|e| bad(e.to_string()))?;
+                shared.remotes.set_addr(stored, &r.url, a, now);
+                a
+            }
+        };
+        match crate::push::webhook::is_own(addr, &shared.listeners) {
+            true => Err(bad("its URL is evmesh's own".into())),
+            false => Ok(addr),
+        }
     }
 
     /// A call to a remote agent (JSON-RPC only), forwarded as the client sent it. Its tasks are
@@ -447,27 +465,29 @@ impl Traffic {
         };
         let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": rpc.id, "method": method, "params": forwarded}))
             .expect("json");
-        let rpc_url = match Box::pin(self.remote_card(&Self::stored_agent(gate, agent), agent, r)).await {
+        let stored = Self::stored_agent(gate, agent);
+        let rpc_url = match Box::pin(self.remote_card(&stored, agent, r)).await {
             Ok((_, u)) => u,
             Err(e) => return b.err(&e),
         };
-        if matches!(rpc.method, Method::SendStreamingMessage | Method::SubscribeToTask) {
-            let spec =
-                A2aRelaySpec { url: rpc_url, body, rpc_id: rpc.id.clone(), scope, expires_us: gate.who.expires_us };
-            return Response::streaming(Upgrade::A2aRelay(Box::new(spec)), "text/event-stream");
-        }
         let shared = &self.shard.shared;
         let bad = |m: String| A2aError::new(ErrorKind::InvalidAgentResponse, format!("the remote agent: {m}"));
         let url = match Url::parse(&rpc_url) {
             Ok(u) => u,
             Err(e) => return b.err(&bad(e)),
         };
-        let timeout = shared.config.webhook_timeout.max(shared.config.max_request_timeout);
-        let addr = match url.resolve(shared.config.webhook_timeout).await {
-            Ok(a) if !crate::push::webhook::is_own(a, &shared.listeners) => a,
-            Ok(_) => return b.err(&bad("its URL is evmesh's own".into())),
-            Err(e) => return b.err(&bad(e.to_string())),
+        // The registration as it is now (the card fetch may have just resolved its name).
+        let current = shared.remotes.get(&stored).unwrap_or_else(|| r.clone());
+        let addr = match self.remote_addr(&stored, &current, &url).await {
+            Ok(a) => a,
+            Err(e) => return b.err(&e),
         };
+        if matches!(rpc.method, Method::SendStreamingMessage | Method::SubscribeToTask) {
+            let expires_us = gate.who.expires_us;
+            let spec = A2aRelaySpec { url: rpc_url, addr, body, rpc_id: rpc.id.clone(), scope, expires_us };
+            return Response::streaming(Upgrade::A2aRelay(Box::new(spec)), "text/event-stream");
+        }
+        let timeout = shared.config.webhook_timeout.max(shared.config.max_request_timeout);
         let pool = Pool::new(0, shared.config.limits.max_body_bytes.max(1 << 20), Some(shared.client_tls.clone()));
         let headers = [("content-type", "application/json"), ("a2a-version", "1.0"), ("accept", "application/json")];
         // Each step within `timeout`, the whole call within twice that.

@@ -115,12 +115,7 @@ async fn relay_feed(shard: &Shard, spec: &A2aRelaySpec, mut out: queue::Sender<O
         Ok(u) => u,
         Err(e) => return drop(out.send(send(fail(e))).await),
     };
-    let timeout = shard.shared.config.webhook_timeout;
-    let addr = match url.resolve(timeout).await {
-        Ok(a) if !crate::push::webhook::is_own(a, &shard.shared.listeners) => a,
-        Ok(_) => return drop(out.send(send(fail("the remote agent's URL is evmesh's own".into()))).await),
-        Err(e) => return drop(out.send(send(fail(format!("the remote agent: {e}")))).await),
-    };
+    let (timeout, addr) = (shard.shared.config.webhook_timeout, spec.addr);
     let pool = Pool::new(0, RELAY_BYTES, Some(shard.shared.client_tls.clone()));
     let headers = [("content-type", "application/json"), ("a2a-version", "1.0"), ("accept", "text/event-stream")];
     // Each read may wait `RELAY_SILENCE` (a working remote may be quiet a while).

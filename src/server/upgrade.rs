@@ -29,8 +29,9 @@ pub enum Upgrade {
 /// A streaming call to a remote A2A agent, made once the `200` head is out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct A2aRelaySpec {
-    /// The remote's JSON-RPC URL, and the request as the client sent it.
+    /// The remote's JSON-RPC URL and where it is, and the request to send.
     pub url: String,
+    pub addr: std::net::SocketAddr,
     pub body: Vec<u8>,
     /// The request's id (a failure is answered as its JSON-RPC error), and the caller's scope
     /// (the task the stream starts is remembered as its).

@@ -298,6 +298,8 @@ pub struct Remote {
     pub url: String,
     /// The card as the remote serves it, when it was fetched (ms), and its JSON-RPC URL.
     pub card: Option<(Json, u64, String)>,
+    /// Where its host is, and since when (ms): names are resolved at most once a minute.
+    pub addr: Option<(std::net::SocketAddr, u64)>,
 }
 
 impl Remotes {
@@ -311,7 +313,7 @@ impl Remotes {
         if !m.contains_key(id) && m.len() >= self.max_agents {
             return Err(Full);
         }
-        let old = m.insert(id.to_owned(), Remote { url: url.to_owned(), card: None });
+        let old = m.insert(id.to_owned(), Remote { url: url.to_owned(), card: None, addr: None });
         Ok(old.is_none())
     }
 
@@ -323,6 +325,13 @@ impl Remotes {
     pub fn set_card(&self, id: &str, url: &str, card: Json, now_ms: u64, rpc_url: String) {
         if let Some(r) = lock(&self.map).get_mut(id).filter(|r| r.url == url) {
             r.card = Some((card, now_ms, rpc_url));
+        }
+    }
+
+    /// Keeps where the agent registered at `url` is (not if it moved meanwhile).
+    pub fn set_addr(&self, id: &str, url: &str, addr: std::net::SocketAddr, now_ms: u64) {
+        if let Some(r) = lock(&self.map).get_mut(id).filter(|r| r.url == url) {
+            r.addr = Some((addr, now_ms));
         }
     }
 
