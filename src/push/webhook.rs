@@ -167,8 +167,8 @@ pub fn sync_pushes(shard: &Rc<Shard>, subscription: &str) {
 
 /// The classic push URLs of a subscription.
 pub fn pushes_of(db: &rocksdb::DB, subscription: &str) -> Vec<ClassicPush> {
-    match meta::list_policy::<ClassicPush>(db, meta::Policy::Push) {
-        Ok(all) => all.into_iter().map(|(_, p)| p).filter(|p| p.subscription == subscription).collect(),
+    match meta::list_policy_under::<ClassicPush>(db, meta::Policy::Push, &format!("{subscription} ")) {
+        Ok(found) => found.into_iter().map(|(_, p)| p).collect(),
         Err(e) => {
             eprintln!("evmesh: cannot list classic push URLs: {e}");
             Vec::new()
@@ -453,16 +453,16 @@ async fn post(
     let frame = &e.frames[e.index as usize];
     let h = frame.header();
     let (p, o) = (h.partition, h.offset);
-    let id = delivery_id(p, o, e.attempt);
-    let now_s = (crate::clock::now_micros() / 1_000_000).max(0) as u64;
-    let push = PushContext { delivery_id: &id, attempt: e.attempt, target: &url.target, now_s };
-    let (mut headers, body) = wire.request(frame, &push);
-    headers.push(("x-em-delivery-id".into(), id));
     if is_own(addr, own) {
         // Pushing into evmesh's own listeners would loop (a publish per delivery) or reach the
         // admin API from inside.
         return (p, o, Outcome::Unreachable);
     }
+    let id = delivery_id(p, o, e.attempt);
+    let now_s = (crate::clock::now_micros() / 1_000_000).max(0) as u64;
+    let push = PushContext { delivery_id: &id, attempt: e.attempt, target: &url.target, now_s };
+    let (mut headers, body) = wire.request(frame, &push);
+    headers.push(("x-em-delivery-id".into(), id));
     let refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
     // Each step within `timeout`, and the whole request within three of them (a sink that
     // trickles its answer does not hold a request for longer).

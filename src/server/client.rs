@@ -333,11 +333,10 @@ pub struct Streamed {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     conn: Stream,
-    /// The body's bytes as they came (the chunked scanner reads from the first), and how much
-    /// of the decoded data was handed out.
+    /// The body's bytes as they came (the chunked scanner reads from the first), and the
+    /// decoded data not handed out yet.
     raw: Vec<u8>,
     data: Vec<u8>,
-    given: usize,
     framing: Framing,
     timeout: Duration,
     /// Body bytes handed out, and the most there may be.
@@ -359,13 +358,13 @@ impl Streamed {
         loop {
             let piece = match &mut self.framing {
                 Framing::Done => return Ok(None),
+                // The scanner only appends: what it decoded is handed out and not kept.
                 Framing::Chunked(scanner) => match scanner.scan(&self.raw, &mut self.data) {
                     Ok(Status::Complete(_)) => {
                         self.framing = Framing::Done;
-                        Some(self.data.split_off(self.given))
+                        Some(std::mem::take(&mut self.data))
                     }
-                    Ok(Status::Partial) if self.data.len() > self.given => Some(self.data[self.given..].to_vec()),
-                    Ok(Status::Partial) => None,
+                    Ok(Status::Partial) => Some(std::mem::take(&mut self.data)),
                     Err(e) if e.status.0 == 413 => return Err(ClientError::TooLarge(self.raw.len())),
                     Err(e) => return Err(ClientError::Protocol(e.detail)),
                 },
@@ -380,7 +379,6 @@ impl Streamed {
                 Framing::UntilClose => (!self.raw.is_empty()).then(|| std::mem::take(&mut self.raw)),
             };
             if let Some(p) = piece.filter(|p| !p.is_empty()) {
-                self.given = self.data.len();
                 self.taken += p.len();
                 if self.taken > self.max {
                     return Err(ClientError::TooLarge(self.max));
@@ -447,18 +445,7 @@ impl Pool {
             ResponseBody::UntilClose => Framing::UntilClose,
         };
         let max = self.max_body;
-        Ok(Streamed {
-            status: head.status,
-            headers,
-            conn,
-            raw,
-            data: Vec::new(),
-            given: 0,
-            framing,
-            timeout,
-            taken: 0,
-            max,
-        })
+        Ok(Streamed { status: head.status, headers, conn, raw, data: Vec::new(), framing, timeout, taken: 0, max })
     }
 
     /// A new connection to `url` at `addr` (TLS for https).
@@ -645,6 +632,51 @@ mod tests {
         // The retry sends the whole request again (the write handed it back).
         assert_eq!(seen[2].1, seen[1].1);
         assert!(seen[2].1.ends_with(b"content-length: 1\r\n\r\n2"), "{:?}", String::from_utf8_lossy(&seen[2].1));
+    }
+
+    /// A streamed answer comes piece by piece as it is written (chunked or by length), and one
+    /// framed by the close is held to the bound like the others.
+    #[test]
+    fn streamed_answers_come_as_written_and_are_held_to_the_bound() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (step_tx, step_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            // 1: chunked, its second chunk only once the client took the first.
+            let (mut c, _) = listener.accept().unwrap();
+            let _ = c.read(&mut [0u8; 4096]);
+            c.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n").unwrap();
+            step_rx.recv().unwrap();
+            c.write_all(b"6\r\nsecond\r\n0\r\n\r\n").unwrap();
+            // 2: by length. 3: until the close, over the bound.
+            for answer in [
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nfour"[..],
+                b"HTTP/1.0 200 OK\r\n\r\n0123456789abcdefXYZ",
+            ] {
+                let (mut c, _) = listener.accept().unwrap();
+                let _ = c.read(&mut [0u8; 4096]);
+                c.write_all(answer).unwrap();
+            }
+        });
+        let url = Url::parse(&format!("http://{addr}/")).unwrap();
+        let pool = Pool::new(0, 16, None);
+        let t = Duration::from_secs(5);
+        run(async {
+            let mut s = pool.stream(&url, addr, &[], b"{}", t).await.unwrap();
+            assert_eq!(s.next().await.unwrap().as_deref(), Some(&b"first"[..]), "before the rest was written");
+            step_tx.send(()).unwrap();
+            assert_eq!(s.next().await.unwrap().as_deref(), Some(&b"second"[..]));
+            assert_eq!(s.next().await.unwrap(), None);
+            let mut s = pool.stream(&url, addr, &[], b"{}", t).await.unwrap();
+            assert_eq!((s.next().await.unwrap().as_deref(), s.next().await.unwrap()), (Some(&b"four"[..]), None));
+            let mut s = pool.stream(&url, addr, &[], b"{}", t).await.unwrap();
+            let mut got = Ok(Some(Vec::new()));
+            while let Ok(Some(_)) = got {
+                got = s.next().await;
+            }
+            assert_eq!(got, Err(ClientError::TooLarge(16)));
+        });
     }
 
     /// A server that answers one request with `answer` and closes the connection.

@@ -365,10 +365,9 @@ impl Shard {
                 Some(_) => {
                     meta::delete_subscription(db, &name)?;
                     // Its classic push URLs go with it.
-                    for (id, _) in meta::list_policy::<serde_json::Value>(db, meta::Policy::Push)? {
-                        if id.split_once(' ').is_some_and(|(s, _)| s == name) {
-                            meta::delete_policy(db, meta::Policy::Push, &id)?;
-                        }
+                    let under = format!("{name} ");
+                    for (id, _) in meta::list_policy_under::<serde_json::Value>(db, meta::Policy::Push, &under)? {
+                        meta::delete_policy(db, meta::Policy::Push, &id)?;
                     }
                     self.shared.subscription_count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     SubOutcome::Removed

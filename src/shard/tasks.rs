@@ -271,14 +271,6 @@ impl Tasks {
         }
         gone
     }
-
-    pub fn len(&self) -> usize {
-        lock(&self.table).map.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Remote A2A agents (`POST /agent/register` with `a2aUrl`): the gateway calls them as an A2A

@@ -148,6 +148,20 @@ pub fn get_policy<T: serde::de::DeserializeOwned>(db: &DB, kind: Policy, id: &st
     }
 }
 
+/// The entries of one kind whose ids start with `prefix` (a classic subscription's push URLs:
+/// `"<subscription> "`), read from their place in the family, not by walking the kind.
+pub fn list_policy_under<T: serde::de::DeserializeOwned>(
+    db: &DB,
+    kind: Policy,
+    prefix: &str,
+) -> Result<Vec<(String, T)>, StorageError> {
+    let mut found = list_json(db, &kind.key(prefix))?;
+    for (id, _) in found.iter_mut() {
+        id.insert_str(0, prefix);
+    }
+    Ok(found)
+}
+
 /// Stores one entry (WAL durability).
 pub fn put_policy<T: serde::Serialize>(db: &DB, kind: Policy, id: &str, value: &T) -> Result<(), StorageError> {
     let cf = db.cf_handle(META).expect("meta family exists");

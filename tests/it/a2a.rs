@@ -179,6 +179,24 @@ fn a_remote_agent_answering_garbage_gets_invalid_agent_response_and_the_broker_l
     // judges it); the broker only filters what it knows to be another's.
     let v = rpc(&b, "junk", Some("1.0"), "ListTasks", json!({}));
     assert_eq!(v["result"]["tasks"], 7, "{v}");
+    // A stream the remote answers without one ends with an error event (the SDKs' convention).
+    let body =
+        json!({"jsonrpc": "2.0", "id": "s", "method": "SendStreamingMessage", "params": {"message": message("x")}});
+    let headers = [("content-type", "application/json"), ("a2a-version", "1.0")];
+    let mut conn = std::net::TcpStream::connect(b.traffic).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.write_all(&super::util::request_bytes("POST", "/a2a/junk", &headers, body.to_string().as_bytes())).unwrap();
+    // The whole chunked stream: it ends after the error event.
+    let mut got = Vec::new();
+    while !got.ends_with(b"0\r\n\r\n") {
+        let mut buf = [0u8; 4096];
+        let n = conn.read(&mut buf).expect("the stream ends in time");
+        assert!(n > 0, "closed before the stream's end: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200") && text.contains("text/event-stream"), "{text}");
+    assert!(text.contains("event: error\n") && text.contains("-32006") && text.contains("\"id\":\"s\""), "{text}");
     // Alive, and serving.
     assert_eq!(b.client().get("/a2a/junk/.well-known/agent-card.json").status, 200);
 }

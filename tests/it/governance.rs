@@ -1012,7 +1012,11 @@ effect = "ALLOW"
     let agent = std::thread::spawn(move || {
         let mut sessions = Vec::new();
         while sessions.len() < 2 {
-            let Ok(tungstenite::Message::Text(t)) = ws.read() else { continue };
+            let t = match ws.read() {
+                Ok(tungstenite::Message::Text(t)) => t,
+                Ok(_) => continue,
+                Err(e) => panic!("the agent's socket: {e}"),
+            };
             let turn: Value = serde_json::from_str(t.as_str()).unwrap();
             let sid = turn["emsessionid"].as_str().unwrap().to_owned();
             let chunk = json!({"type": "chunk", "sessionId": sid, "seq": 0, "data": sid, "done": true});
