@@ -20,9 +20,9 @@
 //!   so the assignment agrees across owners without a coordinator; it changes when sessions
 //!   come and go (a leaving session's unacknowledged events go to the new holder at once).
 //! * Sticky order: a partition's redeliveries go out before any newer event of it.
-//! * A subscription with a webhook `sink` has at most one event of a partition in flight (or
-//!   being dead-lettered), so with sticky order its partitions reach the sink in offset order
-//!   even when a delivery fails.
+//! * A pushed subscription (a webhook `sink`, a classic group's push URLs) has at most one
+//!   event of a partition in flight (or being dead-lettered), so with sticky order its
+//!   partitions reach the receiver in offset order even when a delivery fails.
 //! * Flow control: a session holds at most its window of unacknowledged events from this shard
 //!   (`session_window`, or what its `credit` said) and at most `window_bytes` of them (at least
 //!   one event), and a partition at most `PART_INFLIGHT`. A full window pauses delivery; the log
@@ -597,9 +597,9 @@ impl Machine {
         let timeout = Duration::from_millis(c.def.ack_timeout_ms);
         let def = c.def.clone();
         let topic = def.topic.as_str();
-        // A webhook sink gets a partition's events one at a time (its order kept across
-        // failures: a redelivery waiting for its backoff holds the partition).
-        let part_max = if def.sink.is_some() { 1 } else { PART_INFLIGHT };
+        // A webhook (a sink, classic push URLs) gets a partition's events one at a time (its
+        // order kept across failures: a redelivery waiting for its backoff holds the partition).
+        let part_max = if def.pushed() { 1 } else { PART_INFLIGHT };
         let end = src.end(topic, p);
         let wall = src.wall_us();
         let mut skipped = 0;

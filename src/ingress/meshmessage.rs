@@ -297,6 +297,7 @@ impl Traffic {
         let body = serde_json::json!({"subscription": name, "topic": topic, "mode": mode});
         let mut def = Definition::parse(body.to_string().as_bytes())?;
         def.created_us = crate::clock::now_micros();
+        def.classic = true;
         gate.quota(Quotaed::Topic, &topic)
             .and_then(|()| gate.quota(Quotaed::Subscription, &name))
             .map_err(|p| super::ws_publish::refusal(&p).1)?;

@@ -602,8 +602,8 @@ impl Traffic {
             Ok(None) => return Err(problem(StatusCode::NOT_FOUND, &format!("no subscription {name}"))),
             Err(e) => return Err(storage_problem(&e)),
         };
-        if def.sink.is_some() {
-            let detail = format!("subscription {name} delivers to its sink; sessions cannot attach to it");
+        if def.pushed() {
+            let detail = format!("subscription {name} is pushed by the broker; sessions cannot attach to it");
             return Err(problem(StatusCode::CONFLICT, &detail));
         }
         let acked = match req.query("ack").as_deref() {
@@ -766,8 +766,8 @@ impl Traffic {
             Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no subscription {}", a.subscription)),
             Err(e) => return storage_problem(&e),
         };
-        if def.sink.is_some() {
-            let detail = format!("subscription {} delivers to its sink, which acks by its answers", a.subscription);
+        if def.pushed() {
+            let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
         }
         let client = match (def.mode, a.client_id) {

@@ -57,6 +57,10 @@ pub struct Definition {
     /// answers and listings use [`Definition::shown`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink_secret: Option<String>,
+    /// A classic consumer group's (`/eventmesh/subscribe`): its events are pushed to the
+    /// group's URLs by webhook sessions, as a sink's are. Set by the broker, never by a request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub classic: bool,
 }
 
 /// The body of `POST /events/subscribe`, before defaults.
@@ -144,6 +148,7 @@ impl Definition {
             created_us: 0,
             sink: r.sink,
             sink_secret: r.sink_secret,
+            classic: false,
         };
         def.compile().map_err(|e| e.to_string())?;
         Ok(def)
@@ -159,6 +164,13 @@ impl Definition {
             }
         }
         json
+    }
+
+    /// Whether only the broker's webhook sessions deliver it (a sink, or a classic group's
+    /// push URLs): client sessions cannot attach nor ack, and a partition has one event in
+    /// flight at a time, so its order holds across failed attempts.
+    pub fn pushed(&self) -> bool {
+        self.sink.is_some() || self.classic
     }
 
     /// Whether `other` defines the same subscription (creation time aside).

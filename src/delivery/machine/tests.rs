@@ -109,7 +109,16 @@ fn setup(def: &str, parts: &[u32], stored: &[(u32, Stored)], now: Instant) -> Ma
 }
 
 fn setup_with(def: &str, parts: &[u32], stored: &[(u32, Stored)], now: Instant, window_bytes: usize) -> Machine {
-    let def = Definition::parse(def.as_bytes()).unwrap();
+    setup_parsed(Definition::parse(def.as_bytes()).unwrap(), parts, stored, now, window_bytes)
+}
+
+fn setup_parsed(
+    def: Definition,
+    parts: &[u32],
+    stored: &[(u32, Stored)],
+    now: Instant,
+    window_bytes: usize,
+) -> Machine {
     let filters = Rc::new(def.compile_stored());
     let mut m = Machine::new(window_bytes, Duration::from_millis(100), 7);
     let positions = parts
@@ -503,11 +512,24 @@ fn a_request_restored_among_redeliveries_is_settled_when_read() {
 /// one holds its partition (not the others) until it is delivered again or dead-lettered.
 #[test]
 fn a_sink_gets_one_event_per_partition_at_a_time_and_a_failure_holds_the_partition() {
+    let def = r#"{"subscription":"s","topic":"t","ackTimeoutMs":60000,"maxAttempts":2,"sink":"http://127.0.0.1:9/"}"#;
+    one_event_per_partition_at_a_time(Definition::parse(def.as_bytes()).unwrap());
+}
+
+/// A classic group's subscription (pushed to its URLs) keeps the same order (a regression: it
+/// had the window of a client's, so a retried event could arrive after a newer one).
+#[test]
+fn a_classic_group_gets_one_event_per_partition_at_a_time() {
+    let def = r#"{"subscription":"s","topic":"t","ackTimeoutMs":60000,"maxAttempts":2}"#;
+    let def = Definition { classic: true, ..Definition::parse(def.as_bytes()).unwrap() };
+    one_event_per_partition_at_a_time(def);
+}
+
+fn one_event_per_partition_at_a_time(def: Definition) {
     let (log, t0) = (Log::default(), Instant::now());
     log.append(0, 3);
     log.append(1, 2);
-    let def = r#"{"subscription":"s","topic":"t","ackTimeoutMs":60000,"maxAttempts":2,"sink":"http://127.0.0.1:9/"}"#;
-    let mut m = setup(def, &[0, 1], &[], t0);
+    let mut m = setup_parsed(def, &[0, 1], &[], t0, 1 << 20);
     let mut out = Vec::new();
     m.attach(&key(), sess(1), 16, Vec::new(), t0, &log, &mut out);
     assert_eq!(delivered(&out), [(1, 0, 0, 1), (1, 1, 0, 1)], "one per partition, whatever the window");
