@@ -96,11 +96,17 @@ impl<U> Response<U> {
 
     /// A `101 Switching Protocols` to `upgrade`, with its handshake headers.
     /// A `200` whose body is a chunked stream written by whatever takes the connection over.
+    /// The connection ends with the stream (`connection: close`): a client must not pool it
+    /// for a next request (one did, and its next request met the shut socket).
     pub fn streaming(upgrade: U, content_type: &'static str) -> Self {
         Response {
             status: StatusCode::OK,
             content_type: content_type.into(),
-            headers: vec![("transfer-encoding".into(), "chunked".into()), ("cache-control".into(), "no-cache".into())],
+            headers: vec![
+                ("transfer-encoding".into(), "chunked".into()),
+                ("cache-control".into(), "no-cache".into()),
+                ("connection".into(), "close".into()),
+            ],
             body: Vec::new(),
             upgrade: Some(upgrade),
         }

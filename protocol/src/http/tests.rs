@@ -405,6 +405,14 @@ fn a_response_that_closes_says_so_once() {
     let text = String::from_utf8(out).unwrap();
     assert_eq!(text.matches("connection: close").count(), 1, "{text}");
     assert!(!Response::<()>::empty(StatusCode::OK).closes());
+    // A stream ends its connection: said once, on a keep-alive connection too (a client that
+    // pooled a finished SSE connection met the shut socket on its next request).
+    let stream: Response<()> = Response::streaming((), "text/event-stream");
+    let mut out = Vec::new();
+    stream.write(&mut out, true, false);
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("connection: close").count(), 1, "{text}");
+    assert!(text.contains("transfer-encoding: chunked") && !text.contains("content-length"), "{text}");
 }
 
 /// A connection's reused header list gives the same heads as a fresh one, whatever it held.
