@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use frame_codec::{ArchivedAttrValue, DataKind, Frame};
 use serde_json::{json, Value as Json};
 
+use super::adaptor::{FrameAdaptor, Refusal, To};
 use super::call::{control_frame, text_turn_frame, uuid_v4};
 use super::{Gate, Traffic};
 use crate::adaptor::a2a::{self, A2aError, ErrorKind, Method, SendMessage, Task, TaskState};
@@ -170,6 +171,52 @@ impl Binding {
     }
 }
 
+/// A2A's `SendMessage` as a turn of the context's agent session (the FrameAdaptor SPI): the
+/// message's prompt (`a2a::Message::prompt`) is the turn's text; the ingress's refusals are
+/// A2A errors in the request's binding.
+struct A2aTurn<'a> {
+    prompt: &'a str,
+    advertised: &'a str,
+    b: &'a Binding,
+    /// The task the turn is for, told its turn's number as the frame is made (before it is
+    /// stored: a cancel from then on ends this turn).
+    entry: Option<&'a Arc<TaskEntry>>,
+}
+
+impl A2aTurn<'_> {
+    /// The ingress's refusal as A2A's error: a session on another turn is a busy context.
+    fn error(&self, p: &Response) -> A2aError {
+        match p.status.0 {
+            409 => {
+                let (_, detail) = super::ws_publish::refusal(p);
+                A2aError::new(ErrorKind::UnsupportedOperation, format!("the context is busy: {detail}"))
+            }
+            _ => from_problem(p),
+        }
+    }
+}
+
+impl FrameAdaptor for A2aTurn<'_> {
+    fn frames(&self, to: &To<'_>, _req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
+        let Some((sid, turn)) = to.turn else {
+            let e = A2aError::new(ErrorKind::Internal, "an A2A message is a turn of a session");
+            return Err(Refusal::Answered(self.b.err(&e)));
+        };
+        if let Some(entry) = self.entry {
+            entry.log().turn = turn;
+        }
+        Ok(vec![text_turn_frame(self.prompt, (sid, turn), to.topic, self.advertised)])
+    }
+
+    fn refused(&self, problem: Response) -> Response {
+        self.b.err(&self.error(&problem))
+    }
+
+    fn bytes(&self, _req: &Request<'_>) -> u64 {
+        self.prompt.len() as u64
+    }
+}
+
 /// What a refused request of the broker's own (ACL, limits) becomes: its detail, as A2A's
 /// nearest error.
 fn from_problem(p: &Response) -> A2aError {
@@ -258,7 +305,7 @@ impl Traffic {
             Method::SendMessage | Method::SendStreamingMessage => {
                 let streaming = rpc.method == Method::SendStreamingMessage;
                 match a2a::parse_send(rpc.params) {
-                    Ok(s) => return Box::pin(self.a2a_send(gate, agent, s, streaming, b)).await,
+                    Ok(s) => return Box::pin(self.a2a_send(gate, req, agent, s, streaming, b)).await,
                     Err(e) => Err(e),
                 }
             }
@@ -317,7 +364,7 @@ impl Traffic {
             (HttpMethod::Post, "/message:send" | "/message:stream") => {
                 let streaming = path == "/message:stream";
                 match raw(req.body).and_then(|p| a2a::parse_send(Some(&p))) {
-                    Ok(s) => return Box::pin(self.a2a_send(gate, agent, s, streaming, b)).await,
+                    Ok(s) => return Box::pin(self.a2a_send(gate, req, agent, s, streaming, b)).await,
                     Err(e) => Err(e),
                 }
             }
@@ -633,25 +680,21 @@ impl Traffic {
     async fn a2a_send(
         &self,
         gate: &mut Gate<'_>,
+        req: &Request<'_>,
         agent: &str,
         s: SendMessage,
         streaming: bool,
         b: Binding,
     ) -> Response {
         let shared = &self.shard.shared;
-        if shared.memory.shed_now() {
-            return b.err(&unavailable("the broker is over its memory limit; try again"));
-        }
-        // Everything that can refuse the message first, before a task or a session exists.
-        let stored_agent = Self::stored_agent(gate, agent);
-        let topic = Self::agent_topic(gate, agent);
-        if !self.routable(&stored_agent) || shared.watchers.follower(&topic).is_none() {
-            return b.err(&unavailable(format!("agent {agent} is not registered, heart-beating and attached")));
-        }
         let prompt = s.message.prompt();
-        if let Err(r) = gate.limit(&topic, 1, prompt.len() as u64) {
-            return b.err(&from_problem(&r));
-        }
+        let mut adaptor = A2aTurn { prompt: &prompt, advertised: &shared.config.advertised_url, b: &b, entry: None };
+        // Everything that can refuse the message first, before a task or a session exists.
+        let topic = match self.admit_turn(&adaptor, gate, req, agent) {
+            Ok(t) => t,
+            Err(Refusal::Answered(r)) => return r,
+            Err(Refusal::Problem(p)) => return adaptor.refused(p),
+        };
         let continued = s.message.task_id.is_some();
         let entry = match self.a2a_task_for(gate, agent, &s) {
             Ok(e) => e,
@@ -670,26 +713,12 @@ impl Traffic {
             Some(c) => c,
             None => return failed(A2aError::new(ErrorKind::UnsupportedOperation, "the context's session ended")),
         };
-        let turn = match shared.calls.start_turn(&call, now_ms()) {
-            Ok(t) => t,
-            Err(m) => {
-                return failed(A2aError::new(ErrorKind::UnsupportedOperation, format!("the context is busy: {m}")))
-            }
+        adaptor.entry = Some(&entry);
+        let turn = match self.turn_with(&adaptor, &call, (agent, &topic), req).await {
+            Ok(turn) => turn,
+            Err(Refusal::Answered(r)) => return r,
+            Err(Refusal::Problem(p)) => return failed(adaptor.error(&p)),
         };
-        let advertised = &shared.config.advertised_url;
-        let frame = text_turn_frame(&prompt, (&call.sid, turn), &topic, advertised);
-        match shared.watchers.follower(&topic) {
-            Some(gen) => shared.calls.route(&call, turn, gen),
-            None => {
-                shared.calls.end_turn(&call, End::AgentGone, now_ms());
-                return failed(unavailable(format!("agent {agent} is not attached (GET /agent/ws)")));
-            }
-        }
-        entry.log().turn = turn;
-        if let Err(e) = self.store(&topic, vec![frame]).await {
-            shared.calls.end_turn(&call, End::Failed, now_ms());
-            return failed(A2aError::new(ErrorKind::Internal, format!("storage: {e}")));
-        }
         monoio::spawn(drive(self.shard.clone(), entry.clone(), call, turn));
         if streaming {
             return b.stream(entry.id.clone(), s.history_length, gate.who.expires_us);

@@ -1,25 +1,37 @@
-//! The FrameAdaptor SPI: what one protocol does at the edge of the broker. An adaptor names the
-//! topic a publish is for, turns the request into frames (never through another protocol's
-//! message: each protocol's conversion is its own module in `evmesh_protocol::adaptor`), and
-//! answers in the protocol's own shape. Everything between is one ingress path for every
-//! protocol ([`Traffic::publish_with`]): the topic's checks and the ACL, the rate limits, the
-//! quotas and backlog, the transformer, the routes and storage.
+//! The FrameAdaptor SPI: what one protocol does at the edge of the broker. An adaptor turns its
+//! request into frames (never through another protocol's message: each protocol's conversion is
+//! its own module in `evmesh_protocol::adaptor`) and words the ingress's refusals in the
+//! protocol's own shape. Everything between is one ingress path per kind of destination, the
+//! same for every protocol:
 //!
-//! Adding a protocol is one module implementing [`FrameAdaptor`] (its pure conversions in the
-//! protocol crate) and a route in `Traffic::handle` that calls `publish_with` with it.
-//! `frame -> wire` for push delivery (`meshmessage::push_form`, CloudEvents' binary mode) joins
-//! the trait with the webhook transport, its first user.
+//! * a publish to a topic ([`Publish`], [`Traffic::publish_with`]: CloudEvents over HTTP,
+//!   classic MeshMessage sends): the topic's checks and the ACL, the rate limits, the quotas and
+//!   backlog, the transformer, the routes and storage;
+//! * a turn of an agent session (Mode 1) on the agent's lite topic `agent.<A>`, which only the
+//!   broker writes ([`Traffic::admit_turn`] then [`Traffic::turn_with`]: the native
+//!   `POST /session/stream/{sid}`, A2A's `SendMessage`): REQUEST on `agent:<A>`, the agent
+//!   routable and attached, the lite topic's rate limits, one turn at a time per session, storage.
+//!
+//! Adding a protocol is one module implementing [`FrameAdaptor`] (and [`Publish`] if it
+//! publishes; its pure conversions in the protocol crate) and a route in `Traffic::handle` that
+//! calls the path with it. `frame -> wire` is the protocol crate's too: for push delivery
+//! `adaptor::PushWire` (CloudEvents' binary mode, MeshMessage's push form, driven by the webhook
+//! transport), for A2A the task rendering of a turn's chunks (`adaptor::a2a`).
 
 use std::borrow::Cow;
 
 use frame_codec::Frame;
 use smallvec::SmallVec;
 
-use super::{shed, Gate, Quotaed, Traffic};
+use std::sync::Arc;
+
+use super::call::unavailable;
+use super::{shed, storage_problem, Gate, Quotaed, Traffic};
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::governance::acl::Action;
 use crate::http::{problem, StatusCode};
 use crate::server::{Request, Response};
+use crate::shard::calls::{Call, End};
 
 /// Where one published event was stored: its partition and offset, and the topic (as the
 /// caller names it) when a route moved it elsewhere.
@@ -43,23 +55,35 @@ impl From<Response> for Refusal {
     }
 }
 
-/// One protocol's publish, request to frames and back to an answer.
+/// Where a request's frames go: the topic (its stored name) and, for a turn, the agent
+/// session's id and the turn's number.
+pub(super) struct To<'a> {
+    pub topic: &'a str,
+    pub turn: Option<(&'a str, u64)>,
+}
+
+/// One protocol at the edge: its request as frames, and the ingress's refusals in its shape.
 pub(super) trait FrameAdaptor {
-    /// The topic the publish names, as the caller names it (checked by the ingress).
-    fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal>;
-    /// The publish's events as frames for `topic` (its stored name), each a valid CloudEvent.
-    /// The ingress stamps their publish time.
-    fn frames(&self, topic: &str, req: &Request<'_>) -> Result<Vec<Frame>, Refusal>;
-    /// The answer to a publish whose events were stored at `placed`, in request order.
-    fn accepted(&self, placed: &[Placed<'_>]) -> Response;
-    /// The answer to a publish the ingress refused with `problem` (a problem+json response:
+    /// The request's events as frames for `to`, each a valid CloudEvent. The ingress stamps
+    /// their publish time.
+    fn frames(&self, to: &To<'_>, req: &Request<'_>) -> Result<Vec<Frame>, Refusal>;
+    /// The answer to a request the ingress refused with `problem` (a problem+json response:
     /// its status, detail and headers).
     fn refused(&self, problem: Response) -> Response;
-    /// The bytes the publish's rate limits count: the body, unless one request carries several
-    /// publishes (a classic batch's messages each count their own).
+    /// The bytes the rate limits count: the body, unless one request carries several
+    /// publishes (a classic batch's messages each count their own) or the protocol's envelope
+    /// is not what is sent on (an A2A message's prompt).
     fn bytes(&self, req: &Request<'_>) -> u64 {
         req.body.len() as u64
     }
+}
+
+/// A protocol's publish to a topic: which topic, and the answer once it is stored.
+pub(super) trait Publish: FrameAdaptor {
+    /// The topic the publish names, as the caller names it (checked by the ingress).
+    fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal>;
+    /// The answer to a publish whose events were stored at `placed`, in request order.
+    fn accepted(&self, placed: &[Placed<'_>]) -> Response;
 }
 
 /// CloudEvents over HTTP (`POST /events/publish?topic=T`, the HTTP binding's three modes):
@@ -71,11 +95,8 @@ pub(super) struct CloudEventsHttp {
 }
 
 impl FrameAdaptor for CloudEventsHttp {
-    fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal> {
-        req.query("topic").ok_or_else(|| problem(StatusCode::BAD_REQUEST, "missing ?topic=").into())
-    }
-
-    fn frames(&self, topic: &str, req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
+    fn frames(&self, to: &To<'_>, req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
+        let topic = to.topic;
         let ct = req.header("content-type");
         let parsed = match cloudevents::mode(ct, req.header("ce-specversion").is_some()) {
             Ok(Mode::Structured) => cloudevents::parse_structured(topic, req.body).map(|f| vec![f]),
@@ -90,6 +111,16 @@ impl FrameAdaptor for CloudEventsHttp {
             CeError::Invalid(m) => problem(StatusCode::BAD_REQUEST, &m).into(),
             CeError::UnsupportedMedia(m) => problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &m).into(),
         })
+    }
+
+    fn refused(&self, problem: Response) -> Response {
+        problem
+    }
+}
+
+impl Publish for CloudEventsHttp {
+    fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal> {
+        req.query("topic").ok_or_else(|| problem(StatusCode::BAD_REQUEST, "missing ?topic=").into())
     }
 
     fn accepted(&self, placed: &[Placed<'_>]) -> Response {
@@ -118,15 +149,11 @@ impl FrameAdaptor for CloudEventsHttp {
         }
         Response::json(StatusCode::ACCEPTED, body)
     }
-
-    fn refused(&self, problem: Response) -> Response {
-        problem
-    }
 }
 
 impl Traffic {
     /// A publish in `adaptor`'s protocol, through the one ingress path.
-    pub(super) async fn publish_with<A: FrameAdaptor>(
+    pub(super) async fn publish_with<A: Publish>(
         &self,
         adaptor: &A,
         gate: &mut Gate<'_>,
@@ -140,7 +167,7 @@ impl Traffic {
     }
 
     /// [`Traffic::publish_with`]'s path: the adaptor's answer, or why it was refused.
-    pub(super) async fn ingest<A: FrameAdaptor>(
+    pub(super) async fn ingest<A: Publish>(
         &self,
         adaptor: &A,
         gate: &mut Gate<'_>,
@@ -151,7 +178,7 @@ impl Traffic {
         }
         let named = adaptor.topic(req)?;
         let topic = self.topic_named(gate, named, Action::Publish)?;
-        let mut frames = adaptor.frames(&topic, req)?;
+        let mut frames = adaptor.frames(&To { topic: &topic, turn: None }, req)?;
         let now = crate::clock::now_micros();
         for f in &mut frames {
             f.set_timestamp(now);
@@ -178,4 +205,69 @@ impl Traffic {
             .collect();
         Ok(adaptor.accepted(&placed))
     }
+
+    /// Whether a turn for `agent` (as the caller names it, REQUEST on `agent:<A>` allowed) may
+    /// start, before anything is made for it: the broker not shedding, the agent routable and
+    /// attached, the lite topic's rate limits. Its lite topic's stored name.
+    pub(super) fn admit_turn<A: FrameAdaptor>(
+        &self,
+        adaptor: &A,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+        agent: &str,
+    ) -> Result<String, Refusal> {
+        if self.shard.shared.memory.shed_now() {
+            return Err(shed().into());
+        }
+        if !self.routable(&Self::stored_agent(gate, agent)) {
+            return Err(unavailable(&format!("agent {agent} is not registered, ready and heart-beating")).into());
+        }
+        let topic = Self::agent_topic(gate, agent);
+        if self.shard.shared.watchers.follower(&topic).is_none() {
+            return Err(not_attached(agent).into());
+        }
+        gate.limit(&topic, 1, adaptor.bytes(req))?;
+        Ok(topic)
+    }
+
+    /// The next turn of `call` (`agent`'s, admitted by [`Traffic::admit_turn`] to `topic`): started (409
+    /// while one is in progress), its frames routed to the agent's attachment and stored. Its
+    /// number; a turn that could not be sent is ended.
+    pub(super) async fn turn_with<A: FrameAdaptor>(
+        &self,
+        adaptor: &A,
+        call: &Arc<Call>,
+        (agent, topic): (&str, &str),
+        req: &Request<'_>,
+    ) -> Result<u64, Refusal> {
+        let calls = &self.shard.shared.calls;
+        let now = crate::storage::offsets::now_ms;
+        let turn = calls.start_turn(call, now()).map_err(|m| problem(StatusCode::CONFLICT, m))?;
+        let frames = match adaptor.frames(&To { topic, turn: Some((&call.sid, turn)) }, req) {
+            Ok(f) => f,
+            Err(r) => {
+                calls.end_turn(call, End::Failed, now());
+                return Err(r);
+            }
+        };
+        // After the turn is in progress: the attachment it goes to ends it if it closes (see
+        // `Calls::agent_gone`); one that closed before is seen here.
+        match self.shard.shared.watchers.follower(topic) {
+            Some(gen) => calls.route(call, turn, gen),
+            None => {
+                calls.end_turn(call, End::AgentGone, now());
+                return Err(not_attached(agent).into());
+            }
+        }
+        if let Err(e) = self.store(topic, frames).await {
+            calls.end_turn(call, End::Failed, now());
+            return Err(storage_problem(&e).into());
+        }
+        Ok(turn)
+    }
+}
+
+/// 503 for an agent whose WebSocket is not attached.
+fn not_attached(agent: &str) -> Response {
+    unavailable(&format!("agent {agent} is not attached (GET /agent/ws)"))
 }

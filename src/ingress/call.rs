@@ -13,6 +13,7 @@
 
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader, FrameKind};
 
+use super::adaptor::{FrameAdaptor, Refusal, To};
 use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
@@ -65,6 +66,25 @@ pub(super) fn uuid_v4() -> String {
     let v = v | (0x4000u128 << 64) | (0x80u128 << 56);
     let s = format!("{v:032x}");
     format!("{}-{}-{}-{}-{}", &s[..8], &s[8..12], &s[12..16], &s[16..20], &s[20..])
+}
+
+/// A turn in evmesh's own protocol (the FrameAdaptor SPI): the request's body is the prompt
+/// (see [`turn_frame`]); refusals are problem+json.
+struct SessionTurn<'a> {
+    advertised: &'a str,
+}
+
+impl FrameAdaptor for SessionTurn<'_> {
+    fn frames(&self, to: &To<'_>, req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
+        let Some(turn) = to.turn else {
+            return Err(problem(StatusCode(500), "a session's request is a turn").into());
+        };
+        Ok(vec![turn_frame(req, turn, to.topic, self.advertised)?])
+    }
+
+    fn refused(&self, problem: Response) -> Response {
+        problem
+    }
 }
 
 impl Traffic {
@@ -173,48 +193,22 @@ impl Traffic {
 
     /// `POST /session/stream/{sid}`: a turn; the answer streams its chunks.
     pub(super) async fn session_turn(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        if self.shard.shared.memory.shed_now() {
-            return shed();
-        }
         let (key, call, agent) = match self.client_call(gate, sid) {
             Ok(c) => c,
             Err(r) => return r,
         };
-        let shared = &self.shard.shared;
-        if !self.routable(&call.agent) {
-            return unavailable(&format!("agent {agent} is not registered, ready and heart-beating"));
-        }
-        let topic = Self::agent_topic(gate, agent);
-        if let Err(r) = gate.limit(&topic, 1, req.body.len() as u64) {
-            return r;
-        }
-        let now = crate::storage::offsets::now_ms();
-        let turn = match shared.calls.start_turn(&call, now) {
-            Ok(t) => t,
-            Err(m) => return problem(StatusCode::CONFLICT, m),
+        let adaptor = SessionTurn { advertised: &self.shard.shared.config.advertised_url };
+        let turn = match self.admit_turn(&adaptor, gate, req, agent) {
+            Ok(topic) => Box::pin(self.turn_with(&adaptor, &call, (agent, &topic), req)).await,
+            Err(r) => Err(r),
         };
-        let frame = match turn_frame(req, (&call.sid, turn), &topic, &shared.config.advertised_url) {
-            Ok(f) => f,
-            Err(r) => {
-                shared.calls.end_turn(&call, End::Failed, now);
-                return r;
+        match turn {
+            Ok(turn) => {
+                let spec = TurnSpec { key, after: None, turn: Some(turn), expires_us: gate.who.expires_us };
+                Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
             }
-        };
-        // After the turn is in progress: the attachment it goes to ends it if it closes (see
-        // `Calls::agent_gone`); one that closed before is seen here.
-        match shared.watchers.follower(&topic) {
-            Some(gen) => shared.calls.route(&call, turn, gen),
-            None => {
-                shared.calls.end_turn(&call, End::AgentGone, now);
-                return unavailable(&format!("agent {agent} is not attached (GET /agent/ws)"));
-            }
+            Err(Refusal::Answered(r) | Refusal::Problem(r)) => r,
         }
-        if let Err(e) = self.store(&topic, vec![frame]).await {
-            shared.calls.end_turn(&call, End::Failed, crate::storage::offsets::now_ms());
-            return storage_problem(&e);
-        }
-        let spec = TurnSpec { key, after: None, turn: Some(turn), expires_us: gate.who.expires_us };
-        Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
     }
 
     /// `GET /session/stream/{sid}[?turn=N]`: the current (or last) turn from after
@@ -376,7 +370,8 @@ fn embedded_only(config: &crate::config::Config) -> Result<(), Response> {
     }
 }
 
-fn unavailable(detail: &str) -> Response {
+/// 503: not now (an agent not attached, a backend without lite topics), try again in a second.
+pub(super) fn unavailable(detail: &str) -> Response {
     problem(StatusCode::SERVICE_UNAVAILABLE, detail).with_header("retry-after", "1")
 }
 

@@ -20,7 +20,7 @@ use std::borrow::Cow;
 
 use frame_codec::Frame;
 
-use super::adaptor::{FrameAdaptor, Placed, Refusal};
+use super::adaptor::{FrameAdaptor, Placed, Publish, Refusal, To};
 use super::request::Waited;
 use super::{shed, Gate, Quotaed, Traffic};
 use crate::adaptor::meshmessage::{self, code, ret, Form, Message, Refused};
@@ -76,19 +76,8 @@ struct ClassicSend<'f> {
 }
 
 impl FrameAdaptor for ClassicSend<'_> {
-    fn topic<'r>(&self, _req: &Request<'r>) -> Result<Cow<'r, str>, Refusal> {
-        Ok(Cow::Owned(self.message.topic.to_owned()))
-    }
-
-    fn frames(&self, topic: &str, _req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
-        self.message.to_frame(topic).map(|f| vec![f]).map_err(|r| Refusal::Answered(refused(&r)))
-    }
-
-    fn accepted(&self, placed: &[Placed<'_>]) -> Response {
-        let p = &placed[0];
-        // EventMesh answers "success" followed by its send result; the partition and offset
-        // are evmesh's.
-        answer(StatusCode::OK, ret::SUCCESS, &format!("success partition={} offset={}", p.partition, p.offset))
+    fn frames(&self, to: &To<'_>, _req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
+        self.message.to_frame(to.topic).map(|f| vec![f]).map_err(|r| Refusal::Answered(refused(&r)))
     }
 
     fn refused(&self, problem: Response) -> Response {
@@ -97,6 +86,19 @@ impl FrameAdaptor for ClassicSend<'_> {
 
     fn bytes(&self, _req: &Request<'_>) -> u64 {
         self.message.content.len() as u64
+    }
+}
+
+impl Publish for ClassicSend<'_> {
+    fn topic<'r>(&self, _req: &Request<'r>) -> Result<Cow<'r, str>, Refusal> {
+        Ok(Cow::Owned(self.message.topic.to_owned()))
+    }
+
+    fn accepted(&self, placed: &[Placed<'_>]) -> Response {
+        let p = &placed[0];
+        // EventMesh answers "success" followed by its send result; the partition and offset
+        // are evmesh's.
+        answer(StatusCode::OK, ret::SUCCESS, &format!("success partition={} offset={}", p.partition, p.offset))
     }
 }
 

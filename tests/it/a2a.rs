@@ -200,3 +200,47 @@ fn a_remote_agent_answering_garbage_gets_invalid_agent_response_and_the_broker_l
     // Alive, and serving.
     assert_eq!(b.client().get("/a2a/junk/.well-known/agent-card.json").status, 200);
 }
+
+/// An A2A message is a turn through the same ingress path as a native one (the FrameAdaptor
+/// SPI): the caller's rate limit refuses it before anything is made for it (no task, no
+/// session), in A2A's shape, and refuses a native turn the same way.
+#[test]
+fn a2a_messages_and_native_turns_share_the_turn_path_and_its_rate_limits() {
+    let b = TestBroker::start(&[]);
+    let mut agent = Agent::attach(&b, "bot");
+    let sid = {
+        let r = b.client().post("/session/open", "application/json", br#"{"clientId":"c1","agentId":"bot"}"#);
+        assert_eq!(r.status, 201, "{}", r.text());
+        r.json()["sessionId"].as_str().unwrap().to_owned()
+    };
+    let body = json!({"scope": "principal:anonymous", "eventsPerSecond": 1, "burst": 3}).to_string();
+    let r = b.admin().request("PUT", "/admin/limits/a2a", &[("content-type", "application/json")], body.as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for i in 0..10 {
+        let m = json!({"message": message(&format!("n{i}")), "configuration": {"returnImmediately": true}});
+        let v = rpc(&b, "bot", Some("1.0"), "SendMessage", m);
+        match v["result"]["task"]["id"].as_str() {
+            Some(id) => accepted.push(id.to_owned()),
+            None => {
+                // The broker's own refusal: JSON-RPC's internal error, with the limit said.
+                assert_eq!(code(&v), -32603, "{v}");
+                assert!(v["error"]["message"].as_str().unwrap().contains("over rate limit a2a"), "{v}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0 && !accepted.is_empty(), "{} accepted, {refused} refused", accepted.len());
+    // Only what was admitted became a task, and reached the agent.
+    let v = rpc(&b, "bot", Some("1.0"), "ListTasks", json!({"pageSize": 100}));
+    assert_eq!(v["result"]["totalSize"].as_u64(), Some(accepted.len() as u64), "{v}");
+    for _ in &accepted {
+        assert_eq!(agent.next()["type"], "evmesh.stream.request");
+    }
+    // The native turn meets the same limit, as problem+json (the bucket is empty by now, or
+    // nearly: the refill is one a second).
+    let statuses: Vec<u16> =
+        (0..4).map(|_| b.client().post(&format!("/session/stream/{sid}"), "text/plain", b"hi").status).collect();
+    assert!(statuses.contains(&429), "{statuses:?}");
+}
