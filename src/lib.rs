@@ -8,6 +8,7 @@ pub use evmesh_protocol::{adaptor, http, ws};
 pub mod admin;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod delivery;
 pub mod governance;

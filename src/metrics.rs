@@ -61,6 +61,8 @@ impl Histogram {
 pub struct ShardMetrics {
     pub publish_requests: Counter,
     pub events_published: Counter,
+    /// Bytes of the events stored (every path: publishes, turns, routed copies).
+    pub bytes_stored: Counter,
     pub publish_errors: Counter,
     /// Events a topic's transformer reshaped; copies a route stored in another topic.
     pub events_transformed: Counter,
@@ -122,7 +124,7 @@ pub const REQUEST_OUTCOMES: [&str; 3] = ["replied", "timed_out", "abandoned"];
 pub const WEBHOOK_RESULTS: [&str; 3] = ["ok", "failed", "deferred"];
 
 /// Picks one counter out of a shard's metrics.
-type CounterOf = fn(&ShardMetrics) -> &Counter;
+pub type CounterOf = fn(&ShardMetrics) -> &Counter;
 
 pub struct Metrics {
     shards: Box<[CachePadded<ShardMetrics>]>,
@@ -137,11 +139,19 @@ impl Metrics {
         &self.shards[id.index()]
     }
 
+    /// One counter summed over the shards.
+    pub fn total(&self, of: CounterOf) -> u64 {
+        self.shards.iter().map(|m| of(m).get()).sum()
+    }
+
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 22] = [
+        let counters: [(&str, &str, CounterOf); 23] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
+            ("evmesh_bytes_stored_total", "Bytes of the events stored (publishes, turns, routed copies)", |m| {
+                &m.bytes_stored
+            }),
             ("evmesh_publish_errors_total", "Publish requests answered with an error", |m| &m.publish_errors),
             ("evmesh_events_transformed_total", "Events reshaped by their topic's transformer", |m| {
                 &m.events_transformed

@@ -1,6 +1,7 @@
 //! The crate's `unsafe`, in one small module: the process signal mask (for `evmesh serve`'s
-//! shutdown), the iovec view of shared delivery buffers for vectored writes, and the byte views
-//! of the runtime's owned buffers that the TLS layer copies through.
+//! shutdown), the process's CPU time (for the cluster heartbeat's load), the iovec view of
+//! shared delivery buffers for vectored writes, and the byte views of the runtime's owned
+//! buffers that the TLS layer copies through.
 
 use std::rc::Rc;
 
@@ -27,6 +28,20 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> i32 {
         libc::sigwait(set, &mut sig);
     }
     sig
+}
+
+/// The CPU this process has used, user and system, in microseconds.
+pub fn process_cpu_us() -> u64 {
+    // SAFETY: getrusage fills a local, zero-initialized rusage.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return 0;
+        }
+        ru
+    };
+    let us = |t: libc::timeval| (t.tv_sec as u64).saturating_mul(1_000_000) + t.tv_usec as u64;
+    us(ru.ru_utime) + us(ru.ru_stime)
 }
 
 /// Raises the soft open-files limit to the hard one; returns the limit in force.

@@ -11,6 +11,7 @@ mod it {
     mod agents;
     pub mod calls;
     mod cli;
+    mod cluster;
     mod delivery;
     mod durability;
     mod errors;

@@ -422,6 +422,14 @@ impl Admin {
             (Method::Get, ["admin", "topics"]) => self.topics(),
             (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
             (Method::Get, ["admin", "agents"]) => self.agents(),
+            (Method::Get, ["admin", "cluster"]) => {
+                let storage = match self.shared.config.storage {
+                    crate::config::StorageKind::Embedded => "embedded",
+                    _ => "kafka",
+                };
+                let view = self.shared.membership.view(std::time::Instant::now(), storage);
+                Response::json(StatusCode::OK, serde_json::to_vec(&view).expect("json"))
+            }
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
             (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, req),
             (Method::Get, ["admin", "dlq", t]) => self.dead_letters(t, req),

@@ -101,6 +101,9 @@ pub const KEYS: &[(&str, &str)] = &[
     ("session_ttl_ms", "an agent streaming session idle this long is closed"),
     ("lite_topic_ttl_ms", "a lite topic (agent.*, client.*, session.*) without traffic this long is deleted"),
     ("advertised_url", "the URL clients reach this instance at (emreplyto, instanceUrl); empty = from listen"),
+    ("instance_id", "this instance's name among instances over one Kafka cluster; empty = generated, kept in data_dir"),
+    ("heartbeat_ms", "storage = kafka: how often this instance says it lives (and its load) to the others"),
+    ("instance_timeout_ms", "storage = kafka: an instance not heard from for this long is not live"),
     ("auto_create_topics", "create a topic on its first publish or subscription (false: 404 until PUT /admin/topics)"),
     ("admin_max_connections", "open connections on the admin listener; more are closed at accept"),
     (
@@ -127,7 +130,7 @@ fn kind(key: &str) -> Kind {
         "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
         | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" | "auth" | "auth_tokens_file"
         | "jwt_jwks_file" | "jwt_audience" | "jwt_issuer" | "admin_token" | "audit_log" | "tls_cert" | "tls_key"
-        | "tls_client_ca" | "advertised_url" | "webhook_ca_file" => Kind::Str,
+        | "tls_client_ca" | "advertised_url" | "webhook_ca_file" | "instance_id" => Kind::Str,
         "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -186,6 +189,9 @@ pub struct RawConfig {
     max_pending_requests: u64,
     max_pending_request_bytes: u64,
     advertised_url: String,
+    instance_id: String,
+    heartbeat_ms: u64,
+    instance_timeout_ms: u64,
     lite_topic_ttl_ms: u64,
     max_agents: u64,
     agent_heartbeat_timeout_ms: u64,
@@ -334,6 +340,12 @@ pub struct Config {
     /// Where clients reach this instance (`http[s]://host:port`, no trailing slash; empty until
     /// the runtime fills in the bound listener's [`local_url`]).
     pub advertised_url: String,
+    /// This instance's name among the instances over one Kafka cluster (empty until the runtime
+    /// reads or makes the one kept in `data_dir`).
+    pub instance_id: String,
+    /// How often this instance heartbeats, and how long one unheard of is still live.
+    pub heartbeat: Duration,
+    pub instance_timeout: Duration,
     /// A lite topic without traffic this long is deleted (with its events).
     pub lite_topic_ttl: Duration,
     /// Agents registered at once, and how long one may stay silent and still be routed to.
@@ -588,6 +600,14 @@ impl RawConfig {
                 1 << 40,
             )? as usize,
             advertised_url: self.advertised_url()?,
+            instance_id: self.instance_id()?,
+            heartbeat: Duration::from_millis(range("heartbeat_ms", self.heartbeat_ms, 10, 60_000)?),
+            instance_timeout: Duration::from_millis(range(
+                "instance_timeout_ms",
+                self.instance_timeout_ms,
+                self.heartbeat_ms.saturating_mul(2).max(20),
+                600_000,
+            )?),
             lite_topic_ttl: Duration::from_millis(range(
                 "lite_topic_ttl_ms",
                 self.lite_topic_ttl_ms,
@@ -625,6 +645,18 @@ impl RawConfig {
             _ => Err(ConfigError::Invalid {
                 key: "advertised_url",
                 message: format!("{url:?} must be http://HOST[:PORT] or https://HOST[:PORT]"),
+            }),
+        }
+    }
+
+    /// `instance_id` checked: `[A-Za-z0-9._-]{1,64}`, or empty (the runtime's, kept in data_dir).
+    fn instance_id(&self) -> Result<String, ConfigError> {
+        let id = self.instance_id.trim();
+        match crate::cluster::valid_instance_id(id) || id.is_empty() {
+            true => Ok(id.to_owned()),
+            false => Err(ConfigError::Invalid {
+                key: "instance_id",
+                message: format!("{id:?} must be [A-Za-z0-9._-]{{1,64}}"),
             }),
         }
     }
@@ -728,6 +760,26 @@ mod tests {
         }
         assert_eq!(local_url("0.0.0.0:8080".parse().unwrap(), false), "http://127.0.0.1:8080");
         assert_eq!(local_url("[::]:8443".parse().unwrap(), true), "https://[::1]:8443");
+    }
+
+    #[test]
+    fn instance_ids_and_the_heartbeat_timeout_are_checked() {
+        let c = load(&[], &[]).unwrap();
+        assert_eq!((c.instance_id.as_str(), c.heartbeat, c.instance_timeout), ("", ms(1000), ms(3000)));
+        assert_eq!(load(&["--instance-id", "eu-1.a_2"], &[]).unwrap().instance_id, "eu-1.a_2");
+        let key_of = |args: &[&str]| match load(args, &[]) {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(key_of(&["--instance-id", "a b"]), "instance_id");
+        assert_eq!(key_of(&["--instance-id", &"x".repeat(65)]), "instance_id");
+        // A timeout under two heartbeats would count a live instance dead between two of them.
+        assert_eq!(key_of(&["--heartbeat-ms", "1000", "--instance-timeout-ms", "1500"]), "instance_timeout_ms");
+        assert!(load(&["--heartbeat-ms", "100", "--instance-timeout-ms", "200"], &[]).is_ok());
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
     }
 
     #[test]

@@ -983,6 +983,8 @@ impl Traffic {
             return Ok(Vec::new());
         }
         let (meta, _) = self.shard.topic(topic, None, false).await?;
+        let bytes: u64 = frames.iter().map(|f| f.as_bytes().len() as u64).sum();
+        let stored = || self.shard.shared.metrics.shard(self.shard.id).bytes_stored.add(bytes);
         let partition_of = |f: &Frame, local: PartitionId| match f.body().attr_str("partitionkey") {
             Some(key) => partition_for_key(key.as_bytes(), meta.partitions),
             None => local,
@@ -993,6 +995,7 @@ impl Traffic {
         if frames.iter().all(|f| partition_of(f, local) == first) {
             let n = frames.len() as u64;
             let offset = self.shard.append(topic, first, std::mem::take(&mut frames)).await?;
+            stored();
             return Ok((0..n).map(|i| (first, offset + i)).collect());
         }
         // Group by partition, remembering each frame's place in the request.
@@ -1021,6 +1024,7 @@ impl Traffic {
                 placed[i] = (p, first + k as u64);
             }
         }
+        stored();
         Ok(placed)
     }
 }

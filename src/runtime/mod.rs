@@ -285,6 +285,63 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
     Ok(())
 }
 
+/// The instance id kept in `data_dir/instance_id`, made (at random) the first time.
+fn kept_instance_id(data_dir: &std::path::Path) -> Result<String, StartError> {
+    let path = data_dir.join("instance_id");
+    if let Ok(kept) = std::fs::read_to_string(&path) {
+        let kept = kept.trim();
+        if crate::cluster::valid_instance_id(kept) {
+            return Ok(kept.to_owned());
+        }
+        eprintln!("evmesh: {} holds no valid instance id; making a new one", path.display());
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(crate::clock::now_micros());
+    h.write_u32(std::process::id());
+    let id = format!("evmesh-{:016x}", h.finish());
+    let tmp = data_dir.join("instance_id.tmp");
+    std::fs::write(&tmp, format!("{id}\n")).and_then(|()| std::fs::rename(&tmp, &path))?;
+    Ok(id)
+}
+
+/// This instance's heartbeat: who it is, where clients reach it, its load (see `cluster`).
+fn heartbeat_of(shared: &Shared, load: &mut crate::cluster::LoadSampler) -> crate::cluster::Heartbeat {
+    let m = &shared.metrics;
+    let now = Instant::now();
+    let (bytes_per_second, cpu_percent) = load.sample(now, crate::sys::process_cpu_us(), m.total(|s| &s.bytes_stored));
+    crate::cluster::Heartbeat {
+        instance_id: shared.config.instance_id.clone(),
+        advertised_url: shared.config.advertised_url.clone(),
+        sessions: m.total(|s| &s.connections_open),
+        bytes_per_second,
+        cpu_percent,
+        sent_ms: crate::clock::now_micros() / 1000,
+    }
+}
+
+/// Heartbeats every `heartbeat_ms`: through Kafka to every instance (`storage = kafka`), or
+/// straight into this instance's own view (the embedded log: a cluster of one).
+fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
+    let mut load = crate::cluster::LoadSampler::new(Instant::now(), crate::sys::process_cpu_us(), 0);
+    let every = shared.config.heartbeat;
+    #[cfg(feature = "kafka")]
+    if let Some(k) = &shared.kafka {
+        let (to, from) = (shared.clone(), shared.clone());
+        let beat = move || heartbeat_of(&to, &mut load);
+        let heard = move |hb, age| from.membership.heard(hb, age, Instant::now());
+        k.start_membership(every, beat, heard)?;
+        return Ok(());
+    }
+    let shared = shared.clone();
+    std::thread::Builder::new().name("evmesh-heartbeat".into()).spawn(move || loop {
+        let hb = heartbeat_of(&shared, &mut load);
+        shared.membership.heard(hb, Duration::ZERO, Instant::now());
+        std::thread::sleep(every);
+    })?;
+    Ok(())
+}
+
 /// Starts every thread and returns once all shards accept connections.
 pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     fit_connection_caps(&mut config);
@@ -302,6 +359,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     };
     if config.advertised_url.is_empty() {
         config.advertised_url = crate::config::local_url(started.listen, config.tls.is_some());
+    }
+    if config.instance_id.is_empty() {
+        config.instance_id = kept_instance_id(&config.data_dir)?;
     }
     #[cfg(feature = "kafka")]
     let kafka = match &config.storage {
@@ -328,6 +388,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         governance,
         client_tls,
         listeners: [started.listen, started.admin_listen],
+        membership: crate::cluster::Membership::new(config.instance_id.clone(), config.instance_timeout),
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
@@ -361,6 +422,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     if let Some(k) = &shared.kafka {
         start_kafka(&shared, k)?;
     }
+    start_heartbeats(&shared)?;
     {
         let shared = shared.clone();
         std::thread::Builder::new().name("evmesh-memwatch".into()).spawn(move || loop {

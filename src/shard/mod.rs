@@ -54,6 +54,7 @@ pub const MAX_PARTITIONS: u32 = 4096;
 pub fn valid_topic(name: &str) -> bool {
     (1..=249).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !name.starts_with(crate::cluster::RESERVED_PREFIX)
 }
 
 /// FNV-1a: spreads topics over shards. Stable across versions: it decides where data lives.
@@ -147,6 +148,9 @@ mod tests {
         assert!(!valid_topic(""));
         assert!(!valid_topic("a/b"));
         assert!(!valid_topic("a b"));
+        // The broker's own Kafka topics (heartbeats, offsets) are no client's.
+        assert!(!valid_topic("__evmesh.instances"));
+        assert!(valid_topic("__evmesh") && valid_topic("_evmesh.x"));
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub struct Shared {
     pub client_tls: Arc<rustls::ClientConfig>,
     /// The traffic and admin listeners' bound addresses (webhook sinks may not point there).
     pub listeners: [std::net::SocketAddr; 2],
+    /// The instances this one knows to be live (itself alone on the embedded log).
+    pub membership: crate::cluster::Membership,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,

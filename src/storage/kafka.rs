@@ -10,6 +10,8 @@
 //!   partition with `assign()` at the copy's end and hands fetched batches to the owner shard
 //!   through its mailbox (records of other producers, and whatever the copy lost in a crash).
 //!   Delivery reads the copy at offsets evmesh owns (RocksDB), so restarts replay from Kafka.
+//! * **Membership**: one thread writes this instance's heartbeat to the one-partition topic
+//!   `__evmesh.instances` and reads everyone's back (`crate::cluster`).
 //! * **No group semantics**: librdkafka wants a `group.id` even for `assign()`; a fixed one is
 //!   set, `subscribe()` is never called and nothing is ever committed to Kafka.
 //!
@@ -32,10 +34,14 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::embedded::EmbeddedLog;
 use super::{Bounds, KafkaSettings, Storage, StorageError, TopicMeta};
+use crate::cluster::{Heartbeat, INSTANCES_TOPIC};
 use crate::shard::PartitionId;
 
 /// The consumer group id librdkafka insists on; never joined, never committed to.
 pub const ASSIGN_ONLY_GROUP: &str = "evmesh-assign-only-never-joined";
+
+/// Heartbeats read back from before an instance starts (to know at once who lives).
+const CATCH_UP: i64 = 4096;
 
 impl KafkaSettings {
     fn client(&self) -> ClientConfig {
@@ -71,6 +77,8 @@ impl ProducerContext for Reports {
 struct TopicJob {
     topic: String,
     partitions: u32,
+    /// Topic configs set when it is created (`retention.ms`, ...).
+    config: &'static [(&'static str, &'static str)],
     reply: oneshot::Sender<Result<(), StorageError>>,
 }
 
@@ -114,7 +122,7 @@ impl KafkaBackend {
             .name("evmesh-kafka-admin".into())
             .spawn(move || {
                 for job in jobs {
-                    let r = create_topic(&admin, &job.topic, job.partitions, rf);
+                    let r = create_topic(&admin, &job, rf);
                     let _ = job.reply.send(r);
                 }
             })
@@ -136,9 +144,19 @@ impl KafkaBackend {
 
     /// Creates the topic with `partitions` partitions, or checks an existing one has them.
     pub async fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<(), StorageError> {
+        self.ensure_topic_with(topic, partitions, &[]).await
+    }
+
+    /// [`KafkaBackend::ensure_topic`] with topic configs for its creation.
+    async fn ensure_topic_with(
+        &self,
+        topic: &str,
+        partitions: u32,
+        config: &'static [(&'static str, &'static str)],
+    ) -> Result<(), StorageError> {
         let (reply, rx) = oneshot::channel();
         self.topics
-            .send(TopicJob { topic: self.kafka_topic(topic), partitions, reply })
+            .send(TopicJob { topic: self.kafka_topic(topic), partitions, config, reply })
             .map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?;
         rx.await.map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?
     }
@@ -152,19 +170,118 @@ impl KafkaBackend {
     /// must not drop it (it may block this thread while the owner's mailbox is full).
     pub fn start_tail(&self, deliver: impl Fn(Fetched) + Send + 'static) -> Result<(), StorageError> {
         let Some(rx) = self.follow_rx.lock().expect("not poisoned").take() else { return Ok(()) };
-        let mut cc = self.settings.client();
-        cc.set("group.id", ASSIGN_ONLY_GROUP)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            .set("fetch.wait.max.ms", "10");
-        let consumer: BaseConsumer = cc.create().map_err(|e| engine("consumer", e))?;
+        let consumer = self.assign_only_consumer()?;
         let prefix = self.settings.topic_prefix.clone();
         std::thread::Builder::new()
             .name("evmesh-kafka-tail".into())
             .spawn(move || tail(consumer, rx, &prefix, deliver))
             .map_err(|e| engine("tail thread", e))?;
         Ok(())
+    }
+
+    /// Starts the cluster's heartbeats (`crate::cluster`) on a thread of their own: `beat()`
+    /// is written to the instances topic every `every`, and every instance's heartbeats read
+    /// back are handed to `heard` with how old they were when read (zero once caught up).
+    pub fn start_membership(
+        self: &Arc<Self>,
+        every: Duration,
+        beat: impl FnMut() -> Heartbeat + Send + 'static,
+        heard: impl Fn(Heartbeat, Duration) + Send + 'static,
+    ) -> Result<(), StorageError> {
+        let consumer = self.assign_only_consumer()?;
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("evmesh-kafka-cluster".into())
+            .spawn(move || me.membership(&consumer, every, beat, heard))
+            .map_err(|e| engine("cluster thread", e))?;
+        Ok(())
+    }
+
+    /// A consumer for `assign()` only (see [`ASSIGN_ONLY_GROUP`]).
+    fn assign_only_consumer(&self) -> Result<BaseConsumer, StorageError> {
+        let mut cc = self.settings.client();
+        cc.set("group.id", ASSIGN_ONLY_GROUP)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("fetch.wait.max.ms", "10");
+        cc.create().map_err(|e| engine("consumer", e))
+    }
+
+    /// The heartbeat thread: makes the topic (retrying while the broker is away), reads from
+    /// the last [`CATCH_UP`] heartbeats before now (to know the live instances at once, dating
+    /// those by their senders' clocks), then writes and reads on.
+    fn membership(
+        &self,
+        consumer: &BaseConsumer,
+        every: Duration,
+        mut beat: impl FnMut() -> Heartbeat,
+        heard: impl Fn(Heartbeat, Duration),
+    ) {
+        let topic = self.kafka_topic(INSTANCES_TOPIC);
+        let mut wait = Duration::from_millis(100);
+        let retry = |what: &str, e: &dyn std::fmt::Display, wait: &mut Duration| {
+            eprintln!("evmesh: kafka cluster: {what}: {e}; retrying in {wait:?}");
+            std::thread::sleep(*wait);
+            *wait = (*wait * 2).min(Duration::from_secs(5));
+        };
+        // Heartbeats are of no use an hour on: Kafka may drop them.
+        let config = &[("retention.ms", "3600000")];
+        while let Err(e) = futures::executor::block_on(self.ensure_topic_with(INSTANCES_TOPIC, 1, config)) {
+            retry("creating the instances topic", &e, &mut wait);
+        }
+        let caught_up = loop {
+            match consumer.fetch_watermarks(&topic, 0, Duration::from_secs(5)) {
+                Ok((low, high)) => break (low.max(high - CATCH_UP), high),
+                Err(e) => retry("reading the instances topic's offsets", &e, &mut wait),
+            }
+        };
+        let mut from = TopicPartitionList::new();
+        let assigned =
+            from.add_partition_offset(&topic, 0, Offset::Offset(caught_up.0)).and_then(|()| consumer.assign(&from));
+        if let Err(e) = assigned {
+            eprintln!("evmesh: kafka cluster: following the instances topic: {e}; heartbeats are not read");
+        }
+        let mut logged = std::time::Instant::now() - Duration::from_secs(60);
+        let mut log = |what: &str, e: &dyn std::fmt::Display| {
+            if logged.elapsed() > Duration::from_secs(10) {
+                eprintln!("evmesh: kafka cluster: {what}: {e}");
+                logged = std::time::Instant::now();
+            }
+        };
+        let mut next = std::time::Instant::now();
+        loop {
+            let now = std::time::Instant::now();
+            if now >= next {
+                let hb = beat();
+                let payload = serde_json::to_vec(&hb).expect("a heartbeat serializes");
+                let (tx, _) = oneshot::channel();
+                let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, Box::new(tx))
+                    .partition(0)
+                    .key(hb.instance_id.as_bytes())
+                    .payload(&payload[..]);
+                if let Err((e, _)) = self.producer.send(rec) {
+                    log("sending a heartbeat", &e);
+                }
+                next = (next + every).max(now);
+            }
+            let wait = next.saturating_duration_since(std::time::Instant::now()).min(Duration::from_millis(100));
+            match consumer.poll(wait) {
+                Some(Ok(m)) => {
+                    let Some(hb) = m.payload().and_then(Heartbeat::parse) else { continue };
+                    let age = match m.offset() < caught_up.1 {
+                        true => crate::clock::now_micros() / 1000 - hb.sent_ms,
+                        false => 0,
+                    };
+                    heard(hb, Duration::from_millis(age.max(0) as u64));
+                }
+                Some(Err(e)) => {
+                    log("reading heartbeats", &e);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                None => {}
+            }
+        }
     }
 
     /// Sends one frame; the receiver resolves with its partition and offset once the broker
@@ -196,13 +313,12 @@ impl KafkaBackend {
     }
 }
 
-fn create_topic(
-    admin: &AdminClient<DefaultClientContext>,
-    topic: &str,
-    partitions: u32,
-    rf: i32,
-) -> Result<(), StorageError> {
-    let new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(rf));
+fn create_topic(admin: &AdminClient<DefaultClientContext>, job: &TopicJob, rf: i32) -> Result<(), StorageError> {
+    let (topic, partitions) = (job.topic.as_str(), job.partitions);
+    let mut new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(rf));
+    for (k, v) in job.config {
+        new = new.set(k, v);
+    }
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     let results =
         futures::executor::block_on(admin.create_topics([&new], &opts)).map_err(|e| engine("create topic", e))?;
