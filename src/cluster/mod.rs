@@ -13,6 +13,8 @@
 //! This module is the view and its rules, without I/O: `storage::kafka` writes and reads the
 //! topic, the runtime samples the load, `GET /admin/cluster` shows the view.
 
+pub mod homes;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

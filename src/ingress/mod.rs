@@ -10,6 +10,7 @@ mod agent;
 mod call;
 mod meshmessage;
 mod pipeline;
+mod recommend;
 mod request;
 mod session;
 mod ws_publish;
@@ -211,7 +212,12 @@ impl Handler for Traffic {
             Some(("publish" | "subscribe" | "stream" | "chunk" | "end-turn" | "cancel" | "close", _))
         ) || matches!(
             path,
-            "/agent/register" | "/agent/heartbeat" | "/agent/deregister" | "/agent/ws" | "/session/open"
+            "/agent/register"
+                | "/agent/heartbeat"
+                | "/agent/deregister"
+                | "/agent/ws"
+                | "/session/open"
+                | "/session/recommend"
         ) || path.starts_with("/a2a/");
         // Classic EventMesh HTTP: its own paths, or any other path with a `code` header (its
         // SDKs post to `/`).
@@ -247,6 +253,12 @@ impl Handler for Traffic {
         if path == "/agent/ws" {
             return match req.method() {
                 Method::Get => self.agent_ws(&mut gate, &req),
+                _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
+            };
+        }
+        if path == "/session/recommend" {
+            return match req.method() {
+                Method::Get => self.recommend(&mut gate, &req),
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
             };
         }
@@ -826,11 +838,16 @@ impl Traffic {
         }
         def.created_us = crate::clock::now_micros();
         // Answered with the names the client used; stored in its tenant's namespace.
-        let json = def.shown().to_string();
+        let mut shown = def.shown();
         match (gate.scoped(&def.subscription), gate.scoped(&def.topic)) {
             (Ok(s), Ok(t)) => (def.subscription, def.topic) = (s.into_owned(), t.into_owned()),
             (Err(r), _) | (_, Err(r)) => return r,
         }
+        // Where its sessions attach (its home; this instance while none is known live yet).
+        let home = self.shard.shared.home(&crate::cluster::homes::subscription_key(&def.subscription));
+        let url = home.map_or_else(|| self.shard.shared.config.advertised_url.clone(), |h| h.url);
+        shown["instanceUrl"] = url.into();
+        let json = shown.to_string();
         if let Err(r) =
             gate.quota(Quotaed::Topic, &def.topic).and_then(|()| gate.quota(Quotaed::Subscription, &def.subscription))
         {

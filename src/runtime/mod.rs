@@ -327,10 +327,11 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
     let every = shared.config.heartbeat;
     #[cfg(feature = "kafka")]
     if let Some(k) = &shared.kafka {
-        let (to, from) = (shared.clone(), shared.clone());
+        let (to, from, claims) = (shared.clone(), shared.clone(), shared.clone());
         let beat = move || heartbeat_of(&to, &mut load);
         let heard = move |hb, age| from.membership.heard(hb, age, Instant::now());
-        k.start_membership(every, beat, heard)?;
+        let claimed = move |key, id| claims.homes.claimed(key, id, Instant::now());
+        k.start_membership(every, beat, heard, claimed)?;
         return Ok(());
     }
     let shared = shared.clone();
@@ -389,6 +390,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         client_tls,
         listeners: [started.listen, started.admin_listen],
         membership: crate::cluster::Membership::new(config.instance_id.clone(), config.instance_timeout),
+        homes: Default::default(),
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),

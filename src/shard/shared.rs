@@ -62,6 +62,8 @@ pub struct Shared {
     pub listeners: [std::net::SocketAddr; 2],
     /// The instances this one knows to be live (itself alone on the embedded log).
     pub membership: crate::cluster::Membership,
+    /// The home claims read back from Kafka (`cluster::homes`; none on the embedded log).
+    pub homes: crate::cluster::homes::Homes,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
@@ -112,7 +114,35 @@ impl Memory {
     }
 }
 
+/// A home instance: its id and the URL clients reach it at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HomeInstance {
+    pub id: String,
+    pub url: String,
+}
+
 impl Shared {
+    /// The home instance of `key` (`cluster::homes`): on the embedded log this instance; with
+    /// Kafka the claimed one while it is live, else the weighted rendezvous choice among the
+    /// live instances, recorded as a claim. `None` while no instance is known live (just
+    /// started, or Kafka away for longer than `instance_timeout_ms`).
+    pub fn home(&self, key: &str) -> Option<HomeInstance> {
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            let now = Instant::now();
+            let live = self.membership.live(now);
+            let h = self.homes.home(key, &live, now, self.config.instance_timeout)?;
+            let hb = &h.member.heartbeat;
+            if h.record {
+                if let Err(e) = k.claim_home(key, &hb.instance_id) {
+                    eprintln!("evmesh: the home of {key} not recorded: {e}");
+                }
+            }
+            return Some(HomeInstance { id: hb.instance_id.clone(), url: hb.advertised_url.clone() });
+        }
+        Some(HomeInstance { id: self.config.instance_id.clone(), url: self.config.advertised_url.clone() })
+    }
+
     /// Shards whose event loop has not run for `STALLED_AFTER` (or that never started).
     pub fn stalled_shards(&self) -> Vec<usize> {
         let now = self.epoch.elapsed().as_millis() as u64;

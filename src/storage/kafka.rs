@@ -11,7 +11,8 @@
 //!   through its mailbox (records of other producers, and whatever the copy lost in a crash).
 //!   Delivery reads the copy at offsets evmesh owns (RocksDB), so restarts replay from Kafka.
 //! * **Membership**: one thread writes this instance's heartbeat to the one-partition topic
-//!   `__evmesh.instances` and reads everyone's back (`crate::cluster`).
+//!   `__evmesh.instances` and reads everyone's back, with the home claims of
+//!   `__evmesh.homes` (`crate::cluster`).
 //! * **No group semantics**: librdkafka wants a `group.id` even for `assign()`; a fixed one is
 //!   set, `subscribe()` is never called and nothing is ever committed to Kafka.
 //!
@@ -34,6 +35,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 
 use super::embedded::EmbeddedLog;
 use super::{Bounds, KafkaSettings, Storage, StorageError, TopicMeta};
+use crate::cluster::homes::HOMES_TOPIC;
 use crate::cluster::{Heartbeat, INSTANCES_TOPIC};
 use crate::shard::PartitionId;
 
@@ -187,12 +189,13 @@ impl KafkaBackend {
         every: Duration,
         beat: impl FnMut() -> Heartbeat + Send + 'static,
         heard: impl Fn(Heartbeat, Duration) + Send + 'static,
+        claimed: impl Fn(String, String) + Send + 'static,
     ) -> Result<(), StorageError> {
         let consumer = self.assign_only_consumer()?;
         let me = self.clone();
         std::thread::Builder::new()
             .name("evmesh-kafka-cluster".into())
-            .spawn(move || me.membership(&consumer, every, beat, heard))
+            .spawn(move || me.membership(&consumer, every, beat, (heard, claimed)))
             .map_err(|e| engine("cluster thread", e))?;
         Ok(())
     }
@@ -208,17 +211,31 @@ impl KafkaBackend {
         cc.create().map_err(|e| engine("consumer", e))
     }
 
-    /// The heartbeat thread: makes the topic (retrying while the broker is away), reads from
-    /// the last [`CATCH_UP`] heartbeats before now (to know the live instances at once, dating
-    /// those by their senders' clocks), then writes and reads on.
+    /// Records `instance` as the home of `key` (`cluster::homes`): read back by every
+    /// instance's cluster thread, in log order.
+    pub fn claim_home(&self, key: &str, instance: &str) -> Result<(), StorageError> {
+        let (tx, _) = oneshot::channel();
+        let topic = self.kafka_topic(HOMES_TOPIC);
+        let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, Box::new(tx))
+            .partition(0)
+            .key(key.as_bytes())
+            .payload(instance.as_bytes());
+        self.producer.send(rec).map_err(|(e, _)| engine("claim", e))
+    }
+
+    /// The cluster thread: makes the topics (retrying while the broker is away), reads the
+    /// home claims from their start and the heartbeats from the last [`CATCH_UP`] before now
+    /// (to know the live instances at once, dating those by their senders' clocks), then
+    /// heartbeats and reads on.
     fn membership(
         &self,
         consumer: &BaseConsumer,
         every: Duration,
         mut beat: impl FnMut() -> Heartbeat,
-        heard: impl Fn(Heartbeat, Duration),
+        (heard, claimed): (impl Fn(Heartbeat, Duration), impl Fn(String, String)),
     ) {
         let topic = self.kafka_topic(INSTANCES_TOPIC);
+        let homes = self.kafka_topic(HOMES_TOPIC);
         let mut wait = Duration::from_millis(100);
         let retry = |what: &str, e: &dyn std::fmt::Display, wait: &mut Duration| {
             eprintln!("evmesh: kafka cluster: {what}: {e}; retrying in {wait:?}");
@@ -230,6 +247,11 @@ impl KafkaBackend {
         while let Err(e) = futures::executor::block_on(self.ensure_topic_with(INSTANCES_TOPIC, 1, config)) {
             retry("creating the instances topic", &e, &mut wait);
         }
+        // A home claim counts until replaced: compacted (the last claim of each key kept).
+        let config = &[("cleanup.policy", "compact")];
+        while let Err(e) = futures::executor::block_on(self.ensure_topic_with(HOMES_TOPIC, 1, config)) {
+            retry("creating the homes topic", &e, &mut wait);
+        }
         let caught_up = loop {
             match consumer.fetch_watermarks(&topic, 0, Duration::from_secs(5)) {
                 Ok((low, high)) => break (low.max(high - CATCH_UP), high),
@@ -237,8 +259,10 @@ impl KafkaBackend {
             }
         };
         let mut from = TopicPartitionList::new();
-        let assigned =
-            from.add_partition_offset(&topic, 0, Offset::Offset(caught_up.0)).and_then(|()| consumer.assign(&from));
+        let assigned = from
+            .add_partition_offset(&topic, 0, Offset::Offset(caught_up.0))
+            .and_then(|()| from.add_partition_offset(&homes, 0, Offset::Beginning))
+            .and_then(|()| consumer.assign(&from));
         if let Err(e) = assigned {
             eprintln!("evmesh: kafka cluster: following the instances topic: {e}; heartbeats are not read");
         }
@@ -267,6 +291,12 @@ impl KafkaBackend {
             }
             let wait = next.saturating_duration_since(std::time::Instant::now()).min(Duration::from_millis(100));
             match consumer.poll(wait) {
+                Some(Ok(m)) if m.topic() == homes => {
+                    let text = |b: Option<&[u8]>| b.and_then(|b| std::str::from_utf8(b).ok()).map(str::to_owned);
+                    if let (Some(key), Some(id)) = (text(m.key()), text(m.payload())) {
+                        claimed(key, id);
+                    }
+                }
                 Some(Ok(m)) => {
                     let Some(hb) = m.payload().and_then(Heartbeat::parse) else { continue };
                     let age = match m.offset() < caught_up.1 {

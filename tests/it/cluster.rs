@@ -40,6 +40,26 @@ fn an_embedded_instance_is_a_cluster_of_one_with_a_kept_id() {
     let named = TestBroker::start(&["--instance-id", "eu-1.a"]);
     assert_eq!(instance_id(&named), "eu-1.a");
     b.publish("__evmesh.instances", &event("e")).assert_problem(400);
+    // Every recommendation is this instance; a subscription's answer says so too.
+    let url = format!("http://{}", b.traffic);
+    for q in ["subscription=s", "clientId=c"] {
+        assert_eq!(recommend(&b, q), Some(url.clone()), "{q}");
+    }
+    let r = b.client().post("/events/subscribe", "application/json", br#"{"subscription":"s","topic":"t"}"#);
+    assert_eq!(r.json()["instanceUrl"], url, "{}", r.text());
+    b.client().get("/session/recommend").assert_problem(400);
+    b.client().get("/session/recommend?subscription=s&clientId=c").assert_problem(400);
+    b.client().get("/session/recommend?sessionId=bot:0000").assert_problem(404);
+}
+
+/// `GET /session/recommend?{q}` at `b`: the instance URL, or `None` when it cannot say yet.
+fn recommend(b: &TestBroker, q: &str) -> Option<String> {
+    let r = b.client().get(&format!("/session/recommend?{q}"));
+    match r.status {
+        200 => Some(r.json()["instanceUrl"].as_str().unwrap().to_owned()),
+        503 => None,
+        s => panic!("{s}: {}", r.text()),
+    }
 }
 
 #[cfg(feature = "kafka")]
@@ -99,6 +119,69 @@ mod on_kafka {
         assert_eq!(instance_id(&c), ids[2], "the same instance again");
         for x in [&a, &b, &c] {
             wait_for(Duration::from_secs(20), || (live(x) == (want.clone(), 1)).then_some(()));
+        }
+    }
+
+    fn start_in(brokers: &str, prefix: &str) -> TestBroker {
+        TestBroker::start(&[
+            "--storage",
+            "kafka",
+            "--kafka-brokers",
+            brokers,
+            "--kafka-topic-prefix",
+            prefix,
+            "--heartbeat-ms",
+            "100",
+            "--instance-timeout-ms",
+            "1000",
+        ])
+    }
+
+    /// What every instance in `of` recommends for `q`, once they all agree.
+    fn agreed(of: &[&TestBroker], q: &str) -> String {
+        wait_for(Duration::from_secs(20), || {
+            let urls: Vec<Option<String>> = of.iter().map(|b| recommend(b, q)).collect();
+            (urls[0].is_some() && urls.iter().all(|u| *u == urls[0])).then(|| urls[0].clone().unwrap())
+        })
+    }
+
+    /// Homes: every instance recommends the same home for a subscription or client (the first
+    /// choice recorded through Kafka), a subscription's answer names it, a new instance takes
+    /// none of them (sticky while the home lives), and a killed home's keys move to live ones.
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn homes_are_agreed_sticky_and_move_when_their_instance_dies() {
+        let brokers = std::env::var("EVMESH_TEST_KAFKA")
+            .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one");
+        let prefix = format!("hm-{}-{}-", std::process::id(), rand_suffix());
+        let mut all = vec![start_in(&brokers, &prefix), start_in(&brokers, &prefix), start_in(&brokers, &prefix)];
+        let n = |all: &[TestBroker]| all.iter().map(|b| live(b).0.len()).min().unwrap();
+        wait_for(Duration::from_secs(20), || (n(&all) == 3).then_some(()));
+        let keys: Vec<String> = (0..20).map(|i| format!("subscription=s{i}")).chain(["clientId=c1".into()]).collect();
+        let refs: Vec<&TestBroker> = all.iter().collect();
+        let homes: Vec<String> = keys.iter().map(|q| agreed(&refs, q)).collect();
+        let urls: Vec<String> = all.iter().map(|b| format!("http://{}", b.traffic)).collect();
+        assert!(homes.iter().all(|h| urls.contains(h)), "{homes:?}");
+        assert!(urls.iter().filter(|u| homes.contains(u)).count() >= 2, "spread: {homes:?}");
+        let r = all[1].client().post("/events/subscribe", "application/json", br#"{"subscription":"s0","topic":"t"}"#);
+        assert_eq!(r.json()["instanceUrl"], homes[0], "{}", r.text());
+        // A fourth, idle instance: every home stays where it was recorded.
+        all.push(start_in(&brokers, &prefix));
+        wait_for(Duration::from_secs(20), || (n(&all) == 4).then_some(()));
+        let refs: Vec<&TestBroker> = all.iter().collect();
+        for (q, home) in keys.iter().zip(&homes) {
+            assert_eq!(&agreed(&refs, q), home, "{q} moved while its home lives");
+        }
+        // The home of s0 killed: once it is not live, every other instance agrees on a new,
+        // live home for it; the keys of other homes stay.
+        let dead = urls.iter().position(|u| *u == homes[0]).unwrap();
+        all[dead].kill9();
+        let rest: Vec<&TestBroker> = all.iter().enumerate().filter(|(i, _)| *i != dead).map(|(_, b)| b).collect();
+        wait_for(Duration::from_secs(20), || rest.iter().all(|b| live(b).0.len() == 3).then_some(()));
+        let moved = agreed(&rest, &keys[0]);
+        assert!(moved != homes[0] && rest.iter().any(|b| format!("http://{}", b.traffic) == moved), "{moved}");
+        for (q, home) in keys.iter().zip(&homes).filter(|(_, h)| **h != homes[0]) {
+            assert_eq!(&agreed(&rest, q), home, "{q}");
         }
     }
 

@@ -1,0 +1,231 @@
+//! Homes: each subscription (and, by client id, each client) has one home instance among the
+//! live ones, the only one that serves it.
+//!
+//! * **Choice**: rendezvous hashing weighted by load. Every live instance scores
+//!   `weight / -ln(u)`, `u` a hash of (key, instance id) in (0, 1), `weight` falling with the
+//!   instance's load (connections and CPU); the highest score wins. Every instance computes the
+//!   same winner from the same view, without talking to the others, and a key moves only when
+//!   its winner leaves or a better one arrives.
+//! * **Stickiness**: the first choice is recorded as a claim in the evmesh-owned Kafka topic
+//!   [`HOMES_TOPIC`] (key = the home's key, value = the instance id); every instance reads the
+//!   claims back in log order, so they agree on the last one. A recorded home stays the home
+//!   while it is live, whatever joins or how loads change. When it is not live, the next to
+//!   ask records a new choice. Two instances may record different choices at once (their views
+//!   differ for up to a heartbeat): the later record wins for everyone, and until both have
+//!   read it each may serve the key: delivery is at-least-once, clients dedupe on `id`.
+//!
+//! Pure: `storage::kafka` writes and reads the claims.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::Member;
+
+/// The evmesh-owned Kafka topic of home claims (one partition; after `kafka.topic_prefix`).
+pub const HOMES_TOPIC: &str = "__evmesh.homes";
+
+/// Claims remembered at most (one per subscription and client asked about; past it the
+/// oldest are forgotten: a forgotten key is chosen again, its choice recorded again).
+const MAX_CLAIMS: usize = 1 << 20;
+
+/// The key of a subscription's home.
+pub fn subscription_key(stored: &str) -> String {
+    format!("sub/{stored}")
+}
+
+/// The key of a client's home (`GET /session/recommend?clientId=C`).
+pub fn client_key(client: &str) -> String {
+    format!("client/{client}")
+}
+
+/// A hash of (key, instance) in (0, 1): FNV-1a over both, then SplitMix64's finalizer
+/// (stable across versions and machines: every instance must compute the same).
+fn unit(key: &str, instance: &str) -> f64 {
+    let fnv = |h: u64, bytes: &[u8]| bytes.iter().fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let h = fnv(fnv(0xcbf2_9ce4_8422_2325, key.as_bytes()), &[0xff]);
+    let mut z = fnv(h, instance.as_bytes());
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+}
+
+/// An instance's weight: 1 idle, falling as its connections and CPU grow (twice as loaded,
+/// about half as likely to be chosen).
+fn weight(m: &Member) -> f64 {
+    let hb = &m.heartbeat;
+    1.0 / (1.0 + hb.sessions as f64 / 1000.0 + hb.cpu_percent.max(0.0) / 100.0)
+}
+
+/// The weighted rendezvous winner for `key` among `live` (ties by instance id).
+pub fn choose<'m>(key: &str, live: &'m [Member]) -> Option<&'m Member> {
+    let score = |m: &Member| weight(m) / -unit(key, &m.heartbeat.instance_id).ln();
+    live.iter().max_by(|a, b| {
+        score(a).total_cmp(&score(b)).then_with(|| b.heartbeat.instance_id.cmp(&a.heartbeat.instance_id))
+    })
+}
+
+/// The claims read back from the homes topic, and the ones this instance wrote and has not
+/// read back yet.
+#[derive(Default)]
+pub struct Homes {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// key -> (instance id, when read).
+    claims: HashMap<String, (String, Instant)>,
+    /// key -> (instance id, when written): used until read back, at most `pending_for`.
+    pending: HashMap<String, (String, Instant)>,
+}
+
+/// The home of a key, and whether a claim for it should be written.
+#[derive(Debug, PartialEq)]
+pub struct Home<'m> {
+    pub member: &'m Member,
+    pub record: bool,
+}
+
+impl Homes {
+    /// A claim read from the topic (in log order: the last one read is the key's claim).
+    pub fn claimed(&self, key: String, instance: String, now: Instant) {
+        let mut s = self.state.lock().expect("not poisoned");
+        if s.pending.get(&key).is_some_and(|(id, _)| *id == instance) {
+            s.pending.remove(&key);
+        }
+        if s.claims.len() >= MAX_CLAIMS && !s.claims.contains_key(&key) {
+            let oldest = s.claims.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                s.claims.remove(&k);
+            }
+        }
+        s.claims.insert(key, (instance, now));
+    }
+
+    /// The home of `key` among `live`: its claim while the claimed instance is live (then
+    /// nothing to write), else this instance's recent unanswered claim, else the weighted
+    /// rendezvous choice (to be recorded: `record`, and remembered as pending for
+    /// `pending_for`, so one choice is written, not one per request). `None` with no live
+    /// instance.
+    pub fn home<'m>(&self, key: &str, live: &'m [Member], now: Instant, pending_for: Duration) -> Option<Home<'m>> {
+        let find = |id: &str| live.iter().find(|m| m.heartbeat.instance_id == id);
+        let mut s = self.state.lock().expect("not poisoned");
+        if let Some(member) = s.claims.get(key).and_then(|(id, _)| find(id)) {
+            return Some(Home { member, record: false });
+        }
+        if let Some(member) =
+            s.pending.get(key).filter(|(_, at)| now.duration_since(*at) < pending_for).and_then(|(id, _)| find(id))
+        {
+            return Some(Home { member, record: false });
+        }
+        let member = choose(key, live)?;
+        if s.pending.len() >= MAX_CLAIMS {
+            s.pending.retain(|_, (_, at)| now.duration_since(*at) < pending_for);
+        }
+        s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
+        Some(Home { member, record: true })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Heartbeat;
+    use super::*;
+
+    fn member(id: &str, sessions: u64, cpu: f64) -> Member {
+        let heartbeat = Heartbeat {
+            instance_id: id.into(),
+            advertised_url: format!("http://{id}"),
+            sessions,
+            bytes_per_second: 0,
+            cpu_percent: cpu,
+            sent_ms: 0,
+        };
+        Member { heartbeat, silent: Duration::ZERO }
+    }
+
+    fn ids(live: &[Member], keys: usize) -> HashMap<String, usize> {
+        let mut won = HashMap::new();
+        for k in 0..keys {
+            *won.entry(choose(&format!("sub/s{k}"), live).unwrap().heartbeat.instance_id.clone()).or_insert(0) += 1;
+        }
+        won
+    }
+
+    #[test]
+    fn the_choice_is_the_same_everywhere_spread_and_moves_little() {
+        let three = [member("a", 0, 0.0), member("b", 0, 0.0), member("c", 0, 0.0)];
+        let mut reversed = three.clone();
+        reversed.reverse();
+        for k in 0..100 {
+            let key = format!("sub/s{k}");
+            assert_eq!(choose(&key, &three), choose(&key, &reversed), "order of the view does not matter");
+        }
+        let won = ids(&three, 3000);
+        assert!(won.values().all(|&n| (800..1200).contains(&n)), "{won:?}");
+        // A fourth instance takes about a quarter, only from the others (nothing moves between them).
+        let four = [three[0].clone(), three[1].clone(), three[2].clone(), member("d", 0, 0.0)];
+        let mut moved_elsewhere = 0;
+        let mut to_d = 0;
+        for k in 0..3000 {
+            let key = format!("sub/s{k}");
+            let (before, after) = (choose(&key, &three).unwrap(), choose(&key, &four).unwrap());
+            match after.heartbeat.instance_id.as_str() {
+                "d" => to_d += 1,
+                id if id != before.heartbeat.instance_id => moved_elsewhere += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(moved_elsewhere, 0);
+        assert!((600..900).contains(&to_d), "{to_d}");
+        assert_eq!(choose("k", &[]), None);
+    }
+
+    #[test]
+    fn a_loaded_instance_is_chosen_less() {
+        let live = [member("a", 0, 0.0), member("b", 0, 0.0), member("busy", 2000, 100.0)];
+        let won = ids(&live, 3000);
+        let busy = won.get("busy").copied().unwrap_or(0);
+        assert!((150..500).contains(&busy), "{won:?}");
+    }
+
+    #[test]
+    fn a_claim_holds_while_its_instance_lives_and_one_choice_is_recorded() {
+        let (t0, pending) = (Instant::now(), Duration::from_millis(2000));
+        let homes = Homes::default();
+        let live = [member("a", 0, 0.0), member("b", 0, 0.0), member("c", 0, 0.0)];
+        let first = homes.home("sub/x", &live, t0, pending).unwrap();
+        assert!(first.record, "nothing recorded yet: write the choice");
+        let chosen = first.member.heartbeat.instance_id.clone();
+        // Asked again before the claim is read back: the same, not written again.
+        assert_eq!(homes.home("sub/x", &live, t0, pending), Some(Home { member: first.member, record: false }));
+        // Another instance's claim read back later wins (log order), and sticks even when a
+        // new, idle instance would be chosen now.
+        let other = if chosen == "a" { "b" } else { "a" };
+        homes.claimed("sub/x".into(), chosen.clone(), t0);
+        homes.claimed("sub/x".into(), other.into(), t0);
+        let mut more = live.to_vec();
+        more.extend((0..20).map(|i| member(&format!("new{i}"), 0, 0.0)));
+        let h = homes.home("sub/x", &more, t0, pending).unwrap();
+        assert_eq!((h.member.heartbeat.instance_id.as_str(), h.record), (other, false));
+        // Its instance gone: chosen again among the live, and recorded.
+        let without: Vec<Member> = live.iter().filter(|m| m.heartbeat.instance_id != other).cloned().collect();
+        let h = homes.home("sub/x", &without, t0 + Duration::from_secs(1), pending).unwrap();
+        assert!(h.record && h.member.heartbeat.instance_id != other);
+        // A pending choice whose instance died is not kept either.
+        let gone = h.member.heartbeat.instance_id.clone();
+        let rest: Vec<Member> = without.into_iter().filter(|m| m.heartbeat.instance_id != gone).collect();
+        let h = homes.home("sub/x", &rest, t0 + Duration::from_secs(1), pending).unwrap();
+        assert!(h.record && rest.iter().any(|m| m.heartbeat.instance_id == h.member.heartbeat.instance_id));
+        assert_eq!(homes.home("sub/x", &[], t0, pending), None);
+    }
+
+    #[test]
+    fn the_hash_is_stable_across_versions() {
+        // Every instance must agree, whatever version each runs: these values never change.
+        assert_eq!(format!("{:.12}", unit("sub/orders", "evmesh-1")), "0.540024471435");
+        assert_eq!(format!("{:.12}", unit("", "")), "0.309291187458");
+    }
+}
