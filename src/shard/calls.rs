@@ -519,6 +519,10 @@ impl Calls {
     /// the last reader).
     pub fn close(&self, key: &str, why: End, now_ms: u64) -> Option<Arc<Call>> {
         let call = self.remove(key)?;
+        // Counted before the turn's end is seen (a client that read it reads the count too).
+        if why == End::Expired {
+            self.expired.fetch_add(1, Ordering::Relaxed);
+        }
         let mut s = lock(&call.state);
         self.end_locked(&call, &mut s, why, now_ms);
         s.closed = true;
@@ -533,10 +537,7 @@ impl Calls {
         // and only the idle sessions' keys copied.
         let idle = |c: &Arc<Call>| now_ms.saturating_sub(c.last_ms.load(Ordering::Relaxed)) > ttl_ms;
         let keys: Vec<String> = lock(&self.table).map.iter().filter(|(_, c)| idle(c)).map(|(k, _)| k.clone()).collect();
-        let gone: Vec<(String, Arc<Call>)> =
-            keys.into_iter().filter_map(|k| self.close(&k, End::Expired, now_ms).map(|c| (k, c))).collect();
-        self.expired.fetch_add(gone.len() as u64, Ordering::Relaxed);
-        gone
+        keys.into_iter().filter_map(|k| self.close(&k, End::Expired, now_ms).map(|c| (k, c))).collect()
     }
 
     /// `agent` (stored id) closed its attachment `gen`: each turn in progress routed to it ends
