@@ -3,9 +3,10 @@
 //!
 //! * **Choice**: rendezvous hashing weighted by load. Every live instance scores
 //!   `weight / -ln(u)`, `u` a hash of (key, instance id) in (0, 1), `weight` falling with the
-//!   instance's load (connections and CPU); the highest score wins. Every instance computes the
-//!   same winner from the same view, without talking to the others, and a key moves only when
-//!   its winner leaves or a better one arrives.
+//!   instance's load (connections and CPU); the highest score wins. Instances with the same view
+//!   and loads compute the same winner without talking to each other; as views and loads differ
+//!   by up to a heartbeat, so may their choices for a key nobody has claimed yet, which is why
+//!   the first choice is recorded.
 //! * **Stickiness**: the first choice is recorded as a claim in the evmesh-owned Kafka topic
 //!   [`HOMES_TOPIC`] (key = the home's key, value = the instance id); every instance reads the
 //!   claims back in log order, so they agree on the last one. A recorded home stays the home
@@ -13,6 +14,11 @@
 //!   ask records a new choice. Two instances may record different choices at once (their views
 //!   differ for up to a heartbeat): the later record wins for everyone, and until both have
 //!   read it each may serve the key: delivery is at-least-once, clients dedupe on `id`.
+//! * **What is recorded**: only the homes of subscriptions that exist (one claim per
+//!   subscription, bounded by `max_subscriptions` per instance); a client's home is chosen and
+//!   not recorded (it moves when the live set changes). An instance answers nothing until it
+//!   has read the claims written before it started ([`Homes::caught_up`]): answering from an
+//!   empty table, it would record choices over the homes already recorded.
 //!
 //! Pure: `storage::kafka` writes and reads the claims.
 
@@ -25,9 +31,13 @@ use super::Member;
 /// The evmesh-owned Kafka topic of home claims (one partition; after `kafka.topic_prefix`).
 pub const HOMES_TOPIC: &str = "__evmesh.homes";
 
-/// Claims remembered at most (one per subscription and client asked about; past it the
-/// oldest are forgotten: a forgotten key is chosen again, its choice recorded again).
+/// Claims remembered at most (whoever can write the topic could write more): past it one is
+/// forgotten per new one (a forgotten key is chosen again, its choice recorded again).
 const MAX_CLAIMS: usize = 1 << 20;
+/// Choices written and not read back yet, at most.
+const MAX_PENDING: usize = 1 << 16;
+/// Keys longer than this are not claims of ours (a subscription key is at most ~260 bytes).
+const MAX_KEY: usize = 512;
 
 /// The key of a subscription's home.
 pub fn subscription_key(stored: &str) -> String {
@@ -71,6 +81,8 @@ pub fn choose<'m>(key: &str, live: &'m [Member]) -> Option<&'m Member> {
 #[derive(Default)]
 pub struct Homes {
     state: Mutex<State>,
+    /// Set once the claims written before this instance started were read.
+    caught_up: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -90,26 +102,44 @@ pub struct Home<'m> {
 
 impl Homes {
     /// A claim read from the topic (in log order: the last one read is the key's claim).
+    /// Records that are not claims (a key too long, an invalid instance id) are ignored.
     pub fn claimed(&self, key: String, instance: String, now: Instant) {
+        if key.len() > MAX_KEY || !super::valid_instance_id(&instance) {
+            return;
+        }
         let mut s = self.state.lock().expect("not poisoned");
         if s.pending.get(&key).is_some_and(|(id, _)| *id == instance) {
             s.pending.remove(&key);
         }
         if s.claims.len() >= MAX_CLAIMS && !s.claims.contains_key(&key) {
-            let oldest = s.claims.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
+            let any = s.claims.keys().next().cloned();
+            if let Some(k) = any {
                 s.claims.remove(&k);
             }
         }
         s.claims.insert(key, (instance, now));
     }
 
+    /// The claims written before this instance started have been read: from now on it answers.
+    pub fn caught_up(&self) {
+        self.caught_up.store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// The home of `key` among `live`: its claim while the claimed instance is live (then
     /// nothing to write), else this instance's recent unanswered claim, else the weighted
-    /// rendezvous choice (to be recorded: `record`, and remembered as pending for
+    /// rendezvous choice, to be recorded if `recorded` (`record`; remembered as pending for
     /// `pending_for`, so one choice is written, not one per request). `None` with no live
-    /// instance.
-    pub fn home<'m>(&self, key: &str, live: &'m [Member], now: Instant, pending_for: Duration) -> Option<Home<'m>> {
+    /// instance, or before the claims written earlier were read ([`Homes::caught_up`]).
+    pub fn home<'m>(
+        &self,
+        key: &str,
+        live: &'m [Member],
+        (now, pending_for): (Instant, Duration),
+        recorded: bool,
+    ) -> Option<Home<'m>> {
+        if !self.caught_up.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         let find = |id: &str| live.iter().find(|m| m.heartbeat.instance_id == id);
         let mut s = self.state.lock().expect("not poisoned");
         if let Some(member) = s.claims.get(key).and_then(|(id, _)| find(id)) {
@@ -121,10 +151,15 @@ impl Homes {
             return Some(Home { member, record: false });
         }
         let member = choose(key, live)?;
-        if s.pending.len() >= MAX_CLAIMS {
+        if !recorded || key.len() > MAX_KEY {
+            return Some(Home { member, record: false });
+        }
+        if s.pending.len() >= MAX_PENDING {
             s.pending.retain(|_, (_, at)| now.duration_since(*at) < pending_for);
         }
-        s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
+        if s.pending.len() < MAX_PENDING {
+            s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
+        }
         Some(Home { member, record: true })
     }
 }
@@ -196,11 +231,17 @@ mod tests {
         let (t0, pending) = (Instant::now(), Duration::from_millis(2000));
         let homes = Homes::default();
         let live = [member("a", 0, 0.0), member("b", 0, 0.0), member("c", 0, 0.0)];
-        let first = homes.home("sub/x", &live, t0, pending).unwrap();
+        assert_eq!(homes.home("sub/x", &live, (t0, pending), true), None, "nothing before the claims are read");
+        homes.caught_up();
+        // A client's home is chosen, not recorded.
+        let client = homes.home("client/c", &live, (t0, pending), false).unwrap();
+        assert!(!client.record);
+        assert_eq!(homes.home("client/c", &live, (t0, pending), false), Some(client));
+        let first = homes.home("sub/x", &live, (t0, pending), true).unwrap();
         assert!(first.record, "nothing recorded yet: write the choice");
         let chosen = first.member.heartbeat.instance_id.clone();
         // Asked again before the claim is read back: the same, not written again.
-        assert_eq!(homes.home("sub/x", &live, t0, pending), Some(Home { member: first.member, record: false }));
+        assert_eq!(homes.home("sub/x", &live, (t0, pending), true), Some(Home { member: first.member, record: false }));
         // Another instance's claim read back later wins (log order), and sticks even when a
         // new, idle instance would be chosen now.
         let other = if chosen == "a" { "b" } else { "a" };
@@ -208,18 +249,22 @@ mod tests {
         homes.claimed("sub/x".into(), other.into(), t0);
         let mut more = live.to_vec();
         more.extend((0..20).map(|i| member(&format!("new{i}"), 0, 0.0)));
-        let h = homes.home("sub/x", &more, t0, pending).unwrap();
+        let h = homes.home("sub/x", &more, (t0, pending), true).unwrap();
         assert_eq!((h.member.heartbeat.instance_id.as_str(), h.record), (other, false));
         // Its instance gone: chosen again among the live, and recorded.
         let without: Vec<Member> = live.iter().filter(|m| m.heartbeat.instance_id != other).cloned().collect();
-        let h = homes.home("sub/x", &without, t0 + Duration::from_secs(1), pending).unwrap();
+        let h = homes.home("sub/x", &without, (t0 + Duration::from_secs(1), pending), true).unwrap();
         assert!(h.record && h.member.heartbeat.instance_id != other);
         // A pending choice whose instance died is not kept either.
         let gone = h.member.heartbeat.instance_id.clone();
         let rest: Vec<Member> = without.into_iter().filter(|m| m.heartbeat.instance_id != gone).collect();
-        let h = homes.home("sub/x", &rest, t0 + Duration::from_secs(1), pending).unwrap();
+        let h = homes.home("sub/x", &rest, (t0 + Duration::from_secs(1), pending), true).unwrap();
         assert!(h.record && rest.iter().any(|m| m.heartbeat.instance_id == h.member.heartbeat.instance_id));
-        assert_eq!(homes.home("sub/x", &[], t0, pending), None);
+        assert_eq!(homes.home("sub/x", &[], (t0, pending), true), None);
+        // Records that are not claims change nothing.
+        homes.claimed("sub/y".into(), "not an id".into(), t0);
+        homes.claimed("x".repeat(MAX_KEY + 1), "a".into(), t0);
+        assert!(homes.state.lock().unwrap().claims.keys().all(|k| k == "sub/x"));
     }
 
     #[test]

@@ -4,11 +4,16 @@
 //! everyone's heartbeats back from it; no consumer group, no other coordination.
 //!
 //! An instance is live while its last heartbeat was heard less than `instance_timeout_ms` ago,
-//! by the reader's own clock: a heartbeat read as it arrives is heard then. One read while
-//! catching up at start (written before this instance looked) is dated by its sender's clock,
-//! so clocks are assumed to agree to well within `instance_timeout_ms` (NTP) only for that
-//! first look. The view is this instance's own: two instances may briefly disagree (one heard
-//! a heartbeat the other has not yet), for at most about one heartbeat.
+//! by the reader's own clock: a heartbeat read as it arrives is heard then (so a reader that
+//! lags behind the topic, Kafka slow or away, sees instances live for as long as it lags after
+//! they stopped). One read while catching up at start (written before this instance looked) is
+//! dated by its sender's clock, so clocks are assumed to agree to well within
+//! `instance_timeout_ms` (NTP) for that first look. The view is this instance's own: two
+//! instances may briefly disagree (one heard a heartbeat the other has not yet), for about one
+//! heartbeat when both keep up with the topic.
+//!
+//! Whoever can write the topic can announce an instance (and send clients to its URL): the
+//! `__evmesh.` topics need Kafka ACLs that let only evmesh instances write them.
 //!
 //! This module is the view and its rules, without I/O: `storage::kafka` writes and reads the
 //! topic, the runtime samples the load, `GET /admin/cluster` shows the view.
@@ -90,9 +95,10 @@ impl Membership {
     }
 
     /// A heartbeat read at `now`, sent `age` before (zero for one read as it arrived). An
-    /// instance's older heartbeat than the one kept changes nothing.
+    /// instance's older heartbeat than the one kept changes nothing; one too old to date is
+    /// dropped.
     pub fn heard(&self, hb: Heartbeat, age: Duration, now: Instant) {
-        let at = now.checked_sub(age).unwrap_or(now);
+        let Some(at) = now.checked_sub(age) else { return };
         let mut heard = self.heard.lock().expect("not poisoned");
         if heard.get(&hb.instance_id).is_some_and(|(_, seen)| *seen > at) {
             return;

@@ -183,19 +183,6 @@ struct A2aTurn<'a> {
     entry: Option<&'a Arc<TaskEntry>>,
 }
 
-impl A2aTurn<'_> {
-    /// The ingress's refusal as A2A's error: a session on another turn is a busy context.
-    fn error(&self, p: &Response) -> A2aError {
-        match p.status.0 {
-            409 => {
-                let (_, detail) = super::ws_publish::refusal(p);
-                A2aError::new(ErrorKind::UnsupportedOperation, format!("the context is busy: {detail}"))
-            }
-            _ => from_problem(p),
-        }
-    }
-}
-
 impl FrameAdaptor for A2aTurn<'_> {
     fn frames(&self, to: &To<'_>, _req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
         let Some((sid, turn)) = to.turn else {
@@ -209,7 +196,7 @@ impl FrameAdaptor for A2aTurn<'_> {
     }
 
     fn refused(&self, problem: Response) -> Response {
-        self.b.err(&self.error(&problem))
+        self.b.err(&from_problem(&problem))
     }
 
     fn bytes(&self, _req: &Request<'_>) -> u64 {
@@ -693,7 +680,7 @@ impl Traffic {
         let topic = match self.admit_turn(&adaptor, gate, req, agent) {
             Ok(t) => t,
             Err(Refusal::Answered(r)) => return r,
-            Err(Refusal::Problem(p)) => return adaptor.refused(p),
+            Err(Refusal::Problem(p) | Refusal::Busy(p)) => return adaptor.refused(p),
         };
         let continued = s.message.task_id.is_some();
         let entry = match self.a2a_task_for(gate, agent, &s) {
@@ -717,7 +704,14 @@ impl Traffic {
         let turn = match self.turn_with(&adaptor, &call, (agent, &topic), req).await {
             Ok(turn) => turn,
             Err(Refusal::Answered(r)) => return r,
-            Err(Refusal::Problem(p)) => return failed(adaptor.error(&p)),
+            Err(Refusal::Problem(p)) => return failed(from_problem(&p)),
+            Err(Refusal::Busy(p)) => {
+                let (_, detail) = super::ws_publish::refusal(&p);
+                return failed(A2aError::new(
+                    ErrorKind::UnsupportedOperation,
+                    format!("the context is busy: {detail}"),
+                ));
+            }
         };
         monoio::spawn(drive(self.shard.clone(), entry.clone(), call, turn));
         if streaming {

@@ -47,6 +47,9 @@ pub(super) enum Refusal {
     Answered(Response),
     /// The ingress's refusal, a problem (status + detail) for the adaptor to word.
     Problem(Response),
+    /// A turn of the session is in progress (a 409 problem): a protocol may say so in its own
+    /// words (A2A: the context is busy).
+    Busy(Response),
 }
 
 impl From<Response> for Refusal {
@@ -162,7 +165,7 @@ impl Traffic {
         match self.ingest(adaptor, gate, req).await {
             Ok(answer) => answer,
             Err(Refusal::Answered(answer)) => answer,
-            Err(Refusal::Problem(problem)) => adaptor.refused(problem),
+            Err(Refusal::Problem(problem) | Refusal::Busy(problem)) => adaptor.refused(problem),
         }
     }
 
@@ -242,7 +245,7 @@ impl Traffic {
     ) -> Result<u64, Refusal> {
         let calls = &self.shard.shared.calls;
         let now = crate::storage::offsets::now_ms;
-        let turn = calls.start_turn(call, now()).map_err(|m| problem(StatusCode::CONFLICT, m))?;
+        let turn = calls.start_turn(call, now()).map_err(|m| Refusal::Busy(problem(StatusCode::CONFLICT, m)))?;
         let frames = match adaptor.frames(&To { topic, turn: Some((&call.sid, turn)) }, req) {
             Ok(f) => f,
             Err(r) => {

@@ -22,7 +22,7 @@ use crate::server::{FollowSpec, Request, Response, TurnSpec, Upgrade};
 use crate::shard::calls::{session_key, Call, ChunkBody, End, Taken};
 
 /// Agent and client ids: `[A-Za-z0-9._-]{1,100}`.
-fn valid_id(id: &str) -> bool {
+pub(super) fn valid_id(id: &str) -> bool {
     (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
@@ -207,7 +207,7 @@ impl Traffic {
                 let spec = TurnSpec { key, after: None, turn: Some(turn), expires_us: gate.who.expires_us };
                 Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
             }
-            Err(Refusal::Answered(r) | Refusal::Problem(r)) => r,
+            Err(Refusal::Answered(r) | Refusal::Problem(r) | Refusal::Busy(r)) => r,
         }
     }
 

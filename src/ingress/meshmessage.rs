@@ -173,7 +173,7 @@ impl Traffic {
                     match Box::pin(self.ingest(adaptor, gate, req)).await {
                         Ok(_) => {}
                         Err(Refusal::Answered(a)) => return a,
-                        Err(Refusal::Problem(p)) => return adaptor.refused(p),
+                        Err(Refusal::Problem(p) | Refusal::Busy(p)) => return adaptor.refused(p),
                     }
                 }
                 answer(StatusCode::OK, ret::SUCCESS, &format!("success: {n} messages"))

@@ -843,11 +843,15 @@ impl Traffic {
             (Ok(s), Ok(t)) => (def.subscription, def.topic) = (s.into_owned(), t.into_owned()),
             (Err(r), _) | (_, Err(r)) => return r,
         }
-        // Where its sessions attach (its home; this instance while none is known live yet).
-        let home = self.shard.shared.home(&crate::cluster::homes::subscription_key(&def.subscription));
-        let url = home.map_or_else(|| self.shard.shared.config.advertised_url.clone(), |h| h.url);
-        shown["instanceUrl"] = url.into();
-        let json = shown.to_string();
+        // Where its sessions attach: its home, recorded once it exists (this instance while none
+        // is known live yet).
+        let key = crate::cluster::homes::subscription_key(&def.subscription);
+        let json = |shown: &mut serde_json::Value| {
+            let home = self.shard.shared.home(&key, true);
+            shown["instanceUrl"] =
+                home.map_or_else(|| self.shard.shared.config.advertised_url.clone(), |h| h.url).into();
+            shown.to_string()
+        };
         if let Err(r) =
             gate.quota(Quotaed::Topic, &def.topic).and_then(|()| gate.quota(Quotaed::Subscription, &def.subscription))
         {
@@ -857,8 +861,8 @@ impl Traffic {
             return storage_problem(&e);
         }
         match self.shard.subscription(SubRequest::Create(def)).await {
-            Ok(SubOutcome::Created) => Response::json(StatusCode(201), json),
-            Ok(SubOutcome::Unchanged) => Response::json(StatusCode::OK, json),
+            Ok(SubOutcome::Created) => Response::json(StatusCode(201), json(&mut shown)),
+            Ok(SubOutcome::Unchanged) => Response::json(StatusCode::OK, json(&mut shown)),
             Ok(SubOutcome::Limit) => problem(
                 StatusCode::CONFLICT,
                 &format!("max_subscriptions ({}) subscriptions exist", self.shard.shared.config.max_subscriptions),

@@ -1,9 +1,10 @@
 //! `GET /session/recommend?subscription=S|sessionId=X|clientId=C` (SPEC, "Many instances"):
-//! where a client should attach, `{"instanceUrl": U, "instanceId": I}`. A subscription's and a
-//! client's home is chosen among the live instances and recorded (`cluster::homes`, sticky while
-//! it lives); an agent streaming session lives where it was opened, so it is this instance when
-//! the session is here (and the caller's), else unknown here (404). On the embedded log every
-//! answer is this instance.
+//! where a client should attach, `{"instanceUrl": U, "instanceId": I}`. A subscription's home
+//! is chosen among the live instances and recorded (`cluster::homes`, sticky while it lives)
+//! once the subscription exists; a client's is chosen, not recorded (nothing a caller names
+//! grows the homes topic); an agent streaming session lives where it was opened, so it is this
+//! instance when the session is here (and the caller's), else unknown here (404). On the
+//! embedded log every answer is this instance.
 
 use super::{Gate, Traffic};
 use crate::cluster::homes::{client_key, subscription_key};
@@ -26,21 +27,24 @@ impl Traffic {
             let body = serde_json::json!({"instanceUrl": url, "instanceId": id});
             Response::json(StatusCode::OK, body.to_string())
         };
-        let key = match *what {
+        let (key, record) = match *what {
             "subscription" => {
                 if let Err(r) = gate.allow(Action::Subscribe, Kind::Subscription, name) {
                     return r;
                 }
                 match gate.scoped(name) {
-                    Ok(stored) => subscription_key(&stored),
+                    Ok(stored) => {
+                        let exists = matches!(crate::storage::meta::get_subscription(&shared.db, &stored), Ok(Some(_)));
+                        (subscription_key(&stored), exists)
+                    }
                     Err(r) => return r,
                 }
             }
-            "clientId" if crate::shard::valid_topic(name) => match gate.scoped(name) {
-                Ok(stored) => client_key(&stored),
+            "clientId" if super::call::valid_id(name) => match gate.scoped(name) {
+                Ok(stored) => (client_key(&stored), false),
                 Err(r) => return r,
             },
-            "clientId" => return problem(StatusCode::BAD_REQUEST, "client ids are [A-Za-z0-9._-]{1,249}"),
+            "clientId" => return problem(StatusCode::BAD_REQUEST, "client ids are [A-Za-z0-9._-]{1,100}"),
             _ => {
                 let key = crate::shard::calls::session_key(gate.who.tenant.as_deref(), name);
                 let principal = gate.principal();
@@ -50,7 +54,7 @@ impl Traffic {
                 };
             }
         };
-        match shared.home(&key) {
+        match shared.home(&key, record) {
             Some(h) => answer(&h.id, &h.url),
             None => problem(StatusCode::SERVICE_UNAVAILABLE, "no live instance is known yet; try again")
                 .with_header("retry-after", "1"),

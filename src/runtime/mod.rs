@@ -330,8 +330,10 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
         let (to, from, claims) = (shared.clone(), shared.clone(), shared.clone());
         let beat = move || heartbeat_of(&to, &mut load);
         let heard = move |hb, age| from.membership.heard(hb, age, Instant::now());
+        let caught_up = claims.clone();
         let claimed = move |key, id| claims.homes.claimed(key, id, Instant::now());
-        k.start_membership(every, beat, heard, claimed)?;
+        let caught_up = move || caught_up.homes.caught_up();
+        k.start_membership(every, beat, heard, (claimed, caught_up))?;
         return Ok(());
     }
     let shared = shared.clone();

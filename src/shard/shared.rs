@@ -124,14 +124,15 @@ pub struct HomeInstance {
 impl Shared {
     /// The home instance of `key` (`cluster::homes`): on the embedded log this instance; with
     /// Kafka the claimed one while it is live, else the weighted rendezvous choice among the
-    /// live instances, recorded as a claim. `None` while no instance is known live (just
-    /// started, or Kafka away for longer than `instance_timeout_ms`).
-    pub fn home(&self, key: &str) -> Option<HomeInstance> {
+    /// live instances, recorded as a claim if `record`. `None` while no instance is known live
+    /// or the claims are not read yet (just started, or Kafka away for longer than
+    /// `instance_timeout_ms`).
+    pub fn home(&self, key: &str, record: bool) -> Option<HomeInstance> {
         #[cfg(feature = "kafka")]
         if let Some(k) = &self.kafka {
             let now = Instant::now();
             let live = self.membership.live(now);
-            let h = self.homes.home(key, &live, now, self.config.instance_timeout)?;
+            let h = self.homes.home(key, &live, (now, self.config.instance_timeout), record)?;
             let hb = &h.member.heartbeat;
             if h.record {
                 if let Err(e) = k.claim_home(key, &hb.instance_id) {

@@ -184,18 +184,20 @@ impl KafkaBackend {
     /// Starts the cluster's heartbeats (`crate::cluster`) on a thread of their own: `beat()`
     /// is written to the instances topic every `every`, and every instance's heartbeats read
     /// back are handed to `heard` with how old they were when read (zero once caught up).
+    /// `claimed` gets each home claim read (key, instance id), and `caught_up()` is called once
+    /// the claims written before this instance started are read.
     pub fn start_membership(
         self: &Arc<Self>,
         every: Duration,
         beat: impl FnMut() -> Heartbeat + Send + 'static,
         heard: impl Fn(Heartbeat, Duration) + Send + 'static,
-        claimed: impl Fn(String, String) + Send + 'static,
+        (claimed, caught_up): (impl Fn(String, String) + Send + 'static, impl FnOnce() + Send + 'static),
     ) -> Result<(), StorageError> {
         let consumer = self.assign_only_consumer()?;
         let me = self.clone();
         std::thread::Builder::new()
             .name("evmesh-kafka-cluster".into())
-            .spawn(move || me.membership(&consumer, every, beat, (heard, claimed)))
+            .spawn(move || me.membership(&consumer, every, beat, (heard, claimed, caught_up)))
             .map_err(|e| engine("cluster thread", e))?;
         Ok(())
     }
@@ -232,7 +234,7 @@ impl KafkaBackend {
         consumer: &BaseConsumer,
         every: Duration,
         mut beat: impl FnMut() -> Heartbeat,
-        (heard, claimed): (impl Fn(Heartbeat, Duration), impl Fn(String, String)),
+        (heard, claimed, caught_up): (impl Fn(Heartbeat, Duration), impl Fn(String, String), impl FnOnce()),
     ) {
         let topic = self.kafka_topic(INSTANCES_TOPIC);
         let homes = self.kafka_topic(HOMES_TOPIC);
@@ -252,20 +254,42 @@ impl KafkaBackend {
         while let Err(e) = futures::executor::block_on(self.ensure_topic_with(HOMES_TOPIC, 1, config)) {
             retry("creating the homes topic", &e, &mut wait);
         }
-        let caught_up = loop {
-            match consumer.fetch_watermarks(&topic, 0, Duration::from_secs(5)) {
-                Ok((low, high)) => break (low.max(high - CATCH_UP), high),
-                Err(e) => retry("reading the instances topic's offsets", &e, &mut wait),
+        let watermarks = |t: &str| consumer.fetch_watermarks(t, 0, Duration::from_secs(5));
+        let (caught_up_at, homes_end) = loop {
+            match watermarks(&topic)
+                .and_then(|(low, high)| Ok(((low.max(high - CATCH_UP), high), watermarks(&homes)?.1)))
+            {
+                Ok(x) => break x,
+                Err(e) => retry("reading the cluster topics' offsets", &e, &mut wait),
             }
         };
-        let mut from = TopicPartitionList::new();
-        let assigned = from
-            .add_partition_offset(&topic, 0, Offset::Offset(caught_up.0))
-            .and_then(|()| from.add_partition_offset(&homes, 0, Offset::Beginning))
-            .and_then(|()| consumer.assign(&from));
-        if let Err(e) = assigned {
-            eprintln!("evmesh: kafka cluster: following the instances topic: {e}; heartbeats are not read");
+        loop {
+            let mut from = TopicPartitionList::new();
+            let assigned = from
+                .add_partition_offset(&topic, 0, Offset::Offset(caught_up_at.0))
+                .and_then(|()| from.add_partition_offset(&homes, 0, Offset::Beginning))
+                .and_then(|()| consumer.assign(&from));
+            match assigned {
+                Ok(()) => break,
+                Err(e) => retry("following the cluster topics", &e, &mut wait),
+            }
         }
+        // Homes are answered once the claims up to `homes_end` are read (`cluster::homes`): by a
+        // record's offset, or the consumer's position when nothing more comes (a compacted
+        // topic's end need not be a record's).
+        let mut caught_up = Some(caught_up);
+        let mut homes_read = |next: i64| {
+            if next >= homes_end {
+                if let Some(done) = caught_up.take() {
+                    done();
+                }
+            }
+        };
+        homes_read(0);
+        let position = |c: &BaseConsumer| {
+            let p = c.position().ok()?;
+            p.find_partition(&homes, 0)?.offset().to_raw()
+        };
         let mut logged = std::time::Instant::now() - Duration::from_secs(60);
         let mut log = |what: &str, e: &dyn std::fmt::Display| {
             if logged.elapsed() > Duration::from_secs(10) {
@@ -296,11 +320,17 @@ impl KafkaBackend {
                     if let (Some(key), Some(id)) = (text(m.key()), text(m.payload())) {
                         claimed(key, id);
                     }
+                    homes_read(m.offset() + 1);
+                }
+                None => {
+                    if let Some(next) = position(consumer) {
+                        homes_read(next);
+                    }
                 }
                 Some(Ok(m)) => {
                     let Some(hb) = m.payload().and_then(Heartbeat::parse) else { continue };
-                    let age = match m.offset() < caught_up.1 {
-                        true => crate::clock::now_micros() / 1000 - hb.sent_ms,
+                    let age = match m.offset() < caught_up_at.1 {
+                        true => (crate::clock::now_micros() / 1000).saturating_sub(hb.sent_ms),
                         false => 0,
                     };
                     heard(hb, Duration::from_millis(age.max(0) as u64));
@@ -309,7 +339,6 @@ impl KafkaBackend {
                     log("reading heartbeats", &e);
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                None => {}
             }
         }
     }
