@@ -19,11 +19,10 @@
 //! transport), for A2A the task rendering of a turn's chunks (`adaptor::a2a`).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use frame_codec::Frame;
 use smallvec::SmallVec;
-
-use std::sync::Arc;
 
 use super::call::unavailable;
 use super::{shed, storage_problem, Gate, Quotaed, Traffic};
