@@ -72,9 +72,7 @@ mod on_kafka {
     #[test]
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn instances_see_each_other_and_a_killed_one_leaves_every_view() {
-        let brokers = std::env::var("EVMESH_TEST_KAFKA")
-            .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one");
-        let prefix = format!("cl-{}-{}-", std::process::id(), rand_suffix());
+        let (brokers, prefix) = kafka_and_prefix("cl");
         let start = || start_in(&brokers, &prefix);
         let (a, b, mut c) = (start(), start(), start());
         let ids: Vec<String> = [&a, &b, &c].iter().map(|x| instance_id(x)).collect();
@@ -139,9 +137,7 @@ mod on_kafka {
     #[test]
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn homes_are_agreed_sticky_and_move_when_their_instance_dies() {
-        let brokers = std::env::var("EVMESH_TEST_KAFKA")
-            .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one");
-        let prefix = format!("hm-{}-{}-", std::process::id(), rand_suffix());
+        let (brokers, prefix) = kafka_and_prefix("hm");
         let mut all = vec![start_in(&brokers, &prefix), start_in(&brokers, &prefix), start_in(&brokers, &prefix)];
         let n = |all: &[TestBroker]| all.iter().map(|b| live(b).0.len()).min().unwrap();
         wait_for(Duration::from_secs(20), || (n(&all) == 3).then_some(()));
@@ -188,10 +184,13 @@ mod on_kafka {
         }
     }
 
-    fn rand_suffix() -> u64 {
+    /// The test Kafka broker, and a topic prefix of this test's own (its instances share it).
+    fn kafka_and_prefix(tag: &str) -> (String, String) {
         use std::hash::{BuildHasher, Hasher};
+        let brokers = std::env::var("EVMESH_TEST_KAFKA")
+            .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one");
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u8(0);
-        h.finish() % 1_000_000
+        (brokers, format!("{tag}-{}-{}-", std::process::id(), h.finish() % 1_000_000))
     }
 }
