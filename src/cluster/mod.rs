@@ -30,6 +30,10 @@ use serde_json::{json, Value as Json};
 /// The evmesh-owned Kafka topic of heartbeats (one partition; after `kafka.topic_prefix`).
 pub const INSTANCES_TOPIC: &str = "__evmesh.instances";
 
+/// The evmesh-owned Kafka topic of subscription definitions (compacted; key = the stored
+/// name, value = the definition's JSON, none once removed): every instance applies them.
+pub const SUBSCRIPTIONS_TOPIC: &str = "__evmesh.subscriptions";
+
 /// Topic names starting with this are the broker's own (Kafka topics evmesh writes for itself):
 /// no client may publish to or subscribe to one.
 pub const RESERVED_PREFIX: &str = "__evmesh.";

@@ -860,8 +860,12 @@ impl Traffic {
         if let Err(e) = self.shard.topic(&def.topic, None, false).await {
             return storage_problem(&e);
         }
+        let replica = def.clone();
         match self.shard.subscription(SubRequest::Create(def)).await {
-            Ok(SubOutcome::Created) => Response::json(StatusCode(201), json(&mut shown)),
+            Ok(SubOutcome::Created) => {
+                self.shard.shared.replicate_definition(&replica.subscription, Some(&replica));
+                Response::json(StatusCode(201), json(&mut shown))
+            }
             Ok(SubOutcome::Unchanged) => Response::json(StatusCode::OK, json(&mut shown)),
             Ok(SubOutcome::Limit) => problem(
                 StatusCode::CONFLICT,
@@ -890,12 +894,15 @@ impl Traffic {
             Ok(s) => s.into_owned(),
             Err(r) => return r,
         };
-        let topic = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
-            Ok(d) => d.map(|d| d.topic).unwrap_or_default(),
+        let (topic, pushed) = match crate::storage::meta::get_subscription(&self.shard.shared.db, &name) {
+            Ok(d) => d.map(|d| (d.topic.clone(), d.pushed())).unwrap_or_default(),
             Err(e) => return storage_problem(&e),
         };
         match self.shard.subscription(SubRequest::Remove(name.clone())).await {
             Ok(SubOutcome::Removed) => {
+                if !pushed {
+                    self.shard.shared.replicate_definition(&name, None);
+                }
                 // Attached sessions, on whatever shard, are closed cleanly (1000).
                 self.shard.announce(&name, &topic, InterestChange::Removed);
                 Response::json(StatusCode::OK, serde_json::json!({"subscription": local, "removed": true}).to_string())

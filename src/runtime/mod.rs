@@ -320,6 +320,72 @@ fn heartbeat_of(shared: &Shared, load: &mut crate::cluster::LoadSampler) -> crat
     }
 }
 
+/// A subscription defined (or removed, `None`) at some instance, read from Kafka, applied
+/// here as the traffic API would (its topic ensured, then the definition through the owner of
+/// its name; a removal closes the sessions attached here). A definition that differs from the
+/// one here is logged and left (the one here stays). Runs on the cluster thread, waiting for
+/// the shards' answers.
+fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
+    use crate::shard::message::{Interest, InterestChange, ShardMessage, SubOutcome, SubRequest};
+    use crate::shard::{meta_owner, ShardId};
+    let shards = shared.config.shards;
+    let send = |to: ShardId, mut msg: ShardMessage| {
+        while let Err(back) = shared.mailboxes.send(Sender::Admin, to, msg) {
+            msg = back;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    // (A plain thread: the shards' answers are awaited without monoio's timer.)
+    fn wait<T>(rx: futures::channel::oneshot::Receiver<Result<T, StorageError>>) -> Result<T, StorageError> {
+        futures::executor::block_on(rx).unwrap_or(Err(StorageError::Unavailable("shard stopped")))
+    }
+    let def = match json.map(serde_json::from_slice::<crate::subscription::definition::Definition>) {
+        None => None,
+        Some(Ok(d)) if d.subscription == name && !d.pushed() && crate::shard::valid_topic(&d.topic) => Some(d),
+        Some(_) => return eprintln!("evmesh: kafka cluster: the definition of {name} is not one; ignored"),
+    };
+    let outcome = match def {
+        Some(def) => {
+            let (msg, rx) = ShardMessage::ensure_topic(def.topic.clone(), None, false);
+            send(meta_owner(&def.topic, shards), msg);
+            if let Err(e) = wait(rx) {
+                return eprintln!("evmesh: kafka cluster: subscription {name} not applied: its topic: {e}");
+            }
+            let (msg, rx) = ShardMessage::subscription(SubRequest::Create(def));
+            send(meta_owner(name, shards), msg);
+            wait(rx)
+        }
+        None => {
+            let topic = match crate::storage::meta::get_subscription(&shared.db, name) {
+                Ok(Some(d)) if !d.pushed() => d.topic,
+                _ => return,
+            };
+            let (msg, rx) = ShardMessage::subscription(SubRequest::Remove(name.to_owned()));
+            send(meta_owner(name, shards), msg);
+            let outcome = wait(rx);
+            if matches!(outcome, Ok(SubOutcome::Removed)) {
+                // Sessions attached here, on whatever shard, are closed cleanly (1000).
+                for s in 0..shards {
+                    let change = InterestChange::Removed;
+                    let i = Interest {
+                        subscription: name.to_owned(),
+                        topic: topic.clone(),
+                        shard: meta_owner(name, shards),
+                        change,
+                    };
+                    send(ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
+                }
+            }
+            outcome
+        }
+    };
+    match outcome {
+        Ok(SubOutcome::Created | SubOutcome::Unchanged | SubOutcome::Removed | SubOutcome::Unknown) => {}
+        Ok(other) => eprintln!("evmesh: kafka cluster: subscription {name} not applied here: {other:?}"),
+        Err(e) => eprintln!("evmesh: kafka cluster: subscription {name} not applied here: {e}"),
+    }
+}
+
 /// Heartbeats every `heartbeat_ms`: through Kafka to every instance (`storage = kafka`), or
 /// straight into this instance's own view (the embedded log: a cluster of one).
 fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
@@ -327,13 +393,22 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
     let every = shared.config.heartbeat;
     #[cfg(feature = "kafka")]
     if let Some(k) = &shared.kafka {
-        let (to, from, claims) = (shared.clone(), shared.clone(), shared.clone());
+        let to = shared.clone();
         let beat = move || heartbeat_of(&to, &mut load);
-        let heard = move |hb, age| from.membership.heard(hb, age, Instant::now());
-        let caught_up = claims.clone();
-        let claimed = move |key, id| claims.homes.claimed(key, id, Instant::now());
-        let caught_up = move || caught_up.homes.caught_up();
-        k.start_membership(every, beat, heard, (claimed, caught_up))?;
+        let [a, b, c, d] = [0; 4].map(|_| shared.clone());
+        let feeds = crate::storage::kafka::Feeds {
+            heard: Box::new(move |hb, age| a.membership.heard(hb, age, Instant::now())),
+            claimed: Box::new(move |key, id| b.homes.claimed(key, id, Instant::now())),
+            caught_up: Box::new(move || c.homes.caught_up()),
+            // Its own changes this instance applied already (reapplied late, a removal would
+            // undo a create that followed it).
+            defined: Box::new(move |r: crate::storage::kafka::Defined| {
+                if r.by != d.config.instance_id {
+                    apply_definition(&d, &r.name, r.definition.as_deref());
+                }
+            }),
+        };
+        k.start_membership(every, beat, feeds)?;
         return Ok(());
     }
     let shared = shared.clone();

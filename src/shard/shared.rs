@@ -144,6 +144,25 @@ impl Shared {
         Some(HomeInstance { id: self.config.instance_id.clone(), url: self.config.advertised_url.clone() })
     }
 
+    /// With Kafka: tells every instance that subscription `name` is now `def` (or removed,
+    /// `None`), so each can serve it (`runtime::apply_definition`). Pushed subscriptions (a
+    /// webhook sink, a classic group) stay on the instance that made them: their webhook
+    /// sessions would otherwise push from every instance.
+    pub fn replicate_definition(&self, name: &str, def: Option<&crate::subscription::definition::Definition>) {
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            if def.is_some_and(|d| d.pushed()) {
+                return;
+            }
+            let json = def.map(|d| serde_json::to_vec(d).expect("a definition serializes"));
+            if let Err(e) = k.put_definition(name, json.as_deref(), &self.config.instance_id) {
+                eprintln!("evmesh: subscription {name} not told to the other instances: {e}");
+            }
+        }
+        #[cfg(not(feature = "kafka"))]
+        let _ = (name, def);
+    }
+
     /// Shards whose event loop has not run for `STALLED_AFTER` (or that never started).
     pub fn stalled_shards(&self) -> Vec<usize> {
         let now = self.epoch.elapsed().as_millis() as u64;

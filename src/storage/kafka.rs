@@ -36,11 +36,14 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use super::embedded::EmbeddedLog;
 use super::{Bounds, KafkaSettings, Storage, StorageError, TopicMeta};
 use crate::cluster::homes::HOMES_TOPIC;
-use crate::cluster::{Heartbeat, INSTANCES_TOPIC};
+use crate::cluster::{Heartbeat, INSTANCES_TOPIC, SUBSCRIPTIONS_TOPIC};
 use crate::shard::PartitionId;
 
 /// The consumer group id librdkafka insists on; never joined, never committed to.
 pub const ASSIGN_ONLY_GROUP: &str = "evmesh-assign-only-never-joined";
+
+/// The header naming the instance that wrote a definition record.
+const BY_HEADER: &str = "evmesh-by";
 
 /// Heartbeats read back from before an instance starts (to know at once who lives).
 const CATCH_UP: i64 = 4096;
@@ -89,6 +92,28 @@ pub struct Follow {
     pub topic: String,
     pub partition: u32,
     pub from: u64,
+}
+
+/// What the cluster thread hands on as it reads the cluster topics (`crate::cluster`).
+pub struct Feeds {
+    /// A heartbeat, and how old it was when read (zero once caught up).
+    pub heard: Box<dyn Fn(Heartbeat, Duration) + Send>,
+    /// A home claim: (key, instance id).
+    pub claimed: Box<dyn Fn(String, String) + Send>,
+    /// Called once the claims written before this instance started are read.
+    pub caught_up: Box<dyn FnOnce() + Send>,
+    /// A subscription's definition, or its removal.
+    pub defined: Box<dyn Fn(Defined) + Send>,
+}
+
+/// A record of the definitions topic.
+pub struct Defined {
+    /// The subscription's stored name.
+    pub name: String,
+    /// Its definition (JSON), or `None`: removed.
+    pub definition: Option<Vec<u8>>,
+    /// The instance that made the change.
+    pub by: String,
 }
 
 /// Records read by the tail thread, for the owner of their partition (`topic` is in the frames).
@@ -182,22 +207,19 @@ impl KafkaBackend {
     }
 
     /// Starts the cluster's heartbeats (`crate::cluster`) on a thread of their own: `beat()`
-    /// is written to the instances topic every `every`, and every instance's heartbeats read
-    /// back are handed to `heard` with how old they were when read (zero once caught up).
-    /// `claimed` gets each home claim read (key, instance id), and `caught_up()` is called once
-    /// the claims written before this instance started are read.
+    /// is written to the instances topic every `every`; what the cluster topics hold is handed
+    /// to `feeds` as it is read.
     pub fn start_membership(
         self: &Arc<Self>,
         every: Duration,
         beat: impl FnMut() -> Heartbeat + Send + 'static,
-        heard: impl Fn(Heartbeat, Duration) + Send + 'static,
-        (claimed, caught_up): (impl Fn(String, String) + Send + 'static, impl FnOnce() + Send + 'static),
+        feeds: Feeds,
     ) -> Result<(), StorageError> {
         let consumer = self.assign_only_consumer()?;
         let me = self.clone();
         std::thread::Builder::new()
             .name("evmesh-kafka-cluster".into())
-            .spawn(move || me.membership(&consumer, every, beat, (heard, claimed, caught_up)))
+            .spawn(move || me.membership(&consumer, every, beat, feeds))
             .map_err(|e| engine("cluster thread", e))?;
         Ok(())
     }
@@ -216,28 +238,48 @@ impl KafkaBackend {
     /// Records `instance` as the home of `key` (`cluster::homes`): read back by every
     /// instance's cluster thread, in log order.
     pub fn claim_home(&self, key: &str, instance: &str) -> Result<(), StorageError> {
+        self.put_keyed(HOMES_TOPIC, key, Some(instance.as_bytes()), None)
+    }
+
+    /// Records subscription `name`'s definition (JSON), or its removal (`None`, a tombstone),
+    /// for every other instance to apply; `by` (a header) is the instance that changed it,
+    /// which has applied it already.
+    pub fn put_definition(&self, name: &str, definition: Option<&[u8]>, by: &str) -> Result<(), StorageError> {
+        let by = OwnedHeaders::new().insert(Header { key: BY_HEADER, value: Some(by.as_bytes()) });
+        self.put_keyed(SUBSCRIPTIONS_TOPIC, name, definition, Some(by))
+    }
+
+    /// One keyed record to partition 0 of one of evmesh's own topics, not waited for.
+    fn put_keyed(
+        &self,
+        topic: &str,
+        key: &str,
+        value: Option<&[u8]>,
+        headers: Option<OwnedHeaders>,
+    ) -> Result<(), StorageError> {
         let (tx, _) = oneshot::channel();
-        let topic = self.kafka_topic(HOMES_TOPIC);
-        let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, Box::new(tx))
-            .partition(0)
-            .key(key.as_bytes())
-            .payload(instance.as_bytes());
-        self.producer.send(rec).map_err(|(e, _)| engine("claim", e))
+        let topic = self.kafka_topic(topic);
+        let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, Box::new(tx)).partition(0).key(key.as_bytes());
+        let rec = match headers {
+            Some(h) => rec.headers(h),
+            None => rec,
+        };
+        let rec = match value {
+            Some(v) => rec.payload(v),
+            None => rec,
+        };
+        self.producer.send(rec).map_err(|(e, _)| engine("cluster record", e))
     }
 
     /// The cluster thread: makes the topics (retrying while the broker is away), reads the
-    /// home claims from their start and the heartbeats from the last [`CATCH_UP`] before now
-    /// (to know the live instances at once, dating those by their senders' clocks), then
-    /// heartbeats and reads on.
-    fn membership(
-        &self,
-        consumer: &BaseConsumer,
-        every: Duration,
-        mut beat: impl FnMut() -> Heartbeat,
-        (heard, claimed, caught_up): (impl Fn(Heartbeat, Duration), impl Fn(String, String), impl FnOnce()),
-    ) {
+    /// home claims and the definitions from their start and the heartbeats from the last
+    /// [`CATCH_UP`] before now (to know the live instances at once, dating those by their
+    /// senders' clocks), then heartbeats and reads on.
+    fn membership(&self, consumer: &BaseConsumer, every: Duration, mut beat: impl FnMut() -> Heartbeat, feeds: Feeds) {
+        let Feeds { heard, claimed, caught_up, defined } = feeds;
         let topic = self.kafka_topic(INSTANCES_TOPIC);
         let homes = self.kafka_topic(HOMES_TOPIC);
+        let definitions = self.kafka_topic(SUBSCRIPTIONS_TOPIC);
         let mut wait = Duration::from_millis(100);
         let retry = |what: &str, e: &dyn std::fmt::Display, wait: &mut Duration| {
             eprintln!("evmesh: kafka cluster: {what}: {e}; retrying in {wait:?}");
@@ -251,8 +293,10 @@ impl KafkaBackend {
         }
         // A home claim counts until replaced: compacted (the last claim of each key kept).
         let config = &[("cleanup.policy", "compact")];
-        while let Err(e) = futures::executor::block_on(self.ensure_topic_with(HOMES_TOPIC, 1, config)) {
-            retry("creating the homes topic", &e, &mut wait);
+        for t in [HOMES_TOPIC, SUBSCRIPTIONS_TOPIC] {
+            while let Err(e) = futures::executor::block_on(self.ensure_topic_with(t, 1, config)) {
+                retry(&format!("creating {t}"), &e, &mut wait);
+            }
         }
         let watermarks = |t: &str| consumer.fetch_watermarks(t, 0, Duration::from_secs(5));
         let (caught_up_at, homes_end) = loop {
@@ -268,6 +312,7 @@ impl KafkaBackend {
             let assigned = from
                 .add_partition_offset(&topic, 0, Offset::Offset(caught_up_at.0))
                 .and_then(|()| from.add_partition_offset(&homes, 0, Offset::Beginning))
+                .and_then(|()| from.add_partition_offset(&definitions, 0, Offset::Beginning))
                 .and_then(|()| consumer.assign(&from));
             match assigned {
                 Ok(()) => break,
@@ -321,6 +366,14 @@ impl KafkaBackend {
                         claimed(key, id);
                     }
                     homes_read(m.offset() + 1);
+                }
+                Some(Ok(m)) if m.topic() == definitions => {
+                    let by = m.headers().and_then(|h| h.iter().find(|h| h.key == BY_HEADER)?.value);
+                    let by = by.and_then(|b| std::str::from_utf8(b).ok()).unwrap_or_default();
+                    if let Some(name) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
+                        let definition = m.payload().map(<[u8]>::to_vec);
+                        defined(Defined { name: name.to_owned(), definition, by: by.to_owned() });
+                    }
                 }
                 None => {
                     if let Some(next) = position(consumer) {

@@ -184,6 +184,45 @@ mod on_kafka {
         }
     }
 
+    /// A subscription made at one instance is defined at every instance (through Kafka): a
+    /// session attached at another gets what was published at the first; removed at the
+    /// first, it is gone everywhere and the session there is closed.
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn a_subscription_made_at_one_instance_is_served_at_another() {
+        use super::super::delivery::{attach, next_event};
+        let (brokers, prefix) = kafka_and_prefix("df");
+        let (a, b) = (start_in(&brokers, &prefix), start_in(&brokers, &prefix));
+        let names = |x: &TestBroker| -> Vec<String> {
+            let v = x.admin().get("/admin/subscriptions").json();
+            v.as_array().unwrap().iter().map(|s| s["subscription"].as_str().unwrap().to_owned()).collect()
+        };
+        let def = br#"{"subscription":"orders-audit","topic":"orders","start":"earliest"}"#;
+        let r = a.client().post("/events/subscribe", "application/json", def);
+        assert_eq!(r.status, 201, "{}", r.text());
+        wait_for(Duration::from_secs(20), || (names(&b) == ["orders-audit"]).then_some(()));
+        let mut ws = attach(&b, "subscription=orders-audit");
+        assert_eq!(a.publish("orders", &event("o-1")).status, 202);
+        let got = wait_for(Duration::from_secs(20), || next_event(&mut ws));
+        assert_eq!(got["id"], "o-1", "{got}");
+        // A sink's subscription stays where it was made (its webhook would push from each).
+        let sink = br#"{"subscription":"hook","topic":"orders","sink":"http://127.0.0.1:9/h"}"#;
+        assert_eq!(a.client().post("/events/subscribe", "application/json", sink).status, 201);
+        let r = a.client().post("/events/unsubscribe", "application/json", br#"{"subscription":"orders-audit"}"#);
+        assert_eq!(r.status, 200, "{}", r.text());
+        wait_for(Duration::from_secs(20), || names(&b).is_empty().then_some(()));
+        assert_eq!(names(&a), ["hook"]);
+        // The session at b was closed with the subscription.
+        let closed = wait_for(Duration::from_secs(20), || match ws.read() {
+            Ok(tungstenite::Message::Close(_)) | Err(tungstenite::Error::ConnectionClosed) => Some(true),
+            Ok(_) => None,
+            Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => None,
+            Err(_) => Some(true),
+        });
+        assert!(closed);
+    }
+
     /// The test Kafka broker, and a topic prefix of this test's own (its instances share it).
     fn kafka_and_prefix(tag: &str) -> (String, String) {
         use std::hash::{BuildHasher, Hasher};
