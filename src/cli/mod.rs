@@ -290,8 +290,46 @@ fn attach(
     upgraded(s, socket)
 }
 
+/// How [`upgraded`] says the broker sent the client elsewhere (the rest is the `Location`).
+const REDIRECT: &str = "redirected to ";
+
+/// Redirects followed at most.
+const MAX_REDIRECTS: usize = 3;
+
+/// Attaches a WebSocket at `path`, following the broker's redirects (a subscription served by
+/// its home instance: 307 there) up to [`MAX_REDIRECTS`] times: the connection attached.
+fn attach_following(args: &[String], known: &[&str], path: &str) -> Result<Box<dyn Conn>, String> {
+    let mut args = args.to_vec();
+    for hop in 0.. {
+        let (mut s, hostport, socket) = broker(&args, known)?;
+        match attach(&args, &mut s, &socket, path, &hostport) {
+            Ok(()) => return Ok(s),
+            Err(e) => match e.strip_prefix(REDIRECT) {
+                Some(location) if hop < MAX_REDIRECTS => {
+                    // The origin of the location (the path is ours to ask again).
+                    let origin = location.find("://").map(|i| {
+                        let rest = &location[i + 3..];
+                        &location[..i + 3 + rest.find('/').unwrap_or(rest.len())]
+                    });
+                    let origin = origin.ok_or_else(|| format!("the broker redirected to {location:?}"))?;
+                    eprintln!("evmesh: served at {origin}; following");
+                    let at = args.iter().position(|a| a == "--url");
+                    args.retain(|a| !a.starts_with("--url="));
+                    match at {
+                        Some(i) if i + 1 < args.len() => args[i + 1] = origin.to_owned(),
+                        _ => args.extend(["--url".to_owned(), origin.to_owned()]),
+                    }
+                }
+                _ => return Err(e),
+            },
+        }
+    }
+    unreachable!("the loop returns")
+}
+
 /// Reads the answer to a WebSocket upgrade request: `Ok` on the 101 (reads then wait as long
-/// as the broker is silent); otherwise the refusal's body is printed and its status is the error.
+/// as the broker is silent); a redirect is the error [`REDIRECT`] and its location; otherwise
+/// the refusal's body is printed and its status is the error.
 fn upgraded(s: &mut Box<dyn Conn>, socket: &TcpStream) -> Result<(), String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
@@ -307,6 +345,12 @@ fn upgraded(s: &mut Box<dyn Conn>, socket: &TcpStream) -> Result<(), String> {
         return socket.set_read_timeout(None).map_err(|e| e.to_string());
     }
     let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
+    let location = head.lines().find_map(|l| {
+        l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("location")).map(|(_, v)| v.trim().to_owned())
+    });
+    if let (Some(location), "307" | "308") = (location, status.as_str()) {
+        return Err(format!("{REDIRECT}{location}"));
+    }
     let len: usize = head
         .lines()
         .find_map(|l| {
@@ -371,7 +415,8 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
     let no_ack = args.iter().any(|a| a == "--no-ack");
     let rest: Vec<String> = args.iter().filter(|a| *a != "--no-ack").cloned().collect();
     let args = &rest[..];
-    let (mut s, hostport, socket) = broker(args, &["--subscription", "--max", "--client-id"])?;
+    let known = ["--subscription", "--max", "--client-id"];
+    known_flags(args, &known)?;
     let sub = flag(args, "--subscription").ok_or("--subscription is required")?;
     let mut query = format!("subscription={sub}");
     if no_ack {
@@ -381,7 +426,7 @@ pub fn subscribe(args: &[String]) -> Result<(), String> {
         query.push_str(&format!("&clientId={c}"));
     }
     let max = max_flag(args)?;
-    attach(args, &mut s, &socket, &format!("/events/ws?{query}"), &hostport)?;
+    let mut s = attach_following(args, &known, &format!("/events/ws?{query}"))?;
     print_frames(&mut s, max, |s, t| {
         if no_ack {
             return Ok(false);

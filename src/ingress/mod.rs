@@ -337,6 +337,13 @@ impl Handler for Traffic {
     }
 }
 
+/// 307 to the same request at `home` (the method and body kept, as 307 says), before any
+/// upgrade: `target` is the path and query.
+fn to_home(home: &str, target: &str) -> Response {
+    let detail = format!("this subscription is served by its home instance {home}");
+    problem(StatusCode(307), &detail).with_header("location", format!("{home}{target}"))
+}
+
 /// What a tenant's quotas count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Quotaed {
@@ -597,6 +604,18 @@ impl Traffic {
         }
     }
 
+    /// With instances over Kafka: the URL of the home of subscription `stored` when that is
+    /// another instance (its sessions, polls and acks are served there only). `None` on the
+    /// embedded log, at the home, or while no home is known (then served here).
+    fn home_elsewhere(&self, stored: &str) -> Option<String> {
+        let shared = &self.shard.shared;
+        if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
+            return None;
+        }
+        let home = shared.home(&crate::cluster::homes::subscription_key(stored), true)?;
+        (home.id != shared.config.instance_id).then_some(home.url)
+    }
+
     /// The session a delivery request asks for: `?subscription=S` (404 if unknown), then
     /// `ack=none` (live fan-out, BROADCAST only, WebSocket only), `clientId=C` (per-client
     /// offsets of BROADCAST and MULTICAST) and, for MULTICAST, the session's own filters:
@@ -617,6 +636,9 @@ impl Traffic {
         if def.pushed() {
             let detail = format!("subscription {name} is pushed by the broker; sessions cannot attach to it");
             return Err(problem(StatusCode::CONFLICT, &detail));
+        }
+        if let Some(home) = self.home_elsewhere(&stored) {
+            return Err(to_home(&home, req.head.target(req.buf)));
         }
         let acked = match req.query("ack").as_deref() {
             None => true,
@@ -781,6 +803,9 @@ impl Traffic {
         if def.pushed() {
             let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
+        }
+        if let Some(home) = self.home_elsewhere(&stored) {
+            return to_home(&home, "/events/ack");
         }
         let client = match (def.mode, a.client_id) {
             (SubMode::LoadBalance, _) => String::new(),

@@ -184,9 +184,10 @@ mod on_kafka {
         }
     }
 
-    /// A subscription made at one instance is defined at every instance (through Kafka): a
-    /// session attached at another gets what was published at the first; removed at the
-    /// first, it is gone everywhere and the session there is closed.
+    /// A subscription made at one instance is defined at every instance (through Kafka) and
+    /// served by its home: the other answers its sessions, polls and acks with 307 there; a
+    /// session at the home gets what was published at the other; removed at the first, it is
+    /// gone everywhere and the session is closed.
     #[test]
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn a_subscription_made_at_one_instance_is_served_at_another() {
@@ -201,8 +202,43 @@ mod on_kafka {
         let r = a.client().post("/events/subscribe", "application/json", def);
         assert_eq!(r.status, 201, "{}", r.text());
         wait_for(Duration::from_secs(20), || (names(&b) == ["orders-audit"]).then_some(()));
-        let mut ws = attach(&b, "subscription=orders-audit");
-        assert_eq!(a.publish("orders", &event("o-1")).status, 202);
+        // Its home serves it; the other instance sends its sessions, polls and acks there
+        // (307, before any upgrade).
+        let home_url = wait_for(Duration::from_secs(20), || {
+            let (ha, hb) = (recommend(&a, "subscription=orders-audit"), recommend(&b, "subscription=orders-audit"));
+            (ha.is_some() && ha == hb).then_some(ha).flatten()
+        });
+        let (home, other) = if home_url == format!("http://{}", a.traffic) { (&a, &b) } else { (&b, &a) };
+        let r = other.client().get("/events/poll?subscription=orders-audit&waitMs=0");
+        assert_eq!(r.status, 307, "{}", r.text());
+        let location = format!("{home_url}/events/poll?subscription=orders-audit&waitMs=0");
+        assert_eq!(r.header("location"), Some(location.as_str()));
+        let ack = br#"{"subscription":"orders-audit","ids":["0:0:1"]}"#;
+        let r = other.client().post("/events/ack", "application/json", ack);
+        assert_eq!((r.status, r.header("location")), (307, Some(format!("{home_url}/events/ack").as_str())));
+        let stream = std::net::TcpStream::connect(other.traffic).unwrap();
+        let refused =
+            tungstenite::client(format!("ws://{}/events/ws?subscription=orders-audit", other.traffic), stream);
+        assert!(
+            matches!(refused, Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(ref r))) if r.status() == 307)
+        );
+        // `evmesh sub` pointed at the other instance follows the redirect to the home.
+        assert_eq!(other.publish("orders", &event("o-0")).status, 202);
+        let url = format!("http://{}", other.traffic);
+        let mut sub = std::process::Command::new(env!("CARGO_BIN_EXE_evmesh"))
+            .args(["sub", "--url", &url, "--subscription", "orders-audit", "--max", "1"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let done = super::super::util::wait_for_or(Duration::from_secs(30), || sub.try_wait().unwrap());
+        let _ = sub.kill();
+        let out = sub.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(done.is_some_and(|s| s.success()), "{stdout} {stderr}");
+        assert!(stdout.contains(r#""id":"o-0""#) && stderr.contains(&home_url), "{stdout} {stderr}");
+        let mut ws = attach(home, "subscription=orders-audit");
+        assert_eq!(other.publish("orders", &event("o-1")).status, 202);
         let got = wait_for(Duration::from_secs(20), || next_event(&mut ws));
         assert_eq!(got["id"], "o-1", "{got}");
         // A sink's subscription stays where it was made (its webhook would push from each).

@@ -28,10 +28,18 @@ fn unique(name: &str) -> String {
     format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
-fn on_kafka(brokers: &str, extra: &[&str]) -> TestBroker {
+/// A broker on Kafka, its topics under `prefix` (a cluster of its own: instances sharing a
+/// prefix are one cluster, and share subscriptions and homes).
+fn on_kafka(brokers: &str, prefix: &str, extra: &[&str]) -> TestBroker {
     let mut args = vec!["--storage", "kafka", "--kafka-brokers", brokers, "--default-partitions", "2"];
+    args.extend_from_slice(&["--kafka-topic-prefix", prefix]);
     args.extend_from_slice(extra);
     TestBroker::start(&args)
+}
+
+/// A topic prefix of one test's own.
+fn prefix() -> String {
+    unique("k") + "-"
 }
 
 fn subscribe(b: &TestBroker, def: Value) {
@@ -73,9 +81,10 @@ fn reader(brokers: &str, group: &str) -> BaseConsumer {
 #[test]
 #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn events_go_to_kafka_in_the_binary_binding_and_no_group_is_used() {
-    let brokers = broker();
-    let b = on_kafka(&brokers, &[]);
+    let (brokers, p) = (broker(), prefix());
+    let b = on_kafka(&brokers, &p, &[]);
     let topic = unique("orders");
+    let in_kafka = format!("{p}{topic}");
     subscribe(&b, json!({"subscription": unique("s"), "topic": topic, "start": "earliest"}));
     let sub = b.admin().get("/admin/subscriptions").json()[0]["subscription"].as_str().unwrap().to_owned();
     let keys = keys(2);
@@ -88,7 +97,7 @@ fn events_go_to_kafka_in_the_binary_binding_and_no_group_is_used() {
     let c = reader(&brokers, &unique("it-reader"));
     let mut tpl = TopicPartitionList::new();
     for p in 0..2 {
-        tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(&in_kafka, p, Offset::Beginning).unwrap();
     }
     c.assign(&tpl).unwrap();
     let mut seen = HashSet::new();
@@ -113,7 +122,7 @@ fn events_go_to_kafka_in_the_binary_binding_and_no_group_is_used() {
     }
     // The broker does keep committed offsets (a group that commits finds them again) ...
     let mut five = TopicPartitionList::new();
-    five.add_partition_offset(&topic, 0, Offset::Offset(5)).unwrap();
+    five.add_partition_offset(&in_kafka, 0, Offset::Offset(5)).unwrap();
     c.commit(&five, rdkafka::consumer::CommitMode::Sync).unwrap();
     let back = c.committed_offsets(five, Duration::from_secs(10)).unwrap();
     assert_eq!(back.elements()[0].offset(), Offset::Offset(5));
@@ -129,8 +138,8 @@ fn events_go_to_kafka_in_the_binary_binding_and_no_group_is_used() {
 #[test]
 #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn events_other_producers_write_are_delivered() {
-    let brokers = broker();
-    let b = on_kafka(&brokers, &[]);
+    let (brokers, p) = (broker(), prefix());
+    let b = on_kafka(&brokers, &p, &[]);
     let topic = unique("foreign");
     let sub = unique("f");
     subscribe(&b, json!({"subscription": sub, "topic": topic, "start": "earliest"}));
@@ -142,7 +151,13 @@ fn events_other_producers_write_are_delivered() {
         .insert(Header { key: "ce_type", value: Some("com.example.external") })
         .insert(Header { key: "content-type", value: Some("application/json") });
     producer
-        .send(BaseRecord::to(&topic).partition(1).key("k").payload(r#"{"from":"kafka"}"#).headers(headers))
+        .send(
+            BaseRecord::to(&format!("{p}{topic}"))
+                .partition(1)
+                .key("k")
+                .payload(r#"{"from":"kafka"}"#)
+                .headers(headers),
+        )
         .map_err(|(e, _)| e)
         .unwrap();
     producer.flush(Duration::from_secs(10)).unwrap();
@@ -158,7 +173,7 @@ fn events_other_producers_write_are_delivered() {
 #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn a_restart_replays_from_kafka_and_resumes_every_subscription() {
     let brokers = broker();
-    let mut b = on_kafka(&brokers, &[]);
+    let mut b = on_kafka(&brokers, &prefix(), &[]);
     let topic = unique("replay");
     let sub = unique("r");
     subscribe(&b, json!({"subscription": sub, "topic": topic, "start": "earliest"}));
@@ -186,14 +201,15 @@ fn a_restart_replays_from_kafka_and_resumes_every_subscription() {
 #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn a_kafka_topic_with_other_partitions_is_a_conflict() {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let brokers = broker();
+    let (brokers, p) = (broker(), prefix());
     let topic = unique("taken");
     let admin: AdminClient<rdkafka::client::DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
-    let new = NewTopic::new(&topic, 3, TopicReplication::Fixed(1));
+    let in_kafka = format!("{p}{topic}");
+    let new = NewTopic::new(&in_kafka, 3, TopicReplication::Fixed(1));
     let made = futures::executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
     assert!(made[0].is_ok(), "{made:?}");
-    let b = on_kafka(&brokers, &[]);
+    let b = on_kafka(&brokers, &p, &[]);
     let r = b.admin().request("PUT", &format!("/admin/topics/{topic}"), &[], br#"{"partitions":2}"#);
     r.assert_problem(409);
     let r = b.admin().request("PUT", &format!("/admin/topics/{topic}"), &[], br#"{"partitions":3}"#);
@@ -246,7 +262,7 @@ impl Drop for OwnBroker {
 #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
     let kafka = OwnBroker::start();
-    let b = on_kafka(&kafka.addr, &["--kafka-properties", "message.timeout.ms=1500"]);
+    let b = on_kafka(&kafka.addr, &prefix(), &["--kafka-properties", "message.timeout.ms=1500"]);
     let topic = unique("away");
     let sub = unique("a");
     subscribe(&b, json!({"subscription": sub, "topic": topic, "start": "earliest"}));
@@ -285,7 +301,7 @@ fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
 #[test]
 #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
 fn lite_topics_sessions_and_agent_calls_are_503_on_kafka() {
-    let b = on_kafka(&broker(), &[]);
+    let b = on_kafka(&broker(), &prefix(), &[]);
     let ev = event("lite").to_string();
     let r = b.client().post("/session/publish/s-1", "application/cloudevents+json", ev.as_bytes());
     r.assert_problem(503);

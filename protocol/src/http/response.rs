@@ -37,6 +37,7 @@ impl StatusCode {
             201 => "Created",
             202 => "Accepted",
             204 => "No Content",
+            307 => "Temporary Redirect",
             400 => "Bad Request",
             401 => "Unauthorized",
             403 => "Forbidden",
