@@ -312,6 +312,12 @@ fn attach_following(args: &[String], known: &[&str], path: &str) -> Result<Box<d
                         &location[..i + 3 + rest.find('/').unwrap_or(rest.len())]
                     });
                     let origin = origin.ok_or_else(|| format!("the broker redirected to {location:?}"))?;
+                    // The token and certificate go along (the home is of the same cluster), but
+                    // never from https to plain http.
+                    let https = flag(&args, "--url").is_some_and(|u| u.starts_with("https://"));
+                    if https && !origin.starts_with("https://") {
+                        return Err(format!("the broker redirected from https to {origin}; not followed"));
+                    }
                     eprintln!("evmesh: served at {origin}; following");
                     let at = args.iter().position(|a| a == "--url");
                     args.retain(|a| !a.starts_with("--url="));

@@ -67,8 +67,13 @@ impl Heartbeat {
     /// A heartbeat read from the topic: JSON, its id valid, its URL an http(s) one of sane size.
     pub fn parse(bytes: &[u8]) -> Option<Heartbeat> {
         let hb: Heartbeat = serde_json::from_slice(bytes).ok()?;
-        let url_ok = hb.advertised_url.len() <= 2048
-            && (hb.advertised_url.starts_with("http://") || hb.advertised_url.starts_with("https://"));
+        // As `advertised_url` is configured: a scheme and an authority, visible ASCII only (it
+        // becomes a `Location` header).
+        let url = &hb.advertised_url;
+        let authority = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+        let url_ok = url.len() <= 2048
+            && authority.is_some_and(|a| !a.is_empty() && !a.contains(['/', '?', '#']))
+            && url.bytes().all(|b| b.is_ascii_graphic());
         (valid_instance_id(&hb.instance_id) && url_ok && hb.cpu_percent.is_finite()).then_some(hb)
     }
 }
@@ -262,6 +267,8 @@ mod tests {
         for bad in [
             &br#"{"instanceId":"b c","advertisedUrl":"http://x","sessions":0,"bytesPerSecond":0,"cpuPercent":0,"sentMs":0}"#[..],
             br#"{"instanceId":"b","advertisedUrl":"ftp://x","sessions":0,"bytesPerSecond":0,"cpuPercent":0,"sentMs":0}"#,
+            br#"{"instanceId":"b","advertisedUrl":"http://x\r\nset-cookie: a=b","sessions":0,"bytesPerSecond":0,"cpuPercent":0,"sentMs":0}"#,
+            br#"{"instanceId":"b","advertisedUrl":"http://x/path","sessions":0,"bytesPerSecond":0,"cpuPercent":0,"sentMs":0}"#,
             br#"{"instanceId":"b"}"#,
             b"not json",
         ] {

@@ -327,7 +327,7 @@ impl Handler for Traffic {
                 Err(r) => r,
             },
             (Method::Get, "/events/poll") => self.poll(&mut gate, &req).await,
-            (Method::Post, "/events/ack") => self.ack(&mut gate, req.body).await,
+            (Method::Post, "/events/ack") => self.ack(&mut gate, req.body, req.query(REDIRECTED).is_some()).await,
             (_, "/events/ws" | "/events/sse" | "/events/poll") => {
                 problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET")
             }
@@ -337,11 +337,16 @@ impl Handler for Traffic {
     }
 }
 
+/// Marks a request sent on by [`to_home`]: served where it arrives, never sent on again (two
+/// instances whose views of the home differ for a moment would send it back and forth).
+const REDIRECTED: &str = "evmeshRedirected";
+
 /// 307 to the same request at `home` (the method and body kept, as 307 says), before any
 /// upgrade: `target` is the path and query.
 fn to_home(home: &str, target: &str) -> Response {
     let detail = format!("this subscription is served by its home instance {home}");
-    problem(StatusCode(307), &detail).with_header("location", format!("{home}{target}"))
+    let sep = if target.contains('?') { '&' } else { '?' };
+    problem(StatusCode(307), &detail).with_header("location", format!("{home}{target}{sep}{REDIRECTED}=1"))
 }
 
 /// What a tenant's quotas count.
@@ -613,7 +618,7 @@ impl Traffic {
             return None;
         }
         let home = shared.home(&crate::cluster::homes::subscription_key(stored), true)?;
-        (home.id != shared.config.instance_id).then_some(home.url)
+        (home.id != shared.config.instance_id && home.url != shared.config.advertised_url).then_some(home.url)
     }
 
     /// The session a delivery request asks for: `?subscription=S` (404 if unknown), then
@@ -637,7 +642,7 @@ impl Traffic {
             let detail = format!("subscription {name} is pushed by the broker; sessions cannot attach to it");
             return Err(problem(StatusCode::CONFLICT, &detail));
         }
-        if let Some(home) = self.home_elsewhere(&stored) {
+        if let Some(home) = self.home_elsewhere(&stored).filter(|_| req.query(REDIRECTED).is_none()) {
             return Err(to_home(&home, req.head.target(req.buf)));
         }
         let acked = match req.query("ack").as_deref() {
@@ -768,7 +773,7 @@ impl Traffic {
     /// `POST /events/ack` `{"subscription": S, "ids": [...], "clientId"?: C, "nack"?: bool}`.
     /// Answers once every owner applied the acks, so a request made after the 200 (a
     /// reconnect, say) never sees an acknowledged event again.
-    async fn ack(&self, gate: &mut Gate<'_>, body: &[u8]) -> Response {
+    async fn ack(&self, gate: &mut Gate<'_>, body: &[u8], redirected: bool) -> Response {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields, rename_all = "camelCase")]
         struct AckBody {
@@ -804,7 +809,7 @@ impl Traffic {
             let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
         }
-        if let Some(home) = self.home_elsewhere(&stored) {
+        if let Some(home) = self.home_elsewhere(&stored).filter(|_| !redirected) {
             return to_home(&home, "/events/ack");
         }
         let client = match (def.mode, a.client_id) {

@@ -396,16 +396,22 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
         let to = shared.clone();
         let beat = move || heartbeat_of(&to, &mut load);
         let [a, b, c, d] = [0; 4].map(|_| shared.clone());
+        // Definitions are applied on a thread of their own (it waits for the shards), so a slow
+        // apply never holds up the heartbeats; in log order, this instance's own records too:
+        // the log's order is the one every instance agrees on (skipping its own, an instance
+        // whose create followed another's removal in the log would apply only the removal).
+        let (defs, apply) = std::sync::mpsc::sync_channel::<crate::storage::kafka::Defined>(4096);
+        std::thread::Builder::new().name("evmesh-definitions".into()).spawn(move || {
+            for r in apply {
+                apply_definition(&d, &r.name, r.definition.as_deref());
+            }
+        })?;
         let feeds = crate::storage::kafka::Feeds {
             heard: Box::new(move |hb, age| a.membership.heard(hb, age, Instant::now())),
             claimed: Box::new(move |key, id| b.homes.claimed(key, id, Instant::now())),
             caught_up: Box::new(move || c.homes.caught_up()),
-            // Its own changes this instance applied already (reapplied late, a removal would
-            // undo a create that followed it).
-            defined: Box::new(move |r: crate::storage::kafka::Defined| {
-                if r.by != d.config.instance_id {
-                    apply_definition(&d, &r.name, r.definition.as_deref());
-                }
+            defined: Box::new(move |r| {
+                let _ = defs.send(r);
             }),
         };
         k.start_membership(every, beat, feeds)?;

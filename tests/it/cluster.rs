@@ -211,11 +211,15 @@ mod on_kafka {
         let (home, other) = if home_url == format!("http://{}", a.traffic) { (&a, &b) } else { (&b, &a) };
         let r = other.client().get("/events/poll?subscription=orders-audit&waitMs=0");
         assert_eq!(r.status, 307, "{}", r.text());
-        let location = format!("{home_url}/events/poll?subscription=orders-audit&waitMs=0");
+        let location = format!("{home_url}/events/poll?subscription=orders-audit&waitMs=0&evmeshRedirected=1");
         assert_eq!(r.header("location"), Some(location.as_str()));
+        // Sent on once at most: a redirected request is served where it arrives.
+        let r = other.client().get("/events/poll?subscription=orders-audit&waitMs=0&evmeshRedirected=1");
+        assert_eq!(r.status, 204, "served here (nothing to take): {}", r.text());
         let ack = br#"{"subscription":"orders-audit","ids":["0:0:1"]}"#;
         let r = other.client().post("/events/ack", "application/json", ack);
-        assert_eq!((r.status, r.header("location")), (307, Some(format!("{home_url}/events/ack").as_str())));
+        let location = format!("{home_url}/events/ack?evmeshRedirected=1");
+        assert_eq!((r.status, r.header("location")), (307, Some(location.as_str())));
         let stream = std::net::TcpStream::connect(other.traffic).unwrap();
         let refused =
             tungstenite::client(format!("ws://{}/events/ws?subscription=orders-audit", other.traffic), stream);
