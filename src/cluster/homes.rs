@@ -120,6 +120,12 @@ impl Homes {
         s.claims.insert(key, (instance, now));
     }
 
+    /// Whether the claim read for `key` names `instance` (once caught up).
+    pub fn claimed_by(&self, key: &str, instance: &str) -> bool {
+        self.caught_up.load(std::sync::atomic::Ordering::Acquire)
+            && self.state.lock().expect("not poisoned").claims.get(key).is_some_and(|(id, _)| id == instance)
+    }
+
     /// The claims written before this instance started have been read: from now on it answers.
     pub fn caught_up(&self) {
         self.caught_up.store(true, std::sync::atomic::Ordering::Release);
@@ -246,7 +252,9 @@ mod tests {
         // new, idle instance would be chosen now.
         let other = if chosen == "a" { "b" } else { "a" };
         homes.claimed("sub/x".into(), chosen.clone(), t0);
+        assert!(homes.claimed_by("sub/x", &chosen));
         homes.claimed("sub/x".into(), other.into(), t0);
+        assert!(homes.claimed_by("sub/x", other) && !homes.claimed_by("sub/x", &chosen));
         let mut more = live.to_vec();
         more.extend((0..20).map(|i| member(&format!("new{i}"), 0, 0.0)));
         let h = homes.home("sub/x", &more, (t0, pending), true).unwrap();

@@ -121,6 +121,12 @@ impl Membership {
         heard.insert(hb.instance_id.clone(), (hb, at));
     }
 
+    /// Whether instance `id` is live at `now` (without copying the view).
+    pub fn is_live(&self, id: &str, now: Instant) -> bool {
+        let heard = self.heard.lock().expect("not poisoned");
+        heard.get(id).is_some_and(|(_, at)| now.saturating_duration_since(*at) < self.timeout)
+    }
+
     /// The live instances at `now`, by id; those silent ten timeouts are forgotten.
     pub fn live(&self, now: Instant) -> Vec<Member> {
         let mut heard = self.heard.lock().expect("not poisoned");
@@ -213,6 +219,7 @@ mod tests {
         m.heard(hb("a"), Duration::ZERO, t0 + Duration::from_millis(1000));
         assert_eq!(ids(&m, t0 + Duration::from_millis(2999)), ["a", "b"]);
         assert_eq!(ids(&m, t0 + Duration::from_millis(3000)), ["a"], "b silent for the timeout");
+        assert!(m.is_live("a", t0 + Duration::from_millis(3000)) && !m.is_live("b", t0 + Duration::from_millis(3000)));
         // Heard again: live again.
         m.heard(hb("b"), Duration::ZERO, t0 + Duration::from_millis(3500));
         assert_eq!(ids(&m, t0 + Duration::from_millis(3600)), ["a", "b"]);

@@ -642,7 +642,7 @@ impl Traffic {
             let detail = format!("subscription {name} is pushed by the broker; sessions cannot attach to it");
             return Err(problem(StatusCode::CONFLICT, &detail));
         }
-        if let Some(home) = self.home_elsewhere(&stored).filter(|_| req.query(REDIRECTED).is_none()) {
+        if let Some(home) = req.query(REDIRECTED).is_none().then(|| self.home_elsewhere(&stored)).flatten() {
             return Err(to_home(&home, req.head.target(req.buf)));
         }
         let acked = match req.query("ack").as_deref() {
@@ -809,7 +809,7 @@ impl Traffic {
             let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
         }
-        if let Some(home) = self.home_elsewhere(&stored).filter(|_| !redirected) {
+        if let Some(home) = (!redirected).then(|| self.home_elsewhere(&stored)).flatten() {
             return to_home(&home, "/events/ack");
         }
         let client = match (def.mode, a.client_id) {

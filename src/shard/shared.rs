@@ -131,6 +131,12 @@ impl Shared {
         #[cfg(feature = "kafka")]
         if let Some(k) = &self.kafka {
             let now = Instant::now();
+            let me = &self.config.instance_id;
+            // The common case at a home (every attach, poll and ack of its subscriptions): its
+            // own claim, and it is live. Answered without copying the view.
+            if self.homes.claimed_by(key, me) && self.membership.is_live(me, now) {
+                return Some(HomeInstance { id: me.clone(), url: self.config.advertised_url.clone() });
+            }
             let live = self.membership.live(now);
             let h = self.homes.home(key, &live, (now, self.config.instance_timeout), record)?;
             let hb = &h.member.heartbeat;
@@ -155,7 +161,7 @@ impl Shared {
                 return;
             }
             let json = def.map(|d| serde_json::to_vec(d).expect("a definition serializes"));
-            if let Err(e) = k.put_definition(name, json.as_deref(), &self.config.instance_id) {
+            if let Err(e) = k.put_definition(name, json.as_deref()) {
                 eprintln!("evmesh: subscription {name} not told to the other instances: {e}");
             }
         }

@@ -42,9 +42,6 @@ use crate::shard::PartitionId;
 /// The consumer group id librdkafka insists on; never joined, never committed to.
 pub const ASSIGN_ONLY_GROUP: &str = "evmesh-assign-only-never-joined";
 
-/// The header naming the instance that wrote a definition record.
-const BY_HEADER: &str = "evmesh-by";
-
 /// Heartbeats read back from before an instance starts (to know at once who lives).
 const CATCH_UP: i64 = 4096;
 
@@ -112,8 +109,6 @@ pub struct Defined {
     pub name: String,
     /// Its definition (JSON), or `None`: removed.
     pub definition: Option<Vec<u8>>,
-    /// The instance that made the change.
-    pub by: String,
 }
 
 /// Records read by the tail thread, for the owner of their partition (`topic` is in the frames).
@@ -238,32 +233,20 @@ impl KafkaBackend {
     /// Records `instance` as the home of `key` (`cluster::homes`): read back by every
     /// instance's cluster thread, in log order.
     pub fn claim_home(&self, key: &str, instance: &str) -> Result<(), StorageError> {
-        self.put_keyed(HOMES_TOPIC, key, Some(instance.as_bytes()), None)
+        self.put_keyed(HOMES_TOPIC, key, Some(instance.as_bytes()))
     }
 
     /// Records subscription `name`'s definition (JSON), or its removal (`None`, a tombstone),
-    /// for every other instance to apply; `by` (a header) is the instance that changed it,
-    /// which has applied it already.
-    pub fn put_definition(&self, name: &str, definition: Option<&[u8]>, by: &str) -> Result<(), StorageError> {
-        let by = OwnedHeaders::new().insert(Header { key: BY_HEADER, value: Some(by.as_bytes()) });
-        self.put_keyed(SUBSCRIPTIONS_TOPIC, name, definition, Some(by))
+    /// for every instance to apply, in log order.
+    pub fn put_definition(&self, name: &str, definition: Option<&[u8]>) -> Result<(), StorageError> {
+        self.put_keyed(SUBSCRIPTIONS_TOPIC, name, definition)
     }
 
     /// One keyed record to partition 0 of one of evmesh's own topics, not waited for.
-    fn put_keyed(
-        &self,
-        topic: &str,
-        key: &str,
-        value: Option<&[u8]>,
-        headers: Option<OwnedHeaders>,
-    ) -> Result<(), StorageError> {
+    fn put_keyed(&self, topic: &str, key: &str, value: Option<&[u8]>) -> Result<(), StorageError> {
         let (tx, _) = oneshot::channel();
         let topic = self.kafka_topic(topic);
         let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, Box::new(tx)).partition(0).key(key.as_bytes());
-        let rec = match headers {
-            Some(h) => rec.headers(h),
-            None => rec,
-        };
         let rec = match value {
             Some(v) => rec.payload(v),
             None => rec,
@@ -368,11 +351,8 @@ impl KafkaBackend {
                     homes_read(m.offset() + 1);
                 }
                 Some(Ok(m)) if m.topic() == definitions => {
-                    let by = m.headers().and_then(|h| h.iter().find(|h| h.key == BY_HEADER)?.value);
-                    let by = by.and_then(|b| std::str::from_utf8(b).ok()).unwrap_or_default();
                     if let Some(name) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
-                        let definition = m.payload().map(<[u8]>::to_vec);
-                        defined(Defined { name: name.to_owned(), definition, by: by.to_owned() });
+                        defined(Defined { name: name.to_owned(), definition: m.payload().map(<[u8]>::to_vec) });
                     }
                 }
                 None => {
