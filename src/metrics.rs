@@ -89,6 +89,8 @@ pub struct ShardMetrics {
     pub requests_pending: Counter,
     pub requests_expired: Counter,
     pub replies_cross_core: Counter,
+    /// Replies forwarded to another instance (`cluster::replies`).
+    pub replies_cross_instance: Counter,
     pub replies_unmatched: Counter,
     /// Lite topics deleted after `lite_topic_ttl_ms` without traffic.
     pub lite_topics_expired: Counter,
@@ -146,7 +148,7 @@ impl Metrics {
 
     /// Prometheus text exposition of every shard's metrics.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, CounterOf); 23] = [
+        let counters: [(&str, &str, CounterOf); 24] = [
             ("evmesh_publish_requests_total", "Publish requests answered", |m| &m.publish_requests),
             ("evmesh_events_published_total", "Events stored", |m| &m.events_published),
             ("evmesh_bytes_stored_total", "Bytes of the events stored (publishes, turns, routed copies)", |m| {
@@ -204,6 +206,11 @@ impl Metrics {
             ("evmesh_replies_cross_core_total", "Replies sent to the requester's shard (one mailbox hop)", |m| {
                 &m.replies_cross_core
             }),
+            (
+                "evmesh_replies_cross_instance_total",
+                "Replies forwarded through Kafka to the requester's instance",
+                |m| &m.replies_cross_instance,
+            ),
             ("evmesh_lite_topics_expired_total", "Lite topics deleted after lite_topic_ttl_ms without traffic", |m| {
                 &m.lite_topics_expired
             }),

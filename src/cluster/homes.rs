@@ -8,17 +8,30 @@
 //!   by up to a heartbeat, so may their choices for a key nobody has claimed yet, which is why
 //!   the first choice is recorded.
 //! * **Stickiness**: the first choice is recorded as a claim in the evmesh-owned Kafka topic
-//!   [`HOMES_TOPIC`] (key = the home's key, value = the instance id); every instance reads the
-//!   claims back in log order, so they agree on the last one. A recorded home stays the home
-//!   while it is live, whatever joins or how loads change. When it is not live, the next to
-//!   ask records a new choice. Two instances may record different choices at once (their views
-//!   differ for up to a heartbeat): the later record wins for everyone, and until both have
-//!   read it each may serve the key: delivery is at-least-once, clients dedupe on `id`.
+//!   [`HOMES_TOPIC`] (key = the home's key, value = a [`Claim`]: the instance, and the claim it
+//!   replaces); every instance reads the claims back in log order. A claim counts only if it
+//!   replaces the key's claim at that point of the log, so of two instances that replace a
+//!   dead home at once (their views differ for up to a heartbeat) the first in the log wins
+//!   for every reader alike, and the other's choice is dropped; the holder then claims the key
+//!   again, replacing itself, so the last record of the key (all the compacted topic keeps)
+//!   names it. A recorded home stays the home while it is live, whatever joins or how loads
+//!   change; when it is not live, the next to ask records a new choice. Until a reader has
+//!   read a claim it may serve the key where it stands: delivery is at-least-once, clients
+//!   dedupe on `id`.
 //! * **What is recorded**: only the homes of subscriptions that exist (one claim per
 //!   subscription, bounded by `max_subscriptions` per instance); a client's home is chosen and
 //!   not recorded (it moves when the live set changes). An instance answers nothing until it
 //!   has read the claims written before it started ([`Homes::caught_up`]): answering from an
 //!   empty table, it would record choices over the homes already recorded.
+//! * **Offsets**: the home writes every offset and attempt count it stores to the same log
+//!   (key `off/<offset key>`, its id in a header), gathered for 10 ms. Every instance applies
+//!   a record to its own copy (`offsets.N`) only if the subscription's claim, at that point of
+//!   the log, names the record's writer: one log orders the claims and the offsets, so an
+//!   instance whose claim replaces a dead home has, once it reads its claim back, read every
+//!   offset the dead home wrote, and a home that was paused and resumes writes nothing anyone
+//!   applies. A new home serves a key only after reading its claim back
+//!   (`HomeInstance::settled`); nothing acknowledged is delivered again beyond what was in
+//!   flight, or acked in the last 10 ms before a kill -9.
 //!
 //! Pure: `storage::kafka` writes and reads the claims.
 
@@ -28,7 +41,8 @@ use std::time::{Duration, Instant};
 
 use super::Member;
 
-/// The evmesh-owned Kafka topic of home claims (one partition; after `kafka.topic_prefix`).
+/// The evmesh-owned Kafka topic of home claims and the homes' offsets (one partition, compacted;
+/// after `kafka.topic_prefix`).
 pub const HOMES_TOPIC: &str = "__evmesh.homes";
 
 /// Claims remembered at most (whoever can write the topic could write more): past it one is
@@ -98,18 +112,74 @@ struct State {
 pub struct Home<'m> {
     pub member: &'m Member,
     pub record: bool,
+    /// The claim the one to write replaces (its instance is not live), if any.
+    pub replaces: Option<String>,
+}
+
+/// A claim record's value: the instance claiming a key, and the claim it replaces (`None`:
+/// the key had none). A claim counts only if it replaces the key's claim at that point of
+/// the log (see [`Homes::claimed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub instance: String,
+    pub replaces: Option<String>,
+}
+
+impl Claim {
+    /// `instance`, then `\n` and the replaced instance if any.
+    pub fn encode(&self) -> Vec<u8> {
+        match &self.replaces {
+            Some(r) => format!("{}\n{r}", self.instance).into_bytes(),
+            None => self.instance.clone().into_bytes(),
+        }
+    }
+
+    /// `None` for a value that is not one (ids checked).
+    pub fn decode(v: &[u8]) -> Option<Claim> {
+        let text = std::str::from_utf8(v).ok()?;
+        let (instance, replaces) = match text.split_once('\n') {
+            Some((i, r)) => (i, Some(r)),
+            None => (text, None),
+        };
+        let valid = super::valid_instance_id;
+        (valid(instance) && replaces.is_none_or(valid))
+            .then(|| Claim { instance: instance.to_owned(), replaces: replaces.map(str::to_owned) })
+    }
+}
+
+/// What a claim record read from the log did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The claim (or release) counts; `was`: the instance that held the key before.
+    Taken { was: Option<String> },
+    /// It came too late: another claim replaced the one it meant to. `holder` keeps the key.
+    Lost { holder: String },
+    /// Not a claim of ours (a key too long).
+    Ignored,
 }
 
 impl Homes {
-    /// A claim read from the topic (in log order: the last one read is the key's claim).
-    /// Records that are not claims (a key too long, an invalid instance id) are ignored.
-    pub fn claimed(&self, key: String, instance: String, now: Instant) {
-        if key.len() > MAX_KEY || !super::valid_instance_id(&instance) {
-            return;
-        }
+    /// A claim read from the topic, in log order, or a release (`None`: the subscription was
+    /// removed). A claim counts if it replaces the key's claim at this point of the log, or
+    /// the key has none here (a log compacted before this instance read it keeps only the
+    /// last record of a key): of two instances that replace a dead home at once, the first
+    /// in the log wins, for every reader alike, and the other's choice is dropped.
+    pub fn claimed(&self, key: String, claim: Option<Claim>, now: Instant) -> Read {
         let mut s = self.state.lock().expect("not poisoned");
+        let Some(Claim { instance, replaces }) = claim else {
+            s.pending.remove(&key);
+            return Read::Taken { was: s.claims.remove(&key).map(|(id, _)| id) };
+        };
+        if key.len() > MAX_KEY {
+            return Read::Ignored;
+        }
         if s.pending.get(&key).is_some_and(|(id, _)| *id == instance) {
             s.pending.remove(&key);
+        }
+        if let Some((holder, _)) = s.claims.get(&key) {
+            if replaces.as_ref() != Some(holder) {
+                return Read::Lost { holder: holder.clone() };
+            }
         }
         if s.claims.len() >= MAX_CLAIMS && !s.claims.contains_key(&key) {
             let any = s.claims.keys().next().cloned();
@@ -117,13 +187,18 @@ impl Homes {
                 s.claims.remove(&k);
             }
         }
-        s.claims.insert(key, (instance, now));
+        Read::Taken { was: s.claims.insert(key, (instance, now)).map(|(id, _)| id) }
     }
 
     /// Whether the claim read for `key` names `instance` (once caught up).
     pub fn claimed_by(&self, key: &str, instance: &str) -> bool {
-        self.caught_up.load(std::sync::atomic::Ordering::Acquire)
-            && self.state.lock().expect("not poisoned").claims.get(key).is_some_and(|(id, _)| id == instance)
+        self.caught_up.load(std::sync::atomic::Ordering::Acquire) && self.names(key, instance)
+    }
+
+    /// Whether the last claim read for `key` so far names `instance` (caught up or not: the
+    /// reader of the claims' log asks this of the records between them).
+    pub fn names(&self, key: &str, instance: &str) -> bool {
+        self.state.lock().expect("not poisoned").claims.get(key).is_some_and(|(id, _)| id == instance)
     }
 
     /// The claims written before this instance started have been read: from now on it answers.
@@ -149,24 +224,25 @@ impl Homes {
         let find = |id: &str| live.iter().find(|m| m.heartbeat.instance_id == id);
         let mut s = self.state.lock().expect("not poisoned");
         if let Some(member) = s.claims.get(key).and_then(|(id, _)| find(id)) {
-            return Some(Home { member, record: false });
+            return Some(Home { member, record: false, replaces: None });
         }
         if let Some(member) =
             s.pending.get(key).filter(|(_, at)| now.duration_since(*at) < pending_for).and_then(|(id, _)| find(id))
         {
-            return Some(Home { member, record: false });
+            return Some(Home { member, record: false, replaces: None });
         }
         let member = choose(key, live)?;
         if !recorded || key.len() > MAX_KEY {
-            return Some(Home { member, record: false });
+            return Some(Home { member, record: false, replaces: None });
         }
+        let replaces = s.claims.get(key).map(|(id, _)| id.clone());
         if s.pending.len() >= MAX_PENDING {
             s.pending.retain(|_, (_, at)| now.duration_since(*at) < pending_for);
         }
         if s.pending.len() < MAX_PENDING {
             s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
         }
-        Some(Home { member, record: true })
+        Some(Home { member, record: true, replaces })
     }
 }
 
@@ -247,32 +323,66 @@ mod tests {
         assert!(first.record, "nothing recorded yet: write the choice");
         let chosen = first.member.heartbeat.instance_id.clone();
         // Asked again before the claim is read back: the same, not written again.
-        assert_eq!(homes.home("sub/x", &live, (t0, pending), true), Some(Home { member: first.member, record: false }));
-        // Another instance's claim read back later wins (log order), and sticks even when a
-        // new, idle instance would be chosen now.
+        let again = Home { member: first.member, record: false, replaces: None };
+        assert_eq!(homes.home("sub/x", &live, (t0, pending), true), Some(again));
+        // The first claim in the log counts; another written at once (it meant to replace
+        // nothing as well) comes too late, for every reader alike.
         let other = if chosen == "a" { "b" } else { "a" };
-        homes.claimed("sub/x".into(), chosen.clone(), t0);
+        let claim =
+            |id: &str, replaces: Option<&str>| Some(Claim { instance: id.into(), replaces: replaces.map(Into::into) });
+        assert_eq!(homes.claimed("sub/x".into(), claim(&chosen, None), t0), Read::Taken { was: None });
         assert!(homes.claimed_by("sub/x", &chosen));
-        homes.claimed("sub/x".into(), other.into(), t0);
-        assert!(homes.claimed_by("sub/x", other) && !homes.claimed_by("sub/x", &chosen));
+        assert_eq!(homes.claimed("sub/x".into(), claim(other, None), t0), Read::Lost { holder: chosen.clone() });
+        assert!(homes.claimed_by("sub/x", &chosen));
+        // It sticks while its instance lives, even when a new, idle instance would be chosen.
         let mut more = live.to_vec();
         more.extend((0..20).map(|i| member(&format!("new{i}"), 0, 0.0)));
         let h = homes.home("sub/x", &more, (t0, pending), true).unwrap();
-        assert_eq!((h.member.heartbeat.instance_id.as_str(), h.record), (other, false));
-        // Its instance gone: chosen again among the live, and recorded.
-        let without: Vec<Member> = live.iter().filter(|m| m.heartbeat.instance_id != other).cloned().collect();
+        assert_eq!((h.member.heartbeat.instance_id.as_str(), h.record), (chosen.as_str(), false));
+        // Its instance gone: chosen again among the live, recorded as replacing it.
+        let without: Vec<Member> = live.iter().filter(|m| m.heartbeat.instance_id != chosen).cloned().collect();
         let h = homes.home("sub/x", &without, (t0 + Duration::from_secs(1), pending), true).unwrap();
-        assert!(h.record && h.member.heartbeat.instance_id != other);
-        // A pending choice whose instance died is not kept either.
-        let gone = h.member.heartbeat.instance_id.clone();
-        let rest: Vec<Member> = without.into_iter().filter(|m| m.heartbeat.instance_id != gone).collect();
+        assert!(h.record && h.member.heartbeat.instance_id != chosen);
+        assert_eq!(h.replaces.as_deref(), Some(chosen.as_str()));
+        let next = h.member.heartbeat.instance_id.clone();
+        let third = live.iter().map(|m| m.heartbeat.instance_id.clone()).find(|i| *i != chosen && *i != next).unwrap();
+        // Two instances replace it at once: the first in the log wins, the other's pending
+        // choice is dropped when its claim is read.
+        assert_eq!(
+            homes.claimed("sub/x".into(), claim(&third, Some(&chosen)), t0),
+            Read::Taken { was: Some(chosen.clone()) }
+        );
+        assert_eq!(
+            homes.claimed("sub/x".into(), claim(&next, Some(&chosen)), t0),
+            Read::Lost { holder: third.clone() }
+        );
+        assert!(homes.state.lock().unwrap().pending.is_empty());
+        let h = homes.home("sub/x", &without, (t0 + Duration::from_secs(1), pending), true).unwrap();
+        assert_eq!((h.member.heartbeat.instance_id.as_str(), h.record), (third.as_str(), false));
+        // The holder says it again (its claim replacing itself), so the log's last record of
+        // the key is its; a reader of the compacted log that has no claim takes any.
+        assert_eq!(
+            homes.claimed("sub/x".into(), claim(&third, Some(&third)), t0),
+            Read::Taken { was: Some(third.clone()) }
+        );
+        let fresh = Homes::default();
+        assert_eq!(fresh.claimed("sub/x".into(), claim(&next, Some(&chosen)), t0), Read::Taken { was: None });
+        // A pending choice whose instance died is not kept.
+        let rest: Vec<Member> = without.into_iter().filter(|m| m.heartbeat.instance_id != third).collect();
         let h = homes.home("sub/x", &rest, (t0 + Duration::from_secs(1), pending), true).unwrap();
         assert!(h.record && rest.iter().any(|m| m.heartbeat.instance_id == h.member.heartbeat.instance_id));
         assert_eq!(homes.home("sub/x", &[], (t0, pending), true), None);
         // Records that are not claims change nothing.
-        homes.claimed("sub/y".into(), "not an id".into(), t0);
-        homes.claimed("x".repeat(MAX_KEY + 1), "a".into(), t0);
+        assert_eq!(Claim::decode(b"not an id"), None);
+        assert_eq!(Claim::decode(b"a\nb c"), None);
+        assert_eq!(Claim::decode(b"a\nb"), claim("a", Some("b")));
+        assert_eq!(Claim::decode(&Claim { instance: "a".into(), replaces: None }.encode()), claim("a", None));
+        assert_eq!(homes.claimed("x".repeat(MAX_KEY + 1), claim("a", None), t0), Read::Ignored);
         assert!(homes.state.lock().unwrap().claims.keys().all(|k| k == "sub/x"));
+        // Released (the subscription removed): no claim names anyone.
+        assert_eq!(homes.claimed("sub/x".into(), None, t0), Read::Taken { was: Some(third.clone()) });
+        assert!(!homes.names("sub/x", &third));
+        assert_eq!(homes.claimed("sub/x".into(), None, t0), Read::Taken { was: None });
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! topic, the runtime samples the load, `GET /admin/cluster` shows the view.
 
 pub mod homes;
+pub mod replies;
 
 use std::collections::HashMap;
 use std::sync::Mutex;

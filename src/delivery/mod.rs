@@ -35,6 +35,9 @@ pub struct Dispatcher {
     pub(crate) defs: RefCell<HashMap<String, SharedDef>>,
     /// Where the next client-offset expiry pass goes on in `offsets.N` (empty: the start).
     pub(crate) expire_cursor: RefCell<Vec<u8>>,
+    /// With Kafka: offsets stored since the last write to the claims' log, by key (`None`:
+    /// deleted); the last value of a key is all that is written (`shard::delivery`).
+    pub(crate) replicate: RefCell<HashMap<Vec<u8>, Option<Vec<u8>>>>,
 }
 
 impl Dispatcher {
@@ -45,6 +48,7 @@ impl Dispatcher {
             machine: RefCell::new(machine),
             defs: RefCell::new(HashMap::new()),
             expire_cursor: RefCell::default(),
+            replicate: RefCell::default(),
         }
     }
 }

@@ -317,11 +317,11 @@ impl Handler for Traffic {
             }
             (Method::Get, "/ws/echo") if self.shard.shared.config.ws_echo_endpoint => ws_upgrade(&req, Upgrade::WsEcho),
             (Method::Get, "/events/ws") if req.query("publish").is_some() => self.ws_publish(&mut gate, &req),
-            (Method::Get, "/events/ws") => match self.session_spec(&mut gate, &req) {
+            (Method::Get, "/events/ws") => match self.session_spec(&mut gate, &req).await {
                 Ok(spec) => ws_upgrade(&req, Upgrade::WsDeliver(Box::new(spec))),
                 Err(r) => r,
             },
-            (Method::Get, "/events/sse") => match self.session_spec(&mut gate, &req) {
+            (Method::Get, "/events/sse") => match self.session_spec(&mut gate, &req).await {
                 Ok(spec) if !spec.acked => problem(StatusCode::BAD_REQUEST, "ack=none is for WebSocket sessions"),
                 Ok(spec) => Response::streaming(Upgrade::Sse(Box::new(spec)), "text/event-stream"),
                 Err(r) => r,
@@ -336,6 +336,11 @@ impl Handler for Traffic {
         }
     }
 }
+
+/// How long a session, poll or ack waits for this instance's claim of its subscription to be
+/// read back, and how often it looks.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Marks a request sent on by [`to_home`]: served where it arrives, never sent on again (two
 /// instances whose views of the home differ for a moment would send it back and forth).
@@ -609,23 +614,53 @@ impl Traffic {
         }
     }
 
+    /// Subscription `stored`'s definition. A request another instance sent here (`redirected`:
+    /// it knew the subscription) waits up to [`SETTLE_WAIT`] for the definition to come
+    /// through Kafka, so a subscription made a moment ago there is not a 404 here.
+    async fn defined(&self, stored: &str, redirected: bool) -> Result<Option<Definition>, StorageError> {
+        let until = std::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let def = crate::storage::meta::get_subscription(&self.shard.shared.db, stored)?;
+            if def.is_some() || !redirected || std::time::Instant::now() >= until {
+                return Ok(def);
+            }
+            monoio::time::sleep(SETTLE_POLL * 4).await;
+        }
+    }
+
     /// With instances over Kafka: the URL of the home of subscription `stored` when that is
     /// another instance (its sessions, polls and acks are served there only). `None` on the
-    /// embedded log, at the home, or while no home is known (then served here).
-    fn home_elsewhere(&self, stored: &str) -> Option<String> {
+    /// embedded log, at the home, or while no home is known (then served here). When this
+    /// instance has just chosen itself, it waits until its claim is read back (up to
+    /// [`SETTLE_WAIT`], then 503): the offsets the previous home stored are read by then.
+    async fn home_elsewhere(&self, stored: &str) -> Result<Option<String>, Response> {
         let shared = &self.shard.shared;
         if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
-            return None;
+            return Ok(None);
         }
-        let home = shared.home(&crate::cluster::homes::subscription_key(stored), true)?;
-        (home.id != shared.config.instance_id && home.url != shared.config.advertised_url).then_some(home.url)
+        let key = crate::cluster::homes::subscription_key(stored);
+        let until = std::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let Some(home) = shared.home(&key, true) else { return Ok(None) };
+            if home.id != shared.config.instance_id && home.url != shared.config.advertised_url {
+                return Ok(Some(home.url));
+            }
+            if home.settled {
+                return Ok(None);
+            }
+            if std::time::Instant::now() >= until {
+                return Err(problem(StatusCode::SERVICE_UNAVAILABLE, "this instance is taking the subscription over")
+                    .with_header("retry-after", "1"));
+            }
+            monoio::time::sleep(SETTLE_POLL).await;
+        }
     }
 
     /// The session a delivery request asks for: `?subscription=S` (404 if unknown), then
     /// `ack=none` (live fan-out, BROADCAST only, WebSocket only), `clientId=C` (per-client
     /// offsets of BROADCAST and MULTICAST) and, for MULTICAST, the session's own filters:
     /// `filters=<JSON array of Subscriptions API filters>` and/or `sql=<CESQL>`.
-    fn session_spec(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Result<SessionSpec, Response> {
+    async fn session_spec(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Result<SessionSpec, Response> {
         if self.shard.shared.memory.shed_now() {
             return Err(shed());
         }
@@ -633,7 +668,7 @@ impl Traffic {
         let name = req.query("subscription").ok_or_else(|| bad("missing ?subscription="))?;
         gate.allow(Action::Subscribe, Kind::Subscription, &name)?;
         let stored = gate.scoped(&name)?;
-        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &stored) {
+        let def = match self.defined(&stored, req.query(REDIRECTED).is_some()).await {
             Ok(Some(d)) => d,
             Ok(None) => return Err(problem(StatusCode::NOT_FOUND, &format!("no subscription {name}"))),
             Err(e) => return Err(storage_problem(&e)),
@@ -642,8 +677,10 @@ impl Traffic {
             let detail = format!("subscription {name} is pushed by the broker; sessions cannot attach to it");
             return Err(problem(StatusCode::CONFLICT, &detail));
         }
-        if let Some(home) = req.query(REDIRECTED).is_none().then(|| self.home_elsewhere(&stored)).flatten() {
-            return Err(to_home(&home, req.head.target(req.buf)));
+        if req.query(REDIRECTED).is_none() {
+            if let Some(home) = self.home_elsewhere(&stored).await? {
+                return Err(to_home(&home, req.head.target(req.buf)));
+            }
         }
         let acked = match req.query("ack").as_deref() {
             None => true,
@@ -717,7 +754,7 @@ impl Traffic {
     /// `GET /events/poll?subscription=S&max=N&waitMs=W`: 200 with a batch of events, or 204
     /// when none arrived within `waitMs`.
     async fn poll(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
-        let spec = match self.session_spec(gate, req) {
+        let spec = match self.session_spec(gate, req).await {
             Ok(s) => s,
             Err(r) => return r,
         };
@@ -800,7 +837,7 @@ impl Traffic {
             Ok(s) => s,
             Err(r) => return r,
         };
-        let def = match crate::storage::meta::get_subscription(&self.shard.shared.db, &stored) {
+        let def = match self.defined(&stored, redirected).await {
             Ok(Some(d)) => d,
             Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no subscription {}", a.subscription)),
             Err(e) => return storage_problem(&e),
@@ -809,8 +846,12 @@ impl Traffic {
             let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
         }
-        if let Some(home) = (!redirected).then(|| self.home_elsewhere(&stored)).flatten() {
-            return to_home(&home, "/events/ack");
+        if !redirected {
+            match self.home_elsewhere(&stored).await {
+                Ok(Some(home)) => return to_home(&home, "/events/ack"),
+                Ok(None) => {}
+                Err(r) => return r,
+            }
         }
         let client = match (def.mode, a.client_id) {
             (SubMode::LoadBalance, _) => String::new(),

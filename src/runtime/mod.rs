@@ -329,12 +329,7 @@ fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
     use crate::shard::message::{Interest, InterestChange, ShardMessage, SubOutcome, SubRequest};
     use crate::shard::{meta_owner, ShardId};
     let shards = shared.config.shards;
-    let send = |to: ShardId, mut msg: ShardMessage| {
-        while let Err(back) = shared.mailboxes.send(Sender::Admin, to, msg) {
-            msg = back;
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    };
+    let send = |to: ShardId, msg: ShardMessage| send_waiting(shared, to, msg);
     // (A plain thread: the shards' answers are awaited without monoio's timer.)
     fn wait<T>(rx: futures::channel::oneshot::Receiver<Result<T, StorageError>>) -> Result<T, StorageError> {
         futures::executor::block_on(rx).unwrap_or(Err(StorageError::Unavailable("shard stopped")))
@@ -386,6 +381,147 @@ fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
     }
 }
 
+/// Sends a shard a message from a thread of the runtime, waiting while its mailbox is full.
+fn send_waiting(shared: &Shared, to: crate::shard::ShardId, mut msg: crate::shard::message::ShardMessage) {
+    while let Err(back) = shared.mailboxes.send(Sender::Admin, to, msg) {
+        msg = back;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A record of the claims' log read (`cluster::homes`): a claim taken from this instance
+/// closes its sessions of the subscription; one that came too late for a key this instance
+/// holds is answered by claiming it again, replacing itself, so the last record of the key
+/// in the log (all a compacted log keeps) names the holder.
+#[cfg(feature = "kafka")]
+fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>) {
+    use crate::cluster::homes::{Claim, Read};
+    let me = &shared.config.instance_id;
+    let claim = match value.map(Claim::decode) {
+        Some(None) => return,
+        Some(Some(c)) => Some(c),
+        None => None,
+    };
+    let to = claim.as_ref().map(|c| c.instance.clone());
+    match shared.homes.claimed(key.clone(), claim, Instant::now()) {
+        Read::Taken { was: Some(was) } if was == *me && to.as_ref().is_some_and(|to| to != me) => {
+            home_moved(shared, &key)
+        }
+        Read::Lost { holder } if holder == *me => {
+            let again = Claim { instance: me.clone(), replaces: Some(me.clone()) };
+            if let Some(Err(e)) = shared.kafka.as_ref().map(|k| k.claim_home(&key, Some(&again.encode()))) {
+                eprintln!("evmesh: the home of {key} not recorded again: {e}");
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A record of the replies topic (`cluster::replies`): for this instance, a reply goes to the
+/// replies thread (dropped while 4,096 wait: its sender answers 503 after its wait), an
+/// outcome to the forward that waits for it.
+#[cfg(feature = "kafka")]
+fn forwarded(
+    shared: &Shared,
+    r: crate::storage::kafka::Forwarded,
+    replies: &std::sync::mpsc::SyncSender<crate::storage::kafka::Forwarded>,
+) {
+    use crate::cluster::replies::{decode_outcome, FORWARD, KIND};
+    if r.key != shared.config.instance_id {
+        return;
+    }
+    let header = |name: &str| r.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice());
+    match header(KIND) {
+        Some(b"reply") => {
+            let _ = replies.try_send(r);
+        }
+        Some(b"outcome") => {
+            let n = header(FORWARD).and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok());
+            if let (Some(n), Some(o)) = (n, decode_outcome(&r.value)) {
+                shared.forwards.answer(n, o);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A reply another instance forwarded here: handed to the shard its correlation id names,
+/// exactly as a reply made here (tenant, ACL, deadline), and the outcome written back.
+#[cfg(feature = "kafka")]
+fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
+    use crate::cluster::replies::{encode_outcome, instance_tag, FORWARD, FROM, KIND, PRINCIPAL, TENANT};
+    use crate::shard::message::{ReplyMessage, ShardMessage};
+    use crate::shard::requests::{Correlation, Replier, ReplyOutcome};
+    let text = |name: &str| {
+        r.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| std::str::from_utf8(v).ok()).map(str::to_owned)
+    };
+    let (Some(from), Some(n)) = (text(FROM), text(FORWARD)) else { return };
+    let frame = frame_codec::Frame::decode(&r.value).ok();
+    let id = frame.as_ref().and_then(|f| f.body().attr_str("emcorrelationid").and_then(Correlation::parse));
+    let me = instance_tag(&shared.config.instance_id);
+    let outcome = match (frame, id) {
+        (None, _) => ReplyOutcome::Unknown,
+        (Some(_), None) => ReplyOutcome::MissingId,
+        (Some(frame), Some(id)) if id.instance == me && id.shard.index() < shared.config.shards => {
+            let replier = Replier { principal: text(PRINCIPAL), tenant: text(TENANT), agent: None };
+            let (outcome, rx) = futures::channel::oneshot::channel();
+            let msg = ShardMessage::Reply(Box::new(ReplyMessage { id, frame, replier, outcome }));
+            send_waiting(shared, id.shard, msg);
+            futures::executor::block_on(rx).ok().and_then(Result::ok).unwrap_or(ReplyOutcome::Unknown)
+        }
+        (Some(_), Some(_)) => ReplyOutcome::Unknown,
+    };
+    let Some(k) = &shared.kafka else { return };
+    let headers: [(&str, &[u8]); 2] = [(KIND, b"outcome"), (FORWARD, n.as_bytes())];
+    if let Err(e) = k.put_reply(&from, &headers, &encode_outcome(&outcome)) {
+        eprintln!("evmesh: the outcome of a reply from {from} not sent back: {e}");
+    }
+}
+
+/// Another instance claimed subscription home `key` from this one (it was thought dead, or
+/// two choices crossed): every shard closes its sessions of it (`InterestChange::HomeMoved`).
+#[cfg(feature = "kafka")]
+fn home_moved(shared: &Shared, key: &str) {
+    let Some(name) = key.strip_prefix("sub/") else { return };
+    use crate::shard::message::{Interest, InterestChange, ShardMessage};
+    let Ok(Some(def)) = crate::storage::meta::get_subscription(&shared.db, name) else { return };
+    eprintln!("evmesh: another instance is the home of subscription {name} now: closing its sessions here");
+    let shards = shared.config.shards;
+    for s in 0..shards {
+        let i = Interest {
+            subscription: name.to_owned(),
+            topic: def.topic.clone(),
+            shard: crate::shard::meta_owner(name, shards),
+            change: InterestChange::HomeMoved,
+        };
+        send_waiting(shared, crate::shard::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
+    }
+}
+
+/// An offset record of the claims' log (`cluster::homes`, "Offsets"): applied to this
+/// instance's copy when the subscription's claim, at that point of the log, names its writer
+/// and the writer is another instance (this one's own are stored already), once: `read` is the
+/// position after the last record applied, kept with it, so a restart skips what it applied.
+#[cfg(feature = "kafka")]
+fn apply_offset(shared: &Shared, r: crate::storage::kafka::Replicated, read: &mut u64) {
+    use crate::storage::offsets;
+    if r.next <= *read || r.by == shared.config.instance_id {
+        return;
+    }
+    let Some((topic, subscription, partition, _)) = offsets::parse_key(&r.key) else { return };
+    if !shared.homes.names(&crate::cluster::homes::subscription_key(subscription), &r.by) {
+        return;
+    }
+    if r.value.as_deref().is_some_and(|v| offsets::Stored::decode(v).is_none()) {
+        return;
+    }
+    let shard = crate::shard::owner(topic, partition, shared.config.shards);
+    match offsets::apply_replicated(&shared.db, shard, r.key.as_bytes(), r.value.as_deref(), r.next) {
+        Ok(()) => *read = r.next,
+        Err(e) => eprintln!("evmesh: kafka cluster: offset {} of {subscription} not applied: {e}", r.key),
+    }
+}
+
 /// Heartbeats every `heartbeat_ms`: through Kafka to every instance (`storage = kafka`), or
 /// straight into this instance's own view (the embedded log: a cluster of one).
 fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
@@ -395,7 +531,7 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
     if let Some(k) = &shared.kafka {
         let to = shared.clone();
         let beat = move || heartbeat_of(&to, &mut load);
-        let [a, b, c, d] = [0; 4].map(|_| shared.clone());
+        let [a, b, c, d, e, f, g] = [0; 7].map(|_| shared.clone());
         // Definitions are applied on a thread of their own (it waits for the shards), so a slow
         // apply never holds up the heartbeats; in log order, this instance's own records too:
         // the log's order is the one every instance agrees on (skipping its own, an instance
@@ -408,8 +544,22 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
         })?;
         let feeds = crate::storage::kafka::Feeds {
             heard: Box::new(move |hb, age| a.membership.heard(hb, age, Instant::now())),
-            claimed: Box::new(move |key, id| b.homes.claimed(key, id, Instant::now())),
+            claimed: Box::new(move |key, value| claim_read(&b, key, value)),
             caught_up: Box::new(move || c.homes.caught_up()),
+            offset: {
+                let mut read = crate::storage::offsets::replicated_position(&e.db).unwrap_or(0);
+                Box::new(move |r| apply_offset(&e, r, &mut read))
+            },
+            forwarded: {
+                // Replies are handed to the shards on a thread of their own (it waits for them).
+                let (tx, rx) = std::sync::mpsc::sync_channel::<crate::storage::kafka::Forwarded>(4096);
+                std::thread::Builder::new().name("evmesh-replies".into()).spawn(move || {
+                    for r in rx {
+                        take_forwarded_reply(&g, r);
+                    }
+                })?;
+                Box::new(move |r| forwarded(&f, r, &tx))
+            },
             defined: Box::new(move |r| {
                 let _ = defs.send(r);
             }),
@@ -474,6 +624,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         listeners: [started.listen, started.admin_listen],
         membership: crate::cluster::Membership::new(config.instance_id.clone(), config.instance_timeout),
         homes: Default::default(),
+        forwards: Default::default(),
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),

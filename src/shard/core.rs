@@ -134,7 +134,7 @@ impl Shard {
         #[cfg(not(feature = "kafka"))]
         let log = Log::Embedded(embedded());
         let requests = super::requests::Requests::new(
-            id,
+            (crate::cluster::replies::instance_tag(&shared.config.instance_id), id),
             shared.config.max_pending_requests,
             shared.config.max_pending_request_bytes,
             &shared.governance,
@@ -481,6 +481,10 @@ impl Shard {
         let Some(id) = frame.body().attr_str("emcorrelationid") else { return Ok(ReplyOutcome::MissingId) };
         let outcome = match Correlation::parse(id) {
             None => ReplyOutcome::Unknown,
+            Some(id) if id.instance != self.requests.instance() => {
+                metrics.replies_cross_instance.inc();
+                self.shared.forward_reply(id.instance, frame, replier).await
+            }
             Some(id) if id.shard == self.id => self.fulfil(id, frame, &replier),
             Some(id) if id.shard.index() >= self.shards() => ReplyOutcome::Unknown,
             Some(id) => {
@@ -531,7 +535,13 @@ impl Shard {
                 list.retain(|x| x.subscription != i.subscription);
                 drop(interest);
                 self.forget_subscription(&i.subscription, &i.topic);
-                self.sessions.close_all(&i.subscription, 1000);
+                self.sessions.close_all(&i.subscription, 1000, "");
+            }
+            InterestChange::HomeMoved => {
+                drop(interest);
+                self.delivery.machine.borrow_mut().forget(&i.subscription);
+                self.delivery.defs.borrow_mut().remove(&i.subscription);
+                self.sessions.close_all(&i.subscription, 1012, "home moved");
             }
             InterestChange::Pushes => {
                 drop(interest);

@@ -28,6 +28,10 @@ const EXPIRE_SCAN: usize = 10_000;
 /// How often ack timeouts and due redeliveries are checked.
 const TICK: Duration = Duration::from_millis(20);
 
+/// With Kafka: how long stored offsets gather before they are written to the claims' log
+/// (the last value of each key only). A takeover may repeat what was acked in the last one.
+const REPLICATE_EVERY: Duration = Duration::from_millis(10);
+
 /// The shard's log as the machine reads it.
 struct LogSource<'a>(&'a Log);
 
@@ -145,6 +149,10 @@ impl Shard {
                     if let Err(e) = offsets::put(&self.shared.db, self.id, &k, &stored) {
                         eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, key.subscription);
                     }
+                    let pushed = self.delivery.defs.borrow().get(&key.subscription).is_some_and(|(d, _)| d.pushed());
+                    if !pushed {
+                        self.replicate_offset(k, Some(stored.encode()));
+                    }
                 }
                 Effect::Deliver { to, subscription, frames, pick, attempts } => {
                     let m = self.shared.metrics.shard(self.id);
@@ -169,7 +177,7 @@ impl Shard {
 
     /// Creates the consumer's state for the partitions this shard owns, if it has none yet,
     /// from what is stored for it (or its start position).
-    fn ensure_consumer(&self, key: &ConsumerKey, persist: bool) -> Result<(), StorageError> {
+    fn ensure_consumer(self: &Rc<Self>, key: &ConsumerKey, persist: bool) -> Result<(), StorageError> {
         if self.delivery.machine.borrow().contains(key) {
             return Ok(());
         }
@@ -200,7 +208,7 @@ impl Shard {
     /// made), else the subscription's `start` (stored at once, so the start does not move on a
     /// restart).
     fn start_offset(
-        &self,
+        self: &Rc<Self>,
         def: &Definition,
         key: &ConsumerKey,
         p: PartitionId,
@@ -229,6 +237,10 @@ impl Shard {
         let st = offsets::Stored::at(o);
         if persist {
             offsets::put(db, self.id, &k, &st)?;
+            // Where it starts is decided once, for a new home too ("latest" is now).
+            if !def.pushed() {
+                self.replicate_offset(k, Some(st.encode()));
+            }
         }
         Ok(st)
     }
@@ -408,7 +420,7 @@ impl Shard {
 
     /// Forgets the stored offsets of clients not seen for `client_offset_ttl_ms` (those with a
     /// session attached are seen now, and kept). Bounded work per pass.
-    pub fn expire_clients(&self) {
+    pub fn expire_clients(self: &Rc<Self>) {
         let Some(ttl) = self.shared.config.client_offset_ttl else { return };
         let before = offsets::now_ms().saturating_sub(ttl.as_millis() as u64);
         let db = &self.shared.db;
@@ -436,7 +448,40 @@ impl Shard {
             if let Err(e) = offsets::delete(db, self.id, &k) {
                 eprintln!("evmesh: {}: expiring client offsets: {e}", self.id);
             }
+            let home = crate::cluster::homes::subscription_key(subscription);
+            if self.shared.homes.names(&home, &self.shared.config.instance_id) {
+                self.replicate_offset(k, None);
+            }
         }
+    }
+
+    /// With Kafka: an offset this shard stored (`None`: deleted) goes to the claims' log for
+    /// the other instances (`cluster::homes`, "Offsets"), gathered for [`REPLICATE_EVERY`].
+    fn replicate_offset(self: &Rc<Self>, key: Vec<u8>, value: Option<Vec<u8>>) {
+        #[cfg(feature = "kafka")]
+        if let Some(kafka) = &self.shared.kafka {
+            let first = {
+                let mut pending = self.delivery.replicate.borrow_mut();
+                pending.insert(key, value);
+                pending.len() == 1
+            };
+            if first {
+                let (me, kafka) = (self.clone(), kafka.clone());
+                monoio::spawn(async move {
+                    monoio::time::sleep(REPLICATE_EVERY).await;
+                    let pending = std::mem::take(&mut *me.delivery.replicate.borrow_mut());
+                    let by = &me.shared.config.instance_id;
+                    for (k, v) in pending {
+                        let Ok(k) = String::from_utf8(k) else { continue };
+                        if let Err(e) = kafka.put_offset(&k, v.as_deref(), by) {
+                            eprintln!("evmesh: {}: offset {k} not written to kafka: {e}", me.id);
+                        }
+                    }
+                });
+            }
+        }
+        #[cfg(not(feature = "kafka"))]
+        let _ = (key, value);
     }
 
     /// A subscription was removed: its consumers here end and their offsets are forgotten.

@@ -78,6 +78,10 @@ pub enum InterestChange {
     Detach,
     /// The subscription was removed: every shard closes its sessions and forgets it.
     Removed,
+    /// Another instance is its home now (`cluster::homes`): every shard closes its sessions
+    /// (WebSocket 1012) and drops its consumers' state; what is stored stays (the new home's
+    /// offsets come in over it).
+    HomeMoved,
     /// Its push registrations (classic subscribers' URLs) changed: each shard's webhook
     /// sessions of it look whether theirs is still there.
     Pushes,

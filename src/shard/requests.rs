@@ -4,7 +4,8 @@
 //! `sequence`) and its HTTP connection waits on this shard in a slot of a fixed-size table.
 //! The correlation id names the slot: `1.<instance>.<shard>.<slot>.<gen>.<token>` (hex), so
 //! a reply arriving on any shard goes to the right one with one mailbox hop and no lookup
-//! elsewhere. `gen` tells a slot's requests apart as it is reused; `token` is a keyed hash
+//! elsewhere, and one arriving at another instance is forwarded to this one
+//! (`cluster::replies`; `instance` is its [`instance_tag`](crate::cluster::replies::instance_tag)). `gen` tells a slot's requests apart as it is reused; `token` is a keyed hash
 //! (SipHash with this process's random key) of the slot, its generation and a counter, so an id
 //! cannot be guessed from others: a forged or stale id matches nothing (404).
 //!
@@ -22,12 +23,11 @@ use super::ShardId;
 use crate::governance::acl::{Action, Kind};
 use crate::governance::{Governance, View};
 
-/// The instance part of correlation ids (one instance; many instances number themselves later).
-const INSTANCE: u32 = 0;
-
 /// Where a requester waits, as its correlation id says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Correlation {
+    /// The instance's tag (`cluster::replies::instance_tag`).
+    pub instance: u64,
     pub shard: ShardId,
     slot: u32,
     gen: u32,
@@ -35,7 +35,7 @@ pub struct Correlation {
 }
 
 impl Correlation {
-    /// Reads an id; `None` for anything this instance did not make (never a panic).
+    /// Reads an id; `None` for anything no instance made (never a panic).
     pub fn parse(id: &str) -> Option<Correlation> {
         if id.len() > 64 {
             return None;
@@ -45,10 +45,11 @@ impl Correlation {
         let hex = |s: &str| u64::from_str_radix(s, 16).ok();
         let (v, instance) = (next()?, hex(next()?)?);
         let (shard, slot, gen, token) = (hex(next()?)?, hex(next()?)?, hex(next()?)?, hex(next()?)?);
-        if v != "1" || instance != u64::from(INSTANCE) || parts.next().is_some() {
+        if v != "1" || parts.next().is_some() {
             return None;
         }
         Some(Correlation {
+            instance,
             shard: ShardId(u16::try_from(shard).ok()?),
             slot: u32::try_from(slot).ok()?,
             gen: u32::try_from(gen).ok()?,
@@ -59,7 +60,7 @@ impl Correlation {
 
 impl std::fmt::Display for Correlation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "1.{INSTANCE:x}.{:x}.{:x}.{:x}.{:016x}", self.shard.0, self.slot, self.gen, self.token)
+        write!(f, "1.{:x}.{:x}.{:x}.{:x}.{:016x}", self.instance, self.shard.0, self.slot, self.gen, self.token)
     }
 }
 
@@ -88,6 +89,9 @@ pub enum ReplyOutcome {
     Denied { topic: String, rule: Option<String> },
     /// The reply carries no `emcorrelationid`.
     MissingId,
+    /// Its requester waits at another instance, which did not answer in time
+    /// (`cluster::replies::WAIT`) or is not live.
+    Unreachable,
 }
 
 impl ReplyOutcome {
@@ -101,6 +105,7 @@ impl ReplyOutcome {
             }
             ReplyOutcome::Denied { topic, .. } => (403, format!("{replier} may not REPLY topic:{topic}")),
             ReplyOutcome::MissingId => (400, "a reply carries the request's emcorrelationid".into()),
+            ReplyOutcome::Unreachable => (503, "the instance where the request waits did not answer; try again".into()),
         }
     }
 }
@@ -133,6 +138,8 @@ struct Slot {
 
 /// This shard's waiting requests.
 pub struct Requests {
+    /// This instance's tag, in every id made here.
+    instance: u64,
     shard: ShardId,
     slots: RefCell<Vec<Slot>>,
     free: RefCell<Vec<u32>>,
@@ -161,8 +168,9 @@ impl Drop for Pending<'_> {
 }
 
 impl Requests {
-    pub fn new(shard: ShardId, max: usize, max_bytes: usize, governance: &Governance) -> Requests {
+    pub fn new((instance, shard): (u64, ShardId), max: usize, max_bytes: usize, governance: &Governance) -> Requests {
         Requests {
+            instance,
             shard,
             slots: RefCell::new(Vec::new()),
             free: RefCell::new(Vec::new()),
@@ -173,6 +181,11 @@ impl Requests {
             counter: Cell::new(0),
             view: View::new(governance),
         }
+    }
+
+    /// This instance's tag (the instance part of its ids).
+    pub fn instance(&self) -> u64 {
+        self.instance
     }
 
     /// Requests waiting now.
@@ -219,7 +232,7 @@ impl Requests {
             tx: Some(tx),
         });
         self.bytes.set(self.bytes.get() + bytes);
-        let id = Correlation { shard: self.shard, slot, gen: s.gen, token };
+        let id = Correlation { instance: self.instance, shard: self.shard, slot, gen: s.gen, token };
         Ok(Pending { table: self, slot, gen: s.gen, id, reply })
     }
 
@@ -280,14 +293,15 @@ mod tests {
 
     #[test]
     fn ids_round_trip_and_garbage_is_none() {
-        let c = Correlation { shard: ShardId(3), slot: 4095, gen: 7, token: u64::MAX - 1 };
+        let c = Correlation { instance: u64::MAX, shard: ShardId(3), slot: 4095, gen: 7, token: u64::MAX - 1 };
         assert_eq!(Correlation::parse(&c.to_string()), Some(c));
+        assert!(c.to_string().len() <= 64);
+        assert_eq!(Correlation::parse("1.1.3.fff.7.1").map(|c| c.instance), Some(1));
         for bad in [
             "",
             "1",
             "1.0.3.fff.7",
             "2.0.3.fff.7.1",
-            "1.1.3.fff.7.1",
             "1.0.3.fff.7.1.9",
             "1.0.10000.1.1.1",
             "1.0.3.fff.7.zz",

@@ -273,15 +273,15 @@ impl Sessions {
         }
     }
 
-    /// Closes every session of a subscription (it was removed).
-    pub fn close_all(&self, subscription: &str, code: u16) {
+    /// Closes every session of a subscription (it was removed, or its home moved).
+    pub fn close_all(&self, subscription: &str, code: u16, reason: &'static str) {
         if let Some(list) = self.by_subscription.borrow_mut().get_mut(subscription) {
             for s in list.iter_mut() {
-                let _ = s.tx.send_past_bound(Outbound::Close(code, ""));
+                let _ = s.tx.send_past_bound(Outbound::Close(code, reason));
             }
         }
         for s in self.acked.borrow_mut().values_mut().filter(|s| s.subscription == subscription) {
-            let _ = s.tx.send_past_bound(Outbound::Close(code, ""));
+            let _ = s.tx.send_past_bound(Outbound::Close(code, reason));
         }
         self.polls.borrow_mut().retain(|k, _| k.subscription != subscription);
         for (_, tx) in self.webhooks.borrow_mut().values_mut().filter(|(s, _)| s == subscription) {

@@ -64,6 +64,8 @@ pub struct Shared {
     pub membership: crate::cluster::Membership,
     /// The home claims read back from Kafka (`cluster::homes`; none on the embedded log).
     pub homes: crate::cluster::homes::Homes,
+    /// Replies forwarded to other instances, waiting for their outcome (`cluster::replies`).
+    pub forwards: crate::cluster::replies::Forwards,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
@@ -119,6 +121,10 @@ impl Memory {
 pub struct HomeInstance {
     pub id: String,
     pub url: String,
+    /// Its claim has been read back: false while this instance's own choice of itself is on
+    /// its way through the claims' log, before which it must not serve the key (the offsets
+    /// the last home stored come before the claim in that log, `cluster::homes`).
+    pub settled: bool,
 }
 
 impl Shared {
@@ -135,19 +141,22 @@ impl Shared {
             // The common case at a home (every attach, poll and ack of its subscriptions): its
             // own claim, and it is live. Answered without copying the view.
             if self.homes.claimed_by(key, me) && self.membership.is_live(me, now) {
-                return Some(HomeInstance { id: me.clone(), url: self.config.advertised_url.clone() });
+                return Some(HomeInstance { id: me.clone(), url: self.config.advertised_url.clone(), settled: true });
             }
             let live = self.membership.live(now);
             let h = self.homes.home(key, &live, (now, self.config.instance_timeout), record)?;
             let hb = &h.member.heartbeat;
             if h.record {
-                if let Err(e) = k.claim_home(key, &hb.instance_id) {
+                let claim = crate::cluster::homes::Claim { instance: hb.instance_id.clone(), replaces: h.replaces };
+                if let Err(e) = k.claim_home(key, Some(&claim.encode())) {
                     eprintln!("evmesh: the home of {key} not recorded: {e}");
                 }
             }
-            return Some(HomeInstance { id: hb.instance_id.clone(), url: hb.advertised_url.clone() });
+            let settled = hb.instance_id != *me || self.homes.claimed_by(key, me);
+            return Some(HomeInstance { id: hb.instance_id.clone(), url: hb.advertised_url.clone(), settled });
         }
-        Some(HomeInstance { id: self.config.instance_id.clone(), url: self.config.advertised_url.clone() })
+        let (id, url) = (self.config.instance_id.clone(), self.config.advertised_url.clone());
+        Some(HomeInstance { id, url, settled: true })
     }
 
     /// With Kafka: tells every instance that subscription `name` is now `def` (or removed,
@@ -164,9 +173,58 @@ impl Shared {
             if let Err(e) = k.put_definition(name, json.as_deref()) {
                 eprintln!("evmesh: subscription {name} not told to the other instances: {e}");
             }
+            // Removed: its claim goes too, and with it any offset its home still writes.
+            if def.is_none() {
+                let key = crate::cluster::homes::subscription_key(name);
+                if let Err(e) = k.claim_home(&key, None) {
+                    eprintln!("evmesh: the home of {name} not released: {e}");
+                }
+            }
         }
         #[cfg(not(feature = "kafka"))]
         let _ = (name, def);
+    }
+
+    /// A reply for a request waiting at the instance tagged `tag` (`cluster::replies`): written
+    /// to Kafka for it, and its outcome there awaited (at most `replies::WAIT`). `Unknown`
+    /// when no live instance has that tag (or on the embedded log).
+    pub async fn forward_reply(
+        &self,
+        tag: u64,
+        frame: frame_codec::Frame,
+        replier: super::requests::Replier,
+    ) -> super::requests::ReplyOutcome {
+        use super::requests::ReplyOutcome;
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            use crate::cluster::replies::{instance_tag, FORWARD, FROM, KIND, PRINCIPAL, TENANT, WAIT};
+            let live = self.membership.live(Instant::now());
+            let Some(to) = live.iter().find(|m| instance_tag(&m.heartbeat.instance_id) == tag) else {
+                return ReplyOutcome::Unknown;
+            };
+            let Some((n, rx)) = self.forwards.open() else { return ReplyOutcome::Unreachable };
+            let number = n.to_string();
+            let mut headers: Vec<(&str, &[u8])> =
+                vec![(KIND, b"reply"), (FROM, self.config.instance_id.as_bytes()), (FORWARD, number.as_bytes())];
+            if let Some(p) = &replier.principal {
+                headers.push((PRINCIPAL, p.as_bytes()));
+            }
+            if let Some(t) = &replier.tenant {
+                headers.push((TENANT, t.as_bytes()));
+            }
+            let sent = k.put_reply(&to.heartbeat.instance_id, &headers, frame.as_bytes());
+            let outcome = match sent {
+                Ok(()) => crate::server::deadline::within(WAIT, rx).await.ok().and_then(Result::ok),
+                Err(e) => {
+                    eprintln!("evmesh: a reply not forwarded to {}: {e}", to.heartbeat.instance_id);
+                    None
+                }
+            };
+            self.forwards.close(n);
+            return outcome.unwrap_or(ReplyOutcome::Unreachable);
+        }
+        let _ = (tag, frame, replier);
+        ReplyOutcome::Unknown
     }
 
     /// Shards whose event loop has not run for `STALLED_AFTER` (or that never started).

@@ -11,8 +11,9 @@
 //!   through its mailbox (records of other producers, and whatever the copy lost in a crash).
 //!   Delivery reads the copy at offsets evmesh owns (RocksDB), so restarts replay from Kafka.
 //! * **Membership**: one thread writes this instance's heartbeat to the one-partition topic
-//!   `__evmesh.instances` and reads everyone's back, with the home claims of
-//!   `__evmesh.homes` (`crate::cluster`).
+//!   `__evmesh.instances` and reads everyone's back, with the home claims and the homes'
+//!   offsets of `__evmesh.homes` and the definitions of `__evmesh.subscriptions`
+//!   (`crate::cluster`).
 //! * **No group semantics**: librdkafka wants a `group.id` even for `assign()`; a fixed one is
 //!   set, `subscribe()` is never called and nothing is ever committed to Kafka.
 //!
@@ -36,6 +37,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use super::embedded::EmbeddedLog;
 use super::{Bounds, KafkaSettings, Storage, StorageError, TopicMeta};
 use crate::cluster::homes::HOMES_TOPIC;
+use crate::cluster::replies::REPLIES_TOPIC;
 use crate::cluster::{Heartbeat, INSTANCES_TOPIC, SUBSCRIPTIONS_TOPIC};
 use crate::shard::PartitionId;
 
@@ -91,12 +93,20 @@ pub struct Follow {
     pub from: u64,
 }
 
+/// Takes a claim record: its key and value.
+pub type ClaimFeed = dyn Fn(String, Option<&[u8]>) + Send;
+
 /// What the cluster thread hands on as it reads the cluster topics (`crate::cluster`).
 pub struct Feeds {
     /// A heartbeat, and how old it was when read (zero once caught up).
     pub heard: Box<dyn Fn(Heartbeat, Duration) + Send>,
-    /// A home claim: (key, instance id).
-    pub claimed: Box<dyn Fn(String, String) + Send>,
+    /// A home claim: (key, value: `cluster::homes::Claim`), or its release (`None`: the
+    /// subscription is gone).
+    pub claimed: Box<ClaimFeed>,
+    /// An offset a home stored, read in the claims' log (`cluster::homes`) after them.
+    pub offset: Box<dyn FnMut(Replicated) + Send>,
+    /// A record of the replies topic (`cluster::replies`), read from its end at start.
+    pub forwarded: Box<dyn FnMut(Forwarded) + Send>,
     /// Called once the claims written before this instance started are read.
     pub caught_up: Box<dyn FnOnce() + Send>,
     /// A subscription's definition, or its removal.
@@ -110,6 +120,27 @@ pub struct Defined {
     /// Its definition (JSON), or `None`: removed.
     pub definition: Option<Vec<u8>>,
 }
+
+/// An offset record of the claims topic: what instance `by` stored under `key` (an
+/// `storage::offsets` key), `None` once deleted; `next` is the position after it.
+pub struct Replicated {
+    pub key: String,
+    pub value: Option<Vec<u8>>,
+    pub by: String,
+    pub next: u64,
+}
+
+/// A record of the replies topic: its key (the instance it is for), headers and value.
+pub struct Forwarded {
+    pub key: String,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub value: Vec<u8>,
+}
+
+/// Offset records' keys in the claims topic start with this (claims' with `sub/`).
+const OFFSET_KEY: &str = "off/";
+/// The header naming the instance that wrote an offset record.
+const BY_HEADER: &str = "evmesh-by";
 
 /// Records read by the tail thread, for the owner of their partition (`topic` is in the frames).
 pub type Fetched = (PartitionId, Vec<Frame>);
@@ -230,25 +261,54 @@ impl KafkaBackend {
         cc.create().map_err(|e| engine("consumer", e))
     }
 
-    /// Records `instance` as the home of `key` (`cluster::homes`): read back by every
+    /// Records a claim of the home of `key` (`cluster::homes::Claim`, encoded), or that `key`
+    /// has no home any more (`None`: its subscription was removed): read back by every
     /// instance's cluster thread, in log order.
-    pub fn claim_home(&self, key: &str, instance: &str) -> Result<(), StorageError> {
-        self.put_keyed(HOMES_TOPIC, key, Some(instance.as_bytes()))
+    pub fn claim_home(&self, key: &str, claim: Option<&[u8]>) -> Result<(), StorageError> {
+        self.put_keyed(HOMES_TOPIC, key, claim, None)
+    }
+
+    /// Records what instance `by` stored under offset key `key` (`None`: deleted), in the
+    /// claims' log, where every instance reads it in order with the claims
+    /// (`cluster::homes`, "Offsets").
+    pub fn put_offset(&self, key: &str, value: Option<&[u8]>, by: &str) -> Result<(), StorageError> {
+        self.put_keyed(HOMES_TOPIC, &format!("{OFFSET_KEY}{key}"), value, Some(by))
     }
 
     /// Records subscription `name`'s definition (JSON), or its removal (`None`, a tombstone),
     /// for every instance to apply, in log order.
     pub fn put_definition(&self, name: &str, definition: Option<&[u8]>) -> Result<(), StorageError> {
-        self.put_keyed(SUBSCRIPTIONS_TOPIC, name, definition)
+        self.put_keyed(SUBSCRIPTIONS_TOPIC, name, definition, None)
     }
 
-    /// One keyed record to partition 0 of one of evmesh's own topics, not waited for.
-    fn put_keyed(&self, topic: &str, key: &str, value: Option<&[u8]>) -> Result<(), StorageError> {
+    /// A record of the replies topic (`cluster::replies`) for instance `to`, not waited for.
+    pub fn put_reply(&self, to: &str, headers: &[(&str, &[u8])], value: &[u8]) -> Result<(), StorageError> {
+        let (tx, _) = oneshot::channel();
+        let topic = self.kafka_topic(REPLIES_TOPIC);
+        let mut h = OwnedHeaders::new_with_capacity(headers.len());
+        for (key, v) in headers {
+            h = h.insert(Header { key, value: Some(*v) });
+        }
+        let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, Box::new(tx))
+            .partition(0)
+            .key(to.as_bytes())
+            .payload(value)
+            .headers(h);
+        self.producer.send(rec).map_err(|(e, _)| engine("reply record", e))
+    }
+
+    /// One keyed record to partition 0 of one of evmesh's own topics, not waited for;
+    /// `by`: the writer, in a header.
+    fn put_keyed(&self, topic: &str, key: &str, value: Option<&[u8]>, by: Option<&str>) -> Result<(), StorageError> {
         let (tx, _) = oneshot::channel();
         let topic = self.kafka_topic(topic);
         let rec = BaseRecord::<[u8], [u8], _>::with_opaque_to(&topic, Box::new(tx)).partition(0).key(key.as_bytes());
         let rec = match value {
             Some(v) => rec.payload(v),
+            None => rec,
+        };
+        let rec = match by {
+            Some(by) => rec.headers(OwnedHeaders::new().insert(Header { key: BY_HEADER, value: Some(by) })),
             None => rec,
         };
         self.producer.send(rec).map_err(|(e, _)| engine("cluster record", e))
@@ -259,20 +319,23 @@ impl KafkaBackend {
     /// [`CATCH_UP`] before now (to know the live instances at once, dating those by their
     /// senders' clocks), then heartbeats and reads on.
     fn membership(&self, consumer: &BaseConsumer, every: Duration, mut beat: impl FnMut() -> Heartbeat, feeds: Feeds) {
-        let Feeds { heard, claimed, caught_up, defined } = feeds;
+        let Feeds { heard, claimed, caught_up, defined, mut offset, mut forwarded } = feeds;
         let topic = self.kafka_topic(INSTANCES_TOPIC);
         let homes = self.kafka_topic(HOMES_TOPIC);
         let definitions = self.kafka_topic(SUBSCRIPTIONS_TOPIC);
+        let replies = self.kafka_topic(REPLIES_TOPIC);
         let mut wait = Duration::from_millis(100);
         let retry = |what: &str, e: &dyn std::fmt::Display, wait: &mut Duration| {
             eprintln!("evmesh: kafka cluster: {what}: {e}; retrying in {wait:?}");
             std::thread::sleep(*wait);
             *wait = (*wait * 2).min(Duration::from_secs(5));
         };
-        // Heartbeats are of no use an hour on: Kafka may drop them.
+        // Heartbeats and forwarded replies are of no use an hour on: Kafka may drop them.
         let config = &[("retention.ms", "3600000")];
-        while let Err(e) = futures::executor::block_on(self.ensure_topic_with(INSTANCES_TOPIC, 1, config)) {
-            retry("creating the instances topic", &e, &mut wait);
+        for t in [INSTANCES_TOPIC, REPLIES_TOPIC] {
+            while let Err(e) = futures::executor::block_on(self.ensure_topic_with(t, 1, config)) {
+                retry(&format!("creating {t}"), &e, &mut wait);
+            }
         }
         // A home claim counts until replaced: compacted (the last claim of each key kept).
         let config = &[("cleanup.policy", "compact")];
@@ -296,6 +359,7 @@ impl KafkaBackend {
                 .add_partition_offset(&topic, 0, Offset::Offset(caught_up_at.0))
                 .and_then(|()| from.add_partition_offset(&homes, 0, Offset::Beginning))
                 .and_then(|()| from.add_partition_offset(&definitions, 0, Offset::Beginning))
+                .and_then(|()| from.add_partition_offset(&replies, 0, Offset::End))
                 .and_then(|()| consumer.assign(&from));
             match assigned {
                 Ok(()) => break,
@@ -345,10 +409,30 @@ impl KafkaBackend {
             match consumer.poll(wait) {
                 Some(Ok(m)) if m.topic() == homes => {
                     let text = |b: Option<&[u8]>| b.and_then(|b| std::str::from_utf8(b).ok()).map(str::to_owned);
-                    if let (Some(key), Some(id)) = (text(m.key()), text(m.payload())) {
-                        claimed(key, id);
+                    match text(m.key()) {
+                        Some(key) if key.starts_with(OFFSET_KEY) => {
+                            let by = m
+                                .headers()
+                                .and_then(|h| h.iter().find(|h| h.key == BY_HEADER).and_then(|h| text(h.value)));
+                            if let Some(by) = by {
+                                let key = key[OFFSET_KEY.len()..].to_owned();
+                                let value = m.payload().map(<[u8]>::to_vec);
+                                offset(Replicated { key, value, by, next: m.offset() as u64 + 1 });
+                            }
+                        }
+                        Some(key) => claimed(key, m.payload()),
+                        None => {}
                     }
                     homes_read(m.offset() + 1);
+                }
+                Some(Ok(m)) if m.topic() == replies => {
+                    let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
+                    let headers = m
+                        .headers()
+                        .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.unwrap_or(&[]).to_vec())).collect())
+                        .unwrap_or_default();
+                    let value = m.payload().unwrap_or(&[]).to_vec();
+                    forwarded(Forwarded { key: key.to_owned(), headers, value });
                 }
                 Some(Ok(m)) if m.topic() == definitions => {
                     if let Some(name) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
@@ -437,10 +521,13 @@ fn create_topic(admin: &AdminClient<DefaultClientContext>, job: &TopicJob, rf: i
 fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, deliver: impl Fn(Fetched)) {
     let mut batch: Vec<(String, PartitionId, Vec<Frame>)> = Vec::new();
     let mut logged = std::time::Instant::now() - Duration::from_secs(60);
+    let mut followed = Followed::default();
     loop {
         let mut added = TopicPartitionList::new();
         while let Ok(f) = follow.try_recv() {
-            let _ = added.add_partition_offset(&f.topic, f.partition as i32, Offset::Offset(f.from as i64));
+            if followed.first(&f) {
+                let _ = added.add_partition_offset(&f.topic, f.partition as i32, Offset::Offset(f.from as i64));
+            }
         }
         if added.count() > 0 {
             if let Err(e) = consumer.incremental_assign(&added) {
@@ -485,6 +572,20 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, de
         for (_, p, frames) in batch.drain(..) {
             deliver((p, frames));
         }
+    }
+}
+
+/// The partitions the tail follows. A partition asked for again (two shards made its topic at
+/// once, or a definition from another instance named it too) is followed already: assigning
+/// it again would fail the whole assignment it is in (librdkafka: `_INVALID_ARG`), new
+/// partitions with it.
+#[derive(Default)]
+struct Followed(std::collections::HashSet<(String, u32)>);
+
+impl Followed {
+    /// Whether `f` is a partition not followed yet (now it is).
+    fn first(&mut self, f: &Follow) -> bool {
+        self.0.insert((f.topic.clone(), f.partition))
     }
 }
 
@@ -554,5 +655,20 @@ impl Storage for KafkaLog {
         now_us: i64,
     ) -> Result<u64, StorageError> {
         self.mirror.enforce_retention(topic, meta, partition, now_us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_is_followed_once_whoever_asks_again() {
+        let mut followed = Followed::default();
+        let f = |topic: &str, partition, from| Follow { topic: topic.into(), partition, from };
+        assert!(followed.first(&f("t", 0, 0)));
+        assert!(followed.first(&f("t", 1, 0)));
+        assert!(!followed.first(&f("t", 0, 7)), "followed already, from wherever");
+        assert!(followed.first(&f("u", 0, 0)));
     }
 }

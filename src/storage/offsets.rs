@@ -105,6 +105,51 @@ pub fn delete(db: &DB, shard: ShardId, key: &[u8]) -> Result<(), StorageError> {
     Ok(db.delete_cf(cf(db, shard), key)?)
 }
 
+/// Where this instance's copy of the offsets other instances wrote to Kafka is up to (the
+/// next record of the claims topic to apply; `cluster::homes`), kept with them.
+const REPLICATED_KEY: &[u8] = b"cluster/offsets-read";
+
+/// The position [`apply_replicated`] last kept (0: none yet).
+pub fn replicated_position(db: &DB) -> Result<u64, StorageError> {
+    let meta = db.cf_handle(super::db::META).expect("meta family exists");
+    Ok(db.get_cf(meta, REPLICATED_KEY)?.and_then(|v| <[u8; 8]>::try_from(&v[..]).ok()).map_or(0, u64::from_be_bytes))
+}
+
+/// Writes an offset another instance stored (`None`: deleted) and the position after the
+/// record it came in, atomically: a restart resumes after it, so an older record is never
+/// applied over what this instance wrote since.
+pub fn apply_replicated(
+    db: &DB,
+    shard: ShardId,
+    key: &[u8],
+    value: Option<&[u8]>,
+    next: u64,
+) -> Result<(), StorageError> {
+    let mut batch = rocksdb::WriteBatch::default();
+    match value {
+        Some(v) => batch.put_cf(cf(db, shard), key, v),
+        None => batch.delete_cf(cf(db, shard), key),
+    }
+    batch.put_cf(db.cf_handle(super::db::META).expect("meta family exists"), REPLICATED_KEY, next.to_be_bytes());
+    Ok(db.write(batch)?)
+}
+
+/// The parts of an offset key: (topic, subscription, partition, client); `None` for a key
+/// evmesh does not write.
+pub fn parse_key(key: &str) -> Option<(&str, &str, PartitionId, &str)> {
+    let mut parts = key.splitn(4, '#');
+    let (topic, subscription, partition) = (parts.next()?, parts.next()?, parts.next()?);
+    let client = parts.next().unwrap_or("");
+    let valid = |n: &str| crate::shard::valid_topic(n);
+    let partition = partition.parse().ok().filter(|p: &u32| partition == p.to_string())?;
+    (valid(topic) && valid(subscription) && (client.is_empty() || valid(client))).then_some((
+        topic,
+        subscription,
+        PartitionId(partition),
+        client,
+    ))
+}
+
 /// One stored offset of a subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {

@@ -77,7 +77,8 @@ fn round_trip_by_frame_and_by_post_in_every_content_mode() {
         let req = recv(&mut ws, Duration::from_secs(5));
         let after = evmesh::adaptor::rfc3339_from_micros(evmesh::clock::now_micros() + 5_000_000);
         let id = req["emcorrelationid"].as_str().unwrap();
-        assert!(id.starts_with("1.0.") && id != "forged", "{req}");
+        // 1.<instance>.<shard>.<slot>.<gen>.<token>: the instance tag names this instance.
+        assert!(id.starts_with("1.") && id.split('.').count() == 6 && id != "forged", "{req}");
         assert_eq!(req["emreplyto"], format!("http://{}/events/reply", b.traffic));
         let expiry = req["emexpiry"].as_str().unwrap();
         assert!(before.as_str() <= expiry && expiry <= after.as_str(), "{before} <= {expiry} <= {after}");
