@@ -206,6 +206,11 @@ impl Homes {
         self.caught_up.store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// Whether [`Homes::caught_up`] was called.
+    pub fn is_caught_up(&self) -> bool {
+        self.caught_up.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The home of `key` among `live`: its claim while the claimed instance is live (then
     /// nothing to write), else this instance's recent unanswered claim, else the weighted
     /// rendezvous choice, to be recorded if `recorded` (`record`; remembered as pending for
@@ -239,10 +244,12 @@ impl Homes {
         if s.pending.len() >= MAX_PENDING {
             s.pending.retain(|_, (_, at)| now.duration_since(*at) < pending_for);
         }
-        if s.pending.len() < MAX_PENDING {
+        // Recorded only when remembered: one claim per choice, not one per request.
+        let record = s.pending.len() < MAX_PENDING;
+        if record {
             s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
         }
-        Some(Home { member, record: true, replaces })
+        Some(Home { member, record, replaces })
     }
 }
 

@@ -47,10 +47,18 @@ pub fn instance_tag(id: &str) -> u64 {
     id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
-/// The replies this instance forwarded, waiting for their outcome.
-#[derive(Default)]
+/// The replies this instance forwarded, waiting for their outcome. Numbers start at random, so
+/// an outcome meant for a forward of this instance's previous run matches none of this one's.
 pub struct Forwards {
     waiting: Mutex<(u64, HashMap<u64, oneshot::Sender<ReplyOutcome>>)>,
+}
+
+impl Default for Forwards {
+    fn default() -> Self {
+        use std::hash::BuildHasher;
+        let start = std::collections::hash_map::RandomState::new().hash_one(0u8) >> 1;
+        Forwards { waiting: Mutex::new((start, HashMap::new())) }
+    }
 }
 
 impl Forwards {

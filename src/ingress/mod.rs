@@ -677,8 +677,10 @@ impl Traffic {
             let detail = format!("subscription {name} is pushed by the broker; sessions cannot attach to it");
             return Err(problem(StatusCode::CONFLICT, &detail));
         }
-        if req.query(REDIRECTED).is_none() {
-            if let Some(home) = self.home_elsewhere(&stored).await? {
+        // Sent here by another instance: served here, once this instance's claim is settled
+        // if it chose itself (never sent on again).
+        if let Some(home) = self.home_elsewhere(&stored).await? {
+            if req.query(REDIRECTED).is_none() {
                 return Err(to_home(&home, req.head.target(req.buf)));
             }
         }
@@ -846,12 +848,10 @@ impl Traffic {
             let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
         }
-        if !redirected {
-            match self.home_elsewhere(&stored).await {
-                Ok(Some(home)) => return to_home(&home, "/events/ack"),
-                Ok(None) => {}
-                Err(r) => return r,
-            }
+        match self.home_elsewhere(&stored).await {
+            Ok(Some(home)) if !redirected => return to_home(&home, "/events/ack"),
+            Ok(_) => {}
+            Err(r) => return r,
         }
         let client = match (def.mode, a.client_id) {
             (SubMode::LoadBalance, _) => String::new(),

@@ -394,7 +394,7 @@ fn send_waiting(shared: &Shared, to: crate::shard::ShardId, mut msg: crate::shar
 /// holds is answered by claiming it again, replacing itself, so the last record of the key
 /// in the log (all a compacted log keeps) names the holder.
 #[cfg(feature = "kafka")]
-fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>) {
+fn claim_read(shared: &Arc<Shared>, key: String, value: Option<&[u8]>) {
     use crate::cluster::homes::{Claim, Read};
     let me = &shared.config.instance_id;
     let claim = match value.map(Claim::decode) {
@@ -403,11 +403,14 @@ fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>) {
         None => None,
     };
     let to = claim.as_ref().map(|c| c.instance.clone());
+    // Records read while catching up are history: nothing attached here yet to close, and a
+    // lost claim of then was answered then.
+    let now = shared.homes.is_caught_up();
     match shared.homes.claimed(key.clone(), claim, Instant::now()) {
-        Read::Taken { was: Some(was) } if was == *me && to.as_ref().is_some_and(|to| to != me) => {
+        Read::Taken { was: Some(was) } if now && was == *me && to.as_ref().is_some_and(|to| to != me) => {
             home_moved(shared, &key)
         }
-        Read::Lost { holder } if holder == *me => {
+        Read::Lost { holder } if now && holder == *me => {
             let again = Claim { instance: me.clone(), replaces: Some(me.clone()) };
             if let Some(Err(e)) = shared.kafka.as_ref().map(|k| k.claim_home(&key, Some(&again.encode()))) {
                 eprintln!("evmesh: the home of {key} not recorded again: {e}");
@@ -417,27 +420,44 @@ fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>) {
     }
 }
 
-/// A record of the replies topic (`cluster::replies`): for this instance, a reply goes to the
-/// replies thread (dropped while 4,096 wait: its sender answers 503 after its wait), an
-/// outcome to the forward that waits for it.
+/// A record header: name and value.
+#[cfg(feature = "kafka")]
+type Header<'a> = (&'a str, &'a [u8]);
+
+/// Bytes of forwarded replies waiting for the replies thread, at most (past it one is
+/// dropped: its sender answers 503 after its wait).
+#[cfg(feature = "kafka")]
+const REPLIES_QUEUED: usize = 64 << 20;
+
+/// A record of the replies topic (`cluster::replies`): for this instance (others' are not
+/// even copied), a reply goes to the replies thread, an outcome to the forward that waits.
 #[cfg(feature = "kafka")]
 fn forwarded(
     shared: &Shared,
-    r: crate::storage::kafka::Forwarded,
-    replies: &std::sync::mpsc::SyncSender<crate::storage::kafka::Forwarded>,
+    (key, headers, value): (&str, &[Header<'_>], &[u8]),
+    (replies, queued): (&std::sync::mpsc::Sender<crate::storage::kafka::Forwarded>, &std::sync::atomic::AtomicUsize),
 ) {
     use crate::cluster::replies::{decode_outcome, FORWARD, KIND};
-    if r.key != shared.config.instance_id {
+    use std::sync::atomic::Ordering;
+    if key != shared.config.instance_id {
         return;
     }
-    let header = |name: &str| r.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice());
+    let header = |name: &str| headers.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
     match header(KIND) {
         Some(b"reply") => {
-            let _ = replies.try_send(r);
+            if queued.fetch_add(value.len(), Ordering::Relaxed) + value.len() > REPLIES_QUEUED {
+                queued.fetch_sub(value.len(), Ordering::Relaxed);
+                return;
+            }
+            let headers = headers.iter().map(|(k, v)| ((*k).to_owned(), v.to_vec())).collect();
+            let r = crate::storage::kafka::Forwarded { key: key.to_owned(), headers, value: value.to_vec() };
+            if let Err(back) = replies.send(r) {
+                queued.fetch_sub(back.0.value.len(), Ordering::Relaxed);
+            }
         }
         Some(b"outcome") => {
             let n = header(FORWARD).and_then(|v| std::str::from_utf8(v).ok()).and_then(|v| v.parse().ok());
-            if let (Some(n), Some(o)) = (n, decode_outcome(&r.value)) {
+            if let (Some(n), Some(o)) = (n, decode_outcome(value)) {
                 shared.forwards.answer(n, o);
             }
         }
@@ -481,20 +501,27 @@ fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
 /// Another instance claimed subscription home `key` from this one (it was thought dead, or
 /// two choices crossed): every shard closes its sessions of it (`InterestChange::HomeMoved`).
 #[cfg(feature = "kafka")]
-fn home_moved(shared: &Shared, key: &str) {
+fn home_moved(shared: &Arc<Shared>, key: &str) {
     let Some(name) = key.strip_prefix("sub/") else { return };
     use crate::shard::message::{Interest, InterestChange, ShardMessage};
     let Ok(Some(def)) = crate::storage::meta::get_subscription(&shared.db, name) else { return };
     eprintln!("evmesh: another instance is the home of subscription {name} now: closing its sessions here");
-    let shards = shared.config.shards;
-    for s in 0..shards {
-        let i = Interest {
-            subscription: name.to_owned(),
-            topic: def.topic.clone(),
-            shard: crate::shard::meta_owner(name, shards),
-            change: InterestChange::HomeMoved,
-        };
-        send_waiting(shared, crate::shard::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
+    // On a thread of its own: the cluster thread (heartbeats) never waits for a full mailbox.
+    let (shared, name) = (shared.clone(), name.to_owned());
+    let spawned = std::thread::Builder::new().name("evmesh-home-moved".into()).spawn(move || {
+        let shards = shared.config.shards;
+        for s in 0..shards {
+            let i = Interest {
+                subscription: name.clone(),
+                topic: def.topic.clone(),
+                shard: crate::shard::meta_owner(&name, shards),
+                change: InterestChange::HomeMoved,
+            };
+            send_waiting(&shared, crate::shard::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
+        }
+    });
+    if let Err(e) = spawned {
+        eprintln!("evmesh: sessions of a moved subscription not closed: {e}");
     }
 }
 
@@ -551,14 +578,18 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
                 Box::new(move |r| apply_offset(&e, r, &mut read))
             },
             forwarded: {
-                // Replies are handed to the shards on a thread of their own (it waits for them).
-                let (tx, rx) = std::sync::mpsc::sync_channel::<crate::storage::kafka::Forwarded>(4096);
+                // Replies are handed to the shards on a thread of their own (it waits for them),
+                // at most `REPLIES_QUEUED` bytes of them waiting.
+                let (tx, rx) = std::sync::mpsc::channel::<crate::storage::kafka::Forwarded>();
+                let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                let taken = queued.clone();
                 std::thread::Builder::new().name("evmesh-replies".into()).spawn(move || {
                     for r in rx {
+                        taken.fetch_sub(r.value.len(), std::sync::atomic::Ordering::Relaxed);
                         take_forwarded_reply(&g, r);
                     }
                 })?;
-                Box::new(move |r| forwarded(&f, r, &tx))
+                Box::new(move |key, headers, value| forwarded(&f, (key, headers, value), (&tx, &queued)))
             },
             defined: Box::new(move |r| {
                 let _ = defs.send(r);

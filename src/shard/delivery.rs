@@ -146,12 +146,14 @@ impl Shard {
             match e {
                 Effect::Persist { key, topic, partition, stored } => {
                     let k = offsets::key(&topic, &key.subscription, PartitionId(partition), &key.client);
-                    if let Err(e) = offsets::put(&self.shared.db, self.id, &k, &stored) {
+                    let value = stored.encode();
+                    if let Err(e) = offsets::put_encoded(&self.shared.db, self.id, &k, &value) {
                         eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, key.subscription);
                     }
-                    let pushed = self.delivery.defs.borrow().get(&key.subscription).is_some_and(|(d, _)| d.pushed());
-                    if !pushed {
-                        self.replicate_offset(k, Some(stored.encode()));
+                    if self.replicating()
+                        && !self.delivery.defs.borrow().get(&key.subscription).is_some_and(|(d, _)| d.pushed())
+                    {
+                        self.replicate_offset(k, Some(value));
                     }
                 }
                 Effect::Deliver { to, subscription, frames, pick, attempts } => {
@@ -238,7 +240,7 @@ impl Shard {
         if persist {
             offsets::put(db, self.id, &k, &st)?;
             // Where it starts is decided once, for a new home too ("latest" is now).
-            if !def.pushed() {
+            if self.replicating() && !def.pushed() {
                 self.replicate_offset(k, Some(st.encode()));
             }
         }
@@ -295,7 +297,7 @@ impl Shard {
     /// was delivered (below the stored `next`) can have been received, so an id naming
     /// anything else changes nothing and keeps nothing. Nacks change nothing (the event is
     /// redelivered anyway).
-    fn settle_detached(&self, a: &Acks) {
+    fn settle_detached(self: &Rc<Self>, a: &Acks) {
         let settles = matches!(a.kind, AckKind::Ack | AckKind::UpTo);
         if !settles || a.consumer.client.starts_with('~') {
             return;
@@ -312,7 +314,12 @@ impl Shard {
 
     /// Changes the stored position of a consumer that has no state here, then recomputes its
     /// committed offset (the lowest delivered-but-unsettled offset, else `next`).
-    fn settle_stored(&self, consumer: &ConsumerKey, p: PartitionId, change: impl FnOnce(&mut offsets::Stored)) {
+    fn settle_stored(
+        self: &Rc<Self>,
+        consumer: &ConsumerKey,
+        p: PartitionId,
+        change: impl FnOnce(&mut offsets::Stored),
+    ) {
         let db = &self.shared.db;
         let Ok(Some(def)) = meta::get_subscription(db, &consumer.subscription) else { return };
         let k = offsets::key(&def.topic, &consumer.subscription, p, &consumer.client);
@@ -322,8 +329,12 @@ impl Shard {
         st.committed = st.attempts.first().map_or(st.next, |&(o, _)| o).max(st.committed);
         if st != before {
             st.seen_ms = offsets::now_ms();
-            if let Err(e) = offsets::put(db, self.id, &k, &st) {
+            let value = st.encode();
+            if let Err(e) = offsets::put_encoded(db, self.id, &k, &value) {
                 eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, consumer.subscription);
+            }
+            if self.replicating() && !def.pushed() {
+                self.replicate_offset(k, Some(value));
             }
         }
     }
@@ -445,14 +456,30 @@ impl Shard {
             if machine.contains(&live) {
                 continue;
             }
+            // Over Kafka only the home expires clients (it sees their sessions; the others'
+            // copies of its offsets go with its deletes).
+            let home = self.replicating().then(|| {
+                let key = crate::cluster::homes::subscription_key(subscription);
+                self.shared.homes.names(&key, &self.shared.config.instance_id)
+            });
+            if home == Some(false) {
+                continue;
+            }
             if let Err(e) = offsets::delete(db, self.id, &k) {
                 eprintln!("evmesh: {}: expiring client offsets: {e}", self.id);
             }
-            let home = crate::cluster::homes::subscription_key(subscription);
-            if self.shared.homes.names(&home, &self.shared.config.instance_id) {
+            if home == Some(true) {
                 self.replicate_offset(k, None);
             }
         }
+    }
+
+    /// Whether stored offsets go to Kafka too (`storage = kafka`).
+    fn replicating(&self) -> bool {
+        #[cfg(feature = "kafka")]
+        return self.shared.kafka.is_some();
+        #[cfg(not(feature = "kafka"))]
+        false
     }
 
     /// With Kafka: an offset this shard stored (`None`: deleted) goes to the claims' log for
@@ -462,8 +489,9 @@ impl Shard {
         if let Some(kafka) = &self.shared.kafka {
             let first = {
                 let mut pending = self.delivery.replicate.borrow_mut();
+                let first = pending.is_empty();
                 pending.insert(key, value);
-                pending.len() == 1
+                first
             };
             if first {
                 let (me, kafka) = (self.clone(), kafka.clone());

@@ -213,6 +213,8 @@ impl Shared {
                 headers.push((TENANT, t.as_bytes()));
             }
             let sent = k.put_reply(&to.heartbeat.instance_id, &headers, frame.as_bytes());
+            // Copied into the producer's queue: not held while the outcome is awaited.
+            drop(frame);
             let outcome = match sent {
                 Ok(()) => crate::server::deadline::within(WAIT, rx).await.ok().and_then(Result::ok),
                 Err(e) => {

@@ -19,6 +19,7 @@
 //!
 //! Nothing of rdkafka leaves this module.
 
+use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +94,9 @@ pub struct Follow {
     pub from: u64,
 }
 
+/// Takes a record of the replies topic: key, headers, value.
+pub type ReplyFeed = dyn FnMut(&str, &[(&str, &[u8])], &[u8]) + Send;
+
 /// Takes a claim record: its key and value.
 pub type ClaimFeed = dyn Fn(String, Option<&[u8]>) + Send;
 
@@ -105,8 +109,9 @@ pub struct Feeds {
     pub claimed: Box<ClaimFeed>,
     /// An offset a home stored, read in the claims' log (`cluster::homes`) after them.
     pub offset: Box<dyn FnMut(Replicated) + Send>,
-    /// A record of the replies topic (`cluster::replies`), read from its end at start.
-    pub forwarded: Box<dyn FnMut(Forwarded) + Send>,
+    /// A record of the replies topic (`cluster::replies`), read from its end at start: its
+    /// key, headers and value, borrowed (copied only by the instance it is for).
+    pub forwarded: Box<ReplyFeed>,
     /// Called once the claims written before this instance started are read.
     pub caught_up: Box<dyn FnOnce() + Send>,
     /// A subscription's definition, or its removal.
@@ -427,12 +432,11 @@ impl KafkaBackend {
                 }
                 Some(Ok(m)) if m.topic() == replies => {
                     let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
-                    let headers = m
+                    let headers: Vec<(&str, &[u8])> = m
                         .headers()
-                        .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.unwrap_or(&[]).to_vec())).collect())
+                        .map(|h| h.iter().map(|h| (h.key, h.value.unwrap_or(&[]))).collect())
                         .unwrap_or_default();
-                    let value = m.payload().unwrap_or(&[]).to_vec();
-                    forwarded(Forwarded { key: key.to_owned(), headers, value });
+                    forwarded(key, &headers, m.payload().unwrap_or(&[]));
                 }
                 Some(Ok(m)) if m.topic() == definitions => {
                     if let Some(name) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
@@ -522,16 +526,32 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, de
     let mut batch: Vec<(String, PartitionId, Vec<Frame>)> = Vec::new();
     let mut logged = std::time::Instant::now() - Duration::from_secs(60);
     let mut followed = Followed::default();
+    let (mut retry, mut failed): (Vec<Follow>, u32) = (Vec::new(), 0);
     loop {
-        let mut added = TopicPartitionList::new();
-        while let Ok(f) = follow.try_recv() {
+        let (mut added, mut new) = (TopicPartitionList::new(), Vec::new());
+        for f in std::mem::take(&mut retry).into_iter().chain(std::iter::from_fn(|| follow.try_recv().ok())) {
             if followed.first(&f) {
                 let _ = added.add_partition_offset(&f.topic, f.partition as i32, Offset::Offset(f.from as i64));
+                new.push(f);
             }
         }
+        let now = std::time::Instant::now();
         if added.count() > 0 {
-            if let Err(e) = consumer.incremental_assign(&added) {
-                eprintln!("evmesh: kafka tail: assign: {e}");
+            match consumer.incremental_assign(&added) {
+                Ok(()) => failed = 0,
+                Err(e) => {
+                    // Not followed: asked for again on the next turns (at most 50 in a row,
+                    // 20 ms apart), then given up on, said so.
+                    failed += 1;
+                    let again = failed <= 50;
+                    eprintln!("evmesh: kafka tail: assign: {e}{}", if again { "; trying again" } else { "" });
+                    for f in new {
+                        followed.0.remove(&(f.topic.clone(), f.partition));
+                        if again {
+                            retry.push(f);
+                        }
+                    }
+                }
             }
         }
         let mut fetched = 0;
@@ -539,11 +559,23 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, de
             match consumer.poll(Duration::from_millis(if fetched == 0 { 20 } else { 0 })) {
                 Some(Ok(m)) => {
                     fetched += 1;
+                    let (p, o) = (m.partition() as u32, m.offset() as u64);
+                    match followed.fetched(m.topic(), p, o, now) {
+                        Gap::None => {}
+                        // Past a gap being checked: fetched again after the missing offsets.
+                        Gap::Drop => continue,
+                        Gap::Recheck(from) => {
+                            let at = Offset::Offset(from as i64);
+                            if let Err(e) = consumer.seek(m.topic(), p as i32, at, Duration::ZERO) {
+                                eprintln!("evmesh: kafka tail: {}/{p}: reading again from {from}: {e}", m.topic());
+                            }
+                            continue;
+                        }
+                    }
                     let headers: Vec<(&str, &[u8])> = m
                         .headers()
                         .map(|h| h.iter().map(|h| (h.key, h.value.unwrap_or(&[]))).collect())
                         .unwrap_or_default();
-                    let (p, o) = (m.partition() as u32, m.offset() as u64);
                     let ts = m.timestamp().to_millis().unwrap_or(0);
                     // Only followed topics arrive, and those all carry the prefix.
                     let Some(topic) = m.topic().strip_prefix(prefix) else { continue };
@@ -575,17 +607,79 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, de
     }
 }
 
-/// The partitions the tail follows. A partition asked for again (two shards made its topic at
-/// once, or a definition from another instance named it too) is followed already: assigning
-/// it again would fail the whole assignment it is in (librdkafka: `_INVALID_ARG`), new
-/// partitions with it.
+/// The partitions the tail follows, and the next offset expected of each.
+///
+/// A partition asked for again (two shards made its topic at once, or a definition from
+/// another instance named it too) is followed already: assigning it again would fail the whole
+/// assignment it is in (librdkafka: `_INVALID_ARG`), new partitions with it.
+///
+/// A fetch that skips offsets is read again from the first missing one for up to
+/// [`GAP_RECHECK`] before the gap is taken as the log's own (compaction, transaction markers):
+/// a broker may answer a fetch with records past ones it has assigned offsets to and not yet
+/// made readable (seen with tansu under concurrent producers), and the local copy, which
+/// delivery reads, must not skip what Kafka holds.
 #[derive(Default)]
-struct Followed(std::collections::HashSet<(String, u32)>);
+struct Followed(HashMap<(String, u32), Expected>);
+
+#[derive(Clone, Copy)]
+struct Expected {
+    next: u64,
+    /// When records past `next` were first fetched (a gap being checked), and when the
+    /// partition was last read again from `next`.
+    gap_since: Option<(std::time::Instant, std::time::Instant)>,
+}
+
+/// How often a gap being checked is read again.
+const GAP_RESEEK: Duration = Duration::from_millis(20);
+
+/// How long a fetched gap is read again before it is taken as the log's.
+const GAP_RECHECK: Duration = Duration::from_millis(500);
+
+/// What to do with a fetched record.
+#[derive(Debug, PartialEq, Eq)]
+enum Gap {
+    /// Take it.
+    None,
+    /// Drop it: the partition is being read again from before it.
+    Drop,
+    /// Drop it and read the partition again from this offset.
+    Recheck(u64),
+}
 
 impl Followed {
-    /// Whether `f` is a partition not followed yet (now it is).
+    /// Whether `f` is a partition not followed yet (now it is, from `f.from`).
     fn first(&mut self, f: &Follow) -> bool {
-        self.0.insert((f.topic.clone(), f.partition))
+        match self.0.entry((f.topic.clone(), f.partition)) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Expected { next: f.from, gap_since: None });
+                true
+            }
+        }
+    }
+
+    /// A record at `offset` of `topic`/`partition` was fetched at `now`.
+    fn fetched(&mut self, topic: &str, partition: u32, offset: u64, now: std::time::Instant) -> Gap {
+        let Some(e) = self.0.get_mut(&(topic.to_owned(), partition)) else { return Gap::None };
+        if offset < e.next {
+            return Gap::None; // read again after a recheck, or the owner skips it as stored
+        }
+        if offset > e.next {
+            let Some((since, sought)) = e.gap_since else {
+                e.gap_since = Some((now, now));
+                return Gap::Recheck(e.next);
+            };
+            if now.saturating_duration_since(since) < GAP_RECHECK {
+                if now.saturating_duration_since(sought) < GAP_RESEEK {
+                    return Gap::Drop;
+                }
+                e.gap_since = Some((since, now));
+                return Gap::Recheck(e.next);
+            }
+            eprintln!("evmesh: kafka tail: {topic}/{partition}: offsets {}..{offset} are not in the log", e.next);
+        }
+        *e = Expected { next: offset + 1, gap_since: None };
+        Gap::None
     }
 }
 
@@ -661,6 +755,29 @@ impl Storage for KafkaLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fetch_that_skips_offsets_is_read_again_before_the_gap_is_taken() {
+        let mut followed = Followed::default();
+        let t0 = std::time::Instant::now();
+        assert!(followed.first(&Follow { topic: "t".into(), partition: 0, from: 5 }));
+        assert_eq!(followed.fetched("t", 0, 5, t0), Gap::None);
+        // 6 and 7 skipped: read again from 6 while the gap is young.
+        assert_eq!(followed.fetched("t", 0, 8, t0), Gap::Recheck(6));
+        assert_eq!(followed.fetched("t", 0, 9, t0), Gap::Drop, "read again already");
+        assert_eq!(followed.fetched("t", 0, 8, t0 + GAP_RESEEK), Gap::Recheck(6), "and again");
+        // They came: taken in order.
+        assert_eq!(followed.fetched("t", 0, 6, t0 + GAP_RECHECK / 2), Gap::None);
+        assert_eq!(followed.fetched("t", 0, 7, t0 + GAP_RECHECK / 2), Gap::None);
+        assert_eq!(followed.fetched("t", 0, 8, t0 + GAP_RECHECK / 2), Gap::None);
+        // A gap that stays is the log's own once checked for long enough.
+        assert_eq!(followed.fetched("t", 0, 12, t0), Gap::Recheck(9));
+        assert_eq!(followed.fetched("t", 0, 12, t0 + GAP_RECHECK), Gap::None, "taken as the log's");
+        assert_eq!(followed.fetched("t", 0, 13, t0 + GAP_RECHECK), Gap::None);
+        // Records before the next expected (read again) are handed on; unknown partitions too.
+        assert_eq!(followed.fetched("t", 0, 10, t0), Gap::None);
+        assert_eq!(followed.fetched("u", 0, 99, t0), Gap::None);
+    }
 
     #[test]
     fn a_partition_is_followed_once_whoever_asks_again() {

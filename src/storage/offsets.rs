@@ -98,7 +98,12 @@ pub fn get(db: &DB, shard: ShardId, key: &[u8]) -> Result<Option<Stored>, Storag
 }
 
 pub fn put(db: &DB, shard: ShardId, key: &[u8], value: &Stored) -> Result<(), StorageError> {
-    Ok(db.put_cf(cf(db, shard), key, value.encode())?)
+    put_encoded(db, shard, key, &value.encode())
+}
+
+/// [`put`] of a value already encoded ([`Stored::encode`]).
+pub fn put_encoded(db: &DB, shard: ShardId, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
+    Ok(db.put_cf(cf(db, shard), key, value)?)
 }
 
 pub fn delete(db: &DB, shard: ShardId, key: &[u8]) -> Result<(), StorageError> {
@@ -139,15 +144,14 @@ pub fn apply_replicated(
 pub fn parse_key(key: &str) -> Option<(&str, &str, PartitionId, &str)> {
     let mut parts = key.splitn(4, '#');
     let (topic, subscription, partition) = (parts.next()?, parts.next()?, parts.next()?);
-    let client = parts.next().unwrap_or("");
     let valid = |n: &str| crate::shard::valid_topic(n);
+    let client = match parts.next() {
+        None => "",
+        Some(c) if valid(c) => c,
+        Some(_) => return None,
+    };
     let partition = partition.parse().ok().filter(|p: &u32| partition == p.to_string())?;
-    (valid(topic) && valid(subscription) && (client.is_empty() || valid(client))).then_some((
-        topic,
-        subscription,
-        PartitionId(partition),
-        client,
-    ))
+    (valid(topic) && valid(subscription)).then_some((topic, subscription, PartitionId(partition), client))
 }
 
 /// One stored offset of a subscription.
@@ -245,6 +249,25 @@ pub fn delete_all(db: &DB, shard: ShardId, topic: &str, subscription: &str) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicated_offsets_are_applied_with_their_position_and_keys_are_parsed() {
+        let dir = super::super::suite::TempDir::new("replicated");
+        let db = crate::storage::db::open(&dir.0, 2).unwrap();
+        assert_eq!(replicated_position(&db).unwrap(), 0, "none applied yet");
+        let k = key("orders", "audit", PartitionId(3), "c1");
+        let v = Stored { attempts: vec![(7, 2)], ..Stored::at(7) };
+        apply_replicated(&db, ShardId(1), &k, Some(&v.encode()), 42).unwrap();
+        assert_eq!((get(&db, ShardId(1), &k).unwrap(), replicated_position(&db).unwrap()), (Some(v), 42));
+        apply_replicated(&db, ShardId(1), &k, None, 43).unwrap();
+        assert_eq!((get(&db, ShardId(1), &k).unwrap(), replicated_position(&db).unwrap()), (None, 43));
+        assert_eq!(parse_key("orders#audit#3#c1"), Some(("orders", "audit", PartitionId(3), "c1")));
+        assert_eq!(parse_key("orders#audit#0"), Some(("orders", "audit", PartitionId(0), "")));
+        for bad in ["orders#audit", "orders#audit#x", "orders#audit#01", "orders#a b#0", "#a#0", "o#a#0#", "o#a#0#c#d"]
+        {
+            assert_eq!(parse_key(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn keys_list_and_delete_by_subscription() {
