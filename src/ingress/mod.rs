@@ -630,7 +630,8 @@ impl Traffic {
 
     /// With instances over Kafka: the URL of the home of subscription `stored` when that is
     /// another instance (its sessions, polls and acks are served there only). `None` on the
-    /// embedded log, at the home, or while no home is known (then served here). When this
+    /// embedded log, at the home, or while no live instance is known (then served here); 503
+    /// while this instance has not read the claims written before it started. When this
     /// instance has just chosen itself, it waits until its claim is read back (up to
     /// [`SETTLE_WAIT`], then 503): the offsets the previous home stored are read by then.
     async fn home_elsewhere(&self, stored: &str) -> Result<Option<String>, Response> {
@@ -641,7 +642,15 @@ impl Traffic {
         let key = crate::cluster::homes::subscription_key(stored);
         let until = std::time::Instant::now() + SETTLE_WAIT;
         loop {
-            let Some(home) = shared.home(&key, true) else { return Ok(None) };
+            let Some(home) = shared.home(&key, true) else {
+                // Starting: the claims (and the offsets with them) are not read yet. Served
+                // here only once they are, or while no instance is known live (Kafka away).
+                if !shared.homes.is_caught_up() {
+                    return Err(problem(StatusCode::SERVICE_UNAVAILABLE, "this instance is starting; try again")
+                        .with_header("retry-after", "1"));
+                }
+                return Ok(None);
+            };
             if home.id != shared.config.instance_id && home.url != shared.config.advertised_url {
                 return Ok(Some(home.url));
             }

@@ -513,9 +513,23 @@ impl Shard {
     }
 
     /// A subscription was removed: its consumers here end and their offsets are forgotten.
-    pub fn forget_subscription(&self, subscription: &str, topic: &str) {
+    pub fn forget_subscription(self: &Rc<Self>, subscription: &str, topic: &str) {
         self.delivery.machine.borrow_mut().forget(subscription);
         self.delivery.defs.borrow_mut().remove(subscription);
+        // Over Kafka its offset records are deleted from the claims' log too, so compaction
+        // drops them (every instance that had a copy says so; readers take none: the claim
+        // went with the subscription).
+        if self.replicating() {
+            match offsets::list(&self.shared.db, self.id, topic, subscription) {
+                Ok(stored) => {
+                    for c in stored {
+                        let k = offsets::key(topic, subscription, PartitionId(c.partition), &c.client);
+                        self.replicate_offset(k, None);
+                    }
+                }
+                Err(e) => eprintln!("evmesh: {}: listing offsets of {subscription}: {e}", self.id),
+            }
+        }
         if let Err(e) = offsets::delete_all(&self.shared.db, self.id, topic, subscription) {
             eprintln!("evmesh: {}: forgetting offsets of {subscription}: {e}", self.id);
         }

@@ -17,6 +17,8 @@ pub struct TestBroker {
     env: Vec<(String, String)>,
     /// Run under this open-files limit (soft and hard), through util-linux's `prlimit`.
     nofile: Option<u64>,
+    /// Over Kafka: not waited for to be ready when (re)started.
+    unready: bool,
 }
 
 static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -81,6 +83,7 @@ impl TestBroker {
             args,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             nofile: None,
+            unready: false,
         };
         b.spawn();
         b
@@ -126,6 +129,19 @@ impl TestBroker {
         self.traffic = field("traffic=");
         self.admin = field("admin=");
         self.child = Some(child);
+        // Over Kafka, sessions are served once the cluster's claims are read (/readyz says
+        // when); a broker away keeps it unready: given up on after a while, as tests of that do.
+        if self.args.iter().any(|a| a == "kafka") && !self.unready {
+            let ready = || (self.admin().get("/readyz").status == 200).then_some(());
+            let _ = wait_for_or(Duration::from_secs(15), ready);
+        }
+    }
+
+    /// [`TestBroker::restart`] without waiting to be ready (the broker it needs is away).
+    pub fn restart_unready(&mut self) {
+        self.unready = true;
+        self.restart();
+        self.unready = false;
     }
 
     /// SIGKILL: no chance to flush anything.
