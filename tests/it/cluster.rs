@@ -31,7 +31,7 @@ fn an_embedded_instance_is_a_cluster_of_one_with_a_kept_id() {
         let v = b.admin().get("/admin/cluster").json();
         (v["instances"].as_array().is_some_and(|a| a.len() == 1)).then_some(v)
     });
-    assert_eq!(v["storage"], "embedded");
+    assert_eq!((&v["storage"], &v["claimsRead"]), (&Value::from("embedded"), &Value::Bool(true)));
     let me = &v["instances"][0];
     assert_eq!((&me["instanceId"], &me["self"]), (&v["instanceId"], &Value::Bool(true)), "{v}");
     assert_eq!(me["advertisedUrl"], format!("http://{}", b.traffic));

@@ -286,8 +286,8 @@ fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
     let r = b.publish(&topic, &e);
     kafka.signal("-CONT");
     assert_eq!(r.status, 503, "{}", r.text());
-    // Sessions are served once it has read the cluster's claims (503 until then; /readyz says).
-    wait_for(LONG, || (b.admin().get("/readyz").status == 200).then_some(()));
+    // Sessions are served once it has read the cluster's claims (503 until then).
+    wait_for(LONG, || b.claims_read().then_some(()));
     let mut ws = attach(&b, &format!("subscription={sub}"));
     // Back: publishing and delivery carry on by themselves.
     wait_for(LONG, || {

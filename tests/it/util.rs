@@ -129,12 +129,16 @@ impl TestBroker {
         self.traffic = field("traffic=");
         self.admin = field("admin=");
         self.child = Some(child);
-        // Over Kafka, sessions are served once the cluster's claims are read (/readyz says
-        // when); a broker away keeps it unready: given up on after a while, as tests of that do.
+        // Over Kafka, sessions are served once the cluster's claims are read (GET /admin/cluster
+        // says when): waited for, but for tests that start it with the broker away.
         if self.args.iter().any(|a| a == "kafka") && !self.unready {
-            let ready = || (self.admin().get("/readyz").status == 200).then_some(());
-            let _ = wait_for_or(Duration::from_secs(15), ready);
+            wait_for(Duration::from_secs(30), || self.claims_read().then_some(()));
         }
+    }
+
+    /// Over Kafka: whether it has read the claims written before it started (sessions 503 till).
+    pub fn claims_read(&self) -> bool {
+        self.admin().get("/admin/cluster").json()["claimsRead"] == true
     }
 
     /// [`TestBroker::restart`] without waiting to be ready (the broker it needs is away).
