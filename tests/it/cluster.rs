@@ -139,9 +139,12 @@ mod on_kafka {
         for _ in 0..3 {
             let host = at.strip_prefix("http://").unwrap().split('/').next().unwrap().to_owned();
             let stream = std::net::TcpStream::connect(&host).unwrap();
-            stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             match tungstenite::client(at.replacen("http://", "ws://", 1), stream) {
-                Ok((ws, _)) => return (ws, format!("http://{host}")),
+                Ok((ws, _)) => {
+                    ws.get_ref().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                    return (ws, format!("http://{host}"));
+                }
                 Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) if r.status() == 307 => {
                     at = r.headers()["location"].to_str().unwrap().to_owned();
                 }
@@ -293,11 +296,7 @@ mod on_kafka {
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn a_paused_home_resumed_closes_its_sessions_and_sends_clients_on() {
         use super::super::delivery::read_until_closed;
-        let (brokers, prefix) = kafka_and_prefix("ps");
-        let all = [start_in(&brokers, &prefix), start_in(&brokers, &prefix)];
-        wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 2).then_some(()));
-        let def = br#"{"subscription":"work","topic":"jobs","mode":"LOAD_BALANCE","start":"earliest"}"#;
-        assert_eq!(all[0].client().post("/events/subscribe", "application/json", def).status, 201);
+        let all = two_sharing("ps", "work", "jobs");
         wait_for(Duration::from_secs(20), || recommend(&all[1], "subscription=work"));
         let (mut s1, home) = attach_following(&all[0], "subscription=work");
         let (paused, other) = if url(&all[0]) == home { (&all[0], &all[1]) } else { (&all[1], &all[0]) };
@@ -342,11 +341,7 @@ mod on_kafka {
     fn replies_reach_a_requester_waiting_at_another_instance() {
         use super::super::request::{metric, request_async};
         use serde_json::json;
-        let (brokers, prefix) = kafka_and_prefix("rr");
-        let all = [start_in(&brokers, &prefix), start_in(&brokers, &prefix)];
-        wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 2).then_some(()));
-        let def = br#"{"subscription":"answers","topic":"questions","mode":"LOAD_BALANCE","start":"earliest"}"#;
-        assert_eq!(all[0].client().post("/events/subscribe", "application/json", def).status, 201);
+        let all = two_sharing("rr", "answers", "questions");
         let (mut responder, home) = attach_following(&all[0], "subscription=answers");
         let (at_home, away) = if url(&all[0]) == home { (&all[0], &all[1]) } else { (&all[1], &all[0]) };
         let structured = || vec![("content-type".to_owned(), "application/cloudevents+json".to_owned())];
@@ -391,6 +386,17 @@ mod on_kafka {
             202
         );
         assert_eq!(waiting.join().unwrap().0.expect("answered").status, 200);
+    }
+
+    /// Two instances over one Kafka cluster that see each other, and a LOAD_BALANCE
+    /// subscription `name` of `topic` (from the earliest event) made at the first.
+    fn two_sharing(tag: &str, name: &str, topic: &str) -> [TestBroker; 2] {
+        let (brokers, prefix) = kafka_and_prefix(tag);
+        let all = [start_in(&brokers, &prefix), start_in(&brokers, &prefix)];
+        wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 2).then_some(()));
+        let def = format!(r#"{{"subscription":"{name}","topic":"{topic}","mode":"LOAD_BALANCE","start":"earliest"}}"#);
+        assert_eq!(all[0].client().post("/events/subscribe", "application/json", def.as_bytes()).status, 201);
+        all
     }
 
     /// Runs `f` when dropped (a paused process is resumed even when an assertion fails).

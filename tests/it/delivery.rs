@@ -15,8 +15,11 @@ pub(super) type Ws = WebSocket<TcpStream>;
 
 pub(super) fn attach(b: &TestBroker, query: &str) -> Ws {
     let stream = TcpStream::connect(b.traffic).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    // The upgrade may wait (over Kafka, for a new home's claim to be read back); reads after
+    // it time out quickly, so tests can poll.
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let (ws, _) = tungstenite::client(format!("ws://{}/events/ws?{query}", b.traffic), stream).unwrap();
+    ws.get_ref().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     ws
 }
 

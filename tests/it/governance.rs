@@ -123,11 +123,13 @@ fn publish_as(c: &mut Client, token: Option<&str>, topic: &str, id: &str) -> Res
 /// after 50 ms).
 fn ws_as(b: &TestBroker, path: &str, token: &str) -> tungstenite::WebSocket<TcpStream> {
     let stream = TcpStream::connect(b.traffic).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut req =
         tungstenite::client::IntoClientRequest::into_client_request(format!("ws://{}{path}", b.traffic)).unwrap();
     req.headers_mut().insert("authorization", bearer(token).parse().unwrap());
-    tungstenite::client(req, stream).unwrap().0
+    let ws = tungstenite::client(req, stream).unwrap().0;
+    ws.get_ref().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    ws
 }
 
 /// POSTs `body` (JSON) to `path` with `token` as the bearer credential.
@@ -331,9 +333,10 @@ fn acl_rules_from_the_admin_api_apply_on_every_shard_persist_and_revoke_sessions
     let r = post_as(&mut b.client(), "bob-secret", "/events/subscribe", &sub);
     assert_eq!(r.status, 201, "{}", r.text());
     let stream = TcpStream::connect(b.traffic).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let url = format!("ws://{}/events/ws?subscription=billing-live&ack=none&access_token=bob-secret", b.traffic);
     let (mut ws, _) = tungstenite::client(url, stream).unwrap();
+    ws.get_ref().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let deny = json!({"principal": "bob", "resource": "subscription:billing-live", "actions": ["SUBSCRIBE"], "effect": "DENY", "priority": 100});
     assert_eq!(admin_as(&b, Some(ADMIN_TOKEN), "PUT", "/admin/acl/revoke", &deny).status, 201);
     let (code, _) = read_until_closed(&mut ws, Duration::from_secs(10));
@@ -646,9 +649,10 @@ fn a_tenant_connections_quota_counts_open_connections_and_sessions_and_shows_in_
     assert_eq!(r.status, 201, "{}", r.text());
     assert_eq!(publish_as(&mut first, Some("acme-secret"), "t", "a").status, 202);
     let stream = TcpStream::connect(b.traffic).unwrap();
-    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let url = format!("ws://{}/events/ws?subscription=live&ack=none&access_token=acme-secret", b.traffic);
     let (mut ws, _) = tungstenite::client(url, stream).unwrap();
+    ws.get_ref().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let r = publish_as(&mut b.client(), Some("acme-secret"), "t", "b");
     r.assert_problem(429);
     assert!(r.text().contains("quota of 2 connections"), "{}", r.text());
