@@ -343,6 +343,12 @@ impl Admin {
                     ),
                     ("evmesh_memory_limit_bytes", "gauge", "memory_limit_bytes: new work is shed past it", mem.limit),
                     (
+                        "evmesh_kafka_tail_bytes_total",
+                        "counter",
+                        "Bytes of events the Kafka tail read (the topics sessions here need)",
+                        self.shared.tail_bytes.load(Ordering::Relaxed),
+                    ),
+                    (
                         "evmesh_auth_key_reloads_total",
                         "counter",
                         "Changed tokens files or JWKS put in force",

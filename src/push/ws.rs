@@ -495,6 +495,7 @@ pub async fn session(
     } else {
         let (id, events, queued, first) = shard.sessions.add(&spec.subscription);
         if first {
+            shard.shared.follow_topic(&spec.topic);
             shard.announce(&spec.subscription, &spec.topic, InterestChange::Attach);
         }
         (events, None, Some(id), Some(queued))

@@ -34,8 +34,7 @@ use crate::{
     config::StorageKind,
     shard::mailbox::Sender,
     shard::message::{Mirrored, ShardMessage},
-    storage::kafka::{Follow, KafkaBackend},
-    storage::Storage,
+    storage::kafka::KafkaBackend,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -218,39 +217,25 @@ pub struct Started {
 }
 
 #[cfg(feature = "kafka")]
-/// Checks every known topic on the broker, follows each partition from the end of its local
-/// copy, and starts the tail, which hands fetched records to their owner's mailbox.
+/// Checks every known topic on the broker and starts the tail, which hands fetched records to
+/// their owner's mailbox. Topics are followed as sessions here need them
+/// (`Shared::follow_topic`), each partition from the end of its local copy.
 fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), StartError> {
     let shards = shared.config.shards;
-    let mut known = Vec::new();
-    for (topic, m) in crate::storage::meta::list(&shared.db)? {
-        let mut ends = Vec::new();
-        for p in (0..m.partitions).map(crate::shard::PartitionId) {
-            let owner = crate::shard::owner(&topic, p, shards);
-            let local = crate::storage::embedded::EmbeddedLog::new(
-                shared.db.clone(),
-                shared.logs.clone(),
-                owner,
-                Durability::Memory,
-                None,
-                shared.config.lite_topic_ttl,
-            );
-            ends.push(local.bounds(&topic, p)?.end);
-        }
-        known.push((topic, m.partitions, ends));
-    }
-    // The broker may be away right now: check the topics and start following them from a
-    // thread of their own, retrying, so the shards serve (and answer 503) meanwhile.
+    let known: Vec<(String, u32)> =
+        crate::storage::meta::list(&shared.db)?.into_iter().map(|(t, m)| (t, m.partitions)).collect();
+    // The broker may be away right now: check the topics from a thread of their own,
+    // retrying, so the shards serve (and answer 503) meanwhile.
     let k = kafka.clone();
     std::thread::Builder::new().name("evmesh-kafka-start".into()).spawn(move || {
-        for (topic, partitions, ends) in known {
+        for (topic, partitions) in known {
             let mut wait = Duration::from_millis(100);
-            let checked = loop {
+            loop {
                 match futures::executor::block_on(k.ensure_topic(&topic, partitions)) {
-                    Ok(()) => break true,
+                    Ok(()) => break,
                     Err(e @ StorageError::Conflict { .. }) => {
-                        eprintln!("evmesh: kafka: {topic} is not followed: {e}");
-                        break false;
+                        eprintln!("evmesh: kafka: {topic} does not match the broker's: {e}");
+                        break;
                     }
                     Err(e) => {
                         eprintln!("evmesh: kafka: checking {topic}: {e}; retrying in {wait:?}");
@@ -258,18 +243,14 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
                         wait = (wait * 2).min(Duration::from_secs(10));
                     }
                 }
-            };
-            if !checked {
-                continue;
-            }
-            for (p, from) in ends.into_iter().enumerate() {
-                k.follow(Follow { topic: topic.clone(), partition: p as u32, from });
             }
         }
     })?;
     let to = shared.clone();
     kafka.start_tail(move |(partition, frames)| {
         let Some(topic) = frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };
+        let bytes: usize = frames.iter().map(|f| f.as_bytes().len()).sum();
+        to.tail_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         let owner = crate::shard::owner(&topic, partition, shards);
         let mut msg = ShardMessage::Mirror(Box::new(Mirrored { partition, frames }));
         // Nor faster than the owner fans them out (its fan-outs yield, so they may queue).
@@ -656,6 +637,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         membership: crate::cluster::Membership::new(config.instance_id.clone(), config.instance_timeout),
         homes: Default::default(),
         forwards: Default::default(),
+        followed: Default::default(),
+        tail_bytes: Default::default(),
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),

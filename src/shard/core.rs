@@ -317,12 +317,10 @@ impl Shard {
         });
         #[cfg(feature = "kafka")]
         if let Some(k) = &self.shared.kafka {
-            // Created (or checked) on the broker first; then read from its start, so events
-            // other producers wrote to an existing topic are delivered too.
+            // Created (or checked) on the broker first. Read once sessions here need it
+            // (`Shared::follow_topic`), from its start: events other producers wrote to an
+            // existing topic are delivered too.
             k.ensure_topic(topic, m.partitions).await?;
-            for p in 0..m.partitions {
-                k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p, from: 0 });
-            }
         }
         meta::put(db, topic, &m)?;
         self.sync_metadata().await?;

@@ -202,7 +202,9 @@ impl Shard {
         for p in owned_partitions(&def.topic, topic.partitions, self.id, self.shared.config.shards) {
             positions.push((p.0, self.start_offset(&def, key, p, persist)?));
         }
+        let topic = def.topic.clone();
         self.delivery.machine.borrow_mut().create(key, def, filters, persist, positions, Instant::now());
+        self.shared.follow_topic(&topic);
         Ok(())
     }
 
@@ -414,6 +416,8 @@ impl Shard {
         let mut frame = Frame::encode(&f.header(), &body).map_err(engine)?;
         frame.set_timestamp(crate::clock::now_micros());
         let (m, _) = self.topic(&dlq, None, true).await?;
+        // Its local copy is read (GET /admin/dlq, replays): followed where dead letters go.
+        self.shared.follow_topic(&dlq);
         let partition = match frame.body().attr_str("partitionkey") {
             Some(k) => partition_for_key(k.as_bytes(), m.partitions),
             None => self.local_partition(&dlq, &m),

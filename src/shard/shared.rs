@@ -3,7 +3,7 @@
 //! admin thread reads it directly.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::mailbox::Mailboxes;
@@ -66,6 +66,10 @@ pub struct Shared {
     pub homes: crate::cluster::homes::Homes,
     /// Replies forwarded to other instances, waiting for their outcome (`cluster::replies`).
     pub forwards: crate::cluster::replies::Forwards,
+    /// With Kafka: the topics the tail follows (those sessions here read; [`Shared::follow_topic`]).
+    pub followed: Mutex<std::collections::HashSet<String>>,
+    /// With Kafka: bytes of records the tail read (`evmesh_kafka_tail_bytes_total`).
+    pub tail_bytes: AtomicU64,
     /// With `storage = kafka`: the connection every shard produces through.
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
@@ -183,6 +187,49 @@ impl Shared {
         }
         #[cfg(not(feature = "kafka"))]
         let _ = (name, def);
+    }
+
+    /// With Kafka: has the tail follow `topic`, each partition from the end of its local copy,
+    /// from now on (once; an instance keeps following what it served). Called as a consumer of
+    /// the topic is made here, a live session attaches, or a dead letter goes to it: an
+    /// instance reads only the topics sessions here need (sessions are served at their
+    /// subscription's home), not every topic of the cluster. Not following, the local copy
+    /// stays where it was (a publish here is written through only where it continues it), and
+    /// is caught up from Kafka when followed.
+    pub fn follow_topic(&self, topic: &str) {
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            if topic.starts_with(':') || !self.followed.lock().expect("not poisoned").insert(topic.to_owned()) {
+                return;
+            }
+            let partitions = match crate::storage::meta::get(&self.db, topic) {
+                Ok(Some(m)) => m.partitions,
+                _ => {
+                    self.followed.lock().expect("not poisoned").remove(topic);
+                    return;
+                }
+            };
+            for p in (0..partitions).map(super::PartitionId) {
+                let from = self.local_end(topic, p).unwrap_or(0);
+                k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p.0, from });
+            }
+        }
+        #[cfg(not(feature = "kafka"))]
+        let _ = topic;
+    }
+
+    /// The end of the local copy of a partition (what its owner wrote of it).
+    pub fn local_end(&self, topic: &str, p: super::PartitionId) -> Result<u64, crate::storage::StorageError> {
+        let owner = super::owner(topic, p, self.config.shards);
+        let local = crate::storage::embedded::EmbeddedLog::new(
+            self.db.clone(),
+            self.logs.clone(),
+            owner,
+            crate::storage::Durability::Memory,
+            None,
+            self.config.lite_topic_ttl,
+        );
+        Ok(crate::storage::Storage::bounds(&local, topic, p)?.end)
     }
 
     /// A reply for a request waiting at the instance tagged `tag` (`cluster::replies`): written

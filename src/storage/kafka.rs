@@ -350,10 +350,12 @@ impl KafkaBackend {
             }
         }
         let watermarks = |t: &str| consumer.fetch_watermarks(t, 0, Duration::from_secs(5));
-        let (caught_up_at, homes_end) = loop {
-            match watermarks(&topic)
-                .and_then(|(low, high)| Ok(((low.max(high - CATCH_UP), high), watermarks(&homes)?.1)))
-            {
+        // Replies from the end as it is now (a fixed offset: `Offset::End` is resolved at the
+        // first fetch, which may come after a reply for this instance was written).
+        let (caught_up_at, homes_end, replies_end) = loop {
+            match watermarks(&topic).and_then(|(low, high)| {
+                Ok(((low.max(high - CATCH_UP), high), watermarks(&homes)?.1, watermarks(&replies)?.1))
+            }) {
                 Ok(x) => break x,
                 Err(e) => retry("reading the cluster topics' offsets", &e, &mut wait),
             }
@@ -364,7 +366,7 @@ impl KafkaBackend {
                 .add_partition_offset(&topic, 0, Offset::Offset(caught_up_at.0))
                 .and_then(|()| from.add_partition_offset(&homes, 0, Offset::Beginning))
                 .and_then(|()| from.add_partition_offset(&definitions, 0, Offset::Beginning))
-                .and_then(|()| from.add_partition_offset(&replies, 0, Offset::End))
+                .and_then(|()| from.add_partition_offset(&replies, 0, Offset::Offset(replies_end)))
                 .and_then(|()| consumer.assign(&from));
             match assigned {
                 Ok(()) => break,

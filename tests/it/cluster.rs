@@ -388,6 +388,54 @@ mod on_kafka {
         assert_eq!(waiting.join().unwrap().0.expect("answered").status, 200);
     }
 
+    /// Read amplification bounded: an instance reads from Kafka only the topics its sessions
+    /// need (the subscriptions homed on it), not every topic of the cluster.
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn an_instance_reads_only_the_topics_its_sessions_need() {
+        use super::super::request::metric;
+        let (brokers, prefix) = kafka_and_prefix("ra");
+        let all = [start_in(&brokers, &prefix), start_in(&brokers, &prefix)];
+        wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 2).then_some(()));
+        let n = 6;
+        for t in 0..n {
+            let def = format!(r#"{{"subscription":"s{t}","topic":"t{t}","mode":"LOAD_BALANCE","start":"earliest"}}"#);
+            assert_eq!(all[0].client().post("/events/subscribe", "application/json", def.as_bytes()).status, 201);
+        }
+        // (Defined at the other instance once the definitions came through Kafka.)
+        wait_for(Duration::from_secs(20), || {
+            (0..n).all(|t| !committed(&all[1], &format!("s{t}")).is_empty()).then_some(())
+        });
+        let mut sessions: Vec<(Ws, String)> =
+            (0..n).map(|t| attach_following(&all[t % 2], &format!("subscription=s{t}"))).collect();
+        for i in 0..20 {
+            for t in 0..n {
+                let mut e = event(&format!("e{t}-{i:03}"));
+                e["data"] = Value::from("x".repeat(1000));
+                assert_eq!(all[0].publish(&format!("t{t}"), &e).status, 202);
+            }
+        }
+        for (ws, _) in &mut sessions {
+            for e in take(ws, 20) {
+                super::super::acked::ack(ws, &[&e]);
+            }
+        }
+        // Each instance read its homed topics' events (all the same size): its share, not all.
+        let written = metric(&all[0], "evmesh_bytes_stored_total", "") as f64;
+        let mut read_sum = 0.0;
+        for b in &all {
+            let homed = sessions.iter().filter(|(_, home)| *home == url(b)).count() as f64;
+            let read = metric(b, "evmesh_kafka_tail_bytes_total", "") as f64;
+            read_sum += read;
+            assert!(
+                read <= written * (homed + 0.5) / n as f64,
+                "{} read {read} of {written} with {homed} of {n} topics",
+                url(b)
+            );
+        }
+        assert!(read_sum <= written * 1.05, "together they read {read_sum} of {written}: each topic once");
+    }
+
     /// Two instances over one Kafka cluster that see each other, and a LOAD_BALANCE
     /// subscription `name` of `topic` (from the earliest event) made at the first.
     fn two_sharing(tag: &str, name: &str, topic: &str) -> [TestBroker; 2] {
