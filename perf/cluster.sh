@@ -13,37 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}; export RATE=${RATE:-500} WARM=${WARM:-5} AFTER=${AFTER:-5}
 PEERS=0 source perf/common.sh
-VENV=/var/tmp/evmesh-venv; TANSU=/var/tmp/evmesh-tansu/tansu
-[ -x "$TANSU" ] && "$VENV/bin/python" -c 'import websockets, httpx' 2>/dev/null ||
-  { echo "run scripts/test.sh once first: it installs tansu and the Python packages this uses" >&2; exit 1; }
 OUT=$ROOT/perf/results/cluster-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
-free_port() { "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-KP=$(free_port)
-"$TANSU" broker --listener-url "tcp://127.0.0.1:$KP" --advertised-listener-url "tcp://127.0.0.1:$KP" \
-  --storage-engine memory://tansu/ > "$OUT/tansu.log" 2>&1 &
-TP=$!
-pids=(); dirs=()
-cleanup() { kill "${pids[@]}" "$TP" 2>/dev/null || true; rm -rf "${dirs[@]}"; }
-trap cleanup EXIT
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$KP") 2>/dev/null && break; sleep 0.1; done
+source perf/cluster_common.sh
 for r in $(seq "$RUNS"); do
-  pids=(); urls=(); admins=()
-  for i in 1 2 3; do
-    port=$(free_port); aport=$(free_port); dir=$(mktemp -d /var/tmp/evmesh-cluster.XXXX); dirs+=("$dir")
-    "$EVMESH" serve --shards 1 --data-dir "$dir" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$aport" \
-      --storage kafka --kafka-brokers "127.0.0.1:$KP" --kafka-topic-prefix "run$r-$$-" > "$OUT/r$r-i$i.log" 2>&1 &
-    pids+=($!); urls+=("http://127.0.0.1:$port"); admins+=("http://127.0.0.1:$aport")
-  done
-  for a in "${admins[@]}"; do
-    wait_ready "$a"
-    for _ in $(seq 200); do
-      [ "$(curl -sf "$a/admin/cluster" | "$VENV/bin/python" -c 'import json,sys; print(len(json.load(sys.stdin)["instances"]))')" = 3 ] && break
-      sleep 0.1
-    done
-  done
+  start_three "run$r-$$-" "$OUT/r$r"
   (IFS=,; "$VENV/bin/python" perf/cluster.py "${urls[*]}" "${pids[*]}" "${admins[*]}") | tee "$OUT/r$r.json"
-  kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null || true
-  rm -rf "${dirs[@]}"; dirs=()
+  stop_three
 done
 python3 - "$OUT" "$RUNS" <<'PY' | tee "$OUT/summary.md"
 import json, os, statistics as st, sys
