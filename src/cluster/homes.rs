@@ -8,16 +8,17 @@
 //!   by up to a heartbeat, so may their choices for a key nobody has claimed yet, which is why
 //!   the first choice is recorded.
 //! * **Stickiness**: the first choice is recorded as a claim in the evmesh-owned Kafka topic
-//!   [`HOMES_TOPIC`] (key = the home's key, value = a [`Claim`]: the instance, and the claim it
-//!   replaces); every instance reads the claims back in log order. A claim counts only if it
-//!   replaces the key's claim at that point of the log, so of two instances that replace a
-//!   dead home at once (their views differ for up to a heartbeat) the first in the log wins
-//!   for every reader alike, and the other's choice is dropped; the holder then claims the key
-//!   again, replacing itself, so the last record of the key (all the compacted topic keeps)
-//!   names it. A recorded home stays the home while it is live, whatever joins or how loads
-//!   change; when it is not live, the next to ask records a new choice. Until a reader has
-//!   read a claim it may serve the key where it stands: delivery is at-least-once, clients
-//!   dedupe on `id`.
+//!   [`HOMES_TOPIC`] (key = the home's key, value = a [`Claim`]: the instance, and an epoch
+//!   one past the claim it replaces); every instance reads the claims back in log order. A
+//!   claim counts only if its epoch is past the key's claim at that point of the log (or it is
+//!   the holder's own again), so of two instances that replace a dead home at once (their
+//!   views differ for up to a heartbeat) the first in the log wins for every reader alike, and
+//!   the other's choice is dropped; the holder then claims the key again, so the last record of
+//!   the key (all the compacted topic keeps) names it, and a reader that started after
+//!   compaction with a losing claim agrees again at the key's next claim. A recorded home
+//!   stays the home while it is live, whatever joins or how loads change; when it is not live,
+//!   the next to ask records a new choice. Until a reader has read a claim it may serve the
+//!   key where it stands: delivery is at-least-once, clients dedupe on `id`.
 //! * **What is recorded**: only the homes of subscriptions that exist (one claim per
 //!   subscription, bounded by `max_subscriptions` per instance); a client's home is chosen and
 //!   not recorded (it moves when the live set changes). An instance answers nothing until it
@@ -102,7 +103,8 @@ pub struct Homes {
 #[derive(Default)]
 struct State {
     /// key -> (instance id, when read).
-    claims: HashMap<String, (String, Instant)>,
+    /// key -> (instance id, the claim's epoch, when read).
+    claims: HashMap<String, (String, u64, Instant)>,
     /// key -> (instance id, when written): used until read back, at most `pending_for`.
     pending: HashMap<String, (String, Instant)>,
 }
@@ -112,38 +114,30 @@ struct State {
 pub struct Home<'m> {
     pub member: &'m Member,
     pub record: bool,
-    /// The claim the one to write replaces (its instance is not live), if any.
-    pub replaces: Option<String>,
+    /// The epoch of the claim to write: one past the key's claim it replaces (1 for none).
+    pub epoch: u64,
 }
 
-/// A claim record's value: the instance claiming a key, and the claim it replaces (`None`:
-/// the key had none). A claim counts only if it replaces the key's claim at that point of
-/// the log (see [`Homes::claimed`]).
+/// A claim record's value: the instance claiming a key, and the claim's epoch (one past the
+/// epoch of the claim it replaces). A claim counts only if its epoch is past the key's at that
+/// point of the log, or it is the holder saying it again (see [`Homes::claimed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub instance: String,
-    pub replaces: Option<String>,
+    pub epoch: u64,
 }
 
 impl Claim {
-    /// `instance`, then `\n` and the replaced instance if any.
+    /// `instance`, `\n`, the epoch in decimal.
     pub fn encode(&self) -> Vec<u8> {
-        match &self.replaces {
-            Some(r) => format!("{}\n{r}", self.instance).into_bytes(),
-            None => self.instance.clone().into_bytes(),
-        }
+        format!("{}\n{}", self.instance, self.epoch).into_bytes()
     }
 
-    /// `None` for a value that is not one (ids checked).
+    /// `None` for a value that is not one (the id checked).
     pub fn decode(v: &[u8]) -> Option<Claim> {
-        let text = std::str::from_utf8(v).ok()?;
-        let (instance, replaces) = match text.split_once('\n') {
-            Some((i, r)) => (i, Some(r)),
-            None => (text, None),
-        };
-        let valid = super::valid_instance_id;
-        (valid(instance) && replaces.is_none_or(valid))
-            .then(|| Claim { instance: instance.to_owned(), replaces: replaces.map(str::to_owned) })
+        let (instance, epoch) = std::str::from_utf8(v).ok()?.split_once('\n')?;
+        let epoch = epoch.parse().ok().filter(|e: &u64| epoch == e.to_string())?;
+        super::valid_instance_id(instance).then(|| Claim { instance: instance.to_owned(), epoch })
     }
 }
 
@@ -152,23 +146,26 @@ impl Claim {
 pub enum Read {
     /// The claim (or release) counts; `was`: the instance that held the key before.
     Taken { was: Option<String> },
-    /// It came too late: another claim replaced the one it meant to. `holder` keeps the key.
-    Lost { holder: String },
+    /// It came too late: another claim of its epoch (or a later one) came first. `holder`
+    /// keeps the key, with its claim's `epoch`.
+    Lost { holder: String, epoch: u64 },
     /// Not a claim of ours (a key too long).
     Ignored,
 }
 
 impl Homes {
     /// A claim read from the topic, in log order, or a release (`None`: the subscription was
-    /// removed). A claim counts if it replaces the key's claim at this point of the log, or
-    /// the key has none here (a log compacted before this instance read it keeps only the
-    /// last record of a key): of two instances that replace a dead home at once, the first
-    /// in the log wins, for every reader alike, and the other's choice is dropped.
+    /// removed). A claim counts if its epoch is past the key's claim at this point of the log
+    /// (or the key has none here), or it is the holder's own again: of two instances that
+    /// replace a dead home at once (both one past its epoch), the first in the log wins, for
+    /// every reader alike, and the other's choice is dropped. A reader of a compacted log (only
+    /// each key's last record kept) that took a losing claim, its winner's records gone, agrees
+    /// with everyone again at the key's next claim, whose epoch is past both.
     pub fn claimed(&self, key: String, claim: Option<Claim>, now: Instant) -> Read {
         let mut s = self.state.lock().expect("not poisoned");
-        let Some(Claim { instance, replaces }) = claim else {
+        let Some(Claim { instance, epoch }) = claim else {
             s.pending.remove(&key);
-            return Read::Taken { was: s.claims.remove(&key).map(|(id, _)| id) };
+            return Read::Taken { was: s.claims.remove(&key).map(|(id, _, _)| id) };
         };
         if key.len() > MAX_KEY {
             return Read::Ignored;
@@ -176,9 +173,9 @@ impl Homes {
         if s.pending.get(&key).is_some_and(|(id, _)| *id == instance) {
             s.pending.remove(&key);
         }
-        if let Some((holder, _)) = s.claims.get(&key) {
-            if replaces.as_ref() != Some(holder) {
-                return Read::Lost { holder: holder.clone() };
+        if let Some((holder, held, _)) = s.claims.get(&key) {
+            if epoch < *held || (epoch == *held && instance != *holder) {
+                return Read::Lost { holder: holder.clone(), epoch: *held };
             }
         }
         if s.claims.len() >= MAX_CLAIMS && !s.claims.contains_key(&key) {
@@ -187,7 +184,7 @@ impl Homes {
                 s.claims.remove(&k);
             }
         }
-        Read::Taken { was: s.claims.insert(key, (instance, now)).map(|(id, _)| id) }
+        Read::Taken { was: s.claims.insert(key, (instance, epoch, now)).map(|(id, _, _)| id) }
     }
 
     /// Whether the claim read for `key` names `instance` (once caught up).
@@ -198,7 +195,7 @@ impl Homes {
     /// Whether the last claim read for `key` so far names `instance` (caught up or not: the
     /// reader of the claims' log asks this of the records between them).
     pub fn names(&self, key: &str, instance: &str) -> bool {
-        self.state.lock().expect("not poisoned").claims.get(key).is_some_and(|(id, _)| id == instance)
+        self.state.lock().expect("not poisoned").claims.get(key).is_some_and(|(id, _, _)| id == instance)
     }
 
     /// The claims written before this instance started have been read: from now on it answers.
@@ -228,19 +225,19 @@ impl Homes {
         }
         let find = |id: &str| live.iter().find(|m| m.heartbeat.instance_id == id);
         let mut s = self.state.lock().expect("not poisoned");
-        if let Some(member) = s.claims.get(key).and_then(|(id, _)| find(id)) {
-            return Some(Home { member, record: false, replaces: None });
+        if let Some(member) = s.claims.get(key).and_then(|(id, _, _)| find(id)) {
+            return Some(Home { member, record: false, epoch: 0 });
         }
         if let Some(member) =
             s.pending.get(key).filter(|(_, at)| now.duration_since(*at) < pending_for).and_then(|(id, _)| find(id))
         {
-            return Some(Home { member, record: false, replaces: None });
+            return Some(Home { member, record: false, epoch: 0 });
         }
         let member = choose(key, live)?;
         if !recorded || key.len() > MAX_KEY {
-            return Some(Home { member, record: false, replaces: None });
+            return Some(Home { member, record: false, epoch: 0 });
         }
-        let replaces = s.claims.get(key).map(|(id, _)| id.clone());
+        let epoch = s.claims.get(key).map_or(0, |(_, e, _)| *e) + 1;
         if s.pending.len() >= MAX_PENDING {
             s.pending.retain(|_, (_, at)| now.duration_since(*at) < pending_for);
         }
@@ -249,7 +246,7 @@ impl Homes {
         if record {
             s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
         }
-        Some(Home { member, record, replaces })
+        Some(Home { member, record, epoch })
     }
 }
 
@@ -330,65 +327,67 @@ mod tests {
         assert!(first.record, "nothing recorded yet: write the choice");
         let chosen = first.member.heartbeat.instance_id.clone();
         // Asked again before the claim is read back: the same, not written again.
-        let again = Home { member: first.member, record: false, replaces: None };
+        let again = Home { member: first.member, record: false, epoch: 0 };
         assert_eq!(homes.home("sub/x", &live, (t0, pending), true), Some(again));
-        // The first claim in the log counts; another written at once (it meant to replace
-        // nothing as well) comes too late, for every reader alike.
+        assert_eq!(first.epoch, 1, "the key's first claim");
+        // The first claim of an epoch in the log counts; another of the same epoch written at
+        // once comes too late, for every reader alike.
         let other = if chosen == "a" { "b" } else { "a" };
-        let claim =
-            |id: &str, replaces: Option<&str>| Some(Claim { instance: id.into(), replaces: replaces.map(Into::into) });
-        assert_eq!(homes.claimed("sub/x".into(), claim(&chosen, None), t0), Read::Taken { was: None });
+        let claim = |id: &str, epoch: u64| Some(Claim { instance: id.into(), epoch });
+        assert_eq!(homes.claimed("sub/x".into(), claim(&chosen, 1), t0), Read::Taken { was: None });
         assert!(homes.claimed_by("sub/x", &chosen));
-        assert_eq!(homes.claimed("sub/x".into(), claim(other, None), t0), Read::Lost { holder: chosen.clone() });
+        let lost = Read::Lost { holder: chosen.clone(), epoch: 1 };
+        assert_eq!(homes.claimed("sub/x".into(), claim(other, 1), t0), lost);
         assert!(homes.claimed_by("sub/x", &chosen));
         // It sticks while its instance lives, even when a new, idle instance would be chosen.
         let mut more = live.to_vec();
         more.extend((0..20).map(|i| member(&format!("new{i}"), 0, 0.0)));
         let h = homes.home("sub/x", &more, (t0, pending), true).unwrap();
         assert_eq!((h.member.heartbeat.instance_id.as_str(), h.record), (chosen.as_str(), false));
-        // Its instance gone: chosen again among the live, recorded as replacing it.
+        // Its instance gone: chosen again among the live, recorded one epoch on.
         let without: Vec<Member> = live.iter().filter(|m| m.heartbeat.instance_id != chosen).cloned().collect();
         let h = homes.home("sub/x", &without, (t0 + Duration::from_secs(1), pending), true).unwrap();
         assert!(h.record && h.member.heartbeat.instance_id != chosen);
-        assert_eq!(h.replaces.as_deref(), Some(chosen.as_str()));
+        assert_eq!(h.epoch, 2);
         let next = h.member.heartbeat.instance_id.clone();
         let third = live.iter().map(|m| m.heartbeat.instance_id.clone()).find(|i| *i != chosen && *i != next).unwrap();
         // Two instances replace it at once: the first in the log wins, the other's pending
         // choice is dropped when its claim is read.
-        assert_eq!(
-            homes.claimed("sub/x".into(), claim(&third, Some(&chosen)), t0),
-            Read::Taken { was: Some(chosen.clone()) }
-        );
-        assert_eq!(
-            homes.claimed("sub/x".into(), claim(&next, Some(&chosen)), t0),
-            Read::Lost { holder: third.clone() }
-        );
+        assert_eq!(homes.claimed("sub/x".into(), claim(&third, 2), t0), Read::Taken { was: Some(chosen.clone()) });
+        assert_eq!(homes.claimed("sub/x".into(), claim(&next, 2), t0), Read::Lost { holder: third.clone(), epoch: 2 });
         assert!(homes.state.lock().unwrap().pending.is_empty());
         let h = homes.home("sub/x", &without, (t0 + Duration::from_secs(1), pending), true).unwrap();
         assert_eq!((h.member.heartbeat.instance_id.as_str(), h.record), (third.as_str(), false));
-        // The holder says it again (its claim replacing itself), so the log's last record of
-        // the key is its; a reader of the compacted log that has no claim takes any.
+        // The holder says it again, so the log's last record of the key is its; an old claim
+        // read late changes nothing.
+        assert_eq!(homes.claimed("sub/x".into(), claim(&third, 2), t0), Read::Taken { was: Some(third.clone()) });
         assert_eq!(
-            homes.claimed("sub/x".into(), claim(&third, Some(&third)), t0),
-            Read::Taken { was: Some(third.clone()) }
+            homes.claimed("sub/x".into(), claim(&chosen, 1), t0),
+            Read::Lost { holder: third.clone(), epoch: 2 }
         );
+        // A reader of the compacted log that kept only the loser's record (the holder died
+        // before saying it again) agrees again at the key's next claim, past both.
         let fresh = Homes::default();
-        assert_eq!(fresh.claimed("sub/x".into(), claim(&next, Some(&chosen)), t0), Read::Taken { was: None });
+        assert_eq!(fresh.claimed("sub/x".into(), claim(&next, 2), t0), Read::Taken { was: None });
+        for h in [&homes, &fresh] {
+            assert!(matches!(h.claimed("sub/x".into(), claim(other, 3), t0), Read::Taken { .. }));
+            assert!(h.names("sub/x", other));
+        }
         // A pending choice whose instance died is not kept.
-        let rest: Vec<Member> = without.into_iter().filter(|m| m.heartbeat.instance_id != third).collect();
+        let rest: Vec<Member> = without.into_iter().filter(|m| m.heartbeat.instance_id != other).collect();
         let h = homes.home("sub/x", &rest, (t0 + Duration::from_secs(1), pending), true).unwrap();
         assert!(h.record && rest.iter().any(|m| m.heartbeat.instance_id == h.member.heartbeat.instance_id));
         assert_eq!(homes.home("sub/x", &[], (t0, pending), true), None);
         // Records that are not claims change nothing.
-        assert_eq!(Claim::decode(b"not an id"), None);
-        assert_eq!(Claim::decode(b"a\nb c"), None);
-        assert_eq!(Claim::decode(b"a\nb"), claim("a", Some("b")));
-        assert_eq!(Claim::decode(&Claim { instance: "a".into(), replaces: None }.encode()), claim("a", None));
-        assert_eq!(homes.claimed("x".repeat(MAX_KEY + 1), claim("a", None), t0), Read::Ignored);
+        for bad in [&b"not an id"[..], b"a", b"a\nb", b"a\n01", b"a b\n1", b"a\n-1"] {
+            assert_eq!(Claim::decode(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(Claim::decode(&Claim { instance: "a".into(), epoch: 7 }.encode()), claim("a", 7));
+        assert_eq!(homes.claimed("x".repeat(MAX_KEY + 1), claim("a", 1), t0), Read::Ignored);
         assert!(homes.state.lock().unwrap().claims.keys().all(|k| k == "sub/x"));
         // Released (the subscription removed): no claim names anyone.
-        assert_eq!(homes.claimed("sub/x".into(), None, t0), Read::Taken { was: Some(third.clone()) });
-        assert!(!homes.names("sub/x", &third));
+        assert_eq!(homes.claimed("sub/x".into(), None, t0), Read::Taken { was: Some(other.into()) });
+        assert!(!homes.names("sub/x", other));
         assert_eq!(homes.claimed("sub/x".into(), None, t0), Read::Taken { was: None });
     }
 

@@ -391,8 +391,8 @@ fn claim_read(shared: &Arc<Shared>, key: String, value: Option<&[u8]>) {
         Read::Taken { was: Some(was) } if now && was == *me && to.as_ref().is_some_and(|to| to != me) => {
             home_moved(shared, &key)
         }
-        Read::Lost { holder } if now && holder == *me => {
-            let again = Claim { instance: me.clone(), replaces: Some(me.clone()) };
+        Read::Lost { holder, epoch } if now && holder == *me => {
+            let again = Claim { instance: me.clone(), epoch };
             if let Some(Err(e)) = shared.kafka.as_ref().map(|k| k.claim_home(&key, Some(&again.encode()))) {
                 eprintln!("evmesh: the home of {key} not recorded again: {e}");
             }

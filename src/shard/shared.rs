@@ -151,7 +151,7 @@ impl Shared {
             let h = self.homes.home(key, &live, (now, self.config.instance_timeout), record)?;
             let hb = &h.member.heartbeat;
             if h.record {
-                let claim = crate::cluster::homes::Claim { instance: hb.instance_id.clone(), replaces: h.replaces };
+                let claim = crate::cluster::homes::Claim { instance: hb.instance_id.clone(), epoch: h.epoch };
                 if let Err(e) = k.claim_home(key, Some(&claim.encode())) {
                     eprintln!("evmesh: the home of {key} not recorded: {e}");
                 }
