@@ -61,18 +61,32 @@ impl Default for Forwards {
     }
 }
 
+/// A forwarded reply waiting for its outcome: its number, and where the outcome comes. Its
+/// place in [`Forwards`] is given up when it is dropped, however the wait ended (answered,
+/// timed out, or its replier gone).
+pub struct Forward<'a> {
+    table: &'a Forwards,
+    pub n: u64,
+    pub outcome: oneshot::Receiver<ReplyOutcome>,
+}
+
+impl Drop for Forward<'_> {
+    fn drop(&mut self) {
+        self.table.close(self.n);
+    }
+}
+
 impl Forwards {
-    /// A number for a reply about to be forwarded, and where its outcome will come; `None`
-    /// when [`MAX_WAITING`] wait already.
-    pub fn open(&self) -> Option<(u64, oneshot::Receiver<ReplyOutcome>)> {
+    /// A place for a reply about to be forwarded; `None` when [`MAX_WAITING`] wait already.
+    pub fn open(&self) -> Option<Forward<'_>> {
         let mut w = self.waiting.lock().expect("not poisoned");
         if w.1.len() >= MAX_WAITING {
             return None;
         }
         w.0 += 1;
-        let (n, (tx, rx)) = (w.0, oneshot::channel());
+        let (n, (tx, outcome)) = (w.0, oneshot::channel());
         w.1.insert(n, tx);
-        Some((n, rx))
+        Some(Forward { table: self, n, outcome })
     }
 
     /// The outcome of forward `n` came (once; an unknown or finished `n` is ignored).
@@ -83,7 +97,7 @@ impl Forwards {
     }
 
     /// Forward `n` stopped waiting (answered or not).
-    pub fn close(&self, n: u64) {
+    fn close(&self, n: u64) {
         self.waiting.lock().expect("not poisoned").1.remove(&n);
     }
 }
@@ -141,16 +155,19 @@ mod tests {
     #[test]
     fn forwards_are_answered_once_and_bounded() {
         let f = Forwards::default();
-        let (n, mut rx) = f.open().unwrap();
-        f.answer(n, ReplyOutcome::Delivered);
-        f.answer(n, ReplyOutcome::Unknown);
-        assert_eq!(rx.try_recv().unwrap(), Some(ReplyOutcome::Delivered));
-        let (m, _rx) = f.open().unwrap();
-        assert_ne!(n, m);
-        f.close(m);
+        let mut first = f.open().unwrap();
+        f.answer(first.n, ReplyOutcome::Delivered);
+        f.answer(first.n, ReplyOutcome::Unknown);
+        assert_eq!(first.outcome.try_recv().unwrap(), Some(ReplyOutcome::Delivered));
+        let second = f.open().unwrap();
+        assert_ne!(first.n, second.n);
+        drop((first, second));
         let held: Vec<_> = (0..MAX_WAITING).map(|_| f.open().unwrap()).collect();
         assert!(f.open().is_none(), "bounded");
+        // A wait that ends unanswered (its replier gone) gives its place up.
         drop(held);
+        assert!(f.waiting.lock().unwrap().1.is_empty());
+        assert!(f.open().is_some());
         assert_eq!(instance_tag("evmesh-1"), instance_tag("evmesh-1"));
         assert_ne!(instance_tag("a"), instance_tag("b"));
     }

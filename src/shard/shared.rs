@@ -249,8 +249,8 @@ impl Shared {
             let Some(to) = live.iter().find(|m| instance_tag(&m.heartbeat.instance_id) == tag) else {
                 return ReplyOutcome::Unknown;
             };
-            let Some((n, rx)) = self.forwards.open() else { return ReplyOutcome::Unreachable };
-            let number = n.to_string();
+            let Some(mut forward) = self.forwards.open() else { return ReplyOutcome::Unreachable };
+            let number = forward.n.to_string();
             let mut headers: Vec<(&str, &[u8])> =
                 vec![(KIND, b"reply"), (FROM, self.config.instance_id.as_bytes()), (FORWARD, number.as_bytes())];
             if let Some(p) = &replier.principal {
@@ -263,13 +263,12 @@ impl Shared {
             // Copied into the producer's queue: not held while the outcome is awaited.
             drop(frame);
             let outcome = match sent {
-                Ok(()) => crate::server::deadline::within(WAIT, rx).await.ok().and_then(Result::ok),
+                Ok(()) => crate::server::deadline::within(WAIT, &mut forward.outcome).await.ok().and_then(Result::ok),
                 Err(e) => {
                     eprintln!("evmesh: a reply not forwarded to {}: {e}", to.heartbeat.instance_id);
                     None
                 }
             };
-            self.forwards.close(n);
             return outcome.unwrap_or(ReplyOutcome::Unreachable);
         }
         let _ = (tag, frame, replier);
