@@ -342,6 +342,20 @@ impl Handler for Traffic {
 const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// Requests per shard waiting for a definition still on its way (see `Traffic::defined`).
+const MAX_DEFINITION_WAITS: usize = 64;
+
+/// Gives a slot of a count back when dropped.
+fn scopeguard_dec(count: &std::cell::Cell<usize>) -> impl Drop + '_ {
+    struct Slot<'a>(&'a std::cell::Cell<usize>);
+    impl Drop for Slot<'_> {
+        fn drop(&mut self) {
+            self.0.set(self.0.get() - 1);
+        }
+    }
+    Slot(count)
+}
+
 /// Marks a request sent on by [`to_home`]: served where it arrives, never sent on again (two
 /// instances whose views of the home differ for a moment would send it back and forth).
 const REDIRECTED: &str = "evmeshRedirected";
@@ -616,16 +630,27 @@ impl Traffic {
 
     /// Subscription `stored`'s definition. A request another instance sent here (`redirected`:
     /// it knew the subscription) waits up to [`SETTLE_WAIT`] for the definition to come
-    /// through Kafka, so a subscription made a moment ago there is not a 404 here.
+    /// through Kafka, so a subscription made a moment ago there is not a 404 here. Any client
+    /// can mark a request so: at most [`MAX_DEFINITION_WAITS`] wait per shard, others are
+    /// answered at once.
     async fn defined(&self, stored: &str, redirected: bool) -> Result<Option<Definition>, StorageError> {
-        let until = std::time::Instant::now() + SETTLE_WAIT;
-        loop {
-            let def = crate::storage::meta::get_subscription(&self.shard.shared.db, stored)?;
-            if def.is_some() || !redirected || std::time::Instant::now() >= until {
-                return Ok(def);
-            }
-            monoio::time::sleep(SETTLE_POLL * 4).await;
+        let db = &self.shard.shared.db;
+        let def = crate::storage::meta::get_subscription(db, stored)?;
+        let waits = &self.shard.definition_waits;
+        let embedded = matches!(self.shard.shared.config.storage, crate::config::StorageKind::Embedded);
+        if def.is_some() || !redirected || embedded || waits.get() >= MAX_DEFINITION_WAITS {
+            return Ok(def);
         }
+        waits.set(waits.get() + 1);
+        let _waiting = scopeguard_dec(waits);
+        let until = std::time::Instant::now() + SETTLE_WAIT;
+        while std::time::Instant::now() < until {
+            monoio::time::sleep(SETTLE_POLL * 4).await;
+            if let Some(def) = crate::storage::meta::get_subscription(db, stored)? {
+                return Ok(Some(def));
+            }
+        }
+        Ok(None)
     }
 
     /// With instances over Kafka: the URL of the home of subscription `stored` when that is
@@ -641,7 +666,16 @@ impl Traffic {
         }
         let key = crate::cluster::homes::subscription_key(stored);
         let until = std::time::Instant::now() + SETTLE_WAIT;
+        let me = &shared.config.instance_id;
+        let mut polled = 0u32;
         loop {
+            // Waiting for this instance's own claim: the cheap look most times, the whole
+            // answer (another claim may have come first) every 20th.
+            polled += 1;
+            if polled % 20 != 1 && !shared.homes.claimed_by(&key, me) && std::time::Instant::now() < until {
+                monoio::time::sleep(SETTLE_POLL).await;
+                continue;
+            }
             let Some(home) = shared.home(&key, true) else {
                 // Starting: the claims (and the offsets with them) are not read yet. Served
                 // here only once they are, or while no instance is known live (Kafka away).
@@ -651,7 +685,7 @@ impl Traffic {
                 }
                 return Ok(None);
             };
-            if home.id != shared.config.instance_id && home.url != shared.config.advertised_url {
+            if home.id != *me && home.url != shared.config.advertised_url {
                 return Ok(Some(home.url));
             }
             if home.settled {

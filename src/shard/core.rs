@@ -53,6 +53,9 @@ pub struct Shard {
     /// Round-robin cursor over this shard's own partitions for unkeyed events.
     cursor: Cell<usize>,
     pub connections: Cell<usize>,
+    /// Requests sent on by another instance waiting here for their subscription's definition
+    /// (`ingress`: at most `MAX_DEFINITION_WAITS`; anyone can mark a request as sent on).
+    pub definition_waits: Cell<usize>,
     /// Sessions this shard accepted.
     pub sessions: Sessions,
     /// Per topic, the shards that want events of its partitions this shard owns.
@@ -146,6 +149,7 @@ impl Shard {
             topics: RefCell::new(HashMap::new()),
             cursor: Cell::new(0),
             connections: Cell::new(0),
+            definition_waits: Cell::new(0),
             sessions: Sessions::default(),
             interest: RefCell::new(HashMap::new()),
             delivery,

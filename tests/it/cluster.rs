@@ -436,6 +436,41 @@ mod on_kafka {
         assert!(read_sum <= written * 1.05, "together they read {read_sum} of {written}: each topic once");
     }
 
+    /// A request marked as sent on by another instance waits for a definition still on its
+    /// way, but any client can mark one: at most 64 wait per shard, the next is answered at
+    /// once (here before the 64 waiting, which are answered 404 when their wait ends).
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn requests_waiting_for_a_definition_are_capped() {
+        use super::super::util::{request_bytes, Client};
+        let (brokers, prefix) = kafka_and_prefix("dw");
+        let b = start_in_with(&brokers, &prefix, &["--shards", "1"]);
+        let path = "/events/poll?subscription=nothing&waitMs=0&evmeshRedirected=1";
+        let waiting: Vec<Client> = (0..64)
+            .map(|_| {
+                let mut c = Client::connect(b.traffic);
+                c.send_raw(&request_bytes("GET", path, &[], b""));
+                c
+            })
+            .collect();
+        // (All 64 accepted, so read and waiting, before the next; nothing defines "nothing".)
+        wait_for(Duration::from_secs(10), || {
+            (super::super::request::metric(&b, "evmesh_connections_accepted_total", "") >= 64).then_some(())
+        });
+        let next = b.client().get(path);
+        let answered_next = Instant::now();
+        next.assert_problem(404);
+        let finished: Vec<Instant> = waiting
+            .into_iter()
+            .map(|mut c| {
+                let r = c.read_response().expect("answered");
+                assert_eq!(r.status, 404);
+                Instant::now()
+            })
+            .collect();
+        assert!(finished.iter().all(|f| *f > answered_next), "the 65th waited behind the 64");
+    }
+
     /// Two instances over one Kafka cluster that see each other, and a LOAD_BALANCE
     /// subscription `name` of `topic` (from the earliest event) made at the first.
     fn two_sharing(tag: &str, name: &str, topic: &str) -> [TestBroker; 2] {
