@@ -99,11 +99,6 @@ impl Membership {
         Membership { me, timeout, heard: Mutex::new(HashMap::new()) }
     }
 
-    /// This instance's id.
-    pub fn me(&self) -> &str {
-        &self.me
-    }
-
     /// A heartbeat read at `now`, sent `age` before (zero for one read as it arrived). An
     /// instance's older heartbeat than the one kept changes nothing; one too old to date is
     /// dropped.

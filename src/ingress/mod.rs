@@ -959,9 +959,11 @@ impl Traffic {
         }
         // Where its sessions attach: its home, recorded once it exists (this instance while none
         // is known live yet).
+        // (A pushed subscription, a sink's or a classic group's, stays here: no home recorded.)
         let key = crate::cluster::homes::subscription_key(&def.subscription);
+        let pushed = def.pushed();
         let json = |shown: &mut serde_json::Value| {
-            let home = self.shard.shared.home(&key, true);
+            let home = (!pushed).then(|| self.shard.shared.home(&key, true)).flatten();
             shown["instanceUrl"] =
                 home.map_or_else(|| self.shard.shared.config.advertised_url.clone(), |h| h.url).into();
             shown.to_string()

@@ -307,7 +307,7 @@ fn heartbeat_of(shared: &Shared, load: &mut crate::cluster::LoadSampler) -> crat
 /// one here is logged and left (the one here stays). Runs on the cluster thread, waiting for
 /// the shards' answers.
 fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
-    use crate::shard::message::{Interest, InterestChange, ShardMessage, SubOutcome, SubRequest};
+    use crate::shard::message::{InterestChange, ShardMessage, SubOutcome, SubRequest};
     use crate::shard::{meta_owner, ShardId};
     let shards = shared.config.shards;
     let send = |to: ShardId, msg: ShardMessage| send_waiting(shared, to, msg);
@@ -341,16 +341,7 @@ fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
             let outcome = wait(rx);
             if matches!(outcome, Ok(SubOutcome::Removed)) {
                 // Sessions attached here, on whatever shard, are closed cleanly (1000).
-                for s in 0..shards {
-                    let change = InterestChange::Removed;
-                    let i = Interest {
-                        subscription: name.to_owned(),
-                        topic: topic.clone(),
-                        shard: meta_owner(name, shards),
-                        change,
-                    };
-                    send(ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
-                }
+                announce_from_thread(shared, name, &topic, InterestChange::Removed);
             }
             outcome
         }
@@ -359,6 +350,27 @@ fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
         Ok(SubOutcome::Created | SubOutcome::Unchanged | SubOutcome::Removed | SubOutcome::Unknown) => {}
         Ok(other) => eprintln!("evmesh: kafka cluster: subscription {name} not applied here: {other:?}"),
         Err(e) => eprintln!("evmesh: kafka cluster: subscription {name} not applied here: {e}"),
+    }
+}
+
+/// What the cluster thread hands the `evmesh-definitions` thread, which may wait for the shards
+/// (the cluster thread, which heartbeats, never does), in the order read.
+#[cfg(feature = "kafka")]
+enum ClusterWork {
+    Define(crate::storage::kafka::Defined),
+    /// Another instance claimed the subscription of this stored name from this one.
+    HomeMoved(String),
+}
+
+/// `Shard::announce` from a thread of the runtime: tells every shard of
+/// a change to subscription `name` (of `topic`), waiting while a mailbox is full.
+fn announce_from_thread(shared: &Shared, name: &str, topic: &str, change: crate::shard::message::InterestChange) {
+    use crate::shard::message::{Interest, ShardMessage};
+    let shards = shared.config.shards;
+    for s in 0..shards {
+        let shard = crate::shard::meta_owner(name, shards);
+        let i = Interest { subscription: name.to_owned(), topic: topic.to_owned(), shard, change };
+        send_waiting(shared, crate::shard::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
     }
 }
 
@@ -375,7 +387,7 @@ fn send_waiting(shared: &Shared, to: crate::shard::ShardId, mut msg: crate::shar
 /// holds is answered by claiming it again, replacing itself, so the last record of the key
 /// in the log (all a compacted log keeps) names the holder.
 #[cfg(feature = "kafka")]
-fn claim_read(shared: &Arc<Shared>, key: String, value: Option<&[u8]>) {
+fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>, work: &std::sync::mpsc::Sender<ClusterWork>) {
     use crate::cluster::homes::{Claim, Read};
     let me = &shared.config.instance_id;
     let claim = match value.map(Claim::decode) {
@@ -389,7 +401,9 @@ fn claim_read(shared: &Arc<Shared>, key: String, value: Option<&[u8]>) {
     let now = shared.homes.is_caught_up();
     match shared.homes.claimed(key.clone(), claim, Instant::now()) {
         Read::Taken { was: Some(was) } if now && was == *me && to.as_ref().is_some_and(|to| to != me) => {
-            home_moved(shared, &key)
+            if let Some(name) = key.strip_prefix("sub/") {
+                let _ = work.send(ClusterWork::HomeMoved(name.to_owned()));
+            }
         }
         Read::Lost { holder, epoch } if now && holder == *me => {
             let again = Claim { instance: me.clone(), epoch };
@@ -410,8 +424,8 @@ type Header<'a> = (&'a str, &'a [u8]);
 #[cfg(feature = "kafka")]
 const REPLIES_QUEUED: usize = 64 << 20;
 
-/// A record of the replies topic (`cluster::replies`): for this instance (others' are not
-/// even copied), a reply goes to the replies thread, an outcome to the forward that waits.
+/// A record of the replies topic (`cluster::replies`): for this instance (others' values are
+/// not copied), a reply goes to the replies thread, an outcome to the forward that waits.
 #[cfg(feature = "kafka")]
 fn forwarded(
     shared: &Shared,
@@ -479,31 +493,13 @@ fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
     }
 }
 
-/// Another instance claimed subscription home `key` from this one (it was thought dead, or
-/// two choices crossed): every shard closes its sessions of it (`InterestChange::HomeMoved`).
+/// Another instance claimed subscription `name` from this one (it was thought dead, or two
+/// choices crossed): every shard closes its sessions of it (`InterestChange::HomeMoved`).
 #[cfg(feature = "kafka")]
-fn home_moved(shared: &Arc<Shared>, key: &str) {
-    let Some(name) = key.strip_prefix("sub/") else { return };
-    use crate::shard::message::{Interest, InterestChange, ShardMessage};
+fn home_moved(shared: &Shared, name: &str) {
     let Ok(Some(def)) = crate::storage::meta::get_subscription(&shared.db, name) else { return };
     eprintln!("evmesh: another instance is the home of subscription {name} now: closing its sessions here");
-    // On a thread of its own: the cluster thread (heartbeats) never waits for a full mailbox.
-    let (shared, name) = (shared.clone(), name.to_owned());
-    let spawned = std::thread::Builder::new().name("evmesh-home-moved".into()).spawn(move || {
-        let shards = shared.config.shards;
-        for s in 0..shards {
-            let i = Interest {
-                subscription: name.clone(),
-                topic: def.topic.clone(),
-                shard: crate::shard::meta_owner(&name, shards),
-                change: InterestChange::HomeMoved,
-            };
-            send_waiting(&shared, crate::shard::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
-        }
-    });
-    if let Err(e) = spawned {
-        eprintln!("evmesh: sessions of a moved subscription not closed: {e}");
-    }
+    announce_from_thread(shared, name, &def.topic, crate::shard::message::InterestChange::HomeMoved);
 }
 
 /// An offset record of the claims' log (`cluster::homes`, "Offsets"): applied to this
@@ -544,15 +540,21 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
         // apply never holds up the heartbeats; in log order, this instance's own records too:
         // the log's order is the one every instance agrees on (skipping its own, an instance
         // whose create followed another's removal in the log would apply only the removal).
-        let (defs, apply) = std::sync::mpsc::sync_channel::<crate::storage::kafka::Defined>(4096);
+        // Unbounded: what it holds is read from compacted topics (bounded by them), and a
+        // full queue would stop the heartbeats.
+        let (defs, apply) = std::sync::mpsc::channel::<ClusterWork>();
         std::thread::Builder::new().name("evmesh-definitions".into()).spawn(move || {
-            for r in apply {
-                apply_definition(&d, &r.name, r.definition.as_deref());
+            for w in apply {
+                match w {
+                    ClusterWork::Define(r) => apply_definition(&d, &r.name, r.definition.as_deref()),
+                    ClusterWork::HomeMoved(name) => home_moved(&d, &name),
+                }
             }
         })?;
+        let moved = defs.clone();
         let feeds = crate::storage::kafka::Feeds {
             heard: Box::new(move |hb, age| a.membership.heard(hb, age, Instant::now())),
-            claimed: Box::new(move |key, value| claim_read(&b, key, value)),
+            claimed: Box::new(move |key, value| claim_read(&b, key, value, &moved)),
             caught_up: Box::new(move || c.homes.caught_up()),
             offset: {
                 let mut read = crate::storage::offsets::replicated_position(&e.db).unwrap_or(0);
@@ -573,7 +575,7 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
                 Box::new(move |key, headers, value| forwarded(&f, (key, headers, value), (&tx, &queued)))
             },
             defined: Box::new(move |r| {
-                let _ = defs.send(r);
+                let _ = defs.send(ClusterWork::Define(r));
             }),
         };
         k.start_membership(every, beat, feeds)?;

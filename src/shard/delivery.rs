@@ -503,11 +503,16 @@ impl Shard {
                     monoio::time::sleep(REPLICATE_EVERY).await;
                     let pending = std::mem::take(&mut *me.delivery.replicate.borrow_mut());
                     let by = &me.shared.config.instance_id;
+                    let (mut failed, mut last) = (0, None);
                     for (k, v) in pending {
                         let Ok(k) = String::from_utf8(k) else { continue };
                         if let Err(e) = kafka.put_offset(&k, v.as_deref(), by) {
-                            eprintln!("evmesh: {}: offset {k} not written to kafka: {e}", me.id);
+                            (failed, last) = (failed + 1, Some(e));
                         }
+                    }
+                    // One line a flush (Kafka away fails them all), not one per key.
+                    if let Some(e) = last {
+                        eprintln!("evmesh: {}: {failed} offsets not written to kafka: {e}", me.id);
                     }
                 });
             }

@@ -199,8 +199,12 @@ impl Shared {
     pub fn follow_topic(&self, topic: &str) {
         #[cfg(feature = "kafka")]
         if let Some(k) = &self.kafka {
-            if topic.starts_with(':') || !self.followed.lock().expect("not poisoned").insert(topic.to_owned()) {
-                return;
+            {
+                let mut followed = self.followed.lock().expect("not poisoned");
+                if topic.starts_with(':') || followed.contains(topic) {
+                    return;
+                }
+                followed.insert(topic.to_owned());
             }
             let partitions = match crate::storage::meta::get(&self.db, topic) {
                 Ok(Some(m)) => m.partitions,

@@ -110,7 +110,7 @@ pub struct Feeds {
     /// An offset a home stored, read in the claims' log (`cluster::homes`) after them.
     pub offset: Box<dyn FnMut(Replicated) + Send>,
     /// A record of the replies topic (`cluster::replies`), read from its end at start: its
-    /// key, headers and value, borrowed (copied only by the instance it is for).
+    /// key, headers and value, borrowed (the value copied only by the instance it is for).
     pub forwarded: Box<ReplyFeed>,
     /// Called once the claims written before this instance started are read.
     pub caught_up: Box<dyn FnOnce() + Send>,
@@ -542,16 +542,16 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, de
             match consumer.incremental_assign(&added) {
                 Ok(()) => failed = 0,
                 Err(e) => {
-                    // Not followed: asked for again on the next turns (at most 50 in a row,
-                    // 20 ms apart), then given up on, said so.
+                    // Not followed yet: asked for again on the next turns (20 ms apart) until it
+                    // is (whoever asked counts on it: it is never asked for again), said now
+                    // and then.
                     failed += 1;
-                    let again = failed <= 50;
-                    eprintln!("evmesh: kafka tail: assign: {e}{}", if again { "; trying again" } else { "" });
+                    if failed % 500 == 1 {
+                        eprintln!("evmesh: kafka tail: assign: {e}; trying again");
+                    }
                     for f in new {
-                        followed.0.remove(&(f.topic.clone(), f.partition));
-                        if again {
-                            retry.push(f);
-                        }
+                        followed.forget(&f);
+                        retry.push(f);
                     }
                 }
             }
@@ -621,7 +621,7 @@ fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, de
 /// made readable (seen with tansu under concurrent producers), and the local copy, which
 /// delivery reads, must not skip what Kafka holds.
 #[derive(Default)]
-struct Followed(HashMap<(String, u32), Expected>);
+struct Followed(HashMap<String, HashMap<u32, Expected>>);
 
 #[derive(Clone, Copy)]
 struct Expected {
@@ -651,7 +651,7 @@ enum Gap {
 impl Followed {
     /// Whether `f` is a partition not followed yet (now it is, from `f.from`).
     fn first(&mut self, f: &Follow) -> bool {
-        match self.0.entry((f.topic.clone(), f.partition)) {
+        match self.0.entry(f.topic.clone()).or_default().entry(f.partition) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(Expected { next: f.from, gap_since: None });
@@ -660,9 +660,17 @@ impl Followed {
         }
     }
 
+    /// `f`'s partition is not followed after all (its assignment failed).
+    fn forget(&mut self, f: &Follow) {
+        if let Some(t) = self.0.get_mut(&f.topic) {
+            t.remove(&f.partition);
+        }
+    }
+
     /// A record at `offset` of `topic`/`partition` was fetched at `now`.
     fn fetched(&mut self, topic: &str, partition: u32, offset: u64, now: std::time::Instant) -> Gap {
-        let Some(e) = self.0.get_mut(&(topic.to_owned(), partition)) else { return Gap::None };
+        // (By the name borrowed: no allocation per record.)
+        let Some(e) = self.0.get_mut(topic).and_then(|t| t.get_mut(&partition)) else { return Gap::None };
         if offset < e.next {
             return Gap::None; // read again after a recheck, or the owner skips it as stored
         }
