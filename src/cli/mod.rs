@@ -165,9 +165,71 @@ fn post(
     args: &[String],
     known: &[&str],
     path: &str,
-    (content_type, body): (&str, &[u8]),
+    body: (&str, &[u8]),
     wait: Duration,
 ) -> Result<(String, String), String> {
+    post_head(args, known, path, body, wait).map(|(status, _, body)| (status, body))
+}
+
+/// [`post`], following the broker's redirects (with many instances, what an agent does is
+/// served by its home instance: 307 there) up to [`MAX_REDIRECTS`] times: (the flags, their
+/// `--url` now the instance that answered, the status, the body).
+fn post_following(
+    args: &[String],
+    known: &[&str],
+    path: &str,
+    body: (&str, &[u8]),
+    wait: Duration,
+) -> Result<(Vec<String>, String, String), String> {
+    let mut args = args.to_vec();
+    for hop in 0.. {
+        let (status, head, answer) = post_head(&args, known, path, body, wait)?;
+        match (status.as_str(), location(&head)) {
+            ("307" | "308", Some(at)) if hop < MAX_REDIRECTS => args = followed(args, &at)?,
+            _ => return Ok((args, status, answer)),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// The `Location` of an answer's head.
+fn location(head: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("location")).map(|(_, v)| v.trim().to_owned())
+    })
+}
+
+/// The flags with `--url` the origin of `location`, where the broker sent the client (the path
+/// is ours to ask again). The token and certificate go along (the home is of the same
+/// cluster), but never from https to plain http.
+fn followed(mut args: Vec<String>, location: &str) -> Result<Vec<String>, String> {
+    let origin = location.find("://").map(|i| {
+        let rest = &location[i + 3..];
+        &location[..i + 3 + rest.find('/').unwrap_or(rest.len())]
+    });
+    let origin = origin.ok_or_else(|| format!("the broker redirected to {location:?}"))?;
+    let https = flag(&args, "--url").is_some_and(|u| u.starts_with("https://"));
+    if https && !origin.starts_with("https://") {
+        return Err(format!("the broker redirected from https to {origin}; not followed"));
+    }
+    eprintln!("evmesh: served at {origin}; following");
+    let at = args.iter().position(|a| a == "--url");
+    args.retain(|a| !a.starts_with("--url="));
+    match at {
+        Some(i) if i + 1 < args.len() => args[i + 1] = origin.to_owned(),
+        _ => args.extend(["--url".to_owned(), origin.to_owned()]),
+    }
+    Ok(args)
+}
+
+/// Posts `body` to `path` on a connection of its own: (the answer's status, its head, its body).
+fn post_head(
+    args: &[String],
+    known: &[&str],
+    path: &str,
+    (content_type, body): (&str, &[u8]),
+    wait: Duration,
+) -> Result<(String, String, String), String> {
     let (mut stream, hostport, socket) = broker(args, known)?;
     socket.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
     let head = format!(
@@ -185,7 +247,7 @@ fn post(
     }
     let resp = String::from_utf8_lossy(&resp);
     let (head, body) = resp.split_once("\r\n\r\n").ok_or("malformed response")?;
-    Ok((head.split(' ').nth(1).unwrap_or("?").to_owned(), body.to_owned()))
+    Ok((head.split(' ').nth(1).unwrap_or("?").to_owned(), head.to_owned(), body.to_owned()))
 }
 
 /// `evmesh pub`: builds a structured CloudEvent from flags (or reads one from stdin), posts it,
@@ -296,8 +358,9 @@ const REDIRECT: &str = "redirected to ";
 /// Redirects followed at most.
 const MAX_REDIRECTS: usize = 3;
 
-/// Attaches a WebSocket at `path`, following the broker's redirects (a subscription served by
-/// its home instance: 307 there) up to [`MAX_REDIRECTS`] times: the connection attached.
+/// Attaches a WebSocket at `path`, following the broker's redirects (a subscription, a session
+/// or an agent served by its home instance: 307 there) up to [`MAX_REDIRECTS`] times: the
+/// connection attached.
 fn attach_following(args: &[String], known: &[&str], path: &str) -> Result<Box<dyn Conn>, String> {
     let mut args = args.to_vec();
     for hop in 0.. {
@@ -305,27 +368,7 @@ fn attach_following(args: &[String], known: &[&str], path: &str) -> Result<Box<d
         match attach(&args, &mut s, &socket, path, &hostport) {
             Ok(()) => return Ok(s),
             Err(e) => match e.strip_prefix(REDIRECT) {
-                Some(location) if hop < MAX_REDIRECTS => {
-                    // The origin of the location (the path is ours to ask again).
-                    let origin = location.find("://").map(|i| {
-                        let rest = &location[i + 3..];
-                        &location[..i + 3 + rest.find('/').unwrap_or(rest.len())]
-                    });
-                    let origin = origin.ok_or_else(|| format!("the broker redirected to {location:?}"))?;
-                    // The token and certificate go along (the home is of the same cluster), but
-                    // never from https to plain http.
-                    let https = flag(&args, "--url").is_some_and(|u| u.starts_with("https://"));
-                    if https && !origin.starts_with("https://") {
-                        return Err(format!("the broker redirected from https to {origin}; not followed"));
-                    }
-                    eprintln!("evmesh: served at {origin}; following");
-                    let at = args.iter().position(|a| a == "--url");
-                    args.retain(|a| !a.starts_with("--url="));
-                    match at {
-                        Some(i) if i + 1 < args.len() => args[i + 1] = origin.to_owned(),
-                        _ => args.extend(["--url".to_owned(), origin.to_owned()]),
-                    }
-                }
+                Some(location) if hop < MAX_REDIRECTS => args = followed(args, location)?,
                 _ => return Err(e),
             },
         }
@@ -351,10 +394,7 @@ fn upgraded(s: &mut Box<dyn Conn>, socket: &TcpStream) -> Result<(), String> {
         return socket.set_read_timeout(None).map_err(|e| e.to_string());
     }
     let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
-    let location = head.lines().find_map(|l| {
-        l.split_once(':').filter(|(n, _)| n.eq_ignore_ascii_case("location")).map(|(_, v)| v.trim().to_owned())
-    });
-    if let (Some(location), "307" | "308") = (location, status.as_str()) {
+    if let (Some(location), "307" | "308") = (location(&head), status.as_str()) {
         return Err(format!("{REDIRECT}{location}"));
     }
     let len: usize = head
@@ -373,10 +413,11 @@ fn upgraded(s: &mut Box<dyn Conn>, socket: &TcpStream) -> Result<(), String> {
 /// `evmesh stream --session S`: follows a session (its lite topic `session.<S>`) over
 /// WebSocket from its head and prints one JSON line per event; `--max N` stops after N.
 pub fn stream(args: &[String]) -> Result<(), String> {
-    let (mut s, hostport, socket) = broker(args, &["--session", "--max"])?;
+    let known = ["--session", "--max"];
+    known_flags(args, &known)?;
     let sid = flag(args, "--session").ok_or("--session is required")?;
     let max = max_flag(args)?;
-    attach(args, &mut s, &socket, &format!("/session/subscribe/{sid}"), &hostport)?;
+    let mut s = attach_following(args, &known, &format!("/session/subscribe/{sid}"))?;
     print_frames(&mut s, max, |_, _| Ok(false))
 }
 
@@ -466,7 +507,10 @@ pub fn agent(args: &[String]) -> Result<(), String> {
     let max_turns = flag(args, "--max-turns").map(|_| number("--max-turns", 0)).transpose()?;
     let body = serde_json::json!({"agentId": id}).to_string();
     let wait = Duration::from_secs(30);
-    let (status, answer) = post(args, &KNOWN, "/agent/register", ("application/json", body.as_bytes()), wait)?;
+    // With many instances, registered (and then heart-beating and attached) at its home.
+    let registering = ("application/json", body.as_bytes());
+    let (args, status, answer) = post_following(args, &KNOWN, "/agent/register", registering, wait)?;
+    let args = &args[..];
     if !status.starts_with('2') {
         println!("{answer}");
         return Err(format!("registering: HTTP {status}"));
@@ -478,8 +522,7 @@ pub fn agent(args: &[String]) -> Result<(), String> {
             eprintln!("evmesh agent: heartbeat: {e}");
         }
     });
-    let (mut s, hostport, socket) = broker(args, &KNOWN)?;
-    attach(args, &mut s, &socket, &format!("/agent/ws?agentId={id}"), &hostport)?;
+    let mut s = attach_following(args, &KNOWN, &format!("/agent/ws?agentId={id}"))?;
     eprintln!("evmesh agent: {id} attached; echoing each turn's prompt back");
     let mut turns = 0u64;
     print_frames(&mut s, None, |s, t| {

@@ -19,9 +19,13 @@
 //!   stays the home while it is live, whatever joins or how loads change; when it is not live,
 //!   the next to ask records a new choice. Until a reader has read a claim it may serve the
 //!   key where it stands: delivery is at-least-once, clients dedupe on `id`.
-//! * **What is recorded**: only the homes of subscriptions that exist (one claim per
-//!   subscription, bounded by `max_subscriptions` per instance); a client's home is chosen and
-//!   not recorded (it moves when the live set changes). An instance answers nothing until it
+//! * **What is recorded**: the homes of subscriptions that exist (one claim per subscription,
+//!   bounded by `max_subscriptions` per instance), of agents as they register (bounded by
+//!   `max_agents`; released on deregistering) and of session pub/sub topics that name no
+//!   agent, at their first publish or subscribe (released when the lite topic expires at its
+//!   home); a client's home is chosen and not recorded (it moves when the live set changes),
+//!   nor is anything else a caller names (an unregistered agent's: the choice stands until a
+//!   registration claims it). An instance answers nothing until it
 //!   has read the claims written before it started ([`Homes::caught_up`]): answering from an
 //!   empty table, it would record choices over the homes already recorded.
 //! * **Offsets**: the home writes every offset and attempt count it stores to the same log
@@ -57,6 +61,18 @@ const MAX_KEY: usize = 512;
 /// The key of a subscription's home.
 pub fn subscription_key(stored: &str) -> String {
     format!("sub/{stored}")
+}
+
+/// The key of an agent's home (its stored id): its registration, attachment, sessions and
+/// turns are served there.
+pub fn agent_key(stored: &str) -> String {
+    format!("agent/{stored}")
+}
+
+/// The key of the home of a session pub/sub (Mode 2) lite topic, by its stored name, when
+/// the session is no agent's (an agent's session is served at the agent's home).
+pub fn lite_key(stored: &str) -> String {
+    format!("lite/{stored}")
 }
 
 /// The key of a client's home (`GET /session/recommend?clientId=C`).

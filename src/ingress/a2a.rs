@@ -245,6 +245,10 @@ impl Traffic {
         if !valid_id(agent) {
             return Binding::Rest.err(&A2aError::new(ErrorKind::InvalidParams, "agent ids are [A-Za-z0-9._-]{1,100}"));
         }
+        // With Kafka an agent (its tasks and turns too) is served at its home instance only.
+        if let Err(r) = self.at_agent_home(gate, agent, false, req).await {
+            return r;
+        }
         let rest_binding = tail == "v1" || tail.starts_with("v1/");
         // Errors before the request is read still answer its id (clients match on it).
         let binding = || match rest_binding {

@@ -1,12 +1,12 @@
 //! Agents of agent streaming calls (Mode 1): `POST /agent/register`, `/agent/heartbeat`,
 //! `/agent/deregister` with `{"agentId": A, "ready"?: bool}`. An agent needs SUBSCRIBE on
-//! `topic:agent.<A>` (the lite topic its turns arrive on). Routing sessions to agents, their
-//! WebSocket and the turns themselves are the next step of issue 10.
+//! `topic:agent.<A>` (the lite topic its turns arrive on). With Kafka they are served at the
+//! agent's home instance (`cluster::homes`), which a registration claims: 307 elsewhere.
 
 use super::{Gate, Traffic};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
-use crate::server::Response;
+use crate::server::{Request, Response};
 
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -36,11 +36,15 @@ impl Traffic {
     }
 
     /// `POST /agent/register|heartbeat|deregister`.
-    pub(super) fn agent(&self, gate: &mut Gate<'_>, what: &str, body: &[u8]) -> Response {
-        let (stored, a) = match self.agent_of(gate, body) {
+    pub(super) async fn agent(&self, gate: &mut Gate<'_>, what: &str, req: &Request<'_>) -> Response {
+        let (stored, a) = match self.agent_of(gate, req.body) {
             Ok(x) => x,
             Err(r) => return r,
         };
+        if let Err(r) = self.at_agent_home(gate, &a.agent_id, what == "register", req).await {
+            return r;
+        }
+        let home = crate::cluster::homes::agent_key(&stored);
         let agents = &self.shard.shared.agents;
         let now = crate::storage::offsets::now_ms();
         let timeout = self.shard.shared.config.agent_heartbeat_timeout.as_millis() as u64;
@@ -69,6 +73,7 @@ impl Traffic {
             };
         }
         if what == "deregister" && self.shard.shared.remotes.remove(&stored) {
+            self.shard.shared.release_home(&home);
             return answer(200, false, false);
         }
         match what {
@@ -85,7 +90,10 @@ impl Traffic {
                 None => problem(StatusCode::NOT_FOUND, &format!("agent {} is not registered", a.agent_id)),
             },
             _ => match agents.deregister(&stored) {
-                true => answer(200, false, false),
+                true => {
+                    self.shard.shared.release_home(&home);
+                    answer(200, false, false)
+                }
                 false => problem(StatusCode::NOT_FOUND, &format!("agent {} is not registered", a.agent_id)),
             },
         }

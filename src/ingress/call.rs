@@ -35,7 +35,7 @@ struct OpenBody {
 }
 
 /// The agent a session id names (`<agentId>:<uuid>`), or 400.
-fn agent_of(sid: &str) -> Result<&str, Response> {
+pub(super) fn agent_of(sid: &str) -> Result<&str, Response> {
     match sid.split_once(':') {
         Some((a, rest))
             if valid_id(a)
@@ -97,19 +97,33 @@ impl Traffic {
         crate::shard::agents::stored_id(gate.who.tenant.as_deref(), agent)
     }
 
+    /// Serves the request here if this instance is agent `agent`'s (as named) home, else the
+    /// 307 to it (see `Traffic::at_home`; the home is claimed if `record`): with Kafka an
+    /// agent's registration, attachment, sessions and turns are all served at its home.
+    pub(super) async fn at_agent_home(
+        &self,
+        gate: &Gate<'_>,
+        agent: &str,
+        record: bool,
+        req: &Request<'_>,
+    ) -> Result<(), Response> {
+        let key = crate::cluster::homes::agent_key(&Self::stored_agent(gate, agent));
+        self.at_home(&key, record, req).await
+    }
+
     pub(super) fn routable(&self, stored_agent: &str) -> bool {
         let timeout = self.shard.shared.config.agent_heartbeat_timeout.as_millis() as u64;
         self.shard.shared.agents.routable(stored_agent, crate::storage::offsets::now_ms(), timeout)
     }
 
-    /// `POST /session/open`.
-    pub(super) fn session_open(&self, gate: &mut Gate<'_>, body: &[u8]) -> Response {
+    /// `POST /session/open`: the session's home is its agent's (with Kafka, a session for a
+    /// named agent is opened there: 307 elsewhere); without an agent named, one of the agents
+    /// attached here is picked.
+    pub(super) async fn session_open(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
-        if let Err(r) = embedded_only(&self.shard.shared.config) {
-            return r;
-        }
+        let body = req.body;
         let b: OpenBody = match serde_json::from_slice(body) {
             Ok(b) => b,
             Err(e) => {
@@ -123,6 +137,9 @@ impl Traffic {
         let agent = match b.agent_id {
             Some(a) => {
                 if let Err(r) = gate.allow(Action::Request, Kind::Agent, &a) {
+                    return r;
+                }
+                if let Err(r) = self.at_agent_home(gate, &a, false, req).await {
                     return r;
                 }
                 if !self.routable(&Self::stored_agent(gate, &a)) {
@@ -174,10 +191,17 @@ impl Traffic {
         Response::json(StatusCode(201), body.to_string())
     }
 
-    /// The session a client names, checked: (its key, the session, its agent as named).
-    fn client_call<'s>(&self, gate: &mut Gate<'_>, sid: &'s str) -> Result<(String, Arc<Call>, &'s str), Response> {
+    /// The session a client names, checked (and served at its agent's home only): (its key,
+    /// the session, its agent as named).
+    async fn client_call<'s>(
+        &self,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+        sid: &'s str,
+    ) -> Result<(String, Arc<Call>, &'s str), Response> {
         let agent = agent_of(sid)?;
         gate.allow(Action::Request, Kind::Agent, agent)?;
+        self.at_agent_home(gate, agent, false, req).await?;
         let key = session_key(gate.who.tenant.as_deref(), sid);
         let call = self
             .shard
@@ -193,7 +217,7 @@ impl Traffic {
 
     /// `POST /session/stream/{sid}`: a turn; the answer streams its chunks.
     pub(super) async fn session_turn(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let (key, call, agent) = match self.client_call(gate, sid) {
+        let (key, call, agent) = match self.client_call(gate, req, sid).await {
             Ok(c) => c,
             Err(r) => return r,
         };
@@ -214,8 +238,8 @@ impl Traffic {
     /// `GET /session/stream/{sid}[?turn=N]`: the current (or last) turn from after
     /// `Last-Event-ID`; 204 when there is nothing more, or turn N is over and gone (an
     /// `EventSource` stops reconnecting).
-    pub(super) fn session_resume(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let (key, call, _) = match self.client_call(gate, sid) {
+    pub(super) async fn session_resume(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+        let (key, call, _) = match self.client_call(gate, req, sid).await {
             Ok(c) => c,
             Err(r) => return r,
         };
@@ -241,8 +265,14 @@ impl Traffic {
     }
 
     /// `POST /session/end-turn|cancel|close/{sid}`; the agent is told on its WebSocket.
-    pub(super) async fn session_control(&self, gate: &mut Gate<'_>, what: &str, sid: &str) -> Response {
-        let (key, call, agent) = match self.client_call(gate, sid) {
+    pub(super) async fn session_control(
+        &self,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+        what: &str,
+        sid: &str,
+    ) -> Response {
+        let (key, call, agent) = match self.client_call(gate, req, sid).await {
             Ok(c) => c,
             Err(r) => return r,
         };
@@ -271,12 +301,16 @@ impl Traffic {
     }
 
     /// `POST /session/chunk/{sid}`: a chunk of the session's turn, from its agent.
-    pub(super) fn session_chunk(&self, gate: &mut Gate<'_>, body: &[u8], sid: &str) -> Response {
+    pub(super) async fn session_chunk(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+        let body = req.body;
         let agent = match agent_of(sid) {
             Ok(a) => a,
             Err(r) => return r,
         };
         if let Err(r) = gate.allow(Action::Subscribe, Kind::Topic, &format!("agent.{agent}")) {
+            return r;
+        }
+        if let Err(r) = self.at_agent_home(gate, agent, false, req).await {
             return r;
         }
         let parsed = ChunkBody::parse(body);
@@ -316,18 +350,18 @@ impl Traffic {
 
     /// `GET /agent/ws?agentId=A`: the agent's turns, from now on (409 while it is attached
     /// elsewhere).
-    pub(super) fn agent_ws(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+    pub(super) async fn agent_ws(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
         if self.shard.shared.memory.shed_now() {
             return shed();
-        }
-        if let Err(r) = embedded_only(&self.shard.shared.config) {
-            return r;
         }
         let agent = match req.query("agentId") {
             Some(a) if valid_id(&a) => a,
             _ => return problem(StatusCode::BAD_REQUEST, "?agentId=A, with A [A-Za-z0-9._-]{1,100}"),
         };
         if let Err(r) = gate.allow(Action::Subscribe, Kind::Topic, &format!("agent.{agent}")) {
+            return r;
+        }
+        if let Err(r) = self.at_agent_home(gate, &agent, false, req).await {
             return r;
         }
         let shared = &self.shard.shared;
@@ -345,7 +379,7 @@ impl Traffic {
         {
             Some(Ok(end)) => end,
             Some(Err(e)) => return storage_problem(&e),
-            None => return unavailable("agents need the embedded storage engine"),
+            None => return unavailable("the agent's log cannot be read"),
         };
         let spec = Box::new(FollowSpec {
             topic,
@@ -361,14 +395,6 @@ impl Traffic {
 }
 
 use std::sync::Arc;
-
-/// Agents' turns travel on lite topics, which the Kafka backend does not keep yet: 503 there.
-fn embedded_only(config: &crate::config::Config) -> Result<(), Response> {
-    match config.storage {
-        crate::config::StorageKind::Embedded => Ok(()),
-        _ => Err(unavailable("agent streaming calls need the embedded log (not with storage = kafka yet)")),
-    }
-}
 
 /// 503: not now (an agent not attached, a backend without lite topics), try again in a second.
 pub(super) fn unavailable(detail: &str) -> Response {

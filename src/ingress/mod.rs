@@ -252,7 +252,7 @@ impl Handler for Traffic {
         }
         if path == "/agent/ws" {
             return match req.method() {
-                Method::Get => self.agent_ws(&mut gate, &req),
+                Method::Get => self.agent_ws(&mut gate, &req).await,
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
             };
         }
@@ -264,25 +264,25 @@ impl Handler for Traffic {
         }
         if path == "/session/open" {
             return match req.method() {
-                Method::Post => self.session_open(&mut gate, req.body),
+                Method::Post => self.session_open(&mut gate, &req).await,
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
             };
         }
         if let Some(what) = path.strip_prefix("/agent/") {
             return match req.method() {
-                Method::Post => self.agent(&mut gate, what, req.body),
+                Method::Post => self.agent(&mut gate, what, &req).await,
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
             };
         }
         if let Some((what, sid)) = session {
             return match (req.method(), what) {
                 (Method::Post, "publish") => Box::pin(self.session_publish(&mut gate, &req, sid)).await,
-                (Method::Get, "subscribe") => self.session_subscribe(&mut gate, &req, sid),
+                (Method::Get, "subscribe") => self.session_subscribe(&mut gate, &req, sid).await,
                 (Method::Post, "stream") => Box::pin(self.session_turn(&mut gate, &req, sid)).await,
-                (Method::Get, "stream") => self.session_resume(&mut gate, &req, sid),
-                (Method::Post, "chunk") => self.session_chunk(&mut gate, req.body, sid),
+                (Method::Get, "stream") => self.session_resume(&mut gate, &req, sid).await,
+                (Method::Post, "chunk") => self.session_chunk(&mut gate, &req, sid).await,
                 (Method::Post, "end-turn" | "cancel" | "close") => {
-                    Box::pin(self.session_control(&mut gate, what, sid)).await
+                    Box::pin(self.session_control(&mut gate, &req, what, sid)).await
                 }
                 (_, "stream") => {
                     problem(StatusCode::METHOD_NOT_ALLOWED, "use POST or GET").with_header("allow", "POST, GET")
@@ -363,7 +363,7 @@ const REDIRECTED: &str = "evmeshRedirected";
 /// 307 to the same request at `home` (the method and body kept, as 307 says), before any
 /// upgrade: `target` is the path and query.
 fn to_home(home: &str, target: &str) -> Response {
-    let detail = format!("this subscription is served by its home instance {home}");
+    let detail = format!("this is served by its home instance {home}");
     let sep = if target.contains('?') { '&' } else { '?' };
     problem(StatusCode(307), &detail).with_header("location", format!("{home}{target}{sep}{REDIRECTED}=1"))
 }
@@ -653,18 +653,20 @@ impl Traffic {
         Ok(None)
     }
 
-    /// With instances over Kafka: the URL of the home of subscription `stored` when that is
-    /// another instance (its sessions, polls and acks are served there only). `None` on the
-    /// embedded log, at the home, or while no live instance is known (then served here); 503
-    /// while this instance has not read the claims written before it started. When this
-    /// instance has just chosen itself, it waits until its claim is read back (up to
-    /// [`SETTLE_WAIT`], then 503): the offsets the previous home stored are read by then.
-    async fn home_elsewhere(&self, stored: &str) -> Result<Option<String>, Response> {
+    /// With instances over Kafka: the URL of the home of `key` (`cluster::homes`) when that is
+    /// another instance (a subscription's sessions, polls and acks, an agent's registration,
+    /// attachment, sessions and turns, a session pub/sub topic are served there only). `None`
+    /// on the embedded log, at the home, or while no live instance is known (then served
+    /// here); 503 while this instance has not read the claims written before it started. A
+    /// choice not claimed yet is claimed if `record`; when this instance has just claimed
+    /// itself, it waits until its claim is read back (up to [`SETTLE_WAIT`], then 503): the
+    /// offsets the previous home stored are read by then, and of two instances that claimed at
+    /// once the one that lost sends the request on.
+    async fn home_elsewhere(&self, key: &str, record: bool) -> Result<Option<String>, Response> {
         let shared = &self.shard.shared;
         if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
             return Ok(None);
         }
-        let key = crate::cluster::homes::subscription_key(stored);
         let until = std::time::Instant::now() + SETTLE_WAIT;
         let me = &shared.config.instance_id;
         let mut polled = 0u32;
@@ -672,11 +674,11 @@ impl Traffic {
             // Waiting for this instance's own claim: the cheap look most times, the whole
             // answer (another claim may have come first) every 20th.
             polled += 1;
-            if polled % 20 != 1 && !shared.homes.claimed_by(&key, me) && std::time::Instant::now() < until {
+            if polled % 20 != 1 && !shared.homes.claimed_by(key, me) && std::time::Instant::now() < until {
                 monoio::time::sleep(SETTLE_POLL).await;
                 continue;
             }
-            let Some(home) = shared.home(&key, true) else {
+            let Some(home) = shared.home(key, record) else {
                 // Starting: the claims (and the offsets with them) are not read yet. Served
                 // here only once they are, or while no instance is known live (Kafka away).
                 if !shared.homes.is_caught_up() {
@@ -688,7 +690,8 @@ impl Traffic {
             if home.id != *me && home.url != shared.config.advertised_url {
                 return Ok(Some(home.url));
             }
-            if home.settled {
+            // Not recorded: this instance's choice stands until somebody claims the key.
+            if home.settled || !record {
                 return Ok(None);
             }
             if std::time::Instant::now() >= until {
@@ -696,6 +699,16 @@ impl Traffic {
                     .with_header("retry-after", "1"));
             }
             monoio::time::sleep(SETTLE_POLL).await;
+        }
+    }
+
+    /// Serves the request here if this instance is the home of `key` (see
+    /// [`Traffic::home_elsewhere`], which claims it if `record`), or if another instance sent
+    /// it here already (never sent on twice); else the 307 to the home.
+    async fn at_home(&self, key: &str, record: bool, req: &Request<'_>) -> Result<(), Response> {
+        match self.home_elsewhere(key, record).await? {
+            Some(home) if req.query(REDIRECTED).is_none() => Err(to_home(&home, req.head.target(req.buf))),
+            _ => Ok(()),
         }
     }
 
@@ -722,11 +735,7 @@ impl Traffic {
         }
         // Sent here by another instance: served here, once this instance's claim is settled
         // if it chose itself (never sent on again).
-        if let Some(home) = self.home_elsewhere(&stored).await? {
-            if req.query(REDIRECTED).is_none() {
-                return Err(to_home(&home, req.head.target(req.buf)));
-            }
-        }
+        self.at_home(&crate::cluster::homes::subscription_key(&stored), true, req).await?;
         let acked = match req.query("ack").as_deref() {
             None => true,
             Some("none") => false,
@@ -891,7 +900,7 @@ impl Traffic {
             let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
         }
-        match self.home_elsewhere(&stored).await {
+        match self.home_elsewhere(&crate::cluster::homes::subscription_key(&stored), true).await {
             Ok(Some(home)) if !redirected => return to_home(&home, "/events/ack"),
             Ok(_) => {}
             Err(r) => return r,

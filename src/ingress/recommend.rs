@@ -2,12 +2,12 @@
 //! where a client should attach, `{"instanceUrl": U, "instanceId": I}`. A subscription's home
 //! is chosen among the live instances and recorded (`cluster::homes`, sticky while it lives)
 //! once the subscription exists; a client's is chosen, not recorded (nothing a caller names
-//! grows the homes topic); an agent streaming session lives where it was opened, so it is this
-//! instance when the session is here (and the caller's), else unknown here (404). On the
-//! embedded log every answer is this instance.
+//! grows the homes topic); a session's is its agent's (`<A>:<uuid>`, recorded as the agent
+//! registers) or, for any other session id, its session pub/sub topic's (recorded by its first
+//! publish or subscribe). On the embedded log every answer is this instance.
 
 use super::{Gate, Traffic};
-use crate::cluster::homes::{client_key, subscription_key};
+use crate::cluster::homes::{agent_key, client_key, lite_key, subscription_key};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
 use crate::server::{Request, Response};
@@ -45,14 +45,13 @@ impl Traffic {
                 Err(r) => return r,
             },
             "clientId" => return problem(StatusCode::BAD_REQUEST, "client ids are [A-Za-z0-9._-]{1,100}"),
-            _ => {
-                let key = crate::shard::calls::session_key(gate.who.tenant.as_deref(), name);
-                let principal = gate.principal();
-                return match shared.calls.get(&key).filter(|c| c.principal == principal) {
-                    Some(_) => answer(&shared.config.instance_id, &shared.config.advertised_url),
-                    None => problem(StatusCode::NOT_FOUND, &format!("no session {name} here")),
-                };
-            }
+            _ => match super::call::agent_of(name) {
+                Ok(agent) => (agent_key(&Self::stored_agent(gate, agent)), false),
+                Err(_) => match super::session::session_topic(gate, name) {
+                    Ok((stored, _)) => (lite_key(&stored), false),
+                    Err(r) => return r,
+                },
+            },
         };
         match shared.home(&key, record) {
             Some(h) => answer(&h.id, &h.url),

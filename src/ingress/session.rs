@@ -1,6 +1,9 @@
 //! Session pub/sub (Mode 2): `POST /session/publish/{sid}` appends to the session's lite topic
 //! `session.<sid>`; `GET /session/subscribe/{sid}` (server-sent events, or a WebSocket upgrade)
-//! is its one subscriber, from the head of the session on (`push::follow`).
+//! is its one subscriber, from the head of the session on (`push::follow`). With Kafka both are
+//! served at the session's home only (307 elsewhere): an agent's session (`<A>:<uuid>`) at its
+//! agent's, any other at the home its first publish or subscribe claimed (released when the
+//! lite topic expires there). The lite topic is that instance's own, not written to Kafka.
 
 use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
 use crate::adaptor::cloudevents::CeError;
@@ -11,7 +14,7 @@ use crate::server::{FollowSpec, Request, Response, Upgrade};
 
 /// The stored name of session `sid`'s lite topic for the caller, and the name the ACL speaks
 /// of (`session.<sid>`); 400 for a session id outside `[A-Za-z0-9._:-]{1,200}`.
-fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, String), Response> {
+pub(super) fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, String), Response> {
     let valid = (1..=200).contains(&sid.len())
         && sid.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
     if !valid {
@@ -29,21 +32,32 @@ fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, String), Respons
 }
 
 impl Traffic {
-    /// What both session endpoints check first: the memory budget, the session id, and that the
-    /// caller may do `action` to `topic:session.<sid>`. Returns the stored name.
-    fn session_gate(&self, gate: &mut Gate<'_>, sid: &str, action: Action) -> Result<String, Response> {
+    /// What both session endpoints check first: the memory budget, the session id, that the
+    /// caller may do `action` to `topic:session.<sid>`, and that this instance is the
+    /// session's home. Returns the stored name.
+    async fn session_gate(
+        &self,
+        gate: &mut Gate<'_>,
+        req: &Request<'_>,
+        sid: &str,
+        action: Action,
+    ) -> Result<String, Response> {
         if self.shard.shared.memory.shed_now() {
             return Err(shed());
         }
         let (stored, local) = session_topic(gate, sid)?;
         gate.allow(action, Kind::Topic, &local)?;
+        match super::call::agent_of(sid) {
+            Ok(agent) => self.at_agent_home(gate, agent, false, req).await?,
+            Err(_) => self.at_home(&crate::cluster::homes::lite_key(&stored), true, req).await?,
+        }
         Ok(stored)
     }
 
     /// `POST /session/publish/{sid}`: 201 `{"partition":0,"offset":O}` once stored (a batch:
     /// `{"results":[...]}`).
     pub(super) async fn session_publish(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let stored = match self.session_gate(gate, sid, Action::Publish) {
+        let stored = match self.session_gate(gate, req, sid, Action::Publish).await {
             Ok(t) => t,
             Err(r) => return r,
         };
@@ -74,8 +88,8 @@ impl Traffic {
 
     /// `GET /session/subscribe/{sid}`: the session's events from its head (or after the SSE
     /// `Last-Event-ID`), then as they come; 409 while it has a subscriber.
-    pub(super) fn session_subscribe(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let stored = match self.session_gate(gate, sid, Action::Subscribe) {
+    pub(super) async fn session_subscribe(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+        let stored = match self.session_gate(gate, req, sid, Action::Subscribe).await {
             Ok(t) => t,
             Err(r) => return r,
         };

@@ -58,6 +58,11 @@ async fn follow(
     let family = crate::storage::db::log_cf(owner.index());
     let mut next = spec.from;
     loop {
+        if claim.watch.has_moved() {
+            // Its home is another instance now (with Kafka): the client attaches there.
+            let _ = out.send_past_bound(Outbound::Close(1012, "home moved"));
+            return "";
+        }
         // The owner's family, read from here (RocksDB reads are safe from any thread).
         let Some(cf) = shared.db.cf_handle(&family) else { return "the session's log cannot be read" };
         let frames = match read_from(&shared.db, cf, &spec.topic, PartitionId(0), (next, BATCH, BATCH_BYTES)) {

@@ -403,6 +403,11 @@ fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>, work: &std::sy
         Read::Taken { was: Some(was) } if now && was == *me && to.as_ref().is_some_and(|to| to != me) => {
             if let Some(name) = key.strip_prefix("sub/") {
                 let _ = work.send(ClusterWork::HomeMoved(name.to_owned()));
+            } else if let Some(agent) = key.strip_prefix("agent/") {
+                agent_moved(shared, agent);
+            } else if let Some(topic) = key.strip_prefix("lite/") {
+                // A session pub/sub topic: its subscriber here is closed (1012).
+                shared.watchers.moved(topic);
             }
         }
         Read::Lost { holder, epoch } if now && holder == *me => {
@@ -500,6 +505,24 @@ fn home_moved(shared: &Shared, name: &str) {
     let Ok(Some(def)) = crate::storage::meta::get_subscription(&shared.db, name) else { return };
     eprintln!("evmesh: another instance is the home of subscription {name} now: closing its sessions here");
     announce_from_thread(shared, name, &def.topic, crate::shard::message::InterestChange::HomeMoved);
+}
+
+/// Another instance claimed agent `stored` (its stored id) from this one: it is forgotten
+/// here (its registration, as an evmesh or a remote A2A agent) and its WebSocket closed
+/// (1012, "home moved"; the turns routed to it end with an error event), so it registers and
+/// attaches again at its new home. Its sessions here are that attachment's: their clients are
+/// sent to the new home, which does not know them (404: they open new ones). Nothing here
+/// waits for the shards.
+#[cfg(feature = "kafka")]
+fn agent_moved(shared: &Shared, stored: &str) {
+    eprintln!("evmesh: another instance is the home of agent {stored} now: forgetting it here");
+    shared.agents.deregister(stored);
+    shared.remotes.remove(stored);
+    let (tenant, agent) = match stored.split_once('/') {
+        Some((t, a)) => (Some(t), a),
+        None => (None, stored),
+    };
+    shared.watchers.moved(&crate::shard::calls::agent_topic(tenant, agent));
 }
 
 /// An offset record of the claims' log (`cluster::homes`, "Offsets"): applied to this

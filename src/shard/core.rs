@@ -131,7 +131,7 @@ impl Shard {
             // The local copy needs no WAL: Kafka is the durable log, the tail refills the copy.
             Some(k) => {
                 let local = EmbeddedLog::new(shared.db.clone(), shared.logs.clone(), id, Durability::Memory, None, ttl);
-                Log::Kafka(crate::storage::kafka::KafkaLog::new(k.clone(), local))
+                Log::Kafka(crate::storage::kafka::KafkaLog::new(k.clone(), local, embedded()))
             }
         };
         #[cfg(not(feature = "kafka"))]
@@ -659,14 +659,20 @@ impl Shard {
         loop {
             monoio::time::sleep(every).await;
             self.expire_clients();
-            if let Log::Embedded(log) = &self.log {
+            {
+                let log = self.log.lite();
                 // In bounded calls, yielding in between: the core stays its clients'.
                 let ttl = self.shared.config.lite_topic_ttl.as_millis() as u64;
                 let followed = |name: &str| self.shared.watchers.is_followed(name);
                 loop {
                     match log.expire_lite(crate::storage::offsets::now_ms(), ttl, followed) {
-                        Ok(n) => {
+                        Ok(gone) => {
+                            let n = gone.len() as u64;
                             self.shared.metrics.shard(self.id).lite_topics_expired.add(n);
+                            // A session pub/sub topic's home is released with it.
+                            for name in &gone {
+                                self.shared.release_home(&crate::cluster::homes::lite_key(name));
+                            }
                             if n < 1_000 {
                                 break;
                             }

@@ -189,6 +189,21 @@ impl Shared {
         let _ = (name, def);
     }
 
+    /// With Kafka: releases the claim of `key` if this instance holds it (a deregistered agent,
+    /// an expired session pub/sub topic), so the homes topic keeps no claim of it.
+    pub fn release_home(&self, key: &str) {
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            if self.homes.claimed_by(key, &self.config.instance_id) {
+                if let Err(e) = k.claim_home(key, None) {
+                    eprintln!("evmesh: the home of {key} not released: {e}");
+                }
+            }
+        }
+        #[cfg(not(feature = "kafka"))]
+        let _ = key;
+    }
+
     /// With Kafka: has the tail follow `topic`, each partition from the end of its local copy,
     /// from now on (once; an instance keeps following what it served). Called as a consumer of
     /// the topic is made here, a live session attaches, or a dead letter goes to it: an

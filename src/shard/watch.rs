@@ -22,6 +22,8 @@ pub struct Watch {
     /// The claim's number, unique in the process (an agent's attachment is told apart from its
     /// next one by it); 0 for a doorbell that is not a claim's.
     pub gen: u64,
+    /// Set (and rung) when the follower must end: the topic's home moved to another instance.
+    moved: AtomicBool,
 }
 
 impl Watch {
@@ -39,6 +41,11 @@ impl Watch {
             }
         })
         .await
+    }
+
+    /// Whether the follower must end, its topic's home having moved (see [`Watchers::moved`]).
+    pub fn has_moved(&self) -> bool {
+        self.moved.load(Ordering::Acquire)
     }
 
     pub(crate) fn ring(&self) {
@@ -98,6 +105,15 @@ impl Watchers {
         Some(Claim { watchers: self.clone(), topic: topic.to_owned(), watch })
     }
 
+    /// `topic`'s home moved to another instance: its follower, if it has one, is woken to
+    /// end (WebSocket 1012); whoever follows it next follows it at the new home.
+    pub fn moved(&self, topic: &str) {
+        if let Some(w) = self.map.lock().unwrap_or_else(|e| e.into_inner()).get(topic) {
+            w.moved.store(true, Ordering::Release);
+            w.ring();
+        }
+    }
+
     /// `topic` got events: wakes its follower, if it has one.
     pub fn notify(&self, topic: &str) {
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -123,5 +139,17 @@ mod tests {
         drop(first);
         assert!(!w.is_followed(":session.a"));
         assert!(w.claim(":session.a").is_some());
+    }
+
+    #[test]
+    fn a_moved_home_rings_its_follower_to_end() {
+        let w = Arc::new(Watchers::default());
+        let c = w.claim(":agent.a").expect("free");
+        w.moved(":agent.b");
+        assert!(!c.watch.has_moved());
+        w.moved(":agent.a");
+        assert!(c.watch.has_moved());
+        let rung = futures::executor::block_on(futures::future::poll_immediate(c.watch.rung()));
+        assert_eq!(rung, Some(()), "woken to see it");
     }
 }

@@ -635,8 +635,13 @@ impl EmbeddedLog {
     /// to 1/16 of it), at most `LITE_EXPIRE_BATCH` a call (the caller calls again, yielding in
     /// between, while a call expired that many), with their events and index rows. Topics
     /// `keep` names (one with a follower) and topics with appends not yet written stay. Returns
-    /// how many went.
-    pub fn expire_lite(&self, now_ms: u64, ttl_ms: u64, keep: impl Fn(&str) -> bool) -> Result<u64, StorageError> {
+    /// the names of those that went.
+    pub fn expire_lite(
+        &self,
+        now_ms: u64,
+        ttl_ms: u64,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<String>, StorageError> {
         let cutoff = now_ms.saturating_sub(ttl_ms + ttl_ms / 16);
         let cf = self.cf();
         let mut ro = ReadOptions::default();
@@ -681,7 +686,7 @@ impl EmbeddedLog {
             parts.remove(&pre[..]);
         }
         self.inner.lite_cached.borrow_mut().retain(|p| parts.contains_key(p));
-        Ok(gone.len() as u64)
+        Ok(gone.iter().map(|pre| String::from_utf8_lossy(lite_name(pre)).into_owned()).collect())
     }
 }
 

@@ -698,11 +698,15 @@ pub struct KafkaLog {
     backend: Arc<KafkaBackend>,
     /// The local copy of the partitions this shard owns.
     pub mirror: EmbeddedLog,
+    /// The lite topics this shard owns: this instance's own, never written to Kafka (the
+    /// sessions and agents they serve are served at their home instance only), so kept as the
+    /// embedded log keeps them, with the configured durability.
+    pub lite: EmbeddedLog,
 }
 
 impl KafkaLog {
-    pub fn new(backend: Arc<KafkaBackend>, mirror: EmbeddedLog) -> Self {
-        KafkaLog { backend, mirror }
+    pub fn new(backend: Arc<KafkaBackend>, mirror: EmbeddedLog, lite: EmbeddedLog) -> Self {
+        KafkaLog { backend, mirror, lite }
     }
 
     /// Appends and reports whether the frames are in the local copy already (else the tail

@@ -178,6 +178,25 @@ impl Log {
         }
     }
 
+    /// Where this shard's lite topics are kept: with Kafka too, on this instance only (the
+    /// sessions and agents they serve are served at their home instance only).
+    pub fn lite(&self) -> &embedded::EmbeddedLog {
+        match self {
+            Log::Embedded(l) => l,
+            #[cfg(feature = "kafka")]
+            Log::Kafka(k) => &k.lite,
+        }
+    }
+
+    /// The log that holds `topic`: [`Log::lite`] for a lite topic, else [`Log::local`].
+    fn holding(&self, topic: &str) -> &embedded::EmbeddedLog {
+        if topic.starts_with(':') {
+            self.lite()
+        } else {
+            self.local()
+        }
+    }
+
     /// Appends; also says whether the frames can be read locally now (with Kafka they may
     /// arrive later, through the tail, behind records of other producers).
     pub async fn append_mirrored(
@@ -189,9 +208,9 @@ impl Log {
         match self {
             Log::Embedded(l) => l.append(topic, partition, frames).await.map(|first| (first, true)),
             #[cfg(feature = "kafka")]
-            Log::Kafka(_) if topic.starts_with(':') => Err(StorageError::Unavailable(
-                "lite topics are kept on the embedded log only (not with storage = kafka yet)",
-            )),
+            Log::Kafka(k) if topic.starts_with(':') => {
+                k.lite.append(topic, partition, frames).await.map(|first| (first, true))
+            }
             #[cfg(feature = "kafka")]
             Log::Kafka(k) => k.append_mirrored(topic, partition, frames).await,
         }
@@ -199,7 +218,7 @@ impl Log {
 
     /// The next offset of a partition this shard owns, as far as it can read it.
     pub fn next_offset_of(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
-        self.local().next_offset_of(topic, partition)
+        self.holding(topic).next_offset_of(topic, partition)
     }
 }
 
@@ -216,15 +235,15 @@ impl Storage for Log {
         max: usize,
         max_bytes: usize,
     ) -> Result<Vec<Frame>, StorageError> {
-        self.local().read(topic, partition, from, max, max_bytes)
+        self.holding(topic).read(topic, partition, from, max, max_bytes)
     }
 
     fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
-        self.local().bounds(topic, partition)
+        self.holding(topic).bounds(topic, partition)
     }
 
     fn offset_for_time(&self, topic: &str, partition: PartitionId, micros: i64) -> Result<u64, StorageError> {
-        self.local().offset_for_time(topic, partition, micros)
+        self.holding(topic).offset_for_time(topic, partition, micros)
     }
 
     fn enforce_retention(
@@ -234,6 +253,6 @@ impl Storage for Log {
         partition: PartitionId,
         now_us: i64,
     ) -> Result<u64, StorageError> {
-        self.local().enforce_retention(topic, meta, partition, now_us)
+        self.holding(topic).enforce_retention(topic, meta, partition, now_us)
     }
 }

@@ -107,8 +107,10 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 block_on(k.ensure_topic(n, 4)).unwrap();
             }
             let db = db::open(&dir.0, 2).unwrap();
-            let local = EmbeddedLog::new(db, logs(dir, true), ShardId(0), Durability::Memory, None, HOUR);
-            (Log::Kafka(KafkaLog::new(k, local)), names)
+            let segments = logs(dir, true);
+            let local = EmbeddedLog::new(db.clone(), segments.clone(), ShardId(0), Durability::Memory, None, HOUR);
+            let lite = EmbeddedLog::new(db, segments, ShardId(0), Durability::Os, None, HOUR);
+            (Log::Kafka(KafkaLog::new(k, local, lite)), names)
         }
     }
 }

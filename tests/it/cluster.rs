@@ -43,14 +43,14 @@ fn an_embedded_instance_is_a_cluster_of_one_with_a_kept_id() {
     b.publish("__evmesh.instances", &event("e")).assert_problem(400);
     // Every recommendation is this instance; a subscription's answer says so too.
     let url = format!("http://{}", b.traffic);
-    for q in ["subscription=s", "clientId=c"] {
+    for q in ["subscription=s", "clientId=c", "sessionId=bot:0000", "sessionId=notes-1"] {
         assert_eq!(recommend(&b, q), Some(url.clone()), "{q}");
     }
     let r = b.client().post("/events/subscribe", "application/json", br#"{"subscription":"s","topic":"t"}"#);
     assert_eq!(r.json()["instanceUrl"], url, "{}", r.text());
     b.client().get("/session/recommend").assert_problem(400);
     b.client().get("/session/recommend?subscription=s&clientId=c").assert_problem(400);
-    b.client().get("/session/recommend?sessionId=bot:0000").assert_problem(404);
+    b.client().get("/session/recommend?sessionId=bad%20id").assert_problem(400);
 }
 
 /// `GET /session/recommend?{q}` at `b`: the instance URL, or `None` when it cannot say yet.
@@ -135,7 +135,12 @@ mod on_kafka {
 
     /// A WebSocket session asked of `b`, following a 307 to the home as a client would.
     fn attach_following(b: &TestBroker, query: &str) -> (Ws, String) {
-        let mut at = format!("{}/events/ws?{query}", url(b));
+        ws_following(b, &format!("/events/ws?{query}"))
+    }
+
+    /// A WebSocket upgrade of `path` asked of `b`, following 307s: (the socket, where it is).
+    fn ws_following(b: &TestBroker, path: &str) -> (Ws, String) {
+        let mut at = format!("{}{path}", url(b));
         for _ in 0..3 {
             let host = at.strip_prefix("http://").unwrap().split('/').next().unwrap().to_owned();
             let stream = std::net::TcpStream::connect(&host).unwrap();
@@ -152,6 +157,104 @@ mod on_kafka {
             }
         }
         panic!("redirected more than three times")
+    }
+
+    /// `POST path` with a JSON body asked of `b`, following 307s as a client would (the body sent
+    /// again): (the instance that answered, its answer).
+    fn post_following(b: &TestBroker, path: &str, body: &Value) -> (String, super::super::util::Resp) {
+        let content_type = match path.starts_with("/session/publish/") {
+            true => "application/cloudevents+json",
+            false => "application/json",
+        };
+        let (mut host, mut target) = (b.traffic.to_string(), path.to_owned());
+        for _ in 0..3 {
+            let mut c = super::super::util::Client::connect(host.parse().unwrap());
+            let r = c.post(&target, content_type, body.to_string().as_bytes());
+            if r.status != 307 {
+                return (format!("http://{host}"), r);
+            }
+            let location = r.header("location").unwrap().strip_prefix("http://").unwrap().to_owned();
+            let (h, t) = location.split_at(location.find('/').unwrap());
+            (host, target) = (h.to_owned(), t.to_owned());
+        }
+        panic!("redirected more than three times")
+    }
+
+    /// Agents, their streaming sessions and session pub/sub have homes too. An agent registers
+    /// and attaches at its home (307 from any other instance, followed), which its
+    /// registration claims; `POST /session/open` asked anywhere answers that home's URL, where
+    /// the session's turns are served (307 elsewhere) and reach the agent. A session pub/sub
+    /// topic is served at the home its first publish claimed. The agent's home paused past the
+    /// timeout, the agent registers again at another instance; resumed, the old home finds its
+    /// claim taken, closes the agent's WebSocket (1012) and sends its callers on.
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn agents_sessions_and_session_topics_are_served_at_their_home() {
+        use super::super::calls::Turn;
+        use super::super::delivery::read_until_closed;
+        use serde_json::json;
+        let (brokers, prefix) = kafka_and_prefix("ag");
+        let all: Vec<TestBroker> = (0..3).map(|_| start_in(&brokers, &prefix)).collect();
+        wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 3).then_some(()));
+        let by_url = |u: &str| all.iter().find(|b| url(b) == u).unwrap();
+        let refs: Vec<&TestBroker> = all.iter().collect();
+        // Registered wherever it asks, the agent ends at its home; every instance agrees.
+        let (home_url, r) = post_following(&all[0], "/agent/register", &json!({"agentId": "echo"}));
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(agreed(&refs, "sessionId=echo:00"), home_url);
+        let home = by_url(&home_url);
+        let elsewhere: Vec<&TestBroker> = all.iter().filter(|b| url(b) != home_url).collect();
+        let (mut agent, at) = ws_following(elsewhere[0], "/agent/ws?agentId=echo");
+        assert_eq!(at, home_url);
+        super::super::calls::attached(home, "echo", None);
+        // A session opened anywhere is opened at the agent's home, and says so.
+        let (at, r) = post_following(elsewhere[1], "/session/open", &json!({"clientId": "c1", "agentId": "echo"}));
+        assert_eq!((r.status, at.as_str()), (201, home_url.as_str()), "{}", r.text());
+        assert_eq!(r.json()["instanceUrl"], home_url);
+        let sid = r.json()["sessionId"].as_str().unwrap().to_owned();
+        assert_eq!(recommend(elsewhere[0], &format!("sessionId={sid}")), Some(home_url.clone()));
+        // Its turns are served there only.
+        for b in &elsewhere {
+            let refused = Turn::post(b, &sid, "hello").err().expect("not served here");
+            assert_eq!(refused.0, 307, "{}", refused.1);
+        }
+        let mut turn = Turn::post(home, &sid, "hello").unwrap();
+        let request = wait_for(Duration::from_secs(10), || next_event(&mut agent));
+        assert_eq!((request["emsessionid"].as_str(), request["data"].as_str()), (Some(sid.as_str()), Some("hello")));
+        let chunk = json!({"type": "chunk", "sessionId": sid, "seq": 0, "data": "hi", "done": true});
+        agent.send(tungstenite::Message::text(chunk.to_string())).unwrap();
+        assert_eq!(turn.next(), Some((Some("0".into()), "done".into(), "hi".into())));
+        // Session pub/sub: the first publish claims the session's home; it is served there.
+        let ev = event("note");
+        let (topic_home, r) = post_following(&all[0], "/session/publish/notes-1", &ev);
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(agreed(&refs, "sessionId=notes-1"), topic_home);
+        let (mut follower, at) = ws_following(&all[2], "/session/subscribe/notes-1");
+        assert_eq!(at, topic_home);
+        assert_eq!(wait_for(Duration::from_secs(10), || next_event(&mut follower))["id"], "note");
+        // The agent's home paused past the timeout: the agent registers at another instance.
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill").args([sig, &home.pid().to_string()]).status().unwrap();
+            assert!(ok.success());
+        };
+        signal("-STOP");
+        let resume = scopeguard(|| signal("-CONT"));
+        let new_home = wait_for(Duration::from_secs(30), || {
+            let (x, y) = (recommend(elsewhere[0], "sessionId=echo:00"), recommend(elsewhere[1], "sessionId=echo:00"));
+            (x == y).then_some(x).flatten().filter(|u| *u != home_url)
+        });
+        let (at, r) = post_following(elsewhere[0], "/agent/register", &json!({"agentId": "echo"}));
+        assert_eq!((r.status, at.as_str()), (201, new_home.as_str()), "{}", r.text());
+        drop(resume);
+        // Resumed, the old home reads the claim that replaced its own: the agent's WebSocket
+        // there is closed, and what names the agent is sent to the new home.
+        let (code, _) = read_until_closed(&mut agent, Duration::from_secs(30));
+        assert_eq!(code.map(u16::from), Some(1012));
+        let r = home.client().post("/agent/heartbeat", "application/json", br#"{"agentId":"echo"}"#);
+        assert_eq!((r.status, r.header("location").map(|l| l.starts_with(&new_home))), (307, Some(true)));
+        let (at, r) = post_following(home, "/session/open", &json!({"clientId": "c1", "agentId": "echo"}));
+        assert_eq!((r.status, at.as_str()), (201, new_home.as_str()), "{}", r.text());
+        assert_eq!(r.json()["instanceUrl"], new_home);
     }
 
     /// Events read from `ws` until `n` arrived (failing after a while).

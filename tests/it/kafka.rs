@@ -298,20 +298,32 @@ fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
     receive(&mut ws, &HashSet::from(["after".to_owned()]));
 }
 
-/// Lite topics, and so session pub/sub and agent streaming calls, are the embedded log's only:
-/// with storage = kafka they answer 503 with a problem that says so, before anything is kept.
+/// Lite topics, and so session pub/sub and agent streaming calls, work with storage = kafka:
+/// kept by the instance that serves them (their home), not written to Kafka, and still there
+/// after a restart.
 #[test]
 #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
-fn lite_topics_sessions_and_agent_calls_are_503_on_kafka() {
-    let b = on_kafka(&broker(), &prefix(), &[]);
+fn lite_topics_sessions_and_agent_calls_work_on_kafka() {
+    use super::calls::{Agent, Turn};
+    let (brokers, prefix) = (broker(), prefix());
+    let mut b = on_kafka(&brokers, &prefix, &[]);
     let ev = event("lite").to_string();
     let r = b.client().post("/session/publish/s-1", "application/cloudevents+json", ev.as_bytes());
-    r.assert_problem(503);
-    assert!(r.text().contains("embedded log"), "{}", r.text());
+    assert_eq!((r.status, r.json()["offset"].as_u64()), (201, Some(0)), "{}", r.text());
+    let mut agent = Agent::attach(&b, "echo");
     let r = b.client().post("/session/open", "application/json", br#"{"clientId":"c"}"#);
-    r.assert_problem(503);
-    assert!(r.text().contains("embedded log"), "{}", r.text());
-    b.client().get("/agent/ws?agentId=a").assert_problem(503);
-    let m = b.admin().get("/metrics").text();
-    assert!(m.lines().any(|l| l == "evmesh_stream_sessions 0"), "{m}");
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["instanceUrl"], format!("http://{}", b.traffic));
+    let sid = r.json()["sessionId"].as_str().unwrap().to_owned();
+    let mut turn = Turn::post(&b, &sid, "hello").unwrap();
+    assert_eq!(agent.next()["data"], "hello");
+    agent.send(json!({"type": "chunk", "sessionId": sid, "seq": 0, "data": "hi", "done": true}));
+    assert_eq!(turn.next(), Some((Some("0".into()), "done".into(), "hi".into())));
+    // Nothing of it went to Kafka: no topic was made for it.
+    let topics = b.admin().get("/admin/topics").text();
+    assert!(!topics.contains("session") && !topics.contains("agent"), "{topics}");
+    // Kept on this instance's disk: after a restart the session's events are still there.
+    b.restart();
+    let r = b.client().post("/session/publish/s-1", "application/cloudevents+json", ev.as_bytes());
+    assert_eq!((r.status, r.json()["offset"].as_u64()), (201, Some(1)), "{}", r.text());
 }
