@@ -224,6 +224,23 @@ mod on_kafka {
         let chunk = json!({"type": "chunk", "sessionId": sid, "seq": 0, "data": "hi", "done": true});
         agent.send(tungstenite::Message::text(chunk.to_string())).unwrap();
         assert_eq!(turn.next(), Some((Some("0".into()), "done".into(), "hi".into())));
+        // `evmesh agent` asked of an instance that is not the agent's home follows it there.
+        let cli_home = agreed(&refs, "sessionId=cli-echo:00");
+        let asked = all.iter().find(|b| url(b) != cli_home).unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_evmesh"))
+            .args(["agent", "--url", &url(asked), "--agent-id", "cli-echo", "--max-turns", "1"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let open = json!({"clientId": "c2", "agentId": "cli-echo"});
+        let mut turn = wait_for(Duration::from_secs(10), || {
+            let (at, r) = post_following(asked, "/session/open", &open);
+            let sid = (r.status == 201).then(|| r.json()["sessionId"].as_str().unwrap().to_owned())?;
+            Turn::post(by_url(&at), &sid, "hello cli").ok()
+        });
+        let done = std::iter::from_fn(|| turn.next()).last();
+        assert_eq!(done, Some((Some("2".into()), "done".into(), String::new())));
+        assert!(child.wait().unwrap().success(), "--max-turns 1: it stops after the turn");
         // Session pub/sub: the first publish claims the session's home; it is served there.
         let ev = event("note");
         let (topic_home, r) = post_following(&all[0], "/session/publish/notes-1", &ev);

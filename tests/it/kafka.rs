@@ -298,6 +298,42 @@ fn publish_is_503_while_kafka_is_away_and_everything_resumes_when_it_returns() {
     receive(&mut ws, &HashSet::from(["after".to_owned()]));
 }
 
+/// A session pub/sub topic's home is recorded in `__evmesh.homes` by its first publish and
+/// released (a tombstone) when the lite topic expires there, so the compacted topic keeps no
+/// claim per session ever made.
+#[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+fn a_session_topics_home_is_released_when_it_expires() {
+    let (brokers, p) = (broker(), prefix());
+    let b = on_kafka(&brokers, &p, &["--lite-topic-ttl-ms", "300", "--retention-check-ms", "100"]);
+    // (Until an instance hears itself it knows no live one, and serves without recording.)
+    wait_for(LONG, || b.admin().get("/admin/cluster").json()["instances"].as_array()?.first().map(|_| ()));
+    let ev = event("x").to_string();
+    let r = b.client().post("/session/publish/s-exp", "application/cloudevents+json", ev.as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
+    let c = reader(&brokers, &unique("it-homes"));
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&format!("{p}__evmesh.homes"), 0, Offset::Beginning).unwrap();
+    c.assign(&tpl).unwrap();
+    // (claimed, released): a claim naming this instance, then a tombstone.
+    let mut seen = (false, false);
+    let start = Instant::now();
+    while !seen.1 {
+        assert!(start.elapsed() < LONG, "claimed and released: {seen:?}");
+        let Some(m) = c.poll(Duration::from_millis(100)) else { continue };
+        let m = m.unwrap();
+        if m.key() != Some(&b"lite/:session.s-exp"[..]) {
+            continue;
+        }
+        match m.payload() {
+            Some(_) => seen.0 = true,
+            None => seen = (seen.0, seen.0),
+        }
+    }
+    let m = b.admin().get("/metrics").text();
+    assert!(m.lines().any(|l| l.starts_with("evmesh_lite_topics_expired_total") && !l.ends_with(" 0")), "{m}");
+}
+
 /// Lite topics, and so session pub/sub and agent streaming calls, work with storage = kafka:
 /// kept by the instance that serves them (their home), not written to Kafka, and still there
 /// after a restart.
