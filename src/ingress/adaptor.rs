@@ -179,7 +179,7 @@ impl Traffic {
             return Err(shed().into());
         }
         let named = adaptor.topic(req)?;
-        let topic = self.topic_named(gate, named, Action::Publish)?;
+        let topic = self.topic_named(gate, named, Action::Publish, Some(req))?;
         let mut frames = adaptor.frames(&To { topic: &topic, turn: None }, req)?;
         let now = crate::clock::now_micros();
         for f in &mut frames {

@@ -161,7 +161,7 @@ impl Traffic {
                         Err(r) => return refused(&r),
                     };
                     let checked = self
-                        .topic_named(gate, Cow::Borrowed(message.topic), Action::Publish)
+                        .topic_named(gate, Cow::Borrowed(message.topic), Action::Publish, Some(req))
                         .map_err(|p| from_problem(&p, false))
                         .and_then(|t| message.to_frame(&t).map_err(|r| refused(&r)));
                     if let Err(a) = checked {
@@ -266,7 +266,7 @@ impl Traffic {
         }
         for item in &s.items {
             let local = group_subscription(&s.group, &item.topic);
-            let checked = self.topic_named(gate, Cow::Borrowed(&item.topic), Action::Subscribe).and_then(|t| {
+            let checked = self.topic_named(gate, Cow::Borrowed(&item.topic), Action::Subscribe, None).and_then(|t| {
                 gate.allow(Action::Subscribe, crate::governance::acl::Kind::Subscription, &local)?;
                 Ok((t.into_owned(), gate.scoped(&local)?.into_owned()))
             });
@@ -370,7 +370,7 @@ impl Traffic {
         if self.shard.shared.memory.shed_now() {
             return problem(shed());
         }
-        let topic = match self.topic_named(gate, Cow::Borrowed(message.topic), Action::Request) {
+        let topic = match self.topic_named(gate, Cow::Borrowed(message.topic), Action::Request, Some(req)) {
             Ok(t) => t,
             Err(p) => return problem(p),
         };

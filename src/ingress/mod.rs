@@ -1063,15 +1063,18 @@ impl Traffic {
         let Some(topic) = req.query(param) else {
             return Err(problem(StatusCode::BAD_REQUEST, &format!("missing ?{param}=")));
         };
-        self.topic_named(gate, topic, action)
+        self.topic_named(gate, topic, action, Some(req))
     }
 
     /// A topic as the caller names it, checked as [`Traffic::topic_param`] does: its stored name.
+    /// A lite topic is served at its home only (with Kafka): elsewhere an HTTP request `at` is
+    /// answered 307 there, anything else (a WebSocket message) 409 naming it.
     fn topic_named<'r>(
         &self,
         gate: &mut Gate<'_>,
         topic: Cow<'r, str>,
         action: Action,
+        at: Option<&Request<'_>>,
     ) -> Result<Cow<'r, str>, Response> {
         if !valid_topic(&topic) {
             return Err(problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}"));
@@ -1085,11 +1088,51 @@ impl Traffic {
                 "agent.* lite topics carry agents' turns, written by the broker (POST /session/stream/{sid})",
             ));
         }
-        let lite = is_lite(&topic);
-        Ok(match gate.scoped(&topic)? {
-            scoped if lite => Cow::Owned(lite_stored(&scoped)),
-            Cow::Owned(t) => Cow::Owned(t),
-            Cow::Borrowed(_) => topic,
+        if !is_lite(&topic) {
+            return Ok(match gate.scoped(&topic)? {
+                Cow::Owned(t) => Cow::Owned(t),
+                Cow::Borrowed(_) => topic,
+            });
+        }
+        let stored = lite_stored(&gate.scoped(&topic)?);
+        self.lite_served_here(gate, (&topic, &stored), at)?;
+        Ok(Cow::Owned(stored))
+    }
+
+    /// With Kafka: `Ok` if lite topic `local` (stored as `stored`) is served here (its home, or
+    /// a request another instance sent on), else the 307 to its home for an HTTP request `at`,
+    /// or a 409 naming it (see [`Traffic::topic_named`]). A session's first publish records
+    /// its home, as at `POST /session/publish/{sid}` (without waiting for the claim to be read
+    /// back: two racing first choices are at-least-once, as anywhere).
+    fn lite_served_here(
+        &self,
+        gate: &Gate<'_>,
+        (local, stored): (&str, &str),
+        at: Option<&Request<'_>>,
+    ) -> Result<(), Response> {
+        let shared = &self.shard.shared;
+        if matches!(shared.config.storage, crate::config::StorageKind::Embedded)
+            || at.is_some_and(|r| r.query(REDIRECTED).is_some())
+        {
+            return Ok(());
+        }
+        let (key, record) = session::lite_home(gate.who.tenant.as_deref(), stored);
+        let Some(home) = shared.home(&key, record) else {
+            if !shared.homes.is_caught_up() {
+                return Err(problem(StatusCode::SERVICE_UNAVAILABLE, "this instance is starting; try again")
+                    .with_header("retry-after", "1"));
+            }
+            return Ok(());
+        };
+        if home.id == shared.config.instance_id || home.url == shared.config.advertised_url {
+            return Ok(());
+        }
+        Err(match at {
+            Some(req) => to_home(&home.url, req.head.target(req.buf)),
+            None => {
+                let detail = format!("lite topic {local} is served by its home instance {}: publish there", home.url);
+                problem(StatusCode::CONFLICT, &detail)
+            }
         })
     }
 

@@ -7,7 +7,7 @@
 //! publish or subscribe). On the embedded log every answer is this instance.
 
 use super::{Gate, Traffic};
-use crate::cluster::homes::{agent_key, client_key, lite_key, subscription_key};
+use crate::cluster::homes::{client_key, subscription_key};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
 use crate::server::{Request, Response};
@@ -45,12 +45,9 @@ impl Traffic {
                 Err(r) => return r,
             },
             "clientId" => return problem(StatusCode::BAD_REQUEST, "client ids are [A-Za-z0-9._-]{1,100}"),
-            _ => match super::call::agent_of(name) {
-                Ok(agent) => (agent_key(&Self::stored_agent(gate, agent)), false),
-                Err(_) => match super::session::session_topic(gate, name) {
-                    Ok((stored, _)) => (lite_key(&stored), false),
-                    Err(r) => return r,
-                },
+            _ => match super::session::session_topic(gate, name) {
+                Ok((stored, _)) => (super::session::lite_home(gate.who.tenant.as_deref(), &stored).0, false),
+                Err(r) => return r,
             },
         };
         match shared.home(&key, record) {

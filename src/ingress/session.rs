@@ -31,6 +31,27 @@ pub(super) fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, Strin
     Ok((stored, local))
 }
 
+/// The home key of lite topic `stored` (`:[<tenant>.]<kind>.<id>`, see `shard::is_lite`) of
+/// a caller of `tenant`, and whether a choice of it is recorded (`cluster::homes`): an agent's
+/// `agent.<A>`, and a session whose id names an agent (`<A>:<uuid>`), are served at the
+/// agent's home (recorded by its registration, not here); any other at its own, recorded.
+pub(super) fn lite_home(tenant: Option<&str>, stored: &str) -> (String, bool) {
+    let scoped = stored.strip_prefix(':').unwrap_or(stored);
+    let local = match tenant {
+        Some(t) => scoped.strip_prefix(t).and_then(|s| s.strip_prefix('.')).unwrap_or(scoped),
+        None => scoped,
+    };
+    let agent = match local.split_once('.') {
+        Some(("agent", a)) => Some(a),
+        Some(("session", sid)) => super::call::agent_of(sid).ok(),
+        _ => None,
+    };
+    match agent {
+        Some(a) => (crate::cluster::homes::agent_key(&crate::shard::agents::stored_id(tenant, a)), false),
+        None => (crate::cluster::homes::lite_key(stored), true),
+    }
+}
+
 impl Traffic {
     /// What both session endpoints check first: the memory budget, the session id, that the
     /// caller may do `action` to `topic:session.<sid>`, and that this instance is the
@@ -47,10 +68,8 @@ impl Traffic {
         }
         let (stored, local) = session_topic(gate, sid)?;
         gate.allow(action, Kind::Topic, &local)?;
-        match super::call::agent_of(sid) {
-            Ok(agent) => self.at_agent_home(gate, agent, false, req).await?,
-            Err(_) => self.at_home(&crate::cluster::homes::lite_key(&stored), true, req).await?,
-        }
+        let (key, record) = lite_home(gate.who.tenant.as_deref(), &stored);
+        self.at_home(&key, record, req).await?;
         Ok(stored)
     }
 

@@ -369,7 +369,7 @@ impl SessionPublisher {
             return answer(out, loose_id(event).as_deref(), Err((401, detail)));
         }
         let mut gate = Gate { traffic: &self.traffic, snap, caller: &mut self.caller, who: &self.who, token: None };
-        let stored = match self.traffic.topic_named(&mut gate, topic, Action::Publish) {
+        let stored = match self.traffic.topic_named(&mut gate, topic, Action::Publish, None) {
             Ok(t) => t.into_owned(),
             Err(r) => {
                 let (status, detail) = refusal(&r);

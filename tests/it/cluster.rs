@@ -162,7 +162,7 @@ mod on_kafka {
     /// `POST path` with a JSON body asked of `b`, following 307s as a client would (the body sent
     /// again): (the instance that answered, its answer).
     fn post_following(b: &TestBroker, path: &str, body: &Value) -> (String, super::super::util::Resp) {
-        let content_type = match path.starts_with("/session/publish/") {
+        let content_type = match path.starts_with("/session/publish/") || path.starts_with("/events/publish") {
             true => "application/cloudevents+json",
             false => "application/json",
         };
@@ -249,6 +249,13 @@ mod on_kafka {
         let (mut follower, at) = ws_following(&all[2], "/session/subscribe/notes-1");
         assert_eq!(at, topic_home);
         assert_eq!(wait_for(Duration::from_secs(10), || next_event(&mut follower))["id"], "note");
+        // Published as a topic, through any instance (an L4 balancer), it is sent there too.
+        let other = all.iter().find(|b| url(b) != topic_home).unwrap();
+        let r = other.publish("session.notes-1", &event("note-2"));
+        assert_eq!(r.status, 307, "{}", r.text());
+        let (at, r) = post_following(other, "/events/publish?topic=session.notes-1", &event("note-2"));
+        assert_eq!((r.status, at.as_str()), (202, topic_home.as_str()), "{}", r.text());
+        assert_eq!(wait_for(Duration::from_secs(10), || next_event(&mut follower))["id"], "note-2");
         // The agent's home paused past the timeout: the agent registers at another instance.
         let signal = |sig: &str| {
             let ok = std::process::Command::new("kill").args([sig, &home.pid().to_string()]).status().unwrap();
