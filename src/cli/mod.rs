@@ -518,8 +518,12 @@ pub fn agent(args: &[String]) -> Result<(), String> {
     let beats = args.to_vec();
     std::thread::spawn(move || loop {
         std::thread::sleep(beat);
-        if let Err(e) = post(&beats, &KNOWN, "/agent/heartbeat", ("application/json", body.as_bytes()), wait) {
-            eprintln!("evmesh agent: heartbeat: {e}");
+        match post(&beats, &KNOWN, "/agent/heartbeat", ("application/json", body.as_bytes()), wait) {
+            Ok((status, _)) if status.starts_with('2') => {}
+            // Another instance is its home now (307), or it was forgotten (404): the broker
+            // closes its WebSocket too, and it ends.
+            Ok((status, answer)) => eprintln!("evmesh agent: heartbeat: HTTP {status} {answer}"),
+            Err(e) => eprintln!("evmesh agent: heartbeat: {e}"),
         }
     });
     let mut s = attach_following(args, &KNOWN, &format!("/agent/ws?agentId={id}"))?;

@@ -20,12 +20,12 @@
 //!   the next to ask records a new choice. Until a reader has read a claim it may serve the
 //!   key where it stands: delivery is at-least-once, clients dedupe on `id`.
 //! * **What is recorded**: the homes of subscriptions that exist (one claim per subscription,
-//!   bounded by `max_subscriptions` per instance), of agents as they register (bounded by
-//!   `max_agents`; released on deregistering) and of session pub/sub topics that name no
-//!   agent, at their first publish or subscribe (released when the lite topic expires at its
-//!   home); a client's home is chosen and not recorded (it moves when the live set changes),
-//!   nor is anything else a caller names (an unregistered agent's: the choice stands until a
-//!   registration claims it). An instance answers nothing until it
+//!   bounded by `max_subscriptions` per instance), of agents registered (claimed by the home as
+//!   it serves a registration or heartbeat; released on deregistering, or once the agent is
+//!   forgotten there) and of lite topics stored (claimed by the home after the first store;
+//!   released when the topic expires there). Only the instance that serves a key claims it: a
+//!   request sent on to the home leaves no claim. A client's home is chosen and not recorded
+//!   (it moves when the live set changes). An instance answers nothing until it
 //!   has read the claims written before it started ([`Homes::caught_up`]): answering from an
 //!   empty table, it would record choices over the homes already recorded.
 //! * **Offsets**: the home writes every offset and attempt count it stores to the same log
@@ -132,6 +132,8 @@ pub struct Home<'m> {
     pub record: bool,
     /// The epoch of the claim to write: one past the key's claim it replaces (1 for none).
     pub epoch: u64,
+    /// A claim names it (read back, or this instance's own on its way), not a choice alone.
+    pub claimed: bool,
 }
 
 /// A claim record's value: the instance claiming a key, and the claim's epoch (one past the
@@ -195,7 +197,10 @@ impl Homes {
             }
         }
         if s.claims.len() >= MAX_CLAIMS && !s.claims.contains_key(&key) {
-            let any = s.claims.keys().next().cloned();
+            // A subscription's claim is forgotten last (instances forget in their own order,
+            // and would disagree on the home of what they forgot): another kind's goes first.
+            let sub = |k: &String| k.starts_with("sub/");
+            let any = s.claims.keys().find(|k| !sub(k)).or_else(|| s.claims.keys().next()).cloned();
             if let Some(k) = any {
                 s.claims.remove(&k);
             }
@@ -242,16 +247,16 @@ impl Homes {
         let find = |id: &str| live.iter().find(|m| m.heartbeat.instance_id == id);
         let mut s = self.state.lock().expect("not poisoned");
         if let Some(member) = s.claims.get(key).and_then(|(id, _, _)| find(id)) {
-            return Some(Home { member, record: false, epoch: 0 });
+            return Some(Home { member, record: false, epoch: 0, claimed: true });
         }
         if let Some(member) =
             s.pending.get(key).filter(|(_, at)| now.duration_since(*at) < pending_for).and_then(|(id, _)| find(id))
         {
-            return Some(Home { member, record: false, epoch: 0 });
+            return Some(Home { member, record: false, epoch: 0, claimed: true });
         }
         let member = choose(key, live)?;
         if !recorded || key.len() > MAX_KEY {
-            return Some(Home { member, record: false, epoch: 0 });
+            return Some(Home { member, record: false, epoch: 0, claimed: false });
         }
         let epoch = s.claims.get(key).map_or(0, |(_, e, _)| *e) + 1;
         if s.pending.len() >= MAX_PENDING {
@@ -262,7 +267,23 @@ impl Homes {
         if record {
             s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
         }
-        Some(Home { member, record, epoch })
+        Some(Home { member, record, epoch, claimed: record })
+    }
+
+    /// The instance the claim read for `key` names, if any.
+    pub fn holder(&self, key: &str) -> Option<String> {
+        self.state.lock().expect("not poisoned").claims.get(key).map(|(id, _, _)| id.clone())
+    }
+
+    /// The keys starting with `prefix` whose claim names `instance` and was read before
+    /// `before` (the caller releases those it no longer serves).
+    pub fn held(&self, instance: &str, prefix: &str, before: Instant) -> Vec<String> {
+        let s = self.state.lock().expect("not poisoned");
+        s.claims
+            .iter()
+            .filter(|(k, (id, _, at))| k.starts_with(prefix) && id == instance && *at < before)
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 }
 
@@ -343,7 +364,7 @@ mod tests {
         assert!(first.record, "nothing recorded yet: write the choice");
         let chosen = first.member.heartbeat.instance_id.clone();
         // Asked again before the claim is read back: the same, not written again.
-        let again = Home { member: first.member, record: false, epoch: 0 };
+        let again = Home { member: first.member, record: false, epoch: 0, claimed: true };
         assert_eq!(homes.home("sub/x", &live, (t0, pending), true), Some(again));
         assert_eq!(first.epoch, 1, "the key's first claim");
         // The first claim of an epoch in the log counts; another of the same epoch written at

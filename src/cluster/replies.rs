@@ -77,7 +77,7 @@ impl Drop for Forward<'_> {
 }
 
 impl Forwards {
-    /// A place for a reply about to be forwarded; `None` when [`MAX_WAITING`] wait already.
+    /// A place for a reply about to be forwarded; `None` when `MAX_WAITING` wait already.
     pub fn open(&self) -> Option<Forward<'_>> {
         let mut w = self.waiting.lock().expect("not poisoned");
         if w.1.len() >= MAX_WAITING {

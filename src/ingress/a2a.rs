@@ -245,18 +245,25 @@ impl Traffic {
         if !valid_id(agent) {
             return Binding::Rest.err(&A2aError::new(ErrorKind::InvalidParams, "agent ids are [A-Za-z0-9._-]{1,100}"));
         }
-        // With Kafka an agent (its tasks and turns too) is served at its home instance only.
-        if let Err(r) = self.at_agent_home(gate, agent, false, req).await {
-            return r;
-        }
         let rest_binding = tail == "v1" || tail.starts_with("v1/");
         // Errors before the request is read still answer its id (clients match on it).
         let binding = || match rest_binding {
             true => Binding::Rest,
             false => Binding::Rpc(a2a::parse_rpc(req.body).map(|r| r.id).unwrap_or_else(|(id, _)| id)),
         };
+        // With Kafka an agent (its tasks and turns too) is served at its home instance only;
+        // who may not call it is not told where that is.
+        let card = tail == ".well-known/agent-card.json";
+        match gate.allow(Action::Request, Kind::Agent, agent) {
+            Err(r) if card => return r,
+            Err(r) => return binding().err(&from_problem(&r)),
+            Ok(()) => {}
+        }
+        if let Err(r) = self.at_agent_home(gate, agent, req) {
+            return r;
+        }
         let remote = self.shard.shared.remotes.get(&Self::stored_agent(gate, agent));
-        if tail == ".well-known/agent-card.json" {
+        if card {
             return match (req.method(), remote) {
                 (HttpMethod::Get, None) => self.agent_card(gate, agent),
                 (HttpMethod::Get, Some(r)) => match gate.allow(Action::Request, Kind::Agent, agent) {

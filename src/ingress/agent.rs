@@ -36,15 +36,24 @@ impl Traffic {
     }
 
     /// `POST /agent/register|heartbeat|deregister`.
-    pub(super) async fn agent(&self, gate: &mut Gate<'_>, what: &str, req: &Request<'_>) -> Response {
+    pub(super) fn agent(&self, gate: &mut Gate<'_>, what: &str, req: &Request<'_>) -> Response {
         let (stored, a) = match self.agent_of(gate, req.body) {
             Ok(x) => x,
             Err(r) => return r,
         };
-        if let Err(r) = self.at_agent_home(gate, &a.agent_id, what == "register", req).await {
-            return r;
-        }
+        let claim = match self.at_agent_home(gate, &a.agent_id, req) {
+            Ok(claim) => claim,
+            Err(r) => return r,
+        };
         let home = crate::cluster::homes::agent_key(&stored);
+        // Served: a registration or heartbeat here claims the agent's home (once), so whatever
+        // names the agent is sent here; a refused one leaves no claim.
+        let claimed = |r: Response| {
+            if claim && r.status.0 < 300 && what != "deregister" {
+                self.shard.shared.claim_here(&home);
+            }
+            r
+        };
         let agents = &self.shard.shared.agents;
         let now = crate::storage::offsets::now_ms();
         let timeout = self.shard.shared.config.agent_heartbeat_timeout.as_millis() as u64;
@@ -60,7 +69,7 @@ impl Traffic {
                     "a2aUrl must be an http:// or https:// URL of at most 2048 bytes",
                 );
             }
-            return match self.shard.shared.remotes.register(&stored, url) {
+            return claimed(match self.shard.shared.remotes.register(&stored, url) {
                 Ok(new) => {
                     let body = serde_json::json!({"agentId": a.agent_id, "a2aUrl": url, "routable": true});
                     Response::json(StatusCode(if new { 201 } else { 200 }), body.to_string())
@@ -70,13 +79,13 @@ impl Traffic {
                     &format!("max_agents ({}) remote agents are registered", self.shard.shared.config.max_agents),
                 )
                 .with_header("retry-after", "10"),
-            };
+            });
         }
         if what == "deregister" && self.shard.shared.remotes.remove(&stored) {
             self.shard.shared.release_home(&home);
             return answer(200, false, false);
         }
-        match what {
+        claimed(match what {
             "register" => match agents.register(&stored, gate.who.tenant.as_deref(), a.ready.unwrap_or(true), now) {
                 Ok(new) => answer(if new { 201 } else { 200 }, a.ready.unwrap_or(true), a.ready.unwrap_or(true)),
                 Err(_) => problem(
@@ -96,6 +105,6 @@ impl Traffic {
                 }
                 false => problem(StatusCode::NOT_FOUND, &format!("agent {} is not registered", a.agent_id)),
             },
-        }
+        })
     }
 }

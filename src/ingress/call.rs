@@ -97,18 +97,12 @@ impl Traffic {
         crate::shard::agents::stored_id(gate.who.tenant.as_deref(), agent)
     }
 
-    /// Serves the request here if this instance is agent `agent`'s (as named) home, else the
-    /// 307 to it (see `Traffic::at_home`; the home is claimed if `record`): with Kafka an
-    /// agent's registration, attachment, sessions and turns are all served at its home.
-    pub(super) async fn at_agent_home(
-        &self,
-        gate: &Gate<'_>,
-        agent: &str,
-        record: bool,
-        req: &Request<'_>,
-    ) -> Result<(), Response> {
+    /// With Kafka an agent's registration, attachment, sessions and turns are all served at
+    /// its home: `Ok(claim)` here (see `Traffic::served_here`: `claim`, no claim names this
+    /// instance yet), else the 307 to it.
+    pub(super) fn at_agent_home(&self, gate: &Gate<'_>, agent: &str, req: &Request<'_>) -> Result<bool, Response> {
         let key = crate::cluster::homes::agent_key(&Self::stored_agent(gate, agent));
-        self.at_home(&key, record, req).await
+        self.served_here(&key, Some(req), &format!("agent {agent}"))
     }
 
     pub(super) fn routable(&self, stored_agent: &str) -> bool {
@@ -119,7 +113,7 @@ impl Traffic {
     /// `POST /session/open`: the session's home is its agent's (with Kafka, a session for a
     /// named agent is opened there: 307 elsewhere); without an agent named, one of the agents
     /// attached here is picked.
-    pub(super) async fn session_open(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+    pub(super) fn session_open(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
@@ -139,7 +133,7 @@ impl Traffic {
                 if let Err(r) = gate.allow(Action::Request, Kind::Agent, &a) {
                     return r;
                 }
-                if let Err(r) = self.at_agent_home(gate, &a, false, req).await {
+                if let Err(r) = self.at_agent_home(gate, &a, req) {
                     return r;
                 }
                 if !self.routable(&Self::stored_agent(gate, &a)) {
@@ -193,7 +187,7 @@ impl Traffic {
 
     /// The session a client names, checked (and served at its agent's home only): (its key,
     /// the session, its agent as named).
-    async fn client_call<'s>(
+    fn client_call<'s>(
         &self,
         gate: &mut Gate<'_>,
         req: &Request<'_>,
@@ -201,7 +195,7 @@ impl Traffic {
     ) -> Result<(String, Arc<Call>, &'s str), Response> {
         let agent = agent_of(sid)?;
         gate.allow(Action::Request, Kind::Agent, agent)?;
-        self.at_agent_home(gate, agent, false, req).await?;
+        self.at_agent_home(gate, agent, req)?;
         let key = session_key(gate.who.tenant.as_deref(), sid);
         let call = self
             .shard
@@ -217,7 +211,7 @@ impl Traffic {
 
     /// `POST /session/stream/{sid}`: a turn; the answer streams its chunks.
     pub(super) async fn session_turn(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let (key, call, agent) = match self.client_call(gate, req, sid).await {
+        let (key, call, agent) = match self.client_call(gate, req, sid) {
             Ok(c) => c,
             Err(r) => return r,
         };
@@ -238,8 +232,8 @@ impl Traffic {
     /// `GET /session/stream/{sid}[?turn=N]`: the current (or last) turn from after
     /// `Last-Event-ID`; 204 when there is nothing more, or turn N is over and gone (an
     /// `EventSource` stops reconnecting).
-    pub(super) async fn session_resume(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let (key, call, _) = match self.client_call(gate, req, sid).await {
+    pub(super) fn session_resume(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+        let (key, call, _) = match self.client_call(gate, req, sid) {
             Ok(c) => c,
             Err(r) => return r,
         };
@@ -272,7 +266,7 @@ impl Traffic {
         what: &str,
         sid: &str,
     ) -> Response {
-        let (key, call, agent) = match self.client_call(gate, req, sid).await {
+        let (key, call, agent) = match self.client_call(gate, req, sid) {
             Ok(c) => c,
             Err(r) => return r,
         };
@@ -301,7 +295,7 @@ impl Traffic {
     }
 
     /// `POST /session/chunk/{sid}`: a chunk of the session's turn, from its agent.
-    pub(super) async fn session_chunk(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+    pub(super) fn session_chunk(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
         let body = req.body;
         let agent = match agent_of(sid) {
             Ok(a) => a,
@@ -310,7 +304,7 @@ impl Traffic {
         if let Err(r) = gate.allow(Action::Subscribe, Kind::Topic, &format!("agent.{agent}")) {
             return r;
         }
-        if let Err(r) = self.at_agent_home(gate, agent, false, req).await {
+        if let Err(r) = self.at_agent_home(gate, agent, req) {
             return r;
         }
         let parsed = ChunkBody::parse(body);
@@ -350,7 +344,7 @@ impl Traffic {
 
     /// `GET /agent/ws?agentId=A`: the agent's turns, from now on (409 while it is attached
     /// elsewhere).
-    pub(super) async fn agent_ws(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+    pub(super) fn agent_ws(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
@@ -361,7 +355,7 @@ impl Traffic {
         if let Err(r) = gate.allow(Action::Subscribe, Kind::Topic, &format!("agent.{agent}")) {
             return r;
         }
-        if let Err(r) = self.at_agent_home(gate, &agent, false, req).await {
+        if let Err(r) = self.at_agent_home(gate, &agent, req) {
             return r;
         }
         let shared = &self.shard.shared;
@@ -396,7 +390,7 @@ impl Traffic {
 
 use std::sync::Arc;
 
-/// 503: not now (an agent not attached, a backend without lite topics), try again in a second.
+/// 503: not now (an agent not routable or not attached), try again in a second.
 pub(super) fn unavailable(detail: &str) -> Response {
     problem(StatusCode::SERVICE_UNAVAILABLE, detail).with_header("retry-after", "1")
 }

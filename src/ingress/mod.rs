@@ -252,7 +252,7 @@ impl Handler for Traffic {
         }
         if path == "/agent/ws" {
             return match req.method() {
-                Method::Get => self.agent_ws(&mut gate, &req).await,
+                Method::Get => self.agent_ws(&mut gate, &req),
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use GET").with_header("allow", "GET"),
             };
         }
@@ -264,23 +264,23 @@ impl Handler for Traffic {
         }
         if path == "/session/open" {
             return match req.method() {
-                Method::Post => self.session_open(&mut gate, &req).await,
+                Method::Post => self.session_open(&mut gate, &req),
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
             };
         }
         if let Some(what) = path.strip_prefix("/agent/") {
             return match req.method() {
-                Method::Post => self.agent(&mut gate, what, &req).await,
+                Method::Post => self.agent(&mut gate, what, &req),
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
             };
         }
         if let Some((what, sid)) = session {
             return match (req.method(), what) {
                 (Method::Post, "publish") => Box::pin(self.session_publish(&mut gate, &req, sid)).await,
-                (Method::Get, "subscribe") => self.session_subscribe(&mut gate, &req, sid).await,
+                (Method::Get, "subscribe") => self.session_subscribe(&mut gate, &req, sid),
                 (Method::Post, "stream") => Box::pin(self.session_turn(&mut gate, &req, sid)).await,
-                (Method::Get, "stream") => self.session_resume(&mut gate, &req, sid).await,
-                (Method::Post, "chunk") => self.session_chunk(&mut gate, &req, sid).await,
+                (Method::Get, "stream") => self.session_resume(&mut gate, &req, sid),
+                (Method::Post, "chunk") => self.session_chunk(&mut gate, &req, sid),
                 (Method::Post, "end-turn" | "cancel" | "close") => {
                     Box::pin(self.session_control(&mut gate, &req, what, sid)).await
                 }
@@ -653,16 +653,15 @@ impl Traffic {
         Ok(None)
     }
 
-    /// With instances over Kafka: the URL of the home of `key` (`cluster::homes`) when that is
-    /// another instance (a subscription's sessions, polls and acks, an agent's registration,
-    /// attachment, sessions and turns, a session pub/sub topic are served there only). `None`
-    /// on the embedded log, at the home, or while no live instance is known (then served
-    /// here); 503 while this instance has not read the claims written before it started. A
-    /// choice not claimed yet is claimed if `record`; when this instance has just claimed
-    /// itself, it waits until its claim is read back (up to [`SETTLE_WAIT`], then 503): the
-    /// offsets the previous home stored are read by then, and of two instances that claimed at
-    /// once the one that lost sends the request on.
-    async fn home_elsewhere(&self, key: &str, record: bool) -> Result<Option<String>, Response> {
+    /// With instances over Kafka: the URL of the home of subscription key `key`
+    /// (`cluster::homes`) when that is another instance (its sessions, polls and acks are
+    /// served there only). `None` on the embedded log, at the home, or while no live instance
+    /// is known (then served here); 503 while this instance has not read the claims written
+    /// before it started. A choice not claimed yet is claimed; when this instance has just
+    /// claimed itself, it waits until its claim is read back (up to [`SETTLE_WAIT`], then
+    /// 503): the offsets the previous home stored are read by then, and of two instances that
+    /// claimed at once the one that lost sends the request on.
+    async fn home_elsewhere(&self, key: &str) -> Result<Option<String>, Response> {
         let shared = &self.shard.shared;
         if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
             return Ok(None);
@@ -678,7 +677,7 @@ impl Traffic {
                 monoio::time::sleep(SETTLE_POLL).await;
                 continue;
             }
-            let Some(home) = shared.home(key, record) else {
+            let Some(home) = shared.home(key, true) else {
                 // Starting: the claims (and the offsets with them) are not read yet. Served
                 // here only once they are, or while no instance is known live (Kafka away).
                 if !shared.homes.is_caught_up() {
@@ -690,8 +689,7 @@ impl Traffic {
             if home.id != *me && home.url != shared.config.advertised_url {
                 return Ok(Some(home.url));
             }
-            // Not recorded: this instance's choice stands until somebody claims the key.
-            if home.settled || !record {
+            if home.settled {
                 return Ok(None);
             }
             if std::time::Instant::now() >= until {
@@ -702,11 +700,11 @@ impl Traffic {
         }
     }
 
-    /// Serves the request here if this instance is the home of `key` (see
-    /// [`Traffic::home_elsewhere`], which claims it if `record`), or if another instance sent
-    /// it here already (never sent on twice); else the 307 to the home.
-    async fn at_home(&self, key: &str, record: bool, req: &Request<'_>) -> Result<(), Response> {
-        match self.home_elsewhere(key, record).await? {
+    /// Serves the request here if this instance is the home of subscription key `key` (see
+    /// [`Traffic::home_elsewhere`]), or if another instance sent it here already (never sent
+    /// on twice); else the 307 to the home.
+    async fn at_home(&self, key: &str, req: &Request<'_>) -> Result<(), Response> {
+        match self.home_elsewhere(key).await? {
             Some(home) if req.query(REDIRECTED).is_none() => Err(to_home(&home, req.head.target(req.buf))),
             _ => Ok(()),
         }
@@ -735,7 +733,7 @@ impl Traffic {
         }
         // Sent here by another instance: served here, once this instance's claim is settled
         // if it chose itself (never sent on again).
-        self.at_home(&crate::cluster::homes::subscription_key(&stored), true, req).await?;
+        self.at_home(&crate::cluster::homes::subscription_key(&stored), req).await?;
         let acked = match req.query("ack").as_deref() {
             None => true,
             Some("none") => false,
@@ -900,7 +898,7 @@ impl Traffic {
             let detail = format!("subscription {} is pushed by the broker, acked by the answers", a.subscription);
             return problem(StatusCode::CONFLICT, &detail);
         }
-        match self.home_elsewhere(&crate::cluster::homes::subscription_key(&stored), true).await {
+        match self.home_elsewhere(&crate::cluster::homes::subscription_key(&stored)).await {
             Ok(Some(home)) if !redirected => return to_home(&home, "/events/ack"),
             Ok(_) => {}
             Err(r) => return r,
@@ -1095,45 +1093,54 @@ impl Traffic {
             });
         }
         let stored = lite_stored(&gate.scoped(&topic)?);
-        self.lite_served_here(gate, (&topic, &stored), at)?;
+        self.served_here(&session::lite_home(&stored).0, at, &format!("lite topic {topic}"))?;
         Ok(Cow::Owned(stored))
     }
 
-    /// With Kafka: `Ok` if lite topic `local` (stored as `stored`) is served here (its home, or
-    /// a request another instance sent on), else the 307 to its home for an HTTP request `at`,
-    /// or a 409 naming it (see [`Traffic::topic_named`]). A session's first publish records
-    /// its home, as at `POST /session/publish/{sid}` (without waiting for the claim to be read
-    /// back: two racing first choices are at-least-once, as anywhere).
-    fn lite_served_here(
-        &self,
-        gate: &Gate<'_>,
-        (local, stored): (&str, &str),
-        at: Option<&Request<'_>>,
-    ) -> Result<(), Response> {
+    /// With Kafka: whether an agent's or a lite topic's `key` (`cluster::homes`) is served
+    /// here: `Ok(claim)`, `claim` saying no claim names this instance yet (its caller claims
+    /// it once it served the request: `Shared::claim_here`); else the 307 to its home for an
+    /// HTTP request `at`, or a 409 naming `what` (a WebSocket message). A live claim of
+    /// another instance always sends the request on; a choice nobody claimed does unless
+    /// another instance sent the request here (`evmeshRedirected`): then this one takes it.
+    /// Never waits: these keys carry no offsets to catch up on, and two racing first choices
+    /// are settled by the claims' log (the loser forgets, `runtime::claim_read`). Nothing is
+    /// recorded here: a caller that is sent on leaves no claim behind.
+    fn served_here(&self, key: &str, at: Option<&Request<'_>>, what: &str) -> Result<bool, Response> {
         let shared = &self.shard.shared;
-        if matches!(shared.config.storage, crate::config::StorageKind::Embedded)
-            || at.is_some_and(|r| r.query(REDIRECTED).is_some())
-        {
-            return Ok(());
+        if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
+            return Ok(false);
         }
-        let (key, record) = session::lite_home(gate.who.tenant.as_deref(), stored);
-        let Some(home) = shared.home(&key, record) else {
+        let Some(home) = shared.home(key, false) else {
             if !shared.homes.is_caught_up() {
                 return Err(problem(StatusCode::SERVICE_UNAVAILABLE, "this instance is starting; try again")
                     .with_header("retry-after", "1"));
             }
-            return Ok(());
+            // No live instance known (Kafka away): served here, claimed later.
+            return Ok(false);
         };
         if home.id == shared.config.instance_id || home.url == shared.config.advertised_url {
-            return Ok(());
+            return Ok(!home.claimed);
+        }
+        if !home.claimed && at.is_some_and(|r| r.query(REDIRECTED).is_some()) {
+            return Ok(true);
         }
         Err(match at {
             Some(req) => to_home(&home.url, req.head.target(req.buf)),
-            None => {
-                let detail = format!("lite topic {local} is served by its home instance {}: publish there", home.url);
-                problem(StatusCode::CONFLICT, &detail)
-            }
+            None => problem(StatusCode::CONFLICT, &format!("{what} is served by its home instance {}", home.url)),
         })
+    }
+
+    /// With Kafka, after lite topic `stored` was stored here: its home is claimed for this
+    /// instance unless one names it (an agent's is claimed by its registration instead).
+    fn stored_lite(&self, stored: &str) {
+        if matches!(self.shard.shared.config.storage, crate::config::StorageKind::Embedded) {
+            return;
+        }
+        let (key, claimed_here) = session::lite_home(stored);
+        if claimed_here {
+            self.shard.shared.claim_here(&key);
+        }
     }
 
     /// Stores routed events, per destination topic: where each landed (in request order).
@@ -1192,6 +1199,9 @@ impl Traffic {
             let n = frames.len() as u64;
             let offset = self.shard.append(topic, first, std::mem::take(&mut frames)).await?;
             stored();
+            if topic.starts_with(':') {
+                self.stored_lite(topic);
+            }
             return Ok((0..n).map(|i| (first, offset + i)).collect());
         }
         // Group by partition, remembering each frame's place in the request.

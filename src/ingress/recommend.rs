@@ -2,12 +2,13 @@
 //! where a client should attach, `{"instanceUrl": U, "instanceId": I}`. A subscription's home
 //! is chosen among the live instances and recorded (`cluster::homes`, sticky while it lives)
 //! once the subscription exists; a client's is chosen, not recorded (nothing a caller names
-//! grows the homes topic); a session's is its agent's (`<A>:<uuid>`, recorded as the agent
-//! registers) or, for any other session id, its session pub/sub topic's (recorded by its first
-//! publish or subscribe). On the embedded log every answer is this instance.
+//! grows the homes topic); a session's is its agent's (`<A>:<uuid>` of an agent whose home is
+//! claimed) or else its session pub/sub topic's (claimed by the first publish stored). Asking
+//! needs what attaching needs (SUBSCRIBE on the subscription or `topic:session.<sid>`,
+//! REQUEST on the agent). On the embedded log every answer is this instance.
 
 use super::{Gate, Traffic};
-use crate::cluster::homes::{client_key, subscription_key};
+use crate::cluster::homes::{agent_key, client_key, subscription_key};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
 use crate::server::{Request, Response};
@@ -45,10 +46,28 @@ impl Traffic {
                 Err(r) => return r,
             },
             "clientId" => return problem(StatusCode::BAD_REQUEST, "client ids are [A-Za-z0-9._-]{1,100}"),
-            _ => match super::session::session_topic(gate, name) {
-                Ok((stored, _)) => (super::session::lite_home(gate.who.tenant.as_deref(), &stored).0, false),
-                Err(r) => return r,
-            },
+            // An agent streaming session's (`<A>:<uuid>`) is its agent's while one is
+            // claimed; any other's (or a session pub/sub topic's) its lite topic's.
+            _ => {
+                let (stored, local) = match super::session::session_topic(gate, name) {
+                    Ok(t) => t,
+                    Err(r) => return r,
+                };
+                let agent = super::call::agent_of(name).ok().map(|a| agent_key(&Self::stored_agent(gate, a)));
+                // (Claimed: read back, or this instance's own claim on its way.)
+                let claimed =
+                    |k: &String| shared.homes.holder(k).is_some() || shared.home(k, false).is_some_and(|h| h.claimed);
+                match agent.filter(claimed) {
+                    Some(key) => match gate.allow(Action::Request, Kind::Agent, name.split(':').next().unwrap_or("")) {
+                        Ok(()) => (key, false),
+                        Err(r) => return r,
+                    },
+                    None => match gate.allow(Action::Subscribe, Kind::Topic, &local) {
+                        Ok(()) => (super::session::lite_home(&stored).0, false),
+                        Err(r) => return r,
+                    },
+                }
+            }
         };
         match shared.home(&key, record) {
             Some(h) => answer(&h.id, &h.url),

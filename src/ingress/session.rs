@@ -1,9 +1,9 @@
 //! Session pub/sub (Mode 2): `POST /session/publish/{sid}` appends to the session's lite topic
 //! `session.<sid>`; `GET /session/subscribe/{sid}` (server-sent events, or a WebSocket upgrade)
 //! is its one subscriber, from the head of the session on (`push::follow`). With Kafka both are
-//! served at the session's home only (307 elsewhere): an agent's session (`<A>:<uuid>`) at its
-//! agent's, any other at the home its first publish or subscribe claimed (released when the
-//! lite topic expires there). The lite topic is that instance's own, not written to Kafka.
+//! served at the session's home only (307 elsewhere), which the first publish stored there
+//! claims (released when the lite topic expires there). The lite topic is that instance's own,
+//! not written to Kafka.
 
 use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
 use crate::adaptor::cloudevents::CeError;
@@ -31,22 +31,18 @@ pub(super) fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, Strin
     Ok((stored, local))
 }
 
-/// The home key of lite topic `stored` (`:[<tenant>.]<kind>.<id>`, see `shard::is_lite`) of
-/// a caller of `tenant`, and whether a choice of it is recorded (`cluster::homes`): an agent's
-/// `agent.<A>`, and a session whose id names an agent (`<A>:<uuid>`), are served at the
-/// agent's home (recorded by its registration, not here); any other at its own, recorded.
-pub(super) fn lite_home(tenant: Option<&str>, stored: &str) -> (String, bool) {
+/// The home key of lite topic `stored` (`:[<tenant>.]<kind>.<id>`, see `shard::is_lite`), and
+/// whether this instance claims it once it stored to it: an agent's `agent.<A>` is served at
+/// the agent's home (claimed by the agent's registration, not by the broker's writes); any
+/// other lite topic (`session.<sid>`, `client.<id>`) at its own.
+pub(super) fn lite_home(stored: &str) -> (String, bool) {
     let scoped = stored.strip_prefix(':').unwrap_or(stored);
-    let local = match tenant {
-        Some(t) => scoped.strip_prefix(t).and_then(|s| s.strip_prefix('.')).unwrap_or(scoped),
-        None => scoped,
+    // `kind.id`, or `tenant.kind.id` (tenant names have no dots).
+    let (tenant, local) = match crate::shard::is_lite(scoped) {
+        true => (None, scoped),
+        false => scoped.split_once('.').map_or((None, scoped), |(t, rest)| (Some(t), rest)),
     };
-    let agent = match local.split_once('.') {
-        Some(("agent", a)) => Some(a),
-        Some(("session", sid)) => super::call::agent_of(sid).ok(),
-        _ => None,
-    };
-    match agent {
+    match local.strip_prefix("agent.") {
         Some(a) => (crate::cluster::homes::agent_key(&crate::shard::agents::stored_id(tenant, a)), false),
         None => (crate::cluster::homes::lite_key(stored), true),
     }
@@ -56,7 +52,7 @@ impl Traffic {
     /// What both session endpoints check first: the memory budget, the session id, that the
     /// caller may do `action` to `topic:session.<sid>`, and that this instance is the
     /// session's home. Returns the stored name.
-    async fn session_gate(
+    fn session_gate(
         &self,
         gate: &mut Gate<'_>,
         req: &Request<'_>,
@@ -68,15 +64,14 @@ impl Traffic {
         }
         let (stored, local) = session_topic(gate, sid)?;
         gate.allow(action, Kind::Topic, &local)?;
-        let (key, record) = lite_home(gate.who.tenant.as_deref(), &stored);
-        self.at_home(&key, record, req).await?;
+        self.served_here(&lite_home(&stored).0, Some(req), &format!("session {sid}"))?;
         Ok(stored)
     }
 
     /// `POST /session/publish/{sid}`: 201 `{"partition":0,"offset":O}` once stored (a batch:
     /// `{"results":[...]}`).
     pub(super) async fn session_publish(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let stored = match self.session_gate(gate, req, sid, Action::Publish).await {
+        let stored = match self.session_gate(gate, req, sid, Action::Publish) {
             Ok(t) => t,
             Err(r) => return r,
         };
@@ -107,8 +102,8 @@ impl Traffic {
 
     /// `GET /session/subscribe/{sid}`: the session's events from its head (or after the SSE
     /// `Last-Event-ID`), then as they come; 409 while it has a subscriber.
-    pub(super) async fn session_subscribe(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
-        let stored = match self.session_gate(gate, req, sid, Action::Subscribe).await {
+    pub(super) fn session_subscribe(&self, gate: &mut Gate<'_>, req: &Request<'_>, sid: &str) -> Response {
+        let stored = match self.session_gate(gate, req, sid, Action::Subscribe) {
             Ok(t) => t,
             Err(r) => return r,
         };

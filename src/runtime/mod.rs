@@ -399,15 +399,17 @@ fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>, work: &std::sy
     // Records read while catching up are history: nothing attached here yet to close, and a
     // lost claim of then was answered then.
     let now = shared.homes.is_caught_up();
+    let elsewhere = to.as_ref().is_some_and(|to| to != me);
     match shared.homes.claimed(key.clone(), claim, Instant::now()) {
-        Read::Taken { was: Some(was) } if now && was == *me && to.as_ref().is_some_and(|to| to != me) => {
-            if let Some(name) = key.strip_prefix("sub/") {
-                let _ = work.send(ClusterWork::HomeMoved(name.to_owned()));
-            } else if let Some(agent) = key.strip_prefix("agent/") {
-                agent_moved(shared, agent);
-            } else if let Some(topic) = key.strip_prefix("lite/") {
-                // A session pub/sub topic: its subscriber here is closed (1012).
-                shared.watchers.moved(topic);
+        Read::Taken { was } if now && elsewhere => {
+            match key.strip_prefix("sub/") {
+                Some(name) if was.as_ref() == Some(me) => {
+                    let _ = work.send(ClusterWork::HomeMoved(name.to_owned()));
+                }
+                Some(_) => {}
+                // An agent or a lite topic another instance claimed: whatever of it is here
+                // (held by a claim, or taken unclaimed) moves there.
+                None => lite_or_agent_moved(shared, &key),
             }
         }
         Read::Lost { holder, epoch } if now && holder == *me => {
@@ -416,7 +418,20 @@ fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>, work: &std::sy
                 eprintln!("evmesh: the home of {key} not recorded again: {e}");
             }
         }
+        // This instance's claim came too late: another instance's stands.
+        Read::Lost { .. } if now && !elsewhere && to.is_some() => lite_or_agent_moved(shared, &key),
         _ => {}
+    }
+}
+
+/// Another instance is the home of agent or lite topic `key` (`cluster::homes`): what this
+/// instance has of it goes (see [`agent_moved`]; a lite topic's subscriber is closed, 1012).
+#[cfg(feature = "kafka")]
+fn lite_or_agent_moved(shared: &Shared, key: &str) {
+    if let Some(agent) = key.strip_prefix("agent/") {
+        agent_moved(shared, agent);
+    } else if let Some(topic) = key.strip_prefix("lite/") {
+        shared.watchers.moved(topic);
     }
 }
 
@@ -515,14 +530,16 @@ fn home_moved(shared: &Shared, name: &str) {
 /// waits for the shards.
 #[cfg(feature = "kafka")]
 fn agent_moved(shared: &Shared, stored: &str) {
-    eprintln!("evmesh: another instance is the home of agent {stored} now: forgetting it here");
-    shared.agents.deregister(stored);
-    shared.remotes.remove(stored);
     let (tenant, agent) = match stored.split_once('/') {
         Some((t, a)) => (Some(t), a),
         None => (None, stored),
     };
-    shared.watchers.moved(&crate::shard::calls::agent_topic(tenant, agent));
+    let topic = crate::shard::calls::agent_topic(tenant, agent);
+    let attached = shared.watchers.is_followed(&topic);
+    if shared.agents.deregister(stored) | shared.remotes.remove(stored) | attached {
+        eprintln!("evmesh: another instance is the home of agent {stored} now: forgetting it here");
+    }
+    shared.watchers.moved(&topic);
 }
 
 /// An offset record of the claims' log (`cluster::homes`, "Offsets"): applied to this

@@ -111,6 +111,11 @@ impl Agents {
         candidates.into_iter().min_by_key(|id| load(id))
     }
 
+    /// Whether `id` (stored) is registered and was heard from within `within_ms` of `now_ms`.
+    pub fn heard(&self, id: &str, now_ms: u64, within_ms: u64) -> bool {
+        self.lock().get(id).is_some_and(|a| now_ms.saturating_sub(a.beat_ms) <= within_ms)
+    }
+
     pub fn deregister(&self, id: &str) -> bool {
         self.lock().remove(id).is_some()
     }

@@ -650,6 +650,9 @@ impl Shard {
             let now = crate::storage::offsets::now_ms();
             self.shared.calls.expire(now, ttl.as_millis() as u64);
             self.shared.tasks.expire(now, ttl.as_millis() as u64);
+            if self.id.index() == 0 {
+                self.shared.sweep_agent_claims();
+            }
         }
     }
 

@@ -129,6 +129,8 @@ pub struct HomeInstance {
     /// its way through the claims' log, before which it must not serve the key (the offsets
     /// the last home stored come before the claim in that log, `cluster::homes`).
     pub settled: bool,
+    /// A claim names it (not the choice alone, which the next claim may overrule).
+    pub claimed: bool,
 }
 
 impl Shared {
@@ -145,7 +147,8 @@ impl Shared {
             // The common case at a home (every attach, poll and ack of its subscriptions): its
             // own claim, and it is live. Answered without copying the view.
             if self.homes.claimed_by(key, me) && self.membership.is_live(me, now) {
-                return Some(HomeInstance { id: me.clone(), url: self.config.advertised_url.clone(), settled: true });
+                let url = self.config.advertised_url.clone();
+                return Some(HomeInstance { id: me.clone(), url, settled: true, claimed: true });
             }
             let live = self.membership.live(now);
             let h = self.homes.home(key, &live, (now, self.config.instance_timeout), record)?;
@@ -157,10 +160,11 @@ impl Shared {
                 }
             }
             let settled = hb.instance_id != *me || self.homes.claimed_by(key, me);
-            return Some(HomeInstance { id: hb.instance_id.clone(), url: hb.advertised_url.clone(), settled });
+            let (id, url) = (hb.instance_id.clone(), hb.advertised_url.clone());
+            return Some(HomeInstance { id, url, settled, claimed: h.claimed });
         }
         let (id, url) = (self.config.instance_id.clone(), self.config.advertised_url.clone());
-        Some(HomeInstance { id, url, settled: true })
+        Some(HomeInstance { id, url, settled: true, claimed: true })
     }
 
     /// With Kafka: tells every instance that subscription `name` is now `def` (or removed,
@@ -189,6 +193,35 @@ impl Shared {
         let _ = (name, def);
     }
 
+    /// With Kafka: claims `key` for this instance unless a claim names it already (an agent
+    /// registered or heard from here, a session topic stored to here: see `Traffic::served_here`,
+    /// which says when). One claim per key on its way, however often asked.
+    pub fn claim_here(&self, key: &str) {
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            let me = &self.config.instance_id;
+            if self.homes.claimed_by(key, me) {
+                return;
+            }
+            let (now, timeout) = (Instant::now(), self.config.instance_timeout);
+            let live = self.membership.live(now);
+            // A live instance's claim (or one on its way) stands: taken only from the dead.
+            if self.homes.home(key, &live, (now, timeout), false).is_some_and(|h| h.claimed) {
+                return;
+            }
+            let mine: Vec<_> = live.into_iter().filter(|m| m.heartbeat.instance_id == *me).collect();
+            let Some(h) = self.homes.home(key, &mine, (now, timeout), true) else { return };
+            if h.record {
+                let claim = crate::cluster::homes::Claim { instance: me.clone(), epoch: h.epoch };
+                if let Err(e) = k.claim_home(key, Some(&claim.encode())) {
+                    eprintln!("evmesh: the home of {key} not recorded: {e}");
+                }
+            }
+        }
+        #[cfg(not(feature = "kafka"))]
+        let _ = key;
+    }
+
     /// With Kafka: releases the claim of `key` if this instance holds it (a deregistered agent,
     /// an expired session pub/sub topic), so the homes topic keeps no claim of it.
     pub fn release_home(&self, key: &str) {
@@ -202,6 +235,27 @@ impl Shared {
         }
         #[cfg(not(feature = "kafka"))]
         let _ = key;
+    }
+
+    /// With Kafka: releases the claims of agents this instance holds that it no longer serves
+    /// (not registered here, or silent past ten heartbeat timeouts, as the registry forgets
+    /// them), claimed at least that long ago: an agent that left without deregistering (or
+    /// was lost with a restart) leaves no claim behind for good.
+    pub fn sweep_agent_claims(&self) {
+        #[cfg(feature = "kafka")]
+        if self.kafka.is_some() {
+            let forget = self.config.agent_heartbeat_timeout.saturating_mul(10);
+            let Some(before) = Instant::now().checked_sub(forget) else { return };
+            let now_ms = crate::storage::offsets::now_ms();
+            for key in self.homes.held(&self.config.instance_id, "agent/", before) {
+                let stored = &key["agent/".len()..];
+                let served =
+                    self.agents.heard(stored, now_ms, forget.as_millis() as u64) || self.remotes.get(stored).is_some();
+                if !served {
+                    self.release_home(&key);
+                }
+            }
+        }
     }
 
     /// With Kafka: has the tail follow `topic`, each partition from the end of its local copy,
