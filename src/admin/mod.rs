@@ -658,7 +658,7 @@ impl Admin {
     fn put_quota(&self, tenant: &str, body: &[u8]) -> Response {
         let g = &self.shared.governance;
         if !crate::governance::identity::valid_tenant(tenant) {
-            return problem(StatusCode::BAD_REQUEST, "tenant names are [A-Za-z0-9_-]{1,64}");
+            return problem(StatusCode::BAD_REQUEST, crate::governance::identity::TENANT_RULE);
         }
         let quota: Quota = match serde_json::from_slice(body) {
             Ok(q) => q,

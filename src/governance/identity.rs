@@ -55,10 +55,18 @@ pub enum AuthError {
     Claim(&'static str),
 }
 
-/// Tenant names: `[A-Za-z0-9_-]{1,64}` (no dot: a tenant's names are stored as `tenant.name`).
+/// Tenant names: `[A-Za-z0-9_-]{1,64}` (no dot: a tenant's names are stored as `tenant.name`),
+/// and not a lite topic kind (`agent`, `client`, `session`, see `shard::LITE_KINDS`): tenant
+/// `agent`'s `session.x` would be stored as `:agent.session.x`, the name of the lite topic of
+/// an agent `session.x` without a tenant.
 pub fn valid_tenant(t: &str) -> bool {
-    (1..=64).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    (1..=64).contains(&t.len())
+        && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && !["agent", "client", "session"].contains(&t)
 }
+
+/// What [`valid_tenant`] asks, as errors say it.
+pub const TENANT_RULE: &str = "tenant must be [A-Za-z0-9_-]{1,64}, and not agent, client or session";
 
 /// Principal names: 1 to 256 printable ASCII characters.
 fn valid_principal(p: &str) -> bool {
@@ -136,7 +144,7 @@ impl Keys {
                 return Err(format!("line {n}: principal must be 1-256 printable ASCII characters"));
             }
             if l.tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
-                return Err(format!("line {n}: tenant must be [A-Za-z0-9_-]{{1,64}}"));
+                return Err(format!("line {n}: {TENANT_RULE}"));
             }
             let hash = unhex(&l.sha256.to_ascii_lowercase())
                 .ok_or_else(|| format!("line {n}: sha256 must be 64 hex digits (the SHA-256 of the token)"))?;
@@ -264,7 +272,7 @@ impl JwtKeys {
         }
         let name = c.sub.filter(|s| valid_principal(s)).ok_or(AuthError::Claim("sub must be 1-256 printable ASCII"))?;
         if c.tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
-            return Err(AuthError::Claim("tenant must be [A-Za-z0-9_-]{1,64}"));
+            return Err(AuthError::Claim(TENANT_RULE));
         }
         Ok(Principal { name, tenant: c.tenant, expires_us })
     }
@@ -278,6 +286,17 @@ mod tests {
     const SECRET: &[u8] = b"unit-test-secret-unit-test-secret";
     /// 2026-01-01T00:00:00Z in seconds.
     const T: i64 = 1_767_225_600;
+
+    /// A tenant named as a lite topic kind would share lite topic names with another tenant.
+    #[test]
+    fn tenant_names_are_checked_and_no_lite_kind() {
+        for ok in ["acme", "a_b-9", &"t".repeat(64)] {
+            assert!(valid_tenant(ok), "{ok}");
+        }
+        for bad in ["", "a.b", "a b", &"t".repeat(65), "agent", "client", "session"] {
+            assert!(!valid_tenant(bad), "{bad}");
+        }
+    }
 
     fn jwks(kids: &[Option<&str>]) -> String {
         // base64url of SECRET, as an `oct` JWK carries it.

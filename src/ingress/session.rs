@@ -135,3 +135,19 @@ impl Traffic {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::lite_home;
+
+    /// An agent's lite topic is served at the agent's home (tenant-scoped as the registry names
+    /// it, never claimed by a store); any other at its own, claimed by the store.
+    #[test]
+    fn lite_topics_have_their_own_homes_and_agents_topics_their_agents() {
+        assert_eq!(lite_home(":agent.bot"), ("agent/bot".into(), false));
+        assert_eq!(lite_home(":acme.agent.bot"), ("agent/acme/bot".into(), false));
+        assert_eq!(lite_home(":session.bot:1f"), ("lite/:session.bot:1f".into(), true));
+        assert_eq!(lite_home(":acme.session.agent.x"), ("lite/:acme.session.agent.x".into(), true));
+        assert_eq!(lite_home(":acme.client.c-1"), ("lite/:acme.client.c-1".into(), true));
+    }
+}
