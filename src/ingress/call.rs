@@ -21,6 +21,10 @@ use crate::server::upgrade::Credential;
 use crate::server::{FollowSpec, Request, Response, TurnSpec, Upgrade};
 use crate::shard::calls::{session_key, Call, ChunkBody, End, Taken};
 
+/// `POST /session/open` requests a shard makes at agents' home instances at once, at most
+/// (past it, the caller is sent there: 307).
+const MAX_OPENS_ELSEWHERE: usize = 64;
+
 /// Agent and client ids: `[A-Za-z0-9._-]{1,100}`.
 pub(super) fn valid_id(id: &str) -> bool {
     (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
@@ -111,9 +115,10 @@ impl Traffic {
     }
 
     /// `POST /session/open`: the session's home is its agent's (with Kafka, a session for a
-    /// named agent is opened there: 307 elsewhere); without an agent named, one of the agents
-    /// attached here is picked.
-    pub(super) fn session_open(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+    /// named agent is opened there: asked elsewhere, this instance opens it there on the
+    /// caller's behalf and answers what the home answered, its `instanceUrl` the home's);
+    /// without an agent named, one of the agents attached here is picked.
+    pub(super) async fn session_open(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
         if self.shard.shared.memory.shed_now() {
             return shed();
         }
@@ -133,8 +138,22 @@ impl Traffic {
                 if let Err(r) = gate.allow(Action::Request, Kind::Agent, &a) {
                     return r;
                 }
-                if let Err(r) = self.at_agent_home(gate, &a, req) {
-                    return r;
+                let key = crate::cluster::homes::agent_key(&Self::stored_agent(gate, &a));
+                match self.placed(&key, req.query(super::REDIRECTED).is_some()) {
+                    Ok(super::Placed::Here { .. }) => {}
+                    // Opened there for the caller, at most `MAX_OPENS_ELSEWHERE` at once per
+                    // shard, and never for a request sent here already (two views a moment
+                    // apart would send it back and forth): else the 307 there.
+                    Ok(super::Placed::There(home)) => {
+                        let opens = &self.shard.opens_elsewhere;
+                        if req.query(super::REDIRECTED).is_some() || opens.get() >= MAX_OPENS_ELSEWHERE {
+                            return super::to_home(&home, req.head.target(req.buf));
+                        }
+                        opens.set(opens.get() + 1);
+                        let _slot = super::scopeguard_dec(opens);
+                        return Box::pin(self.open_at(&home, gate, req)).await;
+                    }
+                    Err(r) => return r,
                 }
                 if !self.routable(&Self::stored_agent(gate, &a)) {
                     return unavailable(&format!("agent {a} is not registered, ready and heart-beating"));
@@ -183,6 +202,41 @@ impl Traffic {
             "instanceUrl": shared.config.advertised_url,
         });
         Response::json(StatusCode(201), body.to_string())
+    }
+
+    /// `POST /session/open` at `home`, the agent's home instance, for the caller (its
+    /// credential goes along): its answer, or 503 if it gave none within `webhook_timeout_ms`.
+    async fn open_at(&self, home: &str, gate: &Gate<'_>, req: &Request<'_>) -> Response {
+        use crate::server::client::{Pool, Url};
+        let shared = &self.shard.shared;
+        let unreachable = |e: String| unavailable(&format!("the agent's home instance {home} did not answer: {e}"));
+        let url = match Url::parse(&format!("{home}/session/open?{}=1", super::REDIRECTED)) {
+            Ok(u) => u,
+            Err(e) => return unreachable(e),
+        };
+        let timeout = shared.config.webhook_timeout;
+        let addr = match url.resolve(timeout).await {
+            Ok(a) => a,
+            Err(e) => return unreachable(e.to_string()),
+        };
+        let bearer = gate.token.map(|t| format!("Bearer {}", String::from_utf8_lossy(t)));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(b) = &bearer {
+            headers.push(("authorization", b));
+        }
+        let pool = Pool::new(0, 64 << 10, Some(shared.client_tls.clone()));
+        match pool.send(&url, addr, "POST", &headers, req.body, timeout).await {
+            Ok(a) => {
+                let kind = a.header("content-type").unwrap_or("application/json").to_owned();
+                let after = a.header("retry-after").map(str::to_owned);
+                let r = Response::new(StatusCode(a.status), kind, a.body);
+                match after {
+                    Some(after) => r.with_header("retry-after", after),
+                    None => r,
+                }
+            }
+            Err(e) => unreachable(e.to_string()),
+        }
     }
 
     /// The session a client names, checked (and served at its agent's home only): (its key,

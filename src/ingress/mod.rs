@@ -264,7 +264,7 @@ impl Handler for Traffic {
         }
         if path == "/session/open" {
             return match req.method() {
-                Method::Post => self.session_open(&mut gate, &req),
+                Method::Post => Box::pin(self.session_open(&mut gate, &req)).await,
                 _ => problem(StatusCode::METHOD_NOT_ALLOWED, "use POST").with_header("allow", "POST"),
             };
         }
@@ -354,6 +354,14 @@ fn scopeguard_dec(count: &std::cell::Cell<usize>) -> impl Drop + '_ {
         }
     }
     Slot(count)
+}
+
+/// Where an agent's or a lite topic's key is served (see [`Traffic::placed`]).
+enum Placed {
+    /// Here; `claim`: no claim names this instance yet.
+    Here { claim: bool },
+    /// At the home instance of this URL.
+    There(String),
 }
 
 /// Marks a request sent on by [`to_home`]: served where it arrives, never sent on again (two
@@ -1107,9 +1115,22 @@ impl Traffic {
     /// are settled by the claims' log (the loser forgets, `runtime::claim_read`). Nothing is
     /// recorded here: a caller that is sent on leaves no claim behind.
     fn served_here(&self, key: &str, at: Option<&Request<'_>>, what: &str) -> Result<bool, Response> {
+        let redirected = at.is_some_and(|r| r.query(REDIRECTED).is_some());
+        match self.placed(key, redirected)? {
+            Placed::Here { claim } => Ok(claim),
+            Placed::There(url) => Err(match at {
+                Some(req) => to_home(&url, req.head.target(req.buf)),
+                None => problem(StatusCode::CONFLICT, &format!("{what} is served by its home instance {url}")),
+            }),
+        }
+    }
+
+    /// Where `key` is served, as [`Traffic::served_here`] says (`redirected`: the request
+    /// carries `evmeshRedirected`); `Err` only while this instance is starting (503).
+    fn placed(&self, key: &str, redirected: bool) -> Result<Placed, Response> {
         let shared = &self.shard.shared;
         if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
-            return Ok(false);
+            return Ok(Placed::Here { claim: false });
         }
         let Some(home) = shared.home(key, false) else {
             if !shared.homes.is_caught_up() {
@@ -1117,18 +1138,15 @@ impl Traffic {
                     .with_header("retry-after", "1"));
             }
             // No live instance known (Kafka away): served here, claimed later.
-            return Ok(false);
+            return Ok(Placed::Here { claim: false });
         };
         if home.id == shared.config.instance_id || home.url == shared.config.advertised_url {
-            return Ok(!home.claimed);
+            return Ok(Placed::Here { claim: !home.claimed });
         }
-        if !home.claimed && at.is_some_and(|r| r.query(REDIRECTED).is_some()) {
-            return Ok(true);
+        if !home.claimed && redirected {
+            return Ok(Placed::Here { claim: true });
         }
-        Err(match at {
-            Some(req) => to_home(&home.url, req.head.target(req.buf)),
-            None => problem(StatusCode::CONFLICT, &format!("{what} is served by its home instance {}", home.url)),
-        })
+        Ok(Placed::There(home.url))
     }
 
     /// With Kafka, after lite topic `stored` was stored here: its home is claimed for this

@@ -2,8 +2,8 @@
 //! where a client should attach, `{"instanceUrl": U, "instanceId": I}`. A subscription's home
 //! is chosen among the live instances and recorded (`cluster::homes`, sticky while it lives)
 //! once the subscription exists; a client's is chosen, not recorded (nothing a caller names
-//! grows the homes topic); a session's is its agent's (`<A>:<uuid>` of an agent whose home is
-//! claimed) or else its session pub/sub topic's (claimed by the first publish stored). Asking
+//! grows the homes topic); an agent streaming session's (`<A>:<uuid>`) is its agent's, any
+//! other session id's its session pub/sub topic's (claimed by the first publish stored). Asking
 //! needs what attaching needs (SUBSCRIBE on the subscription or `topic:session.<sid>`,
 //! REQUEST on the agent). On the embedded log every answer is this instance.
 
@@ -46,23 +46,19 @@ impl Traffic {
                 Err(r) => return r,
             },
             "clientId" => return problem(StatusCode::BAD_REQUEST, "client ids are [A-Za-z0-9._-]{1,100}"),
-            // An agent streaming session's (`<A>:<uuid>`) is its agent's while one is
-            // claimed; any other's (or a session pub/sub topic's) its lite topic's.
+            // An agent streaming session's (`<A>:<uuid>`) is its agent's; any other's (a
+            // session pub/sub topic's) its lite topic's.
             _ => {
                 let (stored, local) = match super::session::session_topic(gate, name) {
                     Ok(t) => t,
                     Err(r) => return r,
                 };
-                let agent = super::call::agent_of(name).ok().map(|a| agent_key(&Self::stored_agent(gate, a)));
-                // (Claimed: read back, or this instance's own claim on its way.)
-                let claimed =
-                    |k: &String| shared.homes.holder(k).is_some() || shared.home(k, false).is_some_and(|h| h.claimed);
-                match agent.filter(claimed) {
-                    Some(key) => match gate.allow(Action::Request, Kind::Agent, name.split(':').next().unwrap_or("")) {
-                        Ok(()) => (key, false),
+                match super::call::agent_of(name) {
+                    Ok(agent) => match gate.allow(Action::Request, Kind::Agent, agent) {
+                        Ok(()) => (agent_key(&Self::stored_agent(gate, agent)), false),
                         Err(r) => return r,
                     },
-                    None => match gate.allow(Action::Subscribe, Kind::Topic, &local) {
+                    Err(_) => match gate.allow(Action::Subscribe, Kind::Topic, &local) {
                         Ok(()) => (super::session::lite_home(&stored).0, false),
                         Err(r) => return r,
                     },

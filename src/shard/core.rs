@@ -56,6 +56,9 @@ pub struct Shard {
     /// Requests sent on by another instance waiting here for their subscription's definition
     /// (`ingress`: at most `MAX_DEFINITION_WAITS`; anyone can mark a request as sent on).
     pub definition_waits: Cell<usize>,
+    /// `POST /session/open` requests this shard is making at an agent's home instance for
+    /// their callers (`ingress::call`).
+    pub opens_elsewhere: Cell<usize>,
     /// Sessions this shard accepted.
     pub sessions: Sessions,
     /// Per topic, the shards that want events of its partitions this shard owns.
@@ -150,6 +153,7 @@ impl Shard {
             cursor: Cell::new(0),
             connections: Cell::new(0),
             definition_waits: Cell::new(0),
+            opens_elsewhere: Cell::new(0),
             sessions: Sessions::default(),
             interest: RefCell::new(HashMap::new()),
             delivery,

@@ -207,10 +207,13 @@ mod on_kafka {
         let (mut agent, at) = ws_following(elsewhere[0], "/agent/ws?agentId=echo");
         assert_eq!(at, home_url);
         super::super::calls::attached(home, "echo", None);
-        // A session opened anywhere is opened at the agent's home, and says so.
-        let (at, r) = post_following(elsewhere[1], "/session/open", &json!({"clientId": "c1", "agentId": "echo"}));
-        assert_eq!((r.status, at.as_str()), (201, home_url.as_str()), "{}", r.text());
-        assert_eq!(r.json()["instanceUrl"], home_url);
+        // A session opened anywhere is opened at the agent's home (the instance asked opens it
+        // there for the caller: no redirect to follow), and the answer says where.
+        let open = |b: &TestBroker, body: &Value| {
+            b.client().post("/session/open", "application/json", body.to_string().as_bytes())
+        };
+        let r = open(elsewhere[1], &json!({"clientId": "c1", "agentId": "echo"}));
+        assert_eq!((r.status, &r.json()["instanceUrl"]), (201, &Value::from(home_url.clone())), "{}", r.text());
         let sid = r.json()["sessionId"].as_str().unwrap().to_owned();
         assert_eq!(recommend(elsewhere[0], &format!("sessionId={sid}")), Some(home_url.clone()));
         // Its turns are served there only.
@@ -236,11 +239,11 @@ mod on_kafka {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let open = json!({"clientId": "c2", "agentId": "cli-echo"});
+        let open_cli = json!({"clientId": "c2", "agentId": "cli-echo"});
         let mut turn = wait_for(Duration::from_secs(10), || {
-            let (at, r) = post_following(asked, "/session/open", &open);
+            let r = open(asked, &open_cli);
             let sid = (r.status == 201).then(|| r.json()["sessionId"].as_str().unwrap().to_owned())?;
-            Turn::post(by_url(&at), &sid, "hello cli").ok()
+            Turn::post(by_url(r.json()["instanceUrl"].as_str().unwrap()), &sid, "hello cli").ok()
         });
         let done = std::iter::from_fn(|| turn.next()).last();
         assert_eq!(done, Some((Some("2".into()), "done".into(), String::new())));
@@ -299,9 +302,15 @@ mod on_kafka {
             let r = home.client().post("/agent/heartbeat", "application/json", br#"{"agentId":"echo"}"#);
             (r.status == 307 && r.header("location").is_some_and(|l| l.starts_with(&new_home))).then_some(())
         });
-        let (at, r) = post_following(home, "/session/open", &json!({"clientId": "c1", "agentId": "echo"}));
-        assert_eq!((r.status, at.as_str()), (201, new_home.as_str()), "{}", r.text());
-        assert_eq!(r.json()["instanceUrl"], new_home);
+        let r = open(home, &json!({"clientId": "c1", "agentId": "echo"}));
+        assert_eq!((r.status, &r.json()["instanceUrl"]), (201, &Value::from(new_home.clone())), "{}", r.text());
+        // One sent on already is not opened elsewhere again: sent there.
+        let r = home.client().post(
+            "/session/open?evmeshRedirected=1",
+            "application/json",
+            br#"{"clientId":"c","agentId":"echo"}"#,
+        );
+        assert_eq!((r.status, r.header("location").map(|l| l.starts_with(&new_home))), (307, Some(true)));
     }
 
     /// Events read from `ws` until `n` arrived (failing after a while).
