@@ -114,6 +114,11 @@ pub struct Homes {
     state: Mutex<State>,
     /// Set once the claims written before this instance started were read.
     caught_up: std::sync::atomic::AtomicBool,
+    /// Set while the view may be stale: the cluster thread stood still past two heartbeats
+    /// (the process was paused, or starved) and has not read the cluster topics to their end
+    /// since. Every other instance then looks silent by this one's clock: answering, it would
+    /// take over their homes.
+    stale: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -210,7 +215,7 @@ impl Homes {
 
     /// Whether the claim read for `key` names `instance` (once caught up).
     pub fn claimed_by(&self, key: &str, instance: &str) -> bool {
-        self.caught_up.load(std::sync::atomic::Ordering::Acquire) && self.names(key, instance)
+        self.is_caught_up() && self.names(key, instance)
     }
 
     /// Whether the last claim read for `key` so far names `instance` (caught up or not: the
@@ -224,9 +229,21 @@ impl Homes {
         self.caught_up.store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// Whether [`Homes::caught_up`] was called.
+    /// Whether [`Homes::caught_up`] was called, and the view is not stale ([`Homes::stale`]).
     pub fn is_caught_up(&self) -> bool {
         self.caught_up.load(std::sync::atomic::Ordering::Acquire)
+            && !self.stale.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether the claims read so far count as history (before the claims written earlier
+    /// were read: nothing attached yet to close). A stale view's records are not history.
+    pub fn reading_history(&self) -> bool {
+        !self.caught_up.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the view stale (`true`: nothing is answered, as while starting) or fresh again.
+    pub fn stale(&self, stale: bool) {
+        self.stale.store(stale, std::sync::atomic::Ordering::Release);
     }
 
     /// The home of `key` among `live`: its claim while the claimed instance is live (then
@@ -241,7 +258,7 @@ impl Homes {
         (now, pending_for): (Instant, Duration),
         recorded: bool,
     ) -> Option<Home<'m>> {
-        if !self.caught_up.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.is_caught_up() {
             return None;
         }
         let find = |id: &str| live.iter().find(|m| m.heartbeat.instance_id == id);

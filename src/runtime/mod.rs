@@ -398,7 +398,7 @@ fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>, work: &std::sy
     let to = claim.as_ref().map(|c| c.instance.clone());
     // Records read while catching up are history: nothing attached here yet to close, and a
     // lost claim of then was answered then.
-    let now = shared.homes.is_caught_up();
+    let now = !shared.homes.reading_history();
     let elsewhere = to.as_ref().is_some_and(|to| to != me);
     match shared.homes.claimed(key.clone(), claim, Instant::now()) {
         Read::Taken { was } if now && elsewhere => {
@@ -596,6 +596,10 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
             heard: Box::new(move |hb, age| a.membership.heard(hb, age, Instant::now())),
             claimed: Box::new(move |key, value| claim_read(&b, key, value, &moved)),
             caught_up: Box::new(move || c.homes.caught_up()),
+            stale: {
+                let h = shared.clone();
+                Box::new(move |stale| h.homes.stale(stale))
+            },
             offset: {
                 let mut read = crate::storage::offsets::replicated_position(&e.db).unwrap_or(0);
                 Box::new(move |r| apply_offset(&e, r, &mut read))

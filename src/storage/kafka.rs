@@ -114,6 +114,10 @@ pub struct Feeds {
     pub forwarded: Box<ReplyFeed>,
     /// Called once the claims written before this instance started are read.
     pub caught_up: Box<dyn FnOnce() + Send>,
+    /// `true` when the cluster thread stood still past two heartbeats, and at least 500 ms (a
+    /// paused process, whose clock jumped past the others' heartbeats): the
+    /// view may be stale; `false` once it read the heartbeats and claims to their end again.
+    pub stale: Box<dyn Fn(bool) + Send>,
     /// A subscription's definition, or its removal.
     pub defined: Box<dyn Fn(Defined) + Send>,
 }
@@ -324,7 +328,7 @@ impl KafkaBackend {
     /// [`CATCH_UP`] before now (to know the live instances at once, dating those by their
     /// senders' clocks), then heartbeats and reads on.
     fn membership(&self, consumer: &BaseConsumer, every: Duration, mut beat: impl FnMut() -> Heartbeat, feeds: Feeds) {
-        let Feeds { heard, claimed, caught_up, defined, mut offset, mut forwarded } = feeds;
+        let Feeds { heard, claimed, caught_up, stale, defined, mut offset, mut forwarded } = feeds;
         let topic = self.kafka_topic(INSTANCES_TOPIC);
         let homes = self.kafka_topic(HOMES_TOPIC);
         let definitions = self.kafka_topic(SUBSCRIPTIONS_TOPIC);
@@ -397,8 +401,36 @@ impl KafkaBackend {
             }
         };
         let mut next = std::time::Instant::now();
+        // After a stall: the ends of the heartbeats and the claims to read before the view
+        // counts again (read so far: the next offsets).
+        let mut resync: Option<[(i64, i64); 2]> = None;
+        let mut turned = std::time::Instant::now();
         loop {
             let now = std::time::Instant::now();
+            if now.duration_since(turned) > (every * 2).max(Duration::from_millis(500)) {
+                if let (Ok((_, i)), Ok((_, h))) = (watermarks(&topic), watermarks(&homes)) {
+                    eprintln!(
+                        "evmesh: kafka cluster: stood still for {:?}; reading the cluster's view again",
+                        now.duration_since(turned)
+                    );
+                    stale(true);
+                    resync = Some([(i, 0), (h, 0)]);
+                }
+            }
+            turned = std::time::Instant::now();
+            if let Some(ends) = &mut resync {
+                if let Ok(p) = consumer.position() {
+                    for (t, (_, read)) in [&topic, &homes].into_iter().zip(ends.iter_mut()) {
+                        if let Some(o) = p.find_partition(t, 0).and_then(|e| e.offset().to_raw()) {
+                            *read = (*read).max(o);
+                        }
+                    }
+                }
+                if ends.iter().all(|(end, read)| read >= end) {
+                    stale(false);
+                    resync = None;
+                }
+            }
             if now >= next {
                 let hb = beat();
                 let payload = serde_json::to_vec(&hb).expect("a heartbeat serializes");
