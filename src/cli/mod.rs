@@ -181,11 +181,11 @@ fn post_following(
     body: (&str, &[u8]),
     wait: Duration,
 ) -> Result<(Vec<String>, String, String), String> {
-    let mut args = args.to_vec();
+    let (mut args, mut path) = (args.to_vec(), path.to_owned());
     for hop in 0.. {
-        let (status, head, answer) = post_head(&args, known, path, body, wait)?;
+        let (status, head, answer) = post_head(&args, known, &path, body, wait)?;
         match (status.as_str(), location(&head)) {
-            ("307" | "308", Some(at)) if hop < MAX_REDIRECTS => args = followed(args, &at)?,
+            ("307" | "308", Some(at)) if hop < MAX_REDIRECTS => (args, path) = followed(args, &at)?,
             _ => return Ok((args, status, answer)),
         }
     }
@@ -199,10 +199,11 @@ fn location(head: &str) -> Option<String> {
     })
 }
 
-/// The flags with `--url` the origin of `location`, where the broker sent the client (the path
-/// is ours to ask again). The token and certificate go along (the home is of the same
-/// cluster), but never from https to plain http.
-fn followed(mut args: Vec<String>, location: &str) -> Result<Vec<String>, String> {
+/// The flags with `--url` the origin of `location`, where the broker sent the client, and the
+/// path (with its query: the broker's mark that it sent the client on) to ask there. The token
+/// and certificate go along (the home is of the same cluster), but never from https to plain
+/// http.
+fn followed(mut args: Vec<String>, location: &str) -> Result<(Vec<String>, String), String> {
     let origin = location.find("://").map(|i| {
         let rest = &location[i + 3..];
         &location[..i + 3 + rest.find('/').unwrap_or(rest.len())]
@@ -219,7 +220,11 @@ fn followed(mut args: Vec<String>, location: &str) -> Result<Vec<String>, String
         Some(i) if i + 1 < args.len() => args[i + 1] = origin.to_owned(),
         _ => args.extend(["--url".to_owned(), origin.to_owned()]),
     }
-    Ok(args)
+    let target = match &location[origin.len()..] {
+        "" => "/",
+        t => t,
+    };
+    Ok((args, target.to_owned()))
 }
 
 /// Posts `body` to `path` on a connection of its own: (the answer's status, its head, its body).
@@ -362,13 +367,13 @@ const MAX_REDIRECTS: usize = 3;
 /// or an agent served by its home instance: 307 there) up to [`MAX_REDIRECTS`] times: the
 /// connection attached.
 fn attach_following(args: &[String], known: &[&str], path: &str) -> Result<Box<dyn Conn>, String> {
-    let mut args = args.to_vec();
+    let (mut args, mut path) = (args.to_vec(), path.to_owned());
     for hop in 0.. {
         let (mut s, hostport, socket) = broker(&args, known)?;
-        match attach(&args, &mut s, &socket, path, &hostport) {
+        match attach(&args, &mut s, &socket, &path, &hostport) {
             Ok(()) => return Ok(s),
             Err(e) => match e.strip_prefix(REDIRECT) {
-                Some(location) if hop < MAX_REDIRECTS => args = followed(args, location)?,
+                Some(location) if hop < MAX_REDIRECTS => (args, path) = followed(args, location)?,
                 _ => return Err(e),
             },
         }

@@ -287,6 +287,11 @@ impl Homes {
         Some(Home { member, record, epoch, claimed: record })
     }
 
+    /// Whether `instance` wrote a claim of `key` not read back yet.
+    pub fn pending_of(&self, key: &str, instance: &str) -> bool {
+        self.state.lock().expect("not poisoned").pending.get(key).is_some_and(|(id, _)| id == instance)
+    }
+
     /// The instance the claim read for `key` names, if any.
     pub fn holder(&self, key: &str) -> Option<String> {
         self.state.lock().expect("not poisoned").claims.get(key).map(|(id, _, _)| id.clone())

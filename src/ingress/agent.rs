@@ -45,6 +45,10 @@ impl Traffic {
             Ok(claim) => claim,
             Err(r) => return r,
         };
+        // Counted as traffic of the agent's lite topic (each one may write a claim of its home).
+        if let Err(r) = gate.limit(&Self::agent_topic(gate, &a.agent_id), 1, req.body.len() as u64) {
+            return r;
+        }
         let home = crate::cluster::homes::agent_key(&stored);
         // Served: a registration or heartbeat here claims the agent's home (once), so whatever
         // names the agent is sent here; a refused one leaves no claim.

@@ -25,6 +25,9 @@ use crate::shard::calls::{session_key, Call, ChunkBody, End, Taken};
 /// (past it, the caller is sent there: 307).
 const MAX_OPENS_ELSEWHERE: usize = 64;
 
+/// How long opening a session at the agent's home may take in all (then 503).
+const OPEN_ELSEWHERE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Agent and client ids: `[A-Za-z0-9._-]{1,100}`.
 pub(super) fn valid_id(id: &str) -> bool {
     (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
@@ -105,8 +108,20 @@ impl Traffic {
     /// its home: `Ok(claim)` here (see `Traffic::served_here`: `claim`, no claim names this
     /// instance yet), else the 307 to it.
     pub(super) fn at_agent_home(&self, gate: &Gate<'_>, agent: &str, req: &Request<'_>) -> Result<bool, Response> {
-        let key = crate::cluster::homes::agent_key(&Self::stored_agent(gate, agent));
-        self.served_here(&key, Some(req), &format!("agent {agent}"))
+        let stored = Self::stored_agent(gate, agent);
+        let key = crate::cluster::homes::agent_key(&stored);
+        self.served_here(&key, (Some(req), self.serves_agent(gate, &stored, agent)), &format!("agent {agent}"))
+    }
+
+    /// Whether this instance serves agent `stored` (as named `agent`) already: registered here
+    /// (heard from within ten heartbeat timeouts, as the registry keeps it), as a remote A2A
+    /// agent, or attached here.
+    fn serves_agent(&self, gate: &Gate<'_>, stored: &str, agent: &str) -> bool {
+        let shared = &self.shard.shared;
+        let forget = shared.config.agent_heartbeat_timeout.as_millis() as u64 * 10;
+        shared.agents.heard(stored, crate::storage::offsets::now_ms(), forget)
+            || shared.remotes.get(stored).is_some()
+            || shared.watchers.is_followed(&Self::agent_topic(gate, agent))
     }
 
     pub(super) fn routable(&self, stored_agent: &str) -> bool {
@@ -139,15 +154,20 @@ impl Traffic {
                     return r;
                 }
                 let key = crate::cluster::homes::agent_key(&Self::stored_agent(gate, &a));
-                match self.placed(&key, req.query(super::REDIRECTED).is_some()) {
+                let kept = req.query(super::REDIRECTED).is_some()
+                    || self.serves_agent(gate, &Self::stored_agent(gate, &a), &a);
+                match self.placed(&key, kept) {
                     Ok(super::Placed::Here { .. }) => {}
                     // Opened there for the caller, at most `MAX_OPENS_ELSEWHERE` at once per
                     // shard, and never for a request sent here already (two views a moment
                     // apart would send it back and forth): else the 307 there.
                     Ok(super::Placed::There(home)) => {
                         let opens = &self.shard.opens_elsewhere;
-                        if req.query(super::REDIRECTED).is_some() || opens.get() >= MAX_OPENS_ELSEWHERE {
+                        if !self.may_open_at(&home, gate, req) || opens.get() >= MAX_OPENS_ELSEWHERE {
                             return super::to_home(&home, req.head.target(req.buf));
+                        }
+                        if let Err(r) = gate.limit(&Self::agent_topic(gate, &a), 1, body.len() as u64) {
+                            return r;
                         }
                         opens.set(opens.get() + 1);
                         let _slot = super::scopeguard_dec(opens);
@@ -205,38 +225,51 @@ impl Traffic {
     }
 
     /// `POST /session/open` at `home`, the agent's home instance, for the caller (its
-    /// credential goes along): its answer, or 503 if it gave none within `webhook_timeout_ms`.
+    /// credential goes along): its answer, or 503 if it gave none within
+    /// [`OPEN_ELSEWHERE_WAIT`].
     async fn open_at(&self, home: &str, gate: &Gate<'_>, req: &Request<'_>) -> Response {
+        let unreachable = |e: String| unavailable(&format!("the agent's home instance {home} did not answer: {e}"));
+        match monoio::time::timeout(OPEN_ELSEWHERE_WAIT, self.open_at_now(home, gate, req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => unreachable(e),
+            Err(_) => unreachable(format!("nothing within {OPEN_ELSEWHERE_WAIT:?}")),
+        }
+    }
+
+    /// Whether this instance may open a session at `home` for the caller ([`Traffic::open_at`]):
+    /// not for a request another instance sent here (two views a moment apart would send it
+    /// back and forth), nor a caller whose credential cannot go along (a client certificate,
+    /// a peer that asks for one), nor from https to plain http. The caller is sent there then.
+    fn may_open_at(&self, home: &str, gate: &Gate<'_>, req: &Request<'_>) -> bool {
+        let config = &self.shard.shared.config;
+        let credential = gate.token.is_some() || config.auth.mode == crate::governance::AuthMode::None;
+        let mutual = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        let downgrade = config.advertised_url.starts_with("https://") && !home.starts_with("https://");
+        req.query(super::REDIRECTED).is_none() && credential && !mutual && !downgrade
+    }
+
+    /// [`Traffic::open_at`]'s exchange; `Err`: why there is no answer.
+    async fn open_at_now(&self, home: &str, gate: &Gate<'_>, req: &Request<'_>) -> Result<Response, String> {
         use crate::server::client::{Pool, Url};
         let shared = &self.shard.shared;
-        let unreachable = |e: String| unavailable(&format!("the agent's home instance {home} did not answer: {e}"));
-        let url = match Url::parse(&format!("{home}/session/open?{}=1", super::REDIRECTED)) {
-            Ok(u) => u,
-            Err(e) => return unreachable(e),
-        };
+        let url = Url::parse(&format!("{home}/session/open?{}=1", super::REDIRECTED))?;
         let timeout = shared.config.webhook_timeout;
-        let addr = match url.resolve(timeout).await {
-            Ok(a) => a,
-            Err(e) => return unreachable(e.to_string()),
-        };
+        let addr = url.resolve(timeout).await.map_err(|e| e.to_string())?;
         let bearer = gate.token.map(|t| format!("Bearer {}", String::from_utf8_lossy(t)));
         let mut headers = vec![("content-type", "application/json")];
         if let Some(b) = &bearer {
             headers.push(("authorization", b));
         }
         let pool = Pool::new(0, 64 << 10, Some(shared.client_tls.clone()));
-        match pool.send(&url, addr, "POST", &headers, req.body, timeout).await {
-            Ok(a) => {
-                let kind = a.header("content-type").unwrap_or("application/json").to_owned();
-                let after = a.header("retry-after").map(str::to_owned);
-                let r = Response::new(StatusCode(a.status), kind, a.body);
-                match after {
-                    Some(after) => r.with_header("retry-after", after),
-                    None => r,
-                }
-            }
-            Err(e) => unreachable(e.to_string()),
-        }
+        let a = pool.send(&url, addr, "POST", &headers, req.body, timeout).await.map_err(|e| e.to_string())?;
+        let kind = a.header("content-type").unwrap_or("application/json").to_owned();
+        // What a client acts on (where to go, how to prove itself, when to retry) goes along.
+        let along: Vec<(&'static str, String)> = ["location", "www-authenticate", "retry-after"]
+            .into_iter()
+            .filter_map(|name| a.header(name).map(|v| (name, v.to_owned())))
+            .collect();
+        let r = Response::new(StatusCode(a.status), kind, a.body);
+        Ok(along.into_iter().fold(r, |r, (name, v)| r.with_header(name, v)))
     }
 
     /// The session a client names, checked (and served at its agent's home only): (its key,

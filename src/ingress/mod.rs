@@ -1101,7 +1101,8 @@ impl Traffic {
             });
         }
         let stored = lite_stored(&gate.scoped(&topic)?);
-        self.served_here(&session::lite_home(&stored).0, at, &format!("lite topic {topic}"))?;
+        let here = self.shard.shared.watchers.is_followed(&stored);
+        self.served_here(&session::lite_home(&stored).0, (at, here), &format!("lite topic {topic}"))?;
         Ok(Cow::Owned(stored))
     }
 
@@ -1114,9 +1115,14 @@ impl Traffic {
     /// Never waits: these keys carry no offsets to catch up on, and two racing first choices
     /// are settled by the claims' log (the loser forgets, `runtime::claim_read`). Nothing is
     /// recorded here: a caller that is sent on leaves no claim behind.
-    fn served_here(&self, key: &str, at: Option<&Request<'_>>, what: &str) -> Result<bool, Response> {
+    fn served_here(
+        &self,
+        key: &str,
+        (at, serving): (Option<&Request<'_>>, bool),
+        what: &str,
+    ) -> Result<bool, Response> {
         let redirected = at.is_some_and(|r| r.query(REDIRECTED).is_some());
-        match self.placed(key, redirected)? {
+        match self.placed(key, redirected || serving)? {
             Placed::Here { claim } => Ok(claim),
             Placed::There(url) => Err(match at {
                 Some(req) => to_home(&url, req.head.target(req.buf)),
@@ -1125,39 +1131,60 @@ impl Traffic {
         }
     }
 
-    /// Where `key` is served, as [`Traffic::served_here`] says (`redirected`: the request
-    /// carries `evmeshRedirected`); `Err` only while this instance is starting (503).
-    fn placed(&self, key: &str, redirected: bool) -> Result<Placed, Response> {
+    /// Where `key` is served, as [`Traffic::served_here`] says (`kept`: a choice nobody
+    /// claimed stays here, the request being sent here by another instance, or this instance
+    /// serving the key already: an agent registered or attached here, a lite topic followed
+    /// here); 503 while this instance is starting, or knows no live instance (Kafka away:
+    /// what it took then, it could not tell the others).
+    fn placed(&self, key: &str, kept: bool) -> Result<Placed, Response> {
         let shared = &self.shard.shared;
         if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
             return Ok(Placed::Here { claim: false });
         }
         let Some(home) = shared.home(key, false) else {
-            if !shared.homes.is_caught_up() {
-                return Err(problem(StatusCode::SERVICE_UNAVAILABLE, "this instance is starting; try again")
-                    .with_header("retry-after", "1"));
-            }
-            // No live instance known (Kafka away): served here, claimed later.
-            return Ok(Placed::Here { claim: false });
+            let detail = match shared.homes.is_caught_up() {
+                false => "this instance is starting; try again",
+                true => "no live instance is known (Kafka away?); try again",
+            };
+            return Err(problem(StatusCode::SERVICE_UNAVAILABLE, detail).with_header("retry-after", "1"));
         };
-        if home.id == shared.config.instance_id || home.url == shared.config.advertised_url {
+        if home.id == shared.config.instance_id {
             return Ok(Placed::Here { claim: !home.claimed });
         }
-        if !home.claimed && redirected {
+        if !home.claimed && kept {
             return Ok(Placed::Here { claim: true });
         }
         Ok(Placed::There(home.url))
     }
 
-    /// With Kafka, after lite topic `stored` was stored here: its home is claimed for this
-    /// instance unless one names it (an agent's is claimed by its registration instead).
-    fn stored_lite(&self, stored: &str) {
-        if matches!(self.shard.shared.config.storage, crate::config::StorageKind::Embedded) {
-            return;
-        }
+    /// With Kafka, before lite topic `stored` is stored here: its home claimed for this
+    /// instance and the claim read back (at most [`SETTLE_WAIT`]; an agent's topic is claimed
+    /// by the agent's registration instead). Of two instances that each took a new session
+    /// topic at once, the one whose claim lost stores nothing (503: the publisher's retry is
+    /// sent to the other), so no acknowledged event stays where nobody reads it.
+    async fn lite_settled(&self, stored: &str) -> Result<(), StorageError> {
+        let shared = &self.shard.shared;
         let (key, claimed_here) = session::lite_home(stored);
-        if claimed_here {
-            self.shard.shared.claim_here(&key);
+        if matches!(shared.config.storage, crate::config::StorageKind::Embedded) || !claimed_here {
+            return Ok(());
+        }
+        let me = &shared.config.instance_id;
+        if shared.homes.claimed_by(&key, me) {
+            return Ok(());
+        }
+        shared.claim_here(&key);
+        let until = std::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            if shared.homes.claimed_by(&key, me) {
+                return Ok(());
+            }
+            if shared.home(&key, false).is_some_and(|h| h.claimed && h.id != *me) {
+                return Err(StorageError::Unavailable("another instance is this session's home now; try again"));
+            }
+            if std::time::Instant::now() >= until {
+                return Err(StorageError::Unavailable("this instance is taking the session over; try again"));
+            }
+            monoio::time::sleep(SETTLE_POLL).await;
         }
     }
 
@@ -1215,11 +1242,11 @@ impl Traffic {
         let first = partition_of(&frames[0], local);
         if frames.iter().all(|f| partition_of(f, local) == first) {
             let n = frames.len() as u64;
+            if topic.starts_with(':') {
+                self.lite_settled(topic).await?;
+            }
             let offset = self.shard.append(topic, first, std::mem::take(&mut frames)).await?;
             stored();
-            if topic.starts_with(':') {
-                self.stored_lite(topic);
-            }
             return Ok((0..n).map(|i| (first, offset + i)).collect());
         }
         // Group by partition, remembering each frame's place in the request.

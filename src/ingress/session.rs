@@ -64,7 +64,8 @@ impl Traffic {
         }
         let (stored, local) = session_topic(gate, sid)?;
         gate.allow(action, Kind::Topic, &local)?;
-        self.served_here(&lite_home(&stored).0, Some(req), &format!("session {sid}"))?;
+        let here = self.shard.shared.watchers.is_followed(&stored);
+        self.served_here(&lite_home(&stored).0, (Some(req), here), &format!("session {sid}"))?;
         Ok(stored)
     }
 

@@ -408,8 +408,10 @@ fn claim_read(shared: &Shared, key: String, value: Option<&[u8]>, work: &std::sy
                 }
                 Some(_) => {}
                 // An agent or a lite topic another instance claimed: whatever of it is here
-                // (held by a claim, or taken unclaimed) moves there.
-                None => lite_or_agent_moved(shared, &key),
+                // (held by a claim, or taken unclaimed) moves there; unless this instance's
+                // own later claim is on its way (it decides, when read).
+                None if !shared.homes.pending_of(&key, me) => lite_or_agent_moved(shared, &key),
+                None => {}
             }
         }
         Read::Lost { holder, epoch } if now && holder == *me => {

@@ -311,6 +311,7 @@ fn a_session_topics_home_is_released_when_it_expires() {
     let ev = event("x").to_string();
     let r = b.client().post("/session/publish/s-exp", "application/cloudevents+json", ev.as_bytes());
     assert_eq!(r.status, 201, "{}", r.text());
+    let me = b.admin().get("/admin/cluster").json()["instanceId"].as_str().unwrap().to_owned();
     let c = reader(&brokers, &unique("it-homes"));
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&format!("{p}__evmesh.homes"), 0, Offset::Beginning).unwrap();
@@ -326,7 +327,10 @@ fn a_session_topics_home_is_released_when_it_expires() {
             continue;
         }
         match m.payload() {
-            Some(_) => seen.0 = true,
+            Some(claim) => {
+                assert!(claim.starts_with(format!("{me}\n").as_bytes()), "{:?}", String::from_utf8_lossy(claim));
+                seen.0 = true;
+            }
             None => seen = (seen.0, seen.0),
         }
     }
