@@ -53,6 +53,15 @@ pub const HOMES_TOPIC: &str = "__evmesh.homes";
 /// Claims remembered at most (whoever can write the topic could write more): past it one is
 /// forgotten per new one (a forgotten key is chosen again, its choice recorded again).
 const MAX_CLAIMS: usize = 1 << 20;
+/// Lite topics' claims at most (cluster-wide, as read): half the table, so subscriptions' and
+/// agents' claims keep room (a store to a new session topic past it is refused, 503).
+pub const MAX_LITE_CLAIMS: usize = MAX_CLAIMS / 2;
+
+/// Whether `key` is a lite topic's home key ([`lite_key`]).
+fn is_lite(key: &str) -> bool {
+    key.starts_with("lite/")
+}
+
 /// Choices written and not read back yet, at most.
 const MAX_PENDING: usize = 1 << 16;
 /// Keys longer than this are not claims of ours (a subscription key is at most ~260 bytes).
@@ -126,6 +135,8 @@ struct State {
     /// key -> (instance id, when read).
     /// key -> (instance id, the claim's epoch, when read).
     claims: HashMap<String, (String, u64, Instant)>,
+    /// How many of `claims` are lite topics' (see [`Homes::lite_claims`]).
+    lite: usize,
     /// key -> (instance id, when written): used until read back, at most `pending_for`.
     pending: HashMap<String, (String, Instant)>,
 }
@@ -188,7 +199,9 @@ impl Homes {
         let mut s = self.state.lock().expect("not poisoned");
         let Some(Claim { instance, epoch }) = claim else {
             s.pending.remove(&key);
-            return Read::Taken { was: s.claims.remove(&key).map(|(id, _, _)| id) };
+            let was = s.claims.remove(&key).map(|(id, _, _)| id);
+            s.lite -= usize::from(was.is_some() && is_lite(&key));
+            return Read::Taken { was };
         };
         if key.len() > MAX_KEY {
             return Read::Ignored;
@@ -208,9 +221,13 @@ impl Homes {
             let any = s.claims.keys().find(|k| !sub(k)).or_else(|| s.claims.keys().next()).cloned();
             if let Some(k) = any {
                 s.claims.remove(&k);
+                s.lite -= usize::from(is_lite(&k));
             }
         }
-        Read::Taken { was: s.claims.insert(key, (instance, epoch, now)).map(|(id, _, _)| id) }
+        let lite = is_lite(&key);
+        let was = s.claims.insert(key, (instance, epoch, now)).map(|(id, _, _)| id);
+        s.lite += usize::from(was.is_none() && lite);
+        Read::Taken { was }
     }
 
     /// Whether the claim read for `key` names `instance` (once caught up).
@@ -285,6 +302,12 @@ impl Homes {
             s.pending.insert(key.to_owned(), (member.heartbeat.instance_id.clone(), now));
         }
         Some(Home { member, record, epoch, claimed: record })
+    }
+
+    /// How many lite topics' homes are claimed (read): a new one is not claimed past
+    /// [`MAX_LITE_CLAIMS`], so the table never forgets claims for them.
+    pub fn lite_claims(&self) -> usize {
+        self.state.lock().expect("not poisoned").lite
     }
 
     /// Whether `instance` wrote a claim of `key` not read back yet.
@@ -455,5 +478,23 @@ mod tests {
         // Every instance must agree, whatever version each runs: these values never change.
         assert_eq!(format!("{:.12}", unit("sub/orders", "evmesh-1")), "0.540024471435");
         assert_eq!(format!("{:.12}", unit("", "")), "0.309291187458");
+    }
+
+    /// Lite topics' claims are counted as read (new keys only, releases too), so a store to a
+    /// new session topic can be refused before the table would forget claims.
+    #[test]
+    fn lite_claims_are_counted_as_read_and_released() {
+        let homes = Homes::default();
+        let t0 = Instant::now();
+        let claim = |id: &str, epoch: u64| Some(Claim { instance: id.into(), epoch });
+        homes.claimed(lite_key(":session.a"), claim("x", 1), t0);
+        homes.claimed(lite_key(":session.a"), claim("x", 1), t0);
+        homes.claimed(lite_key(":session.b"), claim("y", 1), t0);
+        homes.claimed(agent_key("bot"), claim("y", 1), t0);
+        homes.claimed("sub/s".into(), claim("y", 1), t0);
+        assert_eq!(homes.lite_claims(), 2, "each lite key once; other kinds not");
+        homes.claimed(lite_key(":session.a"), None, t0);
+        homes.claimed(lite_key(":session.c"), None, t0);
+        assert_eq!(homes.lite_claims(), 1, "a release of a key not claimed counts nothing");
     }
 }

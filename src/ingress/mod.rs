@@ -1172,6 +1172,11 @@ impl Traffic {
         if shared.homes.claimed_by(&key, me) {
             return Ok(());
         }
+        if shared.homes.lite_claims() >= crate::cluster::homes::MAX_LITE_CLAIMS {
+            return Err(StorageError::Unavailable(
+                "the cluster serves as many session topics as it may; try again later",
+            ));
+        }
         shared.claim_here(&key);
         let until = std::time::Instant::now() + SETTLE_WAIT;
         loop {

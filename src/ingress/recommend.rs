@@ -1,8 +1,8 @@
 //! `GET /session/recommend?subscription=S|sessionId=X|clientId=C` (SPEC, "Many instances"):
 //! where a client should attach, `{"instanceUrl": U, "instanceId": I}`. A subscription's home
 //! is chosen among the live instances and recorded (`cluster::homes`, sticky while it lives)
-//! once the subscription exists; a client's is chosen, not recorded (nothing a caller names
-//! grows the homes topic); an agent streaming session's (`<A>:<uuid>`) is its agent's, any
+//! once the subscription exists; a client's is chosen, not recorded (asking records nothing a
+//! caller only names); an agent streaming session's (`<A>:<uuid>`) is its agent's, any
 //! other session id's its session pub/sub topic's (claimed by the first publish stored). Asking
 //! needs what attaching needs (SUBSCRIBE on the subscription or `topic:session.<sid>`,
 //! REQUEST on the agent). On the embedded log every answer is this instance.
