@@ -365,7 +365,8 @@ enum Placed {
 }
 
 /// Marks a request sent on by [`to_home`]: served where it arrives, never sent on again (two
-/// instances whose views of the home differ for a moment would send it back and forth).
+/// instances whose views of the home differ for a moment would send it back and forth); for an
+/// agent or a lite topic, unless a live instance's claim names another home.
 const REDIRECTED: &str = "evmeshRedirected";
 
 /// 307 to the same request at `home` (the method and body kept, as 307 says), before any
