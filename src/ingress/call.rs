@@ -108,9 +108,12 @@ impl Traffic {
     /// its home: `Ok(claim)` here (see `Traffic::served_here`: `claim`, no claim names this
     /// instance yet), else the 307 to it.
     pub(super) fn at_agent_home(&self, gate: &Gate<'_>, agent: &str, req: &Request<'_>) -> Result<bool, Response> {
+        if !self.clustered() {
+            return Ok(false);
+        }
         let stored = Self::stored_agent(gate, agent);
         let key = crate::cluster::homes::agent_key(&stored);
-        self.served_here(&key, (Some(req), self.serves_agent(gate, &stored, agent)), &format!("agent {agent}"))
+        self.served_here(&key, (Some(req), self.serves_agent(gate, &stored, agent)), || format!("agent {agent}"))
     }
 
     /// Whether this instance serves agent `stored` (as named `agent`) already: registered here
@@ -153,27 +156,8 @@ impl Traffic {
                 if let Err(r) = gate.allow(Action::Request, Kind::Agent, &a) {
                     return r;
                 }
-                let key = crate::cluster::homes::agent_key(&Self::stored_agent(gate, &a));
-                let kept = req.query(super::REDIRECTED).is_some()
-                    || self.serves_agent(gate, &Self::stored_agent(gate, &a), &a);
-                match self.placed(&key, kept) {
-                    Ok(super::Placed::Here { .. }) => {}
-                    // Opened there for the caller, at most `MAX_OPENS_ELSEWHERE` at once per
-                    // shard, and never for a request sent here already (two views a moment
-                    // apart would send it back and forth): else the 307 there.
-                    Ok(super::Placed::There(home)) => {
-                        let opens = &self.shard.opens_elsewhere;
-                        if !self.may_open_at(&home, gate, req) || opens.get() >= MAX_OPENS_ELSEWHERE {
-                            return super::to_home(&home, req.head.target(req.buf));
-                        }
-                        if let Err(r) = gate.limit(&Self::agent_topic(gate, &a), 1, body.len() as u64) {
-                            return r;
-                        }
-                        opens.set(opens.get() + 1);
-                        let _slot = super::scopeguard_dec(opens);
-                        return Box::pin(self.open_at(&home, gate, req)).await;
-                    }
-                    Err(r) => return r,
+                if let Some(r) = Box::pin(self.opened_elsewhere(gate, req, &a)).await {
+                    return r;
                 }
                 if !self.routable(&Self::stored_agent(gate, &a)) {
                     return unavailable(&format!("agent {a} is not registered, ready and heart-beating"));
@@ -222,6 +206,33 @@ impl Traffic {
             "instanceUrl": shared.config.advertised_url,
         });
         Response::json(StatusCode(201), body.to_string())
+    }
+
+    /// With Kafka, a session of `agent` (as named) whose home is another instance: opened
+    /// there for the caller ([`Traffic::open_at`]; at most `MAX_OPENS_ELSEWHERE` at once per
+    /// shard, else, or when [`Traffic::may_open_at`] says no, the 307 there). `None`: served
+    /// here.
+    async fn opened_elsewhere(&self, gate: &mut Gate<'_>, req: &Request<'_>, agent: &str) -> Option<Response> {
+        if !self.clustered() {
+            return None;
+        }
+        let stored = Self::stored_agent(gate, agent);
+        let kept = req.query(super::REDIRECTED).is_some() || self.serves_agent(gate, &stored, agent);
+        let home = match self.placed(&crate::cluster::homes::agent_key(&stored), kept) {
+            Ok(super::Placed::Here { .. }) => return None,
+            Ok(super::Placed::There(home)) => home,
+            Err(r) => return Some(r),
+        };
+        let opens = &self.shard.opens_elsewhere;
+        if !self.may_open_at(&home, gate, req) || opens.get() >= MAX_OPENS_ELSEWHERE {
+            return Some(super::to_home(&home, req.head.target(req.buf)));
+        }
+        if let Err(r) = gate.limit(&Self::agent_topic(gate, agent), 1, req.body.len() as u64) {
+            return Some(r);
+        }
+        opens.set(opens.get() + 1);
+        let _slot = super::scopeguard_dec(opens);
+        Some(self.open_at(&home, gate, req).await)
     }
 
     /// `POST /session/open` at `home`, the agent's home instance, for the caller (its

@@ -1102,9 +1102,28 @@ impl Traffic {
             });
         }
         let stored = lite_stored(&gate.scoped(&topic)?);
-        let here = self.shard.shared.watchers.is_followed(&stored);
-        self.served_here(&session::lite_home(&stored).0, (at, here), &format!("lite topic {topic}"))?;
+        self.lite_served_here(&stored, at, || format!("lite topic {topic}"))?;
         Ok(Cow::Owned(stored))
+    }
+
+    /// Whether instances share Kafka: only then is anything served at a home elsewhere.
+    fn clustered(&self) -> bool {
+        !matches!(self.shard.shared.config.storage, crate::config::StorageKind::Embedded)
+    }
+
+    /// [`Traffic::served_here`] for lite topic `stored` (a choice nobody claimed stays here
+    /// while the topic is followed here). Nothing is looked up on the embedded log.
+    fn lite_served_here(
+        &self,
+        stored: &str,
+        at: Option<&Request<'_>>,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), Response> {
+        if !self.clustered() {
+            return Ok(());
+        }
+        let here = self.shard.shared.watchers.is_followed(stored);
+        self.served_here(&session::lite_home(stored).0, (at, here), what).map(|_| ())
     }
 
     /// With Kafka: whether an agent's or a lite topic's `key` (`cluster::homes`) is served
@@ -1120,14 +1139,14 @@ impl Traffic {
         &self,
         key: &str,
         (at, serving): (Option<&Request<'_>>, bool),
-        what: &str,
+        what: impl FnOnce() -> String,
     ) -> Result<bool, Response> {
         let redirected = at.is_some_and(|r| r.query(REDIRECTED).is_some());
         match self.placed(key, redirected || serving)? {
             Placed::Here { claim } => Ok(claim),
             Placed::There(url) => Err(match at {
                 Some(req) => to_home(&url, req.head.target(req.buf)),
-                None => problem(StatusCode::CONFLICT, &format!("{what} is served by its home instance {url}")),
+                None => problem(StatusCode::CONFLICT, &format!("{} is served by its home instance {url}", what())),
             }),
         }
     }
@@ -1139,7 +1158,7 @@ impl Traffic {
     /// what it took then, it could not tell the others).
     fn placed(&self, key: &str, kept: bool) -> Result<Placed, Response> {
         let shared = &self.shard.shared;
-        if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
+        if !self.clustered() {
             return Ok(Placed::Here { claim: false });
         }
         let Some(home) = shared.home(key, false) else {
@@ -1164,9 +1183,12 @@ impl Traffic {
     /// topic at once, the one whose claim lost stores nothing (503: the publisher's retry is
     /// sent to the other), so no acknowledged event stays where nobody reads it.
     async fn lite_settled(&self, stored: &str) -> Result<(), StorageError> {
+        if !self.clustered() {
+            return Ok(());
+        }
         let shared = &self.shard.shared;
         let (key, claimed_here) = session::lite_home(stored);
-        if matches!(shared.config.storage, crate::config::StorageKind::Embedded) || !claimed_here {
+        if !claimed_here {
             return Ok(());
         }
         let me = &shared.config.instance_id;

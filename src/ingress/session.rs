@@ -64,8 +64,7 @@ impl Traffic {
         }
         let (stored, local) = session_topic(gate, sid)?;
         gate.allow(action, Kind::Topic, &local)?;
-        let here = self.shard.shared.watchers.is_followed(&stored);
-        self.served_here(&lite_home(&stored).0, (Some(req), here), &format!("session {sid}"))?;
+        self.lite_served_here(&stored, Some(req), || format!("session {sid}"))?;
         Ok(stored)
     }
 
