@@ -634,6 +634,49 @@ mod on_kafka {
         assert!(finished.iter().all(|f| *f > answered_next), "the 65th waited behind the 64");
     }
 
+    /// `POST /session/open` asked at an instance that is not the agent's home is opened there
+    /// for the caller, but never without bounds: at most 64 at once per shard (the next is
+    /// sent there, 307, at once), each ended within its deadline (503) when the home does not
+    /// answer. The home here advertises a socket that accepts and never answers.
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn opens_at_an_agents_home_are_capped_and_end_when_it_hangs() {
+        use super::super::util::{request_bytes, Client};
+        let (brokers, prefix) = kafka_and_prefix("oh");
+        let hang = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let hang_url = format!("http://{}", hang.local_addr().unwrap());
+        let home = start_in_with(&brokers, &prefix, &["--advertised-url", &hang_url]);
+        let asked = start_in_with(&brokers, &prefix, &["--shards", "1"]);
+        wait_for(Duration::from_secs(20), || [&home, &asked].iter().all(|b| live(b).0.len() == 2).then_some(()));
+        // Registered at the home (sent there, as its own redirect would): its claim is read.
+        let r = home.client().post("/agent/register?evmeshRedirected=1", "application/json", br#"{"agentId":"far"}"#);
+        assert_eq!(r.status, 201, "{}", r.text());
+        says(&[&asked], "sessionId=far:00", &hang_url);
+        let accepted = || super::super::request::metric(&asked, "evmesh_connections_accepted_total", "");
+        let before = accepted();
+        let body = br#"{"clientId":"c","agentId":"far"}"#;
+        let headers = [("content-type", "application/json")];
+        let waiting: Vec<Client> = (0..64)
+            .map(|_| {
+                let mut c = Client::connect(asked.traffic);
+                c.send_raw(&request_bytes("POST", "/session/open", &headers, body));
+                c
+            })
+            .collect();
+        wait_for(Duration::from_secs(10), || (accepted() >= before + 64).then_some(()));
+        let next = asked.client().post("/session/open", "application/json", body);
+        let answered_next = Instant::now();
+        assert_eq!((next.status, next.header("location").map(|l| l.starts_with(&hang_url))), (307, Some(true)));
+        for mut c in waiting {
+            let r = c.read_response().expect("answered within the deadline");
+            assert_eq!(r.status, 503, "{}", r.text());
+            assert!(r.text().contains("did not answer"), "{}", r.text());
+        }
+        let ended = answered_next.elapsed();
+        assert!(ended >= Duration::from_secs(3), "the 65th was answered while the 64 waited ({ended:?})");
+        drop(hang);
+    }
+
     /// Two instances over one Kafka cluster that see each other, and a LOAD_BALANCE
     /// subscription `name` of `topic` (from the earliest event) made at the first.
     fn two_sharing(tag: &str, name: &str, topic: &str) -> [TestBroker; 2] {
