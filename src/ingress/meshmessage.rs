@@ -13,6 +13,8 @@
 //! each push `url` served by `push::webhook`). 301 (reply): `bizseqno`, `uniqueid`, `content` and the request's
 //! `emcorrelationid` in `extFields` (a push of the request carries it there) go to the waiting
 //! requester as a reply, answered 0, or 16 when nobody waits for it. Any other code is HTTP 400 with retCode 2, as EventMesh answers.
+//! Every request but the JSON `/eventmesh/(un)subscribe/local` needs the client headers (`idc`,
+//! `sys`, a numeric `pid`; retCode 6 before anything is read or stored), on a path route too.
 //! `producergroup` is accepted and ignored; `username`/`passwd` are not credentials here (with
 //! `auth` on, a classic client sends `Authorization: Bearer`).
 
@@ -118,10 +120,9 @@ impl Traffic {
         };
         let path_route = matches!(req.path(), "/eventmesh/publish" | "/eventmesh/publish/batch");
         let checked = || -> Result<Form, Refused> {
-            // Path routes take the client headers' defaults (as EventMesh's do).
-            if !path_route {
-                meshmessage::check_client(|name| req.header(name))?;
-            }
+            // Every send carries the client headers, whatever its path (SPEC): EventMesh's path
+            // routes fill in the server's own defaults, which hides a misconfigured producer.
+            meshmessage::check_client(|name| req.header(name))?;
             let json = req
                 .header("content-type")
                 .is_some_and(|ct| ct.windows(16).any(|w| w.eq_ignore_ascii_case(b"application/json")));

@@ -64,6 +64,11 @@ fn publish_form<'a>(topic: &'a str, content: &'a str, seq: &'a str) -> Vec<(&'a 
     ]
 }
 
+/// The client headers alone (`idc`, `pid`, `sys`), for the path routes, with `content_type`.
+fn client_headers(content_type: &str) -> Vec<(&str, &str)> {
+    vec![("idc", "idc"), ("pid", "4242"), ("sys", "1234"), ("content-type", content_type)]
+}
+
 fn ret(r: &super::util::Resp) -> (u16, i64) {
     (r.status, r.json()["retCode"].as_i64().unwrap_or(-1))
 }
@@ -97,8 +102,8 @@ fn a_java_sdk_publish_is_stored_as_a_cloudevent_and_read_by_a_cloudevents_subscr
     );
     // A CloudEvent and a classic message share the topic's offsets.
     assert_eq!(b.publish("classic", &event("ce-1")).json()["offset"], 1);
-    // 107 (one message of a batch: `msg` for `content`) and `POST /eventmesh/publish` (the
-    // client headers take their defaults there).
+    // 107 (one message of a batch: `msg` for `content`) and `POST /eventmesh/publish` (with the
+    // client headers, as every send).
     let v2 = form(&[
         ("bizseqno", Some("s-2")),
         ("topic", Some("classic")),
@@ -107,12 +112,11 @@ fn a_java_sdk_publish_is_stored_as_a_cloudevent_and_read_by_a_cloudevents_subscr
     ]);
     assert_eq!(ret(&c.request("POST", "/", &sdk_headers("107"), &v2)), (200, 0));
     let path = form(&publish_form("classic", "m3", "s-3"));
-    let r = c.request("POST", "/eventmesh/publish", &[("content-type", "application/x-www-form-urlencoded")], &path);
+    let r = c.request("POST", "/eventmesh/publish", &client_headers("application/x-www-form-urlencoded"), &path);
     assert_eq!(ret(&r), (200, 0), "{}", r.text());
     // The path route also takes a JSON object of the same fields.
     let body = json!({"topic": "classic", "content": "m4", "bizseqno": "s-4", "uniqueid": "u-4", "producergroup": "g"});
-    let r =
-        c.request("POST", "/eventmesh/publish", &[("content-type", "application/json")], body.to_string().as_bytes());
+    let r = c.request("POST", "/eventmesh/publish", &client_headers("application/json"), body.to_string().as_bytes());
     assert_eq!(ret(&r), (200, 0), "{}", r.text());
     let ids: Vec<Value> = b.events("classic", 0).into_iter().map(|(_, e)| e["id"].clone()).collect();
     assert_eq!(ids, [json!("764553018247542903411"), json!("ce-1"), json!("s-2"), json!("s-3"), json!("s-4")]);
@@ -253,6 +257,85 @@ fn classic_requests_are_refused_with_the_classic_codes() {
     assert!(errors >= 10, "{errors}");
     // No `code`, not a classic path: still no route.
     assert_eq!(c.request("POST", "/elsewhere", &[], b"x").status, 404);
+}
+
+/// Every classic send path refuses a send whose client headers are missing, blank or (`pid`)
+/// not a number with retCode 6 and stores nothing; EventMesh's send processors answer so and
+/// classic clients rely on it to find a misconfigured producer. Before, `/eventmesh/publish`
+/// (and its batch) took defaults for them and stored the event. The same sends with the headers
+/// are stored (or, for a reply nobody waits for, answered 16), so each path is really reached.
+#[test]
+fn classic_sends_without_client_headers_are_refused_on_every_path() {
+    let b = TestBroker::start(&["--default-partitions", "1"]);
+    assert_eq!(b.admin().request("PUT", "/admin/topics/hdr", &[], br#"{"partitions":1}"#).status, 201);
+    let mut sync = publish_form("hdr", "ping", "s-101");
+    sync[3] = ("ttl", Some("200"));
+    let v2 = [("bizseqno", Some("s-107")), ("topic", Some("hdr")), ("msg", Some("m")), ("producergroup", Some("g"))];
+    let contents = json!([{"bizSeqNo": "s-102", "topic": "hdr", "msg": "b"}]).to_string();
+    let batch = form(&[("batchId", Some("b-1")), ("producerGroup", Some("g")), ("contents", Some(&contents))]);
+    let json_send =
+        json!({"topic": "hdr", "content": "j", "bizseqno": "s-json", "uniqueid": "u", "producergroup": "g"})
+            .to_string();
+    let reply = form(&[
+        ("bizseqno", Some("r-1")),
+        ("uniqueid", Some("r-1")),
+        ("content", Some("late")),
+        ("extFields", Some(r#"{"emcorrelationid":"nobody"}"#)),
+    ]);
+    const FORM: &str = "application/x-www-form-urlencoded; charset=UTF-8";
+    /// A send path: its code header, content type and body, the retCode it gets with every
+    /// client header, and the id it stores then.
+    struct Send<'a> {
+        path: &'a str,
+        code: &'a str,
+        content_type: &'a str,
+        body: Vec<u8>,
+        ok: i64,
+        stores: Option<&'a str>,
+    }
+    let send = |path, code, content_type, body, ok, stores| Send { path, code, content_type, body, ok, stores };
+    let sends = vec![
+        send("/", "104", FORM, form(&publish_form("hdr", "c", "s-104")), 0, Some("s-104")),
+        send("/", "107", FORM, form(&v2), 0, Some("s-107")),
+        send("/", "102", FORM, batch.clone(), 0, Some("s-102")),
+        send("/", "101", FORM, form(&sync), 4, Some("s-101")),
+        send("/", "301", FORM, reply, 16, None),
+        send("/eventmesh/publish", "104", FORM, form(&publish_form("hdr", "c", "s-path")), 0, Some("s-path")),
+        send("/eventmesh/publish", "104", "application/json", json_send.into_bytes(), 0, Some("s-json")),
+        send("/eventmesh/publish/batch", "102", FORM, batch, 0, Some("s-102")),
+    ];
+    let mut c = b.client();
+    for Send { path, code, content_type, body, .. } in &sends {
+        let full: Vec<(&str, &str)> = sdk_headers(code)
+            .into_iter()
+            .map(|(k, v)| if k == "content-type" { (k, *content_type) } else { (k, v) })
+            .collect();
+        let without = |name: &str| full.iter().copied().filter(|(k, _)| *k != name).collect::<Vec<_>>();
+        let with = |name: &str, value: &'static str| {
+            full.iter().map(|&(k, v)| if k == name { (k, value) } else { (k, v) }).collect::<Vec<_>>()
+        };
+        let defects = [
+            ("no idc", without("idc")),
+            ("no sys", without("sys")),
+            ("no pid", without("pid")),
+            ("blank idc", with("idc", "  ")),
+            ("pid not a number", with("pid", "not-a-number")),
+        ];
+        for (defect, headers) in defects {
+            let r = c.request("POST", path, &headers, body);
+            assert_eq!(ret(&r), (200, 6), "{path} code {code} {content_type}, {defect}: {}", r.text());
+        }
+    }
+    assert!(b.events("hdr", 0).is_empty(), "a refused send was stored: {:?}", b.events("hdr", 0));
+    for Send { path, code, content_type, body, ok, .. } in &sends {
+        let mut headers = sdk_headers(code);
+        headers.iter_mut().find(|(k, _)| *k == "content-type").unwrap().1 = content_type;
+        let r = c.request("POST", path, &headers, body);
+        assert_eq!(ret(&r), (200, *ok), "{path} code {code} {content_type}: {}", r.text());
+    }
+    let stored: Vec<Value> = b.events("hdr", 0).into_iter().map(|(_, e)| e["id"].clone()).collect();
+    let expected: Vec<Value> = sends.iter().filter_map(|s| s.stores).map(|id| json!(id)).collect();
+    assert_eq!(stored, expected);
 }
 
 /// The headers `EventMeshHttpConsumer` sets (no protocol* headers).
