@@ -315,6 +315,8 @@ impl Admin {
                 if let Some(why) = self.shared.syncer.as_ref().and_then(|s| s.failure()) {
                     let detail = format!("{why}: nothing written since is durable; restart evmesh to recover");
                     problem(StatusCode::SERVICE_UNAVAILABLE, &detail)
+                } else if let Some(why) = self.shared.descriptors_short() {
+                    problem(StatusCode::SERVICE_UNAVAILABLE, &why).with_header("retry-after", "5")
                 } else if ready == self.shared.config.shards && stalled.is_empty() {
                     Response::json(StatusCode::OK, r#"{"status":"ready"}"#)
                 } else if ready == self.shared.config.shards {
@@ -347,6 +349,36 @@ impl Admin {
                         "counter",
                         "Bytes of events the Kafka tail read (the topics sessions here need)",
                         self.shared.tail_bytes.load(Ordering::Relaxed),
+                    ),
+                    (
+                        "evmesh_open_files_limit",
+                        "gauge",
+                        "The open-files limit in force (shared out at start: see the descriptors line it printed)",
+                        self.shared.fds.limit,
+                    ),
+                    (
+                        "evmesh_connections_budget",
+                        "gauge",
+                        "Traffic connections per shard the open-files limit leaves room for (max_connections)",
+                        self.shared.config.max_connections as u64,
+                    ),
+                    (
+                        "evmesh_partition_files_open",
+                        "gauge",
+                        "Partitions' segment files open now (the least recently used close past their share)",
+                        self.shared.logs.open_files() as u64,
+                    ),
+                    (
+                        "evmesh_partition_files_budget",
+                        "gauge",
+                        "Partitions' share of the open-files limit",
+                        self.shared.logs.max_open() as u64,
+                    ),
+                    (
+                        "evmesh_client_sockets_open",
+                        "gauge",
+                        "Sockets the broker opened itself (webhook sinks, remote agents)",
+                        crate::server::client::sockets_open() as u64,
                     ),
                     (
                         "evmesh_auth_key_reloads_total",

@@ -4,6 +4,8 @@
 //!
 //! One table, [`KEYS`], names every key once: it drives the environment, the flags and the help.
 
+pub mod fds;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;

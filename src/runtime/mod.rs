@@ -96,6 +96,36 @@ async fn injected_fault(shard: usize) {
     }
 }
 
+/// Fault injection for the test that proves `accept` and `/readyz` hold when the process runs
+/// out of descriptors for a reason outside the budget (a leak, the system's own limit):
+/// `EVMESH_TEST_FAULT=hold-descriptors` makes a thread take every free descriptor while the
+/// file `hold-descriptors` exists in the data directory, and give them back once it is gone.
+fn descriptor_fault(data_dir: &std::path::Path) -> std::io::Result<()> {
+    if std::env::var("EVMESH_TEST_FAULT").ok().as_deref() != Some("hold-descriptors") {
+        return Ok(());
+    }
+    let flag = data_dir.join("hold-descriptors");
+    std::thread::Builder::new().name("evmesh-test-fault".into()).spawn(move || {
+        let (mut held, mut filled) = (Vec::<std::fs::File>::new(), false);
+        loop {
+            // (`exists` is a stat: it needs no descriptor.)
+            if flag.exists() {
+                // Once: what the broker frees afterwards is its own to take again.
+                while !filled {
+                    match std::fs::File::open("/dev/null") {
+                        Ok(f) => held.push(f),
+                        Err(_) => filled = true,
+                    }
+                }
+            } else {
+                (held, filled) = (Vec::new(), false);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })?;
+    Ok(())
+}
+
 /// The driver a shard will really use.
 pub fn resolve_driver(d: IoDriver) -> IoDriver {
     match d {
@@ -126,19 +156,48 @@ fn conn_limits(c: &Config) -> ConnLimits {
 }
 
 /// Accepts connections forever; `admit` counts one in (returning the guard that counts it out)
-/// or refuses it (`None`: closed at once, over its listener's cap).
+/// or refuses it (`None`: closed at once, over its listener's cap). `short` is told when the
+/// process is out of descriptors.
+///
+/// `accept` never fails for want of a descriptor for long: each loop keeps a spare one (an
+/// open `/dev/null`). Out of descriptors, it lets the spare go, accepts the waiting connection
+/// and closes it at once (counted as refused by `admit`'s listener), then takes the spare
+/// again: the client sees its connection closed instead of waiting for a timeout, and the
+/// loop does not spin on a backlog it cannot take.
 async fn accept_loop<H: Handler + 'static>(
     listener: monoio::net::TcpListener,
     handler: Rc<H>,
     tls: Option<Arc<TlsAcceptor>>,
     limits: ConnLimits,
     admit: impl Fn() -> Option<ConnGuard>,
+    short: impl Fn(),
 ) {
+    let mut spare = std::fs::File::open("/dev/null").ok();
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok((s, peer)) => (s, peer),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                short();
+                if spare.take().is_none() {
+                    monoio::time::sleep(Duration::from_millis(10)).await;
+                    spare = std::fs::File::open("/dev/null").ok();
+                    continue;
+                }
+                let accepted = listener.accept().await;
+                spare = std::fs::File::open("/dev/null").ok();
+                match accepted {
+                    // Descriptors were given back meanwhile (the spare is had again): served.
+                    Ok(taken) if spare.is_some() => taken,
+                    Ok((s, _)) => {
+                        drop(s);
+                        spare = std::fs::File::open("/dev/null").ok();
+                        continue;
+                    }
+                    Err(_) => continue,
+                }
+            }
             Err(e) => {
-                // Out of descriptors or a transient error: back off instead of spinning.
+                // A transient error: back off instead of spinning.
                 eprintln!("evmesh: accept: {e}");
                 monoio::time::sleep(Duration::from_millis(10)).await;
                 continue;
@@ -184,28 +243,26 @@ fn admit_traffic(shard: &Rc<Shard>) -> Option<ConnGuard> {
     }))
 }
 
-/// Descriptors kept free of connections: RocksDB's files (`db::MAX_OPEN_FILES`), the segment
-/// files of partitions written within the last sweeps (`SEGMENT_FILES`), listeners,
-/// librdkafka's sockets, the WAL and the odd pipe.
-const FD_RESERVE: u64 = crate::storage::db::MAX_OPEN_FILES as u64 + SEGMENT_FILES + 256;
-
-/// Partitions written within two [`SEGMENT_SWEEP`]s that the descriptor reserve allows for; more
-/// still work while the hard limit has room, and past it an append gets 503.
-const SEGMENT_FILES: u64 = 2048;
-
-/// Raises the open-files limit and fits the connection caps under it, with room for storage,
-/// so running out of descriptors refuses a connection and never fails a storage write.
-fn fit_connection_caps(config: &mut Config) {
-    let nofile = crate::sys::raise_nofile();
-    let room = nofile.saturating_sub(FD_RESERVE + config.admin_max_connections as u64);
-    let per_shard = (room / config.shards as u64).max(1) as usize;
-    if config.max_connections > per_shard {
+/// Raises the open-files limit, shares it out and fits the connection caps under it.
+fn fit_descriptors(config: &mut Config) -> crate::config::fds::FdBudget {
+    let kafka = !matches!(config.storage, StorageKind::Embedded);
+    let limit = crate::sys::raise_nofile();
+    let b = crate::config::fds::fd_budget(
+        limit,
+        config.shards,
+        config.max_connections,
+        config.admin_max_connections,
+        kafka,
+    );
+    if b.connections < config.max_connections {
         eprintln!(
-            "evmesh: open files limit {nofile}: max_connections lowered from {} to {per_shard} per shard",
-            config.max_connections
+            "evmesh: max_connections lowered from {} to {} per shard to fit",
+            config.max_connections, b.connections
         );
-        config.max_connections = per_shard;
+        config.max_connections = b.connections;
     }
+    eprintln!("evmesh: descriptors: {b}");
+    b
 }
 
 /// The addresses and driver a started broker serves with.
@@ -638,12 +695,14 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
 
 /// Starts every thread and returns once all shards accept connections.
 pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
-    fit_connection_caps(&mut config);
+    let fds = fit_descriptors(&mut config);
+    crate::server::client::set_socket_budget(fds.client_sockets);
     let shards = config.shards;
-    let db = db::open(&config.data_dir, shards)?;
+    let db = db::open_with(&config.data_dir, shards, fds.rocksdb as i32)?;
     let syncer = if config.durability == Durability::Fsync { Some(Syncer::start(db.clone())?) } else { None };
     let mirror = !matches!(config.storage, StorageKind::Embedded);
-    let logs = Arc::new(PartitionLogs::new(db::segments_dir(&config.data_dir), config.segment_bytes, mirror));
+    let logs =
+        Arc::new(PartitionLogs::new(db::segments_dir(&config.data_dir), config.segment_bytes, mirror, fds.partitions));
     let traffic = bind_shared(config.listen, shards)?;
     let admin = bind_shared(config.admin_listen, 1)?.remove(0);
     let started = Started {
@@ -692,6 +751,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         ready: AtomicUsize::new(0),
         beats: (0..shards).map(|_| Arc::new(AtomicU64::new(0))).collect(),
         mirror_fan_outs: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
+        descriptors_short: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+        fds,
         watchers: Arc::default(),
         agents: crate::shard::agents::Agents::new(config.max_agents, config.agent_heartbeat_timeout.as_millis() as u64),
         calls: crate::shard::calls::Calls::new(config.max_sessions),
@@ -721,6 +782,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         start_kafka(&shared, k)?;
     }
     start_heartbeats(&shared)?;
+    descriptor_fault(&shared.config.data_dir)?;
     {
         let shared = shared.clone();
         std::thread::Builder::new().name("evmesh-memwatch".into()).spawn(move || loop {
@@ -794,7 +856,12 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);
                 let traffic = Traffic::new(shard.clone());
-                accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard)).await
+                let short = || {
+                    shard.shared.metrics.shard(shard.id).connections_rejected.inc();
+                    shard.shared.descriptors_short[shard.id.index()]
+                        .store((crate::clock::now_micros() / 1000).max(1) as u64, Ordering::Relaxed);
+                };
+                accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard), short).await
             };
             if let Err(e) = block_on(driver, run) {
                 eprintln!("evmesh: shard {i}: cannot start the {driver:?} driver: {e}");
@@ -824,6 +891,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     tls,
                     limits,
                     admit,
+                    || {},
                 )
                 .await
             };

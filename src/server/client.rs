@@ -11,6 +11,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -160,7 +161,7 @@ const READ_CHUNK: usize = 16 * 1024;
 /// what stays idle.
 pub struct Pool {
     /// By origin (https?, address): connections and since when they are idle.
-    idle: RefCell<HashMap<Origin, Vec<(Stream, std::time::Instant)>>>,
+    idle: RefCell<HashMap<Origin, Vec<(Conn, std::time::Instant)>>>,
     max_idle: usize,
     max_body: usize,
     /// For https (none: https URLs fail to connect).
@@ -233,7 +234,7 @@ impl Pool {
 
     async fn exchange(
         &self,
-        mut conn: Stream,
+        mut conn: Conn,
         origin: Origin,
         req: &mut Vec<u8>,
         head_request: bool,
@@ -332,7 +333,7 @@ impl Pool {
 pub struct Streamed {
     pub status: u16,
     pub headers: Vec<(String, String)>,
-    conn: Stream,
+    conn: Conn,
     /// The body's bytes as they came (the chunked scanner reads from the first), and the
     /// decoded data not handed out yet.
     raw: Vec<u8>,
@@ -449,7 +450,15 @@ impl Pool {
     }
 
     /// A new connection to `url` at `addr` (TLS for https).
-    async fn connect(&self, url: &Url, addr: SocketAddr, timeout: Duration) -> Result<Stream, ClientError> {
+    async fn connect(&self, url: &Url, addr: SocketAddr, timeout: Duration) -> Result<Conn, ClientError> {
+        let slot = SocketSlot::take().ok_or_else(|| {
+            ClientError::Connect("the broker's own sockets are all in use (their share of the open-files limit)".into())
+        })?;
+        let stream = self.connect_stream(url, addr, timeout).await?;
+        Ok(Conn { stream, _slot: slot })
+    }
+
+    async fn connect_stream(&self, url: &Url, addr: SocketAddr, timeout: Duration) -> Result<Stream, ClientError> {
         let tcp = match within(timeout, TcpStream::connect(addr)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => return Err(ClientError::Connect(e.to_string())),
@@ -469,6 +478,59 @@ impl Pool {
                 }
             }
         }
+    }
+}
+
+/// Sockets the client has open, process-wide, and how many it may ([`set_socket_budget`]).
+static SOCKETS: AtomicUsize = AtomicUsize::new(0);
+static SOCKET_BUDGET: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// The client's share of the descriptors (`runtime::FdBudget::client_sockets`), set once at
+/// start: a connect past it fails at once (a webhook delivery then backs off and retries).
+pub fn set_socket_budget(n: usize) {
+    SOCKET_BUDGET.store(n.max(1), Ordering::Relaxed);
+}
+
+/// Sockets the client has open now (pooled ones included).
+pub fn sockets_open() -> usize {
+    SOCKETS.load(Ordering::Relaxed)
+}
+
+/// One socket counted against the budget while it lives.
+struct SocketSlot;
+
+impl SocketSlot {
+    fn take() -> Option<SocketSlot> {
+        if SOCKETS.fetch_add(1, Ordering::Relaxed) >= SOCKET_BUDGET.load(Ordering::Relaxed) {
+            SOCKETS.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(SocketSlot)
+    }
+}
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        SOCKETS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection the client opened, counted against its share of the descriptors.
+struct Conn {
+    stream: Stream,
+    _slot: SocketSlot,
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.stream
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Stream {
+        &mut self.stream
     }
 }
 

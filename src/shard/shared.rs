@@ -37,6 +37,11 @@ pub struct Shared {
     /// Per shard: fan-outs of records mirrored from Kafka not done yet. The tail waits while
     /// a shard has [`MIRROR_FAN_OUTS_HIGH`] of them, as it waits for room in a full mailbox.
     pub mirror_fan_outs: Box<[AtomicUsize]>,
+    /// Per shard: when its `accept` last found the process out of descriptors (ms since the
+    /// Unix epoch; 0: never). `/readyz` reports a shard that could not for [`STALLED_AFTER`].
+    pub descriptors_short: Box<[AtomicU64]>,
+    /// How the open-files limit is shared out (`config::fds::fd_budget`), as printed at start.
+    pub fds: crate::config::fds::FdBudget,
     pub epoch: Instant,
     /// Topics and subscriptions that exist, against `max_topics` / `max_subscriptions`
     /// (counted at start, then kept by the shards that create and remove them).
@@ -256,6 +261,56 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// What cannot open files now: shards whose `accept`, and partitions whose file, found the
+    /// process out of descriptors within [`STALLED_AFTER`], or this thread finding it so now.
+    /// `None` when files open.
+    pub fn descriptors_short(&self) -> Option<String> {
+        let now = (crate::clock::now_micros() / 1000) as u64;
+        let recent = |at: u64| at > 0 && now.saturating_sub(at) < STALLED_AFTER.as_millis() as u64;
+        let shards: Vec<usize> = (0..self.descriptors_short.len())
+            .filter(|&i| recent(self.descriptors_short[i].load(Ordering::Relaxed)))
+            .collect();
+        let partitions = self.logs.short_at().is_some_and(recent);
+        let probe = std::fs::File::open("/dev/null").err().map(|e| e.to_string());
+        if shards.is_empty() && !partitions && probe.is_none() {
+            return None;
+        }
+        let mut why = Vec::new();
+        if !shards.is_empty() {
+            why.push(format!("shards {shards:?} could not accept a connection for want of a file descriptor"));
+        }
+        if partitions {
+            why.push("a partition's file could not be opened for want of a file descriptor".to_owned());
+        }
+        if let Some(e) = probe {
+            why.push(format!("no file can be opened now ({e})"));
+        }
+        Some(format!("{} (descriptors: {})", why.join("; "), self.fds))
+    }
+
+    /// Whether the log is shared with other instances (storage = kafka): a topic is then the
+    /// broker's, whichever instance (or Kafka tool) made it.
+    pub fn clustered_log(&self) -> bool {
+        !matches!(self.config.storage, crate::config::StorageKind::Embedded)
+    }
+
+    /// With Kafka: `topic` grew from `from` partitions to `to`; a followed topic's new
+    /// partitions are followed too, from the start of their local copies.
+    pub fn follow_grown(&self, topic: &str, from: u32, to: u32) {
+        #[cfg(feature = "kafka")]
+        if let Some(k) = &self.kafka {
+            if !self.followed.lock().expect("not poisoned").contains(topic) {
+                return;
+            }
+            for p in (from..to).map(super::PartitionId) {
+                let at = self.local_end(topic, p).unwrap_or(0);
+                k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p.0, from: at });
+            }
+        }
+        #[cfg(not(feature = "kafka"))]
+        let _ = (topic, from, to);
     }
 
     /// With Kafka: has the tail follow `topic`, each partition from the end of its local copy,

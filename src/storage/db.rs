@@ -13,7 +13,8 @@ use super::StorageError;
 
 pub const META: &str = "meta";
 
-/// Files RocksDB keeps open at most: bounded, so the connection caps can leave it room.
+/// Files RocksDB keeps open at most unless the descriptor budget gives it less
+/// (`runtime::fd_budget`): bounded, so the connection caps can leave it room.
 pub const MAX_OPEN_FILES: i32 = 512;
 
 pub fn log_cf(shard: usize) -> String {
@@ -40,6 +41,12 @@ pub fn segments_dir(data_dir: &Path) -> std::path::PathBuf {
 /// The shard count decides which family holds a partition; a data directory written with another
 /// count is refused rather than silently misread.
 pub fn open(dir: &Path, shards: usize) -> Result<Arc<DB>, StorageError> {
+    open_with(dir, shards, MAX_OPEN_FILES)
+}
+
+/// [`open`] with RocksDB keeping at most `max_open_files` files open (its table cache; the
+/// WAL, manifest and lock file come on top).
+pub fn open_with(dir: &Path, shards: usize, max_open_files: i32) -> Result<Arc<DB>, StorageError> {
     std::fs::create_dir_all(dir).map_err(|e| StorageError::Engine(format!("{}: {e}", dir.display())))?;
     let mut opts = Options::default();
     opts.create_if_missing(true);
@@ -47,7 +54,7 @@ pub fn open(dir: &Path, shards: usize) -> Result<Arc<DB>, StorageError> {
     opts.set_max_background_jobs(2);
     opts.increase_parallelism(2);
     opts.set_keep_log_file_num(4);
-    opts.set_max_open_files(MAX_OPEN_FILES);
+    opts.set_max_open_files(max_open_files.max(16));
     let mut cf_opts = Options::default();
     cf_opts.set_write_buffer_size(64 << 20);
     cf_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);

@@ -402,8 +402,11 @@ impl Inner {
         for slot in staged {
             let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
             let log = g.as_mut().expect("a staged partition is open");
-            let result =
-                log.commit(now).map(|w| written.extend(w.into_iter().filter(|_| fsync))).map_err(StorageError::from);
+            let result = log.commit(now).map(|w| written.extend(w.into_iter().filter(|_| fsync))).map_err(|e| {
+                self.logs.note(&e);
+                StorageError::from(e)
+            });
+            self.logs.after_write(log);
             parts.push(result);
         }
         let mut wal = false;

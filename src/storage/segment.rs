@@ -48,6 +48,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use frame_codec::Frame;
@@ -70,6 +71,13 @@ pub enum SegmentError {
     Io(#[from] io::Error),
     #[error("segment log {path}: {reason}")]
     Corrupt { path: String, reason: String },
+}
+
+impl SegmentError {
+    /// Whether the process (or the system) is out of file descriptors.
+    pub fn out_of_descriptors(&self) -> bool {
+        matches!(self, SegmentError::Io(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)))
+    }
 }
 
 /// A batch header, read and checked.
@@ -467,6 +475,18 @@ pub struct PartitionLog {
     created: bool,
     /// Written to since the last [`PartitionLog::close_if_idle`].
     busy: bool,
+    /// The process-wide count of open tail files this log's is counted in (the descriptor
+    /// budget of `partitions::PartitionLogs`), and whether it is counted there now.
+    tally: Option<Arc<AtomicUsize>>,
+    counted: bool,
+}
+
+impl Drop for PartitionLog {
+    fn drop(&mut self) {
+        if let (true, Some(t)) = (self.counted, &self.tally) {
+            t.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What a commit wrote to: what a sync has to make durable.
@@ -560,10 +580,37 @@ impl PartitionLog {
             start: 0,
             created: true,
             busy: false,
+            tally: None,
+            counted: false,
         };
         let saved = std::fs::read(start_path(dir)).ok().and_then(|b| Some(u64::from_le_bytes(b.try_into().ok()?)));
         log.start = saved.unwrap_or(0).min(log.bounds().1);
         Ok(log)
+    }
+
+    /// Counts this log's open tail file in `tally` from now on (kept true as the file is
+    /// opened and closed).
+    pub fn count_files_in(&mut self, tally: Arc<AtomicUsize>) {
+        self.tally = Some(tally);
+        self.recount();
+    }
+
+    /// Whether the tail's file is open (a descriptor held).
+    pub fn holds_file(&self) -> bool {
+        self.segments.last().is_some_and(|s| s.file.is_some())
+    }
+
+    /// Brings the tally in line with whether the tail's file is open now.
+    fn recount(&mut self) {
+        let open = self.holds_file();
+        if let (true, Some(t)) = (open != self.counted, &self.tally) {
+            if open {
+                t.fetch_add(1, Ordering::Relaxed);
+            } else {
+                t.fetch_sub(1, Ordering::Relaxed);
+            }
+            self.counted = open;
+        }
     }
 
     fn tail(&mut self) -> &mut Segment {
@@ -645,6 +692,7 @@ impl PartitionLog {
         batches.truncate(1);
         batches[0].clear(self.bounds().1);
         self.staged = batches;
+        self.recount();
         result.map(|()| written)
     }
 
@@ -725,11 +773,19 @@ impl PartitionLog {
     /// Closes the tail's file if nothing was written since the last call (the next write opens
     /// it again): descriptors stay with the partitions in use. Whether it is closed now.
     pub fn close_if_idle(&mut self) -> bool {
-        if std::mem::take(&mut self.busy) || self.is_staged() {
+        if std::mem::take(&mut self.busy) {
             return false;
         }
-        self.tail().file.take();
+        self.close_file();
         true
+    }
+
+    /// Closes the tail's file whatever its use: the next write (a commit of what is staged
+    /// too) opens it again, a read opens it for that read. Readers that planned a read before
+    /// keep their own handle.
+    pub fn close_file(&mut self) {
+        self.tail().file.take();
+        self.recount();
     }
 
     /// Up to `max` events from offset `from` (or the first kept, if later), stopping after the

@@ -56,7 +56,7 @@ fn ids(frames: &[Frame]) -> Vec<String> {
 
 /// The segment logs of a data directory, with small segments so retention and rolls are seen.
 fn logs(dir: &TempDir, mirror: bool) -> Arc<PartitionLogs> {
-    Arc::new(PartitionLogs::new(db::segments_dir(&dir.0), 64 << 10, mirror))
+    Arc::new(PartitionLogs::new(db::segments_dir(&dir.0), 64 << 10, mirror, 1024))
 }
 
 fn log(dir: &TempDir, durability: Durability) -> EmbeddedLog {

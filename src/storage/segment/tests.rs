@@ -296,22 +296,30 @@ fn a_sealed_segment_cut_short_becomes_the_tail_and_later_ones_go() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// An idle partition lets go of its file and takes it again on the next write; staged appends
-/// keep it.
+/// An idle partition lets go of its file and takes it again on the next write, staged appends
+/// too (their commit opens it); the tally of open files follows.
 #[test]
 fn an_idle_tail_closes_its_file_and_the_next_write_reopens_it() {
     let d = dir("idle");
+    let tally = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let open = || tally.load(std::sync::atomic::Ordering::Relaxed);
     let mut log = PartitionLog::open(&d, 1 << 20).unwrap();
+    log.count_files_in(tally.clone());
+    assert_eq!(open(), 1, "a new log holds its tail open");
     log.append(&mut frames("a", 2, 1), 1).unwrap();
     assert!(!log.close_if_idle(), "written since the last sweep");
     assert!(log.close_if_idle());
     assert!(log.segments.last().unwrap().file.is_none());
+    assert_eq!(open(), 0);
     assert_eq!(offsets(&log.read(0, 10, usize::MAX).unwrap()), [0, 1], "reads open it themselves");
+    assert_eq!(open(), 0, "a read's file is its own");
     log.stage(&mut frames("b", 1, 2));
-    assert!(!log.close_if_idle(), "staged: it stays");
+    log.close_file();
     log.commit(2).unwrap();
+    assert_eq!(open(), 1, "the commit opened it again");
     assert_eq!(log.append(&mut frames("c", 1, 3), 3).unwrap(), 3);
     drop(log);
+    assert_eq!(open(), 0, "a dropped log is counted out");
     let log = PartitionLog::open(&d, 1 << 20).unwrap();
     assert_eq!(log.bounds(), (0, 4));
     let _ = std::fs::remove_dir_all(&d);
