@@ -155,6 +155,9 @@ fn policy_answer(all: Vec<serde_json::Value>, field: &str, key: Option<&str>, wh
 /// listings are paged with `from=`.
 const RESPONSE_BYTES: usize = 4 << 20;
 
+/// Topics another instance made that one `GET /admin/topics` learns at most (storage = kafka).
+const LEARN_PER_LIST: usize = 256;
+
 /// Who may use the admin API, and how they proved it.
 enum Access {
     /// Nobody is asked (`auth = none`, no `admin_token`).
@@ -457,7 +460,10 @@ impl Admin {
                 self.tenant_metrics(&mut out);
                 Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
             }
-            (Method::Get, ["admin", "topics"]) => self.topics(),
+            (Method::Get, ["admin", "topics"]) => {
+                self.learn_all().await;
+                self.topics()
+            }
             (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
             (Method::Get, ["admin", "agents"]) => self.agents(),
             (Method::Get, ["admin", "cluster"]) => {
@@ -472,9 +478,20 @@ impl Admin {
                 Response::json(StatusCode::OK, serde_json::to_vec(&view).expect("json"))
             }
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
-            (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => self.events(t, p, req),
-            (Method::Get, ["admin", "dlq", t]) => self.dead_letters(t, req),
-            (Method::Post, ["admin", "dlq", t, "replay"]) => self.replay(t).await,
+            (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => {
+                self.learn(t).await;
+                self.events(t, p, req)
+            }
+            (Method::Get, ["admin", "dlq", t]) => {
+                self.learn(t).await;
+                self.learn(&format!("{t}.dlq")).await;
+                self.dead_letters(t, req)
+            }
+            (Method::Post, ["admin", "dlq", t, "replay"]) => {
+                self.learn(t).await;
+                self.learn(&format!("{t}.dlq")).await;
+                self.replay(t).await
+            }
             (Method::Get, ["admin", "acl"]) => self.acl_rules(None),
             (Method::Get, ["admin", "acl", id]) => self.acl_rules(Some(id)),
             (Method::Put, ["admin", "acl", id]) => self.put_acl(id, req.body),
@@ -533,7 +550,10 @@ impl Admin {
             }
         };
         match (req.method(), segs) {
-            (Method::Get, ["admin", "topics"]) => scoped_list(self.topics(), &["topic"]),
+            (Method::Get, ["admin", "topics"]) => {
+                self.learn_all().await;
+                scoped_list(self.topics(), &["topic"])
+            }
             (Method::Get, ["admin", "subscriptions"]) => scoped_list(self.subscriptions(), &["subscription", "topic"]),
             (Method::Put, ["admin", "topics", name]) => {
                 // The tenant's topics quota holds here too (an existing topic is not a new one).
@@ -559,7 +579,10 @@ impl Admin {
                 }
                 one(self.create_topic(&stored(name), req.body).await)
             }
-            (Method::Get, ["admin", "topics", name, "partitions", p, "events"]) => self.events(&stored(name), p, req),
+            (Method::Get, ["admin", "topics", name, "partitions", p, "events"]) => {
+                self.learn(&stored(name)).await;
+                self.events(&stored(name), p, req)
+            }
             (Method::Get, ["admin", "dlq", name]) => self.dead_letters(&stored(name), req),
             (Method::Post, ["admin", "dlq", name, "replay"]) => self.replay(&stored(name)).await,
             _ => problem(
@@ -1000,6 +1023,49 @@ impl Admin {
                 Response::json(status, serde_json::to_vec(&body).expect("json"))
             }
             Err(e) => storage_problem(&e),
+        }
+    }
+
+    /// Storage = kafka: a topic another instance made (the broker has it) and this one has not
+    /// met yet is learned before an admin read of it, with the broker's partition count. What
+    /// cannot be learned now (no such topic, the broker away) reads as it is here.
+    async fn learn(&self, topic: &str) {
+        if !self.shared.clustered_log() || crate::shard::is_lite(topic) || !valid_topic(topic) {
+            return;
+        }
+        if !matches!(meta::get(&self.shared.db, topic), Ok(None)) {
+            return;
+        }
+        let to = meta_owner(topic, self.shared.config.shards);
+        let (msg, rx) = ShardMessage::learn_topic(topic.to_owned());
+        if self.shared.mailboxes.send(Sender::Admin, to, msg).is_ok() {
+            let _ = crate::shard::core::reply(rx).await;
+        }
+    }
+
+    /// Storage = kafka: every topic the broker has under this instance's prefix, learned
+    /// ([`Admin::learn`]) before `GET /admin/topics` lists them: at most [`LEARN_PER_LIST`] new
+    /// ones per list (each is a round trip to the broker; the next list learns more).
+    async fn learn_all(&self) {
+        #[cfg(feature = "kafka")]
+        if let Some(k) = self.shared.kafka.clone() {
+            // One metadata request, made from a thread of its own: the admin loop never blocks.
+            let (tx, rx) = futures::channel::oneshot::channel();
+            let spawned = std::thread::Builder::new().name("evmesh-admin-topics".into()).spawn(move || {
+                let _ = tx.send(k.topics());
+            });
+            let topics = match spawned {
+                Ok(_) => match rx.await {
+                    Ok(Ok(t)) => t,
+                    _ => return,
+                },
+                Err(_) => return,
+            };
+            let db = &self.shared.db;
+            let new = topics.into_iter().filter(|(t, _)| matches!(meta::get(db, t), Ok(None)));
+            for (topic, _) in new.take(LEARN_PER_LIST) {
+                self.learn(&topic).await;
+            }
         }
     }
 

@@ -61,6 +61,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("kafka.compression", "producer compression: none | gzip | snappy | lz4 | zstd"),
     ("kafka.topic_prefix", "put before every evmesh topic name to name its Kafka topic"),
     ("kafka.properties", "librdkafka properties passed through, KEY=VALUE,KEY=VALUE (security, timeouts)"),
+    ("kafka.topic_refresh_ms", "how often the broker's topics are read for partitions added there"),
     ("durability", "memory | os | fsync"),
     ("io_driver", "auto | uring | epoll"),
     ("default_partitions", "partitions of auto-created topics; 0 = shards"),
@@ -147,6 +148,7 @@ struct KafkaRaw {
     compression: String,
     topic_prefix: String,
     properties: String,
+    topic_refresh_ms: u64,
 }
 
 /// What the operator wrote, merged from all sources; see `evmesh.toml` for each key.
@@ -287,6 +289,12 @@ impl KafkaRaw {
             compression: self.compression.clone(),
             topic_prefix: self.topic_prefix.clone(),
             properties,
+            topic_refresh: std::time::Duration::from_millis(range(
+                "kafka.topic_refresh_ms",
+                self.topic_refresh_ms,
+                100,
+                3_600_000,
+            )?),
         })
     }
 }

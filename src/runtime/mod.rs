@@ -278,26 +278,49 @@ pub struct Started {
 /// their owner's mailbox. Topics are followed as sessions here need them
 /// (`Shared::follow_topic`), each partition from the end of its local copy.
 fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), StartError> {
+    use crate::storage::kafka::TopicAsk;
     let shards = shared.config.shards;
-    let known: Vec<(String, u32)> =
-        crate::storage::meta::list(&shared.db)?.into_iter().map(|(t, m)| (t, m.partitions)).collect();
+    let known = crate::storage::meta::list(&shared.db)?;
     // The broker may be away right now: check the topics from a thread of their own,
-    // retrying, so the shards serve (and answer 503) meanwhile.
-    let k = kafka.clone();
-    std::thread::Builder::new().name("evmesh-kafka-start".into()).spawn(move || {
-        for (topic, partitions) in known {
+    // retrying, so the shards serve (and answer 503) meanwhile. Then the same thread reads the
+    // broker's topics every `kafka.topic_refresh_ms` for partitions added there.
+    let (k, to) = (kafka.clone(), shared.clone());
+    std::thread::Builder::new().name("evmesh-kafka-topics".into()).spawn(move || {
+        for (topic, m) in known {
             let mut wait = Duration::from_millis(100);
+            let ask = TopicAsk::Create { partitions: m.partitions, exact: false };
             loop {
-                match futures::executor::block_on(k.ensure_topic(&topic, partitions)) {
-                    Ok(()) => break,
-                    Err(e @ StorageError::Conflict { .. }) => {
-                        eprintln!("evmesh: kafka: {topic} does not match the broker's: {e}");
-                        break;
-                    }
+                match futures::executor::block_on(k.ensure_topic(&topic, ask)) {
+                    Ok(t) if t.partitions > m.partitions => grow_topic(&to, &topic, m, t.partitions),
+                    Ok(t) if t.partitions < m.partitions => eprintln!(
+                        "evmesh: kafka: {topic} has {} partitions on the broker and {} here (a topic made again?); kept as it is here",
+                        t.partitions, m.partitions
+                    ),
+                    Ok(_) => {}
                     Err(e) => {
                         eprintln!("evmesh: kafka: checking {topic}: {e}; retrying in {wait:?}");
                         std::thread::sleep(wait);
                         wait = (wait * 2).min(Duration::from_secs(10));
+                        continue;
+                    }
+                }
+                break;
+            }
+        }
+        let every = k.topic_refresh();
+        loop {
+            std::thread::sleep(every);
+            let topics = match k.topics() {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("evmesh: kafka: reading the broker's topics: {e}");
+                    continue;
+                }
+            };
+            for (topic, partitions) in topics {
+                if let Ok(Some(m)) = crate::storage::meta::get(&to.db, &topic) {
+                    if partitions > m.partitions {
+                        grow_topic(&to, &topic, m, partitions);
                     }
                 }
             }
@@ -321,6 +344,46 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
         }
     })?;
     Ok(())
+}
+
+/// Storage = kafka: `topic` has `to` partitions on the broker, more than `m` says (an
+/// operator's `kafka-topics --alter`). Every consumer the topic's subscriptions have now gets
+/// a start of 0 in each new partition (all of it was written after they began), the metadata
+/// takes the new count (never a lower one), a followed topic's new partitions are followed,
+/// and every shard closes the topic's sessions (1012) so their consumers are made again over
+/// every partition (`Shard::topic_grew`). Keys map to other partitions from then on, as for
+/// Kafka's own producers.
+#[cfg(feature = "kafka")]
+fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to: u32) {
+    use crate::shard::{owner, PartitionId};
+    use crate::storage::offsets;
+    let (db, shards, from) = (&shared.db, shared.config.shards, m.partitions);
+    eprintln!("evmesh: kafka: topic {topic} grew from {from} to {to} partitions on the broker");
+    let subscriptions = crate::storage::meta::list_subscriptions(db).unwrap_or_default();
+    for def in subscriptions.iter().filter(|d| d.topic == topic) {
+        // Every consumer has a position in partition 0, stored as it was made.
+        let first = owner(topic, PartitionId(0), shards);
+        let consumers = offsets::list(db, first, topic, &def.subscription).unwrap_or_default();
+        for c in consumers.iter().filter(|c| c.partition == 0) {
+            for p in (from..to).map(PartitionId) {
+                let (key, at) = (offsets::key(topic, &def.subscription, p, &c.client), owner(topic, p, shards));
+                if matches!(offsets::get(db, at, &key), Ok(None)) {
+                    if let Err(e) = offsets::put(db, at, &key, &offsets::Stored::at(0)) {
+                        eprintln!(
+                            "evmesh: kafka: {topic}: the start of {} in partition {}: {e}",
+                            def.subscription, p.0
+                        );
+                    }
+                }
+            }
+        }
+    }
+    m.partitions = to;
+    if let Err(e) = crate::storage::meta::put(db, topic, &m) {
+        return eprintln!("evmesh: kafka: {topic}: its new partition count not stored: {e}");
+    }
+    shared.follow_grown(topic, from, to);
+    announce_from_thread(shared, "", topic, crate::shard::message::InterestChange::TopicGrew);
 }
 
 /// The instance id kept in `data_dir/instance_id`, made (at random) the first time.

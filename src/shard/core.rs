@@ -285,7 +285,14 @@ impl Shard {
     }
 
     /// Creates or checks a topic; only the topic's meta owner runs this, so creation is serial.
-    pub(super) async fn ensure_topic_local(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
+    /// `learn`: only take one the broker has (storage = kafka), never create one.
+    pub(super) async fn ensure_topic_local(
+        &self,
+        topic: &str,
+        spec: Option<TopicMeta>,
+        internal: bool,
+        learn: bool,
+    ) -> EnsureReply {
         let db = &self.shared.db;
         if let Some(existing) = meta::get(db, topic)? {
             return match spec {
@@ -298,7 +305,10 @@ impl Shard {
         let c = &self.shared.config;
         let count = &self.shared.topic_count;
         if !internal {
-            if spec.is_none() && !c.auto_create_topics {
+            // On the embedded log a topic named, not created, exists here or not at all; over
+            // Kafka it may be the broker's already (`create_topic` looks it up there).
+            let may_create = !learn && c.auto_create_topics;
+            if spec.is_none() && !may_create && !self.shared.clustered_log() {
                 return Err(StorageError::NoTopic(topic.to_owned()));
             }
             // Meta owners of different topics create concurrently: claim a slot first.
@@ -309,30 +319,44 @@ impl Shard {
         } else {
             count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        let created = self.create_topic(topic, spec).await;
+        let created = self.create_topic(topic, spec, learn).await;
         if created.is_err() {
             count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
         created
     }
 
-    async fn create_topic(&self, topic: &str, spec: Option<TopicMeta>) -> EnsureReply {
+    async fn create_topic(&self, topic: &str, spec: Option<TopicMeta>, learn: bool) -> EnsureReply {
         let (db, c) = (&self.shared.db, &self.shared.config);
-        let m = spec.unwrap_or(TopicMeta {
+        let explicit = spec.is_some();
+        #[allow(unused_mut)]
+        let mut m = spec.unwrap_or(TopicMeta {
             partitions: c.default_partitions,
             retention_ms: c.retention_ms,
             retention_bytes: c.retention_bytes,
         });
+        #[allow(unused_mut)]
+        let mut created = true;
+        let _ = (learn, explicit);
         #[cfg(feature = "kafka")]
         if let Some(k) = &self.shared.kafka {
-            // Created (or checked) on the broker first. Read once sessions here need it
-            // (`Shared::follow_topic`), from its start: events other producers wrote to an
-            // existing topic are delivered too.
-            k.ensure_topic(topic, m.partitions).await?;
+            // The topic is the broker's: created there first, or, made by another instance (or
+            // a Kafka tool), taken with the partition count it has there. An explicit create
+            // with another count conflicts; a topic a client merely names (a publish, a
+            // subscription, a read) is looked up even with auto_create_topics off. Read once
+            // sessions here need it (`Shared::follow_topic`), from its start: events other
+            // producers wrote to an existing topic are delivered too.
+            use crate::storage::kafka::TopicAsk;
+            let ask = match !learn && (explicit || c.auto_create_topics) {
+                true => TopicAsk::Create { partitions: m.partitions, exact: explicit },
+                false => TopicAsk::Describe,
+            };
+            let on_broker = k.ensure_topic(topic, ask).await?;
+            (m.partitions, created) = (on_broker.partitions, on_broker.created);
         }
         meta::put(db, topic, &m)?;
         self.sync_metadata().await?;
-        Ok((m, true))
+        Ok((m, created))
     }
 
     /// With `fsync` durability, waits until metadata just written is on the device.
@@ -416,16 +440,46 @@ impl Shard {
         }
         let owner = meta_owner(topic, self.shards());
         let reply = if owner == self.id {
-            self.ensure_topic_local(topic, spec, internal).await
+            self.ensure_topic_local(topic, spec, internal, false).await
         } else {
             let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), spec, internal);
             self.ask(owner, msg, rx).await
         };
         if let Ok((m, _)) = &reply {
-            let mine = owned_partitions(topic, m.partitions, self.id, self.shards()).collect();
-            self.topics.borrow_mut().insert(topic.to_owned(), KnownTopic { meta: *m, mine });
+            self.know_topic(topic, *m);
         }
         reply
+    }
+
+    /// Caches a topic's settings here. Never fewer partitions than cached: a topic only grows
+    /// (storage = kafka, [`Shard::topic_grew`]), and an answer read before a growth may arrive
+    /// after it.
+    fn know_topic(&self, topic: &str, m: TopicMeta) {
+        let mut topics = self.topics.borrow_mut();
+        if topics.get(topic).is_some_and(|k| k.meta.partitions > m.partitions) {
+            return;
+        }
+        let mine = owned_partitions(topic, m.partitions, self.id, self.shards()).collect();
+        topics.insert(topic.to_owned(), KnownTopic { meta: m, mine });
+    }
+
+    /// Storage = kafka: `topic` has more partitions in Kafka than it had here (an operator's
+    /// `kafka-topics --alter`), and its metadata says so now. The cache takes the new count;
+    /// the topic's subscriptions drop their consumers' state here and their sessions are
+    /// closed (WebSocket 1012, "topic grew"), as a Kafka consumer group rebalances: attached
+    /// again, each consumer reads every partition (a new one from its start, see
+    /// `runtime::grow_topic`). What was stored stays; unacknowledged events are redelivered.
+    pub(super) fn topic_grew(self: &Rc<Self>, topic: &str) {
+        let Ok(Some(m)) = meta::get(&self.shared.db, topic) else { return };
+        if self.topics.borrow().contains_key(topic) {
+            self.know_topic(topic, m);
+        }
+        let subs = meta::list_subscriptions(&self.shared.db).unwrap_or_default();
+        for def in subs.iter().filter(|d| d.topic == topic) {
+            self.delivery.machine.borrow_mut().forget(&def.subscription);
+            self.delivery.defs.borrow_mut().remove(&def.subscription);
+            self.sessions.close_all(&def.subscription, 1012, "topic grew");
+        }
     }
 
     /// The partition count of an existing topic (this shard's cache, else the metadata); never
@@ -542,6 +596,10 @@ impl Shard {
                 drop(interest);
                 self.forget_subscription(&i.subscription, &i.topic);
                 self.sessions.close_all(&i.subscription, 1000, "");
+            }
+            InterestChange::TopicGrew => {
+                drop(interest);
+                self.topic_grew(&i.topic);
             }
             InterestChange::HomeMoved => {
                 drop(interest);

@@ -28,6 +28,9 @@ pub struct TopicRequest {
     /// Created by evmesh itself (a dead-letter topic): not refused by `auto_create_topics` or
     /// `max_topics`, whose caps are for what clients name.
     pub internal: bool,
+    /// Only learn a topic that exists elsewhere (storage = kafka: the broker's, made by another
+    /// instance), never create one: an admin read.
+    pub learn: bool,
 }
 
 /// A change to a subscription, decided by the owner shard of its name.
@@ -82,6 +85,10 @@ pub enum InterestChange {
     /// (WebSocket 1012) and drops its consumers' state; what is stored stays (the new home's
     /// offsets come in over it).
     HomeMoved,
+    /// Storage = kafka: the topic has more partitions now (`subscription` is empty): every shard
+    /// takes the new count and closes the sessions of the topic's subscriptions (1012), whose
+    /// consumers then read the new partitions too (`Shard::topic_grew`).
+    TopicGrew,
     /// Its push registrations (classic subscribers' URLs) changed: each shard's webhook
     /// sessions of it look whether theirs is still there.
     Pushes,
@@ -247,7 +254,16 @@ impl ShardMessage {
         internal: bool,
     ) -> (Self, oneshot::Receiver<EnsureReply>) {
         let (reply, rx) = oneshot::channel();
-        (ShardMessage::EnsureTopic { request: Box::new(TopicRequest { topic, spec, internal }), reply }, rx)
+        let request = Box::new(TopicRequest { topic, spec, internal, learn: false });
+        (ShardMessage::EnsureTopic { request, reply }, rx)
+    }
+
+    /// An [`ShardMessage::EnsureTopic`] that only learns a topic the broker has (storage =
+    /// kafka) and never creates one; on the embedded log, the topic as it is here.
+    pub fn learn_topic(topic: String) -> (Self, oneshot::Receiver<EnsureReply>) {
+        let (reply, rx) = oneshot::channel();
+        let request = Box::new(TopicRequest { topic, spec: None, internal: false, learn: true });
+        (ShardMessage::EnsureTopic { request, reply }, rx)
     }
 }
 

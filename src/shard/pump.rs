@@ -56,7 +56,8 @@ impl Shard {
             ShardMessage::EnsureTopic { request, reply } => {
                 let me = self.clone();
                 monoio::spawn(async move {
-                    let _ = reply.send(me.ensure_topic_local(&request.topic, request.spec, request.internal).await);
+                    let r = &request;
+                    let _ = reply.send(me.ensure_topic_local(&r.topic, r.spec, r.internal, r.learn).await);
                 });
             }
         }

@@ -78,13 +78,30 @@ impl ProducerContext for Reports {
     }
 }
 
-/// A topic to create (or check) on the broker.
+/// What a [`TopicJob`] asks of the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicAsk {
+    /// Create the topic with this many partitions; an existing one is taken with the count it
+    /// has (`exact`: unless that differs, a conflict).
+    Create { partitions: u32, exact: bool },
+    /// Only say how many partitions the topic has (never create it).
+    Describe,
+}
+
+/// The topic as the broker has it: its partition count, and whether this job created it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KafkaTopic {
+    pub partitions: u32,
+    pub created: bool,
+}
+
+/// A topic to create (or look up) on the broker.
 struct TopicJob {
     topic: String,
-    partitions: u32,
+    ask: TopicAsk,
     /// Topic configs set when it is created (`retention.ms`, ...).
     config: &'static [(&'static str, &'static str)],
-    reply: oneshot::Sender<Result<(), StorageError>>,
+    reply: oneshot::Sender<Result<KafkaTopic, StorageError>>,
 }
 
 /// A partition the tail thread starts following at `from`.
@@ -179,12 +196,12 @@ impl KafkaBackend {
         let producer: ThreadedProducer<Reports> = pc.create_with_context(Reports).map_err(|e| engine("producer", e))?;
         let admin: AdminClient<DefaultClientContext> = settings.client().create().map_err(|e| engine("admin", e))?;
         let (topics, jobs) = mpsc::channel::<TopicJob>();
-        let rf = settings.replication_factor;
+        let (rf, prefix) = (settings.replication_factor, settings.topic_prefix.clone());
         std::thread::Builder::new()
             .name("evmesh-kafka-admin".into())
             .spawn(move || {
                 for job in jobs {
-                    let r = create_topic(&admin, &job, rf);
+                    let r = create_topic(&admin, &job, rf, &prefix);
                     let _ = job.reply.send(r);
                 }
             })
@@ -199,28 +216,50 @@ impl KafkaBackend {
         }))
     }
 
+    /// `kafka.topic_refresh_ms`.
+    pub fn topic_refresh(&self) -> Duration {
+        self.settings.topic_refresh
+    }
+
     /// The Kafka topic behind an evmesh topic.
     fn kafka_topic(&self, topic: &str) -> String {
         format!("{}{topic}", self.settings.topic_prefix)
     }
 
-    /// Creates the topic with `partitions` partitions, or checks an existing one has them.
-    pub async fn ensure_topic(&self, topic: &str, partitions: u32) -> Result<(), StorageError> {
-        self.ensure_topic_with(topic, partitions, &[]).await
+    /// Creates the topic, or looks up the one the broker has (`TopicAsk`): a topic is the
+    /// broker's, with the broker's partition count, whichever instance made it.
+    pub async fn ensure_topic(&self, topic: &str, ask: TopicAsk) -> Result<KafkaTopic, StorageError> {
+        self.ensure_topic_with(topic, ask, &[]).await
     }
 
     /// [`KafkaBackend::ensure_topic`] with topic configs for its creation.
     async fn ensure_topic_with(
         &self,
         topic: &str,
-        partitions: u32,
+        ask: TopicAsk,
         config: &'static [(&'static str, &'static str)],
-    ) -> Result<(), StorageError> {
+    ) -> Result<KafkaTopic, StorageError> {
         let (reply, rx) = oneshot::channel();
         self.topics
-            .send(TopicJob { topic: self.kafka_topic(topic), partitions, config, reply })
+            .send(TopicJob { topic: self.kafka_topic(topic), ask, config, reply })
             .map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?;
         rx.await.map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?
+    }
+
+    /// Every evmesh topic the broker has under this instance's prefix (evmesh's own `__evmesh.`
+    /// topics and dead names left out), with its partition count: one metadata request.
+    pub fn topics(&self) -> Result<Vec<(String, u32)>, StorageError> {
+        use rdkafka::producer::Producer;
+        let md =
+            self.producer.client().fetch_metadata(None, Duration::from_secs(10)).map_err(|e| engine("metadata", e))?;
+        let prefix = &self.settings.topic_prefix;
+        Ok(md
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+            .filter_map(|t| Some((t.name().strip_prefix(prefix.as_str())?.to_owned(), t.partitions().len() as u32)))
+            .filter(|(name, _)| !name.starts_with("__") && crate::shard::valid_topic(name))
+            .collect())
     }
 
     /// Starts following a partition from `from` (the local copy's end).
@@ -342,14 +381,22 @@ impl KafkaBackend {
         // Heartbeats and forwarded replies are of no use an hour on: Kafka may drop them.
         let config = &[("retention.ms", "3600000")];
         for t in [INSTANCES_TOPIC, REPLIES_TOPIC] {
-            while let Err(e) = futures::executor::block_on(self.ensure_topic_with(t, 1, config)) {
+            while let Err(e) = futures::executor::block_on(self.ensure_topic_with(
+                t,
+                TopicAsk::Create { partitions: 1, exact: true },
+                config,
+            )) {
                 retry(&format!("creating {t}"), &e, &mut wait);
             }
         }
         // A home claim counts until replaced: compacted (the last claim of each key kept).
         let config = &[("cleanup.policy", "compact")];
         for t in [HOMES_TOPIC, SUBSCRIPTIONS_TOPIC] {
-            while let Err(e) = futures::executor::block_on(self.ensure_topic_with(t, 1, config)) {
+            while let Err(e) = futures::executor::block_on(self.ensure_topic_with(
+                t,
+                TopicAsk::Create { partitions: 1, exact: true },
+                config,
+            )) {
                 retry(&format!("creating {t}"), &e, &mut wait);
             }
         }
@@ -527,8 +574,34 @@ impl KafkaBackend {
     }
 }
 
-fn create_topic(admin: &AdminClient<DefaultClientContext>, job: &TopicJob, rf: i32) -> Result<(), StorageError> {
-    let (topic, partitions) = (job.topic.as_str(), job.partitions);
+fn create_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    job: &TopicJob,
+    rf: i32,
+    prefix: &str,
+) -> Result<KafkaTopic, StorageError> {
+    let topic = job.topic.as_str();
+    let named = topic.strip_prefix(prefix).unwrap_or(topic);
+    // The broker's count of an existing topic (0: it has none, or is not there). Asked of
+    // every topic's metadata: a request naming one that does not exist may create it (a broker
+    // with auto.create.topics.enable), and describing is not creating.
+    let existing = || -> Result<u32, StorageError> {
+        let md = admin.inner().fetch_metadata(None, Duration::from_secs(10)).map_err(|e| engine("metadata", e))?;
+        Ok(md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map_or(0, |t| t.partitions().len() as u32))
+    };
+    let (partitions, exact) = match job.ask {
+        TopicAsk::Describe => {
+            return match existing()? {
+                0 => Err(StorageError::NoTopic(named.to_owned())),
+                n => Ok(KafkaTopic { partitions: n, created: false }),
+            };
+        }
+        TopicAsk::Create { partitions, exact } => (partitions, exact),
+    };
     let mut new = NewTopic::new(topic, partitions as i32, TopicReplication::Fixed(rf));
     for (k, v) in job.config {
         new = new.set(k, v);
@@ -537,19 +610,12 @@ fn create_topic(admin: &AdminClient<DefaultClientContext>, job: &TopicJob, rf: i
     let results =
         futures::executor::block_on(admin.create_topics([&new], &opts)).map_err(|e| engine("create topic", e))?;
     match results.into_iter().next() {
-        Some(Ok(_)) => Ok(()),
-        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
-            let md = admin
-                .inner()
-                .fetch_metadata(Some(topic), Duration::from_secs(10))
-                .map_err(|e| engine("metadata", e))?;
-            let existing = md.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len() as u32);
-            if existing == partitions {
-                Ok(())
-            } else {
-                Err(StorageError::Conflict { topic: topic.to_owned(), existing })
-            }
-        }
+        Some(Ok(_)) => Ok(KafkaTopic { partitions, created: true }),
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => match existing()? {
+            0 => Err(StorageError::Unavailable("kafka: the topic exists and has no partitions yet")),
+            n if exact && n != partitions => Err(StorageError::Conflict { topic: named.to_owned(), existing: n }),
+            n => Ok(KafkaTopic { partitions: n, created: false }),
+        },
         Some(Err((_, code))) => Err(engine("create topic", code)),
         None => Err(engine("create topic", "no result")),
     }

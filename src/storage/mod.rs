@@ -159,6 +159,9 @@ pub struct KafkaSettings {
     pub topic_prefix: String,
     /// librdkafka properties passed through (security, timeouts, ...), applied last.
     pub properties: Vec<(String, String)>,
+    /// How often the broker's topics are read for partitions added there (`kafka-topics
+    /// --alter`), which every instance then takes.
+    pub topic_refresh: std::time::Duration,
 }
 
 /// The log a shard uses: the embedded engine, or Kafka with a local copy for reads.

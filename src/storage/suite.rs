@@ -99,12 +99,13 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 compression: "none".into(),
                 topic_prefix: String::new(),
                 properties: Vec::new(),
+                topic_refresh: std::time::Duration::from_secs(10),
             };
             let k = KafkaBackend::connect(settings).unwrap();
             let stamp = format!("{}-{}", std::process::id(), crate::clock::now_micros());
             let names: Vec<String> = topics.iter().map(|t| format!("suite-{stamp}-{t}")).collect();
             for n in &names {
-                block_on(k.ensure_topic(n, 4)).unwrap();
+                block_on(k.ensure_topic(n, super::kafka::TopicAsk::Create { partitions: 4, exact: true })).unwrap();
             }
             let db = db::open(&dir.0, 2).unwrap();
             let segments = logs(dir, true);
