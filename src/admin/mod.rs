@@ -1043,12 +1043,15 @@ impl Admin {
         }
     }
 
-    /// Storage = kafka: every topic the broker has under this instance's prefix, learned
-    /// ([`Admin::learn`]) before `GET /admin/topics` lists them: at most [`LEARN_PER_LIST`] new
-    /// ones per list (each is a round trip to the broker; the next list learns more).
+    /// Storage = kafka with a `kafka.topic_prefix`: every topic the broker has under it (so
+    /// evmesh's: made by another instance, or for evmesh by a Kafka tool), learned
+    /// ([`Admin::learn`]) before `GET /admin/topics` lists them, at most [`LEARN_PER_LIST`] new
+    /// ones per list (each is a round trip to the broker; the next list learns more). Without
+    /// a prefix nothing tells evmesh's topics from other applications', and the list shows the
+    /// topics this instance has met (a read of one by name learns it).
     async fn learn_all(&self) {
         #[cfg(feature = "kafka")]
-        if let Some(k) = self.shared.kafka.clone() {
+        if let Some(k) = self.shared.kafka.clone().filter(|k| !k.topic_prefix().is_empty()) {
             // One metadata request, made from a thread of its own: the admin loop never blocks.
             let (tx, rx) = futures::channel::oneshot::channel();
             let spawned = std::thread::Builder::new().name("evmesh-admin-topics".into()).spawn(move || {

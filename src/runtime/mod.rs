@@ -157,7 +157,7 @@ fn conn_limits(c: &Config) -> ConnLimits {
 
 /// Accepts connections forever; `admit` counts one in (returning the guard that counts it out)
 /// or refuses it (`None`: closed at once, over its listener's cap). `short` is told when the
-/// process is out of descriptors.
+/// process is out of descriptors (`true`: and a connection was closed for it).
 ///
 /// `accept` never fails for want of a descriptor for long: each loop keeps a spare one (an
 /// open `/dev/null`). Out of descriptors, it lets the spare go, accepts the waiting connection
@@ -170,14 +170,14 @@ async fn accept_loop<H: Handler + 'static>(
     tls: Option<Arc<TlsAcceptor>>,
     limits: ConnLimits,
     admit: impl Fn() -> Option<ConnGuard>,
-    short: impl Fn(),
+    short: impl Fn(bool),
 ) {
     let mut spare = std::fs::File::open("/dev/null").ok();
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok((s, peer)) => (s, peer),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                short();
+                short(false);
                 if spare.take().is_none() {
                     monoio::time::sleep(Duration::from_millis(10)).await;
                     spare = std::fs::File::open("/dev/null").ok();
@@ -190,6 +190,7 @@ async fn accept_loop<H: Handler + 'static>(
                     Ok(taken) if spare.is_some() => taken,
                     Ok((s, _)) => {
                         drop(s);
+                        short(true);
                         spare = std::fs::File::open("/dev/null").ok();
                         continue;
                     }
@@ -254,6 +255,12 @@ fn fit_descriptors(config: &mut Config) -> crate::config::fds::FdBudget {
         config.admin_max_connections,
         kafka,
     );
+    let least = b.reserve + (b.rocksdb + b.partitions + b.client_sockets + b.admin + config.shards) as u64;
+    if least > limit {
+        eprintln!(
+            "evmesh: the open files limit {limit} is below what evmesh needs at least ({least}): raise it (ulimit -n); running out of descriptors will refuse connections"
+        );
+    }
     if b.connections < config.max_connections {
         eprintln!(
             "evmesh: max_connections lowered from {} to {} per shard to fit",
@@ -278,52 +285,18 @@ pub struct Started {
 /// their owner's mailbox. Topics are followed as sessions here need them
 /// (`Shared::follow_topic`), each partition from the end of its local copy.
 fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), StartError> {
-    use crate::storage::kafka::TopicAsk;
     let shards = shared.config.shards;
-    let known = crate::storage::meta::list(&shared.db)?;
-    // The broker may be away right now: check the topics from a thread of their own,
-    // retrying, so the shards serve (and answer 503) meanwhile. Then the same thread reads the
-    // broker's topics every `kafka.topic_refresh_ms` for partitions added there.
+    // The broker may be away right now: the topics are checked from a thread of their own,
+    // so the shards serve (and answer 503) meanwhile.
     let (k, to) = (kafka.clone(), shared.clone());
     std::thread::Builder::new().name("evmesh-kafka-topics".into()).spawn(move || {
-        for (topic, m) in known {
-            let mut wait = Duration::from_millis(100);
-            let ask = TopicAsk::Create { partitions: m.partitions, exact: false };
-            loop {
-                match futures::executor::block_on(k.ensure_topic(&topic, ask)) {
-                    Ok(t) if t.partitions > m.partitions => grow_topic(&to, &topic, m, t.partitions),
-                    Ok(t) if t.partitions < m.partitions => eprintln!(
-                        "evmesh: kafka: {topic} has {} partitions on the broker and {} here (a topic made again?); kept as it is here",
-                        t.partitions, m.partitions
-                    ),
-                    Ok(_) => {}
-                    Err(e) => {
-                        eprintln!("evmesh: kafka: checking {topic}: {e}; retrying in {wait:?}");
-                        std::thread::sleep(wait);
-                        wait = (wait * 2).min(Duration::from_secs(10));
-                        continue;
-                    }
-                }
-                break;
-            }
-        }
-        let every = k.topic_refresh();
+        let mut warned = std::collections::HashSet::new();
         loop {
-            std::thread::sleep(every);
-            let topics = match k.topics() {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("evmesh: kafka: reading the broker's topics: {e}");
-                    continue;
-                }
-            };
-            for (topic, partitions) in topics {
-                if let Ok(Some(m)) = crate::storage::meta::get(&to.db, &topic) {
-                    if partitions > m.partitions {
-                        grow_topic(&to, &topic, m, partitions);
-                    }
-                }
+            match k.topics() {
+                Ok(on_broker) => reconcile_topics(&to, &k, &on_broker.into_iter().collect(), &mut warned),
+                Err(e) => eprintln!("evmesh: kafka: reading the broker's topics: {e}"),
             }
+            std::thread::sleep(k.topic_refresh());
         }
     })?;
     let to = shared.clone();
@@ -346,22 +319,89 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
     Ok(())
 }
 
+/// Storage = kafka, at start and every `kafka.topic_refresh_ms`: every topic known here
+/// against what the broker has (`on_broker`, one metadata request): a count grown there is
+/// taken ([`grow_topic`]), a topic missing there is made there (a new Kafka cluster, or one
+/// made here while the broker was away), a lower count there is logged once and left.
+#[cfg(feature = "kafka")]
+fn reconcile_topics(
+    shared: &Shared,
+    k: &KafkaBackend,
+    on_broker: &std::collections::HashMap<String, u32>,
+    warned: &mut std::collections::HashSet<String>,
+) {
+    use crate::storage::kafka::TopicAsk;
+    let known = match crate::storage::meta::list(&shared.db) {
+        Ok(known) => known,
+        Err(e) => return eprintln!("evmesh: kafka: the topics known here not read: {e}"),
+    };
+    for (topic, m) in known {
+        let there = match on_broker.get(&topic) {
+            Some(&n) => n,
+            None => {
+                let ask = TopicAsk::Create { partitions: m.partitions, exact: false };
+                match futures::executor::block_on(k.ensure_topic(&topic, ask)) {
+                    Ok(t) => t.partitions,
+                    Err(e) => {
+                        eprintln!("evmesh: kafka: {topic} is not on the broker and could not be made there: {e}");
+                        continue;
+                    }
+                }
+            }
+        };
+        if there > m.partitions {
+            grow_topic(shared, &topic, m, there);
+        } else if there < m.partitions && warned.insert(topic.clone()) {
+            eprintln!(
+                "evmesh: kafka: {topic} has {there} partitions on the broker and {} here (a topic made again?); kept as it is here",
+                m.partitions
+            );
+        }
+    }
+}
+
 /// Storage = kafka: `topic` has `to` partitions on the broker, more than `m` says (an
-/// operator's `kafka-topics --alter`). Every consumer the topic's subscriptions have now gets
-/// a start of 0 in each new partition (all of it was written after they began), the metadata
-/// takes the new count (never a lower one), a followed topic's new partitions are followed,
-/// and every shard closes the topic's sessions (1012) so their consumers are made again over
-/// every partition (`Shard::topic_grew`). Keys map to other partitions from then on, as for
-/// Kafka's own producers.
+/// operator's `kafka-topics --alter`). Every consumer the topic's subscriptions have gets a
+/// start of 0 in each new partition (all of it was written after they began), before and again
+/// after the metadata takes the new count (never a lower one), so one made meanwhile gets it
+/// too; a followed topic's new partitions are followed, and every shard closes the topic's
+/// sessions (1012) so their consumers are made again over every partition
+/// (`Shard::topic_grew`). Keys map to other partitions from then on, as for Kafka's own
+/// producers. A count past `MAX_PARTITIONS` is not taken (logged).
 #[cfg(feature = "kafka")]
 fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to: u32) {
+    let from = m.partitions;
+    if to > crate::shard::MAX_PARTITIONS {
+        return eprintln!(
+            "evmesh: kafka: topic {topic} has {to} partitions on the broker; evmesh serves at most {}: kept at {from}",
+            crate::shard::MAX_PARTITIONS
+        );
+    }
+    eprintln!("evmesh: kafka: topic {topic} grew from {from} to {to} partitions on the broker");
+    start_new_partitions(shared, topic, from, to);
+    m.partitions = to;
+    if let Err(e) = crate::storage::meta::put(&shared.db, topic, &m) {
+        return eprintln!("evmesh: kafka: {topic}: its new partition count not stored: {e}");
+    }
+    start_new_partitions(shared, topic, from, to);
+    if let (Some(s), Durability::Fsync) = (&shared.syncer, shared.config.durability) {
+        if let Err(e) = futures::executor::block_on(s.sync_wal()) {
+            eprintln!("evmesh: kafka: {topic}: its new partition count not synced: {e}");
+        }
+    }
+    shared.follow_grown(topic, from, to);
+    announce_from_thread(shared, "", topic, crate::shard::message::InterestChange::TopicGrew);
+}
+
+/// [`grow_topic`]'s starts: each consumer of `topic`'s subscriptions (every one has a position
+/// in partition 0, stored as it was made) with none in a partition of `from..to` starts it at 0.
+#[cfg(feature = "kafka")]
+fn start_new_partitions(shared: &Shared, topic: &str, from: u32, to: u32) {
     use crate::shard::{owner, PartitionId};
     use crate::storage::offsets;
-    let (db, shards, from) = (&shared.db, shared.config.shards, m.partitions);
-    eprintln!("evmesh: kafka: topic {topic} grew from {from} to {to} partitions on the broker");
+    let (db, shards) = (&shared.db, shared.config.shards);
     let subscriptions = crate::storage::meta::list_subscriptions(db).unwrap_or_default();
     for def in subscriptions.iter().filter(|d| d.topic == topic) {
-        // Every consumer has a position in partition 0, stored as it was made.
         let first = owner(topic, PartitionId(0), shards);
         let consumers = offsets::list(db, first, topic, &def.subscription).unwrap_or_default();
         for c in consumers.iter().filter(|c| c.partition == 0) {
@@ -378,12 +418,6 @@ fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to
             }
         }
     }
-    m.partitions = to;
-    if let Err(e) = crate::storage::meta::put(db, topic, &m) {
-        return eprintln!("evmesh: kafka: {topic}: its new partition count not stored: {e}");
-    }
-    shared.follow_grown(topic, from, to);
-    announce_from_thread(shared, "", topic, crate::shard::message::InterestChange::TopicGrew);
 }
 
 /// The instance id kept in `data_dir/instance_id`, made (at random) the first time.
@@ -919,8 +953,10 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 let limits = conn_limits(&shared.config);
                 shared.ready.fetch_add(1, Ordering::AcqRel);
                 let traffic = Traffic::new(shard.clone());
-                let short = || {
-                    shard.shared.metrics.shard(shard.id).connections_rejected.inc();
+                let short = |closed: bool| {
+                    if closed {
+                        shard.shared.metrics.shard(shard.id).connections_rejected.inc();
+                    }
                     shard.shared.descriptors_short[shard.id.index()]
                         .store((crate::clock::now_micros() / 1000).max(1) as u64, Ordering::Relaxed);
                 };
@@ -954,7 +990,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     tls,
                     limits,
                     admit,
-                    || {},
+                    |_| {},
                 )
                 .await
             };

@@ -451,9 +451,17 @@ impl Pool {
 
     /// A new connection to `url` at `addr` (TLS for https).
     async fn connect(&self, url: &Url, addr: SocketAddr, timeout: Duration) -> Result<Conn, ClientError> {
-        let slot = SocketSlot::take().ok_or_else(|| {
-            ClientError::Connect("the broker's own sockets are all in use (their share of the open-files limit)".into())
-        })?;
+        // Past the share, this pool's idle connections go first.
+        let slot = SocketSlot::take()
+            .or_else(|| {
+                self.idle.borrow_mut().clear();
+                SocketSlot::take()
+            })
+            .ok_or_else(|| {
+                ClientError::Connect(
+                    "the broker's own sockets are all in use (their share of the open-files limit)".into(),
+                )
+            })?;
         let stream = self.connect_stream(url, addr, timeout).await?;
         Ok(Conn { stream, _slot: slot })
     }

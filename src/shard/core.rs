@@ -35,6 +35,25 @@ struct KnownTopic {
     mine: Rc<[PartitionId]>,
 }
 
+/// How long a name the broker said it does not have is answered 404 without asking again.
+const ABSENT_FOR: Duration = Duration::from_secs(2);
+/// Names remembered as absent at most (per shard).
+const MAX_ABSENT: usize = 4096;
+/// Topics a shard looks up on the broker at once at most.
+const MAX_LOOKUPS: usize = 64;
+
+/// The partition count of a topic the broker has, if evmesh serves that many.
+fn served(topic: &str, partitions: u32) -> Result<u32, StorageError> {
+    if (1..=super::MAX_PARTITIONS).contains(&partitions) {
+        Ok(partitions)
+    } else {
+        Err(StorageError::Limit(format!(
+            "topic {topic} has {partitions} partitions in Kafka; evmesh serves topics of 1 to {}",
+            super::MAX_PARTITIONS
+        )))
+    }
+}
+
 /// A shard that wants a subscription's events from this shard's partitions.
 struct Interested {
     subscription: String,
@@ -47,9 +66,14 @@ pub struct Shard {
     pub id: ShardId,
     pub shared: Arc<Shared>,
     pub log: Log,
-    /// Topic settings this shard has seen, with the partitions it owns; topics never change
-    /// once created.
+    /// Topic settings this shard has seen, with the partitions it owns; a topic's count only
+    /// ever grows (with Kafka), and this cache never lowers one.
     topics: RefCell<HashMap<String, KnownTopic>>,
+    /// As meta owner: topics being created or looked up on the broker now (a second ask for
+    /// one waits for the first), and names the broker said it does not have, until when
+    /// (`ABSENT_FOR`): what a client naming topics at random can make this shard ask of Kafka.
+    making: RefCell<std::collections::HashSet<String>>,
+    absent: RefCell<HashMap<String, std::time::Instant>>,
     /// Round-robin cursor over this shard's own partitions for unkeyed events.
     cursor: Cell<usize>,
     pub connections: Cell<usize>,
@@ -150,6 +174,8 @@ impl Shard {
             shared,
             log,
             topics: RefCell::new(HashMap::new()),
+            making: RefCell::default(),
+            absent: RefCell::default(),
             cursor: Cell::new(0),
             connections: Cell::new(0),
             definition_waits: Cell::new(0),
@@ -284,8 +310,9 @@ impl Shard {
         }
     }
 
-    /// Creates or checks a topic; only the topic's meta owner runs this, so creation is serial.
-    /// `learn`: only take one the broker has (storage = kafka), never create one.
+    /// Creates or checks a topic; only the topic's meta owner runs this, and one ask per topic
+    /// at a time, so creation is serial. `learn`: only take one the broker has (storage =
+    /// kafka), never create one.
     pub(super) async fn ensure_topic_local(
         &self,
         topic: &str,
@@ -293,8 +320,11 @@ impl Shard {
         internal: bool,
         learn: bool,
     ) -> EnsureReply {
-        let db = &self.shared.db;
-        if let Some(existing) = meta::get(db, topic)? {
+        // Another ask for this topic is at the broker: wait for it, then see what it made.
+        while self.making.borrow().contains(topic) {
+            monoio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if let Some(existing) = meta::get(&self.shared.db, topic)? {
             return match spec {
                 Some(s) if s != existing => {
                     Err(StorageError::Conflict { topic: topic.to_owned(), existing: existing.partitions })
@@ -303,60 +333,106 @@ impl Shard {
             };
         }
         let c = &self.shared.config;
-        let count = &self.shared.topic_count;
-        if !internal {
-            // On the embedded log a topic named, not created, exists here or not at all; over
-            // Kafka it may be the broker's already (`create_topic` looks it up there).
-            let may_create = !learn && c.auto_create_topics;
-            if spec.is_none() && !may_create && !self.shared.clustered_log() {
-                return Err(StorageError::NoTopic(topic.to_owned()));
-            }
-            // Meta owners of different topics create concurrently: claim a slot first.
-            if count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= c.max_topics {
-                count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                return Err(StorageError::Limit(format!("max_topics ({}) topics exist", c.max_topics)));
-            }
-        } else {
-            count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // On the embedded log a topic named, not created, exists here or not at all; over Kafka
+        // it may be the broker's already, and is looked up there.
+        let may_create = internal || spec.is_some() || (!learn && c.auto_create_topics);
+        if !may_create && !self.shared.clustered_log() {
+            return Err(StorageError::NoTopic(topic.to_owned()));
         }
-        let created = self.create_topic(topic, spec, learn).await;
-        if created.is_err() {
-            count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        }
-        created
+        self.making.borrow_mut().insert(topic.to_owned());
+        let made = self.make_topic(topic, spec, internal, may_create).await;
+        self.making.borrow_mut().remove(topic);
+        made
     }
 
-    async fn create_topic(&self, topic: &str, spec: Option<TopicMeta>, learn: bool) -> EnsureReply {
+    /// [`Shard::ensure_topic_local`] for a topic not here: made (or, `may_create` false,
+    /// only looked up on the broker), counted against `max_topics` unless `internal`.
+    async fn make_topic(&self, topic: &str, spec: Option<TopicMeta>, internal: bool, may_create: bool) -> EnsureReply {
         let (db, c) = (&self.shared.db, &self.shared.config);
-        let explicit = spec.is_some();
+        let count = &self.shared.topic_count;
         #[allow(unused_mut)]
         let mut m = spec.unwrap_or(TopicMeta {
             partitions: c.default_partitions,
             retention_ms: c.retention_ms,
             retention_bytes: c.retention_bytes,
         });
+        // A lookup goes first (a name the broker does not have is a 404, not a claim on
+        // max_topics); a creation claims its slot first (nothing is made past the cap).
         #[allow(unused_mut)]
-        let mut created = true;
-        let _ = (learn, explicit);
+        let mut known: Option<(u32, bool)> = None;
         #[cfg(feature = "kafka")]
-        if let Some(k) = &self.shared.kafka {
-            // The topic is the broker's: created there first, or, made by another instance (or
-            // a Kafka tool), taken with the partition count it has there. An explicit create
-            // with another count conflicts; a topic a client merely names (a publish, a
-            // subscription, a read) is looked up even with auto_create_topics off. Read once
-            // sessions here need it (`Shared::follow_topic`), from its start: events other
-            // producers wrote to an existing topic are delivered too.
-            use crate::storage::kafka::TopicAsk;
-            let ask = match !learn && (explicit || c.auto_create_topics) {
-                true => TopicAsk::Create { partitions: m.partitions, exact: explicit },
-                false => TopicAsk::Describe,
-            };
-            let on_broker = k.ensure_topic(topic, ask).await?;
-            (m.partitions, created) = (on_broker.partitions, on_broker.created);
+        if let (Some(k), false) = (&self.shared.kafka, may_create) {
+            known = Some((self.look_up(k, topic).await?, false));
         }
-        meta::put(db, topic, &m)?;
-        self.sync_metadata().await?;
-        Ok((m, created))
+        let claim = || {
+            // Meta owners of different topics create concurrently: a slot is claimed first.
+            if !internal && count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= c.max_topics {
+                count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                return Err(StorageError::Limit(format!("max_topics ({}) topics exist", c.max_topics)));
+            }
+            if internal {
+                count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
+            Ok(())
+        };
+        claim()?;
+        let made = async {
+            #[cfg(feature = "kafka")]
+            if let (Some(k), None) = (&self.shared.kafka, known) {
+                // The topic is the broker's: created there first, or, made by another instance
+                // (or a Kafka tool), taken with the count it has there; only an explicit create
+                // with another count conflicts. Read once sessions here need it
+                // (`Shared::follow_topic`), from its start: events other producers wrote to an
+                // existing topic are delivered too.
+                let ask = crate::storage::kafka::TopicAsk::Create { partitions: m.partitions, exact: spec.is_some() };
+                let t = k.ensure_topic(topic, ask).await?;
+                known = Some((t.partitions, t.created));
+            }
+            let created = match known {
+                Some((partitions, created)) => {
+                    m.partitions = served(topic, partitions)?;
+                    created
+                }
+                None => true,
+            };
+            meta::put(db, topic, &m)?;
+            self.sync_metadata().await?;
+            Ok((m, created))
+        }
+        .await;
+        if made.is_err() {
+            count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        made
+    }
+
+    /// Storage = kafka: the partition count the broker has for `topic`, which is not here.
+    /// A name it does not have is remembered for [`ABSENT_FOR`], and at most
+    /// [`MAX_LOOKUPS`] are asked at once per shard (503 past them): a client naming topics at
+    /// random costs the broker a bounded number of requests.
+    #[cfg(feature = "kafka")]
+    async fn look_up(&self, k: &crate::storage::kafka::KafkaBackend, topic: &str) -> Result<u32, StorageError> {
+        let now = std::time::Instant::now();
+        if self.absent.borrow().get(topic).is_some_and(|&until| until > now) {
+            return Err(StorageError::NoTopic(topic.to_owned()));
+        }
+        if self.making.borrow().len() > MAX_LOOKUPS {
+            return Err(StorageError::Unavailable("too many topics are being looked up on the broker"));
+        }
+        match k.ensure_topic(topic, crate::storage::kafka::TopicAsk::Describe).await {
+            Err(e @ StorageError::NoTopic(_)) => {
+                let mut absent = self.absent.borrow_mut();
+                if absent.len() >= MAX_ABSENT {
+                    absent.retain(|_, until| *until > now);
+                }
+                if absent.len() < MAX_ABSENT {
+                    absent.insert(topic.to_owned(), now + ABSENT_FOR);
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+            Ok(t) => Ok(t.partitions),
+        }
     }
 
     /// With `fsync` durability, waits until metadata just written is on the device.
@@ -575,6 +651,9 @@ impl Shard {
     }
 
     pub(super) fn interest_changed(self: &Rc<Self>, i: Interest) {
+        if i.change == InterestChange::TopicGrew {
+            return self.topic_grew(&i.topic);
+        }
         let mut interest = self.interest.borrow_mut();
         let list = Rc::make_mut(interest.entry(i.topic.clone()).or_default());
         match i.change {
@@ -597,10 +676,7 @@ impl Shard {
                 self.forget_subscription(&i.subscription, &i.topic);
                 self.sessions.close_all(&i.subscription, 1000, "");
             }
-            InterestChange::TopicGrew => {
-                drop(interest);
-                self.topic_grew(&i.topic);
-            }
+            InterestChange::TopicGrew => {}
             InterestChange::HomeMoved => {
                 drop(interest);
                 self.delivery.machine.borrow_mut().forget(&i.subscription);

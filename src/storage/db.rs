@@ -14,7 +14,7 @@ use super::StorageError;
 pub const META: &str = "meta";
 
 /// Files RocksDB keeps open at most unless the descriptor budget gives it less
-/// (`runtime::fd_budget`): bounded, so the connection caps can leave it room.
+/// (`config::fds::fd_budget`): bounded, so the connection caps can leave it room.
 pub const MAX_OPEN_FILES: i32 = 512;
 
 pub fn log_cf(shard: usize) -> String {

@@ -194,7 +194,13 @@ impl KafkaBackend {
             pc.set("message.timeout.ms", "10000");
         }
         let producer: ThreadedProducer<Reports> = pc.create_with_context(Reports).map_err(|e| engine("producer", e))?;
-        let admin: AdminClient<DefaultClientContext> = settings.client().create().map_err(|e| engine("admin", e))?;
+        // Its metadata requests name one topic: one that does not exist must not be made by
+        // them (a broker with auto.create.topics.enable would): looking up is not creating.
+        let mut ac = settings.client();
+        if !settings.properties.iter().any(|(k, _)| k == "allow.auto.create.topics") {
+            ac.set("allow.auto.create.topics", "false");
+        }
+        let admin: AdminClient<DefaultClientContext> = ac.create().map_err(|e| engine("admin", e))?;
         let (topics, jobs) = mpsc::channel::<TopicJob>();
         let (rf, prefix) = (settings.replication_factor, settings.topic_prefix.clone());
         std::thread::Builder::new()
@@ -214,6 +220,11 @@ impl KafkaBackend {
             follow,
             follow_rx: std::sync::Mutex::new(Some(follow_rx)),
         }))
+    }
+
+    /// `kafka.topic_prefix`: what tells evmesh's topics from others' on the broker.
+    pub fn topic_prefix(&self) -> &str {
+        &self.settings.topic_prefix
     }
 
     /// `kafka.topic_refresh_ms`.
@@ -582,16 +593,19 @@ fn create_topic(
 ) -> Result<KafkaTopic, StorageError> {
     let topic = job.topic.as_str();
     let named = topic.strip_prefix(prefix).unwrap_or(topic);
-    // The broker's count of an existing topic (0: it has none, or is not there). Asked of
-    // every topic's metadata: a request naming one that does not exist may create it (a broker
-    // with auto.create.topics.enable), and describing is not creating.
+    // The broker's count of a topic (0: it does not have it). A topic it has that cannot be
+    // described now (no leader yet, just made) is a 503, not an absent one.
     let existing = || -> Result<u32, StorageError> {
-        let md = admin.inner().fetch_metadata(None, Duration::from_secs(10)).map_err(|e| engine("metadata", e))?;
-        Ok(md
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none())
-            .map_or(0, |t| t.partitions().len() as u32))
+        let md =
+            admin.inner().fetch_metadata(Some(topic), Duration::from_secs(10)).map_err(|e| engine("metadata", e))?;
+        match md.topics().iter().find(|t| t.name() == topic) {
+            None => Ok(0),
+            Some(t) => match t.error() {
+                None if !t.partitions().is_empty() => Ok(t.partitions().len() as u32),
+                Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => Ok(0),
+                _ => Err(StorageError::Unavailable("kafka: the topic cannot be described now")),
+            },
+        }
     };
     let (partitions, exact) = match job.ask {
         TopicAsk::Describe => {

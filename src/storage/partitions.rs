@@ -40,6 +40,9 @@ impl From<SegmentError> for StorageError {
     }
 }
 
+/// Logs one [`PartitionLogs::make_room`] looks at, at most.
+const SWEEP_STEPS: usize = 512;
+
 /// Every partition log of the process.
 pub struct PartitionLogs {
     root: PathBuf,
@@ -162,14 +165,15 @@ impl PartitionLogs {
     }
 
     /// Closes the files of the least recently used partitions until an eighth of the budget is
-    /// free (or every other log was looked at twice): a clock sweep from where the last one
-    /// stopped, skipping `except` (held by the caller) and any log in use right now.
+    /// free, or [`SWEEP_STEPS`] logs were looked at (the caller is a shard on its append path:
+    /// bounded work; the hand goes on from there next time): a clock sweep, skipping `except`
+    /// (held by the caller) and any log in use right now.
     fn make_room(&self, except: &Slot) {
         let low = self.max_open - self.max_open / 8 - 1;
         let mut clock = self.clock.lock().unwrap_or_else(|e| e.into_inner());
         let (slots, hand) = &mut *clock;
         let n = slots.len();
-        for _ in 0..2 * n {
+        for _ in 0..(2 * n).min(SWEEP_STEPS) {
             if self.files.load(Ordering::Relaxed) <= low {
                 break;
             }

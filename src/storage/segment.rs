@@ -752,14 +752,21 @@ impl PartitionLog {
     /// is replaced instead (a mirror's first batch far past 0).
     fn roll(&mut self, base: u64) -> Result<(), SegmentError> {
         let dir = self.dir.clone();
+        if self.tail().size > 0 {
+            self.tail().write_index(&dir)?;
+        }
+        // Made before the tail changes: a failure (out of descriptors, say) leaves the log as
+        // it was, never without a segment.
+        let next = Segment::create(&dir, base)?;
         if self.tail().size == 0 {
             let empty = self.segments.pop().expect("a segment");
-            std::fs::remove_file(&empty.path)?;
+            // Only a mirror replaces an empty tail (its next batch is far past it); an empty
+            // file left behind if this fails reads back as an empty segment, harmless there.
+            let _ = std::fs::remove_file(&empty.path);
         } else {
-            self.tail().write_index(&dir)?;
             self.tail().file = None;
         }
-        self.segments.push(Segment::create(&dir, base)?);
+        self.segments.push(next);
         self.created = true;
         Ok(())
     }

@@ -847,7 +847,6 @@ mod on_kafka {
         assert!(closed);
     }
 
-    /// The test Kafka broker, and a topic prefix of this test's own (its instances share it).
     /// Receives (and acks) on `ws` until every id of `want` arrived, or the session closed
     /// (`Err` with the close code).
     fn receive_all(ws: &mut Ws, want: &std::collections::HashSet<String>) -> Result<(), u16> {
@@ -967,13 +966,15 @@ mod on_kafka {
     }
 
     /// A partition count grown in Kafka (an operator's `kafka-topics --alter`) is taken by
-    /// every instance, never lowered, and the topic's subscriptions read the new partitions
-    /// from their start: events published at any instance with keys that now map to them are
-    /// all delivered. Here the growth happens while the instances are stopped and is taken as
-    /// each starts again (the check at start and the periodic one, `kafka.topic_refresh_ms`,
-    /// are the same `runtime::grow_topic`): the test broker cannot grow a topic, and a topic
-    /// deleted and made again under a running instance that follows it crashes librdkafka
-    /// 2.12 on the test broker's fetch answers.
+    /// every instance, never lowered, and the consumers the topic's subscriptions had read the
+    /// new partitions from their start: a BROADCAST client that began at `latest` before the
+    /// growth gets every event published after it at any instance, those that keys now map to
+    /// the new partitions included, though it attaches again only after they were published
+    /// (a consumer started there anew at `latest` would miss them). Here the growth happens
+    /// while the instances are stopped and is taken as each starts again (the read at start and
+    /// the periodic one, `kafka.topic_refresh_ms`, are the same `runtime::reconcile_topics`):
+    /// the test broker cannot grow a topic, and a topic deleted and made again under a running
+    /// instance that follows it crashes librdkafka 2.12 on the test broker's fetch answers.
     #[test]
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn a_partition_count_grown_in_kafka_is_taken_by_every_instance() {
@@ -984,16 +985,22 @@ mod on_kafka {
         wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 3).then_some(()));
         let r = all[0].admin().request("PUT", "/admin/topics/grows", &[], br#"{"partitions":2}"#);
         assert_eq!(r.status, 201, "{}", r.text());
-        let def = json!({"subscription": "all-grows", "topic": "grows", "start": "earliest"});
+        let def = json!({"subscription": "fan-grows", "topic": "grows", "mode": "BROADCAST", "start": "latest"});
         let r = all[1].client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
         assert_eq!(r.status, 201, "{}", r.text());
-        // Every instance knows the topic (2 partitions) and the subscription, whose consumer
-        // is made at its home.
         wait_for(Duration::from_secs(20), || {
             let subs = all[2].admin().get("/admin/subscriptions").text();
-            (subs.contains("all-grows") && recommend(&all[2], "subscription=all-grows").is_some()).then_some(())
+            (subs.contains("fan-grows") && recommend(&all[2], "subscription=fan-grows").is_some()).then_some(())
         });
-        drop(attach_following(&all[2], "subscription=all-grows"));
+        // Client c1 begins (its positions stored at the home), then leaves.
+        let (ws, home) = attach_following(&all[2], "subscription=fan-grows&clientId=c1");
+        let home = all.iter().position(|b| url(b) == home).unwrap();
+        wait_for(Duration::from_secs(10), || {
+            let subs: Value = serde_json::from_str(&all[home].admin().get("/admin/subscriptions").text()).ok()?;
+            let started = subs.to_string().matches(r#""client":"c1""#).count();
+            (started == 2).then_some(())
+        });
+        drop(ws);
         for b in &all {
             assert_eq!(partitions_at(b, "grows"), Some(2));
         }
@@ -1008,10 +1015,6 @@ mod on_kafka {
             wait_for(Duration::from_secs(20), || (partitions_at(b, "grows") == Some(4)).then_some(()));
         }
         wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 3).then_some(()));
-        let (mut ws, _) = wait_for(Duration::from_secs(20), || {
-            recommend(&all[0], "subscription=all-grows")?;
-            Some(attach_following(&all[0], "subscription=all-grows"))
-        });
         let mut want = std::collections::HashSet::new();
         let mut partitions = std::collections::HashSet::new();
         for i in 0..80 {
@@ -1026,12 +1029,17 @@ mod on_kafka {
             want.insert(format!("g{i}"));
         }
         assert_eq!(partitions.len(), 4, "{partitions:?}");
+        let (mut ws, _) = wait_for(Duration::from_secs(20), || {
+            recommend(&all[0], "subscription=fan-grows")?;
+            Some(attach_following(&all[0], "subscription=fan-grows&clientId=c1"))
+        });
         assert_eq!(receive_all(&mut ws, &want), Ok(()));
         // Nothing lowers it: an explicit create with the old count conflicts.
         assert_eq!(all[1].admin().request("PUT", "/admin/topics/grows", &[], br#"{"partitions":2}"#).status, 409);
         assert!(all.iter().all(|b| partitions_at(b, "grows") == Some(4)));
     }
 
+    /// The test Kafka broker, and a topic prefix of this test's own (its instances share it).
     fn kafka_and_prefix(tag: &str) -> (String, String) {
         use std::hash::{BuildHasher, Hasher};
         let brokers = std::env::var("EVMESH_TEST_KAFKA")
