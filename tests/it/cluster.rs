@@ -894,8 +894,7 @@ mod on_kafka {
     fn a_topic_made_at_one_instance_is_the_same_topic_at_every_other() {
         use serde_json::json;
         let (brokers, prefix) = kafka_and_prefix("tp");
-        let all: Vec<TestBroker> =
-            (0..3).map(|_| start_in_with(&brokers, &prefix, &["--kafka-topic-refresh-ms", "200"])).collect();
+        let all: Vec<TestBroker> = (0..3).map(|_| start_in(&brokers, &prefix)).collect();
         wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 3).then_some(()));
         let put = |b: &TestBroker, n: u32| {
             let body = format!("{{\"partitions\":{n}}}");
