@@ -78,7 +78,7 @@ impl ProducerContext for Reports {
     }
 }
 
-/// What a [`TopicJob`] asks of the broker.
+/// What a topic job (`KafkaBackend::ensure_topic`) asks of the broker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TopicAsk {
     /// Create the topic with this many partitions; an existing one is taken with the count it
