@@ -1065,7 +1065,7 @@ impl Admin {
                 Err(_) => return,
             };
             let db = &self.shared.db;
-            let new = topics.into_iter().filter(|(t, _)| matches!(meta::get(db, t), Ok(None)));
+            let new = topics.into_iter().filter(|(t, n)| n.is_some() && matches!(meta::get(db, t), Ok(None)));
             for (topic, _) in new.take(LEARN_PER_LIST) {
                 self.learn(&topic).await;
             }

@@ -493,7 +493,7 @@ impl Pool {
 static SOCKETS: AtomicUsize = AtomicUsize::new(0);
 static SOCKET_BUDGET: AtomicUsize = AtomicUsize::new(usize::MAX);
 
-/// The client's share of the descriptors (`runtime::FdBudget::client_sockets`), set once at
+/// The client's share of the descriptors (`config::fds::FdBudget::client_sockets`), set once at
 /// start: a connect past it fails at once (a webhook delivery then backs off and retries).
 pub fn set_socket_budget(n: usize) {
     SOCKET_BUDGET.store(n.max(1), Ordering::Relaxed);

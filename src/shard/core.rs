@@ -37,10 +37,68 @@ struct KnownTopic {
 
 /// How long a name the broker said it does not have is answered 404 without asking again.
 const ABSENT_FOR: Duration = Duration::from_secs(2);
-/// Names remembered as absent at most (per shard).
+/// How long a lookup the broker could not answer (away, say) is answered so without asking
+/// again.
+const FAILED_FOR: Duration = Duration::from_secs(1);
+/// Names remembered so at most (per shard).
 const MAX_ABSENT: usize = 4096;
-/// Topics a shard looks up on the broker at once at most.
+/// Topics a shard creates or looks up on the broker at once at most (asks waiting for one of
+/// them not counted: they ask nothing).
 const MAX_LOOKUPS: usize = 64;
+/// How long an ask for a topic waits for another ask for it to end.
+const TOPIC_WAIT: Duration = Duration::from_secs(30);
+
+/// A topic being made (or looked up) on its meta owner: its entry in `Shard::making`, removed
+/// on drop, however the ask ends (a caller dropped mid-way too), and its waiters woken.
+struct Making<'a> {
+    making: &'a RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<()>>>>,
+    topic: &'a str,
+}
+
+impl<'a> Making<'a> {
+    fn start(making: &'a RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<()>>>>, topic: &'a str) -> Self {
+        making.borrow_mut().insert(topic.to_owned(), Vec::new());
+        Making { making, topic }
+    }
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        for waiter in self.making.borrow_mut().remove(self.topic).unwrap_or_default() {
+            let _ = waiter.send(());
+        }
+    }
+}
+
+/// A slot of `max_topics` claimed for a topic being made: given back on drop unless kept (the
+/// topic stored), however the ask ends.
+struct Claim<'a> {
+    count: &'a std::sync::atomic::AtomicUsize,
+    kept: bool,
+}
+
+impl<'a> Claim<'a> {
+    /// A slot, if fewer than `max` are taken.
+    fn take(count: &'a std::sync::atomic::AtomicUsize, max: usize) -> Option<Self> {
+        if count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= max {
+            count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            return None;
+        }
+        Some(Claim { count, kept: false })
+    }
+
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+}
 
 /// The partition count of a topic the broker has, if evmesh serves that many.
 fn served(topic: &str, partitions: u32) -> Result<u32, StorageError> {
@@ -69,11 +127,13 @@ pub struct Shard {
     /// Topic settings this shard has seen, with the partitions it owns; a topic's count only
     /// ever grows (with Kafka), and this cache never lowers one.
     topics: RefCell<HashMap<String, KnownTopic>>,
-    /// As meta owner: topics being created or looked up on the broker now (a second ask for
-    /// one waits for the first), and names the broker said it does not have, until when
-    /// (`ABSENT_FOR`): what a client naming topics at random can make this shard ask of Kafka.
-    making: RefCell<std::collections::HashSet<String>>,
-    absent: RefCell<HashMap<String, std::time::Instant>>,
+    /// As meta owner: topics being created or looked up on the broker now, each with the
+    /// asks waiting for it to end (a second ask for a topic waits for the first, [`Making`]),
+    /// and what the broker answered for names it could not give, until when (a name it does not
+    /// have for [`ABSENT_FOR`], a failed ask for [`FAILED_FOR`]): what a client naming topics
+    /// at random can make this shard ask of Kafka.
+    making: RefCell<HashMap<String, Vec<futures::channel::oneshot::Sender<()>>>>,
+    absent: RefCell<HashMap<String, (std::time::Instant, StorageError)>>,
     /// Round-robin cursor over this shard's own partitions for unkeyed events.
     cursor: Cell<usize>,
     pub connections: Cell<usize>,
@@ -320,9 +380,22 @@ impl Shard {
         internal: bool,
         learn: bool,
     ) -> EnsureReply {
-        // Another ask for this topic is at the broker: wait for it, then see what it made.
-        while self.making.borrow().contains(topic) {
-            monoio::time::sleep(Duration::from_millis(1)).await;
+        // Another ask for this topic is at the broker: wait (at most TOPIC_WAIT) for it to
+        // end, then see what it made.
+        let waited = std::time::Instant::now();
+        loop {
+            let rx = match self.making.borrow_mut().get_mut(topic) {
+                Some(waiting) => {
+                    let (tx, rx) = futures::channel::oneshot::channel();
+                    waiting.push(tx);
+                    rx
+                }
+                None => break,
+            };
+            let left = TOPIC_WAIT.saturating_sub(waited.elapsed());
+            if monoio::time::timeout(left, rx).await.is_err() {
+                return Err(StorageError::Unavailable("the topic is still being made on the broker"));
+            }
         }
         if let Some(existing) = meta::get(&self.shared.db, topic)? {
             return match spec {
@@ -339,10 +412,9 @@ impl Shard {
         if !may_create && !self.shared.clustered_log() {
             return Err(StorageError::NoTopic(topic.to_owned()));
         }
-        self.making.borrow_mut().insert(topic.to_owned());
-        let made = self.make_topic(topic, spec, internal, may_create).await;
-        self.making.borrow_mut().remove(topic);
-        made
+        // Ended however this ask ends, dropped mid-way included: its waiters go on.
+        let _making = Making::start(&self.making, topic);
+        self.make_topic(topic, spec, internal, may_create).await
     }
 
     /// [`Shard::ensure_topic_local`] for a topic not here: made (or, `may_create` false,
@@ -356,54 +428,44 @@ impl Shard {
             retention_ms: c.retention_ms,
             retention_bytes: c.retention_bytes,
         });
+        let full = || StorageError::Limit(format!("max_topics ({}) topics exist", c.max_topics));
         // A lookup goes first (a name the broker does not have is a 404, not a claim on
-        // max_topics); a creation claims its slot first (nothing is made past the cap).
+        // max_topics; nothing is asked once the cap is reached); a creation claims its slot
+        // first (nothing is made past the cap).
         #[allow(unused_mut)]
         let mut known: Option<(u32, bool)> = None;
         #[cfg(feature = "kafka")]
         if let (Some(k), false) = (&self.shared.kafka, may_create) {
+            if count.load(std::sync::atomic::Ordering::Acquire) >= c.max_topics {
+                return Err(full());
+            }
             known = Some((self.look_up(k, topic).await?, false));
         }
-        let claim = || {
-            // Meta owners of different topics create concurrently: a slot is claimed first.
-            if !internal && count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= c.max_topics {
-                count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                return Err(StorageError::Limit(format!("max_topics ({}) topics exist", c.max_topics)));
+        // Meta owners of different topics create concurrently: a slot is claimed first, given
+        // back unless the topic is stored, however this ask ends.
+        let claim = Claim::take(count, if internal { usize::MAX } else { c.max_topics }).ok_or_else(full)?;
+        #[cfg(feature = "kafka")]
+        if let (Some(k), None) = (&self.shared.kafka, known) {
+            // The topic is the broker's: created there first, or, made by another instance (or
+            // a Kafka tool), taken with the count it has there; only an explicit create with
+            // another count conflicts. Read once sessions here need it
+            // (`Shared::follow_topic`), from its start: events other producers wrote to an
+            // existing topic are delivered too.
+            let ask = crate::storage::kafka::TopicAsk::Create { partitions: m.partitions, exact: spec.is_some() };
+            let t = k.ensure_topic(topic, ask).await?;
+            known = Some((t.partitions, t.created));
+        }
+        let created = match known {
+            Some((partitions, created)) => {
+                m.partitions = served(topic, partitions)?;
+                created
             }
-            if internal {
-                count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            }
-            Ok(())
+            None => true,
         };
-        claim()?;
-        let made = async {
-            #[cfg(feature = "kafka")]
-            if let (Some(k), None) = (&self.shared.kafka, known) {
-                // The topic is the broker's: created there first, or, made by another instance
-                // (or a Kafka tool), taken with the count it has there; only an explicit create
-                // with another count conflicts. Read once sessions here need it
-                // (`Shared::follow_topic`), from its start: events other producers wrote to an
-                // existing topic are delivered too.
-                let ask = crate::storage::kafka::TopicAsk::Create { partitions: m.partitions, exact: spec.is_some() };
-                let t = k.ensure_topic(topic, ask).await?;
-                known = Some((t.partitions, t.created));
-            }
-            let created = match known {
-                Some((partitions, created)) => {
-                    m.partitions = served(topic, partitions)?;
-                    created
-                }
-                None => true,
-            };
-            meta::put(db, topic, &m)?;
-            self.sync_metadata().await?;
-            Ok((m, created))
-        }
-        .await;
-        if made.is_err() {
-            count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        }
-        made
+        meta::put(db, topic, &m)?;
+        claim.keep();
+        self.sync_metadata().await?;
+        Ok((m, created))
     }
 
     /// Storage = kafka: the partition count the broker has for `topic`, which is not here.
@@ -413,26 +475,25 @@ impl Shard {
     #[cfg(feature = "kafka")]
     async fn look_up(&self, k: &crate::storage::kafka::KafkaBackend, topic: &str) -> Result<u32, StorageError> {
         let now = std::time::Instant::now();
-        if self.absent.borrow().get(topic).is_some_and(|&until| until > now) {
-            return Err(StorageError::NoTopic(topic.to_owned()));
+        if let Some((_, e)) = self.absent.borrow().get(topic).filter(|(until, _)| *until > now) {
+            return Err(e.clone());
         }
         if self.making.borrow().len() > MAX_LOOKUPS {
             return Err(StorageError::Unavailable("too many topics are being looked up on the broker"));
         }
-        match k.ensure_topic(topic, crate::storage::kafka::TopicAsk::Describe).await {
-            Err(e @ StorageError::NoTopic(_)) => {
-                let mut absent = self.absent.borrow_mut();
-                if absent.len() >= MAX_ABSENT {
-                    absent.retain(|_, until| *until > now);
-                }
-                if absent.len() < MAX_ABSENT {
-                    absent.insert(topic.to_owned(), now + ABSENT_FOR);
-                }
-                Err(e)
+        let answer = k.ensure_topic(topic, crate::storage::kafka::TopicAsk::Describe).await;
+        if let Err(e) = &answer {
+            let now = std::time::Instant::now();
+            let until = now + if matches!(e, StorageError::NoTopic(_)) { ABSENT_FOR } else { FAILED_FOR };
+            let mut absent = self.absent.borrow_mut();
+            if absent.len() >= MAX_ABSENT {
+                absent.retain(|_, (until, _)| *until > now);
             }
-            Err(e) => Err(e),
-            Ok(t) => Ok(t.partitions),
+            if absent.len() < MAX_ABSENT {
+                absent.insert(topic.to_owned(), (until, e.clone()));
+            }
         }
+        answer.map(|t| t.partitions)
     }
 
     /// With `fsync` durability, waits until metadata just written is on the device.
@@ -836,5 +897,40 @@ impl Shard {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ask for a topic dropped mid-way (its caller gone: a WebSocket session closed while
+    /// its publish waited for the broker) still ends its entry and wakes the asks waiting for
+    /// it; before, the entry stayed and every later ask for the topic waited forever.
+    #[test]
+    fn a_dropped_ask_for_a_topic_ends_its_entry_and_wakes_its_waiters() {
+        let making = RefCell::new(HashMap::new());
+        let guard = Making::start(&making, "orders");
+        let (tx, mut rx) = futures::channel::oneshot::channel();
+        making.borrow_mut().get_mut("orders").unwrap().push(tx);
+        assert_eq!(rx.try_recv(), Ok(None), "waiting while the ask runs");
+        drop(guard);
+        assert!(making.borrow().is_empty());
+        assert_eq!(rx.try_recv(), Ok(Some(())), "woken");
+    }
+
+    /// A `max_topics` slot is given back unless the topic was stored, however the ask ends.
+    #[test]
+    fn a_topic_slot_is_given_back_unless_kept() {
+        let count = std::sync::atomic::AtomicUsize::new(0);
+        let load = || count.load(std::sync::atomic::Ordering::Relaxed);
+        drop(Claim::take(&count, 2).unwrap());
+        assert_eq!(load(), 0);
+        Claim::take(&count, 2).unwrap().keep();
+        let second = Claim::take(&count, 2).unwrap();
+        assert!(Claim::take(&count, 2).is_none(), "the cap");
+        assert_eq!(load(), 2);
+        drop(second);
+        assert_eq!(load(), 1);
     }
 }

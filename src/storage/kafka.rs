@@ -258,18 +258,21 @@ impl KafkaBackend {
     }
 
     /// Every evmesh topic the broker has under this instance's prefix (evmesh's own `__evmesh.`
-    /// topics and dead names left out), with its partition count: one metadata request.
-    pub fn topics(&self) -> Result<Vec<(String, u32)>, StorageError> {
+    /// topics and names evmesh does not take left out), with its partition count (`None`: there,
+    /// but not described now: an error on it, no partitions yet): one metadata request.
+    pub fn topics(&self) -> Result<Vec<(String, Option<u32>)>, StorageError> {
         use rdkafka::producer::Producer;
         let md =
             self.producer.client().fetch_metadata(None, Duration::from_secs(10)).map_err(|e| engine("metadata", e))?;
         let prefix = &self.settings.topic_prefix;
+        let described = |t: &rdkafka::metadata::MetadataTopic| {
+            (t.error().is_none() && !t.partitions().is_empty()).then(|| t.partitions().len() as u32)
+        };
         Ok(md
             .topics()
             .iter()
-            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
-            .filter_map(|t| Some((t.name().strip_prefix(prefix.as_str())?.to_owned(), t.partitions().len() as u32)))
-            .filter(|(name, _)| !name.starts_with("__") && crate::shard::valid_topic(name))
+            .filter_map(|t| Some((t.name().strip_prefix(prefix.as_str())?.to_owned(), described(t))))
+            .filter(|(name, _)| !name.starts_with("__evmesh.") && crate::shard::valid_topic(name))
             .collect())
     }
 

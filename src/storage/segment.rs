@@ -754,17 +754,18 @@ impl PartitionLog {
         let dir = self.dir.clone();
         if self.tail().size > 0 {
             self.tail().write_index(&dir)?;
+            // Sealed: its descriptor goes before the next segment's is taken (the next write
+            // opens it again should that fail).
+            self.tail().file = None;
         }
-        // Made before the tail changes: a failure (out of descriptors, say) leaves the log as
-        // it was, never without a segment.
+        // Made before the tail is dropped: a failure (out of descriptors, say) leaves the log
+        // as it was, never without a segment.
         let next = Segment::create(&dir, base)?;
         if self.tail().size == 0 {
             let empty = self.segments.pop().expect("a segment");
             // Only a mirror replaces an empty tail (its next batch is far past it); an empty
             // file left behind if this fails reads back as an empty segment, harmless there.
             let _ = std::fs::remove_file(&empty.path);
-        } else {
-            self.tail().file = None;
         }
         self.segments.push(next);
         self.created = true;
