@@ -483,13 +483,11 @@ impl Admin {
                 self.events(t, p, req)
             }
             (Method::Get, ["admin", "dlq", t]) => {
-                self.learn(t).await;
-                self.learn(&format!("{t}.dlq")).await;
+                self.learn_dlq(t).await;
                 self.dead_letters(t, req)
             }
             (Method::Post, ["admin", "dlq", t, "replay"]) => {
-                self.learn(t).await;
-                self.learn(&format!("{t}.dlq")).await;
+                self.learn_dlq(t).await;
                 self.replay(t).await
             }
             (Method::Get, ["admin", "acl"]) => self.acl_rules(None),
@@ -583,8 +581,14 @@ impl Admin {
                 self.learn(&stored(name)).await;
                 self.events(&stored(name), p, req)
             }
-            (Method::Get, ["admin", "dlq", name]) => self.dead_letters(&stored(name), req),
-            (Method::Post, ["admin", "dlq", name, "replay"]) => self.replay(&stored(name)).await,
+            (Method::Get, ["admin", "dlq", name]) => {
+                self.learn_dlq(&stored(name)).await;
+                self.dead_letters(&stored(name), req)
+            }
+            (Method::Post, ["admin", "dlq", name, "replay"]) => {
+                self.learn_dlq(&stored(name)).await;
+                self.replay(&stored(name)).await
+            }
             _ => problem(
                 StatusCode::FORBIDDEN,
                 &format!(
@@ -1041,6 +1045,12 @@ impl Admin {
         if self.shared.mailboxes.send(Sender::Admin, to, msg).is_ok() {
             let _ = crate::shard::core::reply(rx).await;
         }
+    }
+
+    /// [`Admin::learn`] for `topic` and its dead-letter topic.
+    async fn learn_dlq(&self, topic: &str) {
+        self.learn(topic).await;
+        self.learn(&format!("{topic}.dlq")).await;
     }
 
     /// Storage = kafka with a `kafka.topic_prefix`: every topic the broker has under it (so

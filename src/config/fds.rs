@@ -41,6 +41,14 @@ impl std::fmt::Display for FdBudget {
     }
 }
 
+impl FdBudget {
+    /// What the shares need at the least (one connection per shard): a limit below it is
+    /// oversubscribed.
+    pub fn least(&self, shards: usize) -> u64 {
+        self.reserve + (self.rocksdb + self.partitions + self.client_sockets + self.admin + shards) as u64
+    }
+}
+
 /// Shares `limit` descriptors out (see [`FdBudget`]); `max_connections` is lowered to what
 /// fits, never raised.
 pub fn fd_budget(limit: u64, shards: usize, max_connections: usize, admin: usize, kafka: bool) -> FdBudget {
@@ -73,8 +81,7 @@ mod tests {
         for limit in [256u64, 1024, 4096, 20_000, 65_536, 1 << 20] {
             for shards in [1usize, 2, 8] {
                 let b = fd_budget(limit, shards, 100_000, 64, true);
-                let used =
-                    b.reserve + (b.connections * shards + b.admin + b.partitions + b.rocksdb + b.client_sockets) as u64;
+                let used = b.least(shards) + ((b.connections - 1) * shards) as u64;
                 if limit >= 1024 {
                     assert!(used <= limit, "{b} uses {used} with {shards} shards");
                 }

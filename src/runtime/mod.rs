@@ -255,7 +255,7 @@ fn fit_descriptors(config: &mut Config) -> crate::config::fds::FdBudget {
         config.admin_max_connections,
         kafka,
     );
-    let least = b.reserve + (b.rocksdb + b.partitions + b.client_sockets + b.admin + config.shards) as u64;
+    let least = b.least(config.shards);
     if least > limit {
         eprintln!(
             "evmesh: the open files limit {limit} is below what evmesh needs at least ({least}): raise it (ulimit -n); running out of descriptors will refuse connections"
@@ -343,9 +343,15 @@ fn reconcile_topics(
             None => {
                 let ask = TopicAsk::Create { partitions: m.partitions, exact: false };
                 match futures::executor::block_on(k.ensure_topic(&topic, ask)) {
-                    Ok(t) => t.partitions,
+                    Ok(t) => {
+                        warned.remove(&format!("make {topic}"));
+                        t.partitions
+                    }
+                    // Tried again at the next read; said once.
                     Err(e) => {
-                        eprintln!("evmesh: kafka: {topic} is not on the broker and could not be made there: {e}");
+                        if warned.insert(format!("make {topic}")) {
+                            eprintln!("evmesh: kafka: {topic} is not on the broker and could not be made there: {e}");
+                        }
                         continue;
                     }
                 }
@@ -961,8 +967,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     if closed {
                         shard.shared.metrics.shard(shard.id).connections_rejected.inc();
                     }
-                    shard.shared.descriptors_short[shard.id.index()]
-                        .store((crate::clock::now_micros() / 1000).max(1) as u64, Ordering::Relaxed);
+                    let now = crate::storage::offsets::now_ms().max(1);
+                    shard.shared.descriptors_short[shard.id.index()].store(now, Ordering::Relaxed);
                 };
                 accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard), short).await
             };

@@ -452,10 +452,10 @@ impl Pool {
     /// A new connection to `url` at `addr` (TLS for https).
     async fn connect(&self, url: &Url, addr: SocketAddr, timeout: Duration) -> Result<Conn, ClientError> {
         // Past the share, this pool's idle connections go first.
-        let slot = SocketSlot::take()
+        let slot = SocketSlot::take(&SOCKETS)
             .or_else(|| {
                 self.idle.borrow_mut().clear();
-                SocketSlot::take()
+                SocketSlot::take(&SOCKETS)
             })
             .ok_or_else(|| {
                 ClientError::Connect(
@@ -489,37 +489,42 @@ impl Pool {
     }
 }
 
-/// Sockets the client has open, process-wide, and how many it may ([`set_socket_budget`]).
-static SOCKETS: AtomicUsize = AtomicUsize::new(0);
-static SOCKET_BUDGET: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Sockets counted against a share: how many are open, and how many may be.
+struct SocketBudget {
+    open: AtomicUsize,
+    max: AtomicUsize,
+}
+
+/// The client's sockets, process-wide ([`set_socket_budget`]).
+static SOCKETS: SocketBudget = SocketBudget { open: AtomicUsize::new(0), max: AtomicUsize::new(usize::MAX) };
 
 /// The client's share of the descriptors (`config::fds::FdBudget::client_sockets`), set once at
 /// start: a connect past it fails at once (a webhook delivery then backs off and retries).
 pub fn set_socket_budget(n: usize) {
-    SOCKET_BUDGET.store(n.max(1), Ordering::Relaxed);
+    SOCKETS.max.store(n.max(1), Ordering::Relaxed);
 }
 
 /// Sockets the client has open now (pooled ones included).
 pub fn sockets_open() -> usize {
-    SOCKETS.load(Ordering::Relaxed)
+    SOCKETS.open.load(Ordering::Relaxed)
 }
 
-/// One socket counted against the budget while it lives.
-struct SocketSlot;
+/// One socket counted against a budget while it lives.
+struct SocketSlot(&'static SocketBudget);
 
 impl SocketSlot {
-    fn take() -> Option<SocketSlot> {
-        if SOCKETS.fetch_add(1, Ordering::Relaxed) >= SOCKET_BUDGET.load(Ordering::Relaxed) {
-            SOCKETS.fetch_sub(1, Ordering::Relaxed);
+    fn take(budget: &'static SocketBudget) -> Option<SocketSlot> {
+        if budget.open.fetch_add(1, Ordering::Relaxed) >= budget.max.load(Ordering::Relaxed) {
+            budget.open.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        Some(SocketSlot)
+        Some(SocketSlot(budget))
     }
 }
 
 impl Drop for SocketSlot {
     fn drop(&mut self) {
-        SOCKETS.fetch_sub(1, Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -808,5 +813,19 @@ mod tests {
             let url = Url::parse(&format!("http://127.0.0.1:{closed}/")).unwrap();
             assert!(matches!(pool.send(&url, at(&url), "POST", &[], b"x", t).await, Err(ClientError::Connect(_))));
         });
+    }
+
+    /// The client's sockets never pass their share: a slot past it is refused, and one given
+    /// back (its connection closed) makes room again.
+    #[test]
+    fn sockets_past_their_share_are_refused_and_given_back_on_close() {
+        static BUDGET: SocketBudget = SocketBudget { open: AtomicUsize::new(0), max: AtomicUsize::new(2) };
+        let (a, b) = (SocketSlot::take(&BUDGET).unwrap(), SocketSlot::take(&BUDGET).unwrap());
+        assert!(SocketSlot::take(&BUDGET).is_none(), "the share is 2");
+        assert_eq!(BUDGET.open.load(Ordering::Relaxed), 2);
+        drop(a);
+        let c = SocketSlot::take(&BUDGET).expect("room again");
+        drop((b, c));
+        assert_eq!(BUDGET.open.load(Ordering::Relaxed), 0);
     }
 }

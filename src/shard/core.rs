@@ -70,8 +70,8 @@ impl Drop for Making<'_> {
     }
 }
 
-/// A slot of `max_topics` claimed for a topic being made: given back on drop unless kept (the
-/// topic stored), however the ask ends.
+/// A slot of a cap (`max_topics`, `max_subscriptions`) claimed for what is being made: given
+/// back on drop unless kept (it was stored), however the making ends.
 struct Claim<'a> {
     count: &'a std::sync::atomic::AtomicUsize,
     kept: bool,
@@ -512,15 +512,12 @@ impl Shard {
                 Some(existing) if existing.same_as(&def) => SubOutcome::Unchanged,
                 Some(_) => SubOutcome::Conflict,
                 None => {
-                    let count = &self.shared.subscription_count;
-                    if count.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= self.shared.config.max_subscriptions {
-                        count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    let max = self.shared.config.max_subscriptions;
+                    let Some(claim) = Claim::take(&self.shared.subscription_count, max) else {
                         return Ok(SubOutcome::Limit);
-                    }
-                    if let Err(e) = meta::put_subscription(db, &def) {
-                        count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                        return Err(e);
-                    }
+                    };
+                    meta::put_subscription(db, &def)?;
+                    claim.keep();
                     if let (Some(_), Some(start)) = (&def.sink, self.sink_starter.get()) {
                         start(self, def);
                     }

@@ -267,7 +267,7 @@ impl Shared {
     /// process out of descriptors within [`STALLED_AFTER`], or this thread finding it so now.
     /// `None` when files open.
     pub fn descriptors_short(&self) -> Option<String> {
-        let now = (crate::clock::now_micros() / 1000) as u64;
+        let now = crate::storage::offsets::now_ms();
         let recent = |at: u64| at > 0 && now.saturating_sub(at) < STALLED_AFTER.as_millis() as u64;
         let shards: Vec<usize> = (0..self.descriptors_short.len())
             .filter(|&i| recent(self.descriptors_short[i].load(Ordering::Relaxed)))

@@ -78,7 +78,7 @@ impl PartitionLogs {
     /// Notes `e` if it says the process is out of descriptors (see [`PartitionLogs::short_at`]).
     pub fn note(&self, e: &SegmentError) {
         if e.out_of_descriptors() {
-            self.short_at.store((crate::clock::now_micros() / 1000).max(1) as u64, Ordering::Relaxed);
+            self.short_at.store(super::offsets::now_ms().max(1), Ordering::Relaxed);
         }
     }
 
@@ -182,11 +182,7 @@ impl PartitionLogs {
             if Arc::ptr_eq(slot, except) {
                 continue;
             }
-            if let Ok(mut g) = slot.try_lock() {
-                if let Some(log) = g.as_mut().filter(|l| l.holds_file()) {
-                    log.close_if_idle();
-                }
-            }
+            close_if_idle(slot);
         }
     }
 
@@ -210,18 +206,17 @@ impl PartitionLogs {
     /// [`PartitionLog::close_if_idle`]); a partition in use right now is skipped. Returns how
     /// many partitions keep a file open.
     pub fn sweep(&self) -> usize {
-        let slots: Vec<Slot> = self.open.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-        let mut open = 0;
-        for slot in slots {
-            let Ok(mut g) = slot.try_lock() else {
-                open += 1;
-                continue;
-            };
-            if let Some(log) = g.as_mut() {
-                open += usize::from(!log.close_if_idle());
-            }
-        }
-        open
+        let slots: Vec<Slot> = self.clock.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
+        slots.iter().filter(|slot| !close_if_idle(slot)).count()
+    }
+}
+
+/// Closes the file of the log in `slot` unless it was written since the last look (a second
+/// chance) or is in use right now; whether it holds no file now.
+fn close_if_idle(slot: &Slot) -> bool {
+    match slot.try_lock() {
+        Ok(mut g) => g.as_mut().is_none_or(|log| !log.holds_file() || log.close_if_idle()),
+        Err(_) => false,
     }
 }
 

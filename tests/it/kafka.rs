@@ -405,3 +405,51 @@ fn lite_topics_sessions_and_agent_calls_work_on_kafka() {
     let r = b.client().post("/session/publish/s-1", "application/cloudevents+json", ev.as_bytes());
     assert_eq!((r.status, r.json()["offset"].as_u64()), (201, Some(1)), "{}", r.text());
 }
+
+/// A client naming topics at random over Kafka, with auto_create_topics off: each name is
+/// looked up on the broker (at most 64 at once per shard, a missing one remembered 2 s) and
+/// answered 404 (or 503 past the lookups' cap), never made nor kept here, while a bystander
+/// publishing to a real topic is served throughout.
+#[test]
+#[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+fn random_topic_names_are_looked_up_never_kept() {
+    let (brokers, p) = (broker(), prefix());
+    let b = on_kafka(&brokers, &p, &["--auto-create-topics", "false"]);
+    let r = b.admin().request("PUT", "/admin/topics/real", &[], br#"{"partitions":2}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let attackers: Vec<_> = (0..8)
+        .map(|t| {
+            let addr = b.traffic;
+            std::thread::spawn(move || {
+                let mut c = super::util::Client::connect(addr);
+                (0..50)
+                    .map(|i| {
+                        let e = event(&format!("x{i}")).to_string();
+                        c.post(
+                            &format!("/events/publish?topic=rand-{t}-{i}"),
+                            "application/cloudevents+json",
+                            e.as_bytes(),
+                        )
+                        .status
+                    })
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    for i in 0..50 {
+        let r = b.publish("real", &event(&format!("real-{i}")));
+        assert_eq!(r.status, 202, "the bystander: {}", r.text());
+    }
+    for a in attackers {
+        let statuses = a.join().unwrap();
+        assert!(statuses.iter().all(|s| [404, 503].contains(s)), "{statuses:?}");
+        assert!(statuses.contains(&404), "{statuses:?}");
+    }
+    // The same unknown name again: still a 404.
+    let r = b.publish("rand-0-0", &event("again"));
+    assert_eq!(r.status, 404, "{}", r.text());
+    // Nothing kept for any of them.
+    let listed: Vec<Value> = serde_json::from_str(&b.admin().get("/admin/topics").text()).unwrap();
+    let names: Vec<&str> = listed.iter().map(|t| t["topic"].as_str().unwrap()).collect();
+    assert_eq!(names, ["real"]);
+}
