@@ -25,6 +25,7 @@ mod it {
     mod pipeline;
     mod publish;
     mod request;
+    mod sdk;
     mod session;
     mod subscriptions;
     pub mod tls;

@@ -778,6 +778,16 @@ impl Traffic {
             Some(json.to_string())
         };
         let last_event_id = req.header("last-event-id").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned);
+        let window = match req.query("credit") {
+            None => None,
+            Some(n) => match n.parse::<u32>() {
+                Ok(n) if n <= crate::config::MAX_WINDOW && acked => Some(n),
+                Ok(_) if !acked => {
+                    return Err(bad("credit=N is the window of acknowledged sessions; ack=none has none"))
+                }
+                _ => return Err(bad(&format!("credit={n}: the window is 0..={}", crate::config::MAX_WINDOW))),
+            },
+        };
         Ok(SessionSpec {
             subscription: def.subscription,
             topic: def.topic,
@@ -786,6 +796,7 @@ impl Traffic {
             client,
             filters,
             last_event_id,
+            window,
             principal: gate.principal(),
             credential: gate.principal().and(gate.token.map(|t| Credential(t.to_vec()))),
             tenant: gate.who.tenant.clone(),

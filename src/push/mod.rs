@@ -62,7 +62,7 @@ pub fn attach_acked(
     let (id, events) = shard.sessions.add_acked(&spec.subscription, kind, shard.shared.config.shards);
     let (consumer, persist) = consumer_of(spec, shard.id, id);
     let at = SessionRef { shard: shard.id, id };
-    let window = shard.shared.config.session_window;
+    let window = spec.window.unwrap_or(shard.shared.config.session_window);
     let change = SessionChange::Attach { window, filters: spec.filters.clone(), persist };
     shard.announce_session(SessionEvent { consumer: consumer.clone(), topic: spec.topic.clone(), session: at, change });
     (events, consumer, at)

@@ -114,6 +114,10 @@ pub struct SessionSpec {
     pub filters: Option<String>,
     /// SSE: the `Last-Event-ID` the client resumes after.
     pub last_event_id: Option<String>,
+    /// `?credit=N`: the session's event window from its first delivery (default
+    /// `session_window`), as a `credit` message would set it, without the burst a later one
+    /// comes too late to stop.
+    pub window: Option<u32>,
     /// Who opened the session (`None` with `auth = none`): it is closed (WebSocket 1008) once
     /// the credential expires or the ACL no longer lets it subscribe.
     pub principal: Option<String>,

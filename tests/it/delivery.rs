@@ -171,6 +171,11 @@ fn delivery_requests_are_checked_and_refused_clearly() {
     ws("subscription=lb&sql=type%3D%27x%27").assert_problem(400);
     ws("subscription=mc&sql=type%20%3D").assert_problem(400);
     ws("subscription=mc&filters=%7B%7D").assert_problem(400);
+    // The window set with the attach is the credit message's: 0..=4096, acked sessions only.
+    ws("subscription=lb&credit=4097").assert_problem(400);
+    ws("subscription=lb&credit=-1").assert_problem(400);
+    ws("subscription=bc&ack=none&credit=8").assert_problem(400);
+    assert_eq!(ws("subscription=lb&credit=4096").status, 101);
     b.client().request("GET", "/events/ws", &upgrade, b"").assert_problem(400);
     b.client().post("/events/ws?subscription=bc", "application/json", b"{}").assert_problem(405);
     b.client().get("/events/sse?subscription=nope").assert_problem(404);

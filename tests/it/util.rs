@@ -162,6 +162,17 @@ impl TestBroker {
         self.spawn();
     }
 
+    /// SIGKILL, then starts again on the same data directory and the same ports, as a
+    /// supervisor restarts a crashed broker: clients reconnect to the address they know.
+    pub fn restart_on_same_ports(&mut self) {
+        self.kill9();
+        let pinned =
+            ["--listen".to_owned(), self.traffic.to_string(), "--admin-listen".to_owned(), self.admin.to_string()];
+        self.args.extend(pinned);
+        self.spawn();
+        self.args.truncate(self.args.len() - 4);
+    }
+
     /// The broker's process id (for /proc readings such as [`rss_bytes`]).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()

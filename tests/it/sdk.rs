@@ -1,0 +1,360 @@
+//! `evmesh-client`, the Rust SDK, against a real broker: every publish form, every transport,
+//! and the ways a session ends in production (a broker killed and restarted mid-stream, a
+//! token expiring mid-stream, a consumer that stops reading).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use evmesh_client::cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
+use evmesh_client::{
+    Backoff, Client, ConnectionState, Consumer, ContentMode, Mode, Start, Subscription, Token, Transport,
+};
+use futures_util::StreamExt;
+
+use super::util::{wait_for, TestBroker};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn ev(id: &str) -> Event {
+    EventBuilderV10::new()
+        .id(id)
+        .source("/sdk")
+        .ty("com.example.sdk")
+        .data("application/json", serde_json::json!({ "n": id }))
+        .build()
+        .unwrap()
+}
+
+fn url(b: &TestBroker) -> String {
+    format!("http://{}", b.traffic)
+}
+
+/// Backoff short enough for a test to see several reconnects, long enough to be backoff.
+fn quick() -> Backoff {
+    Backoff { min: Duration::from_millis(50), max: Duration::from_millis(500) }
+}
+
+/// Takes deliveries until `want` distinct event ids were seen (acking each), or fails after
+/// `limit`; returns how many deliveries that took.
+async fn take_acking(c: &mut Consumer, want: &BTreeSet<String>, limit: Duration) -> (BTreeSet<String>, usize) {
+    let mut seen = BTreeSet::new();
+    let mut n = 0;
+    let deadline = tokio::time::Instant::now() + limit;
+    while !want.is_subset(&seen) {
+        let d = tokio::time::timeout_at(deadline, c.next())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {} events within {limit:?}", seen.len(), want.len()))
+            .expect("the consumer ended")
+            .expect("a delivery");
+        n += 1;
+        seen.insert(d.event.id().to_owned());
+        d.ack();
+    }
+    (seen, n)
+}
+
+#[test]
+fn publishes_in_every_form_and_consumes_on_every_transport() {
+    let b = TestBroker::start(&["--default-partitions", "2"]);
+    runtime().block_on(async {
+        let c = Client::new(url(&b)).unwrap();
+        for (name, transport) in [("ws", Transport::WebSocket), ("sse", Transport::Sse), ("poll", Transport::LongPoll)]
+        {
+            let s = Subscription::new(format!("sdk-{name}"), "sdk").start(Start::Earliest);
+            assert!(c.subscribe(&s).await.unwrap().created);
+            assert!(!c.subscribe(&s).await.unwrap().created, "the same definition again is 200");
+            let _ = transport;
+        }
+        let conflict = c.subscribe(&Subscription::new("sdk-ws", "other")).await.unwrap_err();
+        assert_eq!(conflict.status(), Some(409), "{conflict}");
+
+        let one = c.publish("sdk", &ev("s-1")).await.unwrap();
+        assert!(one.partition < 2);
+        c.publish_as("sdk", &ev("b-1"), ContentMode::Binary).await.unwrap();
+        let batch = c.publish_batch("sdk", &[ev("batch-1"), ev("batch-2")]).await.unwrap();
+        assert_eq!(batch.len(), 2);
+        let publisher = c.publisher_with("sdk", 8).await.unwrap();
+        let mut receipts = Vec::new();
+        for i in 0..50 {
+            receipts.push(publisher.send(&ev(&format!("p-{i}"))).await.unwrap());
+        }
+        for r in receipts {
+            r.await.unwrap();
+        }
+        publisher.flush().await.unwrap();
+        // A refused event is the broker's problem+json, not a panic or a hang.
+        let bad = c.publish("bad/topic", &ev("x")).await.unwrap_err();
+        assert_eq!(bad.status(), Some(400), "{bad}");
+        assert!(bad.problem().unwrap().detail.is_some());
+
+        let mut want: BTreeSet<String> = ["s-1", "b-1", "batch-1", "batch-2"].map(String::from).into();
+        want.extend((0..50).map(|i| format!("p-{i}")));
+        for (name, transport) in [("ws", Transport::WebSocket), ("sse", Transport::Sse), ("poll", Transport::LongPoll)]
+        {
+            let mut consumer =
+                c.consumer(format!("sdk-{name}")).transport(transport).poll_wait(Duration::from_millis(500)).start();
+            let (seen, n) = take_acking(&mut consumer, &want, Duration::from_secs(20)).await;
+            assert_eq!(seen, want, "{name}");
+            assert_eq!(n, want.len(), "{name}: nothing twice while acked in time");
+            assert!(matches!(*consumer.state().borrow(), ConnectionState::Connected { .. }), "{name}");
+        }
+        // The binary-mode event kept its data.
+        let stored: Vec<_> = (0..2).flat_map(|p| b.events("sdk", p)).collect();
+        let binary = stored.iter().find(|(_, e)| e["id"] == "b-1").unwrap();
+        assert_eq!(binary.1["data"], serde_json::json!({"n": "b-1"}));
+
+        // An unknown subscription ends the consumer with the broker's 404, once.
+        let mut gone = c.consumer("nope").start();
+        let e = gone.next().await.unwrap().unwrap_err();
+        assert_eq!(e.status(), Some(404), "{e}");
+        assert!(gone.next().await.is_none());
+        assert!(matches!(*gone.state().borrow(), ConnectionState::Closed { .. }));
+
+        c.unsubscribe("sdk-ws").await.unwrap();
+        assert_eq!(c.unsubscribe("sdk-ws").await.unwrap_err().status(), Some(404));
+    });
+}
+
+/// The consumer side of a crash: a broker killed (SIGKILL) and restarted mid-stream, twice, on
+/// each I/O driver, under a publisher and an acking consumer. Every event the broker accepted
+/// arrives; the consumer reconnects by itself and gets again at most what was unacknowledged
+/// (its window on each shard, and what was acked in the instant before the kill).
+#[test]
+fn a_consumer_outlives_broker_crashes_and_loses_nothing() {
+    for driver in ["epoll", "uring"] {
+        crash_run(driver);
+    }
+}
+
+fn crash_run(driver: &str) {
+    let window = 16u32;
+    let shards = 2;
+    let mut b = TestBroker::start(&["--io-driver", driver, "--default-partitions", "4", "--durability", "os"]);
+    let rt = runtime();
+    let _inside = rt.enter();
+    let c = Client::builder(url(&b)).backoff(quick()).build().unwrap();
+    rt.block_on(c.subscribe(&Subscription::new("crash", "crash").start(Start::Earliest))).unwrap();
+    let seen: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let mut consumer = c.consumer("crash").window(window).start();
+    let mut states = consumer.state();
+    let transitions = Arc::new(Mutex::new(Vec::new()));
+    let log = transitions.clone();
+    rt.spawn(async move {
+        while states.changed().await.is_ok() {
+            let s = states.borrow_and_update().clone();
+            log.lock().unwrap().push(s);
+        }
+    });
+    let got = seen.clone();
+    rt.spawn(async move {
+        while let Some(d) = consumer.next().await {
+            let d = d.expect("the consumer never gives up on a restart");
+            *got.lock().unwrap().entry(d.event.id().to_owned()).or_default() += 1;
+            d.ack();
+        }
+    });
+    // The publisher retries each event until the broker accepts it (a 202 lost in the crash
+    // means the event may be stored twice: counted apart from the consumer's duplicates).
+    let accepted = Arc::new(Mutex::new(BTreeSet::new()));
+    let retried = Arc::new(Mutex::new(0usize));
+    let total = 3000;
+    let publishing = {
+        let (c, accepted, retried) = (c.clone(), accepted.clone(), retried.clone());
+        rt.spawn(async move {
+            for i in 0..total {
+                let id = format!("e-{i}");
+                loop {
+                    match c.publish("crash", &ev(&id)).await {
+                        Ok(_) => break,
+                        Err(e) => {
+                            assert!(e.is_transient() || e.status().is_none(), "{e}");
+                            *retried.lock().unwrap() += 1;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                accepted.lock().unwrap().insert(id);
+            }
+        })
+    };
+    for round in 1..=2 {
+        let at = round * total / 3;
+        wait_for(Duration::from_secs(60), || (seen.lock().unwrap().len() >= at).then_some(()));
+        b.restart_on_same_ports();
+    }
+    rt.block_on(publishing).unwrap();
+    let accepted = accepted.lock().unwrap().clone();
+    assert_eq!(accepted.len(), total);
+    wait_for(Duration::from_secs(60), || {
+        let s = seen.lock().unwrap();
+        accepted.iter().all(|id| s.contains_key(id)).then_some(())
+    });
+    let s = seen.lock().unwrap();
+    let extra: usize = s.values().map(|n| n - 1).sum();
+    let retried = *retried.lock().unwrap();
+    // Per crash: the window on each shard (delivered, not acked) plus the retried publishes.
+    let bound = 2 * (window as usize * shards + 64) + retried;
+    assert!(extra <= bound, "{driver}: {extra} duplicates, bound {bound}");
+    let t = transitions.lock().unwrap();
+    let reconnects = t
+        .windows(2)
+        .filter(|w| matches!(w[0], ConnectionState::Disconnected { .. }) && matches!(w[1], ConnectionState::Connecting))
+        .count();
+    assert!(reconnects >= 2, "{driver}: {t:?}");
+    assert!(t.iter().any(|s| matches!(s, ConnectionState::Connected { .. })));
+}
+
+/// A token that expires mid-stream: the broker ends the session (1008 "token expired"), the
+/// client asks its callback for a new token and attaches again where the offsets are.
+#[test]
+fn an_expiring_token_is_refreshed_and_the_stream_goes_on() {
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    let dir = std::env::temp_dir().join(format!("evmesh-sdk-jwt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = b"an-hs256-secret-of-thirty-two-bytes!";
+    let k = base64url(secret);
+    let jwks = dir.join("jwks.json");
+    std::fs::write(
+        &jwks,
+        serde_json::json!({"keys": [{"kty": "oct", "kid": "k1", "alg": "HS256", "k": k}]}).to_string(),
+    )
+    .unwrap();
+    let config = dir.join("evmesh.toml");
+    std::fs::write(
+        &config,
+        "[[acl]]\nid = \"svc\"\nprincipal = \"svc\"\nresource = \"topic:*\"\nactions = [\"PUBLISH\", \"SUBSCRIBE\"]\neffect = \"ALLOW\"\n\n\
+         [[acl]]\nid = \"svc-sub\"\nprincipal = \"svc\"\nresource = \"subscription:*\"\nactions = [\"SUBSCRIBE\"]\neffect = \"ALLOW\"\n",
+    )
+    .unwrap();
+    let b = TestBroker::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--auth",
+        "jwt",
+        "--jwt-jwks-file",
+        jwks.to_str().unwrap(),
+    ]);
+    let minted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = minted.clone();
+    let lifetime = Duration::from_secs(2);
+    let c = Client::builder(url(&b))
+        .backoff(quick())
+        .token_refresh_lead(Duration::from_millis(200))
+        .token_refresh(move || {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let exp = std::time::SystemTime::now() + lifetime;
+            let secs = exp.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+            let mut header = Header::new(jsonwebtoken::Algorithm::HS256);
+            header.kid = Some("k1".into());
+            let claims = serde_json::json!({"sub": "svc", "exp": secs});
+            let t = encode(&header, &claims, &EncodingKey::from_secret(secret).unwrap()).unwrap();
+            // Whole seconds on the wire: the client is told the truncated expiry.
+            let at = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+            async move { Ok(Token::expiring(t, at)) }
+        })
+        .build()
+        .unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        // Without a token the broker says 401; this client never sends none.
+        c.subscribe(&Subscription::new("jwt", "jwt").start(Start::Earliest)).await.unwrap();
+        let mut consumer = c.consumer("jwt").window(8).start();
+        let mut ended_for_expiry = consumer.state();
+        let started = Instant::now();
+        let mut want = BTreeSet::new();
+        let mut i = 0;
+        // Publish for three token lifetimes while consuming.
+        let mut expiries = 0;
+        let mut seen = BTreeSet::new();
+        while started.elapsed() < lifetime * 3 || seen.len() < want.len() {
+            if started.elapsed() < lifetime * 3 {
+                let id = format!("j-{i}");
+                c.publish("jwt", &ev(&id)).await.unwrap();
+                want.insert(id);
+                i += 1;
+            }
+            tokio::select! {
+                d = consumer.next() => {
+                    let d = d.unwrap().unwrap();
+                    seen.insert(d.event.id().to_owned());
+                    d.ack();
+                }
+                Ok(()) = ended_for_expiry.changed() => {
+                    if let ConnectionState::Disconnected { reason, .. } = &*ended_for_expiry.borrow_and_update() {
+                        assert!(reason.contains("1008 token expired"), "{reason}");
+                        expiries += 1;
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "{} of {} within 60 s", seen.len(), want.len());
+        }
+        assert_eq!(seen, want);
+        assert!(expiries >= 1, "the session outlived its token");
+    });
+    assert!(minted.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A consumer that stops acknowledging holds exactly its window: the broker sends no more
+/// until acks free room, so a slow consumer costs bounded memory on both sides.
+#[test]
+fn credit_bounds_what_a_slow_consumer_is_sent() {
+    let b = TestBroker::start(&["--default-partitions", "4"]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = Client::new(url(&b)).unwrap();
+        c.subscribe(&Subscription::new("slow", "slow").mode(Mode::LoadBalance).start(Start::Earliest)).await.unwrap();
+        let publisher = c.publisher("slow").await.unwrap();
+        for i in 0..2000 {
+            // Keys spread the events over every partition, so both shards hold some.
+            let mut e = ev(&format!("s-{i}"));
+            e.set_extension("partitionkey", format!("k{i}"));
+            publisher.send(&e).await.unwrap();
+        }
+        publisher.flush().await.unwrap();
+        let window = 8usize;
+        let shards = 2;
+        let mut consumer = c.consumer("slow").window(window as u32).start();
+        let mut held = Vec::new();
+        // Everything the window allows arrives...
+        while held.len() < window * shards {
+            held.push(tokio::time::timeout(Duration::from_secs(10), consumer.next()).await.unwrap().unwrap().unwrap());
+        }
+        // ...and nothing more while nothing is acked: a probe publish to every partition
+        // would be sent at once if the broker were not holding to the window.
+        let more = tokio::time::timeout(Duration::from_millis(500), consumer.next()).await;
+        assert!(more.is_err(), "a delivery past the window: {:?}", more.map(|d| d.map(|d| d.map(|d| d.id))));
+        // Acking one frees exactly one place.
+        held.remove(0).ack();
+        let next = tokio::time::timeout(Duration::from_secs(10), consumer.next()).await.unwrap().unwrap().unwrap();
+        held.push(next);
+        let again = tokio::time::timeout(Duration::from_millis(500), consumer.next()).await;
+        assert!(again.is_err(), "one ack freed more than one place");
+        for d in held.drain(..) {
+            d.ack();
+        }
+        // Then the rest flows.
+        let mut seen = 0;
+        while seen < 2000 - window * shards - 1 {
+            let d = tokio::time::timeout(Duration::from_secs(20), consumer.next()).await.unwrap().unwrap().unwrap();
+            d.ack();
+            seen += 1;
+        }
+    });
+}
