@@ -6,7 +6,6 @@
 pub use evmesh_protocol::{adaptor, http, ws};
 
 pub mod admin;
-pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -1,57 +1,32 @@
-//! `evmesh serve | pub | sub | request | stream | agent`: parse the configuration, start the shards, wait for a signal.
+//! `evmesh serve`: parse the configuration, start the shards, wait for a signal; `evmesh pub |
+//! sub | request | stream | agent` are the clients of `cli` (clap, on `evmesh-client`).
 
 use std::process::ExitCode;
+
+mod cli;
+
+use clap::Parser;
 
 const USAGE: &str = "usage:
   evmesh serve [--config FILE] [--listen ADDR] [--admin-listen ADDR] [--shards N] [--data-dir DIR]
                [--storage embedded|kafka] [--kafka-brokers HOST:PORT,...] [--durability memory|os|fsync]
                [--io-driver auto|uring|epoll] [--<any other key in evmesh.toml> VALUE]
-  evmesh pub   --topic T [--url http://127.0.0.1:8080] [--type TYPE] [--source SRC] [--id ID]
-               [--partition-key K] [--data JSON | --data-text TEXT]   (or a CloudEvent JSON on stdin)
-               [--token T]   (a bearer token; also EVMESH_TOKEN)
-  evmesh sub   --subscription S [--url http://127.0.0.1:8080] [--client-id C] [--no-ack] [--max N]
-               [--token T]
-               (one JSON line per event; ack=none: at-most-once from the moment it attaches)
-  evmesh request --topic T [--timeout-ms 30000] [the event flags of pub]   (prints the reply)
-  evmesh stream --session S [--max N]   (a session's events from its head, then live, as JSON lines)
-  evmesh agent --agent-id A [--delay-ms 0] [--max-turns N] [--heartbeat-ms 30000]
-               (a streaming agent: echoes each turn's prompt back, a word per chunk)
-  pub, sub, request, stream and agent over TLS: --url https://HOST:PORT [--cacert FILE] (default the system's CA bundle)
-               [--cert FILE --key FILE]   (a client certificate, for mutual TLS)
+  evmesh pub | sub | request | stream | agent ... (the clients: evmesh <command> --help)
   evmesh print-config   (the commented defaults)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("serve") => serve(&args[1..]),
-        Some("pub") => client("pub", evmesh::cli::publish(&args[1..])),
-        Some("sub") => client("sub", evmesh::cli::subscribe(&args[1..])),
-        Some("request") => client("request", evmesh::cli::request(&args[1..])),
-        Some("stream") => client("stream", evmesh::cli::stream(&args[1..])),
-        Some("agent") => client("agent", evmesh::cli::agent(&args[1..])),
-        Some("print-config") => {
+    // `serve` takes every configuration key as a flag: its own parser (config::RawConfig).
+    if args.first().map(String::as_str) == Some("serve") {
+        return serve(&args[1..]);
+    }
+    match cli::Cli::parse().command {
+        cli::Command::Serve { args } => serve(&args),
+        cli::Command::PrintConfig => {
             print!("{}", evmesh::config::DEFAULT_TOML);
             ExitCode::SUCCESS
         }
-        Some("--version") | Some("-V") => {
-            println!("evmesh {}", env!("CARGO_PKG_VERSION"));
-            ExitCode::SUCCESS
-        }
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// The exit of a client command: its error on stderr, named after the command.
-fn client(name: &str, result: Result<(), String>) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("evmesh {name}: {e}");
-            ExitCode::FAILURE
-        }
+        client => cli::run(client),
     }
 }
 

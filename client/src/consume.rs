@@ -142,7 +142,7 @@ impl ConsumerBuilder {
             outstanding: 0,
         };
         let handle = tokio::spawn(task.run());
-        Consumer { rx: out_rx, state: state_rx, task: handle }
+        Consumer { rx: out_rx, state: state_rx, task: Some(handle) }
     }
 }
 
@@ -170,10 +170,20 @@ impl Client {
 pub struct Consumer {
     rx: mpsc::UnboundedReceiver<Result<Delivery>>,
     state: watch::Receiver<ConnectionState>,
-    task: tokio::task::JoinHandle<()>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Consumer {
+    /// Stops consuming: the acks and nacks given so far are sent (to a session that is
+    /// attached), then the session is closed. Dropping a consumer closes it without waiting.
+    pub async fn close(mut self) {
+        self.rx.close();
+        while self.rx.try_recv().is_ok() {}
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
     /// The connection's state, to watch (`changed().await`) or read.
     pub fn state(&self) -> watch::Receiver<ConnectionState> {
         self.state.clone()
@@ -195,7 +205,9 @@ impl Stream for Consumer {
 
 impl Drop for Consumer {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(t) = &self.task {
+            t.abort();
+        }
     }
 }
 
@@ -475,7 +487,26 @@ impl Task {
                     self.post_stale(Some(&url), &mut s).await;
                 }
                 () = self.out.closed() => {
+                    // Closing: what was acked goes out first.
+                    let mut s = Settled::default();
+                    if let Ok(first) = self.acks.try_recv() {
+                        s = self.drain_acks(first);
+                    }
+                    for (ids, kind) in [(s.acks, "ack"), (s.nacks, "nack")] {
+                        if !ids.is_empty() {
+                            let _ = ws.send(Message::text(serde_json::json!({ "type": kind, "ids": ids }).to_string())).await;
+                        }
+                    }
                     let _ = ws.close(None).await;
+                    // The broker reads the acks before it sees the close.
+                    let answered = async {
+                        while let Some(Ok(m)) = ws.next().await {
+                            if m.is_close() {
+                                break;
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(Duration::from_secs(2), answered).await;
                     return End::Stopped;
                 }
             }
@@ -538,8 +569,21 @@ impl Task {
                     }
                     self.post_stale(Some(&url), &mut s).await;
                 }
-                () = self.out.closed() => return End::Stopped,
+                () = self.out.closed() => {
+                    self.flush_acks(Some(&url)).await;
+                    return End::Stopped;
+                }
             }
+        }
+    }
+
+    /// Sends every ack and nack waiting, over HTTP (closing an SSE or long-poll consumer).
+    async fn flush_acks(&mut self, base: Option<&Url>) {
+        if let Ok(first) = self.acks.try_recv() {
+            let mut s = self.drain_acks(first);
+            let _ = self.post_acks(base, std::mem::take(&mut s.acks), false).await;
+            let _ = self.post_acks(base, std::mem::take(&mut s.nacks), true).await;
+            self.post_stale(base, &mut s).await;
         }
     }
 
@@ -577,7 +621,10 @@ impl Task {
                         let _ = self.post_acks(base.as_ref(), nacks, true).await;
                         self.post_stale(base.as_ref(), &mut s).await;
                     }
-                    () = self.out.closed() => return End::Stopped,
+                    () = self.out.closed() => {
+                        self.flush_acks(base.as_ref()).await;
+                        return End::Stopped;
+                    }
                 }
             };
             let (resp, url) = match answer {

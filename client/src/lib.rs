@@ -37,6 +37,8 @@ mod consume;
 mod error;
 mod event;
 mod publish;
+mod request;
+mod streaming;
 mod subscription;
 mod token;
 
@@ -46,6 +48,9 @@ pub use consume::{ConnectionState, Consumer, ConsumerBuilder, Delivery, Transpor
 pub use error::{Error, Problem, Result};
 pub use event::{from_json, to_binary, to_json, ContentMode};
 pub use publish::{Published, Publisher, Receipt};
+pub use streaming::{
+    Agent, AgentEvent, Chunk, ChunkKind, ChunkStream, Session, SessionPublisher, SessionSubscriber, Streaming, Turn,
+};
 pub use subscription::{Filter, Mode, Start, Subscribed, Subscription};
 pub use token::{Refresh, RefreshFuture, Token};
 

@@ -102,11 +102,16 @@ fn sub_prints_one_json_line_per_event() {
     let out = evmesh().args(["sub", "--url", &url, "--subscription", "nope"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\":404"));
-    // Both clients refuse flags they do not know, before connecting anywhere.
-    for cmd in ["pub", "sub"] {
+    // Every client refuses flags it does not know, before connecting anywhere (exit 2, as
+    // usage errors do), and every one answers --help.
+    for cmd in ["pub", "sub", "request", "stream", "agent"] {
         let out = evmesh().args([cmd, "--url", &url, "--bogus", "1"]).output().unwrap();
-        assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag --bogus"), "{cmd}");
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("unexpected argument '--bogus'"), "{cmd}");
+        let help = evmesh().args([cmd, "--help"]).output().unwrap();
+        assert!(help.status.success(), "{cmd}");
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(text.contains("--url") && text.contains("Exit codes"), "{cmd}: {text}");
     }
 }
 
@@ -218,4 +223,57 @@ fn agent_echoes_each_turn_a_word_per_chunk() {
     std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
     let request: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     assert_eq!(request["data"], "hello from the tour");
+}
+
+/// Regression: `evmesh sub` exited ("reading: failed to fill whole buffer") when the broker
+/// restarted. Now it reconnects by itself and resumes from the committed offsets: every event
+/// is printed, and only what was printed but not yet acknowledged at the crash twice.
+#[test]
+fn sub_keeps_running_across_a_broker_restart() {
+    use std::collections::BTreeMap;
+    use std::io::{BufRead, BufReader};
+    let mut b = TestBroker::start(&["--default-partitions", "2", "--durability", "os"]);
+    let url = format!("http://{}", b.traffic);
+    let def = r#"{"subscription":"tail","topic":"cli","start":"earliest"}"#;
+    assert_eq!(b.client().post("/events/subscribe", "application/json", def.as_bytes()).status, 201);
+    let mut child = evmesh()
+        .args(["sub", "--url", &url, "--subscription", "tail", "--window", "8"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+            if tx.send(v["id"].as_str().unwrap().to_owned()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let take = |until: usize, seen: &mut BTreeMap<String, usize>| {
+        while seen.len() < until {
+            let id = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("evmesh sub printed nothing for 30 s");
+            *seen.entry(id).or_default() += 1;
+        }
+    };
+    for i in 0..100 {
+        assert_eq!(b.publish("cli", &super::util::event(&format!("a{i}"))).status, 202);
+    }
+    take(100, &mut seen);
+    b.restart_on_same_ports();
+    for i in 0..100 {
+        assert_eq!(b.publish("cli", &super::util::event(&format!("b{i}"))).status, 202);
+    }
+    take(200, &mut seen);
+    assert_eq!(child.try_wait().unwrap(), None, "evmesh sub is still running");
+    let twice: usize = seen.values().map(|n| n - 1).sum();
+    // At most its window per shard was unacknowledged when the broker died.
+    assert!(twice <= 2 * 8, "{twice} printed twice");
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.matches("attached at").count() >= 2, "{err}");
 }
