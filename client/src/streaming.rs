@@ -92,9 +92,18 @@ impl Streaming {
     }
 }
 
-/// A path segment with what would change the path percent-encoded.
+/// A path segment with what would change the path percent-encoded (RFC 3986 `pchar` kept:
+/// session ids are `<agentId>:<uuid>`, and the broker reads the colon as it is).
 fn segment(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>().replace('+', "%20")
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:@!$&'()*+,;=".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// An agent streaming session, from [`Streaming::open_session`].
@@ -703,5 +712,14 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_segment_keeps_a_session_id_and_escapes_what_would_leave_the_segment() {
+        assert_eq!(super::segment("echo:1f2e-3d"), "echo:1f2e-3d");
+        assert_eq!(super::segment("a/b?c#d e%"), "a%2Fb%3Fc%23d%20e%25");
     }
 }

@@ -231,6 +231,9 @@ impl Handler for Admin {
     }
 }
 
+/// `openapi/evmesh.yaml`, served at `GET /openapi.yaml`.
+const OPENAPI: &str = include_str!("../../openapi/evmesh.yaml");
+
 impl Admin {
     /// Whether the request may use the admin API: the `admin_token`, or a principal with
     /// ADMIN on `admin`. With neither configured (no token, no rule that grants ADMIN) it is
@@ -312,6 +315,8 @@ impl Admin {
         let path = req.path();
         match (req.method(), segs) {
             (Method::Get, ["healthz"]) => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
+            // The contract of both listeners, open like the probes (it holds no secret).
+            (Method::Get, ["openapi.yaml"]) => Response::new(StatusCode::OK, "application/yaml", OPENAPI),
             (Method::Get, ["readyz"]) => {
                 let ready = self.shared.ready.load(Ordering::Acquire);
                 let stalled = self.shared.stalled_shards();

@@ -358,3 +358,144 @@ fn credit_bounds_what_a_slow_consumer_is_sent() {
         }
     });
 }
+
+/// Request-reply through the SDK on both sides: a responder serving a subscription with
+/// `Client::serve`, a requester with `Client::request`; no responder is a 504.
+#[test]
+fn request_reply_and_a_responder_that_serves_a_subscription() {
+    let b = TestBroker::start(&[]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = Client::new(url(&b)).unwrap();
+        c.subscribe(&Subscription::new("pricing", "quotes").start(Start::Earliest)).await.unwrap();
+        let responder = c.clone();
+        let consumer = c.consumer("pricing").start();
+        let serving = tokio::spawn(async move {
+            responder
+                .serve(consumer, |req: Event| async move {
+                    let n = match req.data() {
+                        Some(evmesh_client::cloudevents::Data::Json(v)) => v["n"].as_i64().unwrap_or(0),
+                        _ => 0,
+                    };
+                    let answer = EventBuilderV10::new()
+                        .id(format!("answer-{}", req.id()))
+                        .source("/pricing")
+                        .ty("com.example.price")
+                        .data("application/json", serde_json::json!({ "double": n * 2 }))
+                        .build()
+                        .unwrap();
+                    Some(answer)
+                })
+                .await
+        });
+        for n in 0..5 {
+            let ask = EventBuilderV10::new()
+                .id(format!("q-{n}"))
+                .source("/shop")
+                .ty("com.example.quote")
+                .data("application/json", serde_json::json!({ "n": n }))
+                .build()
+                .unwrap();
+            let reply = c.request("quotes", &ask, Duration::from_secs(10)).await.unwrap();
+            assert_eq!(reply.id(), format!("answer-q-{n}"));
+            let Some(evmesh_client::cloudevents::Data::Json(v)) = reply.data() else { panic!("{reply}") };
+            assert_eq!(v["double"], n * 2);
+        }
+        let unanswered = c.request("nobody-listens", &ev("q-x"), Duration::from_millis(200)).await.unwrap_err();
+        assert_eq!(unanswered.status(), Some(504), "{unanswered}");
+        // A reply to something that is not a request is refused before it is sent.
+        assert!(c.reply(&ev("plain"), ev("r")).await.is_err());
+        serving.abort();
+    });
+}
+
+/// Mode 1 through the SDK: an `Agent` attaches and answers each turn chunk by chunk; a client
+/// opens a session and streams two turns; a cancelled turn ends with an error chunk.
+#[test]
+fn a_streaming_call_between_an_sdk_client_and_an_sdk_agent() {
+    use evmesh_client::{Agent, AgentEvent, ChunkKind};
+    let b = TestBroker::start(&[]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = Client::new(url(&b)).unwrap();
+        let mut agent = Agent::attach(&c, "echo", Duration::from_secs(5)).await.unwrap();
+        let mut attached = agent.state();
+        while !matches!(*attached.borrow_and_update(), ConnectionState::Connected { .. }) {
+            attached.changed().await.unwrap();
+        }
+        let answering = tokio::spawn(async move {
+            while let Some(ev) = agent.next().await {
+                match ev.unwrap() {
+                    AgentEvent::Turn(mut turn) => {
+                        let prompt = turn.prompt();
+                        if prompt == "wait" {
+                            turn.chunk("waiting").unwrap();
+                            continue; // never done: the client cancels
+                        }
+                        for w in prompt.split_whitespace() {
+                            turn.chunk(w.to_uppercase()).unwrap();
+                        }
+                        turn.done(serde_json::Value::Null).unwrap();
+                    }
+                    AgentEvent::Cancel { session_id, .. } => assert!(session_id.starts_with("echo:")),
+                    _ => {}
+                }
+            }
+        });
+        let session = c.streaming().open_session("me", Some("echo")).await.unwrap();
+        assert_eq!(session.agent_id(), "echo");
+        for prompt in ["hello there", "second turn"] {
+            let chunks: Vec<_> = session.call(prompt).await.unwrap().map(|c| c.unwrap()).collect().await;
+            let words: Vec<_> = chunks.iter().filter(|c| c.kind == ChunkKind::Chunk).map(|c| c.data.clone()).collect();
+            let expected: Vec<String> = prompt.split_whitespace().map(str::to_uppercase).collect();
+            assert_eq!(words, expected);
+            assert_eq!(chunks.last().unwrap().kind, ChunkKind::Done);
+        }
+        let mut waiting = session.call("wait").await.unwrap();
+        let first = waiting.next().await.unwrap().unwrap();
+        assert_eq!((first.kind, first.data.as_str()), (ChunkKind::Chunk, "waiting"));
+        session.cancel().await.unwrap();
+        let last = waiting.next().await.unwrap().unwrap();
+        assert_eq!((last.kind, last.data.as_str()), (ChunkKind::Error, "cancelled"));
+        assert!(waiting.next().await.is_none());
+        session.close().await.unwrap();
+        assert_eq!(session.end_turn().await.unwrap_err().status(), Some(404));
+        answering.abort();
+    });
+}
+
+/// Mode 2 through the SDK: a session publisher and its subscriber, which replays from the
+/// head and resumes after the last event it handed out when the broker restarts.
+#[test]
+fn session_pub_sub_replays_and_resumes_across_a_restart() {
+    let mut b = TestBroker::start(&["--durability", "os"]);
+    let rt = runtime();
+    let _inside = rt.enter();
+    let c = Client::builder(url(&b)).backoff(quick()).build().unwrap();
+    let s = c.streaming();
+    let publisher = s.session_publisher("chat-1");
+    rt.block_on(async {
+        for i in 0..3 {
+            publisher.publish(&ev(&format!("m-{i}"))).await.unwrap();
+        }
+    });
+    let mut sub = s.subscribe_session("chat-1");
+    let mut ids = Vec::new();
+    rt.block_on(async {
+        while ids.len() < 3 {
+            ids.push(sub.next().await.unwrap().unwrap().id().to_owned());
+        }
+    });
+    b.restart_on_same_ports();
+    rt.block_on(async {
+        for i in 3..6 {
+            publisher.publish(&ev(&format!("m-{i}"))).await.unwrap();
+        }
+        while ids.len() < 6 {
+            let e = tokio::time::timeout(Duration::from_secs(30), sub.next()).await.unwrap().unwrap().unwrap();
+            ids.push(e.id().to_owned());
+        }
+    });
+    let want: Vec<String> = (0..6).map(|i| format!("m-{i}")).collect();
+    assert_eq!(ids, want, "in order, nothing twice across the restart");
+}
