@@ -53,7 +53,8 @@ pub enum ConnectionState {
         retry_in: Duration,
     },
     /// Given up for good (the consumer was dropped, or the broker refused it for a reason a
-    /// retry cannot change: unknown subscription, denied, a bad request).
+    /// retry cannot change: denied, a bad request, or a subscription unknown on three
+    /// attempts in a row).
     Closed {
         /// Why.
         reason: String,
@@ -262,6 +263,9 @@ impl Delivery {
     }
 }
 
+/// Attempts in a row that must meet a 404 before a consumer gives up on its subscription.
+const UNKNOWN_TRIES: u32 = 3;
+
 /// How a session ended.
 enum End {
     /// The consumer was dropped.
@@ -290,12 +294,26 @@ impl Task {
     async fn run(mut self) {
         let mut step = 0u32;
         let mut seed = 0usize;
+        let mut unknown = 0u32;
         loop {
             self.state.send_replace(ConnectionState::Connecting);
             self.generation += 1;
             let end = match self.recommend(&mut seed).await {
                 Ok(home) => self.session(home).await,
                 Err(end) => end,
+            };
+            // With many instances a subscription made at one a moment ago may not have reached
+            // its home yet: a 404 is final only when three attempts in a row meet it.
+            let end = match end {
+                End::Fatal(e) if e.status() == Some(404) && unknown < UNKNOWN_TRIES - 1 => {
+                    unknown += 1;
+                    End::Retry { reason: e.to_string(), immediate: false, after: None, attached: false }
+                }
+                End::Fatal(e) => End::Fatal(e),
+                other => {
+                    unknown = 0;
+                    other
+                }
             };
             let (reason, immediate, after) = match end {
                 End::Stopped => return,

@@ -499,3 +499,20 @@ fn session_pub_sub_replays_and_resumes_across_a_restart() {
     let want: Vec<String> = (0..6).map(|i| format!("m-{i}")).collect();
     assert_eq!(ids, want, "in order, nothing twice across the restart");
 }
+
+/// The crate's examples run as written against a broker (`EVMESH_URL`).
+#[test]
+#[ignore = "needs evmesh-client's examples built (cargo test --workspace, as scripts/test.sh runs it)"]
+fn the_client_examples_run_as_written() {
+    let b = TestBroker::start(&[]);
+    let examples = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().join("examples");
+    let quickstart = examples.join("quickstart");
+    assert!(quickstart.exists(), "{} is not built", quickstart.display());
+    let out = std::process::Command::new(&quickstart).env("EVMESH_URL", url(&b)).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for n in 0..3 {
+        assert!(text.contains(&format!("published order-{n} at")), "{text}");
+        assert!(text.contains(&format!("received order-{n} (attempt 1)")), "{text}");
+    }
+}
