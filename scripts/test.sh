@@ -54,6 +54,14 @@ export EVMESH_TEST_KAFKA="127.0.0.1:$KAFKA_PORT" EVMESH_TANSU="$TANSU_DIR/tansu"
 echo "== fmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== rustdoc"; RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc --release --workspace --no-deps -q
+# evmesh-client's public API against its committed baseline (client/public-api.txt): a change
+# to it must update the baseline and client/CHANGELOG.md in the same commit.
+TOOLS=/var/tmp/evmesh-tools
+[ -x "$TOOLS/bin/cargo-public-api" ] ||
+    CARGO_TARGET_DIR=/var/tmp/evmesh-tools-target cargo install -q cargo-public-api --locked --version 0.52.0 --root "$TOOLS"
+echo "== evmesh-client public API"
+PATH="$TOOLS/bin:$PATH" cargo public-api -p evmesh-client -sss 2>/dev/null | diff -u client/public-api.txt - ||
+    { echo "evmesh-client's public API changed: update client/public-api.txt and client/CHANGELOG.md"; exit 1; }
 echo "== benches and fuzz targets build"; cargo build --release --workspace --benches --bins -q
 # Tests that need the Kafka broker, Python or Node are #[ignore]d in a plain `cargo test`;
 # everything they need is installed and started above, so they run here.
