@@ -476,6 +476,9 @@ impl Task {
         self.state.send_replace(ConnectionState::Connected { url: url.to_string() });
         loop {
             tokio::select! {
+                // Deliveries first: acks wait while more frames are already here, so one ack
+                // message carries all a burst brought (and the broker reads one, not many).
+                biased;
                 msg = ws.next() => match msg {
                     None => return retry("the connection closed".into(), true),
                     Some(Err(e)) => return retry(format!("reading: {e}"), true),

@@ -232,17 +232,33 @@ fn answer(
         }
         Some(Ok(_)) => return Ok(()),
     };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("an answer that is not JSON: {e}"))?;
-    let id = v.get("id").and_then(|i| i.as_str()).unwrap_or_default();
-    let at = waiting.iter().position(|(w, _, _)| w == id).unwrap_or(0);
+    /// One answer, read in one pass (the hot path of a pipelined publisher).
+    #[derive(Deserialize)]
+    struct Answer<'a> {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        #[serde(default, borrow)]
+        id: std::borrow::Cow<'a, str>,
+        #[serde(default)]
+        partition: u32,
+        #[serde(default, deserialize_with = "number_or_string")]
+        offset: u64,
+        #[serde(default)]
+        topic: Option<String>,
+        #[serde(default)]
+        status: Option<u16>,
+    }
+    let a: Answer<'_> = serde_json::from_str(&text).map_err(|e| format!("an answer that is not one: {e}"))?;
+    // The broker answers in order: the oldest unanswered event is the one, unless an id says
+    // otherwise (two events may share an id).
+    let at = match waiting.front() {
+        Some((w, _, _)) if *w == a.id => 0,
+        _ => waiting.iter().position(|(w, _, _)| *w == a.id).unwrap_or(0),
+    };
     let Some((_, done, _permit)) = waiting.remove(at) else { return Ok(()) };
-    let result = match v.get("type").and_then(|t| t.as_str()) {
-        Some("published") => serde_json::from_value::<Published>(v).map_err(|e| Error::Protocol(e.to_string())),
-        _ => {
-            let status = v.get("status").and_then(|s| s.as_u64()).unwrap_or(500) as u16;
-            let body = serde_json::to_vec(&v).unwrap_or_default();
-            Err(Error::Api(Box::new(Problem::from_answer(status, None, &body))))
-        }
+    let result = match a.kind {
+        "published" => Ok(Published { partition: a.partition, offset: a.offset, topic: a.topic }),
+        _ => Err(Error::Api(Box::new(Problem::from_answer(a.status.unwrap_or(500), None, text.as_bytes())))),
     };
     let _ = done.send(result);
     Ok(())
