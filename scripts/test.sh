@@ -8,12 +8,13 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 export CARGO_TERM_COLOR=never
-# The official CloudEvents SDKs the interop tests drive (kept outside the clone, reused).
+# The official CloudEvents SDKs the interop tests drive, and openapi-core (the validator of the
+# OpenAPI document's check), kept outside the clone, reused.
 VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -c 'import cloudevents, websockets, httpx_sse, jwt, cryptography' 2>/dev/null ||
+"$VENV/bin/python" -c 'import cloudevents, websockets, httpx_sse, jwt, cryptography, openapi_core' 2>/dev/null ||
     "$VENV/bin/pip" install -q cloudevents==2.2.0 websockets==15.0.1 httpx==0.28.1 httpx-sse==0.4.1 \
-        pyjwt==2.10.1 cryptography==46.0.3
+        pyjwt==2.10.1 cryptography==46.0.3 openapi-core==0.23.1
 # The official A2A SDK (1.x: A2A 1.0, PascalCase methods) the A2A gateway's interop tests drive,
 # as client and (served by uvicorn) as a remote agent.
 "$VENV/bin/python" -c 'import a2a.client, uvicorn' 2>/dev/null ||

@@ -405,7 +405,9 @@ impl Client {
 
     /// After a session ended because its token expired: a new token if a callback can make one.
     pub(crate) async fn token_rejected(&self) -> Result<bool> {
-        let current = self.inner.tokens.get().await?;
+        // The token held now is the one the session ended with (or a newer one another task
+        // already fetched: then the callback is not called again).
+        let current = self.inner.tokens.current().await;
         self.inner.tokens.refresh(current.as_deref()).await
     }
 }

@@ -484,8 +484,7 @@ impl Task {
                     Some(Err(e)) => return retry(format!("reading: {e}"), true),
                     Some(Ok(Message::Text(t))) => {
                         if self.deliver(t.as_bytes()).is_err() {
-                            let _ = ws.close(None).await;
-                            return End::Stopped;
+                            return self.close_websocket(&mut ws).await;
                         }
                     }
                     Some(Ok(Message::Close(frame))) => {
@@ -507,31 +506,33 @@ impl Task {
                     }
                     self.post_stale(Some(&url), &mut s).await;
                 }
-                () = self.out.closed() => {
-                    // Closing: what was acked goes out first.
-                    let mut s = Settled::default();
-                    if let Ok(first) = self.acks.try_recv() {
-                        s = self.drain_acks(first);
-                    }
-                    for (ids, kind) in [(s.acks, "ack"), (s.nacks, "nack")] {
-                        if !ids.is_empty() {
-                            let _ = ws.send(Message::text(serde_json::json!({ "type": kind, "ids": ids }).to_string())).await;
-                        }
-                    }
-                    let _ = ws.close(None).await;
-                    // The broker reads the acks before it sees the close.
-                    let answered = async {
-                        while let Some(Ok(m)) = ws.next().await {
-                            if m.is_close() {
-                                break;
-                            }
-                        }
-                    };
-                    let _ = tokio::time::timeout(Duration::from_secs(2), answered).await;
-                    return End::Stopped;
+                () = self.out.closed() => return self.close_websocket(&mut ws).await,
+            }
+        }
+    }
+
+    /// Closing (the consumer closed or dropped): the acks and nacks given so far go out first,
+    /// then the close, and the broker's answer to it is awaited (at most 2 s) so that it has
+    /// read them.
+    async fn close_websocket(&mut self, ws: &mut crate::client::Ws) -> End {
+        if let Ok(first) = self.acks.try_recv() {
+            let s = self.drain_acks(first);
+            for (ids, kind) in [(s.acks, "ack"), (s.nacks, "nack")] {
+                if !ids.is_empty() {
+                    let _ = ws.send(Message::text(serde_json::json!({ "type": kind, "ids": ids }).to_string())).await;
                 }
             }
         }
+        let _ = ws.close(None).await;
+        let answered = async {
+            while let Some(Ok(m)) = ws.next().await {
+                if m.is_close() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), answered).await;
+        End::Stopped
     }
 
     /// What a close code from the broker means for the next attempt.

@@ -71,6 +71,11 @@ impl Tokens {
         Ok(cur.as_ref().map(|t| t.value.clone()))
     }
 
+    /// The token held now, as it is (never refreshed here).
+    pub(crate) async fn current(&self) -> Option<String> {
+        self.current.lock().await.as_ref().map(|t| t.value.clone())
+    }
+
     /// After a 401 or a session closed for an expired token: a new token if a callback can
     /// make one (`true`), or `false` when there is no callback (the refusal stands).
     /// `rejected` is the token the broker refused; if another task refreshed it meanwhile the

@@ -382,3 +382,40 @@ fn rust_sdk_events_round_trip() {
         assert_eq!(&serde_json::from_value::<Event>(stored).unwrap(), e, "batch");
     }
 }
+
+/// The OpenAPI 3.1 document (`openapi/evmesh.yaml`) against the broker, checked by a validator
+/// nobody here wrote (`openapi-core`, pinned in scripts/test.sh): every path and method of both
+/// listeners driven, to a good answer and to its refusals, each request and answer validated
+/// against the document. And `GET /openapi.yaml` on the admin listener serves the document's
+/// exact bytes (compiled in).
+#[test]
+#[ignore = "needs python3 with openapi-core (scripts/test.sh installs it)"]
+fn openapi_document_matches_every_answer() {
+    let python = std::env::var("SDK_PYTHON").unwrap_or_else(|_| "python3".into());
+    let root =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or(env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from);
+    let b = TestBroker::start(&[]);
+    let out = Command::new(&python)
+        .arg(Path::new(&root).join("tests/interop/openapi_check.py"))
+        .arg("run")
+        .arg(&root)
+        .arg(b.traffic.to_string())
+        .arg(b.admin.to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python} (scripts/test.sh installs it): {e}"));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("all checks passed"), "openapi_check.py:\n{text}");
+
+    // The document the binary serves is the one it was built with: this checkout's file.
+    let file =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/evmesh.yaml")).expect("openapi/evmesh.yaml");
+    let r = b.admin().get("/openapi.yaml");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/yaml"));
+    assert!(
+        r.body == file,
+        "GET /openapi.yaml served {} bytes that are not openapi/evmesh.yaml ({} bytes)",
+        r.body.len(),
+        file.len()
+    );
+}
