@@ -21,6 +21,7 @@ use crate::client::{Call, Client};
 use crate::error::{Error, Result};
 use crate::event::{extension, from_json};
 use crate::subscription::Filter;
+use crate::task::Owned;
 
 /// How a consumer's deliveries reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -142,8 +143,7 @@ impl ConsumerBuilder {
             last_event_id: None,
             outstanding: 0,
         };
-        let handle = tokio::spawn(task.run());
-        Consumer { rx: out_rx, state: state_rx, task: Some(handle) }
+        Consumer { rx: out_rx, state: state_rx, task: Owned::spawn(task.run()) }
     }
 }
 
@@ -171,7 +171,7 @@ impl Client {
 pub struct Consumer {
     rx: mpsc::UnboundedReceiver<Result<Delivery>>,
     state: watch::Receiver<ConnectionState>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Owned,
 }
 
 impl Consumer {
@@ -180,9 +180,7 @@ impl Consumer {
     pub async fn close(mut self) {
         self.rx.close();
         while self.rx.try_recv().is_ok() {}
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+        self.task.finish().await;
     }
 
     /// The connection's state, to watch (`changed().await`) or read.
@@ -201,14 +199,6 @@ impl Stream for Consumer {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for Consumer {
-    fn drop(&mut self) {
-        if let Some(t) = &self.task {
-            t.abort();
-        }
     }
 }
 

@@ -40,6 +40,7 @@ mod publish;
 mod request;
 mod streaming;
 mod subscription;
+mod task;
 mod token;
 
 pub use backoff::Backoff;

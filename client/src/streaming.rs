@@ -21,6 +21,7 @@ use crate::consume::{query, ConnectionState, SseParser};
 use crate::error::{Error, Result};
 use crate::event::{extension, from_json, to_json};
 use crate::publish::Published;
+use crate::task::Owned;
 
 /// Streaming sessions of a client; see [`Client::streaming`].
 #[derive(Clone, Debug)]
@@ -70,8 +71,8 @@ impl Streaming {
     pub fn subscribe_session(&self, session_id: &str) -> SessionSubscriber {
         let (tx, rx) = mpsc::channel(64);
         let (state_tx, state_rx) = watch::channel(ConnectionState::Connecting);
-        let task = tokio::spawn(follow_session(self.clone(), session_id.to_owned(), tx, state_tx));
-        SessionSubscriber { rx, state: state_rx, task }
+        let task = Owned::spawn(follow_session(self.clone(), session_id.to_owned(), tx, state_tx));
+        SessionSubscriber { rx, state: state_rx, _task: task }
     }
 
     /// Publishes to session `session_id` (Mode 2).
@@ -172,8 +173,8 @@ impl Session {
             .timeout(None);
         let (resp, url) = self.client.open(self.home.as_ref(), call).await?;
         let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(turn_stream(self.clone(), url, resp, tx));
-        Ok(ChunkStream { rx, task })
+        let task = Owned::spawn(turn_stream(self.clone(), url, resp, tx));
+        Ok(ChunkStream { rx, _task: task })
     }
 
     /// Ends the turn in progress (its stream ends with `Done`).
@@ -199,7 +200,7 @@ impl Session {
 /// The chunks of one turn; ends after the turn's last.
 pub struct ChunkStream {
     rx: mpsc::Receiver<Result<Chunk>>,
-    task: tokio::task::JoinHandle<()>,
+    _task: Owned,
 }
 
 impl Stream for ChunkStream {
@@ -207,12 +208,6 @@ impl Stream for ChunkStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for ChunkStream {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -293,7 +288,7 @@ impl SessionPublisher {
 pub struct SessionSubscriber {
     rx: mpsc::Receiver<Result<Event>>,
     state: watch::Receiver<ConnectionState>,
-    task: tokio::task::JoinHandle<()>,
+    _task: Owned,
 }
 
 impl SessionSubscriber {
@@ -308,12 +303,6 @@ impl Stream for SessionSubscriber {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for SessionSubscriber {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -398,7 +387,7 @@ async fn fatal<T>(tx: &mpsc::Sender<Result<T>>, state: &watch::Sender<Connection
 pub struct Agent {
     rx: mpsc::Receiver<Result<AgentEvent>>,
     state: watch::Receiver<ConnectionState>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Owned,
 }
 
 /// What an [`Agent`] is told.
@@ -495,8 +484,8 @@ impl Agent {
         let home = register(client, agent_id).await?;
         let (tx, rx) = mpsc::channel(64);
         let (state_tx, state_rx) = watch::channel(ConnectionState::Connecting);
-        let task = tokio::spawn(run_agent(client.clone(), agent_id.to_owned(), home, heartbeat, tx, state_tx));
-        Ok(Agent { rx, state: state_rx, task: Some(task) })
+        let task = Owned::spawn(run_agent(client.clone(), agent_id.to_owned(), home, heartbeat, tx, state_tx));
+        Ok(Agent { rx, state: state_rx, task })
     }
 
     /// The connection's state.
@@ -509,9 +498,7 @@ impl Agent {
     pub async fn close(mut self) {
         self.rx.close();
         while self.rx.try_recv().is_ok() {}
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+        self.task.finish().await;
     }
 }
 
@@ -520,14 +507,6 @@ impl Stream for Agent {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(t) = &self.task {
-            t.abort();
-        }
     }
 }
 
@@ -554,7 +533,7 @@ async fn run_agent(
     let beat_home = Arc::new(std::sync::Mutex::new(home.clone()));
     let beat_at = beat_home.clone();
     let beat_id = id.clone();
-    let beats = tokio::spawn(async move {
+    let _beats = Owned::spawn(async move {
         let body = serde_json::json!({ "agentId": beat_id });
         loop {
             tokio::time::sleep(heartbeat).await;
@@ -563,7 +542,6 @@ async fn run_agent(
             let _ = beat_client.call(at.as_ref(), Call::post("/agent/heartbeat").json(&body)).await;
         }
     });
-    let _stop_beats = AbortOnDrop(beats);
     let mut step = 0u32;
     let mut first = true;
     loop {
@@ -705,14 +683,6 @@ fn agent_event(text: &[u8], out: &mpsc::UnboundedSender<String>) -> Option<Resul
         "evmesh.stream.close" => AgentEvent::Close { session_id, event },
         _ => return None,
     }))
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[cfg(test)]

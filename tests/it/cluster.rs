@@ -250,7 +250,7 @@ mod on_kafka {
         assert!(child.wait().unwrap().success(), "--max-turns 1: it stops after the turn");
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-        assert!(err.contains(&format!("served at {cli_home}; following")), "{err}");
+        assert!(err.contains(&format!("attached at {cli_home}/agent/ws")), "{err}");
         // Session pub/sub: the first publish claims the session's home; it is served there.
         let ev = event("note");
         let (topic_home, r) = post_following(&all[0], "/session/publish/notes-1", &ev);
