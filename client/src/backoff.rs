@@ -22,7 +22,8 @@ impl Default for Backoff {
 impl Backoff {
     /// The delay before attempt `step` (0 for the first retry).
     pub fn delay(&self, step: u32) -> Duration {
-        let min = self.min.as_millis() as u64;
+        // A zero minimum would make every retry immediate: a loop that spins.
+        let min = (self.min.as_millis() as u64).max(10);
         let max = (self.max.as_millis() as u64).max(min);
         let ceiling = min.saturating_mul(1u64 << step.min(31)).min(max);
         let jitter = fastrand::u64(0..=ceiling);
@@ -47,5 +48,11 @@ mod tests {
         let late: std::collections::BTreeSet<_> = (0..200).map(|_| b.delay(10).as_millis() / 1000).collect();
         assert!(late.len() > 5, "{late:?}");
         assert!((0..200).all(|_| b.delay(0) <= Duration::from_millis(1000)));
+    }
+
+    #[test]
+    fn a_zero_minimum_never_makes_a_loop_spin() {
+        let b = Backoff { min: Duration::ZERO, max: Duration::ZERO };
+        assert!((0..100).all(|s| b.delay(s) >= Duration::from_millis(10)));
     }
 }

@@ -343,7 +343,11 @@ impl Client {
             if let Some(t) = call.timeout.unwrap_or(Some(self.inner.timeout)) {
                 rb = rb.timeout(t);
             }
-            let resp = rb.send().await.map_err(timeout_or_http)?;
+            // A stream has no overall limit, but its answer's head does.
+            let resp = tokio::time::timeout(self.inner.timeout, rb.send())
+                .await
+                .map_err(|_| Error::Timeout(self.inner.timeout))?
+                .map_err(timeout_or_http)?;
             let status = resp.status().as_u16();
             match status {
                 200..=299 => return Ok((resp, url)),
@@ -405,10 +409,17 @@ impl Client {
 
     /// After a session ended because its token expired: a new token if a callback can make one.
     pub(crate) async fn token_rejected(&self) -> Result<bool> {
-        // The token held now is the one the session ended with (or a newer one another task
-        // already fetched: then the callback is not called again).
+        // A token held now that is not near its expiry was fetched since the session began
+        // (another session ended first): it is used as it is, the callback not called again.
         let current = self.inner.tokens.current().await;
-        self.inner.tokens.refresh(current.as_deref()).await
+        if current
+            .as_ref()
+            .and_then(|t| t.expires_at)
+            .is_some_and(|at| at > std::time::SystemTime::now() + Duration::from_secs(1))
+        {
+            return Ok(true);
+        }
+        self.inner.tokens.refresh(current.as_ref().map(|t| t.value.as_str())).await
     }
 }
 
@@ -417,11 +428,8 @@ fn header_value(s: &str) -> Result<HeaderValue> {
 }
 
 fn timeout_or_http(e: reqwest::Error) -> Error {
-    if e.is_timeout() {
-        Error::Timeout(Duration::ZERO)
-    } else {
-        Error::Http(e)
-    }
+    // reqwest says "operation timed out" itself; the limit is the one configured.
+    Error::Http(e)
 }
 
 /// A refusal's problem, its body read.

@@ -121,15 +121,17 @@ impl ConsumerBuilder {
         self
     }
 
-    /// How long one long-poll waits for events (default 10 s, at most 60 s).
+    /// How long one long-poll waits for events (default 10 s, 100 ms to 60 s).
     pub fn poll_wait(mut self, wait: Duration) -> Self {
-        self.opts.poll_wait = wait.min(Duration::from_secs(60));
+        // Polls that return at once in a loop would spin: at least 100 ms.
+        self.opts.poll_wait = wait.clamp(Duration::from_millis(100), Duration::from_secs(60));
         self
     }
 
-    /// Starts consuming: the returned stream attaches in the background.
+    /// Starts consuming: the returned stream attaches in the background. Call it inside a
+    /// tokio runtime (it spawns the consumer's task).
     pub fn start(self) -> Consumer {
-        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (out_tx, out_rx) = mpsc::channel(DELIVERY_QUEUE);
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         let (state_tx, state_rx) = watch::channel(ConnectionState::Connecting);
         let task = Task {
@@ -141,7 +143,9 @@ impl ConsumerBuilder {
             state: state_tx,
             generation: 0,
             last_event_id: None,
-            outstanding: 0,
+            outstanding: Default::default(),
+            nacked: false,
+            delivered: 0,
         };
         Consumer { rx: out_rx, state: state_rx, task: Owned::spawn(task.run()) }
     }
@@ -167,9 +171,12 @@ impl Client {
 }
 
 /// A stream of deliveries of one subscription that reconnects by itself. It ends (after one
-/// `Err`) only when the broker refuses it for good; dropping it closes the session.
+/// `Err`) only when the broker refuses it for good; dropping it closes the session. An `Err`
+/// followed by more deliveries is one event this client could not read (nacked for it, so it
+/// is dead-lettered after its attempts rather than lost).
+#[must_use = "a consumer does nothing unless polled, and dropping it closes its session"]
 pub struct Consumer {
-    rx: mpsc::UnboundedReceiver<Result<Delivery>>,
+    rx: mpsc::Receiver<Result<Delivery>>,
     state: watch::Receiver<ConnectionState>,
     task: Owned,
 }
@@ -219,6 +226,8 @@ pub struct Delivery {
     /// Which delivery of the event this is (1 for the first).
     pub attempt: u32,
     acker: Acker,
+    /// Acked or nacked already: a second call is a no-op.
+    settled: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -237,6 +246,7 @@ struct AckMsg {
 impl Delivery {
     /// Acknowledges the event: it will not be delivered again. Acks are sent in batches, right
     /// away; one that cannot be sent (the session ended first) means the event comes again.
+    /// Only the first `ack` or `nack` of a delivery counts.
     pub fn ack(&self) {
         self.settle(false);
     }
@@ -248,6 +258,9 @@ impl Delivery {
     }
 
     fn settle(&self, nack: bool) {
+        if self.settled.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let msg = AckMsg { generation: self.acker.generation, id: self.id.clone(), nack };
         let _ = self.acker.tx.send(msg);
     }
@@ -255,6 +268,20 @@ impl Delivery {
 
 /// Attempts in a row that must meet a 404 before a consumer gives up on its subscription.
 const UNKNOWN_TRIES: u32 = 3;
+
+/// Deliveries read ahead of the user. With acks the broker's window bounds them anyway; with
+/// `ack=none` a user that falls this far behind stops the reading, and the broker sheds the
+/// session (1008) rather than the client growing without bound.
+const DELIVERY_QUEUE: usize = 4096;
+
+/// Ids in one ack message or request (the broker takes at most 10,000).
+const ACK_BATCH: usize = 4096;
+
+/// A WebSocket silent this long is dead (the broker pings a silent peer every 30 s).
+const WS_SILENCE: Duration = Duration::from_secs(75);
+
+/// A session that lasted this long (or delivered something) resets the backoff.
+const SETTLED: Duration = Duration::from_secs(10);
 
 /// How a session ended.
 enum End {
@@ -269,15 +296,19 @@ enum End {
 struct Task {
     client: Client,
     opts: Options,
-    out: mpsc::UnboundedSender<Result<Delivery>>,
+    out: mpsc::Sender<Result<Delivery>>,
     acks: mpsc::UnboundedReceiver<AckMsg>,
     ack_tx: mpsc::UnboundedSender<AckMsg>,
     state: watch::Sender<ConnectionState>,
     generation: u64,
     /// The last SSE delivery id seen, for `Last-Event-ID`.
     last_event_id: Option<String>,
-    /// Deliveries of this session not yet acked or nacked.
-    outstanding: u64,
+    /// Delivery ids of this session not yet acked.
+    outstanding: std::collections::HashSet<String>,
+    /// Whether something of this session was nacked (then no `Last-Event-ID`: it would ack it).
+    nacked: bool,
+    /// Deliveries of this session so far.
+    delivered: u64,
 }
 
 impl Task {
@@ -285,13 +316,17 @@ impl Task {
         let mut step = 0u32;
         let mut seed = 0usize;
         let mut unknown = 0u32;
+        let mut was_immediate = false;
         loop {
             self.state.send_replace(ConnectionState::Connecting);
             self.generation += 1;
+            let began = tokio::time::Instant::now();
+            self.delivered = 0;
             let end = match self.recommend(&mut seed).await {
                 Ok(home) => self.session(home).await,
                 Err(end) => end,
             };
+            let settled = began.elapsed() >= SETTLED || self.delivered > 0;
             // With many instances a subscription made at one a moment ago may not have reached
             // its home yet: a 404 is final only when three attempts in a row meet it.
             let end = match end {
@@ -309,20 +344,28 @@ impl Task {
                 End::Stopped => return,
                 End::Fatal(e) => {
                     self.state.send_replace(ConnectionState::Closed { reason: e.to_string() });
-                    let _ = self.out.send(Err(e));
+                    let _ = self.out.send(Err(e)).await;
                     return;
                 }
                 End::Retry { reason, immediate, after, attached } => {
-                    if attached {
+                    // A session that ends as soon as it began (a broker shedding, two clients
+                    // fighting) does not reset the backoff.
+                    if attached && settled {
                         step = 0;
                     }
                     (reason, immediate, after)
                 }
             };
+            // At once after a 1012 or an expired token, but never twice in a row.
+            let immediate = immediate && !was_immediate;
+            was_immediate = immediate;
+            let backoff = self.client.inner.backoff;
             let delay = if immediate {
                 Duration::ZERO
             } else {
-                let d = self.client.inner.backoff.delay(step).max(after.unwrap_or_default());
+                // Retry-After is honoured up to the backoff's ceiling: a broker cannot park
+                // a client for longer than its own configuration allows.
+                let d = backoff.delay(step).max(after.unwrap_or_default().min(backoff.max));
                 step = step.saturating_add(1);
                 d
             };
@@ -362,7 +405,8 @@ impl Task {
     }
 
     async fn session(&mut self, home: Option<Url>) -> End {
-        self.outstanding = 0;
+        self.outstanding.clear();
+        self.nacked = false;
         match self.opts.transport {
             Transport::WebSocket => self.websocket(home).await,
             Transport::Sse => self.sse(home).await,
@@ -388,8 +432,9 @@ impl Task {
         )
     }
 
-    /// Hands one delivered event to the consumer; `false` once the consumer is gone.
-    fn deliver(&mut self, json: &[u8]) -> std::result::Result<(), ()> {
+    /// Hands one delivered event to the consumer (waiting while it is `DELIVERY_QUEUE`
+    /// behind); `Err` once the consumer is gone.
+    async fn deliver(&mut self, json: &[u8]) -> std::result::Result<(), ()> {
         let d = match parse_delivery(json) {
             Ok((event, id, partition, offset, attempt)) => Delivery {
                 event,
@@ -398,6 +443,7 @@ impl Task {
                 offset,
                 attempt,
                 acker: Acker { tx: self.ack_tx.clone(), generation: self.generation },
+                settled: std::sync::atomic::AtomicBool::new(false),
             },
             Err(e) => {
                 // Not an event this client can read: refused so that it is dead-lettered
@@ -405,14 +451,15 @@ impl Task {
                 if let Some(id) = delivery_id(json) {
                     let _ = self.ack_tx.send(AckMsg { generation: self.generation, id, nack: true });
                 }
-                return self.out.send(Err(e)).map_err(|_| ());
+                return self.out.send(Err(e)).await.map_err(|_| ());
             }
         };
-        self.outstanding += 1;
+        self.delivered += 1;
+        self.outstanding.insert(d.id.clone());
         if self.opts.transport == Transport::Sse {
             self.last_event_id = Some(d.id.clone());
         }
-        self.out.send(Ok(d)).map_err(|_| ())
+        self.out.send(Ok(d)).await.map_err(|_| ())
     }
 
     /// The acks and nacks waiting now, split into those of this session and older ones.
@@ -427,7 +474,11 @@ impl Task {
                 (false, true) => &mut s.stale_nacks,
             };
             if m.generation == self.generation {
-                self.outstanding = self.outstanding.saturating_sub(1);
+                if m.nack {
+                    self.nacked = true;
+                } else {
+                    self.outstanding.remove(&m.id);
+                }
             }
             list.push(m.id);
             next = self.acks.try_recv().ok();
@@ -438,17 +489,17 @@ impl Task {
     /// Acks over `POST /events/ack` at `base` (SSE, long-poll, and acks of ended sessions: the
     /// consumer outlives its session by a while at the broker, so they still count there).
     async fn post_acks(&self, base: Option<&Url>, ids: Vec<String>, nack: bool) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
+        for ids in ids.chunks(ACK_BATCH) {
+            let mut body = serde_json::json!({ "subscription": self.opts.subscription, "ids": ids });
+            if let Some(c) = &self.opts.client_id {
+                body["clientId"] = c.clone().into();
+            }
+            if nack {
+                body["nack"] = true.into();
+            }
+            self.client.call(base, Call::post("/events/ack").json(&body)).await?;
         }
-        let mut body = serde_json::json!({ "subscription": self.opts.subscription, "ids": ids });
-        if let Some(c) = &self.opts.client_id {
-            body["clientId"] = c.clone().into();
-        }
-        if nack {
-            body["nack"] = true.into();
-        }
-        self.client.call(base, Call::post("/events/ack").json(&body)).await.map(|_| ())
+        Ok(())
     }
 
     async fn post_stale(&self, base: Option<&Url>, s: &mut Settled) {
@@ -469,11 +520,11 @@ impl Task {
                 // Deliveries first: acks wait while more frames are already here, so one ack
                 // message carries all a burst brought (and the broker reads one, not many).
                 biased;
-                msg = ws.next() => match msg {
+                msg = tokio::time::timeout(WS_SILENCE, ws.next()) => match msg.unwrap_or_else(|_| Some(Err(silent()))) {
                     None => return retry("the connection closed".into(), true),
                     Some(Err(e)) => return retry(format!("reading: {e}"), true),
                     Some(Ok(Message::Text(t))) => {
-                        if self.deliver(t.as_bytes()).is_err() {
+                        if self.deliver(t.as_bytes()).await.is_err() {
                             return self.close_websocket(&mut ws).await;
                         }
                     }
@@ -486,12 +537,11 @@ impl Task {
                 Some(first) = self.acks.recv() => {
                     let mut s = self.drain_acks(first);
                     for (ids, kind) in [(std::mem::take(&mut s.acks), "ack"), (std::mem::take(&mut s.nacks), "nack")] {
-                        if ids.is_empty() {
-                            continue;
-                        }
-                        let frame = serde_json::json!({ "type": kind, "ids": ids }).to_string();
-                        if let Err(e) = ws.send(Message::text(frame)).await {
-                            return retry(format!("sending {kind}s: {e}"), true);
+                        for ids in ids.chunks(ACK_BATCH) {
+                            let frame = serde_json::json!({ "type": kind, "ids": ids }).to_string();
+                            if let Err(e) = ws.send(Message::text(frame)).await {
+                                return retry(format!("sending {kind}s: {e}"), true);
+                            }
                         }
                     }
                     self.post_stale(Some(&url), &mut s).await;
@@ -507,21 +557,35 @@ impl Task {
     async fn close_websocket(&mut self, ws: &mut crate::client::Ws) -> End {
         if let Ok(first) = self.acks.try_recv() {
             let s = self.drain_acks(first);
-            for (ids, kind) in [(s.acks, "ack"), (s.nacks, "nack")] {
-                if !ids.is_empty() {
-                    let _ = ws.send(Message::text(serde_json::json!({ "type": kind, "ids": ids }).to_string())).await;
+            let closing = async {
+                for (ids, kind) in [(s.acks, "ack"), (s.nacks, "nack")] {
+                    for ids in ids.chunks(ACK_BATCH) {
+                        let _ =
+                            ws.send(Message::text(serde_json::json!({ "type": kind, "ids": ids }).to_string())).await;
+                    }
                 }
-            }
+                let _ = ws.close(None).await;
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.is_close() {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(2), closing).await;
+            // Acks of sessions that ended before go over HTTP, as they would have.
+            let mut s = Settled { stale_acks: s.stale_acks, stale_nacks: s.stale_nacks, ..Settled::default() };
+            self.post_stale(None, &mut s).await;
+        } else {
+            let closing = async {
+                let _ = ws.close(None).await;
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.is_close() {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(2), closing).await;
         }
-        let _ = ws.close(None).await;
-        let answered = async {
-            while let Some(Ok(m)) = ws.next().await {
-                if m.is_close() {
-                    break;
-                }
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(2), answered).await;
         End::Stopped
     }
 
@@ -563,8 +627,13 @@ impl Task {
                     Ok(None) => return self.sse_end("the stream ended".into()),
                     Ok(Some(Err(e))) => return self.sse_end(format!("reading: {e}")),
                     Ok(Some(Ok(bytes))) => {
-                        for ev in parser.feed(&bytes) {
-                            if self.deliver(ev.data.as_bytes()).is_err() {
+                        let events = match parser.feed(&bytes) {
+                            Ok(events) => events,
+                            Err(e) => return self.sse_end(e.to_string()),
+                        };
+                        for ev in events {
+                            if self.deliver(ev.data.as_bytes()).await.is_err() {
+                                self.flush_acks(Some(&url)).await;
                                 return End::Stopped;
                             }
                         }
@@ -600,10 +669,10 @@ impl Task {
     }
 
     /// An SSE session ended: `Last-Event-ID` is offered on the next attach only when every
-    /// delivery of this one was settled, since the broker takes it as an ack of the partition
-    /// up to that event.
+    /// delivery of this one was acked and none nacked, since the broker takes it as an ack of
+    /// the partition up to that event.
     fn sse_end(&mut self, reason: String) -> End {
-        if self.outstanding > 0 {
+        if !self.outstanding.is_empty() || self.nacked {
             self.last_event_id = None;
         }
         retry(reason, true)
@@ -662,7 +731,8 @@ impl Task {
                 Err(e) => return retry(format!("a poll answer that is not a JSON array: {e}"), true),
             };
             for ev in events {
-                if self.deliver(ev.get().as_bytes()).is_err() {
+                if self.deliver(ev.get().as_bytes()).await.is_err() {
+                    self.flush_acks(base.as_ref()).await;
                     return End::Stopped;
                 }
             }
@@ -676,6 +746,14 @@ struct Settled {
     nacks: Vec<String>,
     stale_acks: Vec<String>,
     stale_nacks: Vec<String>,
+}
+
+/// The error of a WebSocket that stayed silent past `WS_SILENCE`.
+fn silent() -> tokio_tungstenite::tungstenite::Error {
+    tokio_tungstenite::tungstenite::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("nothing heard for {} s", WS_SILENCE.as_secs()),
+    ))
 }
 
 fn retry(reason: String, attached: bool) -> End {
@@ -736,6 +814,10 @@ fn delivery_id(json: &[u8]) -> Option<String> {
     v.get("emdeliveryid")?.as_str().map(str::to_owned)
 }
 
+/// The most one server-sent event may hold (the broker's events are at most `max_body_bytes`,
+/// 1 MiB by default, plus their `em*` extensions).
+const SSE_LIMIT: usize = 16 * 1024 * 1024;
+
 /// One `text/event-stream` event.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct SseEvent {
@@ -755,8 +837,15 @@ pub(crate) struct SseParser {
 }
 
 impl SseParser {
-    pub(crate) fn feed(&mut self, bytes: &[u8]) -> VecDeque<SseEvent> {
+    /// The events `bytes` complete; `Err` once a line or an event passes `SSE_LIMIT` (a stream
+    /// that never ends a line must not grow the client without bound).
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Result<VecDeque<SseEvent>> {
         let mut out = VecDeque::new();
+        if self.line.len() + self.current.data.len() + bytes.len() > SSE_LIMIT
+            && self.line.len() + self.current.data.len() > SSE_LIMIT / 2
+        {
+            return Err(Error::Protocol(format!("a server-sent event over {} bytes", SSE_LIMIT)));
+        }
         for &b in bytes {
             if self.after_cr {
                 self.after_cr = false;
@@ -773,7 +862,7 @@ impl SseParser {
                 _ => self.line.push(b),
             }
         }
-        out
+        Ok(out)
     }
 
     fn line(&mut self, line: &[u8], out: &mut VecDeque<SseEvent>) {
@@ -820,10 +909,45 @@ mod tests {
         ];
         for split in 0..=text.len() {
             let mut p = SseParser::default();
-            let mut got: Vec<_> = p.feed(&text[..split]).into_iter().collect();
-            got.extend(p.feed(&text[split..]));
+            let mut got: Vec<_> = p.feed(&text[..split]).unwrap().into_iter().collect();
+            got.extend(p.feed(&text[split..]).unwrap());
             assert_eq!(got, expected, "split at {split}");
         }
+    }
+
+    #[test]
+    fn an_event_that_never_ends_is_refused_not_grown() {
+        let mut p = SseParser::default();
+        let chunk = vec![b'x'; 1 << 20];
+        let mut fed = 0;
+        let refused = loop {
+            match p.feed(&chunk) {
+                Ok(_) => fed += chunk.len(),
+                Err(e) => break e,
+            }
+            assert!(fed <= 2 * SSE_LIMIT, "still growing at {fed} bytes");
+        };
+        assert!(matches!(refused, Error::Protocol(_)), "{refused}");
+    }
+
+    #[test]
+    fn only_the_first_ack_or_nack_of_a_delivery_counts() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let d = Delivery {
+            event: from_json(br#"{"specversion":"1.0","id":"e","source":"/s","type":"t"}"#).unwrap(),
+            id: "0:1:1".into(),
+            partition: 0,
+            offset: 1,
+            attempt: 1,
+            acker: Acker { tx, generation: 1 },
+            settled: std::sync::atomic::AtomicBool::new(false),
+        };
+        d.nack();
+        d.ack();
+        d.nack();
+        let first = rx.try_recv().unwrap();
+        assert!(first.nack && first.id == "0:1:1");
+        assert!(rx.try_recv().is_err(), "a second settle of one delivery");
     }
 
     #[test]

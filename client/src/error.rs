@@ -64,7 +64,8 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Api(p) => matches!(p.status, 408 | 429 | 502 | 503 | 504),
-            Error::Http(_) | Error::WebSocket(_) | Error::Timeout(_) | Error::Disconnected(_) => true,
+            // A token endpoint away for a moment is as transient as the broker being away.
+            Error::Http(_) | Error::WebSocket(_) | Error::Timeout(_) | Error::Disconnected(_) | Error::Token(_) => true,
             Error::Closed { code, .. } => *code != 1008,
             _ => false,
         }

@@ -17,8 +17,92 @@ pub enum ContentMode {
 }
 
 /// The structured-mode JSON of `event`.
+///
+/// For a CloudEvents 1.0 event without binary data this writes the JSON itself (what the
+/// `cloudevents-sdk` serializer writes, in another member order), so that a string with nothing
+/// to escape (most `data`, every id) is copied, not escaped byte by byte: serde_json's
+/// escaping loop was a fifth of a publisher's CPU for 1 KiB events. Anything else is
+/// serialized by `cloudevents-sdk` itself.
 pub fn to_json(event: &Event) -> Result<Vec<u8>> {
-    serde_json::to_vec(event).map_err(|e| Error::Config(format!("event does not serialize: {e}")))
+    let serde =
+        |event: &Event| serde_json::to_vec(event).map_err(|e| Error::Config(format!("event does not serialize: {e}")));
+    if event.specversion() != cloudevents::event::SpecVersion::V10 || matches!(event.data(), Some(Data::Binary(_))) {
+        return serde(event);
+    }
+    let mut out = Vec::with_capacity(
+        160 + event.data().map_or(0, |d| match d {
+            Data::String(s) => s.len(),
+            _ => 64,
+        }),
+    );
+    out.extend_from_slice(br#"{"specversion":"1.0""#);
+    for (name, value) in event.iter_attributes() {
+        if name == "specversion" {
+            continue;
+        }
+        out.push(b',');
+        write_str(&mut out, name);
+        out.push(b':');
+        match value {
+            // chrono's serde form (RFC 3339, `Z`), as the SDK writes it.
+            AttributeValue::Time(t) => serde_json::to_writer(&mut out, t).map_err(|e| Error::Config(e.to_string()))?,
+            AttributeValue::Boolean(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+            AttributeValue::Integer(i) => out.extend_from_slice(i.to_string().as_bytes()),
+            other => write_str(&mut out, &other.to_string()),
+        }
+    }
+    for (name, value) in event.iter_extensions() {
+        out.push(b',');
+        write_str(&mut out, name);
+        out.push(b':');
+        match value {
+            cloudevents::event::ExtensionValue::String(s) => write_str(&mut out, s),
+            other => out.extend_from_slice(other.to_string().as_bytes()),
+        }
+    }
+    match event.data() {
+        None => {}
+        Some(Data::String(s)) => {
+            out.extend_from_slice(br#","data":"#);
+            write_str(&mut out, s);
+        }
+        Some(Data::Json(v)) => {
+            out.extend_from_slice(br#","data":"#);
+            serde_json::to_writer(&mut out, v).map_err(|e| Error::Config(e.to_string()))?;
+        }
+        Some(Data::Binary(_)) => return serde(event),
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
+/// `s` as a JSON string: copied when no byte needs an escape (checked eight bytes at a time),
+/// else escaped by serde_json.
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    if needs_escape(s.as_bytes()) {
+        serde_json::to_writer(&mut *out, s).expect("a string serializes");
+    } else {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    }
+}
+
+/// Whether `b` holds a control byte, `"` or `\\` (what JSON strings escape).
+fn needs_escape(b: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH != 0;
+    let mut chunks = b.chunks_exact(8);
+    for c in &mut chunks {
+        let x = u64::from_le_bytes(c.try_into().expect("eight bytes"));
+        // A byte under 0x20, or equal to '"' (0x22) or '\\' (0x5c).
+        let below = x.wrapping_sub(ONES * 0x20) & !x & HIGH != 0;
+        if below || has_zero(x ^ (ONES * 0x22)) || has_zero(x ^ (ONES * 0x5c)) {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&c| c < 0x20 || c == b'"' || c == b'\\')
 }
 
 /// An event from its structured-mode JSON.
@@ -94,6 +178,66 @@ mod tests {
         assert_eq!(h("content-type"), Some("application/json"));
         assert_eq!(h("ce-datacontenttype"), None);
         assert_eq!(body, br#"{"a":1}"#);
+    }
+
+    #[test]
+    fn the_fast_writer_writes_what_the_sdk_reads_back() {
+        let tricky = "tab\there \"quoted\" back\\slash \u{1} caf\u{e9} \u{7f} done";
+        for data in ["plain text of some length, nothing to escape here at all", tricky, "", "1234567"] {
+            let ev = EventBuilderV10::new()
+                .id(data)
+                .source("/s")
+                .ty("t")
+                .subject(tricky)
+                .time("2024-05-06T07:08:09.123Z")
+                .extension("partitionkey", data)
+                .extension("n", 7i64)
+                .extension("ok", true)
+                .data("text/plain", data.to_owned())
+                .build()
+                .unwrap();
+            let ours = to_json(&ev).unwrap();
+            let theirs: serde_json::Value = serde_json::to_value(&ev).unwrap();
+            assert_eq!(serde_json::from_slice::<serde_json::Value>(&ours).unwrap(), theirs, "{data:?}");
+            assert_eq!(from_json(&ours).unwrap(), ev);
+        }
+        let json = EventBuilderV10::new()
+            .id("j")
+            .source("/s")
+            .ty("t")
+            .data("application/json", serde_json::json!({"a": [1, "x\"y"]}))
+            .build()
+            .unwrap();
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&to_json(&json).unwrap()).unwrap(),
+            serde_json::to_value(&json).unwrap()
+        );
+        let binary = EventBuilderV10::new()
+            .id("b")
+            .source("/s")
+            .ty("t")
+            .data("application/octet-stream", vec![0u8, 1, 2])
+            .build()
+            .unwrap();
+        assert_eq!(from_json(&to_json(&binary).unwrap()).unwrap(), binary);
+    }
+
+    #[test]
+    fn needs_escape_finds_every_byte_json_escapes_at_every_position() {
+        for pos in 0..20 {
+            for bad in [0u8, 0x1f, b'"', b'\\', b'\n'] {
+                let mut s = vec![b'a'; 20];
+                s[pos] = bad;
+                assert!(needs_escape(&s), "{bad:#x} at {pos}");
+            }
+            let mut fine = vec![b'a'; 20];
+            fine[pos] = 0x7f;
+            assert!(!needs_escape(&fine), "DEL at {pos}");
+            fine[pos] = 0xc3;
+            assert!(!needs_escape(&fine));
+            fine[pos] = b' ';
+            assert!(!needs_escape(&fine));
+        }
     }
 
     #[test]

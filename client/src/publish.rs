@@ -33,17 +33,22 @@ pub struct Published {
     pub topic: Option<String>,
 }
 
+/// An offset as a JSON number (HTTP answers) or a string (WebSocket answers), read in one pass.
 fn number_or_string<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum N {
-        N(u64),
-        S(String),
+    struct Offset;
+    impl serde::de::Visitor<'_> for Offset {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an offset, as a number or a string of digits")
+        }
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> std::result::Result<u64, E> {
+            Ok(n)
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> std::result::Result<u64, E> {
+            s.parse().map_err(E::custom)
+        }
     }
-    match N::deserialize(d)? {
-        N::N(n) => Ok(n),
-        N::S(s) => s.parse().map_err(serde::de::Error::custom),
-    }
+    d.deserialize_any(Offset)
 }
 
 impl Client {
@@ -89,16 +94,26 @@ impl Client {
         self.publisher_with(topic, 256).await
     }
 
-    /// A pipelined publisher to `topic` with at most `max_in_flight` unanswered events.
+    /// A pipelined publisher to `topic` with at most `max_in_flight` unanswered events (1 to
+    /// 4096).
     pub async fn publisher_with(&self, topic: &str, max_in_flight: usize) -> Result<Publisher> {
         let path = query("/events/ws", &[("publish", Some(&topic.to_owned()))]);
         let (ws, _) = self.websocket(None, &path).await?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let max_in_flight = max_in_flight.max(1);
+        // Beyond a few thousand the broker's answers and our writes can fill both sockets'
+        // buffers at once (neither side reads while it writes): bounded here.
+        let max_in_flight = max_in_flight.clamp(1, MAX_IN_FLIGHT);
         tokio::spawn(pump(ws, rx));
         Ok(Publisher { tx, room: Arc::new(Semaphore::new(max_in_flight)), max_in_flight })
     }
 }
+
+/// The most events a publisher keeps unanswered.
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// A publisher idle this long pings the broker, which closes a connection silent for its
+/// `idle_timeout_ms` (60 s by default).
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Publishes over one WebSocket without waiting for each answer: [`send`](Self::send) returns
 /// once the event is written, with a [`Receipt`] that resolves to its own result. When the
@@ -164,6 +179,11 @@ async fn pump(mut ws: crate::client::Ws, mut rx: mpsc::UnboundedReceiver<Outgoin
         VecDeque::new();
     let ended = loop {
         tokio::select! {
+            () = tokio::time::sleep(KEEPALIVE) => {
+                if let Err(e) = ws.send(Message::Ping(Default::default())).await {
+                    break format!("writing: {e}");
+                }
+            }
             out = rx.recv() => {
                 let Some(first) = out else {
                     if waiting.is_empty() {
@@ -238,7 +258,7 @@ fn answer(
         #[serde(rename = "type")]
         kind: &'a str,
         #[serde(default, borrow)]
-        id: std::borrow::Cow<'a, str>,
+        id: Option<std::borrow::Cow<'a, str>>,
         #[serde(default)]
         partition: u32,
         #[serde(default, deserialize_with = "number_or_string")]
@@ -249,13 +269,16 @@ fn answer(
         status: Option<u16>,
     }
     let a: Answer<'_> = serde_json::from_str(&text).map_err(|e| format!("an answer that is not one: {e}"))?;
-    // The broker answers in order: the oldest unanswered event is the one, unless an id says
-    // otherwise (two events may share an id).
-    let at = match waiting.front() {
-        Some((w, _, _)) if *w == a.id => 0,
-        _ => waiting.iter().position(|(w, _, _)| *w == a.id).unwrap_or(0),
+    // The broker answers in order: the oldest unanswered event is the one. An answer naming
+    // another id (or none, for an event it could not read) would shift every later result onto
+    // the wrong event: the publisher ends instead, each unanswered event told so.
+    let Some((id, _, _)) = waiting.front() else {
+        return Err(format!("an answer with nothing unanswered: {text}"));
     };
-    let Some((_, done, _permit)) = waiting.remove(at) else { return Ok(()) };
+    if a.id.as_deref() != Some(id.as_str()) {
+        return Err(format!("an answer for {:?} where {id:?} was the oldest unanswered", a.id));
+    }
+    let Some((_, done, _permit)) = waiting.pop_front() else { return Ok(()) };
     let result = match a.kind {
         "published" => Ok(Published { partition: a.partition, offset: a.offset, topic: a.topic }),
         _ => Err(Error::Api(Box::new(Problem::from_answer(a.status.unwrap_or(500), None, text.as_bytes())))),

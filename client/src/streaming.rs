@@ -23,6 +23,9 @@ use crate::event::{extension, from_json, to_json};
 use crate::publish::Published;
 use crate::task::Owned;
 
+/// An SSE stream silent this long is dead (the broker sends a comment every 15 s).
+const SSE_SILENCE: Duration = Duration::from_secs(45);
+
 /// Streaming sessions of a client; see [`Client::streaming`].
 #[derive(Clone, Debug)]
 pub struct Streaming {
@@ -198,6 +201,7 @@ impl Session {
 }
 
 /// The chunks of one turn; ends after the turn's last.
+#[must_use = "it does nothing unless polled, and dropping it ends it"]
 pub struct ChunkStream {
     rx: mpsc::Receiver<Result<Chunk>>,
     _task: Owned,
@@ -245,8 +249,17 @@ async fn turn_stream(session: Session, url: Url, first: reqwest::Response, tx: m
         };
         let mut body = r.bytes_stream();
         let mut parser = SseParser::default();
-        while let Some(Ok(bytes)) = body.next().await {
-            for ev in parser.feed(&bytes) {
+        // The broker sends a comment every 15 s: silence past three is a dead connection.
+        while let Ok(Some(Ok(bytes))) = tokio::time::timeout(SSE_SILENCE, body.next()).await {
+            let events = match parser.feed(&bytes) {
+                Ok(events) => events,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            for ev in events {
+                step = 0;
                 let kind = match ev.event.as_deref() {
                     Some("done") => ChunkKind::Done,
                     Some("error") => ChunkKind::Error,
@@ -264,7 +277,14 @@ async fn turn_stream(session: Session, url: Url, first: reqwest::Response, tx: m
                 }
             }
         }
-        // The connection ended before the turn did: resume after the last chunk seen.
+        // The connection ended before the turn did: resume after the last chunk seen, after a
+        // backoff delay (a stream that keeps ending at once must not loop hot).
+        if step >= 8 {
+            let _ = tx.send(Err(Error::Disconnected("the turn's stream kept ending".into()))).await;
+            return;
+        }
+        tokio::time::sleep(base.delay(step)).await;
+        step += 1;
     }
 }
 
@@ -285,6 +305,7 @@ impl SessionPublisher {
 
 /// The events of one session (Mode 2), in order, from its head; see
 /// [`Streaming::subscribe_session`].
+#[must_use = "it does nothing unless polled, and dropping it ends it"]
 pub struct SessionSubscriber {
     rx: mpsc::Receiver<Result<Event>>,
     state: watch::Receiver<ConnectionState>,
@@ -318,6 +339,7 @@ async fn follow_session(
     let mut last: Option<String> = None;
     let mut step = 0u32;
     let mut attached = false;
+    let mut served_by: Option<String> = None;
     loop {
         state.send_replace(ConnectionState::Connecting);
         let reason = match streaming.home(&sid).await {
@@ -339,22 +361,31 @@ async fn follow_session(
                         state.send_replace(ConnectionState::Connected { url: url.to_string() });
                         step = 0;
                         attached = true;
+                        // Offsets are the serving home's: a new home starts the session afresh,
+                        // so a position at the old one means nothing there.
+                        let origin = url.origin().ascii_serialization();
+                        if served_by.as_ref().is_some_and(|o| *o != origin) {
+                            last = None;
+                        }
+                        served_by = Some(origin);
                         let mut body = resp.bytes_stream();
                         let mut parser = SseParser::default();
-                        let idle = Duration::from_secs(45);
                         loop {
-                            match tokio::time::timeout(idle, body.next()).await {
+                            match tokio::time::timeout(SSE_SILENCE, body.next()).await {
                                 Err(_) => break "no heartbeat for 45 s".to_owned(),
                                 Ok(None) => break "the stream ended".to_owned(),
                                 Ok(Some(Err(e))) => break format!("reading: {e}"),
                                 Ok(Some(Ok(bytes))) => {
-                                    for ev in parser.feed(&bytes) {
-                                        let event = match from_json(ev.data.as_bytes()) {
-                                            Ok(e) => e,
-                                            Err(e) => return fatal(&tx, &state, e).await,
-                                        };
-                                        last = ev.id.or_else(|| extension(&event, "emoffset"));
-                                        if tx.send(Ok(event)).await.is_err() {
+                                    let events = match parser.feed(&bytes) {
+                                        Ok(events) => events,
+                                        Err(e) => break e.to_string(),
+                                    };
+                                    for ev in events {
+                                        // One event this client cannot read is said, and passed.
+                                        let item = from_json(ev.data.as_bytes());
+                                        last =
+                                            ev.id.or_else(|| item.as_ref().ok().and_then(|e| extension(e, "emoffset")));
+                                        if tx.send(item).await.is_err() {
                                             return;
                                         }
                                     }
@@ -384,6 +415,7 @@ async fn fatal<T>(tx: &mpsc::Sender<Result<T>>, state: &watch::Sender<Connection
 /// over `GET /agent/ws`, a stream of [`AgentEvent`]s (turns to answer, and the clients'
 /// end-turn, cancel and close). It registers and attaches again by itself when its
 /// connection drops or its home moves (`1012`).
+#[must_use = "it does nothing unless polled, and dropping it ends it"]
 pub struct Agent {
     rx: mpsc::Receiver<Result<AgentEvent>>,
     state: watch::Receiver<ConnectionState>,
@@ -544,6 +576,7 @@ async fn run_agent(
     });
     let mut step = 0u32;
     let mut first = true;
+    let mut conflicted: Option<tokio::time::Instant> = None;
     loop {
         state.send_replace(ConnectionState::Connecting);
         if !first {
@@ -567,6 +600,18 @@ async fn run_agent(
         let path = query("/agent/ws", &[("agentId", Some(&id))]);
         let (mut ws, url) = match client.websocket(Some(&home), &path).await {
             Ok(x) => x,
+            // One connection per agent: the broker may not have noticed the last one go yet
+            // (it pings a silent peer for up to a minute); tried again for two minutes.
+            Err(e)
+                if e.status() == Some(409)
+                    && conflicted.get_or_insert_with(tokio::time::Instant::now).elapsed()
+                        < Duration::from_secs(120) =>
+            {
+                if !backoff(&client, &state, &tx, e.to_string(), &mut step).await {
+                    return;
+                }
+                continue;
+            }
             Err(e) if !e.is_transient() => return fatal(&tx, &state, e).await,
             Err(e) => {
                 if !backoff(&client, &state, &tx, e.to_string(), &mut step).await {
@@ -577,12 +622,13 @@ async fn run_agent(
         };
         state.send_replace(ConnectionState::Connected { url: url.to_string() });
         step = 0;
+        conflicted = None;
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<String>();
         let mut pending: VecDeque<String> = VecDeque::new();
         let reason = loop {
             tokio::select! {
-                msg = ws.next() => match msg {
-                    None => break "the connection closed".to_owned(),
+                msg = tokio::time::timeout(Duration::from_secs(75), ws.next()) => match msg.unwrap_or(None) {
+                    None => break "the connection closed (or nothing heard for 75 s)".to_owned(),
                     Some(Err(e)) => break format!("reading: {e}"),
                     Some(Ok(Message::Close(f))) => {
                         break f.map_or_else(|| "closed".to_owned(), |f| format!("closed {} {}", u16::from(f.code), f.reason));
@@ -590,8 +636,7 @@ async fn run_agent(
                     Some(Ok(Message::Text(t))) => {
                         let Some(ev) = agent_event(t.as_bytes(), &out_tx) else { continue };
                         if tx.send(ev).await.is_err() {
-                            let _ = ws.close(None).await;
-                            return;
+                            return close_agent(&mut ws, &mut out_rx).await;
                         }
                     }
                     Some(Ok(_)) => {}
@@ -615,28 +660,29 @@ async fn run_agent(
                         break format!("writing: {e}");
                     }
                 }
-                () = tx.closed() => {
-                    // Closing: the chunks already given go out first.
-                    while let Ok(c) = out_rx.try_recv() {
-                        let _ = ws.feed(Message::text(c)).await;
-                    }
-                    let _ = ws.close(None).await;
-                    let answered = async {
-                        while let Some(Ok(m)) = ws.next().await {
-                            if m.is_close() {
-                                break;
-                            }
-                        }
-                    };
-                    let _ = tokio::time::timeout(Duration::from_secs(2), answered).await;
-                    return;
-                }
+                () = tx.closed() => return close_agent(&mut ws, &mut out_rx).await,
             }
         };
         if !backoff(&client, &state, &tx, reason, &mut step).await {
             return;
         }
     }
+}
+
+/// The agent is closing: the chunks already given go out, then the close (all within 2 s).
+async fn close_agent(ws: &mut crate::client::Ws, out: &mut mpsc::UnboundedReceiver<String>) {
+    let closing = async {
+        while let Ok(c) = out.try_recv() {
+            let _ = ws.feed(Message::text(c)).await;
+        }
+        let _ = ws.close(None).await;
+        while let Some(Ok(m)) = ws.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), closing).await;
 }
 
 /// Sleeps the next backoff delay; `false` if the agent was dropped meanwhile.

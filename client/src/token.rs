@@ -45,35 +45,42 @@ pub type Refresh = Arc<dyn Fn() -> RefreshFuture + Send + Sync>;
 /// The client's credential: the current token and, with a callback, how to get the next.
 pub(crate) struct Tokens {
     refresh: Option<Refresh>,
-    current: tokio::sync::Mutex<Option<Token>>,
+    /// The token and when it was fetched.
+    current: tokio::sync::Mutex<Option<(Token, SystemTime)>>,
     /// Refresh this long before `expires_at`.
     lead: Duration,
 }
 
 impl Tokens {
     pub(crate) fn new(token: Option<Token>, refresh: Option<Refresh>, lead: Duration) -> Tokens {
-        Tokens { refresh, current: tokio::sync::Mutex::new(token), lead }
+        Tokens { refresh, current: tokio::sync::Mutex::new(token.map(|t| (t, SystemTime::now()))), lead }
     }
 
     /// The token to send now: the current one, or a fresh one when there is none yet or it
     /// expires within the lead time (and a callback can make another).
     pub(crate) async fn get(&self) -> Result<Option<String>> {
         let mut cur = self.current.lock().await;
+        let now = SystemTime::now();
         let stale = match &*cur {
             None => true,
-            Some(t) => t.expires_at.is_some_and(|at| at <= SystemTime::now() + self.lead),
+            // Refreshed `lead` before it expires, or halfway through its life if that is
+            // later (a short-lived token is not refreshed on every request).
+            Some((t, fetched)) => t.expires_at.is_some_and(|at| {
+                let life = at.duration_since(*fetched).unwrap_or_default();
+                at <= now + self.lead.min(life / 2)
+            }),
         };
         if stale {
             if let Some(refresh) = &self.refresh {
-                *cur = Some(call(refresh).await?);
+                *cur = Some((call(refresh).await?, now));
             }
         }
-        Ok(cur.as_ref().map(|t| t.value.clone()))
+        Ok(cur.as_ref().map(|(t, _)| t.value.clone()))
     }
 
     /// The token held now, as it is (never refreshed here).
-    pub(crate) async fn current(&self) -> Option<String> {
-        self.current.lock().await.as_ref().map(|t| t.value.clone())
+    pub(crate) async fn current(&self) -> Option<Token> {
+        self.current.lock().await.as_ref().map(|(t, _)| t.clone())
     }
 
     /// After a 401 or a session closed for an expired token: a new token if a callback can
@@ -83,17 +90,26 @@ impl Tokens {
     pub(crate) async fn refresh(&self, rejected: Option<&str>) -> Result<bool> {
         let Some(refresh) = &self.refresh else { return Ok(false) };
         let mut cur = self.current.lock().await;
-        if cur.as_ref().map(|t| t.value.as_str()) != rejected {
+        if cur.as_ref().map(|(t, _)| t.value.as_str()) != rejected {
             return Ok(true);
         }
-        *cur = Some(call(refresh).await?);
+        *cur = Some((call(refresh).await?, SystemTime::now()));
         Ok(true)
     }
 }
 
+/// Calls the refresh callback, for at most `REFRESH_LIMIT`: every request of the client
+/// waits on a refresh, so one that hangs must not hang them all.
 async fn call(refresh: &Refresh) -> Result<Token> {
-    refresh().await.map_err(|e| Error::Token(e.to_string()))
+    match tokio::time::timeout(REFRESH_LIMIT, refresh()).await {
+        Ok(t) => t.map_err(|e| Error::Token(e.to_string())),
+        Err(_) => {
+            Err(Error::Token(format!("the refresh callback did not answer within {} s", REFRESH_LIMIT.as_secs())))
+        }
+    }
 }
+
+const REFRESH_LIMIT: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {
@@ -117,8 +133,15 @@ mod tests {
         assert_eq!(t.get().await.unwrap().as_deref(), Some("t1"));
         assert_eq!(t.get().await.unwrap().as_deref(), Some("t1"));
         assert_eq!(n.load(Ordering::SeqCst), 1);
-        // Within the lead time of its expiry: the next call refreshes.
+        // A token shorter-lived than the lead is used for half its life, not refreshed on
+        // every request...
         let (f, n) = counting(Duration::from_secs(10));
+        let t = Tokens::new(None, Some(f), Duration::from_secs(30));
+        assert_eq!(t.get().await.unwrap().as_deref(), Some("t1"));
+        assert_eq!(t.get().await.unwrap().as_deref(), Some("t1"));
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        // ...and one already expired is refreshed by the next call.
+        let (f, n) = counting(Duration::ZERO);
         let t = Tokens::new(None, Some(f), Duration::from_secs(30));
         assert_eq!(t.get().await.unwrap().as_deref(), Some("t1"));
         assert_eq!(t.get().await.unwrap().as_deref(), Some("t2"));

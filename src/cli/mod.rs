@@ -176,7 +176,7 @@ pub struct AgentArgs {
 /// A client command, running.
 type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Failure>>>>;
 
-/// Runs a client command on a single-threaded tokio runtime.
+/// Runs a client command on a small tokio runtime.
 pub fn run(command: Command) -> ExitCode {
     let (name, fut): (&str, Pending) = match command {
         Command::Pub(a) => ("pub", Box::pin(publish(a))),
@@ -186,7 +186,9 @@ pub fn run(command: Command) -> ExitCode {
         Command::Agent(a) => ("agent", Box::pin(agent(a))),
         Command::Serve { .. } | Command::PrintConfig => unreachable!("not a client command"),
     };
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // Two workers: printing to a slow stdout blocks the command's own task, never the
+    // connection's (which keeps reading and answering pings).
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("evmesh {name}: {e}");
@@ -339,11 +341,25 @@ async fn subscribe(a: SubArgs) -> Result<(), Failure> {
     let mut consumer = b.start();
     report("sub", consumer.state());
     let mut seen = 0u64;
+    let mut last_error = None;
     while a.max.is_none_or(|m| seen < m) {
         let Some(d) = consumer.next().await else { break };
-        let d = d.map_err(fail)?;
+        let d = match d {
+            Ok(d) => d,
+            // One event it could not read (said, and passed), or the last word of a consumer
+            // the broker refused for good (the stream ends after it).
+            Err(e) => {
+                eprintln!("evmesh sub: {e}");
+                last_error = Some(e);
+                continue;
+            }
+        };
+        last_error = None;
         let line = serde_json::to_string(&d.event).map_err(|e| fail(Error::Protocol(e.to_string())))?;
-        print_line(&line).map_err(fail)?;
+        if let Err(e) = print_line(&line) {
+            consumer.close().await;
+            return Err(fail(e));
+        }
         // Acknowledged once printed: a crash before this means it is printed again.
         if !a.no_ack {
             d.ack();
@@ -351,7 +367,10 @@ async fn subscribe(a: SubArgs) -> Result<(), Failure> {
         seen += 1;
     }
     consumer.close().await;
-    Ok(())
+    match last_error {
+        Some(e) if a.max.is_none_or(|m| seen < m) => Err(fail(e)),
+        _ => Ok(()),
+    }
 }
 
 async fn stream(a: StreamArgs) -> Result<(), Failure> {
@@ -384,14 +403,22 @@ async fn agent(a: AgentArgs) -> Result<(), Failure> {
             AgentEvent::Turn(mut turn) => {
                 print_line(&serde_json::to_string(&turn.request).unwrap_or_default()).map_err(fail)?;
                 let prompt = turn.prompt();
-                for (i, word) in prompt.split_whitespace().enumerate() {
-                    let data = if i == 0 { word.to_owned() } else { format!(" {word}") };
-                    turn.chunk(data).map_err(fail)?;
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
+                // A chunk that cannot be sent (the connection dropped) ends this turn only: the
+                // agent attaches again by itself, and the broker ends the turn for its client.
+                let answered = async {
+                    for (i, word) in prompt.split_whitespace().enumerate() {
+                        let data = if i == 0 { word.to_owned() } else { format!(" {word}") };
+                        turn.chunk(data)?;
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
                     }
+                    turn.done(serde_json::Value::Null)
                 }
-                turn.done(serde_json::Value::Null).map_err(fail)?;
+                .await;
+                if let Err(e) = answered {
+                    eprintln!("evmesh agent: a turn of {}: {e}", a.agent_id);
+                }
                 turns += 1;
                 continue;
             }

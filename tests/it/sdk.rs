@@ -516,3 +516,32 @@ fn the_client_examples_run_as_written() {
         assert!(text.contains(&format!("received order-{n} (attempt 1)")), "{text}");
     }
 }
+
+/// Regression (a review found it): an SSE consumer offered `Last-Event-ID` after a session in
+/// which it had nacked the last event, and the broker takes that id as an ack of the
+/// partition up to it, so the nacked event was never delivered again.
+#[test]
+fn a_nacked_event_comes_again_after_an_sse_reconnect() {
+    let mut b = TestBroker::start(&["--default-partitions", "1", "--durability", "os"]);
+    let rt = runtime();
+    let _inside = rt.enter();
+    let c = Client::builder(url(&b)).backoff(quick()).build().unwrap();
+    rt.block_on(c.subscribe(&Subscription::new("nacks", "nacks").start(Start::Earliest))).unwrap();
+    rt.block_on(c.publish("nacks", &ev("n-1"))).unwrap();
+    let mut consumer = c.consumer("nacks").transport(Transport::Sse).start();
+    let first = rt.block_on(consumer.next()).unwrap().unwrap();
+    assert_eq!((first.event.id(), first.attempt), ("n-1", 1));
+    first.nack();
+    // Whether or not the nack reached the broker before the crash, the event must come again.
+    let mut state = consumer.state();
+    b.restart_on_same_ports();
+    rt.block_on(async {
+        while !matches!(*state.borrow_and_update(), ConnectionState::Disconnected { .. }) {
+            state.changed().await.unwrap();
+        }
+    });
+    let again = rt.block_on(tokio::time::timeout(Duration::from_secs(30), consumer.next())).unwrap().unwrap().unwrap();
+    assert_eq!(again.event.id(), "n-1", "the nacked event is delivered again");
+    assert!(again.attempt >= 2);
+    again.ack();
+}
