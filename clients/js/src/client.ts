@@ -15,6 +15,9 @@ import { Streaming } from "./streaming.js";
 import { subscribe, unsubscribe, type Subscribed, type Subscription } from "./subscription.js";
 import { Tokens, type TokenRefresh } from "./token.js";
 import { WsConn, webSocketConstructor, type WebSocketConstructor } from "./ws.js";
+import { link, type Answer, type Call, type Conn, type Opened } from "./conn.js";
+
+export type { Answer, Call, Opened } from "./conn.js";
 
 /** How many redirects one request follows. */
 const MAX_REDIRECTS = 3;
@@ -53,39 +56,8 @@ export interface ClientOptions {
   WebSocket?: WebSocketConstructor;
 }
 
-/** A request for {@link Client.call} and {@link Client.open}. @internal */
-export interface Call {
-  /** The HTTP method. */
-  method: "GET" | "POST";
-  /** The path with its query, relative to the base URL. */
-  path: string;
-  /** The body, sent again as is after a redirect or a refreshed token. */
-  body?: string | Uint8Array<ArrayBuffer>;
-  /** Further headers (lowercase names). */
-  headers?: Record<string, string>;
-  /** The whole call's limit for {@link Client.call} (default the client's timeout). */
-  timeoutMs?: number;
-  /** Aborts the call (and a stream's body). Pass one per stream: {@link Client.open} listens on it for the stream's life. */
-  signal?: AbortSignal;
-}
 
-/** An answer with a 2xx status, its body read. @internal */
-export interface Answer {
-  /** The status. */
-  status: number;
-  /** The body as text. */
-  text: string;
-  /** The URL that answered (after redirects). */
-  url: string;
-}
 
-/** An answer with a 2xx status, its body unread (a stream's). @internal */
-export interface Opened {
-  /** The response. */
-  response: Response;
-  /** The URL that answered (after redirects). */
-  url: string;
-}
 
 /**
  * A connection to an evmesh broker (or to several instances of one). Every method goes through
@@ -94,7 +66,7 @@ export interface Opened {
  * with method and body kept (at most 3, never from https to http), and refusals thrown as
  * {@link EvmeshError}s carrying the problem+json body.
  */
-export class Client {
+export class Client implements Conn {
   /** The broker URLs: the first given, then the fallbacks. @internal */
   readonly seeds: readonly URL[];
   /** The reconnect delays. @internal */
@@ -447,17 +419,6 @@ async function discard(response: Response): Promise<void> {
   }
 }
 
-/** Aborts `to` when `from` aborts; returns the undo. @internal */
-export function link(from: AbortSignal | undefined, to: AbortController): () => void {
-  if (from === undefined) return () => {};
-  if (from.aborted) {
-    to.abort();
-    return () => {};
-  }
-  const onAbort = (): void => to.abort();
-  from.addEventListener("abort", onAbort, { once: true });
-  return () => from.removeEventListener("abort", onAbort);
-}
 
 /** A fetch failure in a few words (undici hides the reason in `cause`). */
 function describe(e: unknown): string {

@@ -10,7 +10,7 @@
  */
 
 import { backoffDelay, sleep } from "./backoff.js";
-import { link, type Client } from "./client.js";
+import { link, type Conn } from "./conn.js";
 import { EvmeshError, asEvmeshError } from "./errors.js";
 import { asCloudEvent, extension, short, type CloudEvent } from "./event.js";
 import { AsyncQueue, StateCell, type ConnectionState } from "./queue.js";
@@ -171,7 +171,7 @@ export class Consumer implements AsyncIterable<Delivery> {
 
   /** @internal */
   constructor(
-    private readonly client: Client,
+    private readonly client: Conn,
     /** The subscription consumed. */
     readonly subscription: string,
     private readonly options: ConsumerOptions,
@@ -601,7 +601,7 @@ export class Consumer implements AsyncIterable<Delivery> {
 }
 
 /** The home a recommend answer names (never an http home for an https client), else `base`. */
-function homeFrom(text: string, base: URL, client: Client): URL {
+function homeFrom(text: string, base: URL, client: Conn): URL {
   try {
     const v = JSON.parse(text) as { instanceUrl?: unknown };
     if (typeof v.instanceUrl === "string") {

@@ -5,7 +5,7 @@
  * @module
  */
 
-import type { Client } from "./client.js";
+import type { Conn } from "./conn.js";
 import { EvmeshError } from "./errors.js";
 import { checkEvent, toBinary, toJson, type CloudEvent, type ContentMode } from "./event.js";
 import type { WsConn } from "./ws.js";
@@ -53,7 +53,7 @@ function publishPath(topic: string): string {
 }
 
 /** {@link Client.publish}. @internal */
-export async function publish(client: Client, topic: string, event: CloudEvent, options: PublishOptions): Promise<Published> {
+export async function publish(client: Conn, topic: string, event: CloudEvent, options: PublishOptions): Promise<Published> {
   if (options.mode === "binary") {
     const { headers, body } = toBinary(event);
     return asPublished(await client.json(undefined, { method: "POST", path: publishPath(topic), body, headers }));
@@ -64,7 +64,7 @@ export async function publish(client: Client, topic: string, event: CloudEvent, 
 }
 
 /** {@link Client.publishBatch}. @internal */
-export async function publishBatch(client: Client, topic: string, events: CloudEvent[]): Promise<Published[]> {
+export async function publishBatch(client: Conn, topic: string, events: CloudEvent[]): Promise<Published[]> {
   events.forEach(checkEvent);
   const headers = { "content-type": "application/cloudevents-batch+json" };
   const a = await client.json<{ results?: unknown }>(undefined, { method: "POST", path: publishPath(topic), body: JSON.stringify(events), headers });
@@ -75,7 +75,7 @@ export async function publishBatch(client: Client, topic: string, events: CloudE
 }
 
 /** {@link Client.publisher}. @internal */
-export async function openPublisher(client: Client, topic: string, options: PublisherOptions): Promise<Publisher> {
+export async function openPublisher(client: Conn, topic: string, options: PublisherOptions): Promise<Publisher> {
   const path = `/events/ws?${new URLSearchParams({ publish: topic })}`;
   const { conn } = await client.websocket(undefined, path);
   return new Publisher(conn, Math.max(1, Math.floor(options.maxInFlight ?? 256)));

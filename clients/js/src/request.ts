@@ -5,7 +5,7 @@
  * @module
  */
 
-import type { Client } from "./client.js";
+import type { Conn } from "./conn.js";
 import type { Consumer, Delivery } from "./consume.js";
 import { EvmeshError } from "./errors.js";
 import { extension, parseEvent, toJson, type CloudEvent } from "./event.js";
@@ -14,7 +14,7 @@ import { extension, parseEvent, toJson, type CloudEvent } from "./event.js";
 export type Handler = (event: CloudEvent, delivery: Delivery) => CloudEvent | undefined | null | Promise<CloudEvent | undefined | null>;
 
 /** {@link Client.request}. @internal */
-export async function request(client: Client, topic: string, event: CloudEvent, timeoutMs: number): Promise<CloudEvent> {
+export async function request(client: Conn, topic: string, event: CloudEvent, timeoutMs: number): Promise<CloudEvent> {
   const ms = Math.max(1, Math.floor(timeoutMs));
   const a = await client.call(undefined, {
     method: "POST",
@@ -27,7 +27,7 @@ export async function request(client: Client, topic: string, event: CloudEvent, 
 }
 
 /** {@link Client.reply}. @internal */
-export async function reply(client: Client, requestEvent: CloudEvent, replyEvent: CloudEvent): Promise<void> {
+export async function reply(client: Conn, requestEvent: CloudEvent, replyEvent: CloudEvent): Promise<void> {
   const id = extension(requestEvent, "emcorrelationid");
   if (id === undefined) throw new EvmeshError({ kind: "config", message: "the event is not a request (no emcorrelationid)" });
   await client.call(undefined, {
@@ -39,7 +39,7 @@ export async function reply(client: Client, requestEvent: CloudEvent, replyEvent
 }
 
 /** {@link Client.serve}. @internal */
-export async function serve(client: Client, consumer: Consumer, handler: Handler): Promise<void> {
+export async function serve(client: Conn, consumer: Consumer, handler: Handler): Promise<void> {
   for await (const d of consumer) {
     const isRequest = extension(d.event, "emcorrelationid") !== undefined;
     let answer: CloudEvent | undefined | null;

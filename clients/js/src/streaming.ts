@@ -7,7 +7,7 @@
  */
 
 import { backoffDelay, sleep } from "./backoff.js";
-import { link, type Client } from "./client.js";
+import { link, type Conn } from "./conn.js";
 import { EvmeshError, asEvmeshError } from "./errors.js";
 import { extension, parseEvent, toJson, type CloudEvent } from "./event.js";
 import { asPublished, type Published } from "./publish.js";
@@ -33,7 +33,7 @@ const SSE_IDLE_MS = 45_000;
 /** Streaming sessions of a client; see {@link Client.streaming}. */
 export class Streaming {
   /** @internal */
-  constructor(private readonly client: Client) {}
+  constructor(private readonly client: Conn) {}
 
   /** Opens a session for `clientId` with agent `agentId` (or the least loaded agent the caller may call, when absent). */
   async openSession(clientId: string, agentId?: string): Promise<Session> {
@@ -104,7 +104,7 @@ export interface Chunk {
 export class Session {
   /** @internal */
   constructor(
-    private readonly client: Client,
+    private readonly client: Conn,
     /** The session id (`<agentId>:<uuid>`). */
     readonly id: string,
     /** The agent the session talks to. */
@@ -160,7 +160,7 @@ export class ChunkStream implements AsyncIterable<Chunk> {
 
   /** @internal */
   constructor(
-    private readonly client: Client,
+    private readonly client: Conn,
     private readonly path: string,
     private readonly url: URL,
     first: Response,
@@ -239,7 +239,7 @@ export class ChunkStream implements AsyncIterable<Chunk> {
 export class SessionPublisher {
   /** @internal */
   constructor(
-    private readonly client: Client,
+    private readonly client: Conn,
     private readonly path: string,
   ) {}
 
@@ -271,7 +271,7 @@ export class SessionSubscriber implements AsyncIterable<CloudEvent> {
   /** @internal */
   constructor(
     private readonly streaming: Streaming,
-    private readonly client: Client,
+    private readonly client: Conn,
     /** The session followed. */
     readonly sessionId: string,
   ) {

@@ -3,7 +3,7 @@
  * @module
  */
 
-import type { Client } from "./client.js";
+import type { Conn } from "./conn.js";
 
 /** How a subscription's events are shared among its attached sessions. */
 export type Mode =
@@ -58,7 +58,7 @@ export interface Subscribed {
 }
 
 /** {@link Client.subscribe}. @internal */
-export async function subscribe(client: Client, subscription: Subscription): Promise<Subscribed> {
+export async function subscribe(client: Conn, subscription: Subscription): Promise<Subscribed> {
   const a = await client.call(undefined, {
     method: "POST",
     path: "/events/subscribe",
@@ -76,7 +76,7 @@ export async function subscribe(client: Client, subscription: Subscription): Pro
 }
 
 /** {@link Client.unsubscribe}. @internal */
-export async function unsubscribe(client: Client, name: string): Promise<void> {
+export async function unsubscribe(client: Conn, name: string): Promise<void> {
   await client.call(undefined, {
     method: "POST",
     path: "/events/unsubscribe",
