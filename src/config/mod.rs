@@ -104,6 +104,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("session_ttl_ms", "an agent streaming session idle this long is closed"),
     ("lite_topic_ttl_ms", "a lite topic (agent.*, client.*, session.*) without traffic this long is deleted"),
     ("advertised_url", "the URL clients reach this instance at (emreplyto, instanceUrl); empty = from listen"),
+    ("cors_allowed_origins", "browser origins (scheme://host[:port], comma-separated, or *) allowed cross-origin on the traffic listener; empty = none"),
     ("instance_id", "this instance's name among instances over one Kafka cluster; empty = generated, kept in data_dir"),
     ("heartbeat_ms", "storage = kafka: how often this instance says it lives (and its load) to the others"),
     ("instance_timeout_ms", "storage = kafka: an instance not heard from for this long is not live"),
@@ -130,10 +131,31 @@ pub const KEYS: &[(&str, &str)] = &[
 
 fn kind(key: &str) -> Kind {
     match key {
-        "listen" | "admin_listen" | "data_dir" | "storage" | "kafka.brokers" | "kafka.acks" | "kafka.compression"
-        | "kafka.properties" | "kafka.topic_prefix" | "durability" | "io_driver" | "auth" | "auth_tokens_file"
-        | "jwt_jwks_file" | "jwt_audience" | "jwt_issuer" | "admin_token" | "audit_log" | "tls_cert" | "tls_key"
-        | "tls_client_ca" | "advertised_url" | "webhook_ca_file" | "instance_id" => Kind::Str,
+        "listen"
+        | "admin_listen"
+        | "data_dir"
+        | "storage"
+        | "kafka.brokers"
+        | "kafka.acks"
+        | "kafka.compression"
+        | "kafka.properties"
+        | "kafka.topic_prefix"
+        | "durability"
+        | "io_driver"
+        | "auth"
+        | "auth_tokens_file"
+        | "jwt_jwks_file"
+        | "jwt_audience"
+        | "jwt_issuer"
+        | "admin_token"
+        | "audit_log"
+        | "tls_cert"
+        | "tls_key"
+        | "tls_client_ca"
+        | "advertised_url"
+        | "webhook_ca_file"
+        | "instance_id"
+        | "cors_allowed_origins" => Kind::Str,
         "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }
@@ -193,6 +215,7 @@ pub struct RawConfig {
     max_pending_requests: u64,
     max_pending_request_bytes: u64,
     advertised_url: String,
+    cors_allowed_origins: String,
     instance_id: String,
     heartbeat_ms: u64,
     instance_timeout_ms: u64,
@@ -350,6 +373,9 @@ pub struct Config {
     /// Where clients reach this instance (`http[s]://host:port`, no trailing slash; empty until
     /// the runtime fills in the bound listener's [`local_url`]).
     pub advertised_url: String,
+    /// Browser origins answered with CORS headers on the traffic listener (`*`: any); empty:
+    /// none (a page from another origin cannot read the answers).
+    pub cors_allowed_origins: Vec<String>,
     /// This instance's name among the instances over one Kafka cluster (empty until the runtime
     /// reads or makes the one kept in `data_dir`).
     pub instance_id: String,
@@ -610,6 +636,7 @@ impl RawConfig {
                 1 << 40,
             )? as usize,
             advertised_url: self.advertised_url()?,
+            cors_allowed_origins: self.cors_allowed_origins()?,
             instance_id: self.instance_id()?,
             heartbeat: Duration::from_millis(range("heartbeat_ms", self.heartbeat_ms, 10, 60_000)?),
             instance_timeout: Duration::from_millis(range(
@@ -642,6 +669,24 @@ impl RawConfig {
             auth,
             tls,
         })
+    }
+
+    /// `cors_allowed_origins`: `*`, or origins (`http[s]://host[:port]`, no path), comma-separated.
+    fn cors_allowed_origins(&self) -> Result<Vec<String>, ConfigError> {
+        let mut out = Vec::new();
+        for o in self.cors_allowed_origins.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            let origin = o.trim_end_matches('/');
+            let rest = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
+            let ok = origin == "*" || rest.is_some_and(|r| !r.is_empty() && !r.contains(['/', '?', '#', ' ']));
+            if !ok {
+                return Err(ConfigError::Invalid {
+                    key: "cors_allowed_origins",
+                    message: format!("{o:?}: each origin is * or http[s]://host[:port], without a path"),
+                });
+            }
+            out.push(origin.to_ascii_lowercase());
+        }
+        Ok(out)
     }
 
     /// `advertised_url` checked (an `http://` or `https://` URL without a path); empty stays

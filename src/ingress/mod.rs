@@ -193,6 +193,47 @@ impl Handler for Traffic {
     }
 
     async fn handle(&self, caller: &mut Caller, req: Request<'_>) -> Response {
+        // CORS: a page of an allowed origin may read the answers (and is told so before it
+        // sends, on a preflight); every other caller gets exactly what it got before.
+        let allowed = cors_origin(&self.shard.shared.config.cors_allowed_origins, req.header("origin"));
+        let Some(origin) = allowed else { return self.route(caller, req).await };
+        if req.method() == Method::Options && req.header("access-control-request-method").is_some() {
+            return preflight(origin, req.header("access-control-request-headers"));
+        }
+        self.route(caller, req)
+            .await
+            .with_header("access-control-allow-origin", &origin)
+            .with_header("vary", "origin")
+            .with_header("access-control-expose-headers", "retry-after, www-authenticate, location, content-type")
+    }
+}
+
+/// The `Access-Control-Allow-Origin` for a request's `Origin`, when `allowed` lets it in.
+fn cors_origin(allowed: &[String], origin: Option<&[u8]>) -> Option<String> {
+    let origin = std::str::from_utf8(origin?).ok()?.trim();
+    if allowed.iter().any(|a| a == "*") {
+        return Some("*".to_owned());
+    }
+    allowed.iter().any(|a| a.eq_ignore_ascii_case(origin)).then(|| origin.to_owned())
+}
+
+/// A CORS preflight's answer: the methods the traffic listener serves and the headers the
+/// page asked for (only header-name characters, at most 2 KiB: anything else is not echoed).
+fn preflight(origin: String, asked: Option<&[u8]>) -> Response {
+    let headers = asked
+        .filter(|h| h.len() <= 2048 && h.iter().all(|&b| b.is_ascii_alphanumeric() || b"-_, ".contains(&b)))
+        .and_then(|h| std::str::from_utf8(h).ok())
+        .unwrap_or("authorization, content-type");
+    Response::empty(StatusCode(204))
+        .with_header("access-control-allow-origin", &origin)
+        .with_header("vary", "origin")
+        .with_header("access-control-allow-methods", "GET, POST, PUT, DELETE")
+        .with_header("access-control-allow-headers", headers)
+        .with_header("access-control-max-age", "600")
+}
+
+impl Traffic {
+    async fn route(&self, caller: &mut Caller, req: Request<'_>) -> Response {
         let path = req.path();
         let session = path.strip_prefix("/session/").and_then(|rest| rest.split_once('/'));
         let ours = matches!(

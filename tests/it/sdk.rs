@@ -545,3 +545,67 @@ fn a_nacked_event_comes_again_after_an_sse_reconnect() {
     assert!(again.attempt >= 2);
     again.ack();
 }
+
+/// A contract gap the TypeScript client found: browsers could not read the broker's answers
+/// from a page of another origin. Origins in `cors_allowed_origins` get preflights answered
+/// and `Access-Control-Allow-Origin` on every answer; others, and non-browser callers, get
+/// exactly what they got before.
+#[test]
+fn allowed_origins_get_cors_answers_and_others_do_not() {
+    let b = TestBroker::start(&["--cors-allowed-origins", "http://app.example:3000, https://other.example"]);
+    let ev = super::util::event("c-1").to_string();
+    let pre = b.client().request(
+        "OPTIONS",
+        "/events/publish?topic=cors",
+        &[
+            ("origin", "http://app.example:3000"),
+            ("access-control-request-method", "POST"),
+            ("access-control-request-headers", "authorization, content-type, ce-id"),
+        ],
+        b"",
+    );
+    assert_eq!(pre.status, 204, "{}", pre.text());
+    assert_eq!(pre.header("access-control-allow-origin"), Some("http://app.example:3000"));
+    assert_eq!(pre.header("access-control-allow-headers"), Some("authorization, content-type, ce-id"));
+    assert!(pre.header("access-control-allow-methods").is_some_and(|m| m.contains("POST")));
+    let post = |origin: Option<&str>| {
+        let mut h = vec![("content-type", "application/cloudevents+json")];
+        if let Some(o) = origin {
+            h.push(("origin", o));
+        }
+        b.client().request("POST", "/events/publish?topic=cors", &h, ev.as_bytes())
+    };
+    let r = post(Some("http://app.example:3000"));
+    assert_eq!(r.status, 202);
+    assert_eq!(r.header("access-control-allow-origin"), Some("http://app.example:3000"));
+    assert!(r.header("access-control-expose-headers").is_some_and(|h| h.contains("retry-after")));
+    // A refusal is readable too (the page sees the problem, not an opaque failure).
+    let bad = b.client().request(
+        "POST",
+        "/events/publish?topic=bad/topic",
+        &[("content-type", "application/cloudevents+json"), ("origin", "https://other.example")],
+        ev.as_bytes(),
+    );
+    assert_eq!((bad.status, bad.header("access-control-allow-origin")), (400, Some("https://other.example")));
+    for origin in [Some("http://evil.example"), None] {
+        let r = post(origin);
+        assert_eq!(r.status, 202);
+        assert_eq!(r.header("access-control-allow-origin"), None, "{origin:?}");
+    }
+    // An origin not allowed gets no preflight answer of its own (the route's 405).
+    let denied = b.client().request(
+        "OPTIONS",
+        "/events/publish?topic=cors",
+        &[("origin", "http://evil.example"), ("access-control-request-method", "POST")],
+        b"",
+    );
+    assert_ne!(denied.status, 204);
+    assert_eq!(denied.header("access-control-allow-origin"), None);
+    // A value that is not an origin is refused at start.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_evmesh"))
+        .args(["serve", "--cors-allowed-origins", "app.example/path", "--data-dir", "/nonexistent-cors"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cors_allowed_origins"));
+}

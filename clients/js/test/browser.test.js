@@ -2,11 +2,11 @@
 // imports /dist/index.js, publishes, consumes with acks over WebSocket and over SSE, and keeps
 // consuming across a broker restart on the same ports.
 //
-// The broker sends no CORS headers, so a page cannot fetch from it cross-origin (see the `todo`
-// test at the end, which says exactly what is refused). The page is therefore served from the
-// broker's origin the way a deployment does it: a tiny node:http server serves dist/ and the
-// page, and passes every other path (HTTP and WebSocket upgrades) to the broker's traffic port;
-// the broker advertises that origin (`--advertised-url`) so recommend names it.
+// The main test serves the page from the broker's origin, the way a deployment behind one
+// front does: a tiny node:http server serves dist/ and the page, and passes every other path
+// (HTTP and WebSocket upgrades) to the broker's traffic port; the broker advertises that origin
+// (`--advertised-url`) so recommend names it. The last test calls the broker from a page of
+// another origin, which the broker allows with `cors_allowed_origins`.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -220,37 +220,38 @@ async function scenario(t, page, front, current, replace, { trafficPort, adminPo
   }
 }
 
-test(
-  'browser: a page on another origin than the broker',
-  { todo: 'the broker sends no CORS headers: cross-origin fetches are refused by the browser (see the diagnostics)' },
-  async (t) => {
-    const chromium = findChromium();
-    if (!chromium) return t.skip('chromium not found (apt-get install -y chromium)');
-    const broker = await startBroker();
-    t.after(() => broker.stop());
-    const front = await startFront(() => ({ port: broker.trafficPort }));
-    t.after(front.close);
-    // What the broker answers a browser's preflight and a cross-origin GET with.
-    const preflight = await fetch(`${broker.url}/events/publish?topic=x`, {
-      method: 'OPTIONS',
-      headers: { origin: front.url, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type' },
-    });
-    const get = await fetch(`${broker.url}/session/recommend?subscription=x`, { headers: { origin: front.url } });
-    const cors = (r) => [...r.headers.keys()].filter((k) => k.startsWith('access-control-')).join(', ') || 'none';
-    t.diagnostic(`OPTIONS (preflight) -> ${preflight.status}, access-control-* headers: ${cors(preflight)}`);
-    t.diagnostic(`GET with Origin -> ${get.status}, access-control-* headers: ${cors(get)}`);
-    const page = await openPage(t, chromium, front.url, true);
-    const outcome = await page.evaluate(async (brokerUrl) => {
-      const { Client } = window.evmesh;
-      const client = new Client(brokerUrl);
-      try {
-        await client.publish('cross', { specversion: '1.0', id: 'x-1', source: '/browser', type: 't' });
-        return 'published';
-      } catch (e) {
-        return `${e.name} ${e.kind}: ${e.message}`;
+test('browser: a page on another origin than the broker (cors_allowed_origins)', async (t) => {
+  const chromium = findChromium();
+  if (!chromium) return t.skip('chromium not found (apt-get install -y chromium)');
+  // The page's origin is the front's; the broker allows exactly it.
+  let broker;
+  const front = await startFront(() => ({ port: broker.trafficPort }));
+  t.after(front.close);
+  broker = await startBroker({ args: ['--cors-allowed-origins', front.url] });
+  t.after(() => broker.stop());
+  const preflight = await fetch(`${broker.url}/events/publish?topic=x`, {
+    method: 'OPTIONS',
+    headers: { origin: front.url, 'access-control-request-method': 'POST', 'access-control-request-headers': 'authorization, content-type' },
+  });
+  assert.equal(preflight.status, 204);
+  assert.equal(preflight.headers.get('access-control-allow-origin'), front.url);
+  const page = await openPage(t, chromium, front.url, true);
+  const outcome = await page.evaluate(async (brokerUrl) => {
+    const { Client } = window.evmesh;
+    const client = new Client(brokerUrl);
+    try {
+      await client.subscribe({ subscription: 'cross', topic: 'cross', start: 'earliest' });
+      await client.publish('cross', { specversion: '1.0', id: 'x-1', source: '/browser', type: 't' });
+      const consumer = client.consumer('cross', { transport: 'sse' });
+      for await (const d of consumer) {
+        d.ack();
+        await consumer.close();
+        return `consumed ${d.event.id}`;
       }
-    }, broker.url);
-    t.diagnostic(`cross-origin publish from the page: ${outcome}`);
-    assert.equal(outcome, 'published');
-  },
-);
+      return 'ended';
+    } catch (e) {
+      return `${e.name} ${e.kind}: ${e.message}`;
+    }
+  }, broker.url);
+  assert.equal(outcome, 'consumed x-1');
+});
