@@ -9,7 +9,7 @@ import { backoffDelay, sleep } from "./backoff.js";
 import type { Client } from "./client.js";
 import { EvmeshError, asEvmeshError } from "./errors.js";
 import { asCloudEvent, extension, type CloudEvent } from "./event.js";
-import { AsyncQueue, StateCell, type ConnectionState } from "./queue.js";
+import { Feed } from "./feed.js";
 import type { WsConn } from "./ws.js";
 
 /** Options of {@link Agent.attach}. */
@@ -85,12 +85,7 @@ export class Turn {
  * `GET /agent/ws`, an async iterable of {@link AgentEvent}s. It registers and attaches again by
  * itself when its connection drops (at once after a `1012`, "home moved").
  */
-export class Agent implements AsyncIterable<AgentEvent> {
-  private readonly out = new AsyncQueue<AgentEvent>();
-  private readonly cell = new StateCell();
-  private readonly stopCtl = new AbortController();
-  private readonly task: Promise<void>;
-
+export class Agent extends Feed<AgentEvent> {
   private constructor(
     private readonly client: Client,
     /** The agent's id. */
@@ -98,6 +93,7 @@ export class Agent implements AsyncIterable<AgentEvent> {
     private home: URL,
     private readonly heartbeatMs: number,
   ) {
+    super();
     this.task = this.run().catch((e: unknown) => this.fatal(asEvmeshError(e, "protocol", "agent")));
   }
 
@@ -109,38 +105,6 @@ export class Agent implements AsyncIterable<AgentEvent> {
   static async attach(client: Client, agentId: string, options: AgentOptions = {}): Promise<Agent> {
     const home = await register(client, agentId);
     return new Agent(client, agentId, home, Math.max(100, options.heartbeatMs ?? 10_000));
-  }
-
-  /** The connection's state now. */
-  get state(): ConnectionState {
-    return this.cell.value;
-  }
-
-  /** Calls `listener` on every change of {@link state}; returns the function that stops it. */
-  onState(listener: (state: ConnectionState) => void): () => void {
-    return this.cell.on(listener);
-  }
-
-  /** Iterates the events; leaving the loop closes the agent. */
-  [Symbol.asyncIterator](): AsyncIterator<AgentEvent, undefined> {
-    return {
-      next: () => this.out.next(),
-      return: async () => {
-        await this.close();
-        return { done: true, value: undefined };
-      },
-    };
-  }
-
-  /** Stops: the chunks given so far are written, then the connection is closed (the agent stays registered until it stops heart-beating). */
-  async close(): Promise<void> {
-    this.stopCtl.abort();
-    await this.task;
-  }
-
-  private fatal(e: EvmeshError): void {
-    this.cell.set({ kind: "closed", reason: e.message });
-    this.out.fail(e);
   }
 
   private async run(): Promise<void> {

@@ -13,7 +13,8 @@ import { backoffDelay, sleep } from "./backoff.js";
 import { link, type Conn } from "./conn.js";
 import { EvmeshError, asEvmeshError } from "./errors.js";
 import { asCloudEvent, extension, short, type CloudEvent } from "./event.js";
-import { AsyncQueue, StateCell, type ConnectionState } from "./queue.js";
+import { Feed } from "./feed.js";
+import type { ConnectionState } from "./queue.js";
 import { SseParser } from "./sse.js";
 import type { Filter } from "./subscription.js";
 import type { WsConn } from "./ws.js";
@@ -145,11 +146,7 @@ function refused(e: unknown): End {
  * in a row); leaving the loop
  * (`break`, `return`, a throw in its body) closes the consumer as {@link close} does.
  */
-export class Consumer implements AsyncIterable<Delivery> {
-  private readonly out = new AsyncQueue<Delivery>();
-  private readonly cell = new StateCell();
-  private readonly stopCtl = new AbortController();
-  private readonly task: Promise<void>;
+export class Consumer extends Feed<Delivery> {
   private readonly transport: Transport;
   private readonly window: number;
   private readonly ack: boolean;
@@ -176,50 +173,22 @@ export class Consumer implements AsyncIterable<Delivery> {
     readonly subscription: string,
     private readonly options: ConsumerOptions,
   ) {
+    super();
     this.transport = options.transport ?? "websocket";
     this.window = Math.min(4096, Math.max(1, Math.floor(options.window ?? 256)));
     this.ack = options.noAck !== true;
-    this.pollWaitMs = Math.min(60_000, Math.max(0, Math.floor(options.pollWaitMs ?? 10_000)));
+    // Polls that return at once in a loop would spin: at least 100 ms.
+    this.pollWaitMs = Math.min(60_000, Math.max(100, Math.floor(options.pollWaitMs ?? 10_000)));
     this.task = this.run().catch((e: unknown) => {
       // A bug here must not leave the reader waiting forever.
       this.finish({ type: "fatal", error: asEvmeshError(e, "protocol", "consumer") });
     });
   }
 
-  /** The connection's state now. */
-  get state(): ConnectionState {
-    return this.cell.value;
-  }
-
-  /** Calls `listener` on every change of {@link state}; returns the function that stops it. */
-  onState(listener: (state: ConnectionState) => void): () => void {
-    return this.cell.on(listener);
-  }
-
   /** The next delivery, or `undefined` once the consumer has ended; rejects once with a fatal {@link EvmeshError}. */
   async nextDelivery(): Promise<Delivery | undefined> {
     const r = await this.out.next();
     return r.done === true ? undefined : r.value;
-  }
-
-  /** Iterates the deliveries; leaving the loop closes the consumer. */
-  [Symbol.asyncIterator](): AsyncIterator<Delivery, undefined> {
-    return {
-      next: () => this.out.next(),
-      return: async () => {
-        await this.close();
-        return { done: true, value: undefined };
-      },
-    };
-  }
-
-  /**
-   * Stops consuming: the acks and nacks given so far are sent (to a session that is attached),
-   * then the session is closed. Deliveries not read yet are dropped (they come again).
-   */
-  async close(): Promise<void> {
-    this.stopCtl.abort();
-    await this.task;
   }
 
   private get stopped(): boolean {

@@ -11,7 +11,7 @@ import { link, type Conn } from "./conn.js";
 import { EvmeshError, asEvmeshError } from "./errors.js";
 import { extension, parseEvent, toJson, type CloudEvent } from "./event.js";
 import { asPublished, type Published } from "./publish.js";
-import { AsyncQueue, StateCell, type ConnectionState } from "./queue.js";
+import { Feed } from "./feed.js";
 import { SseParser } from "./sse.js";
 
 /**
@@ -262,12 +262,7 @@ export class SessionPublisher {
  * loop throws one {@link EvmeshError}) when refused for good: a second subscriber is a 409,
  * unless this one was attached before (the broker may not have seen the old connection go yet).
  */
-export class SessionSubscriber implements AsyncIterable<CloudEvent> {
-  private readonly out = new AsyncQueue<CloudEvent>();
-  private readonly cell = new StateCell();
-  private readonly stopCtl = new AbortController();
-  private readonly task: Promise<void>;
-
+export class SessionSubscriber extends Feed<CloudEvent> {
   /** @internal */
   constructor(
     private readonly streaming: Streaming,
@@ -275,39 +270,8 @@ export class SessionSubscriber implements AsyncIterable<CloudEvent> {
     /** The session followed. */
     readonly sessionId: string,
   ) {
+    super();
     this.task = this.run().catch((e: unknown) => this.fatal(asEvmeshError(e, "protocol", "session subscriber")));
-  }
-
-  /** The connection's state now. */
-  get state(): ConnectionState {
-    return this.cell.value;
-  }
-
-  /** Calls `listener` on every change of {@link state}; returns the function that stops it. */
-  onState(listener: (state: ConnectionState) => void): () => void {
-    return this.cell.on(listener);
-  }
-
-  /** Iterates the events; leaving the loop closes the subscriber. */
-  [Symbol.asyncIterator](): AsyncIterator<CloudEvent, undefined> {
-    return {
-      next: () => this.out.next(),
-      return: async () => {
-        await this.close();
-        return { done: true, value: undefined };
-      },
-    };
-  }
-
-  /** Stops following the session. */
-  async close(): Promise<void> {
-    this.stopCtl.abort();
-    await this.task;
-  }
-
-  private fatal(e: EvmeshError): void {
-    this.cell.set({ kind: "closed", reason: e.message });
-    this.out.fail(e);
   }
 
   private async run(): Promise<void> {
