@@ -367,11 +367,12 @@ export class Consumer extends Feed<Delivery> {
 
   /** `POST /events/ack` at `base` (SSE, long-poll, and acks of ended sessions, which the broker still counts for a while). */
   private async postAcks(base: URL | string, ids: string[], nack: boolean): Promise<void> {
-    if (ids.length === 0) return;
-    const body: Record<string, unknown> = { subscription: this.subscription, ids };
-    if (this.options.clientId !== undefined) body["clientId"] = this.options.clientId;
-    if (nack) body["nack"] = true;
-    await this.client.call(base, { method: "POST", path: "/events/ack", body: JSON.stringify(body), headers: { "content-type": "application/json" } });
+    for (const batch of batches(ids)) {
+      const body: Record<string, unknown> = { subscription: this.subscription, ids: batch };
+      if (this.options.clientId !== undefined) body["clientId"] = this.options.clientId;
+      if (nack) body["nack"] = true;
+      await this.client.call(base, { method: "POST", path: "/events/ack", body: JSON.stringify(body), headers: { "content-type": "application/json" } });
+    }
   }
 
   /** Best effort: an ack that does not count means the event comes again. */
@@ -411,7 +412,7 @@ export class Consumer extends Feed<Delivery> {
         [s.nacks, "nack"],
       ] as const) {
         // One that cannot be sent: the session is ending, and the event comes again.
-        if (ids.length > 0) conn.send(JSON.stringify({ type, ids }));
+        for (const batch of batches(ids)) conn.send(JSON.stringify({ type, ids: batch }));
       }
       if (s.staleAcks.length + s.staleNacks.length > 0) void this.postStale(url, s);
     };
@@ -581,4 +582,14 @@ function homeFrom(text: string, base: URL, client: Conn): URL {
     // No usable answer: attach where we asked.
   }
   return base;
+}
+
+/** Ids in one ack message or request (the broker takes at most 10,000). */
+const ACK_BATCH = 4096;
+
+/** `ids` in pieces of at most {@link ACK_BATCH}. */
+function batches(ids: string[]): string[][] {
+  const out: string[][] = [];
+  for (let i = 0; i < ids.length; i += ACK_BATCH) out.push(ids.slice(i, i + ACK_BATCH));
+  return out;
 }
