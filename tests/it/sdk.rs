@@ -609,3 +609,49 @@ fn allowed_origins_get_cors_answers_and_others_do_not() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cors_allowed_origins"));
 }
+
+/// Regression (a review found it): acks were sent in one message however many there were, and
+/// the broker refuses over 10,000 ids (closing the session), so a consumer with a wide window
+/// on three shards could never acknowledge what it held. They now go in pieces.
+#[test]
+fn more_acks_than_one_message_may_carry_all_count() {
+    let b = TestBroker::start(&["--shards", "3", "--default-partitions", "6", "--session-window-bytes", "16777216"]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = Client::new(url(&b)).unwrap();
+        c.subscribe(&Subscription::new("wide", "wide").start(Start::Earliest)).await.unwrap();
+        let total = 12_000;
+        for chunk in (0..total).collect::<Vec<_>>().chunks(500) {
+            let events: Vec<Event> = chunk
+                .iter()
+                .map(|i| {
+                    let mut e = ev(&format!("w-{i}"));
+                    e.set_extension("partitionkey", format!("k{i}"));
+                    e
+                })
+                .collect();
+            c.publish_batch("wide", &events).await.unwrap();
+        }
+        let mut consumer = c.consumer("wide").window(4096).start();
+        let mut held = Vec::new();
+        while held.len() < total {
+            held.push(tokio::time::timeout(Duration::from_secs(30), consumer.next()).await.unwrap().unwrap().unwrap());
+        }
+        // Every one acked at once: one batch of 12,000 ids on the consumer's side.
+        for d in &held {
+            d.ack();
+        }
+        consumer.close().await;
+    });
+    // Committed everywhere: nothing left for the subscription.
+    wait_for(Duration::from_secs(30), || {
+        let subs = b.admin().get("/admin/subscriptions").json();
+        let lag: u64 = subs[0]["partitions"]
+            .as_array()?
+            .iter()
+            .flat_map(|p| p["consumers"].as_array().cloned().unwrap_or_default())
+            .map(|c| c["lag"].as_u64().unwrap_or(u64::MAX))
+            .sum();
+        (lag == 0).then_some(())
+    });
+}
