@@ -64,11 +64,12 @@ echo "== evmesh-client public API"
 PATH="$TOOLS/bin:$PATH" cargo public-api -p evmesh-client -sss 2>/dev/null | diff -u client/public-api.txt - ||
     { echo "evmesh-client's public API changed: update client/public-api.txt and client/CHANGELOG.md"; exit 1; }
 echo "== benches and fuzz targets build"; cargo build --release --workspace --benches --bins -q
-# The TypeScript client (clients/js) against the release binary built above, and in a real
+# The TypeScript client (clients/js): its types against openapi/evmesh.yaml (openapi-typescript),
+# then its tests against the release binary built above, and in a real
 # headless browser (Debian's chromium, driven by puppeteer-core).
 echo "== TypeScript client"
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
-(cd clients/js && npm ci --no-audit --no-fund -s && npm run -s build && EVMESH_BIN="$CARGO_TARGET_DIR/release/evmesh" npm test)
+(cd clients/js && npm ci --no-audit --no-fund -s && npm run -s build && npm run -s typecheck && EVMESH_BIN="$CARGO_TARGET_DIR/release/evmesh" npm test)
 # Tests that need the Kafka broker, Python or Node are #[ignore]d in a plain `cargo test`;
 # everything they need is installed and started above, so they run here.
 echo "== tests"

@@ -16,7 +16,7 @@ export type ExtensionValue = string | number | boolean;
  */
 export interface CloudEvent {
   /** Always `"1.0"`. */
-  specversion: string;
+  specversion: "1.0";
   /** Unique per `source`; what consumers dedupe on. */
   id: string;
   /** A URI reference naming where the event happened. */
@@ -24,17 +24,17 @@ export interface CloudEvent {
   /** The kind of event, e.g. `com.shop.order.created`. */
   type: string;
   /** The media type of `data` (JSON when absent and `data` is not a string). */
-  datacontenttype?: string;
+  datacontenttype?: string | null;
   /** A URI naming the schema `data` adheres to. */
-  dataschema?: string;
+  dataschema?: string | null;
   /** What in `source` the event is about. */
-  subject?: string;
+  subject?: string | null;
   /** When it happened, RFC 3339. */
-  time?: string;
+  time?: string | null;
   /** The payload: any JSON value (or text for a non-JSON `datacontenttype`). */
   data?: unknown;
   /** A binary payload, base64 (instead of `data`). */
-  data_base64?: string;
+  data_base64?: string | null;
   /** Extension attributes (string, number or boolean values). */
   [extension: string]: unknown;
 }
@@ -66,7 +66,7 @@ export function toBinary(event: CloudEvent): { headers: Record<string, string>; 
     }
     headers[`ce-${name}`] = percentEncode(String(value));
   }
-  const ct = event.datacontenttype;
+  const ct = event.datacontenttype ?? undefined;
   let body: Uint8Array<ArrayBuffer> = new Uint8Array(0);
   let contentType: string | undefined = ct;
   if (typeof event.data_base64 === "string") {
