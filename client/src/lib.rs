@@ -57,3 +57,8 @@ pub use token::{Refresh, RefreshFuture, Token};
 
 /// The `cloudevents-sdk` crate, whose `Event` this client sends and receives.
 pub use cloudevents;
+
+/// The README's example, compiled by `cargo test` (doctests) so that it works as written.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
