@@ -515,15 +515,18 @@ impl Task {
             Err(e) => return refused(e),
         };
         self.state.send_replace(ConnectionState::Connected { url: url.to_string() });
+        let mut heard = tokio::time::Instant::now();
+        let mut silence = tokio::time::interval(WS_SILENCE / 5);
         loop {
             tokio::select! {
                 // Deliveries first: acks wait while more frames are already here, so one ack
                 // message carries all a burst brought (and the broker reads one, not many).
                 biased;
-                msg = tokio::time::timeout(WS_SILENCE, ws.next()) => match msg.unwrap_or_else(|_| Some(Err(silent()))) {
+                msg = ws.next() => match msg {
                     None => return retry("the connection closed".into(), true),
                     Some(Err(e)) => return retry(format!("reading: {e}"), true),
                     Some(Ok(Message::Text(t))) => {
+                        heard = tokio::time::Instant::now();
                         if self.deliver(t.as_bytes()).await.is_err() {
                             return self.close_websocket(&mut ws).await;
                         }
@@ -532,19 +535,23 @@ impl Task {
                         let (code, reason) = frame.map_or((1005, String::new()), |f| (u16::from(f.code), f.reason.to_string()));
                         return self.closed(code, reason).await;
                     }
-                    Some(Ok(_)) => {}
+                    // Pings (the broker's keepalive) and pongs count as heard.
+                    Some(Ok(_)) => heard = tokio::time::Instant::now(),
                 },
                 Some(first) = self.acks.recv() => {
                     let mut s = self.drain_acks(first);
-                    for (ids, kind) in [(std::mem::take(&mut s.acks), "ack"), (std::mem::take(&mut s.nacks), "nack")] {
-                        for ids in ids.chunks(ACK_BATCH) {
-                            let frame = serde_json::json!({ "type": kind, "ids": ids }).to_string();
-                            if let Err(e) = ws.send(Message::text(frame)).await {
-                                return retry(format!("sending {kind}s: {e}"), true);
-                            }
-                        }
+                    let (acks, nacks) = (std::mem::take(&mut s.acks), std::mem::take(&mut s.nacks));
+                    if let Err(e) = send_settled(&mut ws, acks, nacks).await {
+                        return retry(e, true);
                     }
                     self.post_stale(Some(&url), &mut s).await;
+                }
+                // Liveness is checked every few seconds against the last frame heard, rather
+                // than with a timer made and dropped for every delivery.
+                _ = silence.tick() => {
+                    if heard.elapsed() >= WS_SILENCE {
+                        return retry(format!("reading: {}", silent()), true);
+                    }
                 }
                 () = self.out.closed() => return self.close_websocket(&mut ws).await,
             }
@@ -552,40 +559,25 @@ impl Task {
     }
 
     /// Closing (the consumer closed or dropped): the acks and nacks given so far go out first,
-    /// then the close, and the broker's answer to it is awaited (at most 2 s) so that it has
-    /// read them.
+    /// then the close, and the broker's answer to it is awaited (at most 2 s in all) so that
+    /// it has read them; acks of sessions that ended before go over HTTP, as they would have.
     async fn close_websocket(&mut self, ws: &mut crate::client::Ws) -> End {
-        if let Ok(first) = self.acks.try_recv() {
-            let s = self.drain_acks(first);
-            let closing = async {
-                for (ids, kind) in [(s.acks, "ack"), (s.nacks, "nack")] {
-                    for ids in ids.chunks(ACK_BATCH) {
-                        let _ =
-                            ws.send(Message::text(serde_json::json!({ "type": kind, "ids": ids }).to_string())).await;
-                    }
+        let mut s = match self.acks.try_recv() {
+            Ok(first) => self.drain_acks(first),
+            Err(_) => Settled::default(),
+        };
+        let (acks, nacks) = (std::mem::take(&mut s.acks), std::mem::take(&mut s.nacks));
+        let closing = async {
+            let _ = send_settled(ws, acks, nacks).await;
+            let _ = ws.close(None).await;
+            while let Some(Ok(m)) = ws.next().await {
+                if m.is_close() {
+                    break;
                 }
-                let _ = ws.close(None).await;
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_close() {
-                        break;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(2), closing).await;
-            // Acks of sessions that ended before go over HTTP, as they would have.
-            let mut s = Settled { stale_acks: s.stale_acks, stale_nacks: s.stale_nacks, ..Settled::default() };
-            self.post_stale(None, &mut s).await;
-        } else {
-            let closing = async {
-                let _ = ws.close(None).await;
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_close() {
-                        break;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(2), closing).await;
-        }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), closing).await;
+        self.post_stale(None, &mut s).await;
         End::Stopped
     }
 
@@ -746,6 +738,21 @@ struct Settled {
     nacks: Vec<String>,
     stale_acks: Vec<String>,
     stale_nacks: Vec<String>,
+}
+
+/// Sends acks and nacks as WebSocket messages of at most `ACK_BATCH` ids each.
+async fn send_settled(
+    ws: &mut crate::client::Ws,
+    acks: Vec<String>,
+    nacks: Vec<String>,
+) -> std::result::Result<(), String> {
+    for (ids, kind) in [(acks, "ack"), (nacks, "nack")] {
+        for ids in ids.chunks(ACK_BATCH) {
+            let frame = serde_json::json!({ "type": kind, "ids": ids }).to_string();
+            ws.send(Message::text(frame)).await.map_err(|e| format!("sending {kind}s: {e}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The error of a WebSocket that stayed silent past `WS_SILENCE`.

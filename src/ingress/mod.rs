@@ -210,6 +210,9 @@ impl Handler for Traffic {
 
 /// The `Access-Control-Allow-Origin` for a request's `Origin`, when `allowed` lets it in.
 fn cors_origin(allowed: &[String], origin: Option<&[u8]>) -> Option<String> {
+    if allowed.is_empty() {
+        return None;
+    }
     let origin = std::str::from_utf8(origin?).ok()?.trim();
     if allowed.iter().any(|a| a == "*") {
         return Some("*".to_owned());
