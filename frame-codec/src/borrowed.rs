@@ -16,6 +16,7 @@ use rkyv::{Archive, Place, Serialize};
 pub struct Text<'a>(pub Cow<'a, str>);
 
 impl Text<'_> {
+    /// The string, borrowed or unescaped.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -22,8 +22,11 @@
 
 use crate::FrameError;
 
+/// The four bytes every frame starts with: `EMFR`.
 pub const MAGIC: [u8; 4] = *b"EMFR";
+/// The header version this crate writes and the only one it reads.
 pub const VERSION: u8 = 1;
+/// The length of the fixed header in bytes; the rkyv body starts here.
 pub const HEADER_LEN: usize = 40;
 
 const DATA_KIND_MASK: u16 = 0b11;
@@ -32,10 +35,16 @@ const DATA_KIND_MASK: u16 = 0b11;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum FrameKind {
+    /// A published CloudEvent.
     Event = 1,
+    /// A request-reply request: an event that waits for one reply, its deadline in `sequence`.
     Request = 2,
+    /// A reply to a [`FrameKind::Request`].
     Reply = 3,
+    /// An agent streaming call's turn: its data is the prompt.
     StreamRequest = 4,
+    /// One chunk of the answer to a [`FrameKind::StreamRequest`], its place in the turn in
+    /// `sequence`.
     StreamChunk = 5,
 }
 
@@ -80,11 +89,18 @@ impl DataKind {
 /// The decoded fixed header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
+    /// What the frame carries.
     pub kind: FrameKind,
+    /// How the body's data bytes are rendered (flags bits 0-1).
     pub data_kind: DataKind,
+    /// The topic partition the event is stored in; 0 until the router chooses one.
     pub partition: u32,
+    /// The event's offset in its partition; 0 until the owning shard assigns one.
     pub offset: u64,
+    /// When the event was published, microseconds since the Unix epoch; 0 until stamped.
     pub timestamp_us: i64,
+    /// Depends on the kind: a `Request`'s deadline (µs since the Unix epoch), a `StreamChunk`'s
+    /// `emseq`, otherwise 0.
     pub sequence: u64,
 }
 

@@ -10,6 +10,8 @@
 //! [`Frame::encode`] or validated by [`Frame::decode`], which is what lets [`Frame::body`] skip
 //! validation (see `access.rs`, the one module with `unsafe`).
 
+#![deny(missing_docs)]
+
 mod access;
 mod borrowed;
 mod header;
@@ -43,7 +45,10 @@ pub enum AttrValueOf<S> {
     archive_bounds(S::Archived: std::fmt::Debug, <AttrValueOf<S> as Archive>::Archived: std::fmt::Debug)
 )]
 pub struct AttributeOf<S> {
+    /// The attribute name (`id`, `type`, an extension such as `partitionkey`); a binary-mode
+    /// header's `ce-` prefix is not part of it.
     pub name: S,
+    /// The attribute value, in the JSON type it arrived with.
     pub value: AttrValueOf<S>,
 }
 
@@ -53,22 +58,33 @@ pub struct AttributeOf<S> {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 #[rkyv(derive(Debug), archive_bounds(S::Archived: std::fmt::Debug, A::Archived: std::fmt::Debug, D::Archived: std::fmt::Debug))]
 pub struct FrameBodyOf<S, A, D> {
+    /// The topic the event was published to.
     pub topic: S,
+    /// The CloudEvents context attributes and extensions, in arrival order.
     pub attributes: A,
+    /// The event data as raw bytes; empty when the header's [`DataKind`] is `None`.
     pub data: D,
 }
 
+/// An owned attribute value.
 pub type AttrValue = AttrValueOf<String>;
+/// An owned attribute.
 pub type Attribute = AttributeOf<String>;
+/// An owned frame body, as [`Frame::encode`] takes and [`Frame::to_body`] returns.
 pub type FrameBody = FrameBodyOf<String, Vec<Attribute>, Vec<u8>>;
+/// An attribute value as archived in a frame, read in place.
 pub type ArchivedAttrValue = ArchivedAttrValueOf<String>;
+/// An attribute as archived in a frame, read in place.
 pub type ArchivedAttribute = ArchivedAttributeOf<String>;
+/// A frame body as archived after the header, read in place ([`Frame::body`]).
 pub type ArchivedFrameBody = ArchivedFrameBodyOf<String, Vec<Attribute>, Vec<u8>>;
 
 /// A body borrowed from the bytes it was parsed from (strings with JSON escapes are the only
 /// owned parts): encoding it allocates nothing but the frame.
 pub type FrameBodyRef<'a> = FrameBodyOf<Text<'a>, Slice<'a, AttributeRef<'a>>, Bytes<'a>>;
+/// An attribute borrowed from the bytes it was parsed from.
 pub type AttributeRef<'a> = AttributeOf<Text<'a>>;
+/// An attribute value borrowed from the bytes it was parsed from.
 pub type AttrValueRef<'a> = AttrValueOf<Text<'a>>;
 
 pub use borrowed::{Bytes, Slice, Text};
@@ -91,18 +107,30 @@ impl ArchivedFrameBody {
 /// Why bytes are not a frame.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FrameError {
+    /// Fewer than [`HEADER_LEN`] bytes; holds the length there was.
     #[error("frame shorter than its {HEADER_LEN}-byte header ({0} bytes)")]
     Short(usize),
+    /// The first four bytes are not [`MAGIC`].
     #[error("bad frame magic")]
     Magic,
+    /// A header version other than [`VERSION`]; holds the version byte.
     #[error("unsupported frame version {0}")]
     Version(u8),
+    /// A kind byte that is no [`FrameKind`]; holds the byte.
     #[error("unknown frame kind {0}")]
     Kind(u8),
+    /// The header's body length is not the number of bytes after the header.
     #[error("body length {declared} does not match the {actual} bytes present")]
-    BodyLength { declared: u32, actual: usize },
+    BodyLength {
+        /// The body length the header states, in bytes.
+        declared: u32,
+        /// The bytes actually present after the header.
+        actual: usize,
+    },
+    /// The body is not a valid rkyv archive of a [`FrameBody`] (bytecheck's message).
     #[error("frame body failed validation: {0}")]
     Body(String),
+    /// The body could not be archived, or its archive is 4 GiB or more.
     #[error("frame body could not be encoded: {0}")]
     Encode(String),
 }

@@ -7,6 +7,8 @@
 //! `evmesh::adaptor`, `evmesh::subscription::{cesql, filter}`) and owns the sockets, buffers and
 //! shard state that drive them.
 
+#![deny(missing_docs)]
+
 pub mod adaptor;
 pub mod http;
 pub mod subscription;

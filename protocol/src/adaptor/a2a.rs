@@ -23,19 +23,33 @@ pub const MAX_PARTS: usize = 64;
 /// What went wrong, as A2A and JSON-RPC name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
+    /// No task with that id, or none the caller may see (-32001, 404).
     TaskNotFound,
+    /// The task cannot be canceled in its current state (-32002, 400).
     TaskNotCancelable,
+    /// Push notifications were asked for; this gateway offers none (-32003).
     PushNotificationNotSupported,
+    /// A known operation, or an aspect of one, that is not offered here (-32004).
     UnsupportedOperation,
+    /// A media type in the message's parts that the agent does not accept (-32005, 400).
     ContentTypeNotSupported,
+    /// The agent answered with something that is not a valid response (-32006, 500).
     InvalidAgentResponse,
+    /// The extended agent card was asked for and none is configured (-32007).
     ExtendedAgentCardNotConfigured,
+    /// The agent requires an extension the client did not declare (-32008).
     ExtensionSupportRequired,
+    /// An `A2A-Version` this gateway does not serve (-32009).
     VersionNotSupported,
+    /// JSON-RPC parse error: the body is not valid JSON (-32700, 400).
     Parse,
+    /// JSON-RPC invalid request: not a valid request object, or a batch (-32600, 400).
     InvalidRequest,
+    /// JSON-RPC method not found (-32601, 404).
     MethodNotFound,
+    /// JSON-RPC invalid params: the method's parameters are missing or wrong (-32602, 400).
     InvalidParams,
+    /// JSON-RPC internal error (-32603, 500).
     Internal,
     /// The broker's own refusal (401, 403, 429, 503): JSON-RPC's internal error, REST its status.
     Broker(u16),
@@ -102,22 +116,27 @@ impl ErrorKind {
 /// An error to answer with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct A2aError {
+    /// What went wrong: gives the JSON-RPC code, the `ErrorInfo` reason and the HTTP status.
     pub kind: ErrorKind,
+    /// A human-readable explanation: the JSON-RPC `message`, the REST `google.rpc.Status` one.
     pub message: String,
     /// `ErrorInfo.metadata` (string map).
     pub metadata: Vec<(&'static str, String)>,
 }
 
 impl A2aError {
+    /// An error of `kind` with `message` and no metadata.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> A2aError {
         A2aError { kind, message: message.into(), metadata: Vec::new() }
     }
 
+    /// Adds a `key`: `value` pair to the `ErrorInfo` metadata.
     pub fn with(mut self, key: &'static str, value: impl Into<String>) -> A2aError {
         self.metadata.push((key, value.into()));
         self
     }
 
+    /// `TaskNotFound` for the task `id` (in the metadata as `taskId`).
     pub fn task_not_found(id: &str) -> A2aError {
         A2aError::new(ErrorKind::TaskNotFound, "Task not found").with("taskId", id)
     }
@@ -174,11 +193,18 @@ pub fn negotiate(version: Option<&str>) -> Result<(), A2aError> {
 /// The JSON-RPC methods served (A2A 1.0's PascalCase names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
+    /// Sends a message to the agent: a new task, or the next turn of one waiting for input.
     SendMessage,
+    /// As `SendMessage`, answered by a stream of the task and its status and artifact updates
+    /// (server-sent events).
     SendStreamingMessage,
+    /// The current state of a task, with up to `historyLength` messages of its history.
     GetTask,
+    /// The caller's tasks, filtered and paged.
     ListTasks,
+    /// Asks for a task to be canceled.
     CancelTask,
+    /// Streams an unfinished task's updates, as `SendStreamingMessage` does.
     SubscribeToTask,
     /// Push notification configs and the extended card: known, not offered by evmesh's cards.
     Unsupported(&'static str),
@@ -208,7 +234,9 @@ impl Method {
 pub struct RpcRequest<'a> {
     /// A string, a number or null (echoed in the answer).
     pub id: Json,
+    /// The method called.
     pub method: Method,
+    /// The `params` member as sent, read by the method's parser (`parse_send`, ...).
     pub params: Option<&'a RawValue>,
 }
 
@@ -251,11 +279,14 @@ pub fn parse_rpc(body: &[u8]) -> Result<RpcRequest<'_>, (Json, A2aError)> {
 /// A message's author.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// The client (`ROLE_USER`).
     User,
+    /// The agent (`ROLE_AGENT`).
     Agent,
 }
 
 impl Role {
+    /// The ProtoJSON enum name: `ROLE_USER` or `ROLE_AGENT`.
     pub fn as_str(self) -> &'static str {
         match self {
             Role::User => "ROLE_USER",
@@ -267,8 +298,11 @@ impl Role {
 /// A client's message, checked (its JSON kept to be echoed in the task's history).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
+    /// The client's `messageId` (not empty).
     pub message_id: String,
+    /// The `contextId` the message continues, if it names one.
     pub context_id: Option<String>,
+    /// The `taskId` the message continues (a task waiting for input), if it names one.
     pub task_id: Option<String>,
     /// The message as sent (ProtoJSON), for the task's history.
     pub json: Json,
@@ -328,10 +362,12 @@ pub fn check_message(m: &Json) -> Result<Message, A2aError> {
 /// A `SendMessage` / `SendStreamingMessage` request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SendMessage {
+    /// The message sent, checked.
     pub message: Message,
     /// `configuration.returnImmediately`: answer with the task at once.
     pub return_immediately: bool,
-    /// `configuration.historyLength`.
+    /// `configuration.historyLength`: the most history messages the answer's task carries
+    /// (`None`: all kept).
     pub history_length: Option<usize>,
 }
 
@@ -379,12 +415,17 @@ pub fn parse_task_id(params: Option<&RawValue>) -> Result<(String, Option<usize>
 /// `ListTasks` params (or the REST query's).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ListTasks {
+    /// Only the tasks of this `contextId`.
     pub context_id: Option<String>,
+    /// Only the tasks in this state (`TASK_STATE_UNSPECIFIED` reads as `None`: any).
     pub status: Option<TaskState>,
+    /// Tasks per page, 1 to 100 (50 by default).
     pub page_size: usize,
     /// An offset into the sorted list (the opaque `pageToken` is its decimal form).
     pub offset: usize,
+    /// `historyLength`: the most history messages each task carries (`None`: all kept).
     pub history_length: Option<usize>,
+    /// `includeArtifacts`: whether each task carries its artifacts (not by default).
     pub include_artifacts: bool,
 }
 
@@ -420,17 +461,26 @@ pub fn parse_list(params: Option<&RawValue>) -> Result<ListTasks, A2aError> {
 /// A task's state (P L187-208).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskState {
+    /// Received, not yet being worked on.
     Submitted,
+    /// The agent is working on it.
     Working,
+    /// The agent waits for the client's next message (the task goes on with it).
     InputRequired,
+    /// The agent waits for the client to authenticate.
     AuthRequired,
+    /// Finished successfully (terminal).
     Completed,
+    /// Finished with an error (terminal).
     Failed,
+    /// Canceled before it finished (terminal).
     Canceled,
+    /// The agent declined the task (terminal).
     Rejected,
 }
 
 impl TaskState {
+    /// The ProtoJSON enum name, `TASK_STATE_SUBMITTED` and so on.
     pub fn as_str(self) -> &'static str {
         match self {
             TaskState::Submitted => "TASK_STATE_SUBMITTED",
@@ -444,6 +494,8 @@ impl TaskState {
         }
     }
 
+    /// The state a ProtoJSON enum name (as [`TaskState::as_str`] gives) names; `None` for any
+    /// other string, `TASK_STATE_UNSPECIFIED` included.
     pub fn named(s: &str) -> Option<TaskState> {
         [
             TaskState::Submitted,
@@ -474,14 +526,20 @@ impl TaskState {
 /// A task as the gateway keeps it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {
+    /// The task's `id`, assigned by the gateway: what `GetTask` and `CancelTask` name.
     pub id: String,
+    /// The `contextId`: the conversation the task belongs to (the client's, or a new one).
     pub context_id: String,
+    /// The current `status.state`.
     pub state: TaskState,
     /// The status message (an agent's message, ProtoJSON), if any.
     pub status_message: Option<Json>,
     /// RFC 3339 UTC with milliseconds.
     pub timestamp: String,
+    /// The artifacts the agent produced (ProtoJSON `Artifact`s), in order.
     pub artifacts: Vec<Json>,
+    /// The messages of the task, oldest first (ProtoJSON `Message`s, the client's and the
+    /// agent's).
     pub history: Vec<Json>,
     /// Bytes of the parts in `artifacts` (not rendered: what bounds them).
     pub artifact_bytes: usize,

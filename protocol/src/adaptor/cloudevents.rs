@@ -43,8 +43,11 @@ fn invalid(msg: impl Into<String>) -> CeError {
 /// How the request body is to be read, decided from its content type and headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
+    /// Structured mode: the body is one JSON event (`application/cloudevents+json`).
     Structured,
+    /// Batched mode: the body is a JSON array of events (`application/cloudevents-batch+json`).
     Batch,
+    /// Binary mode: attributes in `ce-*` headers, the body is the data.
     Binary,
 }
 
@@ -639,6 +642,8 @@ pub fn write_binary(frame: &Frame) -> (Vec<(String, String)>, Option<String>, Ve
 /// `em*` extensions (a publisher's own of those names dropped), `X-Em-Timestamp` and, with a
 /// secret, `X-Em-Signature`. Any 2xx is done.
 pub struct BinaryPush {
+    /// The sink's HMAC key: with one, each push carries `X-Em-Signature` (see
+    /// [`webhook::signature`](super::webhook::signature)); without, it is unsigned.
     pub secret: Option<String>,
 }
 

@@ -23,8 +23,12 @@ use super::cloudevents::{check_event, is_json, is_json_media, is_text_media, CeE
 /// A Kafka record's parts, as the storage backend hands them to the client library.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Record {
+    /// The record key: the event's `partitionkey`, if it has one.
     pub key: Option<Vec<u8>>,
+    /// The record headers: `ce_<attribute>` in attribute order (`datacontenttype` as
+    /// `content-type`), then evmesh's own `evmesh_*`.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The record value: the event data (empty when there is none).
     pub value: Vec<u8>,
     /// Milliseconds since the epoch (the record's CreateTime).
     pub timestamp_ms: i64,

@@ -38,8 +38,11 @@ pub mod code {
     pub const PUSH_SYNC: u16 = 106;
     /// One message of a batch (`msg` instead of `content`).
     pub const BATCH_V2: u16 = 107;
+    /// A client's heartbeat: answered with success once its headers check out.
     pub const HEARTBEAT: u16 = 203;
+    /// A subscribe: push a consumer group's topics to a `url`.
     pub const SUBSCRIBE: u16 = 206;
+    /// An unsubscribe: stop pushing a group's topics to a `url`.
     pub const UNSUBSCRIBE: u16 = 207;
     /// A reply to a sync send.
     pub const REPLY: u16 = 301;
@@ -47,26 +50,43 @@ pub mod code {
 
 /// `EventMeshRetCode`: the `retCode` of an answer.
 pub mod ret {
+    /// Success.
     pub const SUCCESS: u16 = 0;
+    /// Overloaded, try later (the broker's 503).
     pub const OVERLOAD: u16 = 1;
+    /// The `code` header is missing, not a number, or names no request served here (or the
+    /// request is not a POST).
     pub const REQUEST_CODE_INVALID: u16 = 2;
+    /// A sync send could not be sent.
     pub const SEND_SYNC_ERR: u16 = 3;
+    /// A sync send's reply did not come (the `ttl` passed, or the requester left).
     pub const WAITING_REPLY_ERR: u16 = 4;
+    /// A required header is missing or invalid (`idc`, `sys`, a numeric `pid`, `protocoltype`).
     pub const HEADER_ERR: u16 = 6;
+    /// The form or JSON body is malformed, misses a field, or carries an invalid event.
     pub const BODY_ERR: u16 = 7;
+    /// The message is larger than the broker accepts (the broker's 413).
     pub const BODY_SIZE_ERR: u16 = 8;
+    /// A send could not be accepted or stored.
     pub const SEND_ASYNC_ERR: u16 = 15;
+    /// A reply (code 301) could not be delivered to its requester.
     pub const REPLY_ERR: u16 = 16;
+    /// Any other failure inside the broker.
     pub const RUNTIME_ERR: u16 = 18;
+    /// A subscribe or unsubscribe could not be applied.
     pub const SUBSCRIBE_ERR: u16 = 19;
+    /// Not authenticated or not permitted (the broker's 401 and 403).
     pub const ACL_ERR: u16 = 22;
+    /// A rate or quota limit was hit (the broker's 429).
     pub const OVER_LIMIT: u16 = 23;
 }
 
 /// A refused classic request: its `retCode` and `retMsg`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
+    /// The `retCode` to answer with, one of [`ret`].
     pub ret: u16,
+    /// The `retMsg`: what is wrong, in EventMesh's wording (`eventMesh protocol[body] error: ...`).
     pub msg: String,
 }
 
@@ -185,11 +205,18 @@ pub fn check_protocol_type(protocol_type: Option<&[u8]>) -> Result<(), Refused> 
 /// One message of a send, as its form (or a batch's element) carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message<'f> {
+    /// The topic as the sender named it; also the event's `subject`.
     pub topic: &'f str,
+    /// The message body, stored as the event's text data (may be empty).
     pub content: &'f str,
+    /// The business sequence number: the event's `id`, and kept as an extension.
     pub bizseqno: &'f str,
+    /// The message's unique id, kept as an extension.
     pub uniqueid: &'f str,
+    /// Time to live in milliseconds, as sent (a sync send's reply timeout, required there),
+    /// kept as an extension.
     pub ttl: Option<&'f str>,
+    /// An optional tag, kept as an extension.
     pub tag: Option<&'f str>,
     /// `extFields`, each an extension attribute.
     pub ext: Vec<(String, String)>,
@@ -405,18 +432,24 @@ pub const MAX_SUBSCRIBE_TOPICS: usize = 16;
 /// `BROADCASTING`, `type` `ASYNC` (the default, pushed with code 105) or `SYNC` (106).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct SubscriptionItem {
+    /// The topic subscribed to.
     pub topic: String,
+    /// `CLUSTERING` (each event to one of the group's URLs) or `BROADCASTING` (each event to
+    /// every URL); `None` is clustering.
     #[serde(default)]
     pub mode: Option<String>,
+    /// `ASYNC` or `SYNC` (JSON `type`): which push code the subscriber gets; `None` is async.
     #[serde(default, rename = "type")]
     pub kind: Option<String>,
 }
 
 impl SubscriptionItem {
+    /// Whether the mode is `BROADCASTING`: every URL of the group gets every event.
     pub fn broadcasting(&self) -> bool {
         self.mode.as_deref() == Some("BROADCASTING")
     }
 
+    /// Whether the type is `SYNC`: pushed with code 106 rather than 105.
     pub fn sync(&self) -> bool {
         self.kind.as_deref() == Some("SYNC")
     }
@@ -426,8 +459,11 @@ impl SubscriptionItem {
 /// `/eventmesh/unsubscribe/local`, whose topics are plain names).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscribe {
+    /// The subscriber's URL, where events are pushed (trimmed, not blank).
     pub url: String,
+    /// The `consumerGroup` (trimmed, not blank): URLs of one group share its subscriptions.
     pub group: String,
+    /// The topics, one to [`MAX_SUBSCRIBE_TOPICS`] (an unsubscribe's with only their names).
     pub items: Vec<SubscriptionItem>,
 }
 
@@ -573,6 +609,7 @@ pub fn push_form(frame: &Frame, topic: &str, random_no: &str) -> Vec<u8> {
 pub struct PushForm {
     /// The topic as the subscriber named it.
     pub topic: String,
+    /// Whether the subscription is `type: SYNC`: pushed with code 106 rather than 105.
     pub sync: bool,
 }
 

@@ -28,9 +28,13 @@ pub trait PushWire {
 /// a signature covers), and the time (Unix seconds).
 #[derive(Debug, Clone, Copy)]
 pub struct PushContext<'a> {
+    /// The id the subscriber acks with, `partition:offset:attempt`.
     pub delivery_id: &'a str,
+    /// Which attempt this push is, 1 for the first.
     pub attempt: u16,
+    /// The request target of the subscriber's URL: path and query.
     pub target: &'a str,
+    /// The time of the push, seconds since the Unix epoch (a webhook push's `X-Em-Timestamp`).
     pub now_s: u64,
 }
 

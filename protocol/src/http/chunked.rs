@@ -93,6 +93,7 @@ fn too_large(detail: &'static str) -> HttpError {
 }
 
 impl ChunkedScanner {
+    /// A scanner at the start of a chunked body, held to `limits`.
     pub fn new(limits: ChunkedLimits) -> Self {
         ChunkedScanner {
             limits,

@@ -10,7 +10,9 @@ use super::{HttpError, Status, StatusCode};
 pub enum ResponseBody {
     /// None at all: 1xx, 204, 304, or the answer to a HEAD.
     Empty,
+    /// Exactly this many bytes (`Content-Length`).
     Length(usize),
+    /// `Transfer-Encoding: chunked`.
     Chunked,
     /// Until the server closes the connection (no length given; the connection is not reused).
     UntilClose,
@@ -19,8 +21,11 @@ pub enum ResponseBody {
 /// A parsed response head. Header positions index the parsed buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseHead {
+    /// The status code, 100 to 599.
     pub status: u16,
+    /// The header fields, in arrival order.
     pub headers: Vec<super::HeaderPos>,
+    /// How the body that follows the head is framed.
     pub body: ResponseBody,
     /// Whether the connection may carry another request after this response's body.
     pub keep_alive: bool,

@@ -31,7 +31,10 @@ pub enum Status<T> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{status}: {detail}")]
 pub struct HttpError {
+    /// The status to answer with: a 4xx for a malformed or over-limit request, a 5xx for one
+    /// the server does not implement.
     pub status: StatusCode,
+    /// A short, fixed explanation (`"missing Host header"`): the problem body's `detail`.
     pub detail: &'static str,
 }
 

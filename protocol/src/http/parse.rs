@@ -27,53 +27,79 @@ impl Default for Limits {
     }
 }
 
+/// The request method. Only the ones the broker routes on are told apart; any other valid token
+/// is [`Method::Other`] (its text is [`Head::method_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
+    /// The GET method.
     Get,
+    /// The HEAD method: a GET whose response is sent without its body.
     Head,
+    /// The POST method.
     Post,
+    /// The PUT method.
     Put,
+    /// The DELETE method.
     Delete,
+    /// The OPTIONS method (CORS preflight).
     Options,
+    /// Any other method token (methods are case-sensitive, so `get` is one too).
     Other,
 }
 
 /// Where one header's name and value sit in the buffer (value with surrounding whitespace cut).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderPos {
+    /// Start and end (exclusive) of the field name.
     pub name: (u32, u32),
+    /// Start and end (exclusive) of the field value, without leading or trailing spaces and tabs.
     pub value: (u32, u32),
 }
 
 /// How the body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyKind {
+    /// A body of exactly this many bytes (`Content-Length`, or 0 without one), at most
+    /// [`Limits::max_body_bytes`].
     Length(usize),
+    /// `Transfer-Encoding: chunked`: read it with a [`ChunkedScanner`](super::ChunkedScanner).
     Chunked,
 }
 
 /// A parsed request head. Positions index the buffer that was parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
+    /// The method, as far as the broker tells methods apart.
     pub method: Method,
+    /// Start and end (exclusive) of the method token.
     pub method_pos: (u32, u32),
+    /// Start and end (exclusive) of the request target (path and query, visible ASCII only).
     pub target: (u32, u32),
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor: u8,
+    /// The header fields, in arrival order.
     pub headers: Vec<HeaderPos>,
+    /// How the body is framed.
     pub body: BodyKind,
+    /// Whether the connection may stay open after the response: HTTP/1.1 unless `Connection:
+    /// close`, HTTP/1.0 only with `Connection: keep-alive`.
     pub keep_alive: bool,
+    /// Whether the client sent `Expect: 100-continue` (HTTP/1.1 only) and waits for a
+    /// `100 Continue` before sending the body.
     pub expect_continue: bool,
     /// Bytes taken by the head, including the blank line.
     pub len: usize,
 }
 
 impl Head {
+    /// The request target (path and query) as text; `buf` is the buffer that was parsed.
     pub fn target<'b>(&self, buf: &'b [u8]) -> &'b str {
         // The parser only admits visible ASCII in the target.
         std::str::from_utf8(&buf[self.target.0 as usize..self.target.1 as usize]).unwrap_or("")
     }
 
+    /// The method token as sent (`GET`, or an [`Method::Other`] such as `PATCH`); `buf` is the
+    /// buffer that was parsed.
     pub fn method_str<'b>(&self, buf: &'b [u8]) -> &'b str {
         std::str::from_utf8(&buf[self.method_pos.0 as usize..self.method_pos.1 as usize]).unwrap_or("")
     }

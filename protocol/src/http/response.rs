@@ -6,29 +6,53 @@ use std::borrow::Cow;
 pub struct StatusCode(pub u16);
 
 impl StatusCode {
+    /// 100 Continue: the client may send the body it announced with `Expect: 100-continue`.
     pub const CONTINUE: StatusCode = StatusCode(100);
+    /// 101 Switching Protocols: the answer to an accepted WebSocket upgrade.
     pub const SWITCHING_PROTOCOLS: StatusCode = StatusCode(101);
+    /// 200 OK.
     pub const OK: StatusCode = StatusCode(200);
+    /// 202 Accepted: taken in, not yet processed.
     pub const ACCEPTED: StatusCode = StatusCode(202);
+    /// 204 No Content: success with no body (no `content-length` is written).
     pub const NO_CONTENT: StatusCode = StatusCode(204);
+    /// 400 Bad Request: malformed syntax or an invalid event.
     pub const BAD_REQUEST: StatusCode = StatusCode(400);
+    /// 401 Unauthorized: no valid credentials.
     pub const UNAUTHORIZED: StatusCode = StatusCode(401);
+    /// 403 Forbidden: valid credentials without the permission needed.
     pub const FORBIDDEN: StatusCode = StatusCode(403);
+    /// 404 Not Found.
     pub const NOT_FOUND: StatusCode = StatusCode(404);
+    /// 405 Method Not Allowed: the path exists but not with this method.
     pub const METHOD_NOT_ALLOWED: StatusCode = StatusCode(405);
+    /// 408 Request Timeout: the request did not arrive in time.
     pub const REQUEST_TIMEOUT: StatusCode = StatusCode(408);
+    /// 409 Conflict: the request clashes with the current state (an existing name, say).
     pub const CONFLICT: StatusCode = StatusCode(409);
+    /// 413 Content Too Large: the body exceeds its limit.
     pub const PAYLOAD_TOO_LARGE: StatusCode = StatusCode(413);
+    /// 415 Unsupported Media Type: a `Content-Type` the endpoint does not accept.
     pub const UNSUPPORTED_MEDIA_TYPE: StatusCode = StatusCode(415);
+    /// 417 Expectation Failed: an `Expect` other than `100-continue`.
     pub const EXPECTATION_FAILED: StatusCode = StatusCode(417);
+    /// 429 Too Many Requests: a rate or quota limit was hit.
     pub const TOO_MANY_REQUESTS: StatusCode = StatusCode(429);
+    /// 431 Request Header Fields Too Large: the head exceeds its byte or field limit.
     pub const HEADERS_TOO_LARGE: StatusCode = StatusCode(431);
+    /// 500 Internal Server Error.
     pub const INTERNAL: StatusCode = StatusCode(500);
+    /// 501 Not Implemented: a valid request the server does not support (a transfer coding, say).
     pub const NOT_IMPLEMENTED: StatusCode = StatusCode(501);
+    /// 503 Service Unavailable: overloaded or a dependency failed; retry later.
     pub const SERVICE_UNAVAILABLE: StatusCode = StatusCode(503);
+    /// 504 Gateway Timeout: an upstream (a reply, an agent) did not answer in time.
     pub const GATEWAY_TIMEOUT: StatusCode = StatusCode(504);
+    /// 505 HTTP Version Not Supported: an HTTP version other than 1.0 or 1.1.
     pub const VERSION_NOT_SUPPORTED: StatusCode = StatusCode(505);
 
+    /// The reason phrase sent in the status line (RFC 9110 section 15); `Unknown` for a code
+    /// without one here.
     pub fn reason(self) -> &'static str {
         match self.0 {
             100 => "Continue",
@@ -74,28 +98,36 @@ impl std::fmt::Display for StatusCode {
 /// code knows no application types (the broker's is `evmesh::server::Upgrade`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response<U> {
+    /// The status line's code.
     pub status: StatusCode,
+    /// The `content-type` value; empty writes no `content-type` header.
     pub content_type: Cow<'static, str>,
+    /// Further header fields, written in this order after `content-type`. Names are lower case
+    /// (`transfer-encoding` is recognised only so).
     pub headers: Vec<(Cow<'static, str>, String)>,
+    /// The body. Its length is the `content-length`, unless a `transfer-encoding` header says
+    /// the body is streamed.
     pub body: Vec<u8>,
     /// Set on a 101: the connection stops speaking HTTP once this response is written.
     pub upgrade: Option<U>,
 }
 
 impl<U> Response<U> {
+    /// A response with a body of type `content_type` (empty for none) and no extra headers.
     pub fn new(status: StatusCode, content_type: impl Into<Cow<'static, str>>, body: impl Into<Vec<u8>>) -> Self {
         Response { status, content_type: content_type.into(), headers: Vec::new(), body: body.into(), upgrade: None }
     }
 
+    /// A response whose body is JSON (`application/json`).
     pub fn json(status: StatusCode, body: impl Into<Vec<u8>>) -> Self {
         Response::new(status, "application/json", body)
     }
 
+    /// A response with no body and no `content-type`.
     pub fn empty(status: StatusCode) -> Self {
         Response::new(status, "", Vec::new())
     }
 
-    /// A `101 Switching Protocols` to `upgrade`, with its handshake headers.
     /// A `200` whose body is a chunked stream written by whatever takes the connection over.
     /// The connection ends with the stream (`connection: close`): a client must not pool it
     /// for a next request (one did, and its next request met the shut socket).
@@ -113,6 +145,7 @@ impl<U> Response<U> {
         }
     }
 
+    /// A `101 Switching Protocols` to `upgrade`, with its handshake headers.
     pub fn switching(upgrade: U, headers: Vec<(&'static str, String)>) -> Self {
         Response {
             status: StatusCode::SWITCHING_PROTOCOLS,
@@ -123,6 +156,7 @@ impl<U> Response<U> {
         }
     }
 
+    /// Adds a header field after those already set (a lower-case name, see [`Response::headers`]).
     pub fn with_header(mut self, name: impl Into<Cow<'static, str>>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -208,9 +242,12 @@ pub mod itoa_buf {
     }
 
     impl Buf {
+        /// A zeroed buffer.
         pub fn new() -> Self {
             Buf([0; 20])
         }
+        /// Formats `v` in decimal, without leading zeros, and returns its ASCII digits (borrowed
+        /// from the buffer until the next call).
         pub fn u64(&mut self, mut v: u64) -> &[u8] {
             let mut i = 20;
             loop {

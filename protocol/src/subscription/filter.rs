@@ -21,11 +21,17 @@ use super::cesql::{self, Budget, Event, Expr, Value, Verdict};
 pub enum Filter {
     /// Every (attribute, value) pair matches exactly.
     Exact(Vec<(String, String)>),
+    /// Every named attribute is present and its value starts with the given string.
     Prefix(Vec<(String, String)>),
+    /// Every named attribute is present and its value ends with the given string.
     Suffix(Vec<(String, String)>),
+    /// Every nested filter matches (an empty list matches everything).
     All(Vec<Filter>),
+    /// At least one nested filter matches (an empty list matches nothing).
     Any(Vec<Filter>),
+    /// The nested filter does not match.
     Not(Box<Filter>),
+    /// A CESQL expression: the event matches when it evaluates to boolean true.
     Sql(Box<Expr>),
 }
 
@@ -33,7 +39,9 @@ pub enum Filter {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("filter {path}: {message}")]
 pub struct FilterError {
+    /// Where in the definition the fault is, as a JSON path (`filters[0].all[1].exact`).
     pub path: String,
+    /// What is wrong there.
     pub message: String,
 }
 

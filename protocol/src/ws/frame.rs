@@ -3,13 +3,20 @@
 use super::{CloseCode, WsError};
 use crate::http::Status;
 
+/// A frame's opcode (RFC 6455 section 5.2). The reserved opcodes are a protocol error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpCode {
+    /// 0x0: a further fragment of the message a `Text` or `Binary` frame began.
     Continuation,
+    /// 0x1: the first frame of a text message (UTF-8).
     Text,
+    /// 0x2: the first frame of a binary message.
     Binary,
+    /// 0x8: a close frame: an optional 2-byte code, then an optional UTF-8 reason.
     Close,
+    /// 0x9: a ping; the peer answers with a pong carrying the same payload.
     Ping,
+    /// 0xA: a pong, the answer to a ping (or an unsolicited heartbeat).
     Pong,
 }
 
@@ -37,6 +44,8 @@ impl OpCode {
         }
     }
 
+    /// Whether this is a control opcode (close, ping, pong): such frames may arrive between a
+    /// message's fragments, must not be fragmented, and carry at most 125 bytes.
     pub fn is_control(self) -> bool {
         matches!(self, OpCode::Close | OpCode::Ping | OpCode::Pong)
     }
@@ -45,7 +54,9 @@ impl OpCode {
 /// A decoded frame: its header fields and where its (already unmasked) payload sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHead {
+    /// The FIN bit: this frame is the last of its message.
     pub fin: bool,
+    /// The frame's opcode.
     pub opcode: OpCode,
     /// Payload bytes are `buf[payload.0..payload.1]`.
     pub payload: (usize, usize),

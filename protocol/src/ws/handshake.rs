@@ -11,8 +11,10 @@ const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /// Why an upgrade request is refused (400, or 426 for a version we do not speak).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandshakeError {
+    /// Not a valid upgrade request (400); holds what is wrong with it.
     #[error("{0}")]
     Bad(&'static str),
+    /// A `Sec-WebSocket-Version` other than 13 (426, advertising 13).
     #[error("unsupported Sec-WebSocket-Version (13 is supported)")]
     Version,
 }

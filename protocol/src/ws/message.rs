@@ -9,9 +9,13 @@ use crate::http::Status;
 /// What the reader produced from the bytes it was given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
+    /// A whole text message, its fragments joined (valid UTF-8).
     Text(String),
+    /// A whole binary message, its fragments joined.
     Binary(Vec<u8>),
+    /// A ping and its payload (at most 125 bytes), to be echoed in a pong.
     Ping(Vec<u8>),
+    /// A pong and its payload (at most 125 bytes).
     Pong(Vec<u8>),
     /// The peer's close: its code (None if the frame had no payload) and reason.
     Close(Option<u16>, String),
@@ -36,12 +40,16 @@ fn utf8_prefix_ok(bytes: &[u8], complete: bool) -> Result<usize, WsError> {
 }
 
 impl MessageReader {
+    /// A reader for a new connection. `max_message` bounds both one frame's payload and a whole
+    /// message, in bytes (1009 beyond).
     pub fn new(max_message: usize) -> Self {
         MessageReader { max_message, partial: None, checked: 0 }
     }
 
-    /// Reads the next message from the start of `buf`: `Complete((message, consumed))`, or
-    /// `Partial` once every whole frame in `buf` has been absorbed (returned as consumed bytes).
+    /// Reads the next message from the start of `buf`, unmasking frames in place: `(Some(message),
+    /// consumed)`, or `(None, consumed)` once every whole frame in `buf` has been absorbed into the
+    /// message in assembly. Either way the caller drops the first `consumed` bytes before the
+    /// next call.
     pub fn read(&mut self, buf: &mut [u8]) -> Result<(Option<Message>, usize), WsError> {
         let mut consumed = 0;
         loop {

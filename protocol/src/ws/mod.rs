@@ -18,13 +18,21 @@ pub use message::{Message, MessageReader};
 pub struct CloseCode(pub u16);
 
 impl CloseCode {
+    /// 1000: normal closure, the purpose of the connection is fulfilled.
     pub const NORMAL: CloseCode = CloseCode(1000);
+    /// 1001: the endpoint is going away (shutting down, or ending an idle connection).
     pub const GOING_AWAY: CloseCode = CloseCode(1001);
+    /// 1002: the peer broke the protocol (framing, fragment order, close payload).
     pub const PROTOCOL: CloseCode = CloseCode(1002);
+    /// 1003: a data type the endpoint does not accept (binary where text is expected, say).
     pub const UNSUPPORTED: CloseCode = CloseCode(1003);
+    /// 1007: data inconsistent with its message type, such as text that is not UTF-8.
     pub const INVALID_DATA: CloseCode = CloseCode(1007);
+    /// 1008: a message that violates the endpoint's policy (generic, when no other code fits).
     pub const POLICY: CloseCode = CloseCode(1008);
+    /// 1009: a frame or message larger than the endpoint accepts.
     pub const TOO_BIG: CloseCode = CloseCode(1009);
+    /// 1011: the server hit an unexpected condition.
     pub const INTERNAL: CloseCode = CloseCode(1011);
 
     /// Whether a peer may send this code in a close frame.
@@ -37,7 +45,9 @@ impl CloseCode {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("websocket {}: {reason}", code.0)]
 pub struct WsError {
+    /// The close code to send.
     pub code: CloseCode,
+    /// A short, fixed explanation of the violation.
     pub reason: &'static str,
 }
 

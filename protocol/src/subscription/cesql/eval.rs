@@ -16,6 +16,7 @@ use super::{ErrorKind, Value};
 
 /// What an expression can read: the event's context attributes and extensions by name.
 pub trait Event {
+    /// The value of the attribute `name` (lower case) in its CESQL type, `None` if absent.
     fn attribute(&self, name: &str) -> Option<Value>;
 
     /// Steps one lookup by name costs, charged to the budget: how many attributes it may
@@ -80,7 +81,9 @@ impl Budget {
 /// Whether an event passes a filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// The event passes.
     Match,
+    /// The event does not pass.
     NoMatch,
     /// The evaluation ran out of budget and stopped: the event does not match.
     OverBudget,

@@ -24,20 +24,30 @@ pub use parser::{Expr, MAX_ARGS, MAX_DEPTH};
 /// A CESQL value: the language has three types.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
+    /// A Boolean.
     Bool(bool),
+    /// An Integer: signed 32-bit, overflow is a math error.
     Int(i32),
+    /// A String.
     Str(String),
 }
 
 /// The error kinds of the CESQL TCK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
+    /// The expression is not valid CESQL (only when compiling).
     Parse,
+    /// Division or modulo by zero, or an integer result outside 32 bits.
     Math,
+    /// A value that does not convert to the type an operation needs (`'abc' + 1`).
     Cast,
+    /// A call to a function that does not exist, or not with that many arguments.
     MissingFunction,
+    /// A function given arguments it cannot work with (an index out of range, say).
     FunctionEvaluation,
+    /// An attribute the event does not carry.
     MissingAttribute,
+    /// The TCK's catch-all for any other error; this evaluator raises none.
     Generic,
 }
 
@@ -60,7 +70,10 @@ impl ErrorKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("CESQL parse error at {at}: {message}")]
 pub struct ParseError {
+    /// Byte offset into the expression text where it went wrong (the text's length if it ended
+    /// too soon).
     pub at: usize,
+    /// What is wrong there.
     pub message: String,
 }
 

@@ -92,23 +92,37 @@ pub struct Pattern {
 /// A compiled CESQL expression.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expr {
+    /// A literal: `TRUE`, `42`, `'text'`.
     Lit(Value),
     /// A context attribute or extension, by its lower-cased name.
     Attr(String),
+    /// `EXISTS name`: whether the event carries the attribute (lower-cased name).
     Exists(String),
+    /// `NOT x`: logical negation.
     Not(Box<Expr>),
+    /// `-x`: integer negation.
     Neg(Box<Expr>),
+    /// A binary operator (arithmetic, comparison, `AND`, `OR`, `XOR`) and its operands.
     Binary(BinOp, Box<Expr>, Box<Expr>),
+    /// `expr [NOT] LIKE 'pattern'`, the pattern compiled (`%` any run, `_` one character).
     Like {
+        /// The value matched, as a string.
         expr: Box<Expr>,
+        /// The compiled pattern.
         pattern: Pattern,
+        /// Whether it is `NOT LIKE`.
         negated: bool,
     },
+    /// `expr [NOT] IN (a, b, ...)`.
     In {
+        /// The value looked for.
         expr: Box<Expr>,
+        /// The values it is compared with, in order.
         set: Vec<Expr>,
+        /// Whether it is `NOT IN`.
         negated: bool,
     },
+    /// A call to a built-in function with its arguments (arity checked when compiling).
     Call(Function, Vec<Expr>),
     /// A call to a function that does not exist (or not with this many arguments): evaluates to
     /// false with a `missingFunction` error, as the TCK expects.
