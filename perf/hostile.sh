@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Hostile clients beside a victim: how much does each attack of README's "What a client cannot do
-# to the broker" cost a well-behaved publisher on the same shard?
+# Hostile clients beside a victim: how much does each attack of the guide's "What a client cannot
+# do to the broker" (docs/src/limits.md) cost a well-behaved publisher on the same shard?
 #
 #   bash perf/hostile.sh     (ROUNDS=3 DUR=6 RATE=2000 CONNS=8 DRIVERS="epoll uring" env knobs;
 #                             ATTACKS="slowloris cesql ..." runs a subset)

@@ -4,7 +4,7 @@
     python3 perf/hostile_attack.py KIND --port 18580 [--duration 60]
 
 KIND is one of: slowloris, pipeline, chunked, attrs, cesql, ackflood, connflood, wsnoread, pollclients
-(see ATTACKS below; each is one category of README's "What a client cannot do to the broker").
+(see ATTACKS below; each is one category of docs/src/limits.md, "What a client cannot do to the broker").
 Each attack first sets up what it needs (subscriptions, backlogs, sessions), prints `ready` on
 stdout, then attacks until SIGTERM or --duration, whichever comes first; it is bounded in
 connections and requests as well as in time. On the way out it prints one JSON line of counts

@@ -63,6 +63,11 @@ TOOLS=/var/tmp/evmesh-tools
 echo "== evmesh-client public API"
 PATH="$TOOLS/bin:$PATH" cargo public-api -p evmesh-client -sss 2>/dev/null | diff -u client/public-api.txt - ||
     { echo "evmesh-client's public API changed: update client/public-api.txt and client/CHANGELOG.md"; exit 1; }
+# The guide (docs/, an mdBook) builds; the docs test in tests/it checks its links and anchors.
+[ -x "$TOOLS/bin/mdbook" ] ||
+    CARGO_TARGET_DIR=/var/tmp/evmesh-tools-target cargo install -q mdbook --locked --version 0.5.4 \
+        --no-default-features --root "$TOOLS"
+echo "== guide"; "$TOOLS/bin/mdbook" build docs
 echo "== benches and fuzz targets build"; cargo build --release --workspace --benches --bins -q
 # The TypeScript client (clients/js): its types against openapi/evmesh.yaml (openapi-typescript),
 # then its tests against the release binary built above, and in a real

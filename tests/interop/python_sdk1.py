@@ -4,7 +4,7 @@ percent-encode attribute values, and `requests` sends a str header as ISO-8859-1
 must accept `ce-subject: s 1 é%` (the `é` as the byte 0xE9) and store the attribute as the SDK had
 it. Every event is read back through the admin API and parsed again with the SDK's own reader.
 (A value holding `%` and two hex digits, `100%25`, cannot be told from an encoded one: the
-binding says it is encoded, and evmesh decodes it; README says so.)
+binding says it is encoded, and evmesh decodes it; docs/src/publishing.md says so.)
 
 usage: python_sdk1.py TRAFFIC_HOST:PORT ADMIN_HOST:PORT   (exit 0 = every check passed)
 The test command runs it with PYTHONPATH pointing at a directory holding SDK 1.x and requests.
