@@ -6,13 +6,14 @@
 pub use evmesh_protocol::{adaptor, http, ws};
 
 pub mod admin;
-pub mod clock;
+
 pub mod cluster;
 pub mod config;
 pub mod delivery;
 pub mod governance;
 pub mod ingress;
 pub mod metrics;
+pub mod model;
 pub mod push;
 pub mod queue;
 pub mod runtime;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::shard::ShardId;
+use crate::model::ShardId;
 
 #[derive(Default)]
 pub struct Counter(AtomicU64);

@@ -13,6 +13,7 @@ mod it {
     mod cli;
     mod cluster;
     mod delivery;
+    mod docs;
     mod durability;
     mod errors;
     mod governance;
@@ -20,6 +21,7 @@ mod it {
     mod interop;
     #[cfg(feature = "kafka")]
     mod kafka;
+    mod layers;
     mod lite;
     mod meshmessage;
     mod pipeline;

@@ -16,11 +16,12 @@ use crate::governance::limits::{LimitSpec, Quota};
 use crate::governance::AuthMode;
 use crate::http::{problem, Method, StatusCode};
 use crate::ingress::storage_problem;
+use crate::model::placement::{meta_owner, owner};
+use crate::model::{valid_topic, PartitionId, MAX_PARTITIONS};
 use crate::server::{Handler, Request, Response};
 use crate::shard::mailbox::Sender;
 use crate::shard::message::{EnsureReply, ShardMessage};
 use crate::shard::shared::Shared;
-use crate::shard::{meta_owner, owner, valid_topic, PartitionId, MAX_PARTITIONS};
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::meta::Policy;
 use crate::storage::{meta, Storage, StorageError, TopicMeta};
@@ -64,7 +65,7 @@ fn lag(
         let partitions = meta::get(&shared.db, &def.topic)?.map_or(0, |m| m.partitions);
         let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
         for s in 0..shards {
-            let s = crate::shard::ShardId(s as u16);
+            let s = crate::model::ShardId(s as u16);
             stored.extend(crate::storage::offsets::list(&shared.db, s, &def.topic, &def.subscription)?);
         }
         let (mut starts, mut ends) = (Vec::new(), Vec::new());
@@ -274,12 +275,14 @@ impl Admin {
         // (Only while some rule grants ADMIN: otherwise no certificate can be an administrator,
         // and the listener is open or closed as if none was shown.)
         let certified = cert.filter(|c| {
-            auth_on && c.expires_us.is_none_or(|e| crate::clock::now_micros() < e) && g.snapshot().acl.grants_admin()
+            auth_on
+                && c.expires_us.is_none_or(|e| crate::model::clock::now_micros() < e)
+                && g.snapshot().acl.grants_admin()
         });
         let who = match (token, certified) {
             (Some(t), _) if g.is_admin_token(t) => return Ok(Access::Token),
             (Some(t), _) if auth_on => {
-                Some(g.snapshot().keys.verify(t, crate::clock::now_micros()).map_err(unauthenticated)?)
+                Some(g.snapshot().keys.verify(t, crate::model::clock::now_micros()).map_err(unauthenticated)?)
             }
             (None, Some(c)) => Some(c.clone()),
             _ => None,
@@ -458,7 +461,7 @@ impl Admin {
                     "# HELP {name} Messages waiting in a shard's inbound rings\n# TYPE {name} gauge\n"
                 ));
                 for s in 0..self.shared.config.shards {
-                    let depth = self.shared.mailboxes.depth(crate::shard::ShardId(s as u16));
+                    let depth = self.shared.mailboxes.depth(crate::model::ShardId(s as u16));
                     out.push_str(&format!("{name}{{shard=\"{s}\"}} {depth}\n"));
                 }
                 self.lag_metrics(&mut out);
@@ -758,10 +761,10 @@ impl Admin {
     fn put_transformer(&self, topic: &str, body: &[u8]) -> Response {
         use crate::governance::transform::{TransformSpec, Transformer};
         let g = &self.shared.governance;
-        if !crate::shard::valid_topic(topic) {
+        if !crate::model::valid_topic(topic) {
             return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
         }
-        if crate::shard::is_lite(topic) {
+        if crate::model::topic::is_lite(topic) {
             return problem(StatusCode::BAD_REQUEST, "lite topics (agent.*, client.*, session.*) have no transformers");
         }
         let spec: TransformSpec = match serde_json::from_slice(body) {
@@ -810,10 +813,10 @@ impl Admin {
                 return problem(StatusCode::BAD_REQUEST, &format!("expected {expected}: {e}"));
             }
         };
-        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| !crate::shard::valid_topic(t)) {
+        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| !crate::model::valid_topic(t)) {
             return problem(StatusCode::BAD_REQUEST, &format!("{t:?}: topic names are [A-Za-z0-9._-]{{1,249}}"));
         }
-        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| crate::shard::is_lite(t)) {
+        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| crate::model::topic::is_lite(t)) {
             return problem(
                 StatusCode::BAD_REQUEST,
                 &format!("{t:?} is a lite topic: routes neither start nor end there"),
@@ -870,7 +873,7 @@ impl Admin {
     /// `routable` (ready and heard from within `agent_heartbeat_timeout_ms`) and
     /// `lastHeartbeatMs`.
     fn agents(&self) -> Response {
-        let now = crate::storage::offsets::now_ms();
+        let now = crate::model::clock::now_ms();
         let timeout = self.shared.config.agent_heartbeat_timeout.as_millis() as u64;
         let list: Vec<serde_json::Value> = self
             .shared
@@ -1009,7 +1012,7 @@ impl Admin {
         if !valid_topic(topic) {
             return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
         }
-        if crate::shard::is_lite(topic) {
+        if crate::model::topic::is_lite(topic) {
             let detail = "agent.*, client.* and session.* are lite topics: created by their first event, one partition";
             return problem(StatusCode::BAD_REQUEST, detail);
         }
@@ -1039,7 +1042,7 @@ impl Admin {
     /// met yet is learned before an admin read of it, with the broker's partition count. What
     /// cannot be learned now (no such topic, the broker away) reads as it is here.
     async fn learn(&self, topic: &str) {
-        if !self.shared.clustered_log() || crate::shard::is_lite(topic) || !valid_topic(topic) {
+        if !self.shared.clustered_log() || crate::model::topic::is_lite(topic) || !valid_topic(topic) {
             return;
         }
         if !matches!(meta::get(&self.shared.db, topic), Ok(None)) {
@@ -1187,11 +1190,9 @@ impl Admin {
                     body.attributes.retain(|a| !a.name.starts_with("emdlq"));
                     let mut frame = frame_codec::Frame::encode(&f.header(), &body)
                         .map_err(|e| Err(StorageError::Engine(e.to_string())))?;
-                    frame.set_timestamp(crate::clock::now_micros());
-                    let p = match frame.body().attr_str("partitionkey") {
-                        Some(k) => crate::shard::partitioner::partition_for_key(k.as_bytes(), source.partitions),
-                        None => PartitionId(original.filter(|&p| p < source.partitions).unwrap_or(0)),
-                    };
+                    frame.set_timestamp(crate::model::clock::now_micros());
+                    let p = crate::model::placement::partition_of(&frame, source.partitions)
+                        .unwrap_or(PartitionId(original.filter(|&p| p < source.partitions).unwrap_or(0)));
                     match by_partition.iter_mut().find(|(q, _)| *q == p) {
                         Some((_, v)) => v.push(frame),
                         None => by_partition.push((p, vec![frame])),
@@ -1215,7 +1216,7 @@ impl Admin {
 
     fn events(&self, topic: &str, partition: &str, req: &Request<'_>) -> Response {
         // A lite topic (the operator's name for it): its one partition, stored under `:name`.
-        let lite = crate::shard::is_lite(topic).then(|| crate::shard::lite_stored(topic));
+        let lite = crate::model::topic::is_lite(topic).then(|| crate::model::StoredTopic::lite(topic));
         let topic = lite.as_deref().unwrap_or(topic);
         let m = match meta::get(&self.shared.db, topic) {
             _ if lite.is_some() => TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None },

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use futures::channel::oneshot;
 use serde_json::json;
 
-use crate::shard::requests::ReplyOutcome;
+use crate::model::ReplyOutcome;
 
 /// The evmesh-owned Kafka topic of forwarded replies and their outcomes (one partition, an
 /// hour's retention; after `kafka.topic_prefix`).

@@ -552,7 +552,7 @@ impl RawConfig {
         let default_partitions = if self.default_partitions == 0 {
             shards as u32
         } else {
-            range("default_partitions", self.default_partitions, 1, crate::shard::MAX_PARTITIONS as u64)? as u32
+            range("default_partitions", self.default_partitions, 1, crate::model::MAX_PARTITIONS as u64)? as u32
         };
         let nonzero = |v: u64| (v > 0).then_some(v);
         let listen = addr("listen", &self.listen)?;

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use frame_codec::{Frame, FrameKind};
 
-use crate::shard::message::{AckKind, ConsumerKey, SessionRef};
+use crate::model::delivery::{AckKind, ConsumerKey, SessionRef};
 use crate::storage::offsets::Stored;
 use crate::subscription::definition::Definition;
 use crate::subscription::filter::{matches_all, Filter};
@@ -67,7 +67,7 @@ pub trait Source {
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize, max_bytes: usize) -> Option<Vec<Frame>>;
     /// The wall clock, µs since the Unix epoch: what request deadlines are compared with.
     fn wall_us(&self) -> i64 {
-        crate::clock::now_micros()
+        crate::model::clock::now_micros()
     }
 }
 
@@ -729,7 +729,7 @@ impl Machine {
 /// Milliseconds since the Unix epoch, for the stored "last seen": the one clock reading the
 /// machine takes itself (it is a label on stored data, never a decision).
 fn now_ms() -> u64 {
-    crate::storage::offsets::now_ms()
+    crate::model::clock::now_ms()
 }
 
 /// Pushes a `Persist` if the position of `p` changed since it was last stored.

@@ -42,7 +42,7 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(config: &crate::config::Config) -> Dispatcher {
-        let seed = crate::clock::now_micros() as u64;
+        let seed = crate::model::clock::now_micros() as u64;
         let machine = Machine::new(config.session_window_bytes, config.redelivery_backoff, seed);
         Dispatcher {
             machine: RefCell::new(machine),

@@ -89,7 +89,7 @@ fn writer(rx: Receiver<Record>, path: PathBuf, mut file: std::fs::File, per_seco
         line.clear();
         if suppressed > 0 && tokens >= 1.0 {
             tokens -= 1.0;
-            let time = crate::adaptor::rfc3339_from_micros(crate::clock::now_micros());
+            let time = crate::adaptor::rfc3339_from_micros(crate::model::clock::now_micros());
             serde_json::to_writer(&mut line, &serde_json::json!({"time": time, "suppressed": suppressed}))
                 .expect("writes to a Vec");
             line.push(b'\n');

@@ -116,7 +116,7 @@ fn parse_scope(scope: &str) -> Result<(Scope, &str), String> {
     let kind = match kind {
         "principal" if !name.is_empty() && name.len() <= 256 => Scope::Principal,
         "tenant" if super::identity::valid_tenant(name) => Scope::Tenant,
-        "topic" if crate::shard::valid_topic(name) => Scope::Topic,
+        "topic" if crate::model::valid_topic(name) => Scope::Topic,
         "principal" | "tenant" | "topic" => return Err(format!("{scope:?} does not name a valid {kind}")),
         _ => return Err("scope must be principal:P, tenant:T or topic:T".into()),
     };

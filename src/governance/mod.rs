@@ -415,7 +415,7 @@ impl Governance {
         peer: Option<IpAddr>,
     ) {
         self.audit.record(audit::Record {
-            time: crate::adaptor::rfc3339_from_micros(crate::clock::now_micros()),
+            time: crate::adaptor::rfc3339_from_micros(crate::model::clock::now_micros()),
             principal: who.map_or_else(|| "-".to_owned(), |p| p.name.clone()),
             tenant: who.and_then(|p| p.tenant.clone()),
             action: action.to_owned(),
@@ -545,7 +545,9 @@ impl Caller {
     pub fn verified(&self, snap: &Snapshot, token: Option<&[u8]>) -> bool {
         match token {
             Some(t) => matches!(&self.who, Some((g, _)) if *g == snap.generation && self.token == t),
-            None => self.cert.as_ref().is_some_and(|c| c.expires_us.is_none_or(|e| crate::clock::now_micros() < e)),
+            None => {
+                self.cert.as_ref().is_some_and(|c| c.expires_us.is_none_or(|e| crate::model::clock::now_micros() < e))
+            }
         }
     }
 

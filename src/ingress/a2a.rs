@@ -124,12 +124,12 @@ fn valid_id(id: &str) -> bool {
 }
 
 fn now_ms() -> u64 {
-    crate::storage::offsets::now_ms()
+    crate::model::clock::now_ms()
 }
 
 /// Now as RFC 3339 UTC with milliseconds.
 fn timestamp() -> String {
-    let full = crate::adaptor::rfc3339_from_micros(crate::clock::now_micros());
+    let full = crate::adaptor::rfc3339_from_micros(crate::model::clock::now_micros());
     format!("{}Z", &full[..full.len() - 4])
 }
 

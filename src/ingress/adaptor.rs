@@ -24,7 +24,6 @@ use std::sync::Arc;
 use frame_codec::Frame;
 use smallvec::SmallVec;
 
-use super::call::unavailable;
 use super::{shed, storage_problem, Gate, Quotaed, Traffic};
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::governance::acl::Action;
@@ -181,7 +180,7 @@ impl Traffic {
         let named = adaptor.topic(req)?;
         let topic = self.topic_named(gate, named, Action::Publish, Some(req))?;
         let mut frames = adaptor.frames(&To { topic: &topic, turn: None }, req)?;
-        let now = crate::clock::now_micros();
+        let now = crate::model::clock::now_micros();
         for f in &mut frames {
             f.set_timestamp(now);
         }
@@ -243,7 +242,7 @@ impl Traffic {
         req: &Request<'_>,
     ) -> Result<u64, Refusal> {
         let calls = &self.shard.shared.calls;
-        let now = crate::storage::offsets::now_ms;
+        let now = crate::model::clock::now_ms;
         let turn = calls.start_turn(call, now()).map_err(|m| Refusal::Busy(problem(StatusCode::CONFLICT, m)))?;
         let frames = match adaptor.frames(&To { topic, turn: Some((&call.sid, turn)) }, req) {
             Ok(f) => f,
@@ -272,4 +271,9 @@ impl Traffic {
 /// 503 for an agent whose WebSocket is not attached.
 fn not_attached(agent: &str) -> Response {
     unavailable(&format!("agent {agent} is not attached (GET /agent/ws)"))
+}
+
+/// 503: not now (an agent not routable or not attached), try again in a second.
+pub(super) fn unavailable(detail: &str) -> Response {
+    problem(StatusCode::SERVICE_UNAVAILABLE, detail).with_header("retry-after", "1")
 }

@@ -59,7 +59,7 @@ impl Traffic {
             r
         };
         let agents = &self.shard.shared.agents;
-        let now = crate::storage::offsets::now_ms();
+        let now = crate::model::clock::now_ms();
         let timeout = self.shard.shared.config.agent_heartbeat_timeout.as_millis() as u64;
         let answer = |status: u16, ready: bool, routable: bool| {
             let body = serde_json::json!({"agentId": a.agent_id, "ready": ready, "routable": routable});

@@ -13,7 +13,7 @@
 
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader, FrameKind};
 
-use super::adaptor::{FrameAdaptor, Refusal, To};
+use super::adaptor::{unavailable, FrameAdaptor, Refusal, To};
 use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
@@ -66,7 +66,7 @@ pub(super) fn uuid_v4() -> String {
         let mut h = keys.build_hasher();
         h.write_u64(n);
         h.write_u64(i);
-        h.write_i64(crate::clock::now_micros());
+        h.write_i64(crate::model::clock::now_micros());
         h.finish()
     };
     let v = (u128::from(half(0)) << 64 | u128::from(half(1))) & !(0xF000u128 << 64) & !(0xC0u128 << 56);
@@ -122,14 +122,14 @@ impl Traffic {
     fn serves_agent(&self, gate: &Gate<'_>, stored: &str, agent: &str) -> bool {
         let shared = &self.shard.shared;
         let forget = shared.config.agent_heartbeat_timeout.as_millis() as u64 * 10;
-        shared.agents.heard(stored, crate::storage::offsets::now_ms(), forget)
+        shared.agents.heard(stored, crate::model::clock::now_ms(), forget)
             || shared.remotes.get(stored).is_some()
             || shared.watchers.is_followed(&Self::agent_topic(gate, agent))
     }
 
     pub(super) fn routable(&self, stored_agent: &str) -> bool {
         let timeout = self.shard.shared.config.agent_heartbeat_timeout.as_millis() as u64;
-        self.shard.shared.agents.routable(stored_agent, crate::storage::offsets::now_ms(), timeout)
+        self.shard.shared.agents.routable(stored_agent, crate::model::clock::now_ms(), timeout)
     }
 
     /// `POST /session/open`: the session's home is its agent's (with Kafka, a session for a
@@ -165,7 +165,7 @@ impl Traffic {
                 a
             }
             None => {
-                let now = crate::storage::offsets::now_ms();
+                let now = crate::model::clock::now_ms();
                 let timeout = shared.config.agent_heartbeat_timeout.as_millis() as u64;
                 let tenant = gate.who.tenant.clone();
                 let tenant = tenant.as_deref();
@@ -189,7 +189,7 @@ impl Traffic {
             return r;
         }
         let sid = format!("{agent}:{}", uuid_v4());
-        let now = crate::storage::offsets::now_ms();
+        let now = crate::model::clock::now_ms();
         let key = session_key(gate.who.tenant.as_deref(), &sid);
         let named = (Self::stored_agent(gate, &agent), sid.clone());
         if shared.calls.open(key, named, gate.principal(), now).is_err() {
@@ -351,7 +351,7 @@ impl Traffic {
         if !self.shard.shared.calls.pending(&call, after, turn) {
             return Response::empty(StatusCode(204));
         }
-        self.shard.shared.calls.touch(&call, crate::storage::offsets::now_ms());
+        self.shard.shared.calls.touch(&call, crate::model::clock::now_ms());
         let spec = TurnSpec { key, after, turn, expires_us: gate.who.expires_us };
         Response::streaming(Upgrade::TurnSse(Box::new(spec)), "text/event-stream")
     }
@@ -369,7 +369,7 @@ impl Traffic {
             Err(r) => return r,
         };
         let calls = &self.shard.shared.calls;
-        let now = crate::storage::offsets::now_ms();
+        let now = crate::model::clock::now_ms();
         let (ended, answer) = match what {
             "end-turn" => (calls.end_turn(&call, End::EndTurn, now), r#""turn":"ended""#),
             "cancel" => (calls.end_turn(&call, End::Cancelled, now), r#""turn":"cancelled""#),
@@ -426,7 +426,7 @@ impl Traffic {
         }
         let key = session_key(gate.who.tenant.as_deref(), sid);
         let stored = Self::stored_agent(gate, agent);
-        match self.shard.shared.calls.chunk(&key, (&stored, None), &c, crate::storage::offsets::now_ms()) {
+        match self.shard.shared.calls.chunk(&key, (&stored, None), &c, crate::model::clock::now_ms()) {
             Ok(taken) => Response::json(StatusCode::OK, format!(r#"{{"duplicate":{}}}"#, taken == Taken::Duplicate)),
             Err(refused) => {
                 let (status, detail) = refused.status();
@@ -465,7 +465,7 @@ impl Traffic {
             );
         }
         // Turns sent before the agent attached are not its to answer: it starts at the end.
-        let owner = crate::shard::owner(&topic, crate::shard::PartitionId(0), shared.config.shards);
+        let owner = crate::model::placement::owner(&topic, crate::model::PartitionId(0), shared.config.shards);
         let family = crate::storage::db::log_cf(owner.index());
         let from = match shared.db.cf_handle(&family).map(|cf| crate::storage::embedded::end_of(&shared.db, cf, &topic))
         {
@@ -487,11 +487,6 @@ impl Traffic {
 }
 
 use std::sync::Arc;
-
-/// 503: not now (an agent not routable or not attached), try again in a second.
-pub(super) fn unavailable(detail: &str) -> Response {
-    problem(StatusCode::SERVICE_UNAVAILABLE, detail).with_header("retry-after", "1")
-}
 
 fn base_attributes(id: String, source: String, kind: &str, sid: &str) -> Vec<Attribute> {
     let attr = |name: &str, value: String| Attribute { name: name.to_owned(), value: AttrValue::Str(value) };

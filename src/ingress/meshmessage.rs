@@ -28,10 +28,10 @@ use super::{shed, Gate, Quotaed, Traffic};
 use crate::adaptor::meshmessage::{self, code, ret, Form, Message, Refused};
 use crate::governance::acl::Action;
 use crate::http::{Method, StatusCode};
+use crate::model::valid_topic;
 use crate::server::{Request, Response};
 use crate::shard::message::{InterestChange, SubOutcome, SubRequest};
 use crate::shard::requests::Replier;
-use crate::shard::valid_topic;
 use crate::subscription::definition::Definition;
 
 /// Messages one 102 batch may carry (EventMesh's `maxEventBatchSize` default).
@@ -53,7 +53,7 @@ pub fn group_subscription(group: &str, topic: &str) -> String {
 
 /// The classic answer envelope, HTTP 200 (`status` 400 for an unknown code, as EventMesh).
 fn answer(status: StatusCode, ret: u16, msg: &str) -> Response {
-    let now_ms = crate::clock::now_micros() / 1000;
+    let now_ms = crate::model::clock::now_micros() / 1000;
     Response::json(status, meshmessage::answer(ret, msg, now_ms))
 }
 
@@ -299,7 +299,7 @@ impl Traffic {
         let mode = if item.broadcasting() { "BROADCAST" } else { "LOAD_BALANCE" };
         let body = serde_json::json!({"subscription": name, "topic": topic, "mode": mode});
         let mut def = Definition::parse(body.to_string().as_bytes())?;
-        def.created_us = crate::clock::now_micros();
+        def.created_us = crate::model::clock::now_micros();
         def.classic = true;
         gate.quota(Quotaed::Topic, &topic)
             .and_then(|()| gate.quota(Quotaed::Subscription, &name))
@@ -326,7 +326,7 @@ impl Traffic {
             url: url.to_owned(),
             sync: item.sync(),
             client,
-            created_us: crate::clock::now_micros(),
+            created_us: crate::model::clock::now_micros(),
         };
         match pushes.iter().find(|p| p.url == url) {
             Some(p) if p.sync == push.sync && p.client == push.client => return Ok(()),
@@ -379,7 +379,7 @@ impl Traffic {
             Ok(f) => f,
             Err(r) => return refused(&r),
         };
-        frame.set_timestamp(crate::clock::now_micros());
+        frame.set_timestamp(crate::model::clock::now_micros());
         let ttl_ms: u64 = message.ttl.and_then(|t| t.parse().ok()).unwrap_or(1);
         let timeout = std::time::Duration::from_millis(ttl_ms).min(self.shard.shared.config.max_request_timeout);
         match self.send_and_wait(gate, req, &topic, frame, timeout).await {

@@ -29,14 +29,16 @@ use crate::governance::acl::{Action, Kind};
 use crate::governance::identity::{AuthError, Keys, Principal};
 use crate::governance::{Caller, Failures, TenantStats, View};
 use crate::http::{problem, Method, StatusCode};
+use crate::model::delivery::{AckKind, ConsumerKey};
+use crate::model::placement::partition_of;
+use crate::model::topic::is_lite;
+use crate::model::{valid_topic, PartitionId, StoredTopic};
 use crate::server::conn::{ConnGuard, ConnLimits, Peer};
 use crate::server::upgrade::Credential;
 use crate::server::{Handler, Request, Response, SessionSpec, Upgrade};
 use crate::shard::core::{Shard, CROSS_CORE_DEADLINE, OUTBOX_HIGH};
 use crate::shard::mailbox::Sender;
-use crate::shard::message::{AckKind, ConsumerKey, InterestChange, PollRequest, ShardMessage, SubOutcome, SubRequest};
-use crate::shard::partitioner::partition_for_key;
-use crate::shard::{is_lite, lite_stored, valid_topic, PartitionId};
+use crate::shard::message::{InterestChange, PollRequest, ShardMessage, SubOutcome, SubRequest};
 use crate::storage::StorageError;
 use crate::subscription::definition::{Definition, Mode as SubMode};
 use crate::subscription::filter::compile;
@@ -624,7 +626,7 @@ impl Traffic {
             )
             .with_header("retry-after", secs.to_string()));
         }
-        match caller.authenticate(snap, token, crate::clock::now_micros) {
+        match caller.authenticate(snap, token, crate::model::clock::now_micros) {
             Ok(who) => {
                 match who.tenant.as_deref() {
                     Some(t) => self.tenant_connection(caller, snap, t)?,
@@ -854,7 +856,7 @@ impl Traffic {
         use crate::storage::offsets;
         let shared = &self.shard.shared;
         let (p0, cap) = (PartitionId(0), shared.config.max_clients_per_subscription);
-        let home = crate::shard::owner(&def.topic, p0, shared.config.shards);
+        let home = crate::model::placement::owner(&def.topic, p0, shared.config.shards);
         if offsets::get(&shared.db, home, &offsets::key(&def.topic, &def.subscription, p0, client))?.is_some() {
             return Ok(());
         }
@@ -1021,7 +1023,7 @@ impl Traffic {
         {
             return r;
         }
-        def.created_us = crate::clock::now_micros();
+        def.created_us = crate::model::clock::now_micros();
         // Answered with the names the client used; stored in its tenant's namespace.
         let mut shown = def.shown();
         match (gate.scoped(&def.subscription), gate.scoped(&def.topic)) {
@@ -1156,7 +1158,7 @@ impl Traffic {
                 Cow::Borrowed(_) => topic,
             });
         }
-        let stored = lite_stored(&gate.scoped(&topic)?);
+        let stored = StoredTopic::lite(&gate.scoped(&topic)?);
         self.lite_served_here(&stored, at, || format!("lite topic {topic}"))?;
         Ok(Cow::Owned(stored))
     }
@@ -1274,7 +1276,7 @@ impl Traffic {
     /// Stores routed events, per destination topic: where each landed (in request order).
     /// Every destination must exist (or be created) before anything is stored, so a route to a
     /// topic that cannot be had refuses the request whole (a storage failure between the
-    /// groups can still leave part of it stored: the 503 says so, see README).
+    /// groups can still leave part of it stored: the 503 says so, see docs/src/governance.md).
     async fn store_routed<'t>(
         &self,
         groups: pipeline::Groups<'t, Frame>,
@@ -1301,7 +1303,7 @@ impl Traffic {
             Mode::Batch => (cloudevents::parse_batch(topic, req.body)?, true),
             Mode::Binary => (vec![cloudevents::parse_binary(topic, req.headers(), ct, req.body)?], false),
         };
-        let now = crate::clock::now_micros();
+        let now = crate::model::clock::now_micros();
         for f in &mut frames.0 {
             f.set_timestamp(now);
         }
@@ -1316,16 +1318,13 @@ impl Traffic {
         let (meta, _) = self.shard.topic(topic, None, false).await?;
         let bytes: u64 = frames.iter().map(|f| f.as_bytes().len() as u64).sum();
         let stored = || self.shard.shared.metrics.shard(self.shard.id).bytes_stored.add(bytes);
-        let partition_of = |f: &Frame, local: PartitionId| match f.body().attr_str("partitionkey") {
-            Some(key) => partition_for_key(key.as_bytes(), meta.partitions),
-            None => local,
-        };
+        let pick = |f: &Frame, local: PartitionId| partition_of(f, meta.partitions).unwrap_or(local);
         let local = self.shard.local_partition(topic, &meta);
         // The common case, one event (or a batch for one partition), without the regrouping.
-        let first = partition_of(&frames[0], local);
-        if frames.iter().all(|f| partition_of(f, local) == first) {
+        let first = pick(&frames[0], local);
+        if frames.iter().all(|f| pick(f, local) == first) {
             let n = frames.len() as u64;
-            if topic.starts_with(':') {
+            if StoredTopic::new(topic).is_lite() {
                 self.lite_settled(topic).await?;
             }
             let offset = self.shard.append(topic, first, std::mem::take(&mut frames)).await?;
@@ -1335,7 +1334,7 @@ impl Traffic {
         // Group by partition, remembering each frame's place in the request.
         let mut groups: Vec<(PartitionId, Vec<usize>, Vec<Frame>)> = Vec::new();
         for (i, f) in frames.into_iter().enumerate() {
-            let p = partition_of(&f, local);
+            let p = pick(&f, local);
             match groups.iter_mut().find(|g| g.0 == p) {
                 Some(g) => {
                     g.1.push(i);

@@ -16,8 +16,9 @@ use crate::adaptor::cloudevents::{self, CeError};
 use crate::adaptor::rfc3339_from_micros;
 use crate::governance::acl::Action;
 use crate::http::{problem, StatusCode};
+use crate::model::ReplyOutcome;
 use crate::server::{Request, Response};
-use crate::shard::requests::{Correlation, Refusal, Replier, ReplyOutcome};
+use crate::shard::requests::{Correlation, Refusal, Replier};
 
 /// The attributes evmesh sets on a request.
 const REQUEST_ATTRIBUTES: [&str; 3] = ["emcorrelationid", "emreplyto", "emexpiry"];
@@ -147,7 +148,7 @@ impl Traffic {
         }
         gate.limit(topic, 1, req.body.len() as u64)?;
         gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog())?;
-        let deadline_us = crate::clock::now_micros().saturating_add(timeout.as_micros() as i64);
+        let deadline_us = crate::model::clock::now_micros().saturating_add(timeout.as_micros() as i64);
         let metrics = self.shard.shared.metrics.shard(self.shard.id);
         let tenant = gate.who.tenant.as_deref();
         // What the waiting connection holds: its buffered request, the decoded body of a chunked
@@ -175,7 +176,7 @@ impl Traffic {
         metrics.events_published.inc();
         gate.tenant_count(|s| &s.published, 1);
         // Stored: now only the wait, which the requester's disconnect ends.
-        let left = deadline_us.saturating_sub(crate::clock::now_micros()).max(0) as u64;
+        let left = deadline_us.saturating_sub(crate::model::clock::now_micros()).max(0) as u64;
         let timer = Box::pin(monoio::time::sleep(std::time::Duration::from_micros(left)));
         let gone = Box::pin(req.peer_gone());
         let id = pending.id.to_string();

@@ -36,12 +36,7 @@ pub(super) fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, Strin
 /// the agent's home (claimed by the agent's registration, not by the broker's writes); any
 /// other lite topic (`session.<sid>`, `client.<id>`) at its own.
 pub(super) fn lite_home(stored: &str) -> (String, bool) {
-    let scoped = stored.strip_prefix(':').unwrap_or(stored);
-    // `kind.id`, or `tenant.kind.id` (tenant names have no dots).
-    let (tenant, local) = match crate::shard::is_lite(scoped) {
-        true => (None, scoped),
-        false => scoped.split_once('.').map_or((None, scoped), |(t, rest)| (Some(t), rest)),
-    };
+    let (tenant, local) = crate::model::StoredTopic::new(stored).lite_parts();
     match local.strip_prefix("agent.") {
         Some(a) => (crate::cluster::homes::agent_key(&crate::shard::agents::stored_id(tenant, a)), false),
         None => (crate::cluster::homes::lite_key(stored), true),

@@ -31,10 +31,10 @@ use crate::adaptor::cloudevents;
 use crate::governance::acl::{Action, Kind};
 use crate::governance::identity::Principal;
 use crate::governance::Caller;
+use crate::model::PartitionId;
 use crate::server::conn::{flush, read_at_most, ConnLimits, ReadOutcome};
 use crate::server::upgrade::{Credential, PublishSpec};
 use crate::server::{Request, Response, Stream, Upgrade};
-use crate::shard::PartitionId;
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 
 /// Messages taken in one round at most.
@@ -164,7 +164,7 @@ pub(super) async fn session(
         let full = texts.len() == MAX_ROUND || bytes >= max_body;
         // The credential, every round (pings too keep a session alive): expired, or no longer
         // verified by the keys, closes it.
-        let now = crate::clock::now_micros();
+        let now = crate::model::clock::now_micros();
         let snap = traffic.view.current(&shared.governance);
         let revoked = snap.generation != generation
             && spec.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err());
@@ -215,7 +215,7 @@ const READ_ROOM: usize = 16 * 1024;
 async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &str, texts: &[T], out: &mut Vec<u8>) {
     let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
     m.publish_requests.add(texts.len() as u64);
-    let now = crate::clock::now_micros();
+    let now = crate::model::clock::now_micros();
     // Per message: its id, then where its first copy goes (group, position) or its refusal.
     let mut each: SmallVec<[(Option<String>, Outcome); 8]> = SmallVec::new();
     let mut groups: pipeline::Groups<'_, Frame> = SmallVec::new();
@@ -358,7 +358,7 @@ impl SessionPublisher {
             return answer(out, None, Err((413, detail)));
         }
         let snap = self.traffic.view.current(&shared.governance);
-        let now = crate::clock::now_micros();
+        let now = crate::model::clock::now_micros();
         let revoked = snap.generation != self.verified
             && self.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err());
         if !revoked {

@@ -14,11 +14,11 @@ use std::rc::Rc;
 use crate::queue;
 use frame_codec::{AttrValue, Frame};
 
-use super::Outbound;
+use super::{expired, Outbound};
+use crate::model::PartitionId;
 use crate::server::FollowSpec;
 use crate::shard::core::Shard;
 use crate::shard::watch::Claim;
-use crate::shard::PartitionId;
 use crate::storage::embedded::read_from;
 
 /// Events read from the log at once.
@@ -54,7 +54,7 @@ async fn follow(
     mut out: queue::Sender<Outbound>,
 ) -> &'static str {
     let shared = &shard.shared;
-    let owner = crate::shard::owner(&spec.topic, PartitionId(0), shared.config.shards);
+    let owner = crate::model::placement::owner(&spec.topic, PartitionId(0), shared.config.shards);
     let family = crate::storage::db::log_cf(owner.index());
     let mut next = spec.from;
     loop {
@@ -141,7 +141,7 @@ pub async fn websocket(
     // The claim is released (with the session's futures): a turn started from now on sees the
     // agent gone; each one routed to this attachment ends with an error event.
     if let Some((agent, gen)) = agent {
-        shard.shared.calls.agent_gone(&agent, gen, crate::storage::offsets::now_ms());
+        shard.shared.calls.agent_gone(&agent, gen, crate::model::clock::now_ms());
     }
 }
 
@@ -160,14 +160,4 @@ pub async fn sse(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, 
     // the writer ends the chunked body.
     let ending = futures::future::select(Box::pin(follower), Box::pin(expiry));
     let _ = futures::future::select(Box::pin(ending), Box::pin(serve)).await;
-}
-
-/// Resolves with the reason once a credential expiring at `expires_us` has expired (never
-/// without one). Access is checked when a follower subscribes; a revoked ACL rule does not
-/// end a follower before its credential does.
-pub(super) async fn expired(expires_us: Option<i64>) -> &'static str {
-    let Some(at) = expires_us else { return std::future::pending().await };
-    let left = (at - crate::clock::now_micros()).max(0) as u64;
-    monoio::time::sleep(std::time::Duration::from_micros(left)).await;
-    "token expired"
 }

@@ -19,11 +19,12 @@ use std::rc::Rc;
 
 use crate::queue;
 
+use crate::model::delivery::{ConsumerKey, SessionRef};
+use crate::model::ShardId;
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
-use crate::shard::message::{ConsumerKey, SessionChange, SessionEvent, SessionRef};
+use crate::shard::message::{SessionChange, SessionEvent};
 pub use crate::shard::sessions::{Kind, Outbound, Sessions};
-use crate::shard::ShardId;
 
 /// A session client's `{"type":"publish","topic":T,"event":{...}}` message (SPEC, "Other
 /// protocols": on any WebSocket session): the ingress pipeline, as the session's caller. Handed
@@ -107,7 +108,7 @@ pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
     loop {
         let seen = shard.policy.seen();
         let changed = std::pin::pin!(shard.policy.after(seen));
-        match spec.expires_us.map(|e| (e - crate::clock::now_micros()).max(0) as u64) {
+        match spec.expires_us.map(|e| (e - crate::model::clock::now_micros()).max(0) as u64) {
             Some(0) => return "token expired",
             Some(us) => {
                 let expiry = std::pin::pin!(monoio::time::sleep(std::time::Duration::from_micros(us)));
@@ -118,7 +119,7 @@ pub async fn authority(shard: &Shard, spec: &SessionSpec) -> &'static str {
             None => changed.await,
         }
         let snap = g.snapshot();
-        let now = crate::clock::now_micros();
+        let now = crate::model::clock::now_micros();
         if spec.credential.as_ref().is_some_and(|c| snap.keys.verify(&c.0, now).is_err()) {
             return "token revoked";
         }
@@ -151,4 +152,14 @@ where
         .unwrap()
         .block_on(async move { server(monoio::net::TcpStream::from_std(stream).unwrap()).await });
     client.join().unwrap()
+}
+
+/// Resolves with the reason once a credential expiring at `expires_us` has expired (never
+/// without one). (A follower's access is checked when it subscribes; a revoked ACL rule does
+/// not end it before its credential does.)
+pub(super) async fn expired(expires_us: Option<i64>) -> &'static str {
+    let Some(at) = expires_us else { return std::future::pending().await };
+    let left = (at - crate::model::clock::now_micros()).max(0) as u64;
+    monoio::time::sleep(std::time::Duration::from_micros(left)).await;
+    "token expired"
 }

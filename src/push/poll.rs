@@ -9,18 +9,18 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::{attach_acked, consumer_of, detach_acked, Kind};
+use crate::model::delivery::{ConsumerKey, SessionRef};
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
-use crate::shard::message::{ConsumerKey, SessionRef};
 use crate::shard::sessions::PollSession;
 
 /// How long a poll session stays attached after its last poll.
 pub const LINGER: Duration = Duration::from_secs(30);
 
 /// The shard where a consumer's poll session lives.
-pub fn home(spec: &SessionSpec, shards: usize) -> crate::shard::ShardId {
+pub fn home(spec: &SessionSpec, shards: usize) -> crate::model::ShardId {
     let client = spec.client.as_deref().filter(|_| spec.per_client).unwrap_or("");
-    crate::shard::meta_owner(&format!("{}#{client}", spec.subscription), shards)
+    crate::model::placement::meta_owner(&format!("{}#{client}", spec.subscription), shards)
 }
 
 /// The consumer's poll session on this shard, attached now if it had none.

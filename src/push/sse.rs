@@ -15,10 +15,10 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
 use crate::delivery::parse_delivery_id;
+use crate::model::delivery::AckKind;
 use crate::server::conn::{read_more_sized, ReadOutcome};
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
-use crate::shard::message::AckKind;
 use crate::shard::sessions::chunk;
 
 /// A comment line every so often lets both sides notice a dead connection.
@@ -92,7 +92,7 @@ pub(super) async fn serve_fed(
     feed: impl std::future::Future<Output = ()>,
     expires_us: Option<i64>,
 ) {
-    let ending = select(Box::pin(feed), Box::pin(super::follow::expired(expires_us)));
+    let ending = select(Box::pin(feed), Box::pin(super::expired(expires_us)));
     let serving = Box::pin(serve(stream, buf, events));
     if let Either::Left((_, serving)) = select(Box::pin(ending), serving).await {
         serving.await;

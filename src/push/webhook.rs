@@ -34,9 +34,10 @@ use crate::adaptor::meshmessage::PushForm;
 use crate::adaptor::webhook::retry_after;
 use crate::adaptor::{PushContext, PushWire, Verdict};
 use crate::delivery::delivery_id;
+use crate::model::delivery::{AckKind, ConsumerKey, SessionRef};
 use crate::server::client::{ClientError, Pool, Url};
 use crate::shard::core::Shard;
-use crate::shard::message::{AckKind, ConsumerKey, SessionChange, SessionEvent, SessionRef};
+use crate::shard::message::{SessionChange, SessionEvent};
 use crate::shard::sessions::Pushed;
 use crate::storage::meta;
 use crate::subscription::definition::Definition;
@@ -132,8 +133,8 @@ pub fn start(shard: &Rc<Shard>, def: Definition) {
 }
 
 /// The shard that runs a classic subscriber's push session.
-pub fn classic_home(push: &ClassicPush, shards: usize) -> crate::shard::ShardId {
-    crate::shard::meta_owner(&push.id(), shards)
+pub fn classic_home(push: &ClassicPush, shards: usize) -> crate::model::ShardId {
+    crate::model::placement::meta_owner(&push.id(), shards)
 }
 
 thread_local! {
@@ -184,7 +185,7 @@ pub fn start_all(shard: &Rc<Shard>) {
     match meta::list_subscriptions(db) {
         Ok(defs) => {
             for def in defs {
-                if def.sink.is_some() && crate::shard::meta_owner(&def.subscription, shards) == shard.id {
+                if def.sink.is_some() && crate::model::placement::meta_owner(&def.subscription, shards) == shard.id {
                     start(shard, def);
                 }
             }
@@ -459,7 +460,7 @@ async fn post(
         return (p, o, Outcome::Unreachable);
     }
     let id = delivery_id(p, o, e.attempt);
-    let now_s = (crate::clock::now_micros() / 1_000_000).max(0) as u64;
+    let now_s = (crate::model::clock::now_micros() / 1_000_000).max(0) as u64;
     let push = PushContext { delivery_id: &id, attempt: e.attempt, target: &url.target, now_s };
     let (mut headers, body) = wire.request(frame, &push);
     headers.push(("x-em-delivery-id".into(), id));

@@ -13,12 +13,14 @@ use monoio::io::AsyncWriteRent;
 
 use super::{attach_acked, detach_acked, Kind, Outbound, Publisher};
 use crate::delivery::{group_ids, MAX_WINDOW};
+use crate::model::delivery::{AckKind, ConsumerKey, SessionRef};
+use crate::model::ReplyOutcome;
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::server::SessionSpec;
 use crate::shard::calls::{session_key, ChunkBody};
 use crate::shard::core::Shard;
-use crate::shard::message::{AckKind, ConsumerKey, InterestChange, SessionChange, SessionEvent, SessionRef};
-use crate::shard::requests::{Replier, ReplyOutcome};
+use crate::shard::message::{InterestChange, SessionChange, SessionEvent};
+use crate::shard::requests::Replier;
 use crate::sys::SharedFrames;
 use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
 
@@ -105,7 +107,7 @@ impl Replies {
             let mut t = String::new();
             let c = body.chunk(&mut t).map_err(|m| (Some(sid.to_owned()), 400, m))?;
             let key = session_key(self.replier.tenant.as_deref(), sid);
-            let now = crate::storage::offsets::now_ms();
+            let now = crate::model::clock::now_ms();
             match self.shard.shared.calls.chunk(&key, (agent, Some(*gen)), &c, now) {
                 Ok(_) => Ok(()),
                 Err(r) => {

@@ -4,6 +4,8 @@
 //! Everything shared between threads is built here, before any shard starts, and is immutable or
 //! atomic afterwards ([`Shared`], defined with the shards that use it).
 
+mod pump;
+
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -17,6 +19,7 @@ use crate::governance::audit::Audit;
 use crate::governance::Governance;
 use crate::ingress::Traffic;
 use crate::metrics::Metrics;
+use crate::model::ShardId;
 use crate::server::conn::{serve, serve_tls, ConnLimits, Peer};
 use crate::server::listen::bind_shared;
 use crate::server::tls::TlsAcceptor;
@@ -25,7 +28,6 @@ use crate::shard::core::Shard;
 use crate::shard::mailbox::Mailboxes;
 use crate::shard::shared::MIRROR_FAN_OUTS_HIGH;
 pub use crate::shard::shared::{Memory, Shared};
-use crate::shard::ShardId;
 use crate::storage::embedded::Syncer;
 use crate::storage::partitions::PartitionLogs;
 use crate::storage::{db, Durability, StorageError};
@@ -304,7 +306,7 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
         let Some(topic) = frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };
         let bytes: usize = frames.iter().map(|f| f.as_bytes().len()).sum();
         to.tail_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        let owner = crate::shard::owner(&topic, partition, shards);
+        let owner = crate::model::placement::owner(&topic, partition, shards);
         let mut msg = ShardMessage::Mirror(Box::new(Mirrored { partition, frames }));
         // Nor faster than the owner fans them out (its fan-outs yield, so they may queue).
         while to.mirror_fan_outs[owner.index()].load(Ordering::Relaxed) >= MIRROR_FAN_OUTS_HIGH {
@@ -357,11 +359,11 @@ fn reconcile_topics(
                 }
             }
         };
-        if there > crate::shard::MAX_PARTITIONS {
+        if there > crate::model::MAX_PARTITIONS {
             if warned.insert(topic.clone()) {
                 eprintln!(
                     "evmesh: kafka: topic {topic} has {there} partitions on the broker; evmesh serves at most {}: kept at {}",
-                    crate::shard::MAX_PARTITIONS,
+                    crate::model::MAX_PARTITIONS,
                     m.partitions
                 );
             }
@@ -407,7 +409,7 @@ fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to
 /// in partition 0, stored as it was made) with none in a partition of `from..to` starts it at 0.
 #[cfg(feature = "kafka")]
 fn start_new_partitions(shared: &Shared, topic: &str, from: u32, to: u32) {
-    use crate::shard::{owner, PartitionId};
+    use crate::model::{placement::owner, PartitionId};
     use crate::storage::offsets;
     let (db, shards) = (&shared.db, shared.config.shards);
     let subscriptions = crate::storage::meta::list_subscriptions(db).unwrap_or_default();
@@ -442,7 +444,7 @@ fn kept_instance_id(data_dir: &std::path::Path) -> Result<String, StartError> {
     }
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_i64(crate::clock::now_micros());
+    h.write_i64(crate::model::clock::now_micros());
     h.write_u32(std::process::id());
     let id = format!("evmesh-{:016x}", h.finish());
     let tmp = data_dir.join("instance_id.tmp");
@@ -461,7 +463,7 @@ fn heartbeat_of(shared: &Shared, load: &mut crate::cluster::LoadSampler) -> crat
         sessions: m.total(|s| &s.connections_open),
         bytes_per_second,
         cpu_percent,
-        sent_ms: crate::clock::now_micros() / 1000,
+        sent_ms: crate::model::clock::now_micros() / 1000,
     }
 }
 
@@ -471,8 +473,8 @@ fn heartbeat_of(shared: &Shared, load: &mut crate::cluster::LoadSampler) -> crat
 /// one here is logged and left (the one here stays). Runs on the cluster thread, waiting for
 /// the shards' answers.
 fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
+    use crate::model::{placement::meta_owner, ShardId};
     use crate::shard::message::{InterestChange, ShardMessage, SubOutcome, SubRequest};
-    use crate::shard::{meta_owner, ShardId};
     let shards = shared.config.shards;
     let send = |to: ShardId, msg: ShardMessage| send_waiting(shared, to, msg);
     // (A plain thread: the shards' answers are awaited without monoio's timer.)
@@ -481,7 +483,7 @@ fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
     }
     let def = match json.map(serde_json::from_slice::<crate::subscription::definition::Definition>) {
         None => None,
-        Some(Ok(d)) if d.subscription == name && !d.pushed() && crate::shard::valid_topic(&d.topic) => Some(d),
+        Some(Ok(d)) if d.subscription == name && !d.pushed() && crate::model::valid_topic(&d.topic) => Some(d),
         Some(_) => return eprintln!("evmesh: kafka cluster: the definition of {name} is not one; ignored"),
     };
     let outcome = match def {
@@ -532,14 +534,14 @@ fn announce_from_thread(shared: &Shared, name: &str, topic: &str, change: crate:
     use crate::shard::message::{Interest, ShardMessage};
     let shards = shared.config.shards;
     for s in 0..shards {
-        let shard = crate::shard::meta_owner(name, shards);
+        let shard = crate::model::placement::meta_owner(name, shards);
         let i = Interest { subscription: name.to_owned(), topic: topic.to_owned(), shard, change };
-        send_waiting(shared, crate::shard::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
+        send_waiting(shared, crate::model::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
     }
 }
 
 /// Sends a shard a message from a thread of the runtime, waiting while its mailbox is full.
-fn send_waiting(shared: &Shared, to: crate::shard::ShardId, mut msg: crate::shard::message::ShardMessage) {
+fn send_waiting(shared: &Shared, to: crate::model::ShardId, mut msg: crate::shard::message::ShardMessage) {
     while let Err(back) = shared.mailboxes.send(Sender::Admin, to, msg) {
         msg = back;
         std::thread::sleep(Duration::from_millis(1));
@@ -651,8 +653,9 @@ fn forwarded(
 #[cfg(feature = "kafka")]
 fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
     use crate::cluster::replies::{encode_outcome, instance_tag, FORWARD, FROM, KIND, PRINCIPAL, TENANT};
+    use crate::model::ReplyOutcome;
     use crate::shard::message::{ReplyMessage, ShardMessage};
-    use crate::shard::requests::{Correlation, Replier, ReplyOutcome};
+    use crate::shard::requests::{Correlation, Replier};
     let text = |name: &str| {
         r.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| std::str::from_utf8(v).ok()).map(str::to_owned)
     };
@@ -725,7 +728,7 @@ fn apply_offset(shared: &Shared, r: crate::storage::kafka::Replicated, read: &mu
     if r.value.as_deref().is_some_and(|v| offsets::Stored::decode(v).is_none()) {
         return;
     }
-    let shard = crate::shard::owner(topic, partition, shared.config.shards);
+    let shard = crate::model::placement::owner(topic, partition, shared.config.shards);
     match offsets::apply_replicated(&shared.db, shard, r.key.as_bytes(), r.value.as_deref(), r.next) {
         Ok(()) => *read = r.next,
         Err(e) => eprintln!("evmesh: kafka cluster: offset {} of {subscription} not applied: {e}", r.key),
@@ -880,7 +883,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     // Every partition's log opened (its tail recovered) before the shards start: recovery reads
     // up to two segments, which a shard's first append would otherwise do on its core.
     for (topic, m) in crate::storage::meta::list(&shared.db)? {
-        for p in (0..m.partitions).map(crate::shard::PartitionId) {
+        for p in (0..m.partitions).map(crate::model::PartitionId) {
             shared.logs.with(&topic, p, |_| Ok(()))?;
         }
     }
@@ -967,7 +970,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     if closed {
                         shard.shared.metrics.shard(shard.id).connections_rejected.inc();
                     }
-                    let now = crate::storage::offsets::now_ms().max(1);
+                    let now = crate::model::clock::now_ms().max(1);
                     shard.shared.descriptors_short[shard.id.index()].store(now, Ordering::Relaxed);
                 };
                 accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard), short).await

@@ -1,11 +1,12 @@
 //! A shard's pump: the one loop that takes what other cores sent (both lanes of its
-//! mailboxes) and acts on it. It sits above the rest of the shard (core state, delivery,
-//! sessions) and the transports' poll sessions, so none of them depends on it.
+//! mailboxes) and acts on it. It sits above the shard (core state, delivery, sessions) and the
+//! transports (a long-poll request runs the consumer's poll session), so none of them depends
+//! on it; the runtime starts one per shard.
 
 use std::rc::Rc;
 
-use super::core::Shard;
-use super::message::ShardMessage;
+use crate::shard::core::Shard;
+use crate::shard::message::ShardMessage;
 
 impl Shard {
     /// Waits for messages from other cores and handles them, forever.

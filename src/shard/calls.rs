@@ -682,7 +682,7 @@ fn chunk_frame(sid: &str, seq: u64, c: &Chunk<'_>) -> Frame {
         data_kind,
         partition: 0,
         offset: 0,
-        timestamp_us: crate::clock::now_micros(),
+        timestamp_us: crate::model::clock::now_micros(),
         sequence: seq,
     };
     let body = FrameBody { topic: format!(":session.{sid}"), attributes, data };

@@ -17,10 +17,11 @@ use super::mailbox::Sender;
 use super::message::{
     Delivery, EnsureReply, Interest, InterestChange, ReplyMessage, ShardMessage, SubOutcome, SubReply, SubRequest,
 };
-use super::requests::{Correlation, Replier, ReplyOutcome};
+use super::requests::{Correlation, Replier};
 use super::sessions::Sessions;
-use super::{meta_owner, owned_partitions, owner, PartitionId, ShardId};
 use crate::delivery::machine::expired;
+use crate::model::placement::{meta_owner, owned_partitions, owner};
+use crate::model::{PartitionId, ReplyOutcome, ShardId, StoredTopic};
 use crate::shard::shared::Shared;
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
@@ -102,12 +103,12 @@ impl Drop for Claim<'_> {
 
 /// The partition count of a topic the broker has, if evmesh serves that many.
 fn served(topic: &str, partitions: u32) -> Result<u32, StorageError> {
-    if (1..=super::MAX_PARTITIONS).contains(&partitions) {
+    if (1..=crate::model::MAX_PARTITIONS).contains(&partitions) {
         Ok(partitions)
     } else {
         Err(StorageError::Limit(format!(
             "topic {topic} has {partitions} partitions in Kafka; evmesh serves topics of 1 to {}",
-            super::MAX_PARTITIONS
+            crate::model::MAX_PARTITIONS
         )))
     }
 }
@@ -337,7 +338,7 @@ impl Shard {
     }
 
     /// Appends to a partition this shard owns; says whether the frames are readable here now.
-    pub(super) async fn append_local(
+    pub(crate) async fn append_local(
         &self,
         partition: PartitionId,
         frames: &mut [Frame],
@@ -349,7 +350,7 @@ impl Shard {
 
     /// Kafka backend: stores fetched records in the local copy (those not there yet) and
     /// delivers them.
-    pub(super) fn mirror_in(self: &Rc<Self>, m: crate::shard::message::Mirrored) {
+    pub(crate) fn mirror_in(self: &Rc<Self>, m: crate::shard::message::Mirrored) {
         let Some(topic) = m.frames.first().map(|f| f.body().topic.as_str().to_owned()) else { return };
         match self.log.local().put_mirrored(&topic, m.partition, &m.frames, false) {
             Ok(Some(skip)) if skip < m.frames.len() => {
@@ -373,7 +374,7 @@ impl Shard {
     /// Creates or checks a topic; only the topic's meta owner runs this, and one ask per topic
     /// at a time, so creation is serial. `learn`: only take one the broker has (storage =
     /// kafka), never create one.
-    pub(super) async fn ensure_topic_local(
+    pub(crate) async fn ensure_topic_local(
         &self,
         topic: &str,
         spec: Option<TopicMeta>,
@@ -505,7 +506,7 @@ impl Shard {
     }
 
     /// Creates or removes a subscription; only the owner shard of its name runs this.
-    pub(super) async fn subscription_local(self: &Rc<Self>, request: SubRequest) -> SubReply {
+    pub(crate) async fn subscription_local(self: &Rc<Self>, request: SubRequest) -> SubReply {
         let db = &self.shared.db;
         let outcome = match request {
             SubRequest::Create(def) => match meta::get_subscription(db, &def.subscription)? {
@@ -563,7 +564,7 @@ impl Shard {
     /// The topic's settings, creating it with the defaults (or `spec`) if it does not exist.
     /// `internal`: evmesh's own (a dead-letter topic), not subject to the client caps.
     pub async fn topic(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
-        if topic.starts_with(':') {
+        if StoredTopic::new(topic).is_lite() {
             // A lite topic: one partition, no metadata row, created by its first append.
             return Ok((LITE_META, false));
         }
@@ -619,7 +620,7 @@ impl Shard {
     /// The partition count of an existing topic (this shard's cache, else the metadata); never
     /// creates one.
     pub fn partitions_of(&self, topic: &str) -> Option<u32> {
-        if topic.starts_with(':') {
+        if StoredTopic::new(topic).is_lite() {
             return Some(1);
         }
         if let Some(known) = self.topics.borrow().get(topic) {
@@ -664,7 +665,7 @@ impl Shard {
 
     /// Hands a reply to a requester waiting on this shard (what `ShardMessage::Reply` does).
     pub fn fulfil(&self, id: Correlation, frame: Frame, replier: &Replier) -> ReplyOutcome {
-        self.requests.fulfil(id, frame, replier, &self.shared.governance, crate::clock::now_micros())
+        self.requests.fulfil(id, frame, replier, &self.shared.governance, crate::model::clock::now_micros())
     }
 
     /// Sends a reply to where its requester waits, as its `emcorrelationid` says: this shard,
@@ -708,7 +709,7 @@ impl Shard {
         }
     }
 
-    pub(super) fn interest_changed(self: &Rc<Self>, i: Interest) {
+    pub(crate) fn interest_changed(self: &Rc<Self>, i: Interest) {
         if i.change == InterestChange::TopicGrew {
             return self.topic_grew(&i.topic);
         }
@@ -766,9 +767,9 @@ impl Shard {
     ///
     /// `place`: a place in the topic's line taken when the frames became readable (a spawned
     /// fan-out); `None` takes it now, before anything can yield.
-    pub(super) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>, place: Option<Place>) {
+    pub(crate) async fn fan_out(self: &Rc<Self>, frames: Vec<Frame>, place: Option<Place>) {
         let Some(first) = frames.first() else { return };
-        if first.body().topic.as_str().starts_with(':') {
+        if StoredTopic::new(first.body().topic.as_str()).is_lite() {
             // A lite topic has no subscriptions: only its follower, if any, reads it.
             self.shared.watchers.notify(first.body().topic.as_str());
             return;
@@ -792,7 +793,7 @@ impl Shard {
             _ => return,
         };
         // Requests past their deadline are dropped at dispatch, here too.
-        let wall = crate::clock::now_micros();
+        let wall = crate::model::clock::now_micros();
         let requests = frames.iter().any(|f| f.header().kind == frame_codec::FrameKind::Request);
         for i in list.iter() {
             slice.next().await;
@@ -843,7 +844,7 @@ impl Shard {
         let every = (ttl / 8).clamp(std::time::Duration::from_millis(20), std::time::Duration::from_secs(5));
         loop {
             monoio::time::sleep(every).await;
-            let now = crate::storage::offsets::now_ms();
+            let now = crate::model::clock::now_ms();
             self.shared.calls.expire(now, ttl.as_millis() as u64);
             self.shared.tasks.expire(now, ttl.as_millis() as u64);
             if self.id.index() == 0 {
@@ -864,7 +865,7 @@ impl Shard {
                 let ttl = self.shared.config.lite_topic_ttl.as_millis() as u64;
                 let followed = |name: &str| self.shared.watchers.is_followed(name);
                 loop {
-                    match log.expire_lite(crate::storage::offsets::now_ms(), ttl, followed) {
+                    match log.expire_lite(crate::model::clock::now_ms(), ttl, followed) {
                         Ok(gone) => {
                             let n = gone.len() as u64;
                             self.shared.metrics.shard(self.id).lite_topics_expired.add(n);
@@ -885,7 +886,7 @@ impl Shard {
                 }
             }
             let Ok(topics) = meta::list(&self.shared.db) else { continue };
-            let now = crate::clock::now_micros();
+            let now = crate::model::clock::now_micros();
             for (name, m) in topics {
                 for p in owned_partitions(&name, m.partitions, self.id, self.shards()) {
                     if let Err(e) = self.log.enforce_retention(&name, &m, p, now) {

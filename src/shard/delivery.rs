@@ -14,10 +14,11 @@ use futures::channel::oneshot;
 
 use super::core::Shard;
 use super::mailbox::Sender;
-use super::message::{AckKind, Acks, ConsumerKey, Delivery, SessionChange, SessionEvent, ShardMessage};
-use super::partitioner::partition_for_key;
-use super::{owned_partitions, owner, PartitionId, ShardId};
+use super::message::{Acks, Delivery, SessionChange, SessionEvent, ShardMessage};
 use crate::delivery::machine::{Effect, Machine, Source};
+use crate::model::delivery::{AckKind, ConsumerKey};
+use crate::model::placement::{owned_partitions, owner, partition_of};
+use crate::model::{PartitionId, ShardId};
 use crate::storage::{meta, offsets, Log, Storage, StorageError};
 use crate::subscription::definition::{Definition, Mode, Start};
 use crate::subscription::filter;
@@ -330,7 +331,7 @@ impl Shard {
         change(&mut st);
         st.committed = st.attempts.first().map_or(st.next, |&(o, _)| o).max(st.committed);
         if st != before {
-            st.seen_ms = offsets::now_ms();
+            st.seen_ms = crate::model::clock::now_ms();
             let value = st.encode();
             if let Err(e) = offsets::put_encoded(db, self.id, &k, &value) {
                 eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, consumer.subscription);
@@ -414,14 +415,11 @@ impl Shard {
             body.attributes.push(Attribute { name: name.to_owned(), value });
         }
         let mut frame = Frame::encode(&f.header(), &body).map_err(engine)?;
-        frame.set_timestamp(crate::clock::now_micros());
+        frame.set_timestamp(crate::model::clock::now_micros());
         let (m, _) = self.topic(&dlq, None, true).await?;
         // Its local copy is read (GET /admin/dlq, replays): followed where dead letters go.
         self.shared.follow_topic(&dlq);
-        let partition = match frame.body().attr_str("partitionkey") {
-            Some(k) => partition_for_key(k.as_bytes(), m.partitions),
-            None => self.local_partition(&dlq, &m),
-        };
+        let partition = partition_of(&frame, m.partitions).unwrap_or_else(|| self.local_partition(&dlq, &m));
         self.append(&dlq, partition, vec![frame]).await.map(|_| ())
     }
 
@@ -437,7 +435,7 @@ impl Shard {
     /// session attached are seen now, and kept). Bounded work per pass.
     pub fn expire_clients(self: &Rc<Self>) {
         let Some(ttl) = self.shared.config.client_offset_ttl else { return };
-        let before = offsets::now_ms().saturating_sub(ttl.as_millis() as u64);
+        let before = crate::model::clock::now_ms().saturating_sub(ttl.as_millis() as u64);
         let db = &self.shared.db;
         let from = std::mem::take(&mut *self.delivery.expire_cursor.borrow_mut());
         let keys = match offsets::expired_clients(db, self.id, &from, before, EXPIRE_SCAN) {

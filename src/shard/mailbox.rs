@@ -18,7 +18,7 @@ use crossbeam_utils::CachePadded;
 use futures::task::AtomicWaker;
 
 use super::message::ShardMessage;
-use super::ShardId;
+use crate::model::ShardId;
 
 /// Who is sending: a shard, or the admin thread (which sends but never receives).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +132,7 @@ impl Mailboxes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::PartitionId;
+    use crate::model::PartitionId;
 
     #[test]
     fn full_ring_hands_the_message_back() {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use frame_codec::Frame;
 use futures::channel::oneshot;
 
-use super::PartitionId;
+use crate::model::delivery::{AckKind, ConsumerKey, SessionRef};
+use crate::model::PartitionId;
 use crate::storage::{StorageError, TopicMeta};
 use crate::subscription::definition::Definition;
 
@@ -99,24 +100,8 @@ pub enum InterestChange {
 pub struct Interest {
     pub subscription: String,
     pub topic: String,
-    pub shard: super::ShardId,
+    pub shard: crate::model::ShardId,
     pub change: InterestChange,
-}
-
-/// A session of acknowledged delivery, as the shards owning its partitions know it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SessionRef {
-    pub shard: super::ShardId,
-    pub id: u64,
-}
-
-/// Who owns a set of offsets: the subscription alone (`LOAD_BALANCE`), or one client of it
-/// (`BROADCAST`, `MULTICAST`). Offsets are kept under `topic#subscription#partition[#client]`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ConsumerKey {
-    pub subscription: String,
-    /// Empty for `LOAD_BALANCE`; the `clientId`, or a per-session name that is never stored.
-    pub client: String,
 }
 
 /// What changed about an acknowledged session.
@@ -151,25 +136,6 @@ pub struct Acks {
     pub applied: Option<oneshot::Sender<()>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AckKind {
-    /// Processed: never delivered again.
-    Ack,
-    /// Failed: redelivered after the backoff (or dead-lettered after the last attempt).
-    Nack,
-    /// Every delivered offset up to and including the given one was received (SSE resume).
-    UpTo,
-    /// Failed, and not to be tried again for this many milliseconds (a webhook sink's
-    /// `Retry-After`), nor before the backoff.
-    Defer(u32),
-    /// Given back without an attempt (a webhook session whose sink asked it to wait): due again
-    /// after this many milliseconds, its attempt count as it was.
-    Release(u32),
-    /// Refused for good: dead-lettered at once, whatever attempts are left (a classic
-    /// subscriber's `retCode` 3).
-    Reject,
-}
-
 /// Records the Kafka tail fetched for a partition the receiver owns (offsets stamped).
 #[derive(Debug)]
 pub struct Mirrored {
@@ -192,7 +158,7 @@ pub struct ReplyMessage {
     pub id: super::requests::Correlation,
     pub frame: Frame,
     pub replier: super::requests::Replier,
-    pub outcome: oneshot::Sender<Result<super::requests::ReplyOutcome, StorageError>>,
+    pub outcome: oneshot::Sender<Result<crate::model::ReplyOutcome, StorageError>>,
 }
 
 /// A request from one shard (or the admin thread) to another.

@@ -19,9 +19,9 @@ use std::hash::BuildHasher;
 use frame_codec::Frame;
 use futures::channel::oneshot;
 
-use super::ShardId;
 use crate::governance::acl::{Action, Kind};
 use crate::governance::{Governance, View};
+use crate::model::{ReplyOutcome, ShardId};
 
 /// Where a requester waits, as its correlation id says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,41 +73,6 @@ pub struct Replier {
     /// On an agent's WebSocket (`GET /agent/ws`): the agent's stored id and the attachment's
     /// number, which its chunk frames are checked against.
     pub agent: Option<(String, u64)>,
-}
-
-/// What became of a reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplyOutcome {
-    /// A requester waited and has it.
-    Delivered,
-    /// Nobody waits for it: unknown, already answered, its requester gone, or another
-    /// tenant's (which must not learn that the id exists).
-    Unknown,
-    /// Its request's deadline passed.
-    Late,
-    /// The replier may not reply to that request's topic (the deciding ACL rule, if any).
-    Denied { topic: String, rule: Option<String> },
-    /// The reply carries no `emcorrelationid`.
-    MissingId,
-    /// Its requester waits at another instance, which did not answer in time
-    /// (`cluster::replies::WAIT`) or is not live.
-    Unreachable,
-}
-
-impl ReplyOutcome {
-    /// The HTTP status that tells a replier what became of its reply, and a detail for the
-    /// problem (nothing for a delivered reply).
-    pub fn status(&self, replier: &str) -> (u16, String) {
-        match self {
-            ReplyOutcome::Delivered => (202, String::new()),
-            ReplyOutcome::Unknown | ReplyOutcome::Late => {
-                (404, "no request waits for this reply (unknown, expired or already answered)".into())
-            }
-            ReplyOutcome::Denied { topic, .. } => (403, format!("{replier} may not REPLY topic:{topic}")),
-            ReplyOutcome::MissingId => (400, "a reply carries the request's emcorrelationid".into()),
-            ReplyOutcome::Unreachable => (503, "the instance where the request waits did not answer; try again".into()),
-        }
-    }
 }
 
 /// Why a request could not wait here.

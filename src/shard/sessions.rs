@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use crate::queue;
 use frame_codec::{AttrValue, Frame};
 
-use super::message::{ConsumerKey, Delivery};
+use crate::model::delivery::ConsumerKey;
+
+use super::message::Delivery;
 use crate::adaptor::cloudevents::write_structured;
 use crate::delivery::delivery_id;
 use crate::ws::{encode_frame, OpCode};

@@ -251,7 +251,7 @@ impl Shared {
         if self.kafka.is_some() {
             let forget = self.config.agent_heartbeat_timeout.saturating_mul(10);
             let Some(before) = Instant::now().checked_sub(forget) else { return };
-            let now_ms = crate::storage::offsets::now_ms();
+            let now_ms = crate::model::clock::now_ms();
             for key in self.homes.held(&self.config.instance_id, "agent/", before) {
                 let stored = &key["agent/".len()..];
                 let served =
@@ -267,7 +267,7 @@ impl Shared {
     /// process out of descriptors within [`STALLED_AFTER`], or this thread finding it so now.
     /// `None` when files open.
     pub fn descriptors_short(&self) -> Option<String> {
-        let now = crate::storage::offsets::now_ms();
+        let now = crate::model::clock::now_ms();
         let recent = |at: u64| at > 0 && now.saturating_sub(at) < STALLED_AFTER.as_millis() as u64;
         let shards: Vec<usize> = (0..self.descriptors_short.len())
             .filter(|&i| recent(self.descriptors_short[i].load(Ordering::Relaxed)))
@@ -304,7 +304,7 @@ impl Shared {
             if !self.followed.lock().expect("not poisoned").contains(topic) {
                 return;
             }
-            for p in (from..to).map(super::PartitionId) {
+            for p in (from..to).map(crate::model::PartitionId) {
                 let at = self.local_end(topic, p).unwrap_or(0);
                 k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p.0, from: at });
             }
@@ -325,7 +325,7 @@ impl Shared {
         if let Some(k) = &self.kafka {
             {
                 let mut followed = self.followed.lock().expect("not poisoned");
-                if topic.starts_with(':') || followed.contains(topic) {
+                if crate::model::StoredTopic::new(topic).is_lite() || followed.contains(topic) {
                     return;
                 }
                 followed.insert(topic.to_owned());
@@ -337,7 +337,7 @@ impl Shared {
                     return;
                 }
             };
-            for p in (0..partitions).map(super::PartitionId) {
+            for p in (0..partitions).map(crate::model::PartitionId) {
                 let from = self.local_end(topic, p).unwrap_or(0);
                 k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p.0, from });
             }
@@ -347,8 +347,8 @@ impl Shared {
     }
 
     /// The end of the local copy of a partition (what its owner wrote of it).
-    pub fn local_end(&self, topic: &str, p: super::PartitionId) -> Result<u64, crate::storage::StorageError> {
-        let owner = super::owner(topic, p, self.config.shards);
+    pub fn local_end(&self, topic: &str, p: crate::model::PartitionId) -> Result<u64, crate::storage::StorageError> {
+        let owner = crate::model::placement::owner(topic, p, self.config.shards);
         let local = crate::storage::embedded::EmbeddedLog::new(
             self.db.clone(),
             self.logs.clone(),
@@ -368,8 +368,8 @@ impl Shared {
         tag: u64,
         frame: frame_codec::Frame,
         replier: super::requests::Replier,
-    ) -> super::requests::ReplyOutcome {
-        use super::requests::ReplyOutcome;
+    ) -> crate::model::ReplyOutcome {
+        use crate::model::ReplyOutcome;
         #[cfg(feature = "kafka")]
         if let Some(k) = &self.kafka {
             use crate::cluster::replies::{instance_tag, FORWARD, FROM, KIND, PRINCIPAL, TENANT, WAIT};

@@ -36,7 +36,7 @@ use super::db::log_cf;
 use super::partitions::{PartitionLogs, Slot};
 use super::segment::{PartitionLog, Written};
 use super::{Bounds, Durability, Storage, StorageError, TopicMeta};
-use crate::shard::{PartitionId, ShardId};
+use crate::model::{PartitionId, ShardId};
 
 pub(super) fn prefix(topic: &str, partition: PartitionId) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + topic.len() + 12);
@@ -249,12 +249,12 @@ pub const LITE_CACHE: usize = 16_384;
 const LITE_EXPIRE_BATCH: usize = 1_000;
 
 fn is_lite(pre: &[u8]) -> bool {
-    pre.get(1) == Some(&b':')
+    pre.get(1) == Some(&crate::model::topic::LITE_MARK)
 }
 
 /// What [`is_lite`] says of the topic's prefix, from its name.
 fn topic_is_lite(topic: &str) -> bool {
-    topic.starts_with(':')
+    crate::model::StoredTopic::new(topic).is_lite()
 }
 
 /// The name part of a lite topic's partition prefix.
@@ -396,7 +396,7 @@ impl Inner {
         let fsync = self.durability == Durability::Fsync;
         // Each staged partition: one write. Nothing awaited between staging and here, so every
         // append staged is in these batches.
-        let now = crate::clock::now_micros();
+        let now = crate::model::clock::now_micros();
         let mut written = Vec::new();
         let mut parts = Vec::with_capacity(staged.len());
         for slot in staged {
@@ -596,7 +596,7 @@ impl EmbeddedLog {
             if contiguous && first.header().offset != next {
                 return Ok(None);
             }
-            log.write_at(rest, crate::clock::now_micros())?;
+            log.write_at(rest, crate::model::clock::now_micros())?;
             Ok(Some(skip))
         })
     }
@@ -788,7 +788,7 @@ impl Storage for EmbeddedLog {
                 s.hot |= cached;
                 if is_lite(&pre) {
                     // The index of last traffic, when it moved by over 1/16 of the TTL.
-                    let now = super::offsets::now_ms();
+                    let now = crate::model::clock::now_ms();
                     if now.saturating_sub(s.touched_ms) > self.inner.lite_ttl_ms / 16 {
                         let name = lite_name(&pre);
                         if s.touched_ms != 0 {

@@ -40,7 +40,7 @@ use super::{Bounds, KafkaSettings, Storage, StorageError, TopicMeta};
 use crate::cluster::homes::HOMES_TOPIC;
 use crate::cluster::replies::REPLIES_TOPIC;
 use crate::cluster::{Heartbeat, INSTANCES_TOPIC, SUBSCRIPTIONS_TOPIC};
-use crate::shard::PartitionId;
+use crate::model::PartitionId;
 
 /// The consumer group id librdkafka insists on; never joined, never committed to.
 pub const ASSIGN_ONLY_GROUP: &str = "evmesh-assign-only-never-joined";
@@ -272,7 +272,7 @@ impl KafkaBackend {
             .topics()
             .iter()
             .filter_map(|t| Some((t.name().strip_prefix(prefix.as_str())?.to_owned(), described(t))))
-            .filter(|(name, _)| !name.starts_with("__evmesh.") && crate::shard::valid_topic(name))
+            .filter(|(name, _)| !name.starts_with("__evmesh.") && crate::model::valid_topic(name))
             .collect())
     }
 
@@ -546,7 +546,7 @@ impl KafkaBackend {
                 Some(Ok(m)) => {
                     let Some(hb) = m.payload().and_then(Heartbeat::parse) else { continue };
                     let age = match m.offset() < caught_up_at.1 {
-                        true => (crate::clock::now_micros() / 1000).saturating_sub(hb.sent_ms),
+                        true => (crate::model::clock::now_micros() / 1000).saturating_sub(hb.sent_ms),
                         false => 0,
                     };
                     heard(hb, Duration::from_millis(age.max(0) as u64));

@@ -23,7 +23,7 @@ use std::future::Future;
 use frame_codec::Frame;
 use serde::{Deserialize, Serialize};
 
-use crate::shard::PartitionId;
+use crate::model::{PartitionId, StoredTopic};
 
 /// How far an acknowledged append has gone before the 202.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -193,7 +193,7 @@ impl Log {
 
     /// The log that holds `topic`: [`Log::lite`] for a lite topic, else [`Log::local`].
     fn holding(&self, topic: &str) -> &embedded::EmbeddedLog {
-        if topic.starts_with(':') {
+        if StoredTopic::new(topic).is_lite() {
             self.lite()
         } else {
             self.local()
@@ -211,7 +211,7 @@ impl Log {
         match self {
             Log::Embedded(l) => l.append(topic, partition, frames).await.map(|first| (first, true)),
             #[cfg(feature = "kafka")]
-            Log::Kafka(k) if topic.starts_with(':') => {
+            Log::Kafka(k) if StoredTopic::new(topic).is_lite() => {
                 k.lite.append(topic, partition, frames).await.map(|first| (first, true))
             }
             #[cfg(feature = "kafka")]

@@ -10,7 +10,7 @@ use rocksdb::DB;
 
 use super::db::offsets_cf;
 use super::StorageError;
-use crate::shard::{PartitionId, ShardId};
+use crate::model::{PartitionId, ShardId};
 
 /// The key of one committed offset.
 pub fn key(topic: &str, subscription: &str, partition: PartitionId, client: &str) -> Vec<u8> {
@@ -144,7 +144,7 @@ pub fn apply_replicated(
 pub fn parse_key(key: &str) -> Option<(&str, &str, PartitionId, &str)> {
     let mut parts = key.splitn(4, '#');
     let (topic, subscription, partition) = (parts.next()?, parts.next()?, parts.next()?);
-    let valid = |n: &str| crate::shard::valid_topic(n);
+    let valid = |n: &str| crate::model::valid_topic(n);
     let client = match parts.next() {
         None => "",
         Some(c) if valid(c) => c,

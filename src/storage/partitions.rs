@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::segment::{PartitionLog, SegmentError};
 use super::StorageError;
-use crate::shard::PartitionId;
+use crate::model::PartitionId;
 
 /// One partition's log, opened on first use.
 pub type Slot = Arc<Mutex<Option<PartitionLog>>>;
@@ -78,7 +78,7 @@ impl PartitionLogs {
     /// Notes `e` if it says the process is out of descriptors (see [`PartitionLogs::short_at`]).
     pub fn note(&self, e: &SegmentError) {
         if e.out_of_descriptors() {
-            self.short_at.store(super::offsets::now_ms().max(1), Ordering::Relaxed);
+            self.short_at.store(crate::model::clock::now_ms().max(1), Ordering::Relaxed);
         }
     }
 

@@ -14,7 +14,7 @@ use super::embedded::{EmbeddedLog, SyncError, SyncTicket, Syncer};
 use super::kafka::{KafkaBackend, KafkaLog};
 use super::partitions::PartitionLogs;
 use super::{db, Bounds, Durability, Log, Storage, TopicMeta};
-use crate::shard::{PartitionId, ShardId};
+use crate::model::{PartitionId, ShardId};
 
 /// The lite-topic TTL the suite's logs run with.
 const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -102,7 +102,7 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 topic_refresh: std::time::Duration::from_secs(10),
             };
             let k = KafkaBackend::connect(settings).unwrap();
-            let stamp = format!("{}-{}", std::process::id(), crate::clock::now_micros());
+            let stamp = format!("{}-{}", std::process::id(), crate::model::clock::now_micros());
             let names: Vec<String> = topics.iter().map(|t| format!("suite-{stamp}-{t}")).collect();
             for n in &names {
                 block_on(k.ensure_topic(n, super::kafka::TopicAsk::Create { partitions: 4, exact: true })).unwrap();

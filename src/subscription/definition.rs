@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use super::filter::{self, Filter};
-use crate::shard::valid_topic;
+use crate::model::valid_topic;
 
 /// How events of a subscription are spread over its attached sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

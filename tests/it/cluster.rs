@@ -928,7 +928,7 @@ mod on_kafka {
             let r = all[i % 3].publish("orders", &e);
             assert_eq!(r.status, 202, "at {}: {}", i % 3, r.text());
             let p = r.json()["partition"].as_u64().unwrap();
-            assert_eq!(p, evmesh::shard::partitioner::partition_for_key(format!("key-{i}").as_bytes(), 6).0 as u64);
+            assert_eq!(p, evmesh::model::placement::partition_for_key(format!("key-{i}").as_bytes(), 6).0 as u64);
             partitions.insert(p);
             want.insert(format!("o{i}"));
         }
@@ -1023,7 +1023,7 @@ mod on_kafka {
             let r = all[i % 3].publish("grows", &e);
             assert_eq!(r.status, 202, "{}", r.text());
             let p = r.json()["partition"].as_u64().unwrap();
-            assert_eq!(p, evmesh::shard::partitioner::partition_for_key(key.as_bytes(), 4).0 as u64);
+            assert_eq!(p, evmesh::model::placement::partition_for_key(key.as_bytes(), 4).0 as u64);
             partitions.insert(p);
             want.insert(format!("g{i}"));
         }

@@ -62,7 +62,7 @@ pub(super) fn keys(n: u32) -> Vec<String> {
     let mut out: Vec<Option<String>> = vec![None; n as usize];
     for i in 0.. {
         let k = format!("key{i}");
-        let p = evmesh::shard::partitioner::partition_for_key(k.as_bytes(), n).0 as usize;
+        let p = evmesh::model::placement::partition_for_key(k.as_bytes(), n).0 as usize;
         out[p].get_or_insert(k);
         if out.iter().all(Option::is_some) {
             return out.into_iter().map(Option::unwrap).collect();

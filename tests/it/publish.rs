@@ -7,7 +7,7 @@ use serde_json::json;
 use super::util::{event, request_bytes, TestBroker};
 
 fn murmur2_partition(key: &str, partitions: u32) -> u32 {
-    (evmesh::shard::partitioner::murmur2(key.as_bytes()) & 0x7fff_ffff) % partitions
+    (evmesh::model::placement::murmur2(key.as_bytes()) & 0x7fff_ffff) % partitions
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn keyed_events_spread_over_shards_and_keep_order_per_partition() {
     for p in 0..8 {
         let stored = b.events("keyed", p);
         if !stored.is_empty() {
-            owners.insert(evmesh::shard::owner("keyed", evmesh::shard::PartitionId(p), 2));
+            owners.insert(evmesh::model::placement::owner("keyed", evmesh::model::PartitionId(p), 2));
         }
         let mut last: HashMap<(i64, String), i64> = HashMap::new();
         for (i, (o, e)) in stored.iter().enumerate() {

@@ -72,10 +72,10 @@ fn round_trip_by_frame_and_by_post_in_every_content_mode() {
         // Structured in, WebSocket reply frame back.
         let ev = json!({"specversion": "1.0", "id": "q1", "source": "/client", "type": "ask",
                         "emcorrelationid": "forged", "data": {"n": 1}});
-        let before = evmesh::adaptor::rfc3339_from_micros(evmesh::clock::now_micros() + 5_000_000);
+        let before = evmesh::adaptor::rfc3339_from_micros(evmesh::model::clock::now_micros() + 5_000_000);
         let pending = request_async(&b, "rpc", 5000, structured(), ev.to_string().into_bytes());
         let req = recv(&mut ws, Duration::from_secs(5));
-        let after = evmesh::adaptor::rfc3339_from_micros(evmesh::clock::now_micros() + 5_000_000);
+        let after = evmesh::adaptor::rfc3339_from_micros(evmesh::model::clock::now_micros() + 5_000_000);
         let id = req["emcorrelationid"].as_str().unwrap();
         // 1.<instance>.<shard>.<slot>.<gen>.<token>: the instance tag names this instance.
         assert!(id.starts_with("1.") && id.split('.').count() == 6 && id != "forged", "{req}");
@@ -141,7 +141,7 @@ fn deadline_is_504_late_and_unknown_replies_are_404_bad_ones_400() {
     assert!(waited >= Duration::from_millis(950) && waited < Duration::from_secs(5), "{waited:?}");
     let stored = b.events("rpc", 0).into_iter().chain(b.events("rpc", 1)).next().expect("the request is stored").1;
     let expiry = evmesh::adaptor::rfc3339_micros(stored["emexpiry"].as_str().unwrap()).unwrap();
-    assert!(expiry <= evmesh::clock::now_micros(), "capped to 1 s: {stored}");
+    assert!(expiry <= evmesh::model::clock::now_micros(), "capped to 1 s: {stored}");
     // Its reply, now late.
     let mut reply = event("re-q1");
     reply["emcorrelationid"] = stored["emcorrelationid"].clone();

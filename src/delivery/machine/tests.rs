@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use frame_codec::{AttrValue, Attribute, DataKind, FrameBody, FrameHeader};
 
 use super::*;
-use crate::shard::ShardId;
+use crate::model::ShardId;
 
 const TOPIC: &str = "t";
 const EVENT_BYTES: usize = 100;
@@ -87,7 +87,7 @@ impl Log {
 /// The wall clock as the machine reads it, µs since the epoch (the test's in-memory log uses
 /// the real one: deadlines are set relative to it).
 fn wall() -> i64 {
-    crate::clock::now_micros()
+    crate::model::clock::now_micros()
 }
 
 fn frame_bytes() -> usize {

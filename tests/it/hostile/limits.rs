@@ -162,7 +162,7 @@ fn keys_for(n: u32) -> Vec<String> {
     let (mut left, mut i) = (n, 0u64);
     while left > 0 {
         let k = format!("k{i}");
-        let p = evmesh::shard::partitioner::partition_for_key(k.as_bytes(), n).0 as usize;
+        let p = evmesh::model::placement::partition_for_key(k.as_bytes(), n).0 as usize;
         if keys[p].is_empty() {
             keys[p] = k;
             left -= 1;
