@@ -19,7 +19,7 @@ use crate::ingress::storage_problem;
 use crate::model::placement::{meta_owner, owner};
 use crate::model::{valid_topic, PartitionId, MAX_PARTITIONS};
 use crate::server::{Handler, Request, Response};
-use crate::shard::mailbox::Sender;
+use crate::shard::mailbox::{Overflow, Sender};
 use crate::shard::message::{EnsureReply, ShardMessage};
 use crate::shard::shared::Shared;
 use crate::storage::embedded::EmbeddedLog;
@@ -1049,10 +1049,8 @@ impl Admin {
             return;
         }
         let to = meta_owner(topic, self.shared.config.shards);
-        let (msg, rx) = ShardMessage::learn_topic(topic.to_owned());
-        if self.shared.mailboxes.send(Sender::Admin, to, msg).is_ok() {
-            let _ = crate::shard::core::reply(rx).await;
-        }
+        let asked = ShardMessage::learn_topic(topic.to_owned());
+        let _ = self.shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Shed).await;
     }
 
     /// [`Admin::learn`] for `topic` and its dead-letter topic.
@@ -1092,9 +1090,8 @@ impl Admin {
 
     async fn ensure(&self, topic: &str, spec: TopicMeta) -> EnsureReply {
         let to = meta_owner(topic, self.shared.config.shards);
-        let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), Some(spec), false);
-        self.shared.mailboxes.send(Sender::Admin, to, msg).map_err(|_| StorageError::Unavailable("mailbox full"))?;
-        crate::shard::core::reply(rx).await
+        let asked = ShardMessage::ensure_topic(topic.to_owned(), Some(spec), false);
+        self.shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Shed).await
     }
 
     /// The settings of `topic` and of `<topic>.dlq`; 404 when the topic does not exist.
@@ -1200,12 +1197,9 @@ impl Admin {
                 }
                 for (p, frames) in by_partition {
                     let n = frames.len() as u64;
-                    let (msg, rx) = ShardMessage::append(p, frames);
-                    self.shared
-                        .mailboxes
-                        .send(Sender::Admin, owner(topic, p, shards), msg)
-                        .map_err(|_| Err(StorageError::Unavailable("mailbox full")))?;
-                    crate::shard::core::reply(rx).await.map_err(Err)?;
+                    let asked = ShardMessage::append(p, frames);
+                    let to = owner(topic, p, shards);
+                    self.shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Shed).await.map_err(Err)?;
                     replayed += n;
                 }
                 meta::set_dlq_replayed(&self.shared.db, topic, dp.0, last + 1).map_err(Err)?;

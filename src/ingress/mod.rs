@@ -36,8 +36,8 @@ use crate::model::{valid_topic, PartitionId, StoredTopic};
 use crate::server::conn::{ConnGuard, ConnLimits, Peer};
 use crate::server::upgrade::Credential;
 use crate::server::{Handler, Request, Response, SessionSpec, Upgrade};
-use crate::shard::core::{Shard, CROSS_CORE_DEADLINE, OUTBOX_HIGH};
-use crate::shard::mailbox::Sender;
+use crate::shard::core::{Shard, OUTBOX_HIGH};
+use crate::shard::mailbox::{Overflow, Sender, CROSS_CORE_DEADLINE};
 use crate::shard::message::{InterestChange, PollRequest, ShardMessage, SubOutcome, SubRequest};
 use crate::storage::StorageError;
 use crate::subscription::definition::{Definition, Mode as SubMode};
@@ -900,14 +900,13 @@ impl Traffic {
             events.iter().map(|e| e.to_vec()).collect()
         } else {
             let (reply, rx) = futures::channel::oneshot::channel();
-            let msg = ShardMessage::Poll(Box::new(PollRequest { spec, max, wait, reply }));
-            if self.shard.shared.mailboxes.send(Sender::Shard(self.shard.id), home, msg).is_err() {
-                return storage_problem(&StorageError::Unavailable("mailbox full"));
-            }
-            match monoio::time::timeout(wait + CROSS_CORE_DEADLINE, rx).await {
-                Ok(Ok(events)) => events,
-                Ok(Err(_)) => return storage_problem(&StorageError::Unavailable("shard stopped")),
-                Err(_) => return storage_problem(&StorageError::Unavailable("no answer from the poll's home shard")),
+            let asked = (ShardMessage::Poll(Box::new(PollRequest { spec, max, wait, reply })), rx);
+            // The poll's own wait, and then the deadline of any request.
+            let deadline = wait + CROSS_CORE_DEADLINE;
+            let from = Sender::Shard(self.shard.id);
+            match self.shard.shared.mailboxes.ask_within(from, home, asked, Overflow::Shed, deadline).await {
+                Ok(events) => events,
+                Err(e) => return storage_problem(&e),
             }
         };
         if events.is_empty() {

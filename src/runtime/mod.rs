@@ -25,7 +25,7 @@ use crate::server::listen::bind_shared;
 use crate::server::tls::TlsAcceptor;
 use crate::server::{ConnGuard, Handler, Stream};
 use crate::shard::core::Shard;
-use crate::shard::mailbox::Mailboxes;
+use crate::shard::mailbox::{Mailboxes, Overflow};
 use crate::shard::shared::MIRROR_FAN_OUTS_HIGH;
 pub use crate::shard::shared::{Memory, Shared};
 use crate::storage::embedded::Syncer;
@@ -134,6 +134,15 @@ pub fn resolve_driver(d: IoDriver) -> IoDriver {
         IoDriver::Auto if monoio::utils::detect_uring() => IoDriver::Uring,
         IoDriver::Auto => IoDriver::Epoll,
         other => other,
+    }
+}
+
+/// Runs one of the cluster's appliers (a thread of its own that waits for the shards' answers)
+/// on a runtime of its own, whose timer bounds those waits (`Mailboxes::ask`).
+#[cfg(feature = "kafka")]
+fn applier(what: &str, run: impl std::future::Future<Output = ()>) {
+    if let Err(e) = block_on(IoDriver::Epoll, run) {
+        eprintln!("evmesh: the {what} thread could not start its runtime: {e}");
     }
 }
 
@@ -292,14 +301,16 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
     // so the shards serve (and answer 503) meanwhile.
     let (k, to) = (kafka.clone(), shared.clone());
     std::thread::Builder::new().name("evmesh-kafka-topics".into()).spawn(move || {
-        let mut warned = std::collections::HashSet::new();
-        loop {
-            match k.topics() {
-                Ok(on_broker) => reconcile_topics(&to, &k, &on_broker.into_iter().collect(), &mut warned),
-                Err(e) => eprintln!("evmesh: kafka: reading the broker's topics: {e}"),
+        applier("kafka-topics", async move {
+            let mut warned = std::collections::HashSet::new();
+            loop {
+                match k.topics() {
+                    Ok(on_broker) => reconcile_topics(&to, &k, &on_broker.into_iter().collect(), &mut warned).await,
+                    Err(e) => eprintln!("evmesh: kafka: reading the broker's topics: {e}"),
+                }
+                std::thread::sleep(k.topic_refresh());
             }
-            std::thread::sleep(k.topic_refresh());
-        }
+        })
     })?;
     let to = shared.clone();
     kafka.start_tail(move |(partition, frames)| {
@@ -307,16 +318,13 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
         let bytes: usize = frames.iter().map(|f| f.as_bytes().len()).sum();
         to.tail_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         let owner = crate::model::placement::owner(&topic, partition, shards);
-        let mut msg = ShardMessage::Mirror(Box::new(Mirrored { partition, frames }));
+        let msg = ShardMessage::Mirror(Box::new(Mirrored { partition, frames }));
         // Nor faster than the owner fans them out (its fan-outs yield, so they may queue).
         while to.mirror_fan_outs[owner.index()].load(Ordering::Relaxed) >= MIRROR_FAN_OUTS_HIGH {
             std::thread::sleep(Duration::from_millis(1));
         }
         // Never dropped: the local copy must not get a hole. Wait for room instead.
-        while let Err(back) = to.mailboxes.send(Sender::Admin, owner, msg) {
-            msg = back;
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        to.mailboxes.post_from_thread(owner, msg);
     })?;
     Ok(())
 }
@@ -326,7 +334,7 @@ fn start_kafka(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(), St
 /// taken ([`grow_topic`]), a topic missing there is made there (a new Kafka cluster, or one
 /// made here while the broker was away), a lower count there is logged once and left.
 #[cfg(feature = "kafka")]
-fn reconcile_topics(
+async fn reconcile_topics(
     shared: &Shared,
     k: &KafkaBackend,
     on_broker: &std::collections::HashMap<String, Option<u32>>,
@@ -344,7 +352,7 @@ fn reconcile_topics(
             Some(None) => continue,
             None => {
                 let ask = TopicAsk::Create { partitions: m.partitions, exact: false };
-                match futures::executor::block_on(k.ensure_topic(&topic, ask)) {
+                match k.ensure_topic(&topic, ask).await {
                     Ok(t) => {
                         warned.remove(&format!("make {topic}"));
                         t.partitions
@@ -368,7 +376,7 @@ fn reconcile_topics(
                 );
             }
         } else if there > m.partitions {
-            grow_topic(shared, &topic, m, there);
+            grow_topic(shared, &topic, m, there).await;
         } else if there < m.partitions && warned.insert(topic.clone()) {
             eprintln!(
                 "evmesh: kafka: {topic} has {there} partitions on the broker and {} here (a topic made again?); kept as it is here",
@@ -387,7 +395,7 @@ fn reconcile_topics(
 /// (`Shard::topic_grew`). Keys map to other partitions from then on, as for Kafka's own
 /// producers. (A count past `MAX_PARTITIONS` never gets here: `reconcile_topics` logs it.)
 #[cfg(feature = "kafka")]
-fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to: u32) {
+async fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to: u32) {
     let from = m.partitions;
     eprintln!("evmesh: kafka: topic {topic} grew from {from} to {to} partitions on the broker");
     start_new_partitions(shared, topic, from, to);
@@ -397,12 +405,12 @@ fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to
     }
     start_new_partitions(shared, topic, from, to);
     if let (Some(s), Durability::Fsync) = (&shared.syncer, shared.config.durability) {
-        if let Err(e) = futures::executor::block_on(s.sync_wal()) {
+        if let Err(e) = s.sync_wal().await {
             eprintln!("evmesh: kafka: {topic}: its new partition count not synced: {e}");
         }
     }
     shared.follow_grown(topic, from, to);
-    announce_from_thread(shared, "", topic, crate::shard::message::InterestChange::TopicGrew);
+    announce(shared, "", topic, crate::shard::message::InterestChange::TopicGrew).await;
 }
 
 /// [`grow_topic`]'s starts: each consumer of `topic`'s subscriptions (every one has a position
@@ -472,15 +480,10 @@ fn heartbeat_of(shared: &Shared, load: &mut crate::cluster::LoadSampler) -> crat
 /// its name; a removal closes the sessions attached here). A definition that differs from the
 /// one here is logged and left (the one here stays). Runs on the cluster thread, waiting for
 /// the shards' answers.
-fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
-    use crate::model::{placement::meta_owner, ShardId};
+async fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
+    use crate::model::placement::meta_owner;
     use crate::shard::message::{InterestChange, ShardMessage, SubOutcome, SubRequest};
     let shards = shared.config.shards;
-    let send = |to: ShardId, msg: ShardMessage| send_waiting(shared, to, msg);
-    // (A plain thread: the shards' answers are awaited without monoio's timer.)
-    fn wait<T>(rx: futures::channel::oneshot::Receiver<Result<T, StorageError>>) -> Result<T, StorageError> {
-        futures::executor::block_on(rx).unwrap_or(Err(StorageError::Unavailable("shard stopped")))
-    }
     let def = match json.map(serde_json::from_slice::<crate::subscription::definition::Definition>) {
         None => None,
         Some(Ok(d)) if d.subscription == name && !d.pushed() && crate::model::valid_topic(&d.topic) => Some(d),
@@ -488,26 +491,24 @@ fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
     };
     let outcome = match def {
         Some(def) => {
-            let (msg, rx) = ShardMessage::ensure_topic(def.topic.clone(), None, false);
-            send(meta_owner(&def.topic, shards), msg);
-            if let Err(e) = wait(rx) {
+            let asked = ShardMessage::ensure_topic(def.topic.clone(), None, false);
+            let to = meta_owner(&def.topic, shards);
+            if let Err(e) = shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Wait).await {
                 return eprintln!("evmesh: kafka cluster: subscription {name} not applied: its topic: {e}");
             }
-            let (msg, rx) = ShardMessage::subscription(SubRequest::Create(def));
-            send(meta_owner(name, shards), msg);
-            wait(rx)
+            let asked = ShardMessage::subscription(SubRequest::Create(def));
+            shared.mailboxes.ask(Sender::Admin, meta_owner(name, shards), asked, Overflow::Wait).await
         }
         None => {
             let topic = match crate::storage::meta::get_subscription(&shared.db, name) {
                 Ok(Some(d)) if !d.pushed() => d.topic,
                 _ => return,
             };
-            let (msg, rx) = ShardMessage::subscription(SubRequest::Remove(name.to_owned()));
-            send(meta_owner(name, shards), msg);
-            let outcome = wait(rx);
+            let asked = ShardMessage::subscription(SubRequest::Remove(name.to_owned()));
+            let outcome = shared.mailboxes.ask(Sender::Admin, meta_owner(name, shards), asked, Overflow::Wait).await;
             if matches!(outcome, Ok(SubOutcome::Removed)) {
                 // Sessions attached here, on whatever shard, are closed cleanly (1000).
-                announce_from_thread(shared, name, &topic, InterestChange::Removed);
+                announce(shared, name, &topic, InterestChange::Removed).await;
             }
             outcome
         }
@@ -530,21 +531,15 @@ enum ClusterWork {
 
 /// `Shard::announce` from a thread of the runtime: tells every shard of
 /// a change to subscription `name` (of `topic`), waiting while a mailbox is full.
-fn announce_from_thread(shared: &Shared, name: &str, topic: &str, change: crate::shard::message::InterestChange) {
+async fn announce(shared: &Shared, name: &str, topic: &str, change: crate::shard::message::InterestChange) {
     use crate::shard::message::{Interest, ShardMessage};
     let shards = shared.config.shards;
     for s in 0..shards {
         let shard = crate::model::placement::meta_owner(name, shards);
         let i = Interest { subscription: name.to_owned(), topic: topic.to_owned(), shard, change };
-        send_waiting(shared, crate::model::ShardId(s as u16), ShardMessage::Interest(Box::new(i)));
-    }
-}
-
-/// Sends a shard a message from a thread of the runtime, waiting while its mailbox is full.
-fn send_waiting(shared: &Shared, to: crate::model::ShardId, mut msg: crate::shard::message::ShardMessage) {
-    while let Err(back) = shared.mailboxes.send(Sender::Admin, to, msg) {
-        msg = back;
-        std::thread::sleep(Duration::from_millis(1));
+        let msg = ShardMessage::Interest(Box::new(i));
+        // Waiting never gives up: nothing to handle.
+        let _ = shared.mailboxes.post(Sender::Admin, crate::model::ShardId(s as u16), msg, Overflow::Wait).await;
     }
 }
 
@@ -651,7 +646,7 @@ fn forwarded(
 /// A reply another instance forwarded here: handed to the shard its correlation id names,
 /// exactly as a reply made here (tenant, ACL, deadline), and the outcome written back.
 #[cfg(feature = "kafka")]
-fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
+async fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
     use crate::cluster::replies::{encode_outcome, instance_tag, FORWARD, FROM, KIND, PRINCIPAL, TENANT};
     use crate::model::ReplyOutcome;
     use crate::shard::message::{ReplyMessage, ShardMessage};
@@ -669,9 +664,8 @@ fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
         (Some(frame), Some(id)) if id.instance == me && id.shard.index() < shared.config.shards => {
             let replier = Replier { principal: text(PRINCIPAL), tenant: text(TENANT), agent: None };
             let (outcome, rx) = futures::channel::oneshot::channel();
-            let msg = ShardMessage::Reply(Box::new(ReplyMessage { id, frame, replier, outcome }));
-            send_waiting(shared, id.shard, msg);
-            futures::executor::block_on(rx).ok().and_then(Result::ok).unwrap_or(ReplyOutcome::Unknown)
+            let asked = (ShardMessage::Reply(Box::new(ReplyMessage { id, frame, replier, outcome })), rx);
+            shared.mailboxes.ask(Sender::Admin, id.shard, asked, Overflow::Wait).await.unwrap_or(ReplyOutcome::Unknown)
         }
         (Some(_), Some(_)) => ReplyOutcome::Unknown,
     };
@@ -685,10 +679,10 @@ fn take_forwarded_reply(shared: &Shared, r: crate::storage::kafka::Forwarded) {
 /// Another instance claimed subscription `name` from this one (it was thought dead, or two
 /// choices crossed): every shard closes its sessions of it (`InterestChange::HomeMoved`).
 #[cfg(feature = "kafka")]
-fn home_moved(shared: &Shared, name: &str) {
+async fn home_moved(shared: &Shared, name: &str) {
     let Ok(Some(def)) = crate::storage::meta::get_subscription(&shared.db, name) else { return };
     eprintln!("evmesh: another instance is the home of subscription {name} now: closing its sessions here");
-    announce_from_thread(shared, name, &def.topic, crate::shard::message::InterestChange::HomeMoved);
+    announce(shared, name, &def.topic, crate::shard::message::InterestChange::HomeMoved).await;
 }
 
 /// Another instance claimed agent `stored` (its stored id) from this one: it is forgotten
@@ -752,13 +746,16 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
         // Unbounded: what it holds is read from compacted topics (bounded by them), and a
         // full queue would stop the heartbeats.
         let (defs, apply) = std::sync::mpsc::channel::<ClusterWork>();
+        // (A runtime of its own: the shards' answers are awaited on its timer.)
         std::thread::Builder::new().name("evmesh-definitions".into()).spawn(move || {
-            for w in apply {
-                match w {
-                    ClusterWork::Define(r) => apply_definition(&d, &r.name, r.definition.as_deref()),
-                    ClusterWork::HomeMoved(name) => home_moved(&d, &name),
+            applier("definitions", async move {
+                for w in apply {
+                    match w {
+                        ClusterWork::Define(r) => apply_definition(&d, &r.name, r.definition.as_deref()).await,
+                        ClusterWork::HomeMoved(name) => home_moved(&d, &name).await,
+                    }
                 }
-            }
+            })
         })?;
         let moved = defs.clone();
         let feeds = crate::storage::kafka::Feeds {
@@ -780,10 +777,12 @@ fn start_heartbeats(shared: &Arc<Shared>) -> Result<(), StartError> {
                 let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
                 let taken = queued.clone();
                 std::thread::Builder::new().name("evmesh-replies".into()).spawn(move || {
-                    for r in rx {
-                        taken.fetch_sub(r.value.len(), std::sync::atomic::Ordering::Relaxed);
-                        take_forwarded_reply(&g, r);
-                    }
+                    applier("replies", async move {
+                        for r in rx {
+                            taken.fetch_sub(r.value.len(), std::sync::atomic::Ordering::Relaxed);
+                            take_forwarded_reply(&g, r).await;
+                        }
+                    })
                 })?;
                 Box::new(move |key, headers, value| forwarded(&f, (key, headers, value), (&tx, &queued)))
             },

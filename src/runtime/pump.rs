@@ -45,7 +45,7 @@ impl Shard {
                 let me = self.clone();
                 monoio::spawn(async move {
                     let events = crate::push::poll::session(&me, &req.spec).poll(req.max, req.wait).await;
-                    let _ = req.reply.send(events.iter().map(|e| e.to_vec()).collect());
+                    let _ = req.reply.send(Ok(events.iter().map(|e| e.to_vec()).collect()));
                 });
             }
             ShardMessage::Subscription { request, reply } => {

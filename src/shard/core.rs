@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use frame_codec::Frame;
 
-use super::mailbox::Sender;
+use super::mailbox::{answer, Asked, Overflow, Sender, CROSS_CORE_DEADLINE};
 use super::message::{
     Delivery, EnsureReply, Interest, InterestChange, ReplyMessage, ShardMessage, SubOutcome, SubReply, SubRequest,
 };
@@ -180,23 +180,9 @@ pub type SinkStarter = fn(&Rc<Shard>, Definition);
 /// A lite topic's settings: one partition; it expires whole after `lite_topic_ttl_ms` idle.
 const LITE_META: TopicMeta = TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None };
 
-/// How long a request to another core may take before its caller answers 503: longer than any
-/// storage wait (fsync, a Kafka ack), short enough that no request hangs.
-pub const CROSS_CORE_DEADLINE: Duration = Duration::from_secs(30);
-
 /// Control messages waiting in one outbox past which acks are refused (503) or a session's
 /// reader waits: what a client floods us with is held at its socket, not here.
 pub const OUTBOX_HIGH: usize = 1024;
-
-/// Awaits a cross-core reply with [`CROSS_CORE_DEADLINE`]: a dropped reply (the message was
-/// lost in shutdown) or the deadline is `Unavailable`, which callers answer with 503.
-pub async fn reply<T>(rx: futures::channel::oneshot::Receiver<Result<T, StorageError>>) -> Result<T, StorageError> {
-    match monoio::time::timeout(CROSS_CORE_DEADLINE, rx).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(_)) => Err(StorageError::Unavailable("shard stopped")),
-        Err(_) => Err(StorageError::Unavailable("no answer from the owning shard in time")),
-    }
-}
 
 impl Shard {
     pub fn new(id: ShardId, shared: Arc<Shared>) -> Self {
@@ -254,20 +240,37 @@ impl Shard {
         }
     }
 
-    /// Sends a request on the data lane to `to` and awaits its answer: a full ring, a stopped
-    /// shard or [`CROSS_CORE_DEADLINE`] are `Unavailable` (503). The one way requests cross
-    /// cores.
-    pub async fn ask<T>(
-        &self,
-        to: ShardId,
-        msg: ShardMessage,
-        rx: futures::channel::oneshot::Receiver<Result<T, StorageError>>,
-    ) -> Result<T, StorageError> {
-        self.shared
-            .mailboxes
-            .send(Sender::Shard(self.id), to, msg)
-            .map_err(|_| StorageError::Unavailable("mailbox full"))?;
-        reply(rx).await
+    /// Asks shard `to` and awaits its answer ([`Mailboxes::ask`](super::mailbox::Mailboxes::ask)):
+    /// `Shed` on the data lane (a full ring, a stopped shard or the deadline are `Unavailable`,
+    /// 503); `Wait` on the control lane, through this shard's outbox (never dropped, in order).
+    pub async fn ask<T>(self: &Rc<Self>, to: ShardId, asked: Asked<T>, overflow: Overflow) -> Result<T, StorageError> {
+        match overflow {
+            Overflow::Shed => self.shared.mailboxes.ask(Sender::Shard(self.id), to, asked, overflow).await,
+            Overflow::Wait => {
+                let (msg, rx) = asked;
+                self.send_control(to, msg);
+                answer(rx, CROSS_CORE_DEADLINE).await
+            }
+        }
+    }
+
+    /// Runs `local(arg)` when this shard is `owner`; else asks the owner (as `overflow` says)
+    /// with the message `remote(arg)` makes. The one shape of "here or on its owner".
+    pub async fn on_owner<A, T, F>(
+        self: &Rc<Self>,
+        owner: ShardId,
+        arg: A,
+        local: impl FnOnce(A) -> F,
+        (remote, overflow): (impl FnOnce(A) -> Asked<T>, Overflow),
+    ) -> Result<T, StorageError>
+    where
+        F: std::future::Future<Output = Result<T, StorageError>>,
+    {
+        if owner == self.id {
+            local(arg).await
+        } else {
+            self.ask(owner, remote(arg), overflow).await
+        }
     }
 
     /// Sends a control message to another shard. Never dropped: if its control ring is full it
@@ -552,18 +555,14 @@ impl Shard {
             SubRequest::Remove(n) => n.as_str(),
         };
         let owner = meta_owner(name, self.shards());
-        if owner == self.id {
-            return self.subscription_local(request).await;
-        }
-        let (msg, rx) = ShardMessage::subscription(request);
         // A subscription change (an unsubscribe above all) is control: never lost to a full ring.
-        self.send_control(owner, msg);
-        reply(rx).await
+        let local = |r| self.subscription_local(r);
+        self.on_owner(owner, request, local, (ShardMessage::subscription, Overflow::Wait)).await
     }
 
     /// The topic's settings, creating it with the defaults (or `spec`) if it does not exist.
     /// `internal`: evmesh's own (a dead-letter topic), not subject to the client caps.
-    pub async fn topic(&self, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
+    pub async fn topic(self: &Rc<Self>, topic: &str, spec: Option<TopicMeta>, internal: bool) -> EnsureReply {
         if StoredTopic::new(topic).is_lite() {
             // A lite topic: one partition, no metadata row, created by its first append.
             return Ok((LITE_META, false));
@@ -574,12 +573,9 @@ impl Shard {
             }
         }
         let owner = meta_owner(topic, self.shards());
-        let reply = if owner == self.id {
-            self.ensure_topic_local(topic, spec, internal, false).await
-        } else {
-            let (msg, rx) = ShardMessage::ensure_topic(topic.to_owned(), spec, internal);
-            self.ask(owner, msg, rx).await
-        };
+        let local = |spec| self.ensure_topic_local(topic, spec, internal, false);
+        let remote = |spec| ShardMessage::ensure_topic(topic.to_owned(), spec, internal);
+        let reply = self.on_owner(owner, spec, local, (remote, Overflow::Shed)).await;
         if let Ok((m, _)) = &reply {
             self.know_topic(topic, *m);
         }
@@ -648,19 +644,21 @@ impl Shard {
         self: &Rc<Self>,
         topic: &str,
         partition: PartitionId,
-        mut frames: Vec<Frame>,
+        frames: Vec<Frame>,
     ) -> Result<u64, StorageError> {
         let owner = owner(topic, partition, self.shards());
-        if owner == self.id {
+        let local = |mut frames: Vec<Frame>| async move {
             let (first, readable) = self.log.append_mirrored(topic, partition, &mut frames).await?;
             if readable {
                 self.fan_out(frames, None).await;
             }
-            return Ok(first);
-        }
-        let (msg, rx) = ShardMessage::append(partition, frames);
-        self.shared.metrics.shard(self.id).cross_core.inc();
-        self.ask(owner, msg, rx).await
+            Ok(first)
+        };
+        let remote = |frames| {
+            self.shared.metrics.shard(self.id).cross_core.inc();
+            ShardMessage::append(partition, frames)
+        };
+        self.on_owner(owner, frames, local, (remote, Overflow::Shed)).await
     }
 
     /// Hands a reply to a requester waiting on this shard (what `ShardMessage::Reply` does).
@@ -686,7 +684,7 @@ impl Shard {
                 metrics.replies_cross_core.inc();
                 let (outcome, rx) = futures::channel::oneshot::channel();
                 let msg = ShardMessage::Reply(Box::new(ReplyMessage { id, frame, replier, outcome }));
-                self.ask(id.shard, msg, rx).await?
+                self.ask(id.shard, (msg, rx), Overflow::Shed).await?
             }
         };
         if matches!(outcome, ReplyOutcome::Unknown | ReplyOutcome::Late) {

@@ -8,17 +8,57 @@
 //! without bound. Control messages must never be lost: a flood of data cannot fill their lane,
 //! and a full control ring is retried by the sender (`Shard::send_control`), in order. The
 //! receiver drains its control rings before its data rings.
+//!
+//! [`Mailboxes::ask`] is the one way a request crosses cores, from any sender (a shard, the
+//! admin thread, the cluster's appliers): post it (a full ring sheds it or waits, as its
+//! [`Overflow`] says), then await its answer within [`CROSS_CORE_DEADLINE`].
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
+use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
+use futures::channel::oneshot;
 use futures::task::AtomicWaker;
 
 use super::message::ShardMessage;
 use crate::model::ShardId;
+use crate::storage::StorageError;
+
+/// How long a request to another core may take before its caller answers 503: longer than any
+/// storage wait (fsync, a Kafka ack), short enough that no request hangs.
+pub const CROSS_CORE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// What a sender does when the receiver's ring is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Gives up at once: `Unavailable("mailbox full")`, which a client's request answers with
+    /// 503 + Retry-After (load is shed, never queued without bound).
+    Shed,
+    /// Waits for room, never dropping the message: what must not be lost (a mirrored record, a
+    /// definition applied from the cluster). A shard never waits: its message queues in its
+    /// outbox for the control lane, in order (`Shard::ask`).
+    Wait,
+}
+
+/// A request for another core and the receiver of its answer, as `ShardMessage`'s
+/// constructors make them.
+pub type Asked<T> = (ShardMessage, oneshot::Receiver<Result<T, StorageError>>);
+
+/// Awaits a cross-core answer for at most `deadline`: a dropped reply (the message was lost in
+/// shutdown) or the deadline is `Unavailable`, which callers answer with 503.
+pub async fn answer<T>(rx: oneshot::Receiver<Result<T, StorageError>>, deadline: Duration) -> Result<T, StorageError> {
+    match monoio::time::timeout(deadline, rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(StorageError::Unavailable("shard stopped")),
+        Err(_) => Err(StorageError::Unavailable("no answer from the owning shard in time")),
+    }
+}
+
+/// The pause between tries of a sender waiting for room (`Overflow::Wait`), at most.
+const ROOM_WAIT: Duration = Duration::from_millis(1);
 
 /// Who is sending: a shard, or the admin thread (which sends but never receives).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +118,61 @@ impl Mailboxes {
         self.control[self.row(from) * self.shards + to.index()].push(msg)?;
         self.ring(to);
         Ok(())
+    }
+
+    /// Posts `msg` to `to` on the data lane from a monoio runtime (a shard, the admin thread,
+    /// the cluster's appliers); a full ring is met as `overflow` says.
+    pub async fn post(
+        &self,
+        from: Sender,
+        to: ShardId,
+        mut msg: ShardMessage,
+        overflow: Overflow,
+    ) -> Result<(), StorageError> {
+        let mut wait = Duration::from_micros(20);
+        loop {
+            match self.send(from, to, msg) {
+                Ok(()) => return Ok(()),
+                Err(_) if overflow == Overflow::Shed => return Err(StorageError::Unavailable("mailbox full")),
+                Err(back) => msg = back,
+            }
+            monoio::time::sleep(wait).await;
+            wait = (wait * 2).min(ROOM_WAIT);
+        }
+    }
+
+    /// [`Mailboxes::post`] with [`Overflow::Wait`] from a thread with no runtime (the Kafka
+    /// tail's callback): it sleeps between tries.
+    pub fn post_from_thread(&self, to: ShardId, mut msg: ShardMessage) {
+        while let Err(back) = self.send(Sender::Admin, to, msg) {
+            msg = back;
+            std::thread::sleep(ROOM_WAIT);
+        }
+    }
+
+    /// The one way a request crosses cores: posts it (as `overflow` says), then awaits its
+    /// answer within [`CROSS_CORE_DEADLINE`].
+    pub async fn ask<T>(
+        &self,
+        from: Sender,
+        to: ShardId,
+        asked: Asked<T>,
+        overflow: Overflow,
+    ) -> Result<T, StorageError> {
+        self.ask_within(from, to, asked, overflow, CROSS_CORE_DEADLINE).await
+    }
+
+    /// [`Mailboxes::ask`] with a deadline of the caller's (a long poll's wait and then some).
+    pub async fn ask_within<T>(
+        &self,
+        from: Sender,
+        to: ShardId,
+        (msg, rx): Asked<T>,
+        overflow: Overflow,
+        deadline: Duration,
+    ) -> Result<T, StorageError> {
+        self.post(from, to, msg, overflow).await?;
+        answer(rx, deadline).await
     }
 
     fn ring(&self, to: ShardId) {

@@ -149,7 +149,7 @@ pub struct PollRequest {
     pub spec: crate::server::SessionSpec,
     pub max: usize,
     pub wait: std::time::Duration,
-    pub reply: oneshot::Sender<Vec<Vec<u8>>>,
+    pub reply: oneshot::Sender<Result<Vec<Vec<u8>>, StorageError>>,
 }
 
 /// A reply to a request waiting on the receiver (its correlation id names that shard).
