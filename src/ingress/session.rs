@@ -31,7 +31,7 @@ pub(super) fn session_topic(gate: &Gate<'_>, sid: &str) -> Result<(String, Strin
     Ok((stored, local))
 }
 
-/// The home key of lite topic `stored` (`:[<tenant>.]<kind>.<id>`, see `shard::is_lite`), and
+/// The home key of lite topic `stored` (`:[<tenant>.]<kind>.<id>`, see `model::StoredTopic`), and
 /// whether this instance claims it once it stored to it: an agent's `agent.<A>` is served at
 /// the agent's home (claimed by the agent's registration, not by the broker's writes); any
 /// other lite topic (`session.<sid>`, `client.<id>`) at its own.

@@ -1,7 +1,7 @@
 //! Webhook sinks (SPEC, "Other protocols"): a subscription with a `sink` URL is delivered by
 //! HTTP POST instead of to sessions of its clients (they cannot attach to it: 409).
 //!
-//! The shard that owns the subscription's name (`shard::meta_owner`, the one that stores its
+//! The shard that owns the subscription's name (`model::placement::meta_owner`, the one that stores its
 //! definition) runs one webhook session for it, from its creation, or the broker's start, to
 //! its removal. It is an acknowledged session like any other: the partition owners' machine
 //! decides what it gets, counts attempts, redelivers after the backoff and dead-letters after

@@ -1,4 +1,5 @@
-//! One core's state and its pump: the only code that mutates it.
+//! One core's state ([`Shard`]): topics, routing (here or on the owner), appends and fan-out. The
+//! pump that feeds it what other cores send is `runtime::pump`.
 //!
 //! `Shard` is `Rc`, never `Send`: connection tasks and the pump of one thread share it through
 //! `Rc`/`Cell`/`RefCell`, and other cores reach it only with messages. Borrows of its `RefCell`s

@@ -1,9 +1,11 @@
 //! The only types that cross from one core to another.
 //!
-//! Every variant carries its reply path (a oneshot sender). Dropping a message without answering
-//! drops the sender, which the waiting side sees as `Canceled` and turns into a 503: so a message
-//! lost in shutdown fails its request instead of hanging it. Frames travel by handle: a `Vec` of
-//! `Frame`s moves three words, never the payload bytes.
+//! Requests (`Append`, `EnsureTopic`, `Subscription`, `Poll`, `Reply`) carry their reply path (a
+//! oneshot sender, see `mailbox::Asked`). Dropping one without answering drops the sender, which
+//! the waiting side sees as `Canceled` and turns into a 503: so a request lost in shutdown fails
+//! instead of hanging. The others (`Interest`, `Deliver`, `Session`, `Mirror`, `Ack`) are told,
+//! not asked: nobody waits for an answer (an `Ack` may carry an `applied` signal). Frames
+//! travel by handle: a `Vec` of `Frame`s moves three words, never the payload bytes.
 
 use std::sync::Arc;
 

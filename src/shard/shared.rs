@@ -1,6 +1,7 @@
 //! What every thread can see ([`Shared`]): built by `runtime` before any shard starts, never
-//! replaced; immutable or atomic afterwards. Shards read it through their `Rc<Shard>`; the
-//! admin thread reads it directly.
+//! replaced; immutable, atomic or behind a lock afterwards (the cluster's view, `membership`
+//! and `homes`, and the Kafka followers are behind mutexes). Shards read it through their
+//! `Rc<Shard>`; the admin thread and the cluster's threads read it directly.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -5,7 +5,7 @@
 //! one `write` per partition for everything staged in the turn (and one RocksDB write for the
 //! lite topics' records).
 //!
-//! Lite topics (stored names starting with `:`, see `shard::is_lite`) are many (one per
+//! Lite topics (stored names starting with `:`, see `model::StoredTopic`) are many (one per
 //! session), small and short-lived: a directory and a descriptor each would cost more than the
 //! events, so they stay rows of RocksDB. Key: `[topic length u8][topic][partition u32
 //! BE][offset u64 BE]`, so one lite topic is one contiguous, offset-ordered key range; value: the

@@ -1,11 +1,12 @@
-//! The Kafka backend: Kafka is the durable, replicated log and nothing more.
+//! The Kafka backend: Kafka as the durable, replicated log, and the connection to it that the
+//! cluster's topics also ride on (membership below; it moves behind a cluster seam of its own).
 //!
 //! * **Writes**: the owner shard of a partition produces its events (CloudEvents Kafka binding,
 //!   binary mode: `adaptor::kafka`) with librdkafka's own producer thread; each record's
 //!   delivery report comes back to the waiting shard task through a oneshot channel, so no
 //!   core blocks on Kafka, and the 202 waits for the broker's ack (`acks=all` by default).
-//! * **Reads**: each shard keeps a local copy of the partitions it owns in its `log.N` family
-//!   (the embedded log's layout, written without WAL: Kafka is the durable copy). The owner
+//! * **Reads**: each shard keeps a local copy of the partitions it owns in the embedded log's
+//!   segment logs (lite topics in its `log.N` family, without WAL): Kafka is the durable copy. The owner
 //!   writes its own acknowledged events through at once; one tail thread reads every followed
 //!   partition with `assign()` at the copy's end and hands fetched batches to the owner shard
 //!   through its mailbox (records of other producers, and whatever the copy lost in a crash).

@@ -3,8 +3,12 @@
 //! partition starts and ends, drop what retention allows.
 //!
 //! Each shard holds its own handle and only appends to partitions it owns; handles are not `Send`
-//! and never block on a sync to disk (see `embedded::Syncer`). The embedded engine (RocksDB,
-//! `embedded`) is the default; engine-specific code never leaks out of its module.
+//! and never block on a sync to disk (see `embedded::Syncer`). The embedded engine (segment
+//! logs, with RocksDB for metadata, offsets and lite topics: `embedded`) is the default. The one
+//! RocksDB handle is opened by the runtime and shared (`shard::shared::Shared::db`): besides the
+//! shards' logs, session followers (`push::follow`) and agent calls (`ingress::call`) read lite
+//! topics' rows through it directly, with `embedded::read_from` / `embedded::end_of`. What is
+//! Kafka's stays in `kafka`.
 
 pub mod db;
 pub mod embedded;
