@@ -5,7 +5,7 @@
 //! appends, the clock) and executes the effects it returns: deliveries through the mailboxes,
 //! positions to `offsets.N`, dead letters appended to `<topic>.dlq`, continuations as tasks.
 //!
-//! A *consumer* ([`ConsumerKey`](crate::shard::message::ConsumerKey)) owns a set of offsets: the subscription itself for
+//! A *consumer* ([`ConsumerKey`](crate::model::delivery::ConsumerKey)) owns a set of offsets: the subscription itself for
 //! `LOAD_BALANCE`, one client of it for `BROADCAST` and `MULTICAST`. Its *sessions* (WebSocket,
 //! SSE or long-poll; they live on the shard that accepted them) are announced to every shard,
 //! and each shard serves the partitions of the topic it owns: the log is local, the offsets are
