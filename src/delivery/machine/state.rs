@@ -1,0 +1,149 @@
+//! The machine's state per consumer ([`Consumer`]): its sessions ([`Sess`], their windows
+//! and what they hold) and its partitions here ([`Part`]: the next offset, what is in flight,
+//! waiting for redelivery or being dead-lettered, and the committed offset they give).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::time::Instant;
+
+use frame_codec::Frame;
+
+use super::source::request_deadline;
+use crate::model::delivery::SessionRef;
+use crate::storage::offsets::Stored;
+use crate::subscription::definition::Definition;
+use crate::subscription::filter::Filter;
+
+pub(super) struct Consumer {
+    /// Tells this incarnation from a later one of the same key (dead letters finish late).
+    pub(super) gen: u64,
+    pub(super) def: Rc<Definition>,
+    pub(super) filters: Rc<Vec<Filter>>,
+    /// Positions are stored (false for clients without a `clientId`).
+    pub(super) persist: bool,
+    /// Sorted by `at`.
+    pub(super) sessions: Vec<Sess>,
+    pub(super) parts: Parts,
+}
+
+pub(super) struct Sess {
+    pub(super) at: SessionRef,
+    pub(super) window: u32,
+    /// Its unacknowledged events from this shard.
+    pub(super) inflight: u32,
+    /// Their stored size: bounds what a session that does not read can pin, and how far a new
+    /// consumer reads ahead.
+    pub(super) bytes: usize,
+    /// `MULTICAST`: the session's own filters.
+    pub(super) filters: Vec<Filter>,
+}
+
+impl Sess {
+    /// Puts offset `o` in flight to this session until `deadline` (the ack deadline, for a
+    /// request too: the deadline queue stays in delivery order, so one timer per consumer).
+    pub(super) fn take(&mut self, part: &mut Part, o: u64, attempt: u16, f: &Frame, deadline: Instant) {
+        let bytes = f.as_bytes().len() as u32;
+        let rpc = request_deadline(f).is_some();
+        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes, rpc });
+        part.deadlines.push_back((deadline, o, attempt));
+        self.inflight += 1;
+        self.bytes += bytes as usize;
+    }
+
+    /// Gives back the room an in-flight event took.
+    pub(super) fn release(&mut self, f: &InFlight) {
+        self.inflight = self.inflight.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(f.bytes as usize);
+    }
+}
+
+pub(super) struct InFlight {
+    pub(super) attempt: u16,
+    pub(super) session: SessionRef,
+    /// The event's stored size, counted against its session's byte window.
+    pub(super) bytes: u32,
+    /// A request: settled, never retried, when its delivery fails.
+    pub(super) rpc: bool,
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Retry {
+    /// Attempts made so far.
+    pub(super) attempt: u16,
+    pub(super) due: Instant,
+}
+
+#[derive(Default)]
+pub(super) struct Part {
+    pub(super) next: u64,
+    pub(super) inflight: BTreeMap<u64, InFlight>,
+    /// Ack deadlines in delivery order (so in deadline order: one timeout per consumer); entries
+    /// whose delivery was settled meanwhile are skipped and compacted away.
+    pub(super) deadlines: VecDeque<(Instant, u64, u16)>,
+    pub(super) retry: BTreeMap<u64, Retry>,
+    /// Being appended to the dead-letter topic, with the attempts made.
+    pub(super) dead: BTreeMap<u64, u16>,
+    /// What was last stored (`None`: nothing yet, or a consumer whose positions are not kept).
+    pub(super) stored: Option<Stored>,
+    /// Stopped because its session's window was full: an ack elsewhere may unblock it.
+    pub(super) stalled: bool,
+}
+
+impl Part {
+    pub(super) fn committed(&self) -> u64 {
+        let firsts =
+            [self.inflight.keys().next().copied(), self.retry.keys().next().copied(), self.dead.keys().next().copied()];
+        firsts.into_iter().flatten().fold(self.next, u64::min)
+    }
+
+    /// What to store: the committed offset, how far delivery got, and the attempts made for
+    /// every delivered offset not settled yet (in flight, waiting to be redelivered, or being
+    /// dead-lettered), so a disconnect or a restart does not reset `emattempt`.
+    pub(super) fn snapshot(&self, seen_ms: u64) -> Stored {
+        let mut attempts: Vec<(u64, u16)> = self.inflight.iter().map(|(&o, f)| (o, f.attempt)).collect();
+        attempts.extend(self.retry.iter().map(|(&o, r)| (o, r.attempt)));
+        attempts.extend(self.dead.iter().map(|(&o, &a)| (o, a)));
+        attempts.sort_unstable();
+        Stored { committed: self.committed(), next: self.next, seen_ms, attempts }
+    }
+
+    /// A partition resumed from what was stored: every delivered, unsettled offset is due for
+    /// redelivery at once, counting the attempts already made.
+    pub(super) fn restored(st: &Stored, persist: bool, now: Instant) -> Part {
+        let next = st.next.max(st.committed);
+        let retry = st
+            .attempts
+            .iter()
+            .filter(|(o, _)| (st.committed..next).contains(o))
+            .map(|&(o, attempt)| (o, Retry { attempt, due: now }))
+            .collect();
+        Part { next, retry, stored: persist.then(|| st.clone()), ..Part::default() }
+    }
+
+    /// An event of this partition failed (timed out, nacked, or its session left): due again
+    /// at `due`, or dead-lettered if that was its last attempt. Returns `true` for the latter.
+    pub(super) fn failed(&mut self, o: u64, attempt: u16, max: u32, due: Instant) -> bool {
+        if u32::from(attempt) >= max {
+            self.dead.insert(o, attempt);
+            true
+        } else {
+            self.retry.insert(o, Retry { attempt, due });
+            false
+        }
+    }
+}
+
+/// A consumer's partitions on this shard: a handful, so a small vector (a `BTreeMap` node
+/// would reserve room for eleven `Part`s per consumer, kilobytes per idle session).
+#[derive(Default)]
+pub(super) struct Parts(pub(super) Vec<(u32, Part)>);
+
+impl Parts {
+    pub(super) fn get_mut(&mut self, p: u32) -> Option<&mut Part> {
+        self.0.iter_mut().find(|(q, _)| *q == p).map(|(_, part)| part)
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().map(|(p, _)| *p)
+    }
+}
