@@ -11,232 +11,36 @@
 //! A context is an agent streaming session (`shard::calls`, its key `<agent>:<contextId>`),
 //! each message of it a turn whose prompt is the message's text (`a2a::Message::prompt`). A
 //! task lives in `shard::tasks`; a driver (spawned where the message arrived) reads the turn's
-//! chunks and moves the task: the first chunk makes it working, each chunk's text (or JSON)
-//! becomes a part of the task's one artifact (streamed as `artifactUpdate`), the last one
-//! completes it, or with `chunkType` `input-required` sets it waiting for the client's input
-//! (its text the status message; the next message naming the task is its next turn); an error
-//! fails it, a cancel cancels it.
+//! chunks and moves the task (`adaptor::a2a::task`, a pure state machine): the first chunk
+//! makes it working, each chunk's text (or JSON) becomes a part of the task's one artifact
+//! (streamed as `artifactUpdate`), the last one completes it, or with `chunkType`
+//! `input-required` sets it waiting for the client's input (its text the status message; the
+//! next message naming the task is its next turn); an error fails it, a cancel cancels it.
+//!
+//! Here the routing: the endpoints, and the calls on local agents' tasks. `binding` is how an
+//! answer goes out (JSON-RPC or REST), `driver` a task's turn (its frame, and the driver
+//! feeding its chunks to the task machine), `remote` the proxy to remote A2A agents.
+
+mod binding;
+mod driver;
+mod remote;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use frame_codec::{ArchivedAttrValue, DataKind, Frame};
 use serde_json::{json, Value as Json};
 
-use super::adaptor::{FrameAdaptor, Refusal, To};
-use super::call::{control_frame, text_turn_frame, uuid_v4};
+use self::binding::{from_problem, now_ms, rpc_of, unavailable, valid_id, Binding};
+use self::driver::{drive, A2aTurn, Now};
+use super::adaptor::{FrameAdaptor, Refusal};
+use super::call::{control_frame, uuid_v4};
 use super::{Gate, Traffic};
-use crate::adaptor::a2a::{self, A2aError, ErrorKind, Method, SendMessage, Task, TaskState};
+use crate::adaptor::a2a::{self, task, A2aError, ErrorKind, Method, SendMessage, TaskState};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{Method as HttpMethod, StatusCode};
-use crate::server::client::{Pool, Url};
-use crate::server::{A2aRelaySpec, A2aStreamSpec, Request, Response, Upgrade};
-use crate::shard::calls::{session_key, Call, End, Read};
-use crate::shard::tasks::{Bell, Remote, TaskEntry, TaskLog};
-
-/// What one task keeps at most: messages of history (the oldest go), and parts and bytes of its
-/// artifact (past them the task fails: an agent streaming without end cannot grow it further).
-const MAX_HISTORY: usize = 20;
-/// A message kept in a task's history whose JSON is larger than this keeps its ids, not its
-/// parts (a part saying how large they were).
-const MAX_KEPT_MESSAGE: usize = 16 * 1024;
-const MAX_ARTIFACT_PARTS: usize = 4096;
-const MAX_ARTIFACT_BYTES: usize = 4 << 20;
-
-/// Bytes of a remote agent's card at most.
-const MAX_CARD: usize = 64 * 1024;
-
-/// The params a call to a remote agent is forwarded with: the checked fields only, in 1.0's
-/// camelCase; a task or context named must be the caller's (`owns`), or a context nobody's
-/// yet (`free`).
-fn remote_params(
-    method: Method,
-    params: Option<&serde_json::value::RawValue>,
-    owns: &dyn Fn(&str) -> bool,
-    free: &dyn Fn(&str) -> bool,
-) -> Result<Json, A2aError> {
-    let p: Json = match params {
-        Some(raw) => serde_json::from_str(raw.get())
-            .map_err(|e| A2aError::new(ErrorKind::InvalidParams, format!("params: {e}")))?,
-        None => json!({}),
-    };
-    let pick = |from: &Json, keys: &[&str]| -> Json {
-        let m: serde_json::Map<String, Json> =
-            keys.iter().filter_map(|k| from.get(*k).map(|v| ((*k).to_owned(), v.clone()))).collect();
-        Json::Object(m)
-    };
-    let task = |id: &str| match owns(id) {
-        true => Ok(()),
-        false => Err(A2aError::task_not_found(id)),
-    };
-    match method {
-        Method::SendMessage | Method::SendStreamingMessage => {
-            let s = a2a::parse_send(params)?;
-            if let Some(id) = &s.message.task_id {
-                task(id)?;
-            }
-            if let Some(c) = &s.message.context_id {
-                if !free(c) {
-                    return Err(A2aError::new(ErrorKind::InvalidParams, "message: contextId is another caller's"));
-                }
-            }
-            let refs = p["message"]["referenceTaskIds"].as_array().cloned().unwrap_or_default();
-            for r in &refs {
-                task(r.as_str().unwrap_or_default())?;
-            }
-            let mut message =
-                pick(&s.message.json, &["messageId", "role", "parts", "contextId", "taskId", "metadata", "extensions"]);
-            if !refs.is_empty() {
-                message["referenceTaskIds"] = Json::Array(refs);
-            }
-            let config = pick(&p["configuration"], &["acceptedOutputModes", "historyLength", "returnImmediately"]);
-            Ok(
-                json!({"message": message, "configuration": config, "metadata": p.get("metadata").cloned().unwrap_or(json!({}))}),
-            )
-        }
-        Method::GetTask | Method::CancelTask | Method::SubscribeToTask => {
-            let (id, _) = a2a::parse_task_id(params)?;
-            task(&id)?;
-            Ok(pick(&p, &["id", "historyLength", "metadata"]))
-        }
-        Method::ListTasks => {
-            a2a::parse_list(params)?;
-            Ok(pick(
-                &p,
-                &[
-                    "contextId",
-                    "status",
-                    "pageSize",
-                    "pageToken",
-                    "historyLength",
-                    "includeArtifacts",
-                    "statusTimestampAfter",
-                ],
-            ))
-        }
-        Method::Unsupported(_) => Ok(json!({})),
-    }
-}
-
-/// Ids (agents, contexts) as the gateway takes them.
-fn valid_id(id: &str) -> bool {
-    (1..=100).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-fn now_ms() -> u64 {
-    crate::model::clock::now_ms()
-}
-
-/// Now as RFC 3339 UTC with milliseconds.
-fn timestamp() -> String {
-    let full = crate::adaptor::rfc3339_from_micros(crate::model::clock::now_micros());
-    format!("{}Z", &full[..full.len() - 4])
-}
-
-/// How an answer goes out: JSON-RPC (HTTP 200, the request's id) or REST (the status).
-enum Binding {
-    Rpc(Json),
-    Rest,
-}
-
-impl Binding {
-    fn ok(&self, result: &Json) -> Response {
-        match self {
-            Binding::Rpc(id) => Response::json(StatusCode::OK, a2a::jsonrpc_result(id, result)),
-            Binding::Rest => Response::json(StatusCode::OK, serde_json::to_vec(result).expect("json")),
-        }
-    }
-
-    fn err(&self, e: &A2aError) -> Response {
-        match self {
-            Binding::Rpc(id) => Response::json(StatusCode::OK, e.jsonrpc(id)),
-            Binding::Rest => {
-                let (status, body) = e.rest();
-                let r = Response::json(StatusCode(status), body);
-                match e.metadata.iter().find(|(k, _)| *k == "retryAfter") {
-                    Some((_, v)) => r.with_header("retry-after", v.clone()),
-                    None => r,
-                }
-            }
-        }
-    }
-
-    fn stream(self, task_id: String, history_length: Option<usize>, expires_us: Option<i64>) -> Response {
-        let rpc_id = match self {
-            Binding::Rpc(id) => Some(id),
-            Binding::Rest => None,
-        };
-        let spec = A2aStreamSpec { task_id, rpc_id, history_length, expires_us };
-        Response::streaming(Upgrade::A2aSse(Box::new(spec)), "text/event-stream")
-    }
-}
-
-/// A2A's `SendMessage` as a turn of the context's agent session (the FrameAdaptor SPI): the
-/// message's prompt (`a2a::Message::prompt`) is the turn's text; the ingress's refusals are
-/// A2A errors in the request's binding.
-struct A2aTurn<'a> {
-    prompt: &'a str,
-    advertised: &'a str,
-    b: &'a Binding,
-    /// The task the turn is for, told its turn's number as the frame is made (before it is
-    /// stored: a cancel from then on ends this turn).
-    entry: Option<&'a Arc<TaskEntry>>,
-}
-
-impl FrameAdaptor for A2aTurn<'_> {
-    fn frames(&self, to: &To<'_>, _req: &Request<'_>) -> Result<Vec<Frame>, Refusal> {
-        let Some((sid, turn)) = to.turn else {
-            let e = A2aError::new(ErrorKind::Internal, "an A2A message is a turn of a session");
-            return Err(Refusal::Answered(self.b.err(&e)));
-        };
-        if let Some(entry) = self.entry {
-            entry.log().turn = turn;
-        }
-        Ok(vec![text_turn_frame(self.prompt, (sid, turn), to.topic, self.advertised)])
-    }
-
-    fn refused(&self, problem: Response) -> Response {
-        self.b.err(&from_problem(&problem))
-    }
-
-    fn bytes(&self, _req: &Request<'_>) -> u64 {
-        self.prompt.len() as u64
-    }
-}
-
-/// What a refused request of the broker's own (ACL, limits) becomes: its detail, as A2A's
-/// nearest error.
-fn from_problem(p: &Response) -> A2aError {
-    let (status, detail) = super::ws_publish::refusal(p);
-    let kind = match status {
-        400 => ErrorKind::InvalidParams,
-        s => ErrorKind::Broker(s),
-    };
-    let e = A2aError::new(kind, detail);
-    match p.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case("retry-after")) {
-        Some((_, v)) => e.with("retryAfter", v.clone()),
-        None => e,
-    }
-}
-
-/// The broker is shedding (over its memory limit) or out of room: 503, try again.
-fn unavailable(detail: impl Into<String>) -> A2aError {
-    A2aError::new(ErrorKind::Broker(503), detail).with("retryAfter", "1")
-}
-
-/// A JSON-RPC request (a POST), with how to answer it; or the answer to one that is not.
-fn rpc_of<'r>(req: &'r Request<'_>) -> Result<(a2a::RpcRequest<'r>, Binding), Response> {
-    if req.method() != HttpMethod::Post {
-        return Err(Response::empty(StatusCode::METHOD_NOT_ALLOWED).with_header("allow", "POST"));
-    }
-    match a2a::parse_rpc(req.body) {
-        Ok(r) => {
-            let b = Binding::Rpc(r.id.clone());
-            Ok((r, b))
-        }
-        Err((id, e)) => Err(Binding::Rpc(id).err(&e)),
-    }
-}
+use crate::server::{Request, Response};
+use crate::shard::calls::{session_key, End};
+use crate::shard::tasks::{Bell, TaskEntry, TaskLog};
 
 impl Traffic {
     /// A request under `/a2a/`: `rest` is the path after it.
@@ -394,183 +198,6 @@ impl Traffic {
         }
     }
 
-    /// A remote agent's card as evmesh serves it (its JSON-RPC interface evmesh's own URL; the
-    /// rest as the remote says), and the remote's JSON-RPC URL. Fetched at most once a minute.
-    async fn remote_card(&self, stored: &str, agent: &str, r: &Remote) -> Result<(Json, String), A2aError> {
-        let shared = &self.shard.shared;
-        let now = now_ms();
-        let (card, rpc) = match &r.card {
-            Some((card, at, rpc)) if now.saturating_sub(*at) < 60_000 => (card.clone(), rpc.clone()),
-            _ => {
-                let bad = |m: String| A2aError::new(ErrorKind::InvalidAgentResponse, format!("the remote agent: {m}"));
-                let url =
-                    Url::parse(&format!("{}/.well-known/agent-card.json", r.url.trim_end_matches('/'))).map_err(bad)?;
-                let timeout = shared.config.webhook_timeout;
-                let addr = self.remote_addr(stored, r, &url).await?;
-                let pool = Pool::new(0, MAX_CARD, Some(shared.client_tls.clone()));
-                let headers = [("accept", "application/json"), ("a2a-version", "1.0")];
-                let a = pool.send(&url, addr, "GET", &headers, b"", timeout).await.map_err(|e| bad(e.to_string()))?;
-                let card: Json = match a.status {
-                    200 => serde_json::from_slice(&a.body).map_err(|e| bad(format!("its card is not JSON: {e}")))?,
-                    s => return Err(bad(format!("its card answered {s}"))),
-                };
-                if !card.is_object() {
-                    return Err(bad("its card is not an object".into()));
-                }
-                // Its JSON-RPC interface of A2A 1.x, else its own URL.
-                let rpc = card["supportedInterfaces"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|i| {
-                        i["protocolBinding"] == "JSONRPC"
-                            && i["protocolVersion"].as_str().is_some_and(|v| v.starts_with("1."))
-                    })
-                    .and_then(|i| i["url"].as_str())
-                    .unwrap_or(&r.url)
-                    .to_owned();
-                // On the registered origin only: a card cannot send evmesh's calls elsewhere.
-                let (rpc_url, own) = (Url::parse(&rpc).map_err(|e| bad(format!("its JSON-RPC URL: {e}")))?, &url);
-                if (rpc_url.tls, &rpc_url.name, rpc_url.port) != (own.tls, &own.name, own.port) {
-                    return Err(bad(format!("its JSON-RPC URL {rpc:?} is not on {}'s origin", r.url)));
-                }
-                shared.remotes.set_card(stored, &r.url, card.clone(), now, rpc.clone());
-                (card, rpc)
-            }
-        };
-        let mut served = card;
-        let base = format!("{}/a2a/{agent}", shared.config.advertised_url);
-        served["supportedInterfaces"] =
-            json!([{"url": base, "protocolBinding": "JSONRPC", "protocolVersion": a2a::VERSION}]);
-        Ok((served, rpc))
-    }
-
-    /// Where a remote agent is: its name resolved at most once a minute (on a thread of its
-    /// own), never one of evmesh's own listeners. Its JSON-RPC URL is on the registered origin,
-    /// so one address serves the card and the calls.
-    async fn remote_addr(&self, stored: &str, r: &Remote, url: &Url) -> Result<std::net::SocketAddr, A2aError> {
-        let shared = &self.shard.shared;
-        let bad = |m: String| A2aError::new(ErrorKind::InvalidAgentResponse, format!("the remote agent: {m}"));
-        let now = now_ms();
-        let addr = match r.addr {
-            Some((a, at)) if now.saturating_sub(at) < 60_000 => a,
-            _ => {
-                let a = url.resolve(shared.config.webhook_timeout).await.map_err(|e| bad(e.to_string()))?;
-                shared.remotes.set_addr(stored, &r.url, a, now);
-                a
-            }
-        };
-        match crate::push::webhook::is_own(addr, &shared.listeners) {
-            true => Err(bad("its URL is evmesh's own".into())),
-            false => Ok(addr),
-        }
-    }
-
-    /// A call to a remote agent (JSON-RPC only), forwarded as the client sent it. Its tasks are
-    /// the remote's; evmesh remembers which its callers made, and answers "not found" for the
-    /// others (a listing shows the caller's only).
-    async fn a2a_remote(
-        &self,
-        gate: &mut Gate<'_>,
-        req: &Request<'_>,
-        agent: &str,
-        r: &Remote,
-        rest_binding: bool,
-        tail: &str,
-    ) -> Response {
-        if rest_binding || !tail.is_empty() {
-            let e = A2aError::new(ErrorKind::UnsupportedOperation, "a remote agent is served over JSON-RPC only");
-            return Binding::Rest.err(&e);
-        }
-        let (rpc, b) = match rpc_of(req) {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
-        let scope = crate::shard::tasks::scope(gate.who.tenant.as_deref(), gate.principal().as_deref(), agent);
-        let remotes = &self.shard.shared.remotes;
-        // What is forwarded is rebuilt from the checked fields (camelCase, known keys only): a
-        // field the remote would read that evmesh did not check cannot name another's task.
-        let forwarded = match remote_params(rpc.method, rpc.params, &|task| remotes.owns(task, &scope), &|ctx| {
-            remotes.context_free_for(ctx, &scope)
-        }) {
-            Ok(p) => p,
-            Err(e) => return b.err(&e),
-        };
-        let method = match rpc.method {
-            Method::SendMessage => "SendMessage",
-            Method::SendStreamingMessage => "SendStreamingMessage",
-            Method::GetTask => "GetTask",
-            Method::ListTasks => "ListTasks",
-            Method::CancelTask => "CancelTask",
-            Method::SubscribeToTask => "SubscribeToTask",
-            Method::Unsupported(name) => {
-                let e = A2aError::new(ErrorKind::UnsupportedOperation, format!("{name} is not offered through evmesh"));
-                return b.err(&e);
-            }
-        };
-        let body = serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": rpc.id, "method": method, "params": forwarded}))
-            .expect("json");
-        let stored = Self::stored_agent(gate, agent);
-        let rpc_url = match Box::pin(self.remote_card(&stored, agent, r)).await {
-            Ok((_, u)) => u,
-            Err(e) => return b.err(&e),
-        };
-        let shared = &self.shard.shared;
-        let bad = |m: String| A2aError::new(ErrorKind::InvalidAgentResponse, format!("the remote agent: {m}"));
-        let url = match Url::parse(&rpc_url) {
-            Ok(u) => u,
-            Err(e) => return b.err(&bad(e)),
-        };
-        // The registration as it is now (the card fetch may have just resolved its name).
-        let current = shared.remotes.get(&stored).unwrap_or_else(|| r.clone());
-        let addr = match self.remote_addr(&stored, &current, &url).await {
-            Ok(a) => a,
-            Err(e) => return b.err(&e),
-        };
-        if matches!(rpc.method, Method::SendStreamingMessage | Method::SubscribeToTask) {
-            let expires_us = gate.who.expires_us;
-            let spec = A2aRelaySpec { url: rpc_url, addr, body, rpc_id: rpc.id.clone(), scope, expires_us };
-            return Response::streaming(Upgrade::A2aRelay(Box::new(spec)), "text/event-stream");
-        }
-        let timeout = shared.config.webhook_timeout.max(shared.config.max_request_timeout);
-        let pool = Pool::new(0, shared.config.limits.max_body_bytes.max(1 << 20), Some(shared.client_tls.clone()));
-        let headers = [("content-type", "application/json"), ("a2a-version", "1.0"), ("accept", "application/json")];
-        // Each step within `timeout`, the whole call within twice that.
-        let sent = monoio::time::timeout(2 * timeout, pool.send(&url, addr, "POST", &headers, &body, timeout)).await;
-        let a = match sent {
-            Ok(Ok(a)) => a,
-            Ok(Err(e)) => return b.err(&bad(e.to_string())),
-            Err(_) => return b.err(&bad(format!("no answer within {:?}", 2 * timeout))),
-        };
-        // A JSON-RPC response: an object with a result (every A2A result is an object) or an
-        // error; nothing else is relayed.
-        let mut v: serde_json::Map<String, Json> = match serde_json::from_slice(&a.body) {
-            Ok(Json::Object(v)) if v.get("result").is_some_and(Json::is_object) != v.contains_key("error") => v,
-            _ => return b.err(&bad(format!("answered {} with no JSON-RPC response", a.status))),
-        };
-        if let Some(result) = v.get_mut("result").and_then(Json::as_object_mut) {
-            match rpc.method {
-                Method::SendMessage => {
-                    if let Some(task) = result.get("task").and_then(Json::as_object) {
-                        remotes.own_task(task, &scope);
-                    }
-                }
-                // The caller's tasks only.
-                Method::ListTasks => {
-                    if let Some(tasks) = result.get_mut("tasks").and_then(Json::as_array_mut) {
-                        tasks.retain(|t| t["id"].as_str().is_some_and(|id| remotes.owns(id, &scope)));
-                        let n = tasks.len();
-                        result.insert("totalSize".into(), json!(n));
-                    }
-                }
-                _ => {}
-            }
-        }
-        v.insert("jsonrpc".into(), json!("2.0"));
-        v.insert("id".into(), rpc.id.clone());
-        Response::json(StatusCode::OK, serde_json::to_vec(&v).expect("json"))
-    }
-
     /// The agent card, with this broker's URLs.
     fn agent_card(&self, gate: &mut Gate<'_>, agent: &str) -> Response {
         if let Err(r) = gate.allow(Action::Request, Kind::Agent, agent) {
@@ -648,14 +275,7 @@ impl Traffic {
                 }
             }
         }
-        e.update(now_ms(), |t| {
-            if t.state.terminal() {
-                return Vec::new();
-            }
-            t.state = TaskState::Canceled;
-            t.timestamp = timestamp();
-            vec![t.status_update()]
-        });
+        e.update(now_ms(), |t| task::cancel(t, &mut Now));
         let log = e.log();
         Ok(log.task.to_json(None, true))
     }
@@ -701,10 +321,7 @@ impl Traffic {
         // Past here a task exists: a turn that cannot start fails a new task (nothing would
         // move it), and leaves a continued one waiting for input as it was.
         let failed = |e: A2aError| {
-            match continued {
-                true => entry.update(now_ms(), |t| settle(t, TaskState::InputRequired, Some(&e.message))),
-                false => fail(&entry, &e.message),
-            }
+            entry.update(now_ms(), |t| task::not_started(t, continued, &e.message, &mut Now));
             b.err(&e)
         };
         let call = match shared.calls.get(&entry.call_key).filter(|c| c.principal == entry.owner) {
@@ -756,34 +373,14 @@ impl Traffic {
     fn a2a_task_for(&self, gate: &Gate<'_>, agent: &str, s: &SendMessage) -> Result<Arc<TaskEntry>, A2aError> {
         let shared = &self.shard.shared;
         let bad = |m: &str| A2aError::new(ErrorKind::InvalidParams, m.to_owned());
-        let mut user = s.message.json.clone();
+        let user = s.message.json.clone();
         if let Some(id) = &s.message.task_id {
             let e = self.own_task(gate, agent, id)?;
             let mut log = e.log();
-            let t = &mut log.task;
-            if s.message.context_id.as_ref().is_some_and(|c| *c != t.context_id) {
-                return Err(bad("message: contextId is not the task's"));
-            }
-            if t.state.terminal() {
-                return Err(A2aError::new(
-                    ErrorKind::UnsupportedOperation,
-                    format!("the task is {}", t.state.as_str()),
-                )
-                .with("taskId", id));
-            }
-            if !matches!(t.state, TaskState::InputRequired | TaskState::AuthRequired) {
-                return Err(
-                    A2aError::new(ErrorKind::UnsupportedOperation, "the task is still working").with("taskId", id)
-                );
-            }
-            user["contextId"] = json!(t.context_id);
-            remember(t, user);
             // Working again from here: a blocking send waits for this turn's outcome.
-            t.state = TaskState::Working;
-            t.status_message = None;
-            t.timestamp = timestamp();
-            let update = t.status_update();
-            log.emit(update);
+            for update in task::resume(&mut log.task, s.message.context_id.as_deref(), user, &mut Now)? {
+                log.emit(update);
+            }
             drop(log);
             e.touch(now_ms());
             e.bell.ring();
@@ -818,18 +415,7 @@ impl Traffic {
             }
         };
         let id = uuid_v4();
-        user["contextId"] = json!(context);
-        user["taskId"] = json!(id);
-        let task = Task {
-            id: id.clone(),
-            context_id: context.clone(),
-            state: TaskState::Submitted,
-            status_message: None,
-            timestamp: timestamp(),
-            artifacts: Vec::new(),
-            history: vec![user],
-            artifact_bytes: 0,
-        };
+        let task = task::submitted(id.clone(), context.clone(), user, &mut Now);
         let log = TaskLog { task, events: VecDeque::new(), first: 0, turn: 0 };
         let entry = Arc::new(TaskEntry {
             id,
@@ -845,165 +431,5 @@ impl Traffic {
             return Err(unavailable("too many tasks are kept; try again later"));
         }
         Ok(entry)
-    }
-}
-
-/// Reads a turn's chunks and moves its task (see the module's doc).
-async fn drive(shard: std::rc::Rc<crate::shard::core::Shard>, entry: Arc<TaskEntry>, call: Arc<Call>, turn: u64) {
-    let calls = &shard.shared.calls;
-    let Some(mut reader) = calls.reader(&call, None, Some(turn)) else {
-        return fail(&entry, "the turn could not be read");
-    };
-    let watch = reader.watch.clone();
-    loop {
-        match reader.read(256, 256 * 1024) {
-            Read::Replaced => return fail(&entry, "the turn was replaced"),
-            Read::Wait => watch.rung().await,
-            Read::Chunks { chunks, end, dropped } => {
-                if dropped > 0 {
-                    // The agent outran the turn's log: the answer has a hole, said so.
-                    let why = format!("{dropped} chunks of the answer were lost (the agent outran the gateway)");
-                    entry.update(now_ms(), |t| settle(t, TaskState::Failed, Some(&why)));
-                }
-                for c in &chunks {
-                    apply(&entry, c);
-                }
-                if end {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-fn fail(entry: &TaskEntry, why: &str) {
-    entry.update(now_ms(), |t| settle(t, TaskState::Failed, Some(why)));
-}
-
-/// Moves a task to `state`, with an agent message saying `text`; the events saying so.
-fn settle(t: &mut Task, state: TaskState, text: Option<&str>) -> Vec<Json> {
-    if t.state.terminal() {
-        return Vec::new();
-    }
-    t.state = state;
-    t.timestamp = timestamp();
-    t.status_message = text.map(|m| a2a::agent_text(&uuid_v4(), &t.context_id, &t.id, m));
-    if let Some(m) = &t.status_message {
-        remember(t, m.clone());
-    }
-    vec![t.status_update()]
-}
-
-/// Adds a message to the task's history, which keeps the last [`MAX_HISTORY`] (a large one
-/// without its parts).
-fn remember(t: &mut Task, mut message: Json) {
-    if t.history.len() == MAX_HISTORY {
-        t.history.remove(0);
-    }
-    let size = message.to_string().len();
-    if size > MAX_KEPT_MESSAGE {
-        message["parts"] = json!([{"text": format!("({size} bytes, not kept in the history)")}]);
-    }
-    t.history.push(message);
-}
-
-/// One chunk of the task's turn.
-fn apply(entry: &TaskEntry, chunk: &Frame) {
-    let body = chunk.body();
-    let error = body.attr_str("emerror").map(str::to_owned);
-    let done = matches!(body.attr("emdone"), Some(ArchivedAttrValue::Bool(true)));
-    let input = body.attr_str("emchunktype") == Some("input-required");
-    let part = match chunk.header().data_kind {
-        DataKind::None => None,
-        DataKind::Json => match serde_json::from_slice::<Json>(&body.data) {
-            Ok(Json::String(s)) if s.is_empty() => None,
-            Ok(Json::String(s)) => Some(json!({"text": s})),
-            Ok(v) => Some(json!({"data": v})),
-            Err(_) => None,
-        },
-        _ if body.data.is_empty() => None,
-        _ => Some(json!({"text": String::from_utf8_lossy(&body.data)})),
-    };
-    entry.update(now_ms(), |t| {
-        let mut events = Vec::new();
-        if t.state.terminal() {
-            return events;
-        }
-        if matches!(t.state, TaskState::Submitted | TaskState::InputRequired | TaskState::AuthRequired) {
-            t.state = TaskState::Working;
-            t.status_message = None;
-            t.timestamp = timestamp();
-            events.push(t.status_update());
-        }
-        if let Some(e) = error {
-            let state = if e == "cancelled" { TaskState::Canceled } else { TaskState::Failed };
-            events.extend(settle(t, state, Some(&e)));
-            return events;
-        }
-        if input && done {
-            let text = part.as_ref().and_then(|p| p["text"].as_str()).unwrap_or("input required").to_owned();
-            events.extend(settle(t, TaskState::InputRequired, Some(&text)));
-            return events;
-        }
-        if let Some(p) = part {
-            let parts = t.artifacts.first().and_then(|a| a["parts"].as_array()).map_or(0, Vec::len);
-            if parts >= MAX_ARTIFACT_PARTS || t.artifact_bytes >= MAX_ARTIFACT_BYTES {
-                let why = format!("the answer is over {MAX_ARTIFACT_PARTS} parts or {MAX_ARTIFACT_BYTES} bytes");
-                events.extend(settle(t, TaskState::Failed, Some(&why)));
-                return events;
-            }
-            let append = !t.artifacts.is_empty();
-            if !append {
-                t.artifacts.push(json!({"artifactId": format!("{}-response", t.id), "name": "response", "parts": []}));
-            }
-            t.artifact_bytes += chunk.as_bytes().len();
-            if let Some(parts) = t.artifacts[0]["parts"].as_array_mut() {
-                parts.push(p.clone());
-            }
-            let update = json!({"artifactId": format!("{}-response", t.id), "name": "response", "parts": [p]});
-            events.push(t.artifact_update(&update, append, false));
-        }
-        if done {
-            events.extend(settle(t, TaskState::Completed, None));
-        }
-        events
-    });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn raw(v: Json) -> Box<serde_json::value::RawValue> {
-        serde_json::value::RawValue::from_string(v.to_string()).unwrap()
-    }
-
-    /// Regression (a review): the client's body was forwarded as sent, so a message naming
-    /// another caller's task (or spelling it `task_id`, or in `referenceTaskIds`) reached it.
-    #[test]
-    fn a_remote_call_names_only_the_callers_tasks_and_is_rebuilt_from_checked_fields() {
-        let owns = |t: &str| t == "mine";
-        let free = |c: &str| c != "theirs";
-        let msg = |extra: Json| {
-            let mut m = json!({"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]});
-            for (k, v) in extra.as_object().unwrap() {
-                m[k] = v.clone();
-            }
-            raw(json!({"message": m, "configuration": {"returnImmediately": true, "taskPushNotificationConfig": null}}))
-        };
-        let send = |p: &serde_json::value::RawValue| remote_params(Method::SendMessage, Some(p), &owns, &free);
-        assert_eq!(send(&msg(json!({"taskId": "yours"}))).unwrap_err().kind, ErrorKind::TaskNotFound);
-        assert_eq!(
-            send(&msg(json!({"referenceTaskIds": ["mine", "yours"]}))).unwrap_err().kind,
-            ErrorKind::TaskNotFound
-        );
-        assert_eq!(send(&msg(json!({"contextId": "theirs"}))).unwrap_err().kind, ErrorKind::InvalidParams);
-        let ok = send(&msg(json!({"taskId": "mine", "task_id": "yours", "contextId": "new"}))).unwrap();
-        assert_eq!(ok["message"]["taskId"], "mine");
-        assert!(ok["message"].get("task_id").is_none(), "unknown spellings are not forwarded: {ok}");
-        assert_eq!(ok["configuration"], json!({"returnImmediately": true}));
-        let get = |id: &str| remote_params(Method::GetTask, Some(&raw(json!({"id": id, "tenant": "x"}))), &owns, &free);
-        assert_eq!(get("yours").unwrap_err().kind, ErrorKind::TaskNotFound);
-        assert_eq!(get("mine").unwrap(), json!({"id": "mine"}));
     }
 }
