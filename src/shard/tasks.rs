@@ -261,13 +261,7 @@ impl Tasks {
         };
         for e in &gone {
             // Streams of it end (they find it gone), after this last word.
-            e.update(now_ms, |t| match t.state.settled() {
-                true => Vec::new(),
-                false => {
-                    t.state = crate::adaptor::a2a::TaskState::Failed;
-                    vec![t.status_update()]
-                }
-            });
+            e.update(now_ms, crate::adaptor::a2a::task::expire);
         }
         gone
     }

@@ -9,6 +9,11 @@
 //! v1.0.1's (`TaskNotCancelable` 400, `InvalidAgentResponse` 500); a request without
 //! `A2A-Version` is 0.3, which this gateway does not serve (`VersionNotSupported`), and any
 //! 1.x is served as 1.0 (as a2a-python does).
+//!
+//! How a task moves (submitted, working, its artifact's parts, then completed, input-required,
+//! failed or canceled) is [`task`]'s pure state machine.
+
+pub mod task;
 
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value as Json};
