@@ -3,6 +3,10 @@
 //! and with every derived value filled in. Only `Config` leaves this module's callers' `main`.
 //!
 //! One table, [`KEYS`], names every key once: it drives the environment, the flags and the help.
+//!
+//! Its files: `keys.rs` (the key table and the defaults), `raw.rs` (`RawConfig` and loading
+//! it), `settings.rs` (`Config` and its types), `validate.rs` (raw -> `Config`), `error.rs`,
+//! and `fds.rs` (the open-files budget).
 
 pub mod fds;
 
