@@ -1,0 +1,131 @@
+//! The configuration's tests: loading from flags, variables and a file, and validation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::*;
+use crate::storage::Durability;
+
+fn load(args: &[&str], env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    RawConfig::load(&args, env.iter().map(|(k, v)| (k.to_string(), v.to_string())))?.validate()
+}
+
+#[test]
+fn advertised_url_is_a_bare_http_url_or_empty() {
+    assert_eq!(load(&[], &[]).unwrap().advertised_url, "", "filled in from the bound listener");
+    let c = load(&["--advertised-url", "https://broker.example:8443/"], &[]).unwrap();
+    assert_eq!(c.advertised_url, "https://broker.example:8443");
+    for bad in ["broker:8080", "http://", "http://h/path", "ftp://h"] {
+        assert!(load(&["--advertised-url", bad], &[]).is_err(), "{bad}");
+    }
+    assert_eq!(local_url("0.0.0.0:8080".parse().unwrap(), false), "http://127.0.0.1:8080");
+    assert_eq!(local_url("[::]:8443".parse().unwrap(), true), "https://[::1]:8443");
+}
+
+#[test]
+fn instance_ids_and_the_heartbeat_timeout_are_checked() {
+    let c = load(&[], &[]).unwrap();
+    assert_eq!((c.instance_id.as_str(), c.heartbeat, c.instance_timeout), ("", ms(1000), ms(3000)));
+    assert_eq!(load(&["--instance-id", "eu-1.a_2"], &[]).unwrap().instance_id, "eu-1.a_2");
+    let key_of = |args: &[&str]| match load(args, &[]) {
+        Err(ConfigError::Invalid { key, .. }) => key,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(key_of(&["--instance-id", "a b"]), "instance_id");
+    assert_eq!(key_of(&["--instance-id", &"x".repeat(65)]), "instance_id");
+    // A timeout under two heartbeats would count a live instance dead between two of them.
+    assert_eq!(key_of(&["--heartbeat-ms", "1000", "--instance-timeout-ms", "1500"]), "instance_timeout_ms");
+    assert!(load(&["--heartbeat-ms", "100", "--instance-timeout-ms", "200"], &[]).is_ok());
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn tls_needs_both_files_and_mutual_tls_needs_tls() {
+    let key_of = |args: &[&str]| match load(args, &[]) {
+        Err(ConfigError::Invalid { key, .. }) => key,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(key_of(&["--tls-cert", "c.pem"]), "tls_key");
+    assert_eq!(key_of(&["--tls-key", "k.pem"]), "tls_cert");
+    assert_eq!(key_of(&["--tls-client-ca", "ca.pem"]), "tls_client_ca");
+    let c = load(&["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"], &[]).unwrap();
+    let files = c.tls.unwrap();
+    assert_eq!(
+        (files.cert.to_str(), files.client_ca.as_deref().and_then(|p| p.to_str())),
+        (Some("c.pem"), Some("ca.pem"))
+    );
+    assert!(load(&[], &[]).unwrap().tls.is_none());
+}
+
+#[test]
+fn defaults_match_the_spec() {
+    let c = load(&[], &[]).unwrap();
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.admin_listen.to_string(), "127.0.0.1:8081");
+    assert_eq!(c.durability, Durability::Os);
+    assert_eq!(c.io_driver, IoDriver::Auto);
+    assert_eq!(c.storage, StorageKind::Embedded);
+    assert_eq!(c.data_dir, PathBuf::from("./data"));
+    assert_eq!(c.limits.max_body_bytes, 1 << 20);
+    assert_eq!(c.limits.max_header_bytes, 16 << 10);
+    assert_eq!(c.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.write_timeout, Duration::from_secs(10));
+    assert_eq!(c.shards, std::thread::available_parallelism().unwrap().get());
+}
+
+#[test]
+fn flags_beat_env_beat_file() {
+    let dir = std::env::temp_dir().join(format!("evmesh-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("e.toml");
+    std::fs::write(&file, "shards = 3\ndurability = \"fsync\"\nio_driver = \"epoll\"\n").unwrap();
+    let f = file.to_str().unwrap();
+    let c = load(&["--config", f, "--shards=5"], &[("EVMESH_SHARDS", "4"), ("EVMESH_DURABILITY", "memory")]).unwrap();
+    assert_eq!(c.shards, 5);
+    assert_eq!(c.durability, Durability::Memory);
+    assert_eq!(c.io_driver, IoDriver::Epoll);
+    let c = load(&["--config", f], &[("EVMESH_SHARDS", "4")]).unwrap();
+    assert_eq!(c.shards, 4);
+    let c = load(&["--write-timeout-ms", "250"], &[]).unwrap();
+    assert_eq!(c.write_timeout, Duration::from_millis(250));
+    let c = load(&[], &[("EVMESH_WRITE_TIMEOUT_MS", "750")]).unwrap();
+    assert_eq!(c.write_timeout, Duration::from_millis(750));
+}
+
+#[test]
+fn bad_values_are_named() {
+    let err = |args: &[&str], env: &[(&str, &str)]| load(args, env).unwrap_err().to_string();
+    assert!(err(&["--durability", "disk"], &[]).contains("durability"));
+    assert!(err(&["--write-timeout-ms", "0"], &[]).contains("write_timeout_ms"));
+    assert!(err(&["--listen", "nowhere"], &[]).contains("listen"));
+    assert!(err(&["--bogus", "1"], &[]).contains("--bogus"));
+    assert!(err(&["--shards"], &[]).contains("needs a value"));
+    assert!(err(&[], &[("EVMESH_SHARDS", "many")]).contains("whole number"));
+    assert!(load(&[], &[("EVMESH_PORT", "tcp://10.0.0.1:8080")]).is_ok(), "unknown variables are only warned about");
+    assert!(err(&["--storage", "kafka", "--kafka-acks", "some"], &[]).contains("kafka.acks"));
+    assert!(err(&["--storage", "kafka", "--kafka-properties", "nokey"], &[]).contains("KEY=VALUE"));
+    assert!(err(&["--storage", "kafka", "--kafka-topic-prefix", "a/b"], &[]).contains("kafka.topic_prefix"));
+    let c = load(
+        &[
+            "--storage",
+            "kafka",
+            "--kafka-brokers",
+            "k1:9092,k2:9092",
+            "--kafka-properties",
+            "security.protocol=ssl, a=b",
+        ],
+        &[],
+    )
+    .unwrap();
+    match c.storage {
+        StorageKind::Kafka(k) => {
+            assert_eq!((k.brokers.as_str(), k.acks.as_str(), k.replication_factor), ("k1:9092,k2:9092", "all", 1));
+            assert_eq!(k.properties, [("security.protocol".into(), "ssl".into()), ("a".into(), "b".into())]);
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,18 @@
+//! Cooperative scheduling helpers for the shards' monoio event loops.
+//!
+//! Its files: `yielding.rs` (giving the loop a turn: `yield_now`, `Slice`, `TURN`, the
+//! heartbeat), `gate.rs` (one at a time, in order), `meter.rs` (the core time a task takes),
+//! `lane.rs` (the heavy lane costly requests wait in).
+
+mod gate;
+mod lane;
+mod meter;
+mod yielding;
+
+pub use gate::{Gate, Place};
+pub use lane::{charge, handling, lane_busy, turn, Handling, HEAVY};
+pub use meter::{metered, Meter};
+pub use yielding::{beat, set_heartbeat, timers_ran, yield_now, Slice, SLICE, TURN};
+
+#[cfg(test)]
+mod tests;
