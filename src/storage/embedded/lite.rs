@@ -2,7 +2,7 @@
 //! next-offset cache, the index of last traffic and the expiry it drives; and the reads of those
 //! rows for a reader without a log handle of its own ([`read_from`], [`end_of`]).
 //!
-//! Lite topics (stored names starting with `:`, see `shard::is_lite`) are many (one per
+//! Lite topics (stored names starting with `:`, see `model::StoredTopic`) are many (one per
 //! session), small and short-lived: a directory and a descriptor each would cost more than the
 //! events, so they stay rows of RocksDB. Key: `[topic length u8][topic][partition u32
 //! BE][offset u64 BE]`, so one lite topic is one contiguous, offset-ordered key range; value: the
