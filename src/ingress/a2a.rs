@@ -25,7 +25,8 @@ use serde_json::{json, Value as Json};
 
 use super::adaptor::{FrameAdaptor, Refusal, To};
 use super::call::{control_frame, text_turn_frame, uuid_v4};
-use super::{Gate, Traffic};
+use super::gate::Gate;
+use super::Traffic;
 use crate::adaptor::a2a::{self, A2aError, ErrorKind, Method, SendMessage, Task, TaskState};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{Method as HttpMethod, StatusCode};

@@ -24,7 +24,9 @@ use std::sync::Arc;
 use frame_codec::Frame;
 use smallvec::SmallVec;
 
-use super::{shed, storage_problem, Gate, Quotaed, Traffic};
+use super::gate::{shed, Gate, Quotaed};
+use super::responses::storage_problem;
+use super::Traffic;
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::governance::acl::Action;
 use crate::http::{problem, StatusCode};
