@@ -6,18 +6,35 @@
 
 use super::gate::{shed, Gate};
 use super::homes::REDIRECTED;
-use super::responses::storage_problem;
+use super::responses::{storage_problem, ws_upgrade};
 use super::Traffic;
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
 use crate::model::{valid_topic, PartitionId};
 use crate::server::upgrade::Credential;
-use crate::server::{Request, Response, SessionSpec};
+use crate::server::{Request, Response, SessionSpec, Upgrade};
 use crate::storage::StorageError;
 use crate::subscription::definition::{Definition, Mode as SubMode};
 use crate::subscription::filter::compile;
 
 impl Traffic {
+    /// `GET /events/ws?subscription=S`: 101 into a delivery session, or the refusal.
+    pub(super) async fn events_ws(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+        match self.session_spec(gate, req).await {
+            Ok(spec) => ws_upgrade(req, Upgrade::WsDeliver(Box::new(spec))),
+            Err(r) => r,
+        }
+    }
+
+    /// `GET /events/sse?subscription=S`: a server-sent events session, or the refusal.
+    pub(super) async fn events_sse(&self, gate: &mut Gate<'_>, req: &Request<'_>) -> Response {
+        match self.session_spec(gate, req).await {
+            Ok(spec) if !spec.acked => problem(StatusCode::BAD_REQUEST, "ack=none is for WebSocket sessions"),
+            Ok(spec) => Response::streaming(Upgrade::Sse(Box::new(spec)), "text/event-stream"),
+            Err(r) => r,
+        }
+    }
+
     /// The session a delivery request asks for: `?subscription=S` (404 if unknown), then
     /// `ack=none` (live fan-out, BROADCAST only, WebSocket only), `clientId=C` (per-client
     /// offsets of BROADCAST and MULTICAST) and, for MULTICAST, the session's own filters:
