@@ -13,8 +13,8 @@
 //!   routable and attached, the lite topic's rate limits, one turn at a time per session, storage.
 //!
 //! Adding a protocol is one module implementing [`FrameAdaptor`] (and [`Publish`] if it
-//! publishes; its pure conversions in the protocol crate) and a route in `Traffic::handle` that
-//! calls the path with it. `frame -> wire` is the protocol crate's too: for push delivery
+//! publishes; its pure conversions in the protocol crate) and a route (`router.rs`) whose
+//! endpoint calls the path with it. `frame -> wire` is the protocol crate's too: for push delivery
 //! `adaptor::PushWire` (CloudEvents' binary mode, MeshMessage's push form, driven by the webhook
 //! transport), for A2A the task rendering of a turn's chunks (`adaptor::a2a`).
 
@@ -24,7 +24,9 @@ use std::sync::Arc;
 use frame_codec::Frame;
 use smallvec::SmallVec;
 
-use super::{shed, storage_problem, Gate, Quotaed, Traffic};
+use super::gate::{shed, Gate, Quotaed};
+use super::responses::storage_problem;
+use super::Traffic;
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::governance::acl::Action;
 use crate::http::{problem, StatusCode};

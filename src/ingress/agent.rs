@@ -3,7 +3,8 @@
 //! `topic:agent.<A>` (the lite topic its turns arrive on). With Kafka they are served at the
 //! agent's home instance (`cluster::homes`), which a registration claims: 307 elsewhere.
 
-use super::{Gate, Traffic};
+use super::gate::Gate;
+use super::Traffic;
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
 use crate::server::{Request, Response};

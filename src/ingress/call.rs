@@ -14,7 +14,10 @@
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader, FrameKind};
 
 use super::adaptor::{unavailable, FrameAdaptor, Refusal, To};
-use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
+use super::gate::{shed, Gate};
+use super::homes::{scopeguard_dec, to_home, Placed, REDIRECTED};
+use super::responses::{storage_problem, ws_upgrade};
+use super::Traffic;
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};
 use crate::server::upgrade::Credential;
@@ -217,21 +220,21 @@ impl Traffic {
             return None;
         }
         let stored = Self::stored_agent(gate, agent);
-        let kept = req.query(super::REDIRECTED).is_some() || self.serves_agent(gate, &stored, agent);
+        let kept = req.query(REDIRECTED).is_some() || self.serves_agent(gate, &stored, agent);
         let home = match self.placed(&crate::cluster::homes::agent_key(&stored), kept) {
-            Ok(super::Placed::Here { .. }) => return None,
-            Ok(super::Placed::There(home)) => home,
+            Ok(Placed::Here { .. }) => return None,
+            Ok(Placed::There(home)) => home,
             Err(r) => return Some(r),
         };
         let opens = &self.shard.opens_elsewhere;
         if !self.may_open_at(&home, gate, req) || opens.get() >= MAX_OPENS_ELSEWHERE {
-            return Some(super::to_home(&home, req.head.target(req.buf)));
+            return Some(to_home(&home, req.head.target(req.buf)));
         }
         if let Err(r) = gate.limit(&Self::agent_topic(gate, agent), 1, req.body.len() as u64) {
             return Some(r);
         }
         opens.set(opens.get() + 1);
-        let _slot = super::scopeguard_dec(opens);
+        let _slot = scopeguard_dec(opens);
         Some(self.open_at(&home, gate, req).await)
     }
 
@@ -256,14 +259,14 @@ impl Traffic {
         let credential = gate.token.is_some() || config.auth.mode == crate::governance::AuthMode::None;
         let mutual = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
         let downgrade = config.advertised_url.starts_with("https://") && !home.starts_with("https://");
-        req.query(super::REDIRECTED).is_none() && credential && !mutual && !downgrade
+        req.query(REDIRECTED).is_none() && credential && !mutual && !downgrade
     }
 
     /// [`Traffic::open_at`]'s exchange; `Err`: why there is no answer.
     async fn open_at_now(&self, home: &str, gate: &Gate<'_>, req: &Request<'_>) -> Result<Response, String> {
         use crate::server::client::{Pool, Url};
         let shared = &self.shard.shared;
-        let url = Url::parse(&format!("{home}/session/open?{}=1", super::REDIRECTED))?;
+        let url = Url::parse(&format!("{home}/session/open?{}=1", REDIRECTED))?;
         let timeout = shared.config.webhook_timeout;
         let addr = url.resolve(timeout).await.map_err(|e| e.to_string())?;
         let bearer = gate.token.map(|t| format!("Bearer {}", String::from_utf8_lossy(t)));

@@ -23,8 +23,9 @@ use std::borrow::Cow;
 use frame_codec::Frame;
 
 use super::adaptor::{FrameAdaptor, Placed, Publish, Refusal, To};
+use super::gate::{shed, Gate, Quotaed};
 use super::request::Waited;
-use super::{shed, Gate, Quotaed, Traffic};
+use super::Traffic;
 use crate::adaptor::meshmessage::{self, code, ret, Form, Message, Refused};
 use crate::governance::acl::Action;
 use crate::http::{Method, StatusCode};

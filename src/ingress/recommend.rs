@@ -7,7 +7,8 @@
 //! needs what attaching needs (SUBSCRIBE on the subscription or `topic:session.<sid>`,
 //! REQUEST on the agent). On the embedded log every answer is this instance.
 
-use super::{Gate, Traffic};
+use super::gate::Gate;
+use super::Traffic;
 use crate::cluster::homes::{agent_key, client_key, subscription_key};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};

@@ -11,7 +11,9 @@
 use frame_codec::{AttrValue, Attribute, Frame, FrameKind};
 use futures::future::{select, Either};
 
-use super::{shed, storage_problem, Gate, Quotaed, Traffic};
+use super::gate::{shed, Gate, Quotaed};
+use super::responses::storage_problem;
+use super::Traffic;
 use crate::adaptor::cloudevents::{self, CeError};
 use crate::adaptor::rfc3339_from_micros;
 use crate::governance::acl::Action;

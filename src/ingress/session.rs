@@ -5,7 +5,9 @@
 //! claims (released when the lite topic expires there). The lite topic is that instance's own,
 //! not written to Kafka.
 
-use super::{shed, storage_problem, ws_upgrade, Gate, Traffic};
+use super::gate::{shed, Gate};
+use super::responses::{storage_problem, ws_upgrade};
+use super::Traffic;
 use crate::adaptor::cloudevents::CeError;
 use crate::governance::acl::{Action, Kind};
 use crate::http::{problem, StatusCode};

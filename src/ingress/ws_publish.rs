@@ -26,7 +26,9 @@ use std::rc::Rc;
 use frame_codec::Frame;
 use smallvec::SmallVec;
 
-use super::{pipeline, shed, ws_upgrade, Gate, Quotaed, Traffic};
+use super::gate::{shed, Gate, Quotaed};
+use super::responses::ws_upgrade;
+use super::{pipeline, Traffic};
 use crate::adaptor::cloudevents;
 use crate::governance::acl::{Action, Kind};
 use crate::governance::identity::Principal;
@@ -60,6 +62,29 @@ impl Traffic {
             expires_us: gate.who.expires_us,
         };
         ws_upgrade(req, Upgrade::WsPublish(Box::new(spec)))
+    }
+
+    /// The publishing session of a connection [`Traffic::ws_publish`] upgraded ([`session`]).
+    pub(super) fn publish_session(
+        &self,
+        caller: Caller,
+        stream: Stream,
+        buf: Vec<u8>,
+        limits: ConnLimits,
+        spec: Box<PublishSpec>,
+    ) -> impl std::future::Future<Output = ()> {
+        session(self.shared(), caller, stream, buf, limits, spec)
+    }
+
+    /// The publisher of a delivery session, for its `publish` messages ([`SessionPublisher`]).
+    pub(super) fn session_publisher(
+        &self,
+        caller: &mut Option<Caller>,
+        principal: &Option<String>,
+        tenant: &Option<String>,
+        credential: (Option<i64>, Option<Credential>),
+    ) -> crate::push::Publisher {
+        SessionPublisher::boxed(self.shared(), caller, principal, tenant, credential)
     }
 }
 
@@ -100,7 +125,7 @@ fn loose_id(text: &str) -> Option<String> {
 }
 
 /// Serves a publisher until it closes, goes idle, or breaks a rule.
-pub(super) async fn session(
+async fn session(
     traffic: Rc<Traffic>,
     mut caller: Caller,
     mut stream: Stream,
@@ -220,7 +245,7 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
     let mut each: SmallVec<[(Option<String>, Outcome); 8]> = SmallVec::new();
     let mut groups: pipeline::Groups<'_, Frame> = SmallVec::new();
     // Over the memory limit nothing is parsed (as `POST /events/publish` answers 503 first).
-    let shed = traffic.shard.shared.memory.shed_now().then(|| refusal(&super::shed()));
+    let shed = traffic.shard.shared.memory.shed_now().then(|| refusal(&super::gate::shed()));
     let shared_refusal = gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r));
     for t in texts {
         let t = t.as_ref();
@@ -316,7 +341,7 @@ pub(super) struct SessionPublisher {
 impl SessionPublisher {
     /// The publisher of a session opened by `principal` (of `tenant`, its credential expiring
     /// at `expires_us`), holding the connection's caller from now on.
-    pub(super) fn boxed(
+    fn boxed(
         traffic: Rc<Traffic>,
         caller: &mut Option<Caller>,
         principal: &Option<String>,

@@ -34,7 +34,8 @@ use self::binding::{from_problem, now_ms, rpc_of, unavailable, valid_id, Binding
 use self::driver::{drive, A2aTurn, Now};
 use super::adaptor::{FrameAdaptor, Refusal};
 use super::call::{control_frame, uuid_v4};
-use super::{Gate, Traffic};
+use super::gate::Gate;
+use super::Traffic;
 use crate::adaptor::a2a::{self, task, A2aError, ErrorKind, Method, SendMessage, TaskState};
 use crate::governance::acl::{Action, Kind};
 use crate::http::{Method as HttpMethod, StatusCode};

@@ -5,7 +5,8 @@
 
 use serde_json::{json, Value as Json};
 
-use super::super::{Gate, Traffic};
+use super::super::gate::Gate;
+use super::super::Traffic;
 use super::binding::{now_ms, rpc_of, Binding};
 use crate::adaptor::a2a::{self, A2aError, ErrorKind, Method};
 use crate::http::StatusCode;
