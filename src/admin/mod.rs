@@ -4,7 +4,9 @@
 //! shard's traffic. It reads the log and metadata directly (reads never mutate a shard's state)
 //! and asks the owning shard, through the mailbox, for anything that writes.
 
-use std::sync::atomic::Ordering;
+mod common;
+mod observe;
+
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -22,18 +24,11 @@ use crate::server::{Handler, Request, Response};
 use crate::shard::mailbox::{Overflow, Sender};
 use crate::shard::message::{EnsureReply, ShardMessage};
 use crate::shard::shared::Shared;
-use crate::storage::embedded::EmbeddedLog;
 use crate::storage::meta::Policy;
 use crate::storage::{meta, Storage, StorageError, TopicMeta};
 
-/// A subscription's partitions' end offsets and its stored committed offsets.
-struct SubscriptionLag {
-    def: crate::subscription::definition::Definition,
-    ends: Vec<u64>,
-    /// Per partition, its oldest retained offset.
-    starts: Vec<u64>,
-    stored: Vec<crate::storage::offsets::Committed>,
-}
+use common::log_of;
+pub use observe::measure_backlog;
 
 pub struct Admin {
     pub shared: Arc<Shared>,
@@ -52,84 +47,6 @@ struct TopicSpec {
     retention_ms: Option<u64>,
     #[serde(default)]
     retention_bytes: Option<u64>,
-}
-
-/// Every subscription `only` takes, with its partitions' bounds and its stored offsets.
-fn lag(
-    shared: &Shared,
-    only: impl Fn(&crate::subscription::definition::Definition) -> bool,
-) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
-    let shards = shared.config.shards;
-    let mut out = Vec::new();
-    for def in meta::list_subscriptions(&shared.db)?.into_iter().filter(|d| only(d)) {
-        let partitions = meta::get(&shared.db, &def.topic)?.map_or(0, |m| m.partitions);
-        let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
-        for s in 0..shards {
-            let s = crate::model::ShardId(s as u16);
-            stored.extend(crate::storage::offsets::list(&shared.db, s, &def.topic, &def.subscription)?);
-        }
-        let (mut starts, mut ends) = (Vec::new(), Vec::new());
-        for p in (0..partitions).map(PartitionId) {
-            let b = log_of(shared, &def.topic, p).bounds(&def.topic, p)?;
-            starts.push(b.start);
-            ends.push(b.end);
-        }
-        out.push(SubscriptionLag { def, ends, starts, stored });
-    }
-    Ok(out)
-}
-
-fn log_of(shared: &Shared, topic: &str, p: PartitionId) -> EmbeddedLog {
-    let s = owner(topic, p, shared.config.shards);
-    EmbeddedLog::new(
-        shared.db.clone(),
-        shared.logs.clone(),
-        s,
-        shared.config.durability,
-        None,
-        shared.config.lite_topic_ttl,
-    )
-}
-
-/// The backlog of each tenant with a `backlogBytes` quota: per partition of its topics, the
-/// events its slowest subscription has not acknowledged (counted from the oldest retained one
-/// for an `earliest` subscription nobody has read yet; from the first read otherwise), times
-/// the partition's average event size. Reads RocksDB: run off the shards (`runtime`, every 2 s).
-pub fn measure_backlog(shared: &Shared) -> Result<Vec<(String, u64)>, crate::storage::StorageError> {
-    use crate::subscription::definition::Start;
-    let snap = shared.governance.snapshot();
-    let tenants: Vec<&str> =
-        snap.quotas.iter().filter(|(_, q)| q.backlog_bytes.is_some()).map(|(t, _)| t.as_str()).collect();
-    if tenants.is_empty() {
-        return Ok(Vec::new());
-    }
-    let tenant_of =
-        |name: &str| tenants.iter().copied().find(|t| name.strip_prefix(t).is_some_and(|rest| rest.starts_with('.')));
-    let mut worst: std::collections::BTreeMap<(&str, String, u32), u64> = Default::default();
-    let list = lag(shared, |d| tenant_of(&d.subscription).is_some())?;
-    for s in &list {
-        let tenant = tenant_of(&s.def.subscription).expect("filtered above");
-        let earliest = matches!(&s.def.start, Start::Named(n) if n == "earliest");
-        for (p, (&start, &end)) in s.starts.iter().zip(&s.ends).enumerate() {
-            let read = s.stored.iter().filter(|c| c.partition as usize == p).map(|c| c.offset).min();
-            // Retention may have removed events a slow consumer never read: they are not backlog.
-            let from = match read {
-                Some(o) => o.max(start),
-                None if earliest => start,
-                None => continue,
-            };
-            let w = worst.entry((tenant, s.def.topic.clone(), p as u32)).or_default();
-            *w = (*w).max(end.saturating_sub(from));
-        }
-    }
-    let mut bytes: std::collections::BTreeMap<&str, u64> = tenants.iter().map(|t| (*t, 0)).collect();
-    for ((tenant, topic, p), events) in worst {
-        if events > 0 {
-            let average = log_of(shared, &topic, PartitionId(p)).average_record_bytes(&topic, PartitionId(p))?;
-            *bytes.entry(tenant).or_default() += events.saturating_mul(average);
-        }
-    }
-    Ok(bytes.into_iter().map(|(t, b)| (t.to_owned(), b)).collect())
 }
 
 /// A policy entry as the admin API shows it: its spec, with its key under `field`.
@@ -320,171 +237,15 @@ impl Admin {
             (Method::Get, ["healthz"]) => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
             // The contract of both listeners, open like the probes (it holds no secret).
             (Method::Get, ["openapi.yaml"]) => Response::new(StatusCode::OK, "application/yaml", OPENAPI),
-            (Method::Get, ["readyz"]) => {
-                let ready = self.shared.ready.load(Ordering::Acquire);
-                let stalled = self.shared.stalled_shards();
-                if let Some(why) = self.shared.syncer.as_ref().and_then(|s| s.failure()) {
-                    let detail = format!("{why}: nothing written since is durable; restart evmesh to recover");
-                    problem(StatusCode::SERVICE_UNAVAILABLE, &detail)
-                } else if let Some(why) = self.shared.descriptors_short() {
-                    problem(StatusCode::SERVICE_UNAVAILABLE, &why).with_header("retry-after", "5")
-                } else if ready == self.shared.config.shards && stalled.is_empty() {
-                    Response::json(StatusCode::OK, r#"{"status":"ready"}"#)
-                } else if ready == self.shared.config.shards {
-                    let detail = format!("shards {stalled:?} have not run their event loop for over 5 s");
-                    problem(StatusCode::SERVICE_UNAVAILABLE, &detail).with_header("retry-after", "1")
-                } else {
-                    problem(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &format!("{ready} of {} shards ready", self.shared.config.shards),
-                    )
-                    .with_header("retry-after", "1")
-                }
-            }
-            (Method::Get, ["metrics"]) => {
-                let mut out = String::new();
-                self.shared.metrics.render(&mut out);
-                let mem = &self.shared.memory;
-                let tls = self.shared.tls.as_deref();
-                let calls = &self.shared.calls;
-                for (name, kind, help, v) in [
-                    (
-                        "evmesh_memory_resident_bytes",
-                        "gauge",
-                        "Resident memory, sampled every 100 ms",
-                        mem.resident.load(Ordering::Relaxed),
-                    ),
-                    ("evmesh_memory_limit_bytes", "gauge", "memory_limit_bytes: new work is shed past it", mem.limit),
-                    (
-                        "evmesh_kafka_tail_bytes_total",
-                        "counter",
-                        "Bytes of events the Kafka tail read (the topics sessions here need)",
-                        self.shared.tail_bytes.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_open_files_limit",
-                        "gauge",
-                        "The open-files limit in force (shared out at start: see the descriptors line it printed)",
-                        self.shared.fds.limit,
-                    ),
-                    (
-                        "evmesh_connections_budget",
-                        "gauge",
-                        "Traffic connections per shard the open-files limit leaves room for (max_connections)",
-                        self.shared.config.max_connections as u64,
-                    ),
-                    (
-                        "evmesh_partition_files_open",
-                        "gauge",
-                        "Partitions' segment files open now (the least recently used close past their share)",
-                        self.shared.logs.open_files() as u64,
-                    ),
-                    (
-                        "evmesh_partition_files_budget",
-                        "gauge",
-                        "Partitions' share of the open-files limit",
-                        self.shared.logs.max_open() as u64,
-                    ),
-                    (
-                        "evmesh_client_sockets_open",
-                        "gauge",
-                        "Sockets the broker opened itself (webhook sinks, remote agents)",
-                        crate::server::client::sockets_open() as u64,
-                    ),
-                    (
-                        "evmesh_auth_key_reloads_total",
-                        "counter",
-                        "Changed tokens files or JWKS put in force",
-                        self.shared.governance.key_reloads.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_auth_key_reloads_failed_total",
-                        "counter",
-                        "Changed tokens files or JWKS that did not parse (the old keys stayed in force)",
-                        self.shared.governance.key_reloads_failed.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_audit_dropped_total",
-                        "counter",
-                        "Audit records dropped because the audit queue was full",
-                        self.shared.governance.audit.dropped.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_tls_handshakes_failed_total",
-                        "counter",
-                        "TLS handshakes that failed or did not finish within header_read_timeout",
-                        tls.map_or(0, |t| t.handshakes_failed.load(Ordering::Relaxed)),
-                    ),
-                    (
-                        "evmesh_tls_reloads_total",
-                        "counter",
-                        "TLS certificate and key reloads (SIGHUP) put in force",
-                        tls.map_or(0, |t| t.reloads.load(Ordering::Relaxed)),
-                    ),
-                    (
-                        "evmesh_tls_reloads_failed_total",
-                        "counter",
-                        "TLS reloads whose files did not load (the old certificate stayed in force)",
-                        tls.map_or(0, |t| t.reloads_failed.load(Ordering::Relaxed)),
-                    ),
-                    (
-                        "evmesh_memory_shed_total",
-                        "counter",
-                        "Requests refused (503) while over memory_limit_bytes",
-                        mem.shed.load(Ordering::Relaxed),
-                    ),
-                    ("evmesh_stream_sessions", "gauge", "Open agent streaming sessions", calls.len() as u64),
-                    (
-                        "evmesh_stream_chunks_total",
-                        "counter",
-                        "Chunks of agent streaming turns taken",
-                        calls.chunks.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_stream_chunks_dropped_total",
-                        "counter",
-                        "Chunks dropped from a turn's log (1024 chunks or 1 MiB) before every reader had them",
-                        calls.dropped.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_stream_sessions_expired_total",
-                        "counter",
-                        "Agent streaming sessions closed after session_ttl_ms idle",
-                        calls.expired.load(Ordering::Relaxed),
-                    ),
-                    ("evmesh_stream_buffer_bytes", "gauge", "Chunk bytes held by turn logs", calls.held() as u64),
-                ] {
-                    out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
-                }
-                let name = "evmesh_mailbox_depth";
-                out.push_str(&format!(
-                    "# HELP {name} Messages waiting in a shard's inbound rings\n# TYPE {name} gauge\n"
-                ));
-                for s in 0..self.shared.config.shards {
-                    let depth = self.shared.mailboxes.depth(crate::model::ShardId(s as u16));
-                    out.push_str(&format!("{name}{{shard=\"{s}\"}} {depth}\n"));
-                }
-                self.lag_metrics(&mut out);
-                self.tenant_metrics(&mut out);
-                Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
-            }
+            (Method::Get, ["readyz"]) => observe::readyz(&self.shared),
+            (Method::Get, ["metrics"]) => observe::metrics(&self.shared),
             (Method::Get, ["admin", "topics"]) => {
                 self.learn_all().await;
                 self.topics()
             }
-            (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
-            (Method::Get, ["admin", "agents"]) => self.agents(),
-            (Method::Get, ["admin", "cluster"]) => {
-                let (storage, read) = match self.shared.config.storage {
-                    crate::config::StorageKind::Embedded => ("embedded", true),
-                    _ => ("kafka", self.shared.homes.is_caught_up()),
-                };
-                let mut view = self.shared.membership.view(std::time::Instant::now(), storage);
-                // Over Kafka: the claims (and offsets) written before it started are read; until
-                // then its sessions, polls and acks answer 503.
-                view["claimsRead"] = read.into();
-                Response::json(StatusCode::OK, serde_json::to_vec(&view).expect("json"))
-            }
+            (Method::Get, ["admin", "subscriptions"]) => observe::subscriptions(&self.shared),
+            (Method::Get, ["admin", "agents"]) => observe::agents(&self.shared),
+            (Method::Get, ["admin", "cluster"]) => observe::cluster(&self.shared),
             (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
             (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => {
                 self.learn(t).await;
@@ -560,7 +321,7 @@ impl Admin {
                 self.learn_all().await;
                 scoped_list(self.topics(), &["topic"])
             }
-            (Method::Get, ["admin", "subscriptions"]) => scoped_list(self.subscriptions(), &["subscription", "topic"]),
+            (Method::Get, ["admin", "subscriptions"]) => scoped_list(observe::subscriptions(&self.shared), &["subscription", "topic"]),
             (Method::Put, ["admin", "topics", name]) => {
                 // The tenant's topics quota holds here too (an existing topic is not a new one).
                 let snap = self.shared.governance.snapshot();
@@ -859,129 +620,6 @@ impl Admin {
         self.remove_policy(Policy::Acl, "id", id, "acl rule", exists, || g.set_rule(id, None))
     }
 
-    fn log_of(&self, topic: &str, p: PartitionId) -> EmbeddedLog {
-        log_of(&self.shared, topic, p)
-    }
-
-    /// Every subscription with, per partition, its end offset and each stored consumer's
-    /// committed offset (`client` empty for the subscription's own `LOAD_BALANCE` offsets).
-    fn lag(&self) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
-        lag(&self.shared, |_| true)
-    }
-
-    /// `GET /admin/agents`: the registered agents (ids tenant-scoped), each with `ready`,
-    /// `routable` (ready and heard from within `agent_heartbeat_timeout_ms`) and
-    /// `lastHeartbeatMs`.
-    fn agents(&self) -> Response {
-        let now = crate::model::clock::now_ms();
-        let timeout = self.shared.config.agent_heartbeat_timeout.as_millis() as u64;
-        let list: Vec<serde_json::Value> = self
-            .shared
-            .agents
-            .list()
-            .into_iter()
-            .map(|(id, a)| {
-                serde_json::json!({"agentId": id, "ready": a.ready, "routable": a.routable(now, timeout), "lastHeartbeatMs": a.beat_ms})
-            })
-            .collect();
-        Response::json(StatusCode::OK, serde_json::to_vec(&list).expect("json"))
-    }
-
-    /// `GET /admin/subscriptions`: each definition with `partitions`: end offset and, per stored
-    /// consumer, `client` (null for the subscription's own offsets), `committed` and `lag`. A
-    /// partition no session has read yet has no consumers.
-    fn subscriptions(&self) -> Response {
-        let list = match self.lag() {
-            Ok(l) => l,
-            Err(e) => return storage_problem(&e),
-        };
-        let mut out = Vec::with_capacity(list.len());
-        for s in list {
-            let parts: Vec<serde_json::Value> = s
-                .ends
-                .iter()
-                .enumerate()
-                .map(|(p, &end)| {
-                    let consumers: Vec<serde_json::Value> = s
-                        .stored
-                        .iter()
-                        .filter(|c| c.partition as usize == p)
-                        .map(|c| {
-                            let client = (!c.client.is_empty()).then_some(c.client.as_str());
-                            serde_json::json!({"client": client, "committed": c.offset, "lag": end.saturating_sub(c.offset)})
-                        })
-                        .collect();
-                    serde_json::json!({"partition": p, "end_offset": end, "consumers": consumers})
-                })
-                .collect();
-            let mut v = s.def.shown();
-            v["partitions"] = serde_json::Value::Array(parts);
-            out.push(v);
-        }
-        Response::json(StatusCode::OK, serde_json::to_vec(&out).expect("json"))
-    }
-
-    /// Per-tenant counters (at most `governance::TENANT_SERIES` tenants by name, the rest as
-    /// `_other`) and the open connections of tenants with a `connections` quota.
-    fn tenant_metrics(&self, out: &mut String) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let g = &self.shared.governance;
-        let tenants = g.tenants();
-        for (name, help, get) in [
-            (
-                "evmesh_tenant_events_published_total",
-                "Events published by a tenant's principals",
-                (|t: &crate::governance::TenantStats| t.published.load(Relaxed)) as fn(&_) -> u64,
-            ),
-            ("evmesh_tenant_denied_total", "Requests of a tenant's principals refused by the ACL (403)", |t| {
-                t.denied.load(Relaxed)
-            }),
-            (
-                "evmesh_tenant_limited_total",
-                "Requests of a tenant's principals over a rate limit or quota (429)",
-                |t| t.limited.load(Relaxed),
-            ),
-        ] {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
-            for t in &tenants {
-                out.push_str(&format!("{name}{{tenant=\"{}\"}} {}\n", t.tenant, get(t)));
-            }
-        }
-        let name = "evmesh_tenant_backlog_bytes";
-        out.push_str(&format!(
-            "# HELP {name} Unacknowledged bytes of a tenant with a backlogBytes quota (estimated every 2 s)\n# TYPE {name} gauge\n"
-        ));
-        for (t, n) in g.backlog().iter() {
-            out.push_str(&format!("{name}{{tenant=\"{t}\"}} {n}\n"));
-        }
-        let name = "evmesh_tenant_connections";
-        out.push_str(&format!(
-            "# HELP {name} Open connections of a tenant with a connections quota\n# TYPE {name} gauge\n"
-        ));
-        for (t, n) in g.tenant_connections() {
-            out.push_str(&format!("{name}{{tenant=\"{t}\"}} {n}\n"));
-        }
-    }
-
-    /// Consumer lag as Prometheus gauges, one series per stored consumer and partition.
-    fn lag_metrics(&self, out: &mut String) {
-        let Ok(list) = self.lag() else { return };
-        let name = "evmesh_consumer_lag";
-        out.push_str(&format!("# HELP {name} Events published but not yet acknowledged, per consumer and partition\n# TYPE {name} gauge\n"));
-        for s in list {
-            for c in &s.stored {
-                let end = s.ends.get(c.partition as usize).copied().unwrap_or(0);
-                out.push_str(&format!(
-                    "{name}{{subscription=\"{}\",client=\"{}\",partition=\"{}\"}} {}\n",
-                    s.def.subscription,
-                    c.client,
-                    c.partition,
-                    end.saturating_sub(c.offset)
-                ));
-            }
-        }
-    }
-
     fn topics(&self) -> Response {
         let list = match meta::list(&self.shared.db) {
             Ok(l) => l,
@@ -991,7 +629,7 @@ impl Admin {
         for (name, m) in list {
             let mut parts = Vec::new();
             for p in (0..m.partitions).map(PartitionId) {
-                match self.log_of(&name, p).bounds(&name, p) {
+                match log_of(&self.shared, &name, p).bounds(&name, p) {
                     Ok(b) => {
                         parts.push(serde_json::json!({"partition": p.0, "start_offset": b.start, "end_offset": b.end}))
                     }
@@ -1126,7 +764,7 @@ impl Admin {
                 break; // bounded like every answer; replaying (or a smaller max) shows the rest
             }
             let read = meta::dlq_replayed(&self.shared.db, topic, p.0)
-                .and_then(|from| self.log_of(&name, p).read(&name, p, from, max, room));
+                .and_then(|from| log_of(&self.shared, &name, p).read(&name, p, from, max, room));
             let frames = match read {
                 Ok(f) => f,
                 Err(e) => return storage_problem(&e),
@@ -1174,7 +812,7 @@ impl Admin {
         for dp in (0..dlq.partitions).map(PartitionId) {
             loop {
                 let from = meta::dlq_replayed(&self.shared.db, topic, dp.0).map_err(Err)?;
-                let frames = self.log_of(&name, dp).read(&name, dp, from, 256, RESPONSE_BYTES).map_err(Err)?;
+                let frames = log_of(&self.shared, &name, dp).read(&name, dp, from, 256, RESPONSE_BYTES).map_err(Err)?;
                 let Some(last) = frames.last().map(|f| f.header().offset) else { break };
                 let mut by_partition: Vec<(PartitionId, Vec<frame_codec::Frame>)> = Vec::new();
                 for f in &frames {
@@ -1233,7 +871,7 @@ impl Admin {
             (Ok(f), Ok(m)) => (f, m.min(1000) as usize),
             (Err(r), _) | (_, Err(r)) => return r,
         };
-        let frames = match self.log_of(topic, p).read(topic, p, from, max, RESPONSE_BYTES) {
+        let frames = match log_of(&self.shared, topic, p).read(topic, p, from, max, RESPONSE_BYTES) {
             Ok(f) => f,
             Err(e) => return storage_problem(&e),
         };
