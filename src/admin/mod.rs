@@ -1,28 +1,36 @@
-//! The admin listener: health, readiness, Prometheus metrics, topics and stored events.
+//! The admin listener: health, readiness, Prometheus metrics, the cluster view, topics and
+//! stored events, dead letters, and the policies (ACL rules, limits, quotas, transformers,
+//! routes).
 //!
 //! Runs on its own thread (not a shard), so a scrape or an event dump never competes with a
 //! shard's traffic. It reads the log and metadata directly (reads never mutate a shard's state)
 //! and asks the owning shard, through the mailbox, for anything that writes.
+//!
+//! This file holds the [`Admin`] handler: who may use the admin API (`Admin::access`), the
+//! one route table (`endpoint`) and what each route runs (`Admin::serve`), a tenant's
+//! administrator's view of it (`Admin::tenant_admin`), and the audit of writes. What the
+//! routes do is in `policy` (the five policy kinds, one generic implementation), `topics`
+//! (topics, stored events, dead letters and replay) and `observe` (readiness, metrics, lag,
+//! the cluster, agents and subscriptions listings, the tenants' backlog).
 
 mod common;
 mod observe;
+mod policy;
 mod topics;
 
 use std::sync::Arc;
 
-use crate::governance::acl::{Action, Kind as AclKind, RuleSpec};
+use crate::governance::acl::{Action, Kind as AclKind};
 use crate::governance::identity::{AuthError, Principal};
-use crate::governance::limits::{LimitSpec, Quota};
 use crate::governance::AuthMode;
 use crate::http::{problem, Method, StatusCode};
-use crate::ingress::storage_problem;
 use crate::server::{Handler, Request, Response};
 use crate::shard::shared::Shared;
-use crate::storage::meta;
-use crate::storage::meta::Policy;
 
 pub use observe::measure_backlog;
+use policy::Op;
 
+/// The admin listener's handler: one, on the admin thread.
 pub struct Admin {
     pub shared: Arc<Shared>,
     /// Failed authentications per source address (throttled past a few, as on the traffic
@@ -30,26 +38,6 @@ pub struct Admin {
     pub failures: std::cell::RefCell<crate::governance::Failures>,
     /// A DLQ replay is running (one at a time, so none replays an event twice).
     pub replaying: std::cell::Cell<bool>,
-}
-
-/// A policy entry as the admin API shows it: its spec, with its key under `field`.
-fn shown(spec: &impl serde::Serialize, field: &str, key: &str) -> serde_json::Value {
-    let mut v = serde_json::to_value(spec).expect("a policy spec serializes");
-    v[field] = key.into();
-    v
-}
-
-/// The answer to `GET` on a policy kind: every entry (`key` absent, in the order given), or the
-/// one whose `field` is `key` (404 naming `what`).
-fn policy_answer(all: Vec<serde_json::Value>, field: &str, key: Option<&str>, what: &str) -> Response {
-    let one = |k: &str| all.iter().find(|v| v[field] == k);
-    match key {
-        None => Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json")),
-        Some(k) => match one(k) {
-            Some(v) => Response::json(StatusCode::OK, serde_json::to_vec(v).expect("json")),
-            None => problem(StatusCode::NOT_FOUND, &format!("no {what} {k}")),
-        },
-    }
 }
 
 /// Who may use the admin API, and how they proved it.
@@ -123,6 +111,63 @@ impl Handler for Admin {
         _: crate::server::ConnGuard,
     ) {
     }
+}
+
+/// What a request to the admin listener asks for: one [`endpoint`] of the route table.
+enum Endpoint<'a> {
+    /// `GET /healthz`.
+    Healthz,
+    /// `GET /openapi.yaml`.
+    OpenApi,
+    /// `GET /readyz`.
+    Readyz,
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET /admin/topics`.
+    Topics,
+    /// `GET /admin/subscriptions`.
+    Subscriptions,
+    /// `GET /admin/agents`.
+    Agents,
+    /// `GET /admin/cluster`.
+    Cluster,
+    /// `PUT /admin/topics/{topic}`.
+    CreateTopic(&'a str),
+    /// `GET /admin/topics/{topic}/partitions/{p}/events`.
+    Events(&'a str, &'a str),
+    /// `GET /admin/dlq/{topic}`.
+    DeadLetters(&'a str),
+    /// `POST /admin/dlq/{topic}/replay`.
+    Replay(&'a str),
+    /// `GET | PUT | DELETE /admin/{kind}[/{key}]` for a policy kind (`acl`, `limits`, `quotas`,
+    /// `transformers`, `routes`).
+    Policy(policy::Answer, Op<'a>),
+}
+
+/// The admin listener's route table: the endpoint a method and path (its `/`-separated
+/// segments) name, with `body` for a policy's `PUT`; `None` for none.
+fn endpoint<'a>(method: Method, segs: &[&'a str], body: &'a [u8]) -> Option<Endpoint<'a>> {
+    use Endpoint as E;
+    Some(match (method, segs) {
+        (Method::Get, ["healthz"]) => E::Healthz,
+        // The contract of both listeners, open like the probes (it holds no secret).
+        (Method::Get, ["openapi.yaml"]) => E::OpenApi,
+        (Method::Get, ["readyz"]) => E::Readyz,
+        (Method::Get, ["metrics"]) => E::Metrics,
+        (Method::Get, ["admin", "topics"]) => E::Topics,
+        (Method::Get, ["admin", "subscriptions"]) => E::Subscriptions,
+        (Method::Get, ["admin", "agents"]) => E::Agents,
+        (Method::Get, ["admin", "cluster"]) => E::Cluster,
+        (Method::Put, ["admin", "topics", t]) => E::CreateTopic(t),
+        (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => E::Events(t, p),
+        (Method::Get, ["admin", "dlq", t]) => E::DeadLetters(t),
+        (Method::Post, ["admin", "dlq", t, "replay"]) => E::Replay(t),
+        (Method::Get, ["admin", kind]) => E::Policy(policy::kind(kind)?, Op::List),
+        (Method::Get, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Get(key)),
+        (Method::Put, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Put(key, body)),
+        (Method::Delete, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Delete(key)),
+        _ => return None,
+    })
 }
 
 /// `openapi/evmesh.yaml`, served at `GET /openapi.yaml`.
@@ -207,55 +252,47 @@ impl Admin {
         }
     }
 
+    /// The admin API for an administrator without a tenant (and the open probes): the route
+    /// table's endpoint, or 404.
     async fn admin(&self, req: &Request<'_>, segs: &[&str]) -> Response {
-        let path = req.path();
-        match (req.method(), segs) {
-            (Method::Get, ["healthz"]) => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
-            // The contract of both listeners, open like the probes (it holds no secret).
-            (Method::Get, ["openapi.yaml"]) => Response::new(StatusCode::OK, "application/yaml", OPENAPI),
-            (Method::Get, ["readyz"]) => observe::readyz(&self.shared),
-            (Method::Get, ["metrics"]) => observe::metrics(&self.shared),
-            (Method::Get, ["admin", "topics"]) => {
-                topics::learn_all(&self.shared).await;
-                topics::topics(&self.shared)
+        match endpoint(req.method(), segs, req.body) {
+            Some(e) => self.serve(req, e).await,
+            None => problem(
+                StatusCode::NOT_FOUND,
+                &format!("no admin route for {} {}", req.head.method_str(req.buf), req.path()),
+            ),
+        }
+    }
+
+    /// Runs endpoint `e` (its topic names as stored).
+    async fn serve(&self, req: &Request<'_>, e: Endpoint<'_>) -> Response {
+        let shared: &Shared = &self.shared;
+        match e {
+            Endpoint::Healthz => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
+            Endpoint::OpenApi => Response::new(StatusCode::OK, "application/yaml", OPENAPI),
+            Endpoint::Readyz => observe::readyz(shared),
+            Endpoint::Metrics => observe::metrics(shared),
+            Endpoint::Topics => {
+                topics::learn_all(shared).await;
+                topics::topics(shared)
             }
-            (Method::Get, ["admin", "subscriptions"]) => observe::subscriptions(&self.shared),
-            (Method::Get, ["admin", "agents"]) => observe::agents(&self.shared),
-            (Method::Get, ["admin", "cluster"]) => observe::cluster(&self.shared),
-            (Method::Put, ["admin", "topics", t]) => topics::create_topic(&self.shared, t, req.body).await,
-            (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => {
-                topics::learn(&self.shared, t).await;
-                topics::events(&self.shared, t, p, req)
+            Endpoint::Subscriptions => observe::subscriptions(shared),
+            Endpoint::Agents => observe::agents(shared),
+            Endpoint::Cluster => observe::cluster(shared),
+            Endpoint::CreateTopic(t) => topics::create_topic(shared, t, req.body).await,
+            Endpoint::Events(t, p) => {
+                topics::learn(shared, t).await;
+                topics::events(shared, t, p, req)
             }
-            (Method::Get, ["admin", "dlq", t]) => {
-                topics::learn_dlq(&self.shared, t).await;
-                topics::dead_letters(&self.shared, t, req)
+            Endpoint::DeadLetters(t) => {
+                topics::learn_dlq(shared, t).await;
+                topics::dead_letters(shared, t, req)
             }
-            (Method::Post, ["admin", "dlq", t, "replay"]) => {
-                topics::learn_dlq(&self.shared, t).await;
-                topics::replay(&self.shared, &self.replaying, t).await
+            Endpoint::Replay(t) => {
+                topics::learn_dlq(shared, t).await;
+                topics::replay(shared, &self.replaying, t).await
             }
-            (Method::Get, ["admin", "acl"]) => self.acl_rules(None),
-            (Method::Get, ["admin", "acl", id]) => self.acl_rules(Some(id)),
-            (Method::Put, ["admin", "acl", id]) => self.put_acl(id, req.body),
-            (Method::Delete, ["admin", "acl", id]) => self.delete_acl(id),
-            (Method::Get, ["admin", "limits"]) => self.limits(None),
-            (Method::Get, ["admin", "limits", id]) => self.limits(Some(id)),
-            (Method::Put, ["admin", "limits", id]) => self.put_limit(id, req.body),
-            (Method::Delete, ["admin", "limits", id]) => self.delete_limit(id),
-            (Method::Get, ["admin", "quotas"]) => self.quotas(None),
-            (Method::Get, ["admin", "quotas", t]) => self.quotas(Some(t)),
-            (Method::Put, ["admin", "quotas", t]) => self.put_quota(t, req.body),
-            (Method::Delete, ["admin", "quotas", t]) => self.delete_quota(t),
-            (Method::Get, ["admin", "transformers"]) => self.transformers(None),
-            (Method::Get, ["admin", "transformers", t]) => self.transformers(Some(t)),
-            (Method::Put, ["admin", "transformers", t]) => self.put_transformer(t, req.body),
-            (Method::Delete, ["admin", "transformers", t]) => self.delete_transformer(t),
-            (Method::Get, ["admin", "routes"]) => self.routes(None),
-            (Method::Get, ["admin", "routes", id]) => self.routes(Some(id)),
-            (Method::Put, ["admin", "routes", id]) => self.put_route(id, req.body),
-            (Method::Delete, ["admin", "routes", id]) => self.delete_route(id),
-            _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
+            Endpoint::Policy(answer, op) => answer(shared, op),
         }
     }
 
@@ -292,30 +329,28 @@ impl Admin {
                 _ => r,
             }
         };
-        match (req.method(), segs) {
-            (Method::Get, ["admin", "topics"]) => {
-                topics::learn_all(&self.shared).await;
-                scoped_list(topics::topics(&self.shared), &["topic"])
-            }
-            (Method::Get, ["admin", "subscriptions"]) => scoped_list(observe::subscriptions(&self.shared), &["subscription", "topic"]),
-            (Method::Put, ["admin", "topics", name]) => {
+        match endpoint(req.method(), segs, req.body) {
+            Some(e @ Endpoint::Topics) => scoped_list(self.serve(req, e).await, &["topic"]),
+            Some(e @ Endpoint::Subscriptions) => scoped_list(self.serve(req, e).await, &["subscription", "topic"]),
+            Some(Endpoint::CreateTopic(name)) => {
+                let name = stored(name);
                 // The tenant's topics quota holds here too (an existing topic is not a new one).
-                if let Err(r) = topics::within_topics_quota(&self.shared, t, &stored(name)) {
+                if let Err(r) = topics::within_topics_quota(&self.shared, t, &name) {
                     return r;
                 }
-                one(topics::create_topic(&self.shared, &stored(name), req.body).await)
+                one(self.serve(req, Endpoint::CreateTopic(&name)).await)
             }
-            (Method::Get, ["admin", "topics", name, "partitions", p, "events"]) => {
-                topics::learn(&self.shared, &stored(name)).await;
-                topics::events(&self.shared, &stored(name), p, req)
+            Some(Endpoint::Events(name, p)) => {
+                let name = stored(name);
+                self.serve(req, Endpoint::Events(&name, p)).await
             }
-            (Method::Get, ["admin", "dlq", name]) => {
-                topics::learn_dlq(&self.shared, &stored(name)).await;
-                topics::dead_letters(&self.shared, &stored(name), req)
+            Some(Endpoint::DeadLetters(name)) => {
+                let name = stored(name);
+                self.serve(req, Endpoint::DeadLetters(&name)).await
             }
-            (Method::Post, ["admin", "dlq", name, "replay"]) => {
-                topics::learn_dlq(&self.shared, &stored(name)).await;
-                topics::replay(&self.shared, &self.replaying, &stored(name)).await
+            Some(Endpoint::Replay(name)) => {
+                let name = stored(name);
+                self.serve(req, Endpoint::Replay(&name)).await
             }
             _ => problem(
                 StatusCode::FORBIDDEN,
@@ -326,256 +361,60 @@ impl Admin {
             ),
         }
     }
+}
 
-    /// `GET /admin/acl`: every rule in decision order (`source`: `config` or `api`);
-    /// `GET /admin/acl/{id}`: one.
-    fn acl_rules(&self, id: Option<&str>) -> Response {
-        let g = &self.shared.governance;
-        let snap = g.snapshot();
-        let all = snap.acl.rules().iter().map(|r| {
-            let mut v = shown(&r.spec, "id", &r.id);
-            v["source"] = if g.is_config_rule(&r.id) { "config" } else { "api" }.into();
-            v
-        });
-        policy_answer(all.collect(), "id", id, "acl rule")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(method: Method, path: &str) -> Option<Endpoint<'_>> {
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        endpoint(method, &segs, b"{}")
     }
 
-    /// Stores a policy entry, then puts it in force (`set`): 201 new, 200 replaced, with the
-    /// entry as `GET` shows it.
-    fn store_policy(
-        &self,
-        kind: Policy,
-        field: &str,
-        key: &str,
-        spec: &impl serde::Serialize,
-        existed: bool,
-        set: impl FnOnce(),
-    ) -> Response {
-        if let Err(e) = meta::put_policy(&self.shared.db, kind, key, spec) {
-            return storage_problem(&e);
+    #[test]
+    fn the_five_policy_kinds_route_to_their_list_get_put_and_delete() {
+        for kind in ["acl", "limits", "quotas", "transformers", "routes"] {
+            assert!(policy::kind(kind).is_some(), "{kind}");
+            let list = format!("/admin/{kind}");
+            assert!(matches!(route(Method::Get, &list), Some(Endpoint::Policy(_, Op::List))), "GET {list}");
+            let one = &format!("/admin/{kind}/k");
+            assert!(matches!(route(Method::Get, one), Some(Endpoint::Policy(_, Op::Get("k")))), "GET {one}");
+            assert!(matches!(route(Method::Put, one), Some(Endpoint::Policy(_, Op::Put("k", b"{}")))), "PUT {one}");
+            assert!(matches!(route(Method::Delete, one), Some(Endpoint::Policy(_, Op::Delete("k")))), "DELETE {one}");
+            assert!(route(Method::Post, one).is_none(), "POST {one}");
         }
-        set();
-        let status = if existed { StatusCode::OK } else { StatusCode(201) };
-        Response::json(status, serde_json::to_vec(&shown(spec, field, key)).expect("json"))
-    }
-
-    /// Removes a policy entry (404 naming `what` unless it `exists`): from the store, then out
-    /// of force (`unset`).
-    fn remove_policy(
-        &self,
-        kind: Policy,
-        field: &str,
-        key: &str,
-        what: &str,
-        exists: bool,
-        unset: impl FnOnce(),
-    ) -> Response {
-        if !exists {
-            return problem(StatusCode::NOT_FOUND, &format!("no {what} {key}"));
+        for other in ["topics", "dlq", "cluster", "agents", "subscriptions", "acls", ""] {
+            assert!(policy::kind(other).is_none(), "{other}");
         }
-        if let Err(e) = meta::delete_policy(&self.shared.db, kind, key) {
-            return storage_problem(&e);
+    }
+
+    #[test]
+    fn every_other_route_is_its_own_endpoint_and_nothing_else_routes() {
+        use Endpoint as E;
+        assert!(matches!(route(Method::Get, "/healthz"), Some(E::Healthz)));
+        assert!(matches!(route(Method::Get, "/openapi.yaml"), Some(E::OpenApi)));
+        assert!(matches!(route(Method::Get, "/readyz"), Some(E::Readyz)));
+        assert!(matches!(route(Method::Get, "/metrics"), Some(E::Metrics)));
+        assert!(matches!(route(Method::Get, "/admin/topics"), Some(E::Topics)));
+        assert!(matches!(route(Method::Get, "/admin/subscriptions"), Some(E::Subscriptions)));
+        assert!(matches!(route(Method::Get, "/admin/agents"), Some(E::Agents)));
+        assert!(matches!(route(Method::Get, "/admin/cluster"), Some(E::Cluster)));
+        assert!(matches!(route(Method::Put, "/admin/topics/t"), Some(E::CreateTopic("t"))));
+        assert!(matches!(route(Method::Get, "/admin/topics/t/partitions/0/events"), Some(E::Events("t", "0"))));
+        assert!(matches!(route(Method::Get, "/admin/dlq/t"), Some(E::DeadLetters("t"))));
+        assert!(matches!(route(Method::Post, "/admin/dlq/t/replay"), Some(E::Replay("t"))));
+        for (method, path) in [
+            (Method::Head, "/healthz"),
+            (Method::Get, "/admin/topics/t"),
+            (Method::Delete, "/admin/topics/t"),
+            (Method::Get, "/admin/dlq"),
+            (Method::Get, "/admin/acl/a/b"),
+            (Method::Delete, "/admin/acl"),
+            (Method::Get, "/admin/nothing"),
+            (Method::Get, "/nothing"),
+        ] {
+            assert!(route(method, path).is_none(), "{method:?} {path}");
         }
-        unset();
-        let mut v = serde_json::json!({"removed": true});
-        v[field] = key.into();
-        Response::json(StatusCode::OK, v.to_string())
-    }
-
-    /// `PUT /admin/acl/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
-    fn put_acl(&self, id: &str, body: &[u8]) -> Response {
-        let g = &self.shared.governance;
-        let spec: RuleSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    &format!("expected {{\"principal\", \"resource\", \"actions\", \"effect\", \"priority\"}}: {e}"),
-                )
-            }
-        };
-        let rule = match crate::governance::acl::Rule::new(id, spec.clone()) {
-            Ok(r) => r,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        if g.is_config_rule(id) {
-            return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
-        }
-        let existed = g.snapshot().acl.rules().iter().any(|r| r.id == id);
-        self.store_policy(Policy::Acl, "id", id, &spec, existed, || g.set_rule(id, Some(rule)))
-    }
-
-    /// `GET /admin/limits`: every rate limit, by id, with `id`; `GET /admin/limits/{id}`: one.
-    fn limits(&self, id: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let all = snap.limits.all().iter().map(|l| shown(&l.spec, "id", &l.id)).collect();
-        policy_answer(all, "id", id, "limit")
-    }
-
-    /// `PUT /admin/limits/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
-    fn put_limit(&self, id: &str, body: &[u8]) -> Response {
-        let g = &self.shared.governance;
-        let spec: LimitSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    &format!("expected {{\"scope\", \"eventsPerSecond\", \"bytesPerSecond\", \"burst\"}}: {e}"),
-                )
-            }
-        };
-        let limit = match crate::governance::limits::Limit::new(id, spec.clone()) {
-            Ok(l) => l,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        let existed = g.snapshot().limits.all().iter().any(|l| l.id == id);
-        self.store_policy(Policy::Limit, "id", id, &spec, existed, || g.set_limit(id, Some(limit)))
-    }
-
-    /// `GET /admin/quotas`: every tenant's quotas, with `tenant`; `GET /admin/quotas/{t}`: one.
-    fn quotas(&self, tenant: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let mut all: Vec<_> = snap.quotas.iter().collect();
-        all.sort_by_key(|(t, _)| t.as_str());
-        let all = all.into_iter().map(|(t, q)| shown(q, "tenant", t)).collect();
-        policy_answer(all, "tenant", tenant, "quotas for tenant")
-    }
-
-    /// `PUT /admin/quotas/{tenant}`: 201 new, 200 replaced; in force at once.
-    fn put_quota(&self, tenant: &str, body: &[u8]) -> Response {
-        let g = &self.shared.governance;
-        if !crate::governance::identity::valid_tenant(tenant) {
-            return problem(StatusCode::BAD_REQUEST, crate::governance::identity::TENANT_RULE);
-        }
-        let quota: Quota = match serde_json::from_slice(body) {
-            Ok(q) => q,
-            Err(e) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    &format!("expected {{\"connections\", \"topics\", \"subscriptions\", \"backlogBytes\"}}: {e}"),
-                )
-            }
-        };
-        let existed = g.snapshot().quotas.contains_key(tenant);
-        self.store_policy(Policy::Quota, "tenant", tenant, &quota, existed, || g.set_quota(tenant, Some(quota.clone())))
-    }
-
-    /// `DELETE /admin/quotas/{tenant}`: 200 removed, 404 unknown.
-    fn delete_quota(&self, tenant: &str) -> Response {
-        let g = &self.shared.governance;
-        let exists = g.snapshot().quotas.contains_key(tenant);
-        self.remove_policy(Policy::Quota, "tenant", tenant, "quotas for tenant", exists, || g.set_quota(tenant, None))
-    }
-
-    /// `GET /admin/transformers`: every topic's transformer, with `topic`; `.../{topic}`: one.
-    fn transformers(&self, topic: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let mut all: Vec<_> = snap.transformers.values().collect();
-        all.sort_by_key(|t| t.topic.as_str());
-        let all = all.into_iter().map(|t| shown(&t.spec, "topic", &t.topic)).collect();
-        policy_answer(all, "topic", topic, "transformer for topic")
-    }
-
-    /// `PUT /admin/transformers/{topic}`: 201 new, 200 replaced; stored, then in force on every
-    /// shard for the next publish.
-    fn put_transformer(&self, topic: &str, body: &[u8]) -> Response {
-        use crate::governance::transform::{TransformSpec, Transformer};
-        let g = &self.shared.governance;
-        if !crate::model::valid_topic(topic) {
-            return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
-        }
-        if crate::model::topic::is_lite(topic) {
-            return problem(StatusCode::BAD_REQUEST, "lite topics (agent.*, client.*, session.*) have no transformers");
-        }
-        let spec: TransformSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                let expected = r#"{"set", "remove", "rename", "variables", "data"}"#;
-                return problem(StatusCode::BAD_REQUEST, &format!("expected {expected}: {e}"));
-            }
-        };
-        let t = match Transformer::new(topic, spec.clone()) {
-            Ok(t) => t,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        let existed = g.snapshot().transformers.contains_key(topic);
-        self.store_policy(Policy::Transformer, "topic", topic, &spec, existed, || g.set_transformer(topic, Some(t)))
-    }
-
-    /// `DELETE /admin/transformers/{topic}`: 200 removed, 404 unknown.
-    fn delete_transformer(&self, topic: &str) -> Response {
-        let g = &self.shared.governance;
-        let exists = g.snapshot().transformers.contains_key(topic);
-        self.remove_policy(Policy::Transformer, "topic", topic, "transformer for topic", exists, || {
-            g.set_transformer(topic, None)
-        })
-    }
-
-    /// `GET /admin/routes`: every route, by id, with `id`; `GET /admin/routes/{id}`: one.
-    fn routes(&self, id: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let all = snap.router.all().iter().map(|r| shown(&r.spec, "id", &r.id)).collect();
-        policy_answer(all, "id", id, "route")
-    }
-
-    /// `PUT /admin/routes/{id}`: 201 new, 200 replaced, 400 for a route that is malformed or
-    /// would loop (or fan out too far) with the routes in force; stored, then in force.
-    fn put_route(&self, id: &str, body: &[u8]) -> Response {
-        use crate::governance::route::{Route, RouteSpec};
-        let g = &self.shared.governance;
-        if id.is_empty() || id.len() > 128 {
-            return problem(StatusCode::BAD_REQUEST, "route ids are 1 to 128 characters");
-        }
-        let spec: RouteSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                let expected = r#"{"topic", "condition", "targets", "mode": "copy" | "move"}"#;
-                return problem(StatusCode::BAD_REQUEST, &format!("expected {expected}: {e}"));
-            }
-        };
-        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| !crate::model::valid_topic(t)) {
-            return problem(StatusCode::BAD_REQUEST, &format!("{t:?}: topic names are [A-Za-z0-9._-]{{1,249}}"));
-        }
-        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| crate::model::topic::is_lite(t)) {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                &format!("{t:?} is a lite topic: routes neither start nor end there"),
-            );
-        }
-        let snap = g.snapshot();
-        let existed = snap.router.all().iter().any(|r| r.id == id);
-        // Checked against the routes in force (the admin thread is the only one changing them).
-        let router = match Route::new(id, spec.clone()).and_then(|r| snap.router.with(id, Some(r))) {
-            Ok(r) => r,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        self.store_policy(Policy::Route, "id", id, &spec, existed, || g.set_router(router))
-    }
-
-    /// `DELETE /admin/routes/{id}`: 200 removed, 404 unknown.
-    fn delete_route(&self, id: &str) -> Response {
-        let g = &self.shared.governance;
-        let snap = g.snapshot();
-        let exists = snap.router.all().iter().any(|r| r.id == id);
-        self.remove_policy(Policy::Route, "id", id, "route", exists, || {
-            g.set_router(snap.router.with(id, None).expect("removing a route cannot add a loop"))
-        })
-    }
-
-    /// `DELETE /admin/limits/{id}`: 200 removed, 404 unknown.
-    fn delete_limit(&self, id: &str) -> Response {
-        let g = &self.shared.governance;
-        let exists = g.snapshot().limits.all().iter().any(|l| l.id == id);
-        self.remove_policy(Policy::Limit, "id", id, "limit", exists, || g.set_limit(id, None))
-    }
-
-    /// `DELETE /admin/acl/{id}`: 200 removed, 404 unknown.
-    fn delete_acl(&self, id: &str) -> Response {
-        let g = &self.shared.governance;
-        if g.is_config_rule(id) {
-            return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
-        }
-        let exists = g.snapshot().acl.rules().iter().any(|r| r.id == id);
-        self.remove_policy(Policy::Acl, "id", id, "acl rule", exists, || g.set_rule(id, None))
     }
 }
