@@ -1,40 +1,36 @@
-//! The admin listener: health, readiness, Prometheus metrics, topics and stored events.
+//! The admin listener: health, readiness, Prometheus metrics, the cluster view, topics and
+//! stored events, dead letters, and the policies (ACL rules, limits, quotas, transformers,
+//! routes).
 //!
 //! Runs on its own thread (not a shard), so a scrape or an event dump never competes with a
 //! shard's traffic. It reads the log and metadata directly (reads never mutate a shard's state)
 //! and asks the owning shard, through the mailbox, for anything that writes.
+//!
+//! This file holds the [`Admin`] handler: who may use the admin API (`Admin::access`), the
+//! one route table (`endpoint`) and what each route runs (`Admin::serve`), a tenant's
+//! administrator's view of it (`Admin::tenant_admin`), and the audit of writes. What the
+//! routes do is in `policy` (the five policy kinds, one generic implementation), `topics`
+//! (topics, stored events, dead letters and replay) and `observe` (readiness, metrics, lag,
+//! the cluster, agents and subscriptions listings, the tenants' backlog).
 
-use std::sync::atomic::Ordering;
+mod common;
+mod observe;
+mod policy;
+mod topics;
+
 use std::sync::Arc;
 
-use serde::Deserialize;
-
-use crate::adaptor::cloudevents::write_structured;
-use crate::governance::acl::{Action, Kind as AclKind, RuleSpec};
+use crate::governance::acl::{Action, Kind as AclKind};
 use crate::governance::identity::{AuthError, Principal};
-use crate::governance::limits::{LimitSpec, Quota};
 use crate::governance::AuthMode;
 use crate::http::{problem, Method, StatusCode};
-use crate::ingress::storage_problem;
-use crate::model::placement::{meta_owner, owner};
-use crate::model::{valid_topic, PartitionId, MAX_PARTITIONS};
 use crate::server::{Handler, Request, Response};
-use crate::shard::mailbox::{Overflow, Sender};
-use crate::shard::message::{EnsureReply, ShardMessage};
 use crate::shard::shared::Shared;
-use crate::storage::embedded::EmbeddedLog;
-use crate::storage::meta::Policy;
-use crate::storage::{meta, Storage, StorageError, TopicMeta};
 
-/// A subscription's partitions' end offsets and its stored committed offsets.
-struct SubscriptionLag {
-    def: crate::subscription::definition::Definition,
-    ends: Vec<u64>,
-    /// Per partition, its oldest retained offset.
-    starts: Vec<u64>,
-    stored: Vec<crate::storage::offsets::Committed>,
-}
+pub use observe::measure_backlog;
+use policy::Op;
 
+/// The admin listener's handler: one, on the admin thread.
 pub struct Admin {
     pub shared: Arc<Shared>,
     /// Failed authentications per source address (throttled past a few, as on the traffic
@@ -43,121 +39,6 @@ pub struct Admin {
     /// A DLQ replay is running (one at a time, so none replays an event twice).
     pub replaying: std::cell::Cell<bool>,
 }
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TopicSpec {
-    partitions: u32,
-    #[serde(default)]
-    retention_ms: Option<u64>,
-    #[serde(default)]
-    retention_bytes: Option<u64>,
-}
-
-/// Every subscription `only` takes, with its partitions' bounds and its stored offsets.
-fn lag(
-    shared: &Shared,
-    only: impl Fn(&crate::subscription::definition::Definition) -> bool,
-) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
-    let shards = shared.config.shards;
-    let mut out = Vec::new();
-    for def in meta::list_subscriptions(&shared.db)?.into_iter().filter(|d| only(d)) {
-        let partitions = meta::get(&shared.db, &def.topic)?.map_or(0, |m| m.partitions);
-        let mut stored: Vec<crate::storage::offsets::Committed> = Vec::new();
-        for s in 0..shards {
-            let s = crate::model::ShardId(s as u16);
-            stored.extend(crate::storage::offsets::list(&shared.db, s, &def.topic, &def.subscription)?);
-        }
-        let (mut starts, mut ends) = (Vec::new(), Vec::new());
-        for p in (0..partitions).map(PartitionId) {
-            let b = log_of(shared, &def.topic, p).bounds(&def.topic, p)?;
-            starts.push(b.start);
-            ends.push(b.end);
-        }
-        out.push(SubscriptionLag { def, ends, starts, stored });
-    }
-    Ok(out)
-}
-
-fn log_of(shared: &Shared, topic: &str, p: PartitionId) -> EmbeddedLog {
-    let s = owner(topic, p, shared.config.shards);
-    EmbeddedLog::new(
-        shared.db.clone(),
-        shared.logs.clone(),
-        s,
-        shared.config.durability,
-        None,
-        shared.config.lite_topic_ttl,
-    )
-}
-
-/// The backlog of each tenant with a `backlogBytes` quota: per partition of its topics, the
-/// events its slowest subscription has not acknowledged (counted from the oldest retained one
-/// for an `earliest` subscription nobody has read yet; from the first read otherwise), times
-/// the partition's average event size. Reads RocksDB: run off the shards (`runtime`, every 2 s).
-pub fn measure_backlog(shared: &Shared) -> Result<Vec<(String, u64)>, crate::storage::StorageError> {
-    use crate::subscription::definition::Start;
-    let snap = shared.governance.snapshot();
-    let tenants: Vec<&str> =
-        snap.quotas.iter().filter(|(_, q)| q.backlog_bytes.is_some()).map(|(t, _)| t.as_str()).collect();
-    if tenants.is_empty() {
-        return Ok(Vec::new());
-    }
-    let tenant_of =
-        |name: &str| tenants.iter().copied().find(|t| name.strip_prefix(t).is_some_and(|rest| rest.starts_with('.')));
-    let mut worst: std::collections::BTreeMap<(&str, String, u32), u64> = Default::default();
-    let list = lag(shared, |d| tenant_of(&d.subscription).is_some())?;
-    for s in &list {
-        let tenant = tenant_of(&s.def.subscription).expect("filtered above");
-        let earliest = matches!(&s.def.start, Start::Named(n) if n == "earliest");
-        for (p, (&start, &end)) in s.starts.iter().zip(&s.ends).enumerate() {
-            let read = s.stored.iter().filter(|c| c.partition as usize == p).map(|c| c.offset).min();
-            // Retention may have removed events a slow consumer never read: they are not backlog.
-            let from = match read {
-                Some(o) => o.max(start),
-                None if earliest => start,
-                None => continue,
-            };
-            let w = worst.entry((tenant, s.def.topic.clone(), p as u32)).or_default();
-            *w = (*w).max(end.saturating_sub(from));
-        }
-    }
-    let mut bytes: std::collections::BTreeMap<&str, u64> = tenants.iter().map(|t| (*t, 0)).collect();
-    for ((tenant, topic, p), events) in worst {
-        if events > 0 {
-            let average = log_of(shared, &topic, PartitionId(p)).average_record_bytes(&topic, PartitionId(p))?;
-            *bytes.entry(tenant).or_default() += events.saturating_mul(average);
-        }
-    }
-    Ok(bytes.into_iter().map(|(t, b)| (t.to_owned(), b)).collect())
-}
-
-/// A policy entry as the admin API shows it: its spec, with its key under `field`.
-fn shown(spec: &impl serde::Serialize, field: &str, key: &str) -> serde_json::Value {
-    let mut v = serde_json::to_value(spec).expect("a policy spec serializes");
-    v[field] = key.into();
-    v
-}
-
-/// The answer to `GET` on a policy kind: every entry (`key` absent, in the order given), or the
-/// one whose `field` is `key` (404 naming `what`).
-fn policy_answer(all: Vec<serde_json::Value>, field: &str, key: Option<&str>, what: &str) -> Response {
-    let one = |k: &str| all.iter().find(|v| v[field] == k);
-    match key {
-        None => Response::json(StatusCode::OK, serde_json::to_vec(&all).expect("json")),
-        Some(k) => match one(k) {
-            Some(v) => Response::json(StatusCode::OK, serde_json::to_vec(v).expect("json")),
-            None => problem(StatusCode::NOT_FOUND, &format!("no {what} {k}")),
-        },
-    }
-}
-
-/// Stored events one admin answer carries at most (about: the event that crosses it is kept);
-/// listings are paged with `from=`.
-const RESPONSE_BYTES: usize = 4 << 20;
-
-/// Topics another instance made that one `GET /admin/topics` learns at most (storage = kafka).
-const LEARN_PER_LIST: usize = 256;
 
 /// Who may use the admin API, and how they proved it.
 enum Access {
@@ -230,6 +111,63 @@ impl Handler for Admin {
         _: crate::server::ConnGuard,
     ) {
     }
+}
+
+/// What a request to the admin listener asks for: one [`endpoint`] of the route table.
+enum Endpoint<'a> {
+    /// `GET /healthz`.
+    Healthz,
+    /// `GET /openapi.yaml`.
+    OpenApi,
+    /// `GET /readyz`.
+    Readyz,
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET /admin/topics`.
+    Topics,
+    /// `GET /admin/subscriptions`.
+    Subscriptions,
+    /// `GET /admin/agents`.
+    Agents,
+    /// `GET /admin/cluster`.
+    Cluster,
+    /// `PUT /admin/topics/{topic}`.
+    CreateTopic(&'a str),
+    /// `GET /admin/topics/{topic}/partitions/{p}/events`.
+    Events(&'a str, &'a str),
+    /// `GET /admin/dlq/{topic}`.
+    DeadLetters(&'a str),
+    /// `POST /admin/dlq/{topic}/replay`.
+    Replay(&'a str),
+    /// `GET | PUT | DELETE /admin/{kind}[/{key}]` for a policy kind (`acl`, `limits`, `quotas`,
+    /// `transformers`, `routes`).
+    Policy(policy::Answer, Op<'a>),
+}
+
+/// The admin listener's route table: the endpoint a method and path (its `/`-separated
+/// segments) name, with `body` for a policy's `PUT`; `None` for none.
+fn endpoint<'a>(method: Method, segs: &[&'a str], body: &'a [u8]) -> Option<Endpoint<'a>> {
+    use Endpoint as E;
+    Some(match (method, segs) {
+        (Method::Get, ["healthz"]) => E::Healthz,
+        // The contract of both listeners, open like the probes (it holds no secret).
+        (Method::Get, ["openapi.yaml"]) => E::OpenApi,
+        (Method::Get, ["readyz"]) => E::Readyz,
+        (Method::Get, ["metrics"]) => E::Metrics,
+        (Method::Get, ["admin", "topics"]) => E::Topics,
+        (Method::Get, ["admin", "subscriptions"]) => E::Subscriptions,
+        (Method::Get, ["admin", "agents"]) => E::Agents,
+        (Method::Get, ["admin", "cluster"]) => E::Cluster,
+        (Method::Put, ["admin", "topics", t]) => E::CreateTopic(t),
+        (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => E::Events(t, p),
+        (Method::Get, ["admin", "dlq", t]) => E::DeadLetters(t),
+        (Method::Post, ["admin", "dlq", t, "replay"]) => E::Replay(t),
+        (Method::Get, ["admin", kind]) => E::Policy(policy::kind(kind)?, Op::List),
+        (Method::Get, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Get(key)),
+        (Method::Put, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Put(key, body)),
+        (Method::Delete, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Delete(key)),
+        _ => return None,
+    })
 }
 
 /// `openapi/evmesh.yaml`, served at `GET /openapi.yaml`.
@@ -314,211 +252,47 @@ impl Admin {
         }
     }
 
+    /// The admin API for an administrator without a tenant (and the open probes): the route
+    /// table's endpoint, or 404.
     async fn admin(&self, req: &Request<'_>, segs: &[&str]) -> Response {
-        let path = req.path();
-        match (req.method(), segs) {
-            (Method::Get, ["healthz"]) => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
-            // The contract of both listeners, open like the probes (it holds no secret).
-            (Method::Get, ["openapi.yaml"]) => Response::new(StatusCode::OK, "application/yaml", OPENAPI),
-            (Method::Get, ["readyz"]) => {
-                let ready = self.shared.ready.load(Ordering::Acquire);
-                let stalled = self.shared.stalled_shards();
-                if let Some(why) = self.shared.syncer.as_ref().and_then(|s| s.failure()) {
-                    let detail = format!("{why}: nothing written since is durable; restart evmesh to recover");
-                    problem(StatusCode::SERVICE_UNAVAILABLE, &detail)
-                } else if let Some(why) = self.shared.descriptors_short() {
-                    problem(StatusCode::SERVICE_UNAVAILABLE, &why).with_header("retry-after", "5")
-                } else if ready == self.shared.config.shards && stalled.is_empty() {
-                    Response::json(StatusCode::OK, r#"{"status":"ready"}"#)
-                } else if ready == self.shared.config.shards {
-                    let detail = format!("shards {stalled:?} have not run their event loop for over 5 s");
-                    problem(StatusCode::SERVICE_UNAVAILABLE, &detail).with_header("retry-after", "1")
-                } else {
-                    problem(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &format!("{ready} of {} shards ready", self.shared.config.shards),
-                    )
-                    .with_header("retry-after", "1")
-                }
+        match endpoint(req.method(), segs, req.body) {
+            Some(e) => self.serve(req, e).await,
+            None => problem(
+                StatusCode::NOT_FOUND,
+                &format!("no admin route for {} {}", req.head.method_str(req.buf), req.path()),
+            ),
+        }
+    }
+
+    /// Runs endpoint `e` (its topic names as stored).
+    async fn serve(&self, req: &Request<'_>, e: Endpoint<'_>) -> Response {
+        let shared: &Shared = &self.shared;
+        match e {
+            Endpoint::Healthz => Response::json(StatusCode::OK, r#"{"status":"ok"}"#),
+            Endpoint::OpenApi => Response::new(StatusCode::OK, "application/yaml", OPENAPI),
+            Endpoint::Readyz => observe::readyz(shared),
+            Endpoint::Metrics => observe::metrics(shared),
+            Endpoint::Topics => {
+                topics::learn_all(shared).await;
+                topics::topics(shared)
             }
-            (Method::Get, ["metrics"]) => {
-                let mut out = String::new();
-                self.shared.metrics.render(&mut out);
-                let mem = &self.shared.memory;
-                let tls = self.shared.tls.as_deref();
-                let calls = &self.shared.calls;
-                for (name, kind, help, v) in [
-                    (
-                        "evmesh_memory_resident_bytes",
-                        "gauge",
-                        "Resident memory, sampled every 100 ms",
-                        mem.resident.load(Ordering::Relaxed),
-                    ),
-                    ("evmesh_memory_limit_bytes", "gauge", "memory_limit_bytes: new work is shed past it", mem.limit),
-                    (
-                        "evmesh_kafka_tail_bytes_total",
-                        "counter",
-                        "Bytes of events the Kafka tail read (the topics sessions here need)",
-                        self.shared.tail_bytes.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_open_files_limit",
-                        "gauge",
-                        "The open-files limit in force (shared out at start: see the descriptors line it printed)",
-                        self.shared.fds.limit,
-                    ),
-                    (
-                        "evmesh_connections_budget",
-                        "gauge",
-                        "Traffic connections per shard the open-files limit leaves room for (max_connections)",
-                        self.shared.config.max_connections as u64,
-                    ),
-                    (
-                        "evmesh_partition_files_open",
-                        "gauge",
-                        "Partitions' segment files open now (the least recently used close past their share)",
-                        self.shared.logs.open_files() as u64,
-                    ),
-                    (
-                        "evmesh_partition_files_budget",
-                        "gauge",
-                        "Partitions' share of the open-files limit",
-                        self.shared.logs.max_open() as u64,
-                    ),
-                    (
-                        "evmesh_client_sockets_open",
-                        "gauge",
-                        "Sockets the broker opened itself (webhook sinks, remote agents)",
-                        crate::server::client::sockets_open() as u64,
-                    ),
-                    (
-                        "evmesh_auth_key_reloads_total",
-                        "counter",
-                        "Changed tokens files or JWKS put in force",
-                        self.shared.governance.key_reloads.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_auth_key_reloads_failed_total",
-                        "counter",
-                        "Changed tokens files or JWKS that did not parse (the old keys stayed in force)",
-                        self.shared.governance.key_reloads_failed.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_audit_dropped_total",
-                        "counter",
-                        "Audit records dropped because the audit queue was full",
-                        self.shared.governance.audit.dropped.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_tls_handshakes_failed_total",
-                        "counter",
-                        "TLS handshakes that failed or did not finish within header_read_timeout",
-                        tls.map_or(0, |t| t.handshakes_failed.load(Ordering::Relaxed)),
-                    ),
-                    (
-                        "evmesh_tls_reloads_total",
-                        "counter",
-                        "TLS certificate and key reloads (SIGHUP) put in force",
-                        tls.map_or(0, |t| t.reloads.load(Ordering::Relaxed)),
-                    ),
-                    (
-                        "evmesh_tls_reloads_failed_total",
-                        "counter",
-                        "TLS reloads whose files did not load (the old certificate stayed in force)",
-                        tls.map_or(0, |t| t.reloads_failed.load(Ordering::Relaxed)),
-                    ),
-                    (
-                        "evmesh_memory_shed_total",
-                        "counter",
-                        "Requests refused (503) while over memory_limit_bytes",
-                        mem.shed.load(Ordering::Relaxed),
-                    ),
-                    ("evmesh_stream_sessions", "gauge", "Open agent streaming sessions", calls.len() as u64),
-                    (
-                        "evmesh_stream_chunks_total",
-                        "counter",
-                        "Chunks of agent streaming turns taken",
-                        calls.chunks.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_stream_chunks_dropped_total",
-                        "counter",
-                        "Chunks dropped from a turn's log (1024 chunks or 1 MiB) before every reader had them",
-                        calls.dropped.load(Ordering::Relaxed),
-                    ),
-                    (
-                        "evmesh_stream_sessions_expired_total",
-                        "counter",
-                        "Agent streaming sessions closed after session_ttl_ms idle",
-                        calls.expired.load(Ordering::Relaxed),
-                    ),
-                    ("evmesh_stream_buffer_bytes", "gauge", "Chunk bytes held by turn logs", calls.held() as u64),
-                ] {
-                    out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
-                }
-                let name = "evmesh_mailbox_depth";
-                out.push_str(&format!(
-                    "# HELP {name} Messages waiting in a shard's inbound rings\n# TYPE {name} gauge\n"
-                ));
-                for s in 0..self.shared.config.shards {
-                    let depth = self.shared.mailboxes.depth(crate::model::ShardId(s as u16));
-                    out.push_str(&format!("{name}{{shard=\"{s}\"}} {depth}\n"));
-                }
-                self.lag_metrics(&mut out);
-                self.tenant_metrics(&mut out);
-                Response::new(StatusCode::OK, "text/plain; version=0.0.4", out)
+            Endpoint::Subscriptions => observe::subscriptions(shared),
+            Endpoint::Agents => observe::agents(shared),
+            Endpoint::Cluster => observe::cluster(shared),
+            Endpoint::CreateTopic(t) => topics::create_topic(shared, t, req.body).await,
+            Endpoint::Events(t, p) => {
+                topics::learn(shared, t).await;
+                topics::events(shared, t, p, req)
             }
-            (Method::Get, ["admin", "topics"]) => {
-                self.learn_all().await;
-                self.topics()
+            Endpoint::DeadLetters(t) => {
+                topics::learn_dlq(shared, t).await;
+                topics::dead_letters(shared, t, req)
             }
-            (Method::Get, ["admin", "subscriptions"]) => self.subscriptions(),
-            (Method::Get, ["admin", "agents"]) => self.agents(),
-            (Method::Get, ["admin", "cluster"]) => {
-                let (storage, read) = match self.shared.config.storage {
-                    crate::config::StorageKind::Embedded => ("embedded", true),
-                    _ => ("kafka", self.shared.homes.is_caught_up()),
-                };
-                let mut view = self.shared.membership.view(std::time::Instant::now(), storage);
-                // Over Kafka: the claims (and offsets) written before it started are read; until
-                // then its sessions, polls and acks answer 503.
-                view["claimsRead"] = read.into();
-                Response::json(StatusCode::OK, serde_json::to_vec(&view).expect("json"))
+            Endpoint::Replay(t) => {
+                topics::learn_dlq(shared, t).await;
+                topics::replay(shared, &self.replaying, t).await
             }
-            (Method::Put, ["admin", "topics", t]) => self.create_topic(t, req.body).await,
-            (Method::Get, ["admin", "topics", t, "partitions", p, "events"]) => {
-                self.learn(t).await;
-                self.events(t, p, req)
-            }
-            (Method::Get, ["admin", "dlq", t]) => {
-                self.learn_dlq(t).await;
-                self.dead_letters(t, req)
-            }
-            (Method::Post, ["admin", "dlq", t, "replay"]) => {
-                self.learn_dlq(t).await;
-                self.replay(t).await
-            }
-            (Method::Get, ["admin", "acl"]) => self.acl_rules(None),
-            (Method::Get, ["admin", "acl", id]) => self.acl_rules(Some(id)),
-            (Method::Put, ["admin", "acl", id]) => self.put_acl(id, req.body),
-            (Method::Delete, ["admin", "acl", id]) => self.delete_acl(id),
-            (Method::Get, ["admin", "limits"]) => self.limits(None),
-            (Method::Get, ["admin", "limits", id]) => self.limits(Some(id)),
-            (Method::Put, ["admin", "limits", id]) => self.put_limit(id, req.body),
-            (Method::Delete, ["admin", "limits", id]) => self.delete_limit(id),
-            (Method::Get, ["admin", "quotas"]) => self.quotas(None),
-            (Method::Get, ["admin", "quotas", t]) => self.quotas(Some(t)),
-            (Method::Put, ["admin", "quotas", t]) => self.put_quota(t, req.body),
-            (Method::Delete, ["admin", "quotas", t]) => self.delete_quota(t),
-            (Method::Get, ["admin", "transformers"]) => self.transformers(None),
-            (Method::Get, ["admin", "transformers", t]) => self.transformers(Some(t)),
-            (Method::Put, ["admin", "transformers", t]) => self.put_transformer(t, req.body),
-            (Method::Delete, ["admin", "transformers", t]) => self.delete_transformer(t),
-            (Method::Get, ["admin", "routes"]) => self.routes(None),
-            (Method::Get, ["admin", "routes", id]) => self.routes(Some(id)),
-            (Method::Put, ["admin", "routes", id]) => self.put_route(id, req.body),
-            (Method::Delete, ["admin", "routes", id]) => self.delete_route(id),
-            _ => problem(StatusCode::NOT_FOUND, &format!("no admin route for {} {path}", req.head.method_str(req.buf))),
+            Endpoint::Policy(answer, op) => answer(shared, op),
         }
     }
 
@@ -555,47 +329,28 @@ impl Admin {
                 _ => r,
             }
         };
-        match (req.method(), segs) {
-            (Method::Get, ["admin", "topics"]) => {
-                self.learn_all().await;
-                scoped_list(self.topics(), &["topic"])
-            }
-            (Method::Get, ["admin", "subscriptions"]) => scoped_list(self.subscriptions(), &["subscription", "topic"]),
-            (Method::Put, ["admin", "topics", name]) => {
+        match endpoint(req.method(), segs, req.body) {
+            Some(e @ Endpoint::Topics) => scoped_list(self.serve(req, e).await, &["topic"]),
+            Some(e @ Endpoint::Subscriptions) => scoped_list(self.serve(req, e).await, &["subscription", "topic"]),
+            Some(Endpoint::CreateTopic(name)) => {
+                let name = stored(name);
                 // The tenant's topics quota holds here too (an existing topic is not a new one).
-                let snap = self.shared.governance.snapshot();
-                if let Some(max) = snap.quotas.get(t).and_then(|q| q.topics) {
-                    let db = &self.shared.db;
-                    let counted = match meta::get(db, &stored(name)) {
-                        Ok(Some(_)) => Ok(0),
-                        Ok(None) => meta::count_topics(db, &format!("{t}."), max as usize),
-                        Err(e) => Err(e),
-                    };
-                    match counted {
-                        Ok(n) if n as u64 >= max => {
-                            return problem(
-                                StatusCode::TOO_MANY_REQUESTS,
-                                &format!("tenant {t} has its quota of {max} topics; remove one or ask for more"),
-                            )
-                            .with_header("retry-after", "60")
-                        }
-                        Ok(_) => {}
-                        Err(e) => return storage_problem(&e),
-                    }
+                if let Err(r) = topics::within_topics_quota(&self.shared, t, &name) {
+                    return r;
                 }
-                one(self.create_topic(&stored(name), req.body).await)
+                one(self.serve(req, Endpoint::CreateTopic(&name)).await)
             }
-            (Method::Get, ["admin", "topics", name, "partitions", p, "events"]) => {
-                self.learn(&stored(name)).await;
-                self.events(&stored(name), p, req)
+            Some(Endpoint::Events(name, p)) => {
+                let name = stored(name);
+                self.serve(req, Endpoint::Events(&name, p)).await
             }
-            (Method::Get, ["admin", "dlq", name]) => {
-                self.learn_dlq(&stored(name)).await;
-                self.dead_letters(&stored(name), req)
+            Some(Endpoint::DeadLetters(name)) => {
+                let name = stored(name);
+                self.serve(req, Endpoint::DeadLetters(&name)).await
             }
-            (Method::Post, ["admin", "dlq", name, "replay"]) => {
-                self.learn_dlq(&stored(name)).await;
-                self.replay(&stored(name)).await
+            Some(Endpoint::Replay(name)) => {
+                let name = stored(name);
+                self.serve(req, Endpoint::Replay(&name)).await
             }
             _ => problem(
                 StatusCode::FORBIDDEN,
@@ -606,648 +361,60 @@ impl Admin {
             ),
         }
     }
+}
 
-    /// `GET /admin/acl`: every rule in decision order (`source`: `config` or `api`);
-    /// `GET /admin/acl/{id}`: one.
-    fn acl_rules(&self, id: Option<&str>) -> Response {
-        let g = &self.shared.governance;
-        let snap = g.snapshot();
-        let all = snap.acl.rules().iter().map(|r| {
-            let mut v = shown(&r.spec, "id", &r.id);
-            v["source"] = if g.is_config_rule(&r.id) { "config" } else { "api" }.into();
-            v
-        });
-        policy_answer(all.collect(), "id", id, "acl rule")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(method: Method, path: &str) -> Option<Endpoint<'_>> {
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        endpoint(method, &segs, b"{}")
     }
 
-    /// Stores a policy entry, then puts it in force (`set`): 201 new, 200 replaced, with the
-    /// entry as `GET` shows it.
-    fn store_policy(
-        &self,
-        kind: Policy,
-        field: &str,
-        key: &str,
-        spec: &impl serde::Serialize,
-        existed: bool,
-        set: impl FnOnce(),
-    ) -> Response {
-        if let Err(e) = meta::put_policy(&self.shared.db, kind, key, spec) {
-            return storage_problem(&e);
+    #[test]
+    fn the_five_policy_kinds_route_to_their_list_get_put_and_delete() {
+        for kind in ["acl", "limits", "quotas", "transformers", "routes"] {
+            assert!(policy::kind(kind).is_some(), "{kind}");
+            let list = format!("/admin/{kind}");
+            assert!(matches!(route(Method::Get, &list), Some(Endpoint::Policy(_, Op::List))), "GET {list}");
+            let one = &format!("/admin/{kind}/k");
+            assert!(matches!(route(Method::Get, one), Some(Endpoint::Policy(_, Op::Get("k")))), "GET {one}");
+            assert!(matches!(route(Method::Put, one), Some(Endpoint::Policy(_, Op::Put("k", b"{}")))), "PUT {one}");
+            assert!(matches!(route(Method::Delete, one), Some(Endpoint::Policy(_, Op::Delete("k")))), "DELETE {one}");
+            assert!(route(Method::Post, one).is_none(), "POST {one}");
         }
-        set();
-        let status = if existed { StatusCode::OK } else { StatusCode(201) };
-        Response::json(status, serde_json::to_vec(&shown(spec, field, key)).expect("json"))
-    }
-
-    /// Removes a policy entry (404 naming `what` unless it `exists`): from the store, then out
-    /// of force (`unset`).
-    fn remove_policy(
-        &self,
-        kind: Policy,
-        field: &str,
-        key: &str,
-        what: &str,
-        exists: bool,
-        unset: impl FnOnce(),
-    ) -> Response {
-        if !exists {
-            return problem(StatusCode::NOT_FOUND, &format!("no {what} {key}"));
+        for other in ["topics", "dlq", "cluster", "agents", "subscriptions", "acls", ""] {
+            assert!(policy::kind(other).is_none(), "{other}");
         }
-        if let Err(e) = meta::delete_policy(&self.shared.db, kind, key) {
-            return storage_problem(&e);
-        }
-        unset();
-        let mut v = serde_json::json!({"removed": true});
-        v[field] = key.into();
-        Response::json(StatusCode::OK, v.to_string())
     }
 
-    /// `PUT /admin/acl/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
-    fn put_acl(&self, id: &str, body: &[u8]) -> Response {
-        let g = &self.shared.governance;
-        let spec: RuleSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    &format!("expected {{\"principal\", \"resource\", \"actions\", \"effect\", \"priority\"}}: {e}"),
-                )
-            }
-        };
-        let rule = match crate::governance::acl::Rule::new(id, spec.clone()) {
-            Ok(r) => r,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        if g.is_config_rule(id) {
-            return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
-        }
-        let existed = g.snapshot().acl.rules().iter().any(|r| r.id == id);
-        self.store_policy(Policy::Acl, "id", id, &spec, existed, || g.set_rule(id, Some(rule)))
-    }
-
-    /// `GET /admin/limits`: every rate limit, by id, with `id`; `GET /admin/limits/{id}`: one.
-    fn limits(&self, id: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let all = snap.limits.all().iter().map(|l| shown(&l.spec, "id", &l.id)).collect();
-        policy_answer(all, "id", id, "limit")
-    }
-
-    /// `PUT /admin/limits/{id}`: 201 new, 200 replaced; stored, then in force on every shard.
-    fn put_limit(&self, id: &str, body: &[u8]) -> Response {
-        let g = &self.shared.governance;
-        let spec: LimitSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    &format!("expected {{\"scope\", \"eventsPerSecond\", \"bytesPerSecond\", \"burst\"}}: {e}"),
-                )
-            }
-        };
-        let limit = match crate::governance::limits::Limit::new(id, spec.clone()) {
-            Ok(l) => l,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        let existed = g.snapshot().limits.all().iter().any(|l| l.id == id);
-        self.store_policy(Policy::Limit, "id", id, &spec, existed, || g.set_limit(id, Some(limit)))
-    }
-
-    /// `GET /admin/quotas`: every tenant's quotas, with `tenant`; `GET /admin/quotas/{t}`: one.
-    fn quotas(&self, tenant: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let mut all: Vec<_> = snap.quotas.iter().collect();
-        all.sort_by_key(|(t, _)| t.as_str());
-        let all = all.into_iter().map(|(t, q)| shown(q, "tenant", t)).collect();
-        policy_answer(all, "tenant", tenant, "quotas for tenant")
-    }
-
-    /// `PUT /admin/quotas/{tenant}`: 201 new, 200 replaced; in force at once.
-    fn put_quota(&self, tenant: &str, body: &[u8]) -> Response {
-        let g = &self.shared.governance;
-        if !crate::governance::identity::valid_tenant(tenant) {
-            return problem(StatusCode::BAD_REQUEST, crate::governance::identity::TENANT_RULE);
-        }
-        let quota: Quota = match serde_json::from_slice(body) {
-            Ok(q) => q,
-            Err(e) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    &format!("expected {{\"connections\", \"topics\", \"subscriptions\", \"backlogBytes\"}}: {e}"),
-                )
-            }
-        };
-        let existed = g.snapshot().quotas.contains_key(tenant);
-        self.store_policy(Policy::Quota, "tenant", tenant, &quota, existed, || g.set_quota(tenant, Some(quota.clone())))
-    }
-
-    /// `DELETE /admin/quotas/{tenant}`: 200 removed, 404 unknown.
-    fn delete_quota(&self, tenant: &str) -> Response {
-        let g = &self.shared.governance;
-        let exists = g.snapshot().quotas.contains_key(tenant);
-        self.remove_policy(Policy::Quota, "tenant", tenant, "quotas for tenant", exists, || g.set_quota(tenant, None))
-    }
-
-    /// `GET /admin/transformers`: every topic's transformer, with `topic`; `.../{topic}`: one.
-    fn transformers(&self, topic: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let mut all: Vec<_> = snap.transformers.values().collect();
-        all.sort_by_key(|t| t.topic.as_str());
-        let all = all.into_iter().map(|t| shown(&t.spec, "topic", &t.topic)).collect();
-        policy_answer(all, "topic", topic, "transformer for topic")
-    }
-
-    /// `PUT /admin/transformers/{topic}`: 201 new, 200 replaced; stored, then in force on every
-    /// shard for the next publish.
-    fn put_transformer(&self, topic: &str, body: &[u8]) -> Response {
-        use crate::governance::transform::{TransformSpec, Transformer};
-        let g = &self.shared.governance;
-        if !crate::model::valid_topic(topic) {
-            return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
-        }
-        if crate::model::topic::is_lite(topic) {
-            return problem(StatusCode::BAD_REQUEST, "lite topics (agent.*, client.*, session.*) have no transformers");
-        }
-        let spec: TransformSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                let expected = r#"{"set", "remove", "rename", "variables", "data"}"#;
-                return problem(StatusCode::BAD_REQUEST, &format!("expected {expected}: {e}"));
-            }
-        };
-        let t = match Transformer::new(topic, spec.clone()) {
-            Ok(t) => t,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        let existed = g.snapshot().transformers.contains_key(topic);
-        self.store_policy(Policy::Transformer, "topic", topic, &spec, existed, || g.set_transformer(topic, Some(t)))
-    }
-
-    /// `DELETE /admin/transformers/{topic}`: 200 removed, 404 unknown.
-    fn delete_transformer(&self, topic: &str) -> Response {
-        let g = &self.shared.governance;
-        let exists = g.snapshot().transformers.contains_key(topic);
-        self.remove_policy(Policy::Transformer, "topic", topic, "transformer for topic", exists, || {
-            g.set_transformer(topic, None)
-        })
-    }
-
-    /// `GET /admin/routes`: every route, by id, with `id`; `GET /admin/routes/{id}`: one.
-    fn routes(&self, id: Option<&str>) -> Response {
-        let snap = self.shared.governance.snapshot();
-        let all = snap.router.all().iter().map(|r| shown(&r.spec, "id", &r.id)).collect();
-        policy_answer(all, "id", id, "route")
-    }
-
-    /// `PUT /admin/routes/{id}`: 201 new, 200 replaced, 400 for a route that is malformed or
-    /// would loop (or fan out too far) with the routes in force; stored, then in force.
-    fn put_route(&self, id: &str, body: &[u8]) -> Response {
-        use crate::governance::route::{Route, RouteSpec};
-        let g = &self.shared.governance;
-        if id.is_empty() || id.len() > 128 {
-            return problem(StatusCode::BAD_REQUEST, "route ids are 1 to 128 characters");
-        }
-        let spec: RouteSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => {
-                let expected = r#"{"topic", "condition", "targets", "mode": "copy" | "move"}"#;
-                return problem(StatusCode::BAD_REQUEST, &format!("expected {expected}: {e}"));
-            }
-        };
-        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| !crate::model::valid_topic(t)) {
-            return problem(StatusCode::BAD_REQUEST, &format!("{t:?}: topic names are [A-Za-z0-9._-]{{1,249}}"));
-        }
-        if let Some(t) = std::iter::once(&spec.topic).chain(&spec.targets).find(|t| crate::model::topic::is_lite(t)) {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                &format!("{t:?} is a lite topic: routes neither start nor end there"),
-            );
-        }
-        let snap = g.snapshot();
-        let existed = snap.router.all().iter().any(|r| r.id == id);
-        // Checked against the routes in force (the admin thread is the only one changing them).
-        let router = match Route::new(id, spec.clone()).and_then(|r| snap.router.with(id, Some(r))) {
-            Ok(r) => r,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
-        self.store_policy(Policy::Route, "id", id, &spec, existed, || g.set_router(router))
-    }
-
-    /// `DELETE /admin/routes/{id}`: 200 removed, 404 unknown.
-    fn delete_route(&self, id: &str) -> Response {
-        let g = &self.shared.governance;
-        let snap = g.snapshot();
-        let exists = snap.router.all().iter().any(|r| r.id == id);
-        self.remove_policy(Policy::Route, "id", id, "route", exists, || {
-            g.set_router(snap.router.with(id, None).expect("removing a route cannot add a loop"))
-        })
-    }
-
-    /// `DELETE /admin/limits/{id}`: 200 removed, 404 unknown.
-    fn delete_limit(&self, id: &str) -> Response {
-        let g = &self.shared.governance;
-        let exists = g.snapshot().limits.all().iter().any(|l| l.id == id);
-        self.remove_policy(Policy::Limit, "id", id, "limit", exists, || g.set_limit(id, None))
-    }
-
-    /// `DELETE /admin/acl/{id}`: 200 removed, 404 unknown.
-    fn delete_acl(&self, id: &str) -> Response {
-        let g = &self.shared.governance;
-        if g.is_config_rule(id) {
-            return problem(StatusCode::CONFLICT, &format!("acl rule {id} comes from the config file"));
-        }
-        let exists = g.snapshot().acl.rules().iter().any(|r| r.id == id);
-        self.remove_policy(Policy::Acl, "id", id, "acl rule", exists, || g.set_rule(id, None))
-    }
-
-    fn log_of(&self, topic: &str, p: PartitionId) -> EmbeddedLog {
-        log_of(&self.shared, topic, p)
-    }
-
-    /// Every subscription with, per partition, its end offset and each stored consumer's
-    /// committed offset (`client` empty for the subscription's own `LOAD_BALANCE` offsets).
-    fn lag(&self) -> Result<Vec<SubscriptionLag>, crate::storage::StorageError> {
-        lag(&self.shared, |_| true)
-    }
-
-    /// `GET /admin/agents`: the registered agents (ids tenant-scoped), each with `ready`,
-    /// `routable` (ready and heard from within `agent_heartbeat_timeout_ms`) and
-    /// `lastHeartbeatMs`.
-    fn agents(&self) -> Response {
-        let now = crate::model::clock::now_ms();
-        let timeout = self.shared.config.agent_heartbeat_timeout.as_millis() as u64;
-        let list: Vec<serde_json::Value> = self
-            .shared
-            .agents
-            .list()
-            .into_iter()
-            .map(|(id, a)| {
-                serde_json::json!({"agentId": id, "ready": a.ready, "routable": a.routable(now, timeout), "lastHeartbeatMs": a.beat_ms})
-            })
-            .collect();
-        Response::json(StatusCode::OK, serde_json::to_vec(&list).expect("json"))
-    }
-
-    /// `GET /admin/subscriptions`: each definition with `partitions`: end offset and, per stored
-    /// consumer, `client` (null for the subscription's own offsets), `committed` and `lag`. A
-    /// partition no session has read yet has no consumers.
-    fn subscriptions(&self) -> Response {
-        let list = match self.lag() {
-            Ok(l) => l,
-            Err(e) => return storage_problem(&e),
-        };
-        let mut out = Vec::with_capacity(list.len());
-        for s in list {
-            let parts: Vec<serde_json::Value> = s
-                .ends
-                .iter()
-                .enumerate()
-                .map(|(p, &end)| {
-                    let consumers: Vec<serde_json::Value> = s
-                        .stored
-                        .iter()
-                        .filter(|c| c.partition as usize == p)
-                        .map(|c| {
-                            let client = (!c.client.is_empty()).then_some(c.client.as_str());
-                            serde_json::json!({"client": client, "committed": c.offset, "lag": end.saturating_sub(c.offset)})
-                        })
-                        .collect();
-                    serde_json::json!({"partition": p, "end_offset": end, "consumers": consumers})
-                })
-                .collect();
-            let mut v = s.def.shown();
-            v["partitions"] = serde_json::Value::Array(parts);
-            out.push(v);
-        }
-        Response::json(StatusCode::OK, serde_json::to_vec(&out).expect("json"))
-    }
-
-    /// Per-tenant counters (at most `governance::TENANT_SERIES` tenants by name, the rest as
-    /// `_other`) and the open connections of tenants with a `connections` quota.
-    fn tenant_metrics(&self, out: &mut String) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let g = &self.shared.governance;
-        let tenants = g.tenants();
-        for (name, help, get) in [
-            (
-                "evmesh_tenant_events_published_total",
-                "Events published by a tenant's principals",
-                (|t: &crate::governance::TenantStats| t.published.load(Relaxed)) as fn(&_) -> u64,
-            ),
-            ("evmesh_tenant_denied_total", "Requests of a tenant's principals refused by the ACL (403)", |t| {
-                t.denied.load(Relaxed)
-            }),
-            (
-                "evmesh_tenant_limited_total",
-                "Requests of a tenant's principals over a rate limit or quota (429)",
-                |t| t.limited.load(Relaxed),
-            ),
+    #[test]
+    fn every_other_route_is_its_own_endpoint_and_nothing_else_routes() {
+        use Endpoint as E;
+        assert!(matches!(route(Method::Get, "/healthz"), Some(E::Healthz)));
+        assert!(matches!(route(Method::Get, "/openapi.yaml"), Some(E::OpenApi)));
+        assert!(matches!(route(Method::Get, "/readyz"), Some(E::Readyz)));
+        assert!(matches!(route(Method::Get, "/metrics"), Some(E::Metrics)));
+        assert!(matches!(route(Method::Get, "/admin/topics"), Some(E::Topics)));
+        assert!(matches!(route(Method::Get, "/admin/subscriptions"), Some(E::Subscriptions)));
+        assert!(matches!(route(Method::Get, "/admin/agents"), Some(E::Agents)));
+        assert!(matches!(route(Method::Get, "/admin/cluster"), Some(E::Cluster)));
+        assert!(matches!(route(Method::Put, "/admin/topics/t"), Some(E::CreateTopic("t"))));
+        assert!(matches!(route(Method::Get, "/admin/topics/t/partitions/0/events"), Some(E::Events("t", "0"))));
+        assert!(matches!(route(Method::Get, "/admin/dlq/t"), Some(E::DeadLetters("t"))));
+        assert!(matches!(route(Method::Post, "/admin/dlq/t/replay"), Some(E::Replay("t"))));
+        for (method, path) in [
+            (Method::Head, "/healthz"),
+            (Method::Get, "/admin/topics/t"),
+            (Method::Delete, "/admin/topics/t"),
+            (Method::Get, "/admin/dlq"),
+            (Method::Get, "/admin/acl/a/b"),
+            (Method::Delete, "/admin/acl"),
+            (Method::Get, "/admin/nothing"),
+            (Method::Get, "/nothing"),
         ] {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
-            for t in &tenants {
-                out.push_str(&format!("{name}{{tenant=\"{}\"}} {}\n", t.tenant, get(t)));
-            }
+            assert!(route(method, path).is_none(), "{method:?} {path}");
         }
-        let name = "evmesh_tenant_backlog_bytes";
-        out.push_str(&format!(
-            "# HELP {name} Unacknowledged bytes of a tenant with a backlogBytes quota (estimated every 2 s)\n# TYPE {name} gauge\n"
-        ));
-        for (t, n) in g.backlog().iter() {
-            out.push_str(&format!("{name}{{tenant=\"{t}\"}} {n}\n"));
-        }
-        let name = "evmesh_tenant_connections";
-        out.push_str(&format!(
-            "# HELP {name} Open connections of a tenant with a connections quota\n# TYPE {name} gauge\n"
-        ));
-        for (t, n) in g.tenant_connections() {
-            out.push_str(&format!("{name}{{tenant=\"{t}\"}} {n}\n"));
-        }
-    }
-
-    /// Consumer lag as Prometheus gauges, one series per stored consumer and partition.
-    fn lag_metrics(&self, out: &mut String) {
-        let Ok(list) = self.lag() else { return };
-        let name = "evmesh_consumer_lag";
-        out.push_str(&format!("# HELP {name} Events published but not yet acknowledged, per consumer and partition\n# TYPE {name} gauge\n"));
-        for s in list {
-            for c in &s.stored {
-                let end = s.ends.get(c.partition as usize).copied().unwrap_or(0);
-                out.push_str(&format!(
-                    "{name}{{subscription=\"{}\",client=\"{}\",partition=\"{}\"}} {}\n",
-                    s.def.subscription,
-                    c.client,
-                    c.partition,
-                    end.saturating_sub(c.offset)
-                ));
-            }
-        }
-    }
-
-    fn topics(&self) -> Response {
-        let list = match meta::list(&self.shared.db) {
-            Ok(l) => l,
-            Err(e) => return storage_problem(&e),
-        };
-        let mut out = Vec::new();
-        for (name, m) in list {
-            let mut parts = Vec::new();
-            for p in (0..m.partitions).map(PartitionId) {
-                match self.log_of(&name, p).bounds(&name, p) {
-                    Ok(b) => {
-                        parts.push(serde_json::json!({"partition": p.0, "start_offset": b.start, "end_offset": b.end}))
-                    }
-                    Err(e) => return storage_problem(&e),
-                }
-            }
-            out.push(serde_json::json!({
-                "topic": name,
-                "partitions": parts,
-                "retention_ms": m.retention_ms,
-                "retention_bytes": m.retention_bytes,
-            }));
-        }
-        Response::json(StatusCode::OK, serde_json::to_vec(&out).expect("json"))
-    }
-
-    async fn create_topic(&self, topic: &str, body: &[u8]) -> Response {
-        if !valid_topic(topic) {
-            return problem(StatusCode::BAD_REQUEST, "topic names are [A-Za-z0-9._-]{1,249}");
-        }
-        if crate::model::topic::is_lite(topic) {
-            let detail = "agent.*, client.* and session.* are lite topics: created by their first event, one partition";
-            return problem(StatusCode::BAD_REQUEST, detail);
-        }
-        let spec: TopicSpec = match serde_json::from_slice(body) {
-            Ok(s) => s,
-            Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("expected {{\"partitions\": N}}: {e}")),
-        };
-        if spec.partitions == 0 || spec.partitions > MAX_PARTITIONS {
-            return problem(StatusCode::BAD_REQUEST, &format!("partitions must be 1..={MAX_PARTITIONS}"));
-        }
-        let spec = TopicMeta {
-            partitions: spec.partitions,
-            retention_ms: spec.retention_ms,
-            retention_bytes: spec.retention_bytes,
-        };
-        match self.ensure(topic, spec).await {
-            Ok((m, created)) => {
-                let status = if created { StatusCode(201) } else { StatusCode::OK };
-                let body = serde_json::json!({"topic": topic, "partitions": m.partitions, "retention_ms": m.retention_ms, "retention_bytes": m.retention_bytes});
-                Response::json(status, serde_json::to_vec(&body).expect("json"))
-            }
-            Err(e) => storage_problem(&e),
-        }
-    }
-
-    /// Storage = kafka: a topic another instance made (the broker has it) and this one has not
-    /// met yet is learned before an admin read of it, with the broker's partition count. What
-    /// cannot be learned now (no such topic, the broker away) reads as it is here.
-    async fn learn(&self, topic: &str) {
-        if !self.shared.clustered_log() || crate::model::topic::is_lite(topic) || !valid_topic(topic) {
-            return;
-        }
-        if !matches!(meta::get(&self.shared.db, topic), Ok(None)) {
-            return;
-        }
-        let to = meta_owner(topic, self.shared.config.shards);
-        let asked = ShardMessage::learn_topic(topic.to_owned());
-        let _ = self.shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Shed).await;
-    }
-
-    /// [`Admin::learn`] for `topic` and its dead-letter topic.
-    async fn learn_dlq(&self, topic: &str) {
-        self.learn(topic).await;
-        self.learn(&format!("{topic}.dlq")).await;
-    }
-
-    /// Storage = kafka with a `kafka.topic_prefix`: every topic the broker has under it (so
-    /// evmesh's: made by another instance, or for evmesh by a Kafka tool), learned
-    /// ([`Admin::learn`]) before `GET /admin/topics` lists them, at most [`LEARN_PER_LIST`] new
-    /// ones per list (each is a round trip to the broker; the next list learns more). Without
-    /// a prefix nothing tells evmesh's topics from other applications', and the list shows the
-    /// topics this instance has met (a read of one by name learns it).
-    async fn learn_all(&self) {
-        #[cfg(feature = "kafka")]
-        if let Some(k) = self.shared.kafka.clone().filter(|k| !k.topic_prefix().is_empty()) {
-            // One metadata request, made from a thread of its own: the admin loop never blocks.
-            let (tx, rx) = futures::channel::oneshot::channel();
-            let spawned = std::thread::Builder::new().name("evmesh-admin-topics".into()).spawn(move || {
-                let _ = tx.send(k.topics());
-            });
-            let topics = match spawned {
-                Ok(_) => match rx.await {
-                    Ok(Ok(t)) => t,
-                    _ => return,
-                },
-                Err(_) => return,
-            };
-            let db = &self.shared.db;
-            let new = topics.into_iter().filter(|(t, n)| n.is_some() && matches!(meta::get(db, t), Ok(None)));
-            for (topic, _) in new.take(LEARN_PER_LIST) {
-                self.learn(&topic).await;
-            }
-        }
-    }
-
-    async fn ensure(&self, topic: &str, spec: TopicMeta) -> EnsureReply {
-        let to = meta_owner(topic, self.shared.config.shards);
-        let asked = ShardMessage::ensure_topic(topic.to_owned(), Some(spec), false);
-        self.shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Shed).await
-    }
-
-    /// The settings of `topic` and of `<topic>.dlq`; 404 when the topic does not exist.
-    fn dlq_of(&self, topic: &str) -> Result<(TopicMeta, Option<TopicMeta>), Response> {
-        let db = &self.shared.db;
-        match (meta::get(db, topic), meta::get(db, &format!("{topic}.dlq"))) {
-            (Ok(Some(t)), Ok(d)) => Ok((t, d)),
-            (Ok(None), _) => Err(problem(StatusCode::NOT_FOUND, &format!("no topic {topic}"))),
-            (Err(e), _) | (_, Err(e)) => Err(storage_problem(&e)),
-        }
-    }
-
-    /// `GET /admin/dlq/{topic}[?max=N]`: the dead letters not replayed yet, per partition of
-    /// `<topic>.dlq` at most `max` (100 by default, at most 1000), as
-    /// `[{"partition": P, "offset": O, "event": {...}}]`.
-    fn dead_letters(&self, topic: &str, req: &Request<'_>) -> Response {
-        let max = match req.query("max").map(|v| v.parse::<usize>()) {
-            None => 100,
-            Some(Ok(n)) if (1..=1000).contains(&n) => n,
-            Some(_) => return problem(StatusCode::BAD_REQUEST, "max must be 1..=1000"),
-        };
-        let dlq = match self.dlq_of(topic) {
-            Ok((_, None)) => return Response::json(StatusCode::OK, "[]"),
-            Ok((_, Some(d))) => d,
-            Err(r) => return r,
-        };
-        let name = format!("{topic}.dlq");
-        let mut out = vec![b'['];
-        for p in (0..dlq.partitions).map(PartitionId) {
-            let room = RESPONSE_BYTES.saturating_sub(out.len());
-            if room == 0 {
-                break; // bounded like every answer; replaying (or a smaller max) shows the rest
-            }
-            let read = meta::dlq_replayed(&self.shared.db, topic, p.0)
-                .and_then(|from| self.log_of(&name, p).read(&name, p, from, max, room));
-            let frames = match read {
-                Ok(f) => f,
-                Err(e) => return storage_problem(&e),
-            };
-            for f in frames {
-                if out.len() > 1 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(
-                    format!("{{\"partition\":{},\"offset\":{},\"event\":", p.0, f.header().offset).as_bytes(),
-                );
-                write_structured(&f, &[], &mut out);
-                out.push(b'}');
-            }
-        }
-        out.push(b']');
-        Response::json(StatusCode::OK, out)
-    }
-
-    /// `POST /admin/dlq/{topic}/replay`: publishes every dead letter not replayed yet back to
-    /// `topic` (without the `emdlq*` extensions; to its original partition unless it has a
-    /// `partitionkey`), then marks it replayed. The dead letters stay in `<topic>.dlq`.
-    async fn replay(&self, topic: &str) -> Response {
-        if self.replaying.replace(true) {
-            return problem(StatusCode::CONFLICT, "a replay is already running");
-        }
-        let r = self.replay_all(topic).await;
-        self.replaying.set(false);
-        match r {
-            Ok(n) => Response::json(StatusCode::OK, serde_json::json!({"topic": topic, "replayed": n}).to_string()),
-            Err(Ok(resp)) => resp,
-            Err(Err(e)) => storage_problem(&e),
-        }
-    }
-
-    async fn replay_all(&self, topic: &str) -> Result<u64, Result<Response, StorageError>> {
-        let (source, dlq) = match self.dlq_of(topic) {
-            Ok((_, None)) => return Ok(0),
-            Ok((s, Some(d))) => (s, d),
-            Err(r) => return Err(Ok(r)),
-        };
-        let name = format!("{topic}.dlq");
-        let shards = self.shared.config.shards;
-        let mut replayed = 0;
-        for dp in (0..dlq.partitions).map(PartitionId) {
-            loop {
-                let from = meta::dlq_replayed(&self.shared.db, topic, dp.0).map_err(Err)?;
-                let frames = self.log_of(&name, dp).read(&name, dp, from, 256, RESPONSE_BYTES).map_err(Err)?;
-                let Some(last) = frames.last().map(|f| f.header().offset) else { break };
-                let mut by_partition: Vec<(PartitionId, Vec<frame_codec::Frame>)> = Vec::new();
-                for f in &frames {
-                    let mut body = f.to_body();
-                    let original = body.attributes.iter().find_map(|a| match (&*a.name, &a.value) {
-                        ("emdlqpartition", frame_codec::AttrValue::Int(p)) => u32::try_from(*p).ok(),
-                        _ => None,
-                    });
-                    body.topic = topic.to_owned();
-                    body.attributes.retain(|a| !a.name.starts_with("emdlq"));
-                    let mut frame = frame_codec::Frame::encode(&f.header(), &body)
-                        .map_err(|e| Err(StorageError::Engine(e.to_string())))?;
-                    frame.set_timestamp(crate::model::clock::now_micros());
-                    let p = crate::model::placement::partition_of(&frame, source.partitions)
-                        .unwrap_or(PartitionId(original.filter(|&p| p < source.partitions).unwrap_or(0)));
-                    match by_partition.iter_mut().find(|(q, _)| *q == p) {
-                        Some((_, v)) => v.push(frame),
-                        None => by_partition.push((p, vec![frame])),
-                    }
-                }
-                for (p, frames) in by_partition {
-                    let n = frames.len() as u64;
-                    let asked = ShardMessage::append(p, frames);
-                    let to = owner(topic, p, shards);
-                    self.shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Shed).await.map_err(Err)?;
-                    replayed += n;
-                }
-                meta::set_dlq_replayed(&self.shared.db, topic, dp.0, last + 1).map_err(Err)?;
-            }
-        }
-        Ok(replayed)
-    }
-
-    fn events(&self, topic: &str, partition: &str, req: &Request<'_>) -> Response {
-        // A lite topic (the operator's name for it): its one partition, stored under `:name`.
-        let lite = crate::model::topic::is_lite(topic).then(|| crate::model::StoredTopic::lite(topic));
-        let topic = lite.as_deref().unwrap_or(topic);
-        let m = match meta::get(&self.shared.db, topic) {
-            _ if lite.is_some() => TopicMeta { partitions: 1, retention_ms: None, retention_bytes: None },
-            Ok(Some(m)) => m,
-            Ok(None) => return problem(StatusCode::NOT_FOUND, &format!("no topic {topic}")),
-            Err(e) => return storage_problem(&e),
-        };
-        let Some(p) = PartitionId::checked(partition, m.partitions) else {
-            return problem(StatusCode::NOT_FOUND, &format!("topic {topic} has partitions 0..{}", m.partitions));
-        };
-        let num = |name: &str, default: u64| -> Result<u64, Response> {
-            match req.query(name) {
-                None => Ok(default),
-                Some(v) => {
-                    v.parse().map_err(|_| problem(StatusCode::BAD_REQUEST, &format!("{name} must be a whole number")))
-                }
-            }
-        };
-        let (from, max) = match (num("from", 0), num("max", 100)) {
-            (Ok(f), Ok(m)) => (f, m.min(1000) as usize),
-            (Err(r), _) | (_, Err(r)) => return r,
-        };
-        let frames = match self.log_of(topic, p).read(topic, p, from, max, RESPONSE_BYTES) {
-            Ok(f) => f,
-            Err(e) => return storage_problem(&e),
-        };
-        let mut out = Vec::with_capacity(frames.len() * 1200 + 2);
-        out.push(b'[');
-        for (i, f) in frames.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(format!("{{\"offset\":{},\"event\":", f.header().offset).as_bytes());
-            write_structured(f, &[], &mut out);
-            out.push(b'}');
-        }
-        out.push(b']');
-        Response::json(StatusCode::OK, out)
     }
 }
