@@ -18,9 +18,9 @@ pub enum Effect {
     /// Store a consumer's position in a partition (before any `Deliver` after it is sent).
     Persist { key: Rc<ConsumerKey>, topic: String, partition: u32, stored: Stored },
     /// Append an event to the dead-letter topic, then report with
-    /// [`Machine::dead_lettered`].
+    /// [`Machine::dead_lettered`](super::Machine::dead_lettered).
     DeadLetter { key: Rc<ConsumerKey>, gen: u64, partition: u32, offset: u64, attempts: u16, reason: &'static str },
-    /// More to read than one turn may: call [`Machine::pump`] again soon.
+    /// More to read than one turn may: call [`Machine::pump`](super::Machine::pump) again soon.
     Continue { key: Rc<ConsumerKey>, partition: u32 },
 }
 

@@ -16,7 +16,7 @@
 //!
 //! Rules:
 //! * A partition is held by one session of its consumer at a time: sessions sorted by
-//!   [`SessionRef`], partition `p` goes to session `p % n`. Every shard sees the same sessions,
+//!   [`SessionRef`](crate::model::delivery::SessionRef), partition `p` goes to session `p % n`. Every shard sees the same sessions,
 //!   so the assignment agrees across owners without a coordinator; it changes when sessions
 //!   come and go (a leaving session's unacknowledged events go to the new holder at once).
 //! * Sticky order: a partition's redeliveries go out before any newer event of it.
