@@ -303,9 +303,9 @@ fn lag_metrics(shared: &Shared, out: &mut String) {
 pub(super) fn cluster(shared: &Shared) -> Response {
     let (storage, read) = match shared.config.storage {
         crate::config::StorageKind::Embedded => ("embedded", true),
-        _ => ("kafka", shared.homes.is_caught_up()),
+        _ => ("kafka", shared.cluster.homes().is_caught_up()),
     };
-    let mut view = shared.membership.view(std::time::Instant::now(), storage);
+    let mut view = shared.cluster.membership().view(std::time::Instant::now(), storage);
     // Over Kafka: the claims (and offsets) written before it started are read; until
     // then its sessions, polls and acks answer 503.
     view["claimsRead"] = read.into();

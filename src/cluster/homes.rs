@@ -38,7 +38,7 @@
 //!   (`HomeInstance::settled`); nothing acknowledged is delivered again beyond what was in
 //!   flight, or acked in the last 10 ms before a kill -9.
 //!
-//! Pure: `storage::kafka` writes and reads the claims.
+//! Pure: `runtime::cluster::kafka` writes and reads the claims (through `storage::kafka`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -49,6 +49,11 @@ use super::Member;
 /// The evmesh-owned Kafka topic of home claims and the homes' offsets (one partition, compacted;
 /// after `kafka.topic_prefix`).
 pub const HOMES_TOPIC: &str = "__evmesh.homes";
+
+/// Offset records' keys in [`HOMES_TOPIC`] start with this (claims' with their home key).
+pub const OFFSET_KEY: &str = "off/";
+/// The header naming the instance that wrote an offset record.
+pub const BY_HEADER: &str = "evmesh-by";
 
 /// Claims remembered at most (whoever can write the topic could write more): past it one is
 /// forgotten per new one (a forgotten key is chosen again, its choice recorded again).

@@ -15,11 +15,15 @@
 //! Whoever can write the topic can announce an instance (and send clients to its URL): the
 //! `__evmesh.` topics need Kafka ACLs that let only evmesh instances write them.
 //!
-//! This module is the view and its rules, without I/O: `storage::kafka` writes and reads the
-//! topic, the runtime samples the load, `GET /admin/cluster` shows the view.
+//! This module is the view and its rules, without I/O, and the seam the rest of the broker asks
+//! ([`Cluster`]): `runtime::cluster::kafka` writes and reads the topics, the runtime samples
+//! the load, `GET /admin/cluster` shows the view.
 
 pub mod homes;
 pub mod replies;
+pub mod seam;
+
+pub use seam::{Cluster, HomeInstance, OnBehalf, Single};
 
 use std::collections::HashMap;
 use std::sync::Mutex;

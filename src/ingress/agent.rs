@@ -55,7 +55,7 @@ impl Traffic {
         // names the agent is sent here; a refused one leaves no claim.
         let claimed = |r: Response| {
             if claim && r.status.0 < 300 && what != "deregister" {
-                self.shard.shared.claim_here(&home);
+                self.shard.shared.cluster.claim_here(&home);
             }
             r
         };
@@ -87,7 +87,7 @@ impl Traffic {
             });
         }
         if what == "deregister" && self.shard.shared.remotes.remove(&stored) {
-            self.shard.shared.release_home(&home);
+            self.shard.shared.cluster.release_home(&home);
             return answer(200, false, false);
         }
         claimed(match what {
@@ -105,7 +105,7 @@ impl Traffic {
             },
             _ => match agents.deregister(&stored) {
                 true => {
-                    self.shard.shared.release_home(&home);
+                    self.shard.shared.cluster.release_home(&home);
                     answer(200, false, false)
                 }
                 false => problem(StatusCode::NOT_FOUND, &format!("agent {} is not registered", a.agent_id)),

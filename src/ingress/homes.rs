@@ -97,14 +97,14 @@ impl Traffic {
             // Waiting for this instance's own claim: the cheap look most times, the whole
             // answer (another claim may have come first) every 20th.
             polled += 1;
-            if polled % 20 != 1 && !shared.homes.claimed_by(key, me) && std::time::Instant::now() < until {
+            if polled % 20 != 1 && !shared.cluster.claimed_here(key) && std::time::Instant::now() < until {
                 monoio::time::sleep(SETTLE_POLL).await;
                 continue;
             }
-            let Some(home) = shared.home(key, true) else {
+            let Some(home) = shared.cluster.home(key, true) else {
                 // Starting: the claims (and the offsets with them) are not read yet. Served
                 // here only once they are, or while no instance is known live (Kafka away).
-                if !shared.homes.is_caught_up() {
+                if !shared.cluster.homes().is_caught_up() {
                     return Err(problem(StatusCode::SERVICE_UNAVAILABLE, "this instance is starting; try again")
                         .with_header("retry-after", "1"));
                 }
@@ -156,12 +156,12 @@ impl Traffic {
 
     /// With Kafka: whether an agent's or a lite topic's `key` (`cluster::homes`) is served
     /// here: `Ok(claim)`, `claim` saying no claim names this instance yet (its caller claims
-    /// it once it served the request: `Shared::claim_here`); else the 307 to its home for an
+    /// it once it served the request: `Cluster::claim_here`); else the 307 to its home for an
     /// HTTP request `at`, or a 409 naming `what` (a WebSocket message). A live claim of
     /// another instance always sends the request on; a choice nobody claimed does unless
     /// another instance sent the request here (`evmeshRedirected`): then this one takes it.
     /// Never waits: these keys carry no offsets to catch up on, and two racing first choices
-    /// are settled by the claims' log (the loser forgets, `runtime::claim_read`). Nothing is
+    /// are settled by the claims' log (the loser forgets, `runtime::cluster::appliers::claim_read`). Nothing is
     /// recorded here: a caller that is sent on leaves no claim behind.
     pub(super) fn served_here(
         &self,
@@ -189,8 +189,8 @@ impl Traffic {
         if !self.clustered() {
             return Ok(Placed::Here { claim: false });
         }
-        let Some(home) = shared.home(key, false) else {
-            let detail = match shared.homes.is_caught_up() {
+        let Some(home) = shared.cluster.home(key, false) else {
+            let detail = match shared.cluster.homes().is_caught_up() {
                 false => "this instance is starting; try again",
                 true => "no live instance is known (Kafka away?); try again",
             };

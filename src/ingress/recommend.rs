@@ -66,7 +66,7 @@ impl Traffic {
                 }
             }
         };
-        match shared.home(&key, record) {
+        match shared.cluster.home(&key, record) {
             Some(h) => answer(&h.id, &h.url),
             None => problem(StatusCode::SERVICE_UNAVAILABLE, "no live instance is known yet; try again")
                 .with_header("retry-after", "1"),

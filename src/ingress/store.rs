@@ -40,21 +40,21 @@ impl Traffic {
             return Ok(());
         }
         let me = &shared.config.instance_id;
-        if shared.homes.claimed_by(&key, me) {
+        if shared.cluster.claimed_here(&key) {
             return Ok(());
         }
-        if shared.homes.lite_claims() >= crate::cluster::homes::MAX_LITE_CLAIMS {
+        if shared.cluster.homes().lite_claims() >= crate::cluster::homes::MAX_LITE_CLAIMS {
             return Err(StorageError::Unavailable(
                 "the cluster serves as many session topics as it may; try again later",
             ));
         }
-        shared.claim_here(&key);
+        shared.cluster.claim_here(&key);
         let until = std::time::Instant::now() + SETTLE_WAIT;
         loop {
-            if shared.homes.claimed_by(&key, me) {
+            if shared.cluster.claimed_here(&key) {
                 return Ok(());
             }
-            if shared.home(&key, false).is_some_and(|h| h.claimed && h.id != *me) {
+            if shared.cluster.home(&key, false).is_some_and(|h| h.claimed && h.id != *me) {
                 return Err(StorageError::Unavailable("another instance is this session's home now; try again"));
             }
             if std::time::Instant::now() >= until {

@@ -47,7 +47,7 @@ impl Traffic {
         let key = crate::cluster::homes::subscription_key(&def.subscription);
         let pushed = def.pushed();
         let json = |shown: &mut serde_json::Value| {
-            let home = (!pushed).then(|| self.shard.shared.home(&key, true)).flatten();
+            let home = (!pushed).then(|| self.shard.shared.cluster.home(&key, true)).flatten();
             shown["instanceUrl"] =
                 home.map_or_else(|| self.shard.shared.config.advertised_url.clone(), |h| h.url).into();
             shown.to_string()
@@ -63,7 +63,7 @@ impl Traffic {
         let replica = def.clone();
         match self.shard.subscription(SubRequest::Create(def)).await {
             Ok(SubOutcome::Created) => {
-                self.shard.shared.replicate_definition(&replica.subscription, Some(&replica));
+                self.shard.shared.cluster.replicate_definition(&replica.subscription, Some(&replica));
                 Response::json(StatusCode(201), json(&mut shown))
             }
             Ok(SubOutcome::Unchanged) => Response::json(StatusCode::OK, json(&mut shown)),
@@ -101,7 +101,7 @@ impl Traffic {
         match self.shard.subscription(SubRequest::Remove(name.clone())).await {
             Ok(SubOutcome::Removed) => {
                 if !pushed {
-                    self.shard.shared.replicate_definition(&name, None);
+                    self.shard.shared.cluster.replicate_definition(&name, None);
                 }
                 // Attached sessions, on whatever shard, are closed cleanly (1000).
                 self.shard.announce(&name, &topic, InterestChange::Removed);

@@ -4,8 +4,11 @@
 //! Everything shared between threads is built here, before any shard starts, and is immutable or
 //! atomic afterwards ([`Shared`], defined with the shards that use it).
 
+mod applier;
 mod cluster;
 mod error;
+#[cfg(feature = "kafka")]
+mod kafka_log;
 mod pump;
 
 pub use error::StartError;
@@ -316,6 +319,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         StorageKind::Kafka(settings) => Some(KafkaBackend::connect(settings.clone())?),
         StorageKind::Embedded => None,
     };
+    #[cfg(not(feature = "kafka"))]
+    let kafka = None;
+    let (seam, to_start) = cluster::seam(&config, &kafka);
     let audit = &config.auth;
     let audit = Audit::start(audit.audit_log.clone(), audit.audit_max_per_second, audit.audit_max_bytes)
         .map_err(|e| StartError::Auth(format!("audit log {}: {e}", config.auth.audit_log.display())))?;
@@ -336,9 +342,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         governance,
         client_tls,
         listeners: [started.listen, started.admin_listen],
-        membership: crate::cluster::Membership::new(config.instance_id.clone(), config.instance_timeout),
-        homes: Default::default(),
-        forwards: Default::default(),
+        cluster: seam,
         followed: Default::default(),
         tail_bytes: Default::default(),
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
@@ -374,9 +378,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     }
     #[cfg(feature = "kafka")]
     if let Some(k) = &shared.kafka {
-        cluster::start_kafka(&shared, k)?;
+        kafka_log::start(&shared, k)?;
     }
-    cluster::start_heartbeats(&shared)?;
+    cluster::start(&shared, to_start)?;
     descriptor_fault(&shared.config.data_dir)?;
     {
         let shared = shared.clone();

@@ -351,7 +351,11 @@ impl Shard {
             None => ReplyOutcome::Unknown,
             Some(id) if id.instance != self.requests.instance() => {
                 metrics.replies_cross_instance.inc();
-                self.shared.forward_reply(id.instance, frame, replier).await
+                let by = crate::cluster::OnBehalf {
+                    principal: replier.principal.as_deref(),
+                    tenant: replier.tenant.as_deref(),
+                };
+                self.shared.cluster.forward_reply(id.instance, frame, by).await
             }
             Some(id) if id.shard == self.id => self.fulfil(id, frame, &replier),
             Some(id) if id.shard.index() >= self.shards() => ReplyOutcome::Unknown,
@@ -411,7 +415,7 @@ impl Shard {
                             self.shared.metrics.shard(self.id).lite_topics_expired.add(n);
                             // A session pub/sub topic's home is released with it.
                             for name in &gone {
-                                self.shared.release_home(&crate::cluster::homes::lite_key(name));
+                                self.shared.cluster.release_home(&crate::cluster::homes::lite_key(name));
                             }
                             if n < 1_000 {
                                 break;

@@ -462,7 +462,7 @@ impl Shard {
             // copies of its offsets go with its deletes).
             let home = self.replicating().then(|| {
                 let key = crate::cluster::homes::subscription_key(subscription);
-                self.shared.homes.names(&key, &self.shared.config.instance_id)
+                self.shared.cluster.homes().names(&key, &self.shared.config.instance_id)
             });
             if home == Some(false) {
                 continue;
@@ -476,47 +476,41 @@ impl Shard {
         }
     }
 
-    /// Whether stored offsets go to Kafka too (`storage = kafka`).
+    /// Whether stored offsets go to the other instances too (`storage = kafka`).
     fn replicating(&self) -> bool {
-        #[cfg(feature = "kafka")]
-        return self.shared.kafka.is_some();
-        #[cfg(not(feature = "kafka"))]
-        false
+        self.shared.cluster.replicates_offsets()
     }
 
-    /// With Kafka: an offset this shard stored (`None`: deleted) goes to the claims' log for
-    /// the other instances (`cluster::homes`, "Offsets"), gathered for [`REPLICATE_EVERY`].
+    /// An offset this shard stored (`None`: deleted) goes to the other instances
+    /// (`cluster::homes`, "Offsets"), gathered for [`REPLICATE_EVERY`].
     fn replicate_offset(self: &Rc<Self>, key: Vec<u8>, value: Option<Vec<u8>>) {
-        #[cfg(feature = "kafka")]
-        if let Some(kafka) = &self.shared.kafka {
-            let first = {
-                let mut pending = self.delivery.replicate.borrow_mut();
-                let first = pending.is_empty();
-                pending.insert(key, value);
-                first
-            };
-            if first {
-                let (me, kafka) = (self.clone(), kafka.clone());
-                monoio::spawn(async move {
-                    monoio::time::sleep(REPLICATE_EVERY).await;
-                    let pending = std::mem::take(&mut *me.delivery.replicate.borrow_mut());
-                    let by = &me.shared.config.instance_id;
-                    let (mut failed, mut last) = (0, None);
-                    for (k, v) in pending {
-                        let Ok(k) = String::from_utf8(k) else { continue };
-                        if let Err(e) = kafka.put_offset(&k, v.as_deref(), by) {
-                            (failed, last) = (failed + 1, Some(e));
-                        }
-                    }
-                    // One line a flush (Kafka away fails them all), not one per key.
-                    if let Some(e) = last {
-                        eprintln!("evmesh: {}: {failed} offsets not written to kafka: {e}", me.id);
-                    }
-                });
-            }
+        if !self.replicating() {
+            return;
         }
-        #[cfg(not(feature = "kafka"))]
-        let _ = (key, value);
+        let first = {
+            let mut pending = self.delivery.replicate.borrow_mut();
+            let first = pending.is_empty();
+            pending.insert(key, value);
+            first
+        };
+        if first {
+            let me = self.clone();
+            monoio::spawn(async move {
+                monoio::time::sleep(REPLICATE_EVERY).await;
+                let pending = std::mem::take(&mut *me.delivery.replicate.borrow_mut());
+                let (mut failed, mut last) = (0, None);
+                for (k, v) in pending {
+                    let Ok(k) = String::from_utf8(k) else { continue };
+                    if let Err(e) = me.shared.cluster.replicate_offset(&k, v.as_deref()) {
+                        (failed, last) = (failed + 1, Some(e));
+                    }
+                }
+                // One line a flush (Kafka away fails them all), not one per key.
+                if let Some(e) = last {
+                    eprintln!("evmesh: {}: {failed} offsets not written to kafka: {e}", me.id);
+                }
+            });
+        }
     }
 
     /// A subscription was removed: its consumers here end and their offsets are forgotten.

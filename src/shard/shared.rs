@@ -1,6 +1,6 @@
 //! What every thread can see ([`Shared`]): built by `runtime` before any shard starts, never
-//! replaced; immutable, atomic or behind a lock afterwards (the cluster's view, `membership`
-//! and `homes`, and the Kafka followers are behind mutexes). Shards read it through their
+//! replaced; immutable, atomic or behind a lock afterwards (the cluster seam's view and the
+//! Kafka followers are behind mutexes). Shards read it through their
 //! `Rc<Shard>`; the admin thread and the cluster's threads read it directly.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -66,17 +66,15 @@ pub struct Shared {
     pub client_tls: Arc<rustls::ClientConfig>,
     /// The traffic and admin listeners' bound addresses (webhook sinks may not point there).
     pub listeners: [std::net::SocketAddr; 2],
-    /// The instances this one knows to be live (itself alone on the embedded log).
-    pub membership: crate::cluster::Membership,
-    /// The home claims read back from Kafka (`cluster::homes`; none on the embedded log).
-    pub homes: crate::cluster::homes::Homes,
-    /// Replies forwarded to other instances, waiting for their outcome (`cluster::replies`).
-    pub forwards: crate::cluster::replies::Forwards,
+    /// The other instances, if any (`crate::cluster::Cluster`): membership, homes, what is
+    /// replicated to them and forwarded between them.
+    pub cluster: Arc<dyn crate::cluster::Cluster>,
     /// With Kafka: the topics the tail follows (those sessions here read; [`Shared::follow_topic`]).
     pub followed: Mutex<std::collections::HashSet<String>>,
     /// With Kafka: bytes of records the tail read (`evmesh_kafka_tail_bytes_total`).
     pub tail_bytes: AtomicU64,
-    /// With `storage = kafka`: the connection every shard produces through.
+    /// With `storage = kafka`: the connection every shard produces through (the log; the
+    /// cluster's records go through it too, but only [`Shared::cluster`] writes those).
     #[cfg(feature = "kafka")]
     pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
 }
@@ -126,140 +124,21 @@ impl Memory {
     }
 }
 
-/// A home instance: its id and the URL clients reach it at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HomeInstance {
-    pub id: String,
-    pub url: String,
-    /// Its claim has been read back: false while this instance's own choice of itself is on
-    /// its way through the claims' log, before which it must not serve the key (the offsets
-    /// the last home stored come before the claim in that log, `cluster::homes`).
-    pub settled: bool,
-    /// A claim names it (not the choice alone, which the next claim may overrule).
-    pub claimed: bool,
-}
-
 impl Shared {
-    /// The home instance of `key` (`cluster::homes`): on the embedded log this instance; with
-    /// Kafka the claimed one while it is live, else the weighted rendezvous choice among the
-    /// live instances, recorded as a claim if `record`. `None` while no instance is known live
-    /// or the claims are not read yet (just started, or Kafka away for longer than
-    /// `instance_timeout_ms`).
-    pub fn home(&self, key: &str, record: bool) -> Option<HomeInstance> {
-        #[cfg(feature = "kafka")]
-        if let Some(k) = &self.kafka {
-            let now = Instant::now();
-            let me = &self.config.instance_id;
-            // The common case at a home (every attach, poll and ack of its subscriptions): its
-            // own claim, and it is live. Answered without copying the view.
-            if self.homes.claimed_by(key, me) && self.membership.is_live(me, now) {
-                let url = self.config.advertised_url.clone();
-                return Some(HomeInstance { id: me.clone(), url, settled: true, claimed: true });
-            }
-            let live = self.membership.live(now);
-            let h = self.homes.home(key, &live, (now, self.config.instance_timeout), record)?;
-            let hb = &h.member.heartbeat;
-            if h.record {
-                let claim = crate::cluster::homes::Claim { instance: hb.instance_id.clone(), epoch: h.epoch };
-                if let Err(e) = k.claim_home(key, Some(&claim.encode())) {
-                    eprintln!("evmesh: the home of {key} not recorded: {e}");
-                }
-            }
-            let settled = hb.instance_id != *me || self.homes.claimed_by(key, me);
-            let (id, url) = (hb.instance_id.clone(), hb.advertised_url.clone());
-            return Some(HomeInstance { id, url, settled, claimed: h.claimed });
-        }
-        let (id, url) = (self.config.instance_id.clone(), self.config.advertised_url.clone());
-        Some(HomeInstance { id, url, settled: true, claimed: true })
-    }
-
-    /// With Kafka: tells every instance that subscription `name` is now `def` (or removed,
-    /// `None`), so each can serve it (`runtime::apply_definition`). Pushed subscriptions (a
-    /// webhook sink, a classic group) stay on the instance that made them: their webhook
-    /// sessions would otherwise push from every instance.
-    pub fn replicate_definition(&self, name: &str, def: Option<&crate::subscription::definition::Definition>) {
-        #[cfg(feature = "kafka")]
-        if let Some(k) = &self.kafka {
-            if def.is_some_and(|d| d.pushed()) {
-                return;
-            }
-            let json = def.map(|d| serde_json::to_vec(d).expect("a definition serializes"));
-            if let Err(e) = k.put_definition(name, json.as_deref()) {
-                eprintln!("evmesh: subscription {name} not told to the other instances: {e}");
-            }
-            // Removed: its claim goes too, and with it any offset its home still writes.
-            if def.is_none() {
-                let key = crate::cluster::homes::subscription_key(name);
-                if let Err(e) = k.claim_home(&key, None) {
-                    eprintln!("evmesh: the home of {name} not released: {e}");
-                }
-            }
-        }
-        #[cfg(not(feature = "kafka"))]
-        let _ = (name, def);
-    }
-
-    /// With Kafka: claims `key` for this instance unless a claim names it already (an agent
-    /// registered or heard from here, a session topic stored to here: see `Traffic::served_here`,
-    /// which says when). One claim per key on its way, however often asked.
-    pub fn claim_here(&self, key: &str) {
-        #[cfg(feature = "kafka")]
-        if let Some(k) = &self.kafka {
-            let me = &self.config.instance_id;
-            if self.homes.claimed_by(key, me) {
-                return;
-            }
-            let (now, timeout) = (Instant::now(), self.config.instance_timeout);
-            let live = self.membership.live(now);
-            // A live instance's claim (or one on its way) stands: taken only from the dead.
-            if self.homes.home(key, &live, (now, timeout), false).is_some_and(|h| h.claimed) {
-                return;
-            }
-            let mine: Vec<_> = live.into_iter().filter(|m| m.heartbeat.instance_id == *me).collect();
-            let Some(h) = self.homes.home(key, &mine, (now, timeout), true) else { return };
-            if h.record {
-                let claim = crate::cluster::homes::Claim { instance: me.clone(), epoch: h.epoch };
-                if let Err(e) = k.claim_home(key, Some(&claim.encode())) {
-                    eprintln!("evmesh: the home of {key} not recorded: {e}");
-                }
-            }
-        }
-        #[cfg(not(feature = "kafka"))]
-        let _ = key;
-    }
-
-    /// With Kafka: releases the claim of `key` if this instance holds it (a deregistered agent,
-    /// an expired session pub/sub topic), so the homes topic keeps no claim of it.
-    pub fn release_home(&self, key: &str) {
-        #[cfg(feature = "kafka")]
-        if let Some(k) = &self.kafka {
-            if self.homes.claimed_by(key, &self.config.instance_id) {
-                if let Err(e) = k.claim_home(key, None) {
-                    eprintln!("evmesh: the home of {key} not released: {e}");
-                }
-            }
-        }
-        #[cfg(not(feature = "kafka"))]
-        let _ = key;
-    }
-
-    /// With Kafka: releases the claims of agents this instance holds that it no longer serves
-    /// (not registered here, or silent past ten heartbeat timeouts, as the registry forgets
-    /// them), claimed at least that long ago: an agent that left without deregistering (or
-    /// was lost with a restart) leaves no claim behind for good.
+    /// Releases the claims of agents this instance holds that it no longer serves (not
+    /// registered here, or silent past ten heartbeat timeouts, as the registry forgets them),
+    /// claimed at least that long ago: an agent that left without deregistering (or was lost
+    /// with a restart) leaves no claim behind for good. (None are held on the embedded log.)
     pub fn sweep_agent_claims(&self) {
-        #[cfg(feature = "kafka")]
-        if self.kafka.is_some() {
-            let forget = self.config.agent_heartbeat_timeout.saturating_mul(10);
-            let Some(before) = Instant::now().checked_sub(forget) else { return };
-            let now_ms = crate::model::clock::now_ms();
-            for key in self.homes.held(&self.config.instance_id, "agent/", before) {
-                let stored = &key["agent/".len()..];
-                let served =
-                    self.agents.heard(stored, now_ms, forget.as_millis() as u64) || self.remotes.get(stored).is_some();
-                if !served {
-                    self.release_home(&key);
-                }
+        let forget = self.config.agent_heartbeat_timeout.saturating_mul(10);
+        let Some(before) = Instant::now().checked_sub(forget) else { return };
+        let now_ms = crate::model::clock::now_ms();
+        for key in self.cluster.homes().held(&self.config.instance_id, "agent/", before) {
+            let stored = &key["agent/".len()..];
+            let served =
+                self.agents.heard(stored, now_ms, forget.as_millis() as u64) || self.remotes.get(stored).is_some();
+            if !served {
+                self.cluster.release_home(&key);
             }
         }
     }
@@ -359,49 +238,6 @@ impl Shared {
             self.config.lite_topic_ttl,
         );
         Ok(crate::storage::Storage::bounds(&local, topic, p)?.end)
-    }
-
-    /// A reply for a request waiting at the instance tagged `tag` (`cluster::replies`): written
-    /// to Kafka for it, and its outcome there awaited (at most `replies::WAIT`). `Unknown`
-    /// when no live instance has that tag (or on the embedded log).
-    pub async fn forward_reply(
-        &self,
-        tag: u64,
-        frame: frame_codec::Frame,
-        replier: super::requests::Replier,
-    ) -> crate::model::ReplyOutcome {
-        use crate::model::ReplyOutcome;
-        #[cfg(feature = "kafka")]
-        if let Some(k) = &self.kafka {
-            use crate::cluster::replies::{instance_tag, FORWARD, FROM, KIND, PRINCIPAL, TENANT, WAIT};
-            let live = self.membership.live(Instant::now());
-            let Some(to) = live.iter().find(|m| instance_tag(&m.heartbeat.instance_id) == tag) else {
-                return ReplyOutcome::Unknown;
-            };
-            let Some(mut forward) = self.forwards.open() else { return ReplyOutcome::Unreachable };
-            let number = forward.n.to_string();
-            let mut headers: Vec<(&str, &[u8])> =
-                vec![(KIND, b"reply"), (FROM, self.config.instance_id.as_bytes()), (FORWARD, number.as_bytes())];
-            if let Some(p) = &replier.principal {
-                headers.push((PRINCIPAL, p.as_bytes()));
-            }
-            if let Some(t) = &replier.tenant {
-                headers.push((TENANT, t.as_bytes()));
-            }
-            let sent = k.put_reply(&to.heartbeat.instance_id, &headers, frame.as_bytes());
-            // Copied into the producer's queue: not held while the outcome is awaited.
-            drop(frame);
-            let outcome = match sent {
-                Ok(()) => crate::server::deadline::within(WAIT, &mut forward.outcome).await.ok().and_then(Result::ok),
-                Err(e) => {
-                    eprintln!("evmesh: a reply not forwarded to {}: {e}", to.heartbeat.instance_id);
-                    None
-                }
-            };
-            return outcome.unwrap_or(ReplyOutcome::Unreachable);
-        }
-        let _ = (tag, frame, replier);
-        ReplyOutcome::Unknown
     }
 
     /// Shards whose event loop has not run for `STALLED_AFTER` (or that never started).
