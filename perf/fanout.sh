@@ -7,7 +7,9 @@
 # perf/RESULTS.md.
 #
 #   bash perf/fanout.sh        (ROUNDS=3 DUR=8 SUBS=100 RATE=1000 SHARDS=1 ACK=0 env knobs;
-#                               EVMESH_FLAGS="--delivery-linger-us 5000" passes serve flags)
+#                               EVMESH_FLAGS="--delivery-linger-us 5000" passes serve flags;
+#                               BEFORE=/path/to/old/evmesh adds that build to every round, as
+#                               "before", beside this checkout's, "after")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SUBS=${SUBS:-100}; RATE=${RATE:-1000}; SHARDS=${SHARDS:-1}; ACK=${ACK:-0}
@@ -16,6 +18,10 @@ if [ "$ACK" = 1 ]; then EV_QUERY="subscription=fan"; EV_ACK=(--ack); MODE="ackno
 else EV_QUERY="subscription=fan&ack=none"; EV_ACK=(); MODE="ack=none"; fi
 source perf/common.sh
 OUT=$ROOT/perf/results/fanout-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
+BUILDS=(evmesh)
+if [ -n "${BEFORE:-}" ]; then
+  BUILDS=(before after); cp "$BEFORE" "$OUT/.before-bin"; trap 'rm -f "$OUT/.before-bin"' EXIT
+fi
 # Attaching thousands of subscribers takes a while: keep it out of the measured window.
 WARMUP=$(( SUBS / 2000 + 2 ))
 load() { # name publish-url subscribe-url pid [--ack]
@@ -23,21 +29,25 @@ load() { # name publish-url subscribe-url pid [--ack]
     --subscribe-url "$3" --subscribers "$SUBS" --server-pid "$4" --json "$OUT/$1.json" "${@:5}" | tee -a "$OUT/log.txt"
 }
 for r in $(seq "$ROUNDS"); do
-  dir=$(mktemp -d /var/tmp/evmesh-fanout.XXXX)
-  # shellcheck disable=SC2086
-  "$EVMESH" serve --shards "$SHARDS" $EVMESH_FLAGS --data-dir "$dir" --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
-  pid=$!
-  wait_ready http://127.0.0.1:18181
-  curl -sf 127.0.0.1:18180/events/subscribe -d '{"subscription":"fan","topic":"perf","mode":"BROADCAST"}' >/dev/null
-  load "r$r-evmesh" "http://127.0.0.1:18180/events/publish?topic=perf" "ws://127.0.0.1:18180/events/ws?$EV_QUERY" "$pid" "${EV_ACK[@]}"
-  # How many deliveries each write to a WebSocket session carried (the gathering).
-  curl -sf 127.0.0.1:18181/metrics > "$OUT/r$r-evmesh.metrics" || true
-  kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
+  for build in "${BUILDS[@]}"; do
+    bin=$EVMESH; [ "$build" = before ] && bin=$OUT/.before-bin
+    dir=$(mktemp -d /var/tmp/evmesh-fanout.XXXX)
+    # shellcheck disable=SC2086
+    "$bin" serve --shards "$SHARDS" $EVMESH_FLAGS --data-dir "$dir" --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
+    pid=$!
+    wait_ready http://127.0.0.1:18181
+    curl -sf 127.0.0.1:18180/events/subscribe -d '{"subscription":"fan","topic":"perf","mode":"BROADCAST"}' >/dev/null
+    load "r$r-$build" "http://127.0.0.1:18180/events/publish?topic=perf" "ws://127.0.0.1:18180/events/ws?$EV_QUERY" "$pid" "${EV_ACK[@]}"
+    # How many deliveries each write to a WebSocket session carried (the gathering).
+    curl -sf 127.0.0.1:18181/metrics > "$OUT/r$r-$build.metrics" || true
+    kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
+  done
   load "r$r-nchan" "http://127.0.0.1:18080/pub?id=fan_$r" "ws://127.0.0.1:18080/sub?id=fan_$r" "$NCHAN_PID"
 done
-python3 - "$OUT" "$ROUNDS" "$DUR" "$SUBS" "$RATE" "$SHARDS" "$MODE${EVMESH_FLAGS:+, $EVMESH_FLAGS}" <<'PY' | tee "$OUT/summary.md"
+python3 - "$OUT" "$ROUNDS" "$DUR" "$SUBS" "$RATE" "$SHARDS" "$MODE${EVMESH_FLAGS:+, $EVMESH_FLAGS}" "${BUILDS[*]}" <<'PY' | tee "$OUT/summary.md"
 import json, sys, glob, os, statistics as st
-out, rounds, dur, subs, rate, shards, mode = sys.argv[1:]
+out, rounds, dur, subs, rate, shards, mode, builds = sys.argv[1:]
+builds = builds.split()
 print(f"### fan-out, {os.path.basename(out)}\n")
 print(f"{subs} WebSocket subscribers of one topic, publishers at {rate}/s (8 connections, 1 KiB structured CloudEvent), "
       f"{dur}s per run after {int(subs) // 2000 + 2}s warm-up, {rounds} rounds in alternation; evmesh shards={shards} (BROADCAST, {mode}), nginx 1 worker.\n")
@@ -51,7 +61,7 @@ def gathered(path):
 print("| target | deliveries/s (median) | server CPU µs/delivery (median) | per round | e2e p50 / p99 / p99.9 µs (median) | subscribers connected | deliveries per write |")
 print("|---|---|---|---|---|---|---|")
 med = {}
-for t in ["evmesh", "nchan"]:
+for t in builds + ["nchan"]:
     runs = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.json"))]
     f = [r["fanout"] for r in runs]
     cpu = [x["server_cpu_us_per_delivery"] for x in f if x["server_cpu_us_per_delivery"]]
@@ -60,7 +70,11 @@ for t in ["evmesh", "nchan"]:
     print(f"| {t} | {int(st.median([x['deliveries_per_s'] for x in f]))} | {med[t]:.3f} | {', '.join(f'{v:.3f}' for v in cpu)} | "
           f"{lat('p50')} / {lat('p99')} / {lat('p999')} | {min(x['connected'] for x in f)}/{subs} | "
           + ", ".join(f"{g:.2f}" for g in map(gathered, sorted(glob.glob(f"{out}/r*-{t}.metrics"))) if g) + " |")
-print(f"\n- evmesh ({mode}): CPU per delivery = {med['evmesh']/med['nchan']:.2f}x nchan's (issue 11's bars, ack=none: <= 0.5x at 1,000 events/s, <= 0.4x at saturation)")
+print()
+for b in builds:
+    print(f"- {'evmesh' if b == 'evmesh' else 'evmesh ' + b} ({mode}): CPU per delivery = {med[b]/med['nchan']:.2f}x nchan's (issue 11's bars, ack=none: <= 0.5x at 1,000 events/s, <= 0.4x at saturation)")
+if builds == ["before", "after"]:
+    print(f"- after / before: {med['after']/med['before']:.2f}x CPU per delivery")
 PY
-{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR SUBS=$SUBS RATE=$RATE SHARDS=$SHARDS ACK=$ACK EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/fanout.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`${BEFORE:+BEFORE=$BEFORE }ROUNDS=$ROUNDS DUR=$DUR SUBS=$SUBS RATE=$RATE SHARDS=$SHARDS ACK=$ACK EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/fanout.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"

@@ -7,7 +7,7 @@
 //! * `runtime::cluster::kafka::KafkaCluster`: many instances over one Kafka cluster. It owns
 //!   the membership (heartbeats), the home claims, the replicated definitions and offsets, the
 //!   forwarded replies and the threads that apply what it reads (SPEC, "Many instances"). It
-//!   lives at the top of the crate because its appliers talk to the shards.
+//!   lives in `runtime`, above the shards, because its appliers talk to them.
 //!
 //! The view both read and keep ([`Membership`], [`Homes`]) is in this module's siblings,
 //! pure and unit-tested.
@@ -35,7 +35,7 @@ pub struct HomeInstance {
 }
 
 /// Who made a reply that is forwarded to another instance (checked there as if made there).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct OnBehalf<'a> {
     pub principal: Option<&'a str>,
     pub tenant: Option<&'a str>,
@@ -52,7 +52,8 @@ pub trait Cluster: Send + Sync {
     /// The home claims read back (none on the embedded log).
     fn homes(&self) -> &Homes;
 
-    /// Whether a claim of this instance's own for `key` has been read back.
+    /// Whether a claim of this instance's own for `key` has been read back (and the claims
+    /// are read to their end, the view not stale).
     fn claimed_here(&self, key: &str) -> bool {
         self.homes().claimed_by(key, self.instance_id())
     }
@@ -63,7 +64,8 @@ pub trait Cluster: Send + Sync {
     /// started, or Kafka away for longer than `instance_timeout_ms`).
     fn home(&self, key: &str, record: bool) -> Option<HomeInstance>;
 
-    /// Claims `key` for this instance unless a live instance's claim names it already (an agent
+    /// Claims `key` for this instance unless a live instance's claim, or a choice on its way,
+    /// names it already (an agent
     /// registered or heard from here, a session topic stored to here). One claim per key on
     /// its way, however often asked.
     fn claim_here(&self, key: &str);

@@ -4,7 +4,8 @@
 use crate::shard::mailbox::{Overflow, Sender};
 use crate::shard::shared::Shared;
 
-/// Runs one of the cluster's appliers (a thread of its own that waits for the shards' answers)
+/// Runs a thread of the runtime that waits for the shards' answers (a cluster applier, the
+/// Kafka log's topic checks)
 /// on a runtime of its own, whose timer bounds those waits (`Mailboxes::ask`).
 pub(crate) fn applier(what: &str, run: impl std::future::Future<Output = ()>) {
     let runtime = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build();

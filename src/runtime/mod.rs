@@ -4,6 +4,7 @@
 //! Everything shared between threads is built here, before any shard starts, and is immutable or
 //! atomic afterwards ([`Shared`], defined with the shards that use it).
 
+#[cfg(feature = "kafka")]
 mod applier;
 mod cluster;
 mod error;

@@ -1,7 +1,7 @@
 //! What the cluster thread reads from evmesh's own Kafka topics, applied here: definitions,
 //! claims, replicated offsets and forwarded replies. What may wait for the shards runs on a
 //! thread of its own (`evmesh-definitions`, `evmesh-replies`) with a runtime of its own
-//! (`super::applier`); the cluster thread, which heartbeats, never waits.
+//! (`runtime::applier`); the cluster thread, which heartbeats, never waits.
 
 use std::time::Instant;
 
@@ -36,7 +36,7 @@ pub(super) struct Forwarded {
 /// A subscription defined (or removed, `None`) at some instance, read from Kafka, applied
 /// here as the traffic API would (its topic ensured, then the definition through the owner of
 /// its name; a removal closes the sessions attached here). A definition that differs from the
-/// one here is logged and left (the one here stays). Runs on the cluster thread, waiting for
+/// one here is logged and left (the one here stays). Runs on `evmesh-definitions`, waiting for
 /// the shards' answers.
 pub(super) async fn apply_definition(shared: &Shared, name: &str, json: Option<&[u8]>) {
     use crate::model::placement::meta_owner;
