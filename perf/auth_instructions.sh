@@ -77,4 +77,4 @@ for mode, label in [("none", "auth = none"), ("token", "auth = token + ACL"), ("
 PY
 # Keep the counted windows (compressed), not the whole runs' exit dumps.
 rm -f "$OUT"/*.out; gzip -9 "$OUT"/*.out.*
-{ echo; echo "Command: \`N=$N bash perf/auth_instructions.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`${EVMESH_BIN:+EVMESH_BIN=$EVMESH_BIN }N=$N bash perf/auth_instructions.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
