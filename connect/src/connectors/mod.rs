@@ -1,0 +1,49 @@
+//! The connectors this runtime has, by the name a connector file gives (`connector = "..."`).
+
+pub mod file;
+
+use crate::config::{ConnectorConfig, Kind};
+use crate::spi::{ConnectError, Sink, Source};
+use crate::store::Store;
+
+/// The connector names a file may give.
+pub const KNOWN: &[&str] = &["file"];
+
+/// What a connector file makes.
+pub enum Built {
+    Source(Box<dyn Source>),
+    Sink(Box<dyn Sink>),
+}
+
+/// Makes the connector a file describes (checked by `config::parse` already); a `[config]`
+/// mistake is `Fatal`, naming the key.
+pub fn build(c: &ConnectorConfig, store: &Store) -> Result<Built, ConnectError> {
+    match (c.connector.as_str(), c.kind) {
+        ("file", Kind::Source) => Ok(Built::Source(Box::new(file::FileSource::new(&c.config)?))),
+        ("file", Kind::Sink) => Ok(Built::Sink(Box::new(file::FileSink::new(&c.config, store.scoped(&c.name))?))),
+        (other, _) => Err(ConnectError::Fatal(format!("no connector {other:?}"))),
+    }
+}
+
+/// Reads a `[config]` key; `Fatal` when it is there and of another type.
+pub(crate) fn key<'a, T>(
+    config: &'a toml::Table,
+    name: &str,
+    read: impl FnOnce(&'a toml::Value) -> Option<T>,
+    what: &str,
+) -> Result<Option<T>, ConnectError> {
+    match config.get(name) {
+        None => Ok(None),
+        Some(v) => read(v).map(Some).ok_or_else(|| ConnectError::Fatal(format!("config.{name}: {what}"))),
+    }
+}
+
+/// `[config]` keys a connector does not know are a mistake (a typo would otherwise be ignored).
+pub(crate) fn only_keys(config: &toml::Table, known: &[&str]) -> Result<(), ConnectError> {
+    match config.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => {
+            Err(ConnectError::Fatal(format!("config.{k}: not a key of this connector (it has {})", known.join(", "))))
+        }
+        None => Ok(()),
+    }
+}

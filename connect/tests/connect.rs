@@ -1,0 +1,529 @@
+//! evmesh-connect against a real evmesh: both binaries started on loopback with ephemeral
+//! ports, real files, real RocksDB, kill -9 in the middle.
+//!
+//! The broker's binary is the workspace's (`evmesh`, beside `evmesh-connect` in the target
+//! directory): `cargo test --workspace` builds both before running any test.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn evmesh_bin() -> PathBuf {
+    let me = PathBuf::from(env!("CARGO_BIN_EXE_evmesh-connect"));
+    let bin = me.with_file_name("evmesh");
+    assert!(bin.exists(), "{} is missing: build the broker too (cargo test --workspace does)", bin.display());
+    bin
+}
+
+fn temp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("evmesh-connect-it-{tag}-{}-{}", std::process::id(), fastrand()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn fastrand() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    h.finish()
+}
+
+/// Waits for `f` to give something, at most `limit`.
+fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < until, "not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A process that prints one ready line with `key=ADDR` fields on stdout.
+fn spawn_ready(mut cmd: Command, keys: &[&str]) -> (Child, Vec<SocketAddr>) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).expect("a ready line");
+    let addrs = keys
+        .iter()
+        .map(|k| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    (child, addrs)
+}
+
+struct Broker {
+    child: Option<Child>,
+    dir: PathBuf,
+    traffic: SocketAddr,
+    admin: SocketAddr,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let dir = temp("broker");
+        let mut b =
+            Broker { child: None, dir, traffic: "127.0.0.1:0".parse().unwrap(), admin: "127.0.0.1:0".parse().unwrap() };
+        b.spawn();
+        b
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(evmesh_bin());
+        cmd.arg("serve")
+            .args(["--listen", &self.traffic.to_string(), "--admin-listen", &self.admin.to_string(), "--shards", "2"])
+            .arg("--data-dir")
+            .arg(&self.dir);
+        let (child, a) = spawn_ready(cmd, &["traffic=", "admin="]);
+        (self.child, self.traffic, self.admin) = (Some(child), a[0], a[1]);
+    }
+
+    /// kill -9, and up again on the same ports and data (as a supervisor would).
+    fn crash_and_restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        self.spawn();
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.traffic)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The connector process, over a config dir and a data dir that outlive it.
+struct Connect {
+    child: Option<Child>,
+    /// `EVMESH_CONNECT_TEST_FAULT` for the next start (then cleared).
+    fault: Option<String>,
+    evmesh: String,
+    config: PathBuf,
+    data: PathBuf,
+    admin: SocketAddr,
+}
+
+impl Connect {
+    fn start(evmesh: String, config: PathBuf, data: PathBuf) -> Connect {
+        let mut c = Connect { child: None, fault: None, evmesh, config, data, admin: "127.0.0.1:0".parse().unwrap() };
+        c.spawn();
+        c
+    }
+
+    /// Started with `EVMESH_CONNECT_TEST_FAULT=fault` (not waited for: it may abort first).
+    fn start_with_fault(evmesh: String, config: PathBuf, data: PathBuf, fault: &str) -> Connect {
+        let admin = "127.0.0.1:0".parse().unwrap();
+        let mut c = Connect { child: None, fault: Some(fault.to_owned()), evmesh, config, data, admin };
+        c.spawn();
+        c
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"));
+        cmd.args(["--evmesh", &self.evmesh, "--admin-listen", "127.0.0.1:0"])
+            .arg("--config-dir")
+            .arg(&self.config)
+            .arg("--data-dir")
+            .arg(&self.data);
+        let fault = self.fault.take();
+        if let Some(f) = &fault {
+            cmd.env("EVMESH_CONNECT_TEST_FAULT", f);
+        }
+        let (child, a) = spawn_ready(cmd, &["admin="]);
+        (self.child, self.admin) = (Some(child), a[0]);
+        if fault.is_none() {
+            wait_for(Duration::from_secs(20), || (http(self.admin, "GET", "/readyz", None).0 == 200).then_some(()));
+        }
+    }
+
+    /// Waits for the process to end by itself (an injected fault: SIGABRT, as kill -9 leaves it).
+    fn aborted(&mut self) {
+        use std::os::unix::process::ExitStatusExt;
+        let child = self.child.as_mut().expect("running");
+        let status = wait_for(Duration::from_secs(30), || child.try_wait().unwrap());
+        assert_eq!(status.signal(), Some(6), "{status:?}");
+        self.child = None;
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    fn restart_after_kill9(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        let (s, _, b) = http(self.admin, "GET", path, None);
+        (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, BTreeMap<String, String>, Value) {
+        let body = body.map(|b| b.to_string());
+        let (s, h, b) = http(self.admin, method, path, body.as_deref().map(str::as_bytes));
+        (s, h, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+}
+
+impl Drop for Connect {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One HTTP/1.1 exchange on a new connection: status, headers (lower-case), body.
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>) -> (u16, BTreeMap<String, String>, Vec<u8>) {
+    http_as(addr, method, path, body, "application/json")
+}
+
+fn http_as(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    content_type: &str,
+) -> (u16, BTreeMap<String, String>, Vec<u8>) {
+    let Ok(mut s) = TcpStream::connect(addr) else { return (0, BTreeMap::new(), Vec::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = body.unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    if s.write_all(head.as_bytes()).and_then(|()| s.write_all(body)).is_err() {
+        return (0, BTreeMap::new(), Vec::new());
+    }
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let Some(split) = all.windows(4).position(|w| w == b"\r\n\r\n") else { return (0, BTreeMap::new(), Vec::new()) };
+    let head = String::from_utf8_lossy(&all[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let headers: BTreeMap<String, String> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut rest = all[split + 4..].to_vec();
+    if headers.get("transfer-encoding").is_some_and(|t| t.contains("chunked")) {
+        rest = unchunk(&rest);
+    }
+    (status, headers, rest)
+}
+
+fn unchunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..i]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[i + 2..i + 2 + n]);
+        b = &b[i + 4 + n..];
+    }
+    out
+}
+
+fn publish(broker: &Broker, topic: &str, event: &Value) {
+    let path = format!("/events/publish?topic={topic}");
+    let (s, _, b) =
+        http_as(broker.traffic, "POST", &path, Some(event.to_string().as_bytes()), "application/cloudevents+json");
+    assert_eq!(s, 202, "{}", String::from_utf8_lossy(&b));
+}
+
+fn write_connector(dir: &Path, file: &str, text: &str) {
+    std::fs::write(dir.join(file), text).unwrap();
+}
+
+fn append(path: &Path, lines: impl IntoIterator<Item = String>) {
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+    for l in lines {
+        f.write_all(format!("{l}\n").as_bytes()).unwrap();
+    }
+}
+
+/// The events a file sink wrote, as JSON.
+fn written(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().map(|l| serde_json::from_str(l).expect("each line one JSON event")).collect()
+}
+
+/// The `data` of each line event written, counted.
+fn counted(path: &Path) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for e in written(path) {
+        *m.entry(e["data"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+    }
+    m
+}
+
+/// A file source into `orders` and a file sink of it, in `cfg`.
+fn pipeline(cfg: &Path, files: &Path) -> (PathBuf, PathBuf) {
+    let (input, output) = (files.join("in.jsonl"), files.join("out.jsonl"));
+    write_connector(
+        cfg,
+        "in.toml",
+        &format!(
+            "name = \"in\"\nkind = \"source\"\nconnector = \"file\"\ntopic = \"orders\"\nbatch = 50\n[config]\npath = {:?}\n",
+            input.display().to_string()
+        ),
+    );
+    write_connector(
+        cfg,
+        "out.toml",
+        &format!(
+            "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"orders\"\nsubscription = \"to-file\"\nbatch = 50\n[config]\npath = {:?}\n",
+            output.display().to_string()
+        ),
+    );
+    (input, output)
+}
+
+fn lines(range: std::ops::Range<usize>) -> impl Iterator<Item = String> {
+    range.map(|i| format!("line-{i}"))
+}
+
+/// Every `line-i` of `range` written exactly once.
+fn exactly_once(output: &Path, range: std::ops::Range<usize>) {
+    let n = range.len();
+    let seen = wait_for(Duration::from_secs(60), || {
+        let c = counted(output);
+        (range.clone().all(|i| c.contains_key(&format!("line-{i}")))).then_some(c)
+    });
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "written twice: {twice:?}");
+    assert_eq!(seen.len(), n, "nothing else written");
+}
+
+#[test]
+fn file_to_evmesh_to_file_exactly_once_through_kill_9_rotation_and_a_broker_crash() {
+    let mut broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let (input, output) = pipeline(&cfg, &files);
+    let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    // Lines keep coming while both processes are killed: 2,000 in chunks, the file rotated
+    // half-way (renamed away, ten more lines written to the old one, then a new one made).
+    let (from, rotated) = (input.clone(), files.join("in.jsonl.1"));
+    let writer = std::thread::spawn(move || {
+        for chunk in 0..100 {
+            if chunk == 50 {
+                std::fs::rename(&from, &rotated).unwrap();
+                append(&rotated, (0..10).map(|i| format!("late-{i}")));
+            }
+            append(&from, lines(chunk * 20..chunk * 20 + 20));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    let at_least = |n: usize| wait_for(Duration::from_secs(60), || (counted(&output).len() >= n).then_some(()));
+    at_least(200);
+    connect.restart_after_kill9();
+    at_least(700);
+    broker.crash_and_restart();
+    at_least(1200);
+    connect.kill9();
+    connect.restart_after_kill9();
+    writer.join().unwrap();
+    let seen = wait_for(Duration::from_secs(60), || {
+        let c = counted(&output);
+        (c.len() >= 2010).then_some(c)
+    });
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "written twice: {twice:?}");
+    let want: std::collections::BTreeSet<String> = lines(0..2000).chain((0..10).map(|i| format!("late-{i}"))).collect();
+    assert_eq!(seen.keys().cloned().collect::<std::collections::BTreeSet<_>>(), want, "each line, nothing else");
+    // A plain line's id is its file's inode and byte offset: the same on every re-read.
+    let ids: std::collections::HashSet<String> =
+        written(&output).iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids.len(), 2010, "distinct ids");
+    assert!(written(&output).iter().all(|e| e["source"] == json!(format!("file://{}", input.display()))));
+    assert!(
+        written(&output).iter().all(|e| e.get("emdeliveryid").is_none() && e["connectposition"].is_string()),
+        "the delivery's extensions are not the event's; the source's position is"
+    );
+    let (s, status) = connect.get("/connectors/in");
+    assert_eq!((s, status["state"].as_str()), (200, Some("running")));
+    let end = std::fs::metadata(&input).unwrap().len();
+    wait_for(Duration::from_secs(10), || {
+        (connect.get("/connectors/in").1["position"]["offset"] == json!(end)).then_some(())
+    });
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[test]
+fn a_crash_in_each_window_loses_nothing_and_writes_nothing_twice() {
+    for point in ["source-published", "sink-flushed", "file-sink-synced", "file-sink-torn"] {
+        let broker = Broker::start();
+        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let (input, output) = pipeline(&cfg, &files);
+        append(&input, lines(0..200));
+        let mut connect = Connect::start_with_fault(broker.url(), cfg.clone(), data.clone(), &format!("{point}:2"));
+        connect.aborted();
+        append(&input, lines(200..300));
+        connect.spawn();
+        exactly_once(&output, 0..300);
+        for d in [cfg, data, files] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+#[test]
+fn a_poison_event_goes_to_the_dead_letter_topic_and_the_stream_continues() {
+    let broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let (output, dead) = (files.join("out.jsonl"), files.join("dead.jsonl"));
+    write_connector(
+        &cfg,
+        "out.toml",
+        &format!(
+            "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"pay\"\nsubscription = \"pay-file\"\n[config]\npath = {:?}\nmax_line_bytes = 400\n",
+            output.display().to_string()
+        ),
+    );
+    // The dead letters, written out by a second sink.
+    write_connector(
+        &cfg,
+        "dead.toml",
+        &format!(
+            "name = \"dead\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"pay.dlq\"\nsubscription = \"dead-file\"\n[config]\npath = {:?}\n",
+            dead.display().to_string()
+        ),
+    );
+    let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    let event =
+        |id: &str, data: &str| json!({"specversion": "1.0", "id": id, "source": "/pay", "type": "t", "data": data});
+    for i in 0..3 {
+        publish(&broker, "pay", &event(&format!("a{i}"), "small"));
+    }
+    publish(&broker, "pay", &event("poison", &"x".repeat(1000)));
+    for i in 0..3 {
+        publish(&broker, "pay", &event(&format!("b{i}"), "small"));
+    }
+    let ids = |p: &Path| -> Vec<String> { written(p).iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect() };
+    let got = wait_for(Duration::from_secs(30), || {
+        let mut got = ids(&output);
+        got.sort();
+        (got.len() >= 6).then_some(got)
+    });
+    assert_eq!(got, ["a0", "a1", "a2", "b0", "b1", "b2"]);
+    let dl = wait_for(Duration::from_secs(30), || written(&dead).into_iter().next());
+    assert_eq!(dl["id"], "poison");
+    assert!(dl["connecterror"].as_str().unwrap().contains("max_line_bytes"), "{dl}");
+    assert_eq!(dl["connectname"], "out");
+    assert_eq!(connect.get("/connectors/out").1["counts"]["dlq"], 1);
+    let (_, h, metrics) = http(connect.admin, "GET", "/metrics", None);
+    let metrics = String::from_utf8(metrics).unwrap();
+    assert!(h["content-type"].starts_with("text/plain"), "{h:?}");
+    assert!(metrics.contains("evmesh_connect_records_dlq_total{connector=\"out\"} 1"), "{metrics}");
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[test]
+fn the_admin_api_lists_pauses_resumes_and_resets_a_source() {
+    let broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let (input, output) = pipeline(&cfg, &files);
+    append(&input, lines(0..10));
+    let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    exactly_once(&output, 0..10);
+    let (s, all) = connect.get("/connectors");
+    assert_eq!(s, 200);
+    let names: Vec<&str> = all.as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["in", "out"]);
+    assert_eq!(all[1]["subscription"], "to-file");
+    // Refusals: problem+json, 405 with Allow, 409 while running and for a sink.
+    let (s, h, p) = connect.call("GET", "/connectors/nope", None);
+    assert_eq!((s, h["content-type"].as_str(), p["status"].as_u64()), (404, "application/problem+json", Some(404)));
+    let (s, h, _) = connect.call("GET", "/connectors/in/pause", None);
+    assert_eq!((s, h["allow"].as_str()), (405, "POST"));
+    let (s, _, p) = connect.call("PUT", "/connectors/in/position", Some(&json!({"position": null})));
+    assert_eq!(s, 409, "{p}");
+    let (s, _, _) = connect.call("PUT", "/connectors/out/position", Some(&json!({"position": null})));
+    assert_eq!(s, 409);
+    // Paused: nothing is read; the position is reset to the start; resumed: all read again,
+    // and the sink writes nothing twice.
+    let (s, _, st) = connect.call("POST", "/connectors/in/pause", None);
+    assert_eq!((s, st["state"].as_str()), (200, Some("paused")));
+    let (s, _, p) = connect.call("PUT", "/connectors/in/position", Some(&json!({"oops": 1})));
+    assert_eq!(s, 400, "{p}");
+    let (s, _, st) = connect.call("PUT", "/connectors/in/position", Some(&json!({"position": null})));
+    assert_eq!((s, &st["position"]), (200, &Value::Null), "{st}");
+    append(&input, lines(10..20));
+    let (s, _, st) = connect.call("POST", "/connectors/in/resume", None);
+    assert_eq!((s, st["state"].as_str()), (200, Some("running")));
+    exactly_once(&output, 0..20);
+    // Read twice from the start: 10 + 20 published this run.
+    wait_for(Duration::from_secs(20), || (connect.get("/connectors/in").1["counts"]["published"] == 30).then_some(()));
+    let (s, _, st) = connect.call("POST", "/connectors/out/restart", None);
+    assert_eq!((s, st["state"].as_str()), (200, Some("running")));
+    append(&input, lines(20..25));
+    exactly_once(&output, 0..25);
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[test]
+fn a_bad_connector_file_stops_the_start_with_its_name() {
+    let (cfg, data) = (temp("cfg"), temp("data"));
+    write_connector(&cfg, "bad.toml", "name = \"x\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"t\"\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"))
+        .args(["--evmesh", "http://127.0.0.1:9", "--admin-listen", "127.0.0.1:0"])
+        .arg("--config-dir")
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml") && err.contains("names its subscription"), "{err}");
+    // A mistake in a connector's own keys too, before anything starts.
+    write_connector(
+        &cfg,
+        "bad.toml",
+        "name = \"x\"\nkind = \"source\"\nconnector = \"file\"\ntopic = \"t\"\n[config]\npaht = \"/x\"\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"))
+        .args(["--evmesh", "http://127.0.0.1:9", "--admin-listen", "127.0.0.1:0"])
+        .arg("--config-dir")
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("connector x") && err.contains("config.paht"), "{err}");
+    for d in [cfg, data] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
