@@ -6,25 +6,25 @@
 //! 64 KiB.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use crate::config::Kind;
+use crate::http::{answer, not_allowed, problem, Answer};
 use crate::store::Store;
 use crate::task::{Connector, Control, State};
 
-/// A counter of `GET /metrics`: its name, its help and how it is read.
-type Series = (&'static str, &'static str, fn(&crate::task::Counts) -> u64);
-
 /// Request bodies, at most.
 const MAX_BODY: usize = 64 << 10;
+
+/// A counter of `GET /metrics`: its name, its help and how it is read.
+type Series = (&'static str, &'static str, fn(&crate::task::Counts) -> u64);
 
 /// What the admin API serves.
 pub struct Admin {
@@ -32,44 +32,14 @@ pub struct Admin {
     pub store: Store,
 }
 
-type Answer = Response<Full<Bytes>>;
-
-fn answer(status: StatusCode, body: &Value) -> Answer {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .expect("a valid response")
-}
-
-fn problem(status: StatusCode, detail: &str) -> Answer {
-    let body = json!({ "type": "about:blank", "title": status.canonical_reason().unwrap_or(""), "status": status.as_u16(), "detail": detail });
-    let mut r = answer(status, &body);
-    r.headers_mut().insert("content-type", "application/problem+json".parse().expect("a header value"));
-    r
-}
-
-fn not_allowed(allow: &str) -> Answer {
-    let mut r = problem(StatusCode::METHOD_NOT_ALLOWED, &format!("allowed: {allow}"));
-    r.headers_mut().insert("allow", allow.parse().expect("a header value"));
-    r
-}
-
 impl Admin {
     /// Serves `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+        let handle = Arc::new(move |req| {
             let me = self.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let me = me.clone();
-                    async move { Ok::<_, Infallible>(me.handle(req).await) }
-                });
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
-            });
-        }
+            async move { me.handle(req).await }
+        });
+        crate::http::serve(listener, handle).await;
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Answer {
@@ -132,9 +102,9 @@ impl Admin {
         if c.state() != State::Paused {
             return problem(StatusCode::CONFLICT, "pause the connector first (POST .../pause), then set its position");
         }
-        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => return problem(StatusCode::PAYLOAD_TOO_LARGE, &format!("the body is over {MAX_BODY} bytes")),
+        let body = match crate::http::body(req, MAX_BODY).await {
+            Ok((_, b)) => b,
+            Err(refused) => return refused,
         };
         let v: Value = match serde_json::from_slice(&body) {
             Ok(v) => v,

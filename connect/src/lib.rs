@@ -14,6 +14,7 @@ pub mod admin;
 pub mod config;
 pub mod connectors;
 pub mod fault;
+pub mod http;
 pub mod spi;
 pub mod store;
 pub mod task;

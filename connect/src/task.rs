@@ -451,10 +451,7 @@ impl Connector {
         client: &Client,
         control: &mut watch::Receiver<(Control, u64)>,
     ) -> bool {
-        let mut e = event.clone();
-        for x in ["emdeliveryid", "empartition", "emoffset", "emattempt"] {
-            e.remove_extension(x);
-        }
+        let mut e = connectors::undelivered(event);
         e.set_extension("connecterror", reason.chars().take(1024).collect::<String>());
         e.set_extension("connectname", self.config.name.clone());
         let mut attempt = 0;

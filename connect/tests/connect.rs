@@ -527,3 +527,220 @@ fn a_bad_connector_file_stops_the_start_with_its_name() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+/// A port nothing listens on now (for a connector's own listener).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn signature(secret: &[u8], body: &[u8]) -> String {
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret).unwrap();
+    mac.update(body);
+    let sig: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={sig}")
+}
+
+/// A request with these headers (raw lines) and body; status and body.
+fn post_raw(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(40))).unwrap();
+    let mut head =
+        format!("POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    let text = String::from_utf8_lossy(&all).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text)
+}
+
+#[test]
+fn the_http_source_takes_every_content_mode_and_checks_webhook_signatures() {
+    let broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let output = files.join("out.jsonl");
+    let port = free_port();
+    write_connector(
+        &cfg,
+        "hooks.toml",
+        &format!(
+            "name = \"hooks\"\nkind = \"source\"\nconnector = \"http\"\ntopic = \"hooks\"\n[config]\nlisten = \"127.0.0.1:{port}\"\npath = \"/in\"\nsecret = \"s3cret\"\nmax_body_bytes = 4096\n"
+        ),
+    );
+    write_connector(
+        &cfg,
+        "out.toml",
+        &format!(
+            "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"hooks\"\nsubscription = \"hooks-file\"\n[config]\npath = {:?}\n",
+            output.display().to_string()
+        ),
+    );
+    let _connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let send = |headers: &[(&str, &str)], body: &[u8]| {
+        let sig = signature(b"s3cret", body);
+        let mut h = headers.to_vec();
+        h.push(("x-hub-signature-256", &sig));
+        post_raw(addr, "/in", &h, body)
+    };
+    let structured = br#"{"specversion":"1.0","id":"s1","source":"/shop","type":"order","data":{"n":1}}"#;
+    assert_eq!(send(&[("content-type", "application/cloudevents+json")], structured).0, 202);
+    let batch = br#"[{"specversion":"1.0","id":"b1","source":"/shop","type":"order"},{"specversion":"1.0","id":"b2","source":"/shop","type":"order"}]"#;
+    assert_eq!(send(&[("content-type", "application/cloudevents-batch+json")], batch).0, 202);
+    let binary = [
+        ("ce-specversion", "1.0"),
+        ("ce-id", "bin1"),
+        ("ce-source", "/shop"),
+        ("ce-type", "order"),
+        ("ce-subject", "caf%C3%A9"),
+        ("ce-tenantx", "blue"),
+        ("content-type", "text/plain"),
+    ];
+    assert_eq!(send(&binary, b"hello").0, 202);
+    let hook = br#"{"ref":"refs/heads/main"}"#;
+    let github = [("content-type", "application/json"), ("x-github-event", "push"), ("x-github-delivery", "d-42")];
+    assert_eq!(send(&github, hook).0, 202);
+    // GitHub sends it again: the same id, so it is one event to every consumer.
+    assert_eq!(send(&github, hook).0, 202);
+    // Refusals, each with its reason.
+    let (s, t) = post_raw(addr, "/in", &github, hook);
+    assert!(s == 401 && t.contains("X-Hub-Signature-256"), "{t}");
+    let (s, _) = post_raw(addr, "/in", &[("x-hub-signature-256", &signature(b"wrong", hook))], hook);
+    assert_eq!(s, 401);
+    let big = vec![b'x'; 5000];
+    assert_eq!(send(&[("content-type", "text/plain")], &big).0, 413);
+    let no_id = br#"{"specversion":"1.0","source":"/shop","type":"order"}"#;
+    let (s, t) = send(&[("content-type", "application/cloudevents+json")], no_id);
+    assert!(s == 400 && t.contains("application/problem+json"), "{t}");
+    let (s, _) = post_raw(addr, "/elsewhere", &[], b"{}");
+    assert_eq!(s, 404);
+    let (s, h, _) = http_as(addr, "GET", "/in", None, "text/plain");
+    assert_eq!((s, h.get("allow").map(String::as_str)), (405, Some("POST")));
+    let got = wait_for(Duration::from_secs(30), || {
+        let w = written(&output);
+        (w.len() >= 5).then_some(w)
+    });
+    let by_id: BTreeMap<String, Value> =
+        got.iter().map(|e| (e["id"].as_str().unwrap().to_owned(), e.clone())).collect();
+    assert_eq!(by_id.keys().map(String::as_str).collect::<Vec<_>>(), ["b1", "b2", "bin1", "d-42", "s1"]);
+    assert_eq!(got.len(), 5, "the retried webhook is one event");
+    assert_eq!(by_id["s1"]["data"], json!({"n": 1}));
+    assert_eq!((by_id["bin1"]["subject"].as_str(), by_id["bin1"]["tenantx"].as_str()), (Some("café"), Some("blue")));
+    assert_eq!(by_id["bin1"]["data"], "hello");
+    assert_eq!(by_id["d-42"]["type"], "com.github.push");
+    assert_eq!(by_id["d-42"]["data"], json!({"ref": "refs/heads/main"}));
+    assert_eq!(by_id["d-42"]["source"], format!("http://127.0.0.1:{port}/in"));
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// What the receiver answered 2xx: (ce-id, content-type).
+type Answered = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// A webhook receiver: answers by the event's `ce-id` (`flaky` 503 the first time, `poison`
+/// 400, others 204) and records the ids it answered 2xx, with their content types.
+fn receiver() -> (SocketAddr, Answered) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (seen, flaked) = (got.clone(), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(conn) = conn else { continue };
+            let (seen, flaked) = (seen.clone(), flaked.clone());
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut w = conn;
+                loop {
+                    let mut headers = BTreeMap::new();
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h == "\r\n" {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':') {
+                            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+                        }
+                    }
+                    let n: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+                    let mut body = vec![0; n];
+                    r.read_exact(&mut body).unwrap();
+                    let id = headers.get("ce-id").cloned().unwrap_or_default();
+                    let status = match id.as_str() {
+                        "flaky" if !flaked.swap(true, std::sync::atomic::Ordering::SeqCst) => 503,
+                        "poison" => 400,
+                        _ => 204,
+                    };
+                    if status == 204 {
+                        let ct = headers.get("content-type").cloned().unwrap_or_default();
+                        seen.lock().unwrap().push((id, ct));
+                    }
+                    let _ = write!(w, "HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+#[test]
+fn the_http_sink_posts_each_event_retries_failures_and_dead_letters_refusals() {
+    let broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let (addr, got) = receiver();
+    let dead = files.join("dead.jsonl");
+    write_connector(
+        &cfg,
+        "out.toml",
+        &format!(
+            "name = \"out\"\nkind = \"sink\"\nconnector = \"http\"\ntopic = \"pay\"\nsubscription = \"pay-http\"\n[config]\nurl = \"http://{addr}/hook\"\n[config.headers]\nauthorization = \"Bearer t\"\n"
+        ),
+    );
+    write_connector(
+        &cfg,
+        "dead.toml",
+        &format!(
+            "name = \"dead\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"pay.dlq\"\nsubscription = \"dead-file\"\n[config]\npath = {:?}\n",
+            dead.display().to_string()
+        ),
+    );
+    let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    let ids = ["a0", "a1", "flaky", "a2", "poison", "a3", "a4"];
+    for id in ids {
+        publish(
+            &broker,
+            "pay",
+            &json!({"specversion": "1.0", "id": id, "source": "/pay", "type": "t", "data": {"id": id}}),
+        );
+    }
+    let answered = wait_for(Duration::from_secs(30), || {
+        let g = got.lock().unwrap().clone();
+        (g.len() >= 6).then_some(g)
+    });
+    let mut answered_ids: Vec<&str> = answered.iter().map(|(id, _)| id.as_str()).collect();
+    answered_ids.sort();
+    assert_eq!(answered_ids, ["a0", "a1", "a2", "a3", "a4", "flaky"], "each once, the flaky one after its 503");
+    assert!(answered.iter().all(|(_, ct)| ct == "application/json"), "binary mode: the data's own type");
+    let dl = wait_for(Duration::from_secs(30), || written(&dead).into_iter().next());
+    assert_eq!(dl["id"], "poison");
+    assert!(dl["connecterror"].as_str().unwrap().contains("400"), "{dl}");
+    let counts = connect.get("/connectors/out").1["counts"].clone();
+    assert!(counts["retried"].as_u64() >= Some(1) && counts["dlq"] == 1, "{counts}");
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

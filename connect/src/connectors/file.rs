@@ -45,8 +45,6 @@ const MAX_LINE: usize = 1 << 20;
 const CHUNK: usize = 64 << 10;
 /// How often a source at the end of its file looks again.
 const IDLE: Duration = Duration::from_millis(20);
-/// The extensions a delivery carries that are not the event's own.
-const DELIVERY_EXTENSIONS: [&str; 4] = ["emdeliveryid", "empartition", "emoffset", "emattempt"];
 
 fn path_of(config: &toml::Table) -> Result<PathBuf, ConnectError> {
     key(config, "path", toml::Value::as_str, "a file path")?
@@ -397,11 +395,8 @@ impl Sink for FileSink {
             if seen || self.pending.contains(&k) {
                 continue;
             }
-            let mut e = e.clone();
-            for x in DELIVERY_EXTENSIONS {
-                e.remove_extension(x);
-            }
-            let line = serde_json::to_vec(&e).map_err(|e| ConnectError::Fatal(format!("an event as JSON: {e}")))?;
+            let line = serde_json::to_vec(&super::undelivered(e))
+                .map_err(|e| ConnectError::Fatal(format!("an event as JSON: {e}")))?;
             if line.len() >= self.max_line {
                 refused = Some(SinkError::Refused {
                     index: i,

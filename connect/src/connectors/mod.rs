@@ -1,13 +1,14 @@
 //! The connectors this runtime has, by the name a connector file gives (`connector = "..."`).
 
 pub mod file;
+pub mod http;
 
 use crate::config::{ConnectorConfig, Kind};
 use crate::spi::{ConnectError, Sink, Source};
 use crate::store::Store;
 
 /// The connector names a file may give.
-pub const KNOWN: &[&str] = &["file"];
+pub const KNOWN: &[&str] = &["file", "http"];
 
 /// What a connector file makes.
 pub enum Built {
@@ -21,6 +22,8 @@ pub fn build(c: &ConnectorConfig, store: &Store) -> Result<Built, ConnectError> 
     match (c.connector.as_str(), c.kind) {
         ("file", Kind::Source) => Ok(Built::Source(Box::new(file::FileSource::new(&c.config)?))),
         ("file", Kind::Sink) => Ok(Built::Sink(Box::new(file::FileSink::new(&c.config, store.scoped(&c.name))?))),
+        ("http", Kind::Source) => Ok(Built::Source(Box::new(http::HttpSource::new(&c.config)?))),
+        ("http", Kind::Sink) => Ok(Built::Sink(Box::new(http::HttpSink::new(&c.config)?))),
         (other, _) => Err(ConnectError::Fatal(format!("no connector {other:?}"))),
     }
 }
@@ -46,4 +49,16 @@ pub(crate) fn only_keys(config: &toml::Table, known: &[&str]) -> Result<(), Conn
         }
         None => Ok(()),
     }
+}
+
+/// The extensions a delivery carries that are not the event's own.
+const DELIVERY_EXTENSIONS: [&str; 4] = ["emdeliveryid", "empartition", "emoffset", "emattempt"];
+
+/// The event as its producer made it: without the delivery's extensions.
+pub fn undelivered(event: &cloudevents::Event) -> cloudevents::Event {
+    let mut e = event.clone();
+    for x in DELIVERY_EXTENSIONS {
+        e.remove_extension(x);
+    }
+    e
 }
