@@ -744,3 +744,178 @@ fn the_http_sink_posts_each_event_retries_failures_and_dead_letters_refusals() {
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+mod on_kafka {
+    //! Against the Kafka-protocol broker the test command starts (EVMESH_TEST_KAFKA).
+
+    use super::*;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    fn brokers() -> String {
+        std::env::var("EVMESH_TEST_KAFKA").expect("EVMESH_TEST_KAFKA names the test broker; scripts/test.sh sets it")
+    }
+
+    /// A Kafka topic of this test's own.
+    fn kafka_topic(tag: &str, partitions: i32) -> String {
+        let name = format!("connect-{tag}-{}", fastrand() % 1_000_000_000);
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+        let new = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let made = rt.block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+        assert!(made[0].is_ok(), "{made:?}");
+        name
+    }
+
+    fn producer() -> BaseProducer {
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap()
+    }
+
+    fn produce(p: &BaseProducer, topic: &str, key: Option<&str>, headers: &[(&str, &str)], value: &[u8]) {
+        let mut h = OwnedHeaders::new();
+        for (k, v) in headers {
+            h = h.insert(Header { key: k, value: Some(*v) });
+        }
+        let mut rec = BaseRecord::<str, [u8]>::to(topic).payload(value).headers(h);
+        if let Some(k) = key {
+            rec = rec.key(k);
+        }
+        p.send(rec).map_err(|(e, _)| e).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn the_kafka_source_reads_every_record_form_exactly_once_across_a_kill_9() {
+        let broker = Broker::start();
+        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let output = files.join("out.jsonl");
+        let topic = kafka_topic("src", 3);
+        let p = producer();
+        for i in 0..30 {
+            produce(&p, &topic, Some(&format!("k{}", i % 3)), &[], format!("{{\"n\":{i}}}").as_bytes());
+        }
+        let binary = [
+            ("ce_specversion", "1.0"),
+            ("ce_id", "bin-1"),
+            ("ce_source", "/orders"),
+            ("ce_type", "order"),
+            ("content-type", "application/json"),
+        ];
+        produce(&p, &topic, None, &binary, br#"{"sku":"A"}"#);
+        let structured = br#"{"specversion":"1.0","id":"st-1","source":"/orders","type":"order","data":"x"}"#;
+        produce(&p, &topic, None, &[("content-type", "application/cloudevents+json")], structured);
+        p.flush(Duration::from_secs(10)).unwrap();
+        write_connector(
+            &cfg,
+            "in.toml",
+            &format!(
+                "name = \"in\"\nkind = \"source\"\nconnector = \"kafka\"\ntopic = \"fromk\"\nbatch = 7\n[config]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n",
+                brokers()
+            ),
+        );
+        write_connector(
+            &cfg,
+            "out.toml",
+            &format!(
+                "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"fromk\"\nsubscription = \"fromk-file\"\n[config]\npath = {:?}\n",
+                output.display().to_string()
+            ),
+        );
+        let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+        wait_for(Duration::from_secs(60), || (written(&output).len() >= 32).then_some(()));
+        connect.kill9();
+        for i in 30..50 {
+            produce(&p, &topic, Some("k0"), &[], format!("{{\"n\":{i}}}").as_bytes());
+        }
+        p.flush(Duration::from_secs(10)).unwrap();
+        connect.restart_after_kill9();
+        let got = wait_for(Duration::from_secs(60), || {
+            let w = written(&output);
+            (w.len() >= 52).then_some(w)
+        });
+        let ids: std::collections::BTreeSet<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
+        assert_eq!((got.len(), ids.len()), (52, 52), "each record once");
+        // Restarted from its stored position: the 20 new records, and at most the one batch
+        // that was in evmesh but not stored when it was killed.
+        let published = connect.get("/connectors/in").1["counts"]["published"].as_u64().unwrap();
+        assert!((20..=27).contains(&published), "published {published} after the restart");
+        let by_id = |id: &str| got.iter().find(|e| e["id"] == id).unwrap().clone();
+        assert_eq!(by_id("bin-1")["data"], json!({"sku": "A"}));
+        assert_eq!(by_id("st-1")["data"], "x");
+        let plain: Vec<&Value> = got.iter().filter(|e| e["type"] == "evmesh.connect.kafka.record").collect();
+        assert_eq!(plain.len(), 50);
+        assert!(plain.iter().all(|e| e["source"] == json!(format!("kafka:{topic}"))
+            && e["id"].as_str().unwrap().starts_with(&format!("{topic}-"))
+            && e["partitionkey"].as_str().is_some_and(|k| k.starts_with('k'))));
+        for d in [cfg, data, files] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn the_kafka_sink_produces_each_event_in_the_binary_binding() {
+        let broker = Broker::start();
+        let (cfg, data) = (temp("cfg"), temp("data"));
+        let topic = kafka_topic("sink", 1);
+        write_connector(
+            &cfg,
+            "out.toml",
+            &format!(
+                "name = \"out\"\nkind = \"sink\"\nconnector = \"kafka\"\ntopic = \"tok\"\nsubscription = \"tok-kafka\"\n[config]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n",
+                brokers()
+            ),
+        );
+        let _connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+        for i in 0..10 {
+            let e = json!({"specversion": "1.0", "id": format!("e{i}"), "source": "/s", "type": "t", "partitionkey": format!("c{i}"), "data": {"i": i}});
+            publish(&broker, "tok", &e);
+        }
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", "connect-test-reader")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(&topic, 0, Offset::Beginning).unwrap();
+        consumer.assign(&list).unwrap();
+        let mut got = BTreeMap::new();
+        let until = Instant::now() + Duration::from_secs(60);
+        while got.len() < 10 && Instant::now() < until {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                let h: BTreeMap<String, String> = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or(&[])).into_owned()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+                let value: Value = serde_json::from_slice(m.payload().unwrap_or(&[])).unwrap();
+                got.insert(h["ce_id"].clone(), (h, key, value));
+            }
+        }
+        assert_eq!(got.len(), 10, "{got:?}");
+        for i in 0..10 {
+            let (h, key, value) = &got[&format!("e{i}")];
+            assert_eq!(
+                (h["ce_source"].as_str(), h["ce_type"].as_str(), h["content-type"].as_str()),
+                ("/s", "t", "application/json")
+            );
+            assert!(!h.contains_key("ce_emdeliveryid"), "{h:?}");
+            assert_eq!(key.as_deref(), Some(format!("c{i}").as_str()));
+            assert_eq!(value, &json!({"i": i}));
+        }
+        for d in [cfg, data] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}

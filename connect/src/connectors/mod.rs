@@ -2,13 +2,14 @@
 
 pub mod file;
 pub mod http;
+pub mod kafka;
 
 use crate::config::{ConnectorConfig, Kind};
 use crate::spi::{ConnectError, Sink, Source};
 use crate::store::Store;
 
 /// The connector names a file may give.
-pub const KNOWN: &[&str] = &["file", "http"];
+pub const KNOWN: &[&str] = &["file", "http", "kafka"];
 
 /// What a connector file makes.
 pub enum Built {
@@ -24,6 +25,8 @@ pub fn build(c: &ConnectorConfig, store: &Store) -> Result<Built, ConnectError> 
         ("file", Kind::Sink) => Ok(Built::Sink(Box::new(file::FileSink::new(&c.config, store.scoped(&c.name))?))),
         ("http", Kind::Source) => Ok(Built::Source(Box::new(http::HttpSource::new(&c.config)?))),
         ("http", Kind::Sink) => Ok(Built::Sink(Box::new(http::HttpSink::new(&c.config)?))),
+        ("kafka", Kind::Source) => Ok(Built::Source(Box::new(kafka::KafkaSource::new(&c.config)?))),
+        ("kafka", Kind::Sink) => Ok(Built::Sink(Box::new(kafka::KafkaSink::new(&c.config)?))),
         (other, _) => Err(ConnectError::Fatal(format!("no connector {other:?}"))),
     }
 }
