@@ -919,3 +919,207 @@ mod on_kafka {
         }
     }
 }
+
+mod on_postgres {
+    //! Against a real PostgreSQL, started in a temporary directory (Debian's `postgresql`;
+    //! scripts/test.sh installs it).
+
+    use super::*;
+
+    /// A PostgreSQL server of this test's own; stopped (immediate) when dropped.
+    struct Pg {
+        dir: PathBuf,
+        bin: PathBuf,
+        port: u16,
+    }
+
+    /// Runs a PostgreSQL tool as the `postgres` user when this is root (it refuses root).
+    fn as_postgres(bin: &Path, args: &[&str]) -> std::process::Output {
+        let root = std::process::Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+        let mut cmd = if root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(bin);
+            c
+        } else {
+            Command::new(bin)
+        };
+        cmd.args(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    impl Pg {
+        fn start() -> Pg {
+            let bin = std::fs::read_dir("/usr/lib/postgresql")
+                .expect("PostgreSQL is installed (/usr/lib/postgresql); scripts/test.sh installs it")
+                .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+                .find(|b| b.join("initdb").exists())
+                .expect("an initdb under /usr/lib/postgresql/*/bin");
+            let dir = temp("pg");
+            let uid = String::from_utf8(Command::new("id").args(["-u", "postgres"]).output().unwrap().stdout).unwrap();
+            let gid = String::from_utf8(Command::new("id").args(["-g", "postgres"]).output().unwrap().stdout).unwrap();
+            if let (Ok(u), Ok(g)) = (uid.trim().parse(), gid.trim().parse()) {
+                let _ = std::os::unix::fs::chown(&dir, Some(u), Some(g));
+            }
+            let data = dir.join("data");
+            let d = data.to_str().unwrap();
+            let out = as_postgres(
+                &bin.join("initdb"),
+                &["-D", d, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+            );
+            assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+            let port = free_port();
+            let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off", dir.display());
+            let log = dir.join("log").display().to_string();
+            let out = as_postgres(&bin.join("pg_ctl"), &["-D", d, "-o", &opts, "-l", &log, "-w", "start"]);
+            assert!(out.status.success(), "pg_ctl start: {}", String::from_utf8_lossy(&out.stderr));
+            Pg { dir, bin, port }
+        }
+
+        fn url(&self) -> String {
+            format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        }
+
+        /// Runs `sql`, returning the first column of each row as text.
+        fn query(&self, sql: &str) -> Vec<String> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (client, conn) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls).await.unwrap();
+                tokio::spawn(conn);
+                let mut out = Vec::new();
+                for m in client.simple_query(sql).await.unwrap() {
+                    if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                        out.push(r.get(0).unwrap_or_default().to_owned());
+                    }
+                }
+                out
+            })
+        }
+    }
+
+    impl Drop for Pg {
+        fn drop(&mut self) {
+            let d = self.dir.join("data");
+            let _ = as_postgres(&self.bin.join("pg_ctl"), &["-D", d.to_str().unwrap(), "-m", "immediate", "stop"]);
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs PostgreSQL (Debian's postgresql: initdb, pg_ctl; scripts/test.sh installs it)"]
+    fn the_postgres_sink_writes_each_event_once_through_a_crash_and_dead_letters_what_it_refuses() {
+        let pg = Pg::start();
+        let broker = Broker::start();
+        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let dead = files.join("dead.jsonl");
+        write_connector(
+            &cfg,
+            "pg.toml",
+            &format!(
+                "name = \"pg\"\nkind = \"sink\"\nconnector = \"postgres\"\ntopic = \"orders\"\nsubscription = \"orders-pg\"\nbatch = 10\n[config]\nurl = \"{}\"\n",
+                pg.url()
+            ),
+        );
+        write_connector(
+            &cfg,
+            "dead.toml",
+            &format!(
+                "name = \"dead\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"orders.dlq\"\nsubscription = \"dead-file\"\n[config]\npath = {:?}\n",
+                dead.display().to_string()
+            ),
+        );
+        for i in 0..40 {
+            let e = json!({"specversion": "1.0", "id": format!("o{i}"), "source": "/shop", "type": "order", "subject": format!("c{}", i % 4), "data": {"n": i}});
+            publish(&broker, "orders", &e);
+        }
+        publish(
+            &broker,
+            "orders",
+            &json!({"specversion": "1.0", "id": "text", "source": "/shop", "type": "note", "datacontenttype": "text/plain", "data": "hello"}),
+        );
+        // jsonb has no \u0000: PostgreSQL refuses the row for its data.
+        publish(
+            &broker,
+            "orders",
+            &json!({"specversion": "1.0", "id": "poison", "source": "/shop", "type": "order", "data": {"bad": "a\u{0}b"}}),
+        );
+        // Killed after a batch is in the table and before it is acked: delivered again.
+        let mut connect = Connect::start_with_fault(broker.url(), cfg.clone(), data.clone(), "sink-flushed:2");
+        connect.aborted();
+        for i in 40..60 {
+            publish(
+                &broker,
+                "orders",
+                &json!({"specversion": "1.0", "id": format!("o{i}"), "source": "/shop", "type": "order", "data": {"n": i}}),
+            );
+        }
+        connect.spawn();
+        let n = wait_for(Duration::from_secs(60), || {
+            let n: usize = pg.query("SELECT count(*) FROM orders")[0].parse().unwrap();
+            (n >= 61).then_some(n)
+        });
+        assert_eq!(n, 61, "60 orders and the text event");
+        assert_eq!(pg.query("SELECT count(DISTINCT (source, id)) FROM orders"), ["61"]);
+        assert_eq!(pg.query("SELECT data->>'n' FROM orders WHERE id = 'o7'"), ["7"]);
+        assert_eq!(pg.query("SELECT subject || ' ' || type FROM orders WHERE id = 'o7'"), ["c3 order"]);
+        assert_eq!(
+            pg.query("SELECT data_text || ' ' || (data IS NULL)::text FROM orders WHERE id = 'text'"),
+            ["hello true"]
+        );
+        assert_eq!(pg.query("SELECT count(*) FROM orders WHERE event ? 'emdeliveryid'"), ["0"]);
+        let dl = wait_for(Duration::from_secs(30), || written(&dead).into_iter().next());
+        assert_eq!(dl["id"], "poison");
+        assert!(dl["connecterror"].as_str().unwrap().contains("postgres"), "{dl}");
+        for d in [cfg, data, files] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs PostgreSQL (Debian's postgresql: initdb, pg_ctl; scripts/test.sh installs it)"]
+    fn the_postgres_source_reads_new_rows_from_its_position_across_a_kill_9() {
+        let pg = Pg::start();
+        let broker = Broker::start();
+        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let output = files.join("out.jsonl");
+        pg.query("CREATE TABLE items (n bigserial PRIMARY KEY, name text NOT NULL)");
+        pg.query("INSERT INTO items (name) SELECT 'item-' || g FROM generate_series(1, 30) g");
+        write_connector(
+            &cfg,
+            "in.toml",
+            &format!(
+                "name = \"in\"\nkind = \"source\"\nconnector = \"postgres\"\ntopic = \"rows\"\nbatch = 8\n[config]\nurl = \"{}\"\ntable = \"items\"\ncolumn = \"n\"\npoll_ms = 50\n",
+                pg.url()
+            ),
+        );
+        write_connector(
+            &cfg,
+            "out.toml",
+            &format!(
+                "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"rows\"\nsubscription = \"rows-file\"\n[config]\npath = {:?}\n",
+                output.display().to_string()
+            ),
+        );
+        let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+        wait_for(Duration::from_secs(60), || (written(&output).len() >= 30).then_some(()));
+        connect.kill9();
+        pg.query("INSERT INTO items (name) SELECT 'item-' || g FROM generate_series(31, 50) g");
+        connect.restart_after_kill9();
+        let got = wait_for(Duration::from_secs(60), || {
+            let w = written(&output);
+            (w.len() >= 50).then_some(w)
+        });
+        let names: std::collections::BTreeSet<String> =
+            got.iter().map(|e| e["data"]["name"].as_str().unwrap().to_owned()).collect();
+        assert_eq!((got.len(), names.len()), (50, 50), "each row once");
+        assert!(got
+            .iter()
+            .all(|e| e["source"] == "postgres:items" && e["id"] == json!(format!("items-{}", e["data"]["n"]))));
+        let published = connect.get("/connectors/in").1["counts"]["published"].as_u64().unwrap();
+        assert!((20..=28).contains(&published), "published {published} after the restart: from its position");
+        wait_for(Duration::from_secs(10), || {
+            (connect.get("/connectors/in").1["position"] == json!({"last": "50"})).then_some(())
+        });
+        for d in [cfg, data, files] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}

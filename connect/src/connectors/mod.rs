@@ -3,13 +3,14 @@
 pub mod file;
 pub mod http;
 pub mod kafka;
+pub mod postgres;
 
 use crate::config::{ConnectorConfig, Kind};
 use crate::spi::{ConnectError, Sink, Source};
 use crate::store::Store;
 
 /// The connector names a file may give.
-pub const KNOWN: &[&str] = &["file", "http", "kafka"];
+pub const KNOWN: &[&str] = &["file", "http", "kafka", "postgres"];
 
 /// What a connector file makes.
 pub enum Built {
@@ -27,6 +28,8 @@ pub fn build(c: &ConnectorConfig, store: &Store) -> Result<Built, ConnectError> 
         ("http", Kind::Sink) => Ok(Built::Sink(Box::new(http::HttpSink::new(&c.config)?))),
         ("kafka", Kind::Source) => Ok(Built::Source(Box::new(kafka::KafkaSource::new(&c.config)?))),
         ("kafka", Kind::Sink) => Ok(Built::Sink(Box::new(kafka::KafkaSink::new(&c.config)?))),
+        ("postgres", Kind::Source) => Ok(Built::Source(Box::new(postgres::PostgresSource::new(&c.config)?))),
+        ("postgres", Kind::Sink) => Ok(Built::Sink(Box::new(postgres::PostgresSink::new(&c.config, &c.topic)?))),
         (other, _) => Err(ConnectError::Fatal(format!("no connector {other:?}"))),
     }
 }
