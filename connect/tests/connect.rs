@@ -259,6 +259,15 @@ fn write_connector(dir: &Path, file: &str, text: &str) {
     std::fs::write(dir.join(file), text).unwrap();
 }
 
+/// A file sink `name` of `subscription` (of `topic`) writing to `path`, in `cfg`.
+fn file_sink(cfg: &Path, name: &str, topic: &str, subscription: &str, path: &Path) {
+    let text = format!(
+        "name = {name:?}\nkind = \"sink\"\nconnector = \"file\"\ntopic = {topic:?}\nsubscription = {subscription:?}\n[config]\npath = {:?}\n",
+        path.display().to_string()
+    );
+    write_connector(cfg, &format!("{name}.toml"), &text);
+}
+
 fn append(path: &Path, lines: impl IntoIterator<Item = String>) {
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
     for l in lines {
@@ -407,14 +416,7 @@ fn a_poison_event_goes_to_the_dead_letter_topic_and_the_stream_continues() {
         ),
     );
     // The dead letters, written out by a second sink.
-    write_connector(
-        &cfg,
-        "dead.toml",
-        &format!(
-            "name = \"dead\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"pay.dlq\"\nsubscription = \"dead-file\"\n[config]\npath = {:?}\n",
-            dead.display().to_string()
-        ),
-    );
+    file_sink(&cfg, "dead", "pay.dlq", "dead-file", &dead);
     let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     let event =
         |id: &str, data: &str| json!({"specversion": "1.0", "id": id, "source": "/pay", "type": "t", "data": data});
@@ -573,14 +575,7 @@ fn the_http_source_takes_every_content_mode_and_checks_webhook_signatures() {
             "name = \"hooks\"\nkind = \"source\"\nconnector = \"http\"\ntopic = \"hooks\"\n[config]\nlisten = \"127.0.0.1:{port}\"\npath = \"/in\"\nsecret = \"s3cret\"\nmax_body_bytes = 4096\n"
         ),
     );
-    write_connector(
-        &cfg,
-        "out.toml",
-        &format!(
-            "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"hooks\"\nsubscription = \"hooks-file\"\n[config]\npath = {:?}\n",
-            output.display().to_string()
-        ),
-    );
+    file_sink(&cfg, "out", "hooks", "hooks-file", &output);
     let _connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let send = |headers: &[(&str, &str)], body: &[u8]| {
@@ -710,14 +705,7 @@ fn the_http_sink_posts_each_event_retries_failures_and_dead_letters_refusals() {
             "name = \"out\"\nkind = \"sink\"\nconnector = \"http\"\ntopic = \"pay\"\nsubscription = \"pay-http\"\n[config]\nurl = \"http://{addr}/hook\"\n[config.headers]\nauthorization = \"Bearer t\"\n"
         ),
     );
-    write_connector(
-        &cfg,
-        "dead.toml",
-        &format!(
-            "name = \"dead\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"pay.dlq\"\nsubscription = \"dead-file\"\n[config]\npath = {:?}\n",
-            dead.display().to_string()
-        ),
-    );
+    file_sink(&cfg, "dead", "pay.dlq", "dead-file", &dead);
     let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     let ids = ["a0", "a1", "flaky", "a2", "poison", "a3", "a4"];
     for id in ids {
@@ -819,14 +807,7 @@ mod on_kafka {
                 brokers()
             ),
         );
-        write_connector(
-            &cfg,
-            "out.toml",
-            &format!(
-                "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"fromk\"\nsubscription = \"fromk-file\"\n[config]\npath = {:?}\n",
-                output.display().to_string()
-            ),
-        );
+        file_sink(&cfg, "out", "fromk", "fromk-file", &output);
         let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
         wait_for(Duration::from_secs(60), || (written(&output).len() >= 32).then_some(()));
         connect.kill9();
@@ -1018,14 +999,7 @@ mod on_postgres {
                 pg.url()
             ),
         );
-        write_connector(
-            &cfg,
-            "dead.toml",
-            &format!(
-                "name = \"dead\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"orders.dlq\"\nsubscription = \"dead-file\"\n[config]\npath = {:?}\n",
-                dead.display().to_string()
-            ),
-        );
+        file_sink(&cfg, "dead", "orders.dlq", "dead-file", &dead);
         for i in 0..40 {
             let e = json!({"specversion": "1.0", "id": format!("o{i}"), "source": "/shop", "type": "order", "subject": format!("c{}", i % 4), "data": {"n": i}});
             publish(&broker, "orders", &e);
@@ -1090,14 +1064,7 @@ mod on_postgres {
                 pg.url()
             ),
         );
-        write_connector(
-            &cfg,
-            "out.toml",
-            &format!(
-                "name = \"out\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"rows\"\nsubscription = \"rows-file\"\n[config]\npath = {:?}\n",
-                output.display().to_string()
-            ),
-        );
+        file_sink(&cfg, "out", "rows", "rows-file", &output);
         let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
         wait_for(Duration::from_secs(60), || (written(&output).len() >= 30).then_some(()));
         connect.kill9();
