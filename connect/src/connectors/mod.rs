@@ -9,9 +9,6 @@ use crate::config::{ConnectorConfig, Kind};
 use crate::spi::{ConnectError, Sink, Source};
 use crate::store::Store;
 
-/// The connector names a file may give.
-pub const KNOWN: &[&str] = &["file", "http", "kafka", "postgres"];
-
 /// What a connector file makes.
 pub enum Built {
     Source(Box<dyn Source>),
