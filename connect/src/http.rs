@@ -50,7 +50,11 @@ pub async fn body(req: Request<Incoming>, limit: usize) -> Result<(hyper::http::
     {
         return Err(problem(StatusCode::PAYLOAD_TOO_LARGE, &format!("the body is over {limit} bytes")));
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(BODY_WAIT, Limited::new(body, limit).collect()).await;
+    let Ok(read) = read else {
+        return Err(problem(StatusCode::REQUEST_TIMEOUT, &format!("the body did not arrive within {BODY_WAIT:?}")));
+    };
+    match read {
         Ok(b) => Ok((parts, b.to_bytes())),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(problem(StatusCode::PAYLOAD_TOO_LARGE, &format!("the body is over {limit} bytes")))
@@ -59,22 +63,46 @@ pub async fn body(req: Request<Incoming>, limit: usize) -> Result<(hyper::http::
     }
 }
 
-/// Serves `listener` with `handle` until the task is dropped or aborted.
+/// Connections one server holds at once, at most (past it, new ones wait in the backlog).
+pub const MAX_CONNECTIONS: usize = 1024;
+/// A request's head must arrive within this; a body read within [`BODY_WAIT`].
+pub const HEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Serves `listener` with `handle` until the task is dropped or aborted; its connections end
+/// with it (a stopped connector's keep-alive connections do not linger). At most
+/// [`MAX_CONNECTIONS`] at once, each head within [`HEAD_WAIT`], each body within [`BODY_WAIT`].
 pub async fn serve<H, F>(listener: tokio::net::TcpListener, handle: Arc<H>)
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Answer> + Send + 'static,
 {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            // Out of descriptors, say: not a busy loop.
+            Err(_) => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        while connections.try_join_next().is_some() {}
         let handle = handle.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let answer = handle(req);
                 async move { Ok::<_, Infallible>(answer.await) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEAD_WAIT)
+                .serve_connection(io, service)
+                .await;
         });
     }
 }

@@ -59,7 +59,7 @@ pub async fn run(args: config::Args) -> Result<(), StartError> {
     for c in configs {
         let connector = task::Connector::new(c);
         connectors.insert(connector.config.name.clone(), connector.clone());
-        tokio::spawn(connector.run(client.clone(), store.clone()));
+        tokio::spawn(connector.supervise(client.clone(), store.clone()));
     }
     eprintln!(
         "evmesh-connect: {} connectors from {}, evmesh at {}, admin API on http://{bound}",

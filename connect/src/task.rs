@@ -31,6 +31,10 @@ use crate::store::Store;
 const POLL_WAIT: Duration = Duration::from_millis(200);
 /// How long a sink gathers deliveries after the first of a batch.
 const LINGER: Duration = Duration::from_millis(20);
+/// A sink's subscription: how long a delivery may wait for the far side before evmesh sends
+/// it again, and how many attempts before evmesh dead-letters it (the most evmesh allows).
+const SINK_ACK_TIMEOUT: Duration = Duration::from_secs(600);
+const SINK_MAX_ATTEMPTS: u32 = 100;
 /// Retries of a failing call back off between these.
 const BACKOFF: Backoff = Backoff { min: Duration::from_millis(100), max: Duration::from_secs(5) };
 
@@ -147,8 +151,23 @@ impl Connector {
         v
     }
 
+    /// Runs the connector until the process ends; a panic in it marks it failed (so
+    /// `/readyz` and `evmesh_connect_up` say so) until the admin API restarts it.
+    pub async fn supervise(self: Arc<Self>, client: Client, store: Store) {
+        loop {
+            let ran = tokio::spawn(self.clone().run(client.clone(), store.clone())).await;
+            let Err(e) = ran else { return };
+            let why = format!("panicked: {e}");
+            eprintln!("evmesh-connect: {}: {why}", self.config.name);
+            self.set_state(State::Failed(why));
+            let mut control = self.control.subscribe();
+            control.borrow_and_update();
+            let _ = control.changed().await;
+        }
+    }
+
     /// Runs the connector until the process ends.
-    pub async fn run(self: Arc<Self>, client: Client, store: Store) {
+    async fn run(self: Arc<Self>, client: Client, store: Store) {
         let mut control = self.control.subscribe();
         loop {
             let (now, _) = *control.borrow_and_update();
@@ -279,7 +298,11 @@ impl Connector {
                     Counts::add(&self.counts.published, events.len());
                     return true;
                 }
-                Err(e) if e.is_transient() => {
+                // Only what evmesh refuses for the event itself (400, 413) is passed over; any
+                // other refusal (401, 403, 404, 409, 5xx: a token, the ACL, a missing topic)
+                // is waited out, the position kept, so nothing is skipped while evmesh is
+                // misconfigured.
+                Err(e) if e.is_transient() || !matches!(e.status(), Some(400 | 413)) => {
                     eprintln!("evmesh-connect: {}: publishing: {e}", self.config.name);
                     if self.back_off(&mut attempt, control).await {
                         return false;
@@ -318,7 +341,13 @@ impl Connector {
         let subscription = c.subscription.as_deref().expect("a sink has one (config::parse)");
         let mut attempt = 0;
         loop {
-            let wanted = Subscription::new(subscription, &c.topic).start(evmesh_client::Start::Earliest);
+            // Deliveries wait un-acked while the far side is retried: a long ack timeout, and
+            // many attempts (a disconnect counts as one) before evmesh dead-letters an event
+            // the connector never refused.
+            let wanted = Subscription::new(subscription, &c.topic)
+                .start(evmesh_client::Start::Earliest)
+                .ack_timeout(SINK_ACK_TIMEOUT)
+                .max_attempts(SINK_MAX_ATTEMPTS);
             let made = client.subscribe(&wanted).await;
             let opened = match made {
                 Ok(_) => sink.open().await.map_err(|e| (e.to_string(), matches!(e, ConnectError::Transient(_)))),
@@ -455,17 +484,37 @@ impl Connector {
         e.set_extension("connecterror", reason.chars().take(1024).collect::<String>());
         e.set_extension("connectname", self.config.name.clone());
         let mut attempt = 0;
+        let mut without_data = false;
         loop {
             match client.publish(&self.config.dlq(), &e).await {
                 Ok(_) => {
                     Counts::add(&self.counts.dlq, 1);
                     return true;
                 }
-                Err(err) => {
+                Err(err) if err.is_transient() || !matches!(err.status(), Some(400 | 413)) => {
                     eprintln!("evmesh-connect: {}: dead-lettering {}: {err}", self.config.name, e.id());
                     if self.back_off(&mut attempt, control).await {
                         return false;
                     }
+                }
+                // evmesh refuses it for itself (too large): its attributes go, without the data.
+                Err(err) if !without_data => {
+                    eprintln!(
+                        "evmesh-connect: {}: dead-lettering {}: {err}; sending it without its data",
+                        self.config.name,
+                        e.id()
+                    );
+                    e.take_data();
+                    without_data = true;
+                }
+                Err(err) => {
+                    eprintln!(
+                        "evmesh-connect: {}: {} not dead-lettered ({err}); passed over",
+                        self.config.name,
+                        e.id()
+                    );
+                    Counts::add(&self.counts.failed, 1);
+                    return true;
                 }
             }
         }

@@ -65,6 +65,7 @@ fn spawn_ready(mut cmd: Command, keys: &[&str]) -> (Child, Vec<SocketAddr>) {
 
 struct Broker {
     child: Option<Child>,
+    args: Vec<String>,
     dir: PathBuf,
     traffic: SocketAddr,
     admin: SocketAddr,
@@ -72,9 +73,13 @@ struct Broker {
 
 impl Broker {
     fn start() -> Broker {
-        let dir = temp("broker");
-        let mut b =
-            Broker { child: None, dir, traffic: "127.0.0.1:0".parse().unwrap(), admin: "127.0.0.1:0".parse().unwrap() };
+        Broker::start_with(&[])
+    }
+
+    fn start_with(args: &[&str]) -> Broker {
+        let (dir, args) = (temp("broker"), args.iter().map(|a| a.to_string()).collect());
+        let (traffic, admin) = ("127.0.0.1:0".parse().unwrap(), "127.0.0.1:0".parse().unwrap());
+        let mut b = Broker { child: None, args, dir, traffic, admin };
         b.spawn();
         b
     }
@@ -84,7 +89,8 @@ impl Broker {
         cmd.arg("serve")
             .args(["--listen", &self.traffic.to_string(), "--admin-listen", &self.admin.to_string(), "--shards", "2"])
             .arg("--data-dir")
-            .arg(&self.dir);
+            .arg(&self.dir)
+            .args(&self.args);
         let (child, a) = spawn_ready(cmd, &["traffic=", "admin="]);
         (self.child, self.traffic, self.admin) = (Some(child), a[0], a[1]);
     }
@@ -129,6 +135,11 @@ impl Connect {
         let mut c = Connect { child: None, fault: None, evmesh, config, data, admin: "127.0.0.1:0".parse().unwrap() };
         c.spawn();
         c
+    }
+
+    /// Started without waiting for `/readyz` (a connector that cannot start yet keeps it 503).
+    fn start_ready_or_not(evmesh: String, config: PathBuf, data: PathBuf) -> Connect {
+        Connect::start_with_fault(evmesh, config, data, "none:0")
     }
 
     /// Started with `EVMESH_CONNECT_TEST_FAULT=fault` (not waited for: it may abort first).
@@ -613,8 +624,16 @@ fn the_http_source_takes_every_content_mode_and_checks_webhook_signatures() {
     let no_id = br#"{"specversion":"1.0","source":"/shop","type":"order"}"#;
     let (s, t) = send(&[("content-type", "application/cloudevents+json")], no_id);
     assert!(s == 400 && t.contains("application/problem+json"), "{t}");
-    let (s, _) = post_raw(addr, "/elsewhere", &[], b"{}");
-    assert_eq!(s, 404);
+    let (s, t) = post_raw(addr, "/elsewhere", &[], b"{}");
+    assert!(s == 404 && !t.contains("/in"), "the path is not named: {t}");
+    let mut no_id = binary.to_vec();
+    no_id[1] = ("ce-id", "");
+    let (s, t) = send(&no_id, b"x");
+    assert!(s == 400 && t.contains("ce-id"), "{t}");
+    let mut doubled = binary.to_vec();
+    doubled.push(("ce-datacontenttype", "text/plain"));
+    let (s, t) = send(&doubled, b"x");
+    assert!(s == 400 && t.contains("ce-datacontenttype"), "{t}");
     let (s, h, _) = http_as(addr, "GET", "/in", None, "text/plain");
     assert_eq!((s, h.get("allow").map(String::as_str)), (405, Some("POST")));
     let got = wait_for(Duration::from_secs(30), || {
@@ -1088,5 +1107,36 @@ mod on_postgres {
         for d in [cfg, data, files] {
             let _ = std::fs::remove_dir_all(d);
         }
+    }
+}
+
+#[test]
+fn a_source_keeps_its_position_while_evmesh_refuses_the_topic_and_goes_on_once_it_exists() {
+    // No topic is made by a publish: 404 until an operator makes it.
+    let broker = Broker::start_with(&["--auto-create-topics", "false"]);
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let (input, _) = pipeline(&cfg, &files);
+    std::fs::remove_file(cfg.join("out.toml")).unwrap();
+    append(&input, lines(0..30));
+    let connect = Connect::start_ready_or_not(broker.url(), cfg.clone(), data.clone());
+    // Refused (404), retried with backoff: nothing passed over, no position stored.
+    wait_for(Duration::from_secs(20), || {
+        (connect.get("/connectors/in").1["counts"]["retried"].as_u64() >= Some(2)).then_some(())
+    });
+    let st = connect.get("/connectors/in").1;
+    assert_eq!(
+        (&st["position"], &st["counts"]["failed"], &st["counts"]["published"]),
+        (&Value::Null, &json!(0), &json!(0)),
+        "{st}"
+    );
+    let (s, _, b) = http(broker.admin, "PUT", "/admin/topics/orders", Some(br#"{"partitions": 2}"#));
+    assert!(s == 200 || s == 201, "{}", String::from_utf8_lossy(&b));
+    wait_for(Duration::from_secs(30), || (connect.get("/connectors/in").1["counts"]["published"] == 30).then_some(()));
+    let end = std::fs::metadata(&input).unwrap().len();
+    wait_for(Duration::from_secs(10), || {
+        (connect.get("/connectors/in").1["position"]["offset"] == json!(end)).then_some(())
+    });
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
     }
 }

@@ -160,7 +160,8 @@ impl FileSource {
         }
         r.buf.drain(..used);
         r.offset += used as u64;
-        if r.buf.len() > self.max_line {
+        // Over-long: no end of line in more than a line's worth (not a batch cut short).
+        if r.buf.len() > self.max_line && !r.buf.contains(&b'\n') {
             eprintln!(
                 "evmesh-connect: {}: a line at byte {} is longer than max_line_bytes ({}): skipped",
                 self.uri, r.offset, self.max_line
@@ -193,6 +194,7 @@ impl FileSource {
                 eprintln!("evmesh-connect: {}: truncated; reading it again from its start", self.uri);
                 r.file.seek(SeekFrom::Start(0)).map_err(|e| io("seeking", &self.path, e))?;
                 (r.offset, r.buf) = (0, Vec::new());
+                self.skipping = false;
                 return Ok(true);
             }
             return Ok(false);
@@ -389,15 +391,17 @@ impl Sink for FileSink {
         }
         let mut lines = Vec::new();
         let mut refused = None;
+        // Keys of this call's lines: pending only once they are written.
+        let mut keys = HashSet::new();
         for (i, e) in events.iter().enumerate() {
             let k = seen_key(&e.source().to_string(), e.id());
             let seen = self.store.contains(&k).map_err(Self::store_err)?;
-            if seen || self.pending.contains(&k) {
+            if seen || self.pending.contains(&k) || keys.contains(&k) {
                 continue;
             }
             let line = serde_json::to_vec(&super::undelivered(e))
                 .map_err(|e| ConnectError::Fatal(format!("an event as JSON: {e}")))?;
-            if line.len() >= self.max_line {
+            if line.len() > self.max_line {
                 refused = Some(SinkError::Refused {
                     index: i,
                     reason: format!("{} bytes of JSON, over max_line_bytes ({})", line.len(), self.max_line),
@@ -406,7 +410,7 @@ impl Sink for FileSink {
             }
             lines.extend_from_slice(&line);
             lines.push(b'\n');
-            self.pending.insert(k);
+            keys.insert(k);
         }
         let file = self.file.as_mut().expect("opened above");
         crate::fault::at_with("file-sink-torn", || {
@@ -418,6 +422,7 @@ impl Sink for FileSink {
             return Err(e.into());
         }
         self.written += lines.len() as u64;
+        self.pending.extend(keys);
         refused.map_or(Ok(()), Err)
     }
 
@@ -451,6 +456,36 @@ impl Sink for FileSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cloudevents::event::Data;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_cut_short_is_not_an_over_long_line() {
+        let dir = std::env::temp_dir().join(format!("evmesh-connect-fs-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("in.txt");
+        let lines: Vec<String> = (0..20).map(|i| format!("{i:03}{}", "x".repeat(77))).collect();
+        std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        let mut config = toml::Table::new();
+        config.insert("path".into(), path.display().to_string().into());
+        config.insert("max_line_bytes".into(), 100.into());
+        let mut s = FileSource::new(&config).unwrap();
+        s.open(None).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 20 {
+            let batch = s.poll(2, Duration::from_millis(50)).await.unwrap();
+            assert!(!batch.is_empty(), "stalled after {}", got.len());
+            got.extend(batch);
+        }
+        let data: Vec<String> = got
+            .iter()
+            .map(|r| match r.event.data() {
+                Some(Data::String(s)) => s.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(data, lines, "every line, in order, none skipped");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_plain_line_gets_a_stable_id_and_a_structured_one_keeps_its_own() {

@@ -80,6 +80,9 @@ impl HttpSource {
             return Err(ConnectError::Fatal(format!("config.path {path:?}: starts with /")));
         }
         let secret = key(config, "secret", toml::Value::as_str, "a string")?.map(|s| s.as_bytes().to_vec());
+        if secret.as_ref().is_some_and(Vec::is_empty) {
+            return Err(ConnectError::Fatal("config.secret: empty (anyone can sign with an empty key)".into()));
+        }
         let source = key(config, "source", toml::Value::as_str, "a URI")?
             .map_or_else(|| format!("http://{listen}{path}"), str::to_owned);
         let ty =
@@ -97,7 +100,8 @@ impl HttpSource {
 impl Listening {
     async fn handle(&self, req: hyper::Request<hyper::body::Incoming>, to: &mpsc::Sender<Request>) -> Answer {
         if req.uri().path() != self.path {
-            return problem(StatusCode::NOT_FOUND, &format!("events are posted to {}", self.path));
+            // The path may be the only secret of an unsigned webhook: not named.
+            return problem(StatusCode::NOT_FOUND, "no such path");
         }
         if req.method() != Method::POST {
             return not_allowed("POST");
@@ -116,6 +120,10 @@ impl Listening {
             Err(why) => return problem(StatusCode::BAD_REQUEST, &why),
         };
         let n = events.len();
+        if n > crate::config::MAX_BATCH {
+            let detail = format!("{n} events in one request; at most {}", crate::config::MAX_BATCH);
+            return problem(StatusCode::PAYLOAD_TOO_LARGE, &detail);
+        }
         let (committed, done) = oneshot::channel();
         if to.try_send(Request { events, committed }).is_err() {
             let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "too many requests are waiting; send again later");
@@ -214,7 +222,11 @@ fn binary(h: &hyper::HeaderMap, media: &str, body: Bytes) -> Result<Event, Strin
     if ce("specversion").as_deref() != Some("1.0") {
         return Err("ce-specversion: only 1.0".into());
     }
-    let need = |name: &str| ce(name).ok_or(format!("ce-{name} is required"));
+    let need = |name: &str| ce(name).filter(|v| !v.is_empty()).ok_or(format!("ce-{name} is required, not empty"));
+    // The data's type is `content-type` in binary mode; the data is the body.
+    if h.keys().any(|k| k.as_str() == "ce-datacontenttype" || k.as_str().starts_with("ce-data_")) {
+        return Err("ce-datacontenttype and ce-data_* are not headers of binary mode (content-type, the body)".into());
+    }
     let mut b = EventBuilderV10::new().id(need("id")?).source(need("source")?).ty(need("type")?);
     if let Some(s) = ce("subject") {
         b = b.subject(s);
@@ -327,6 +339,7 @@ impl HttpSink {
             .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
             .ok_or_else(|| ConnectError::Fatal("config.url: an http:// or https:// URL is required".into()))?
             .to_owned();
+        url.parse::<url::Url>().map_err(|e| ConnectError::Fatal(format!("config.url: {e}")))?;
         let structured = match key(config, "mode", toml::Value::as_str, "binary or structured")? {
             None | Some("binary") => false,
             Some("structured") => true,
@@ -448,18 +461,23 @@ impl Sink for HttpSink {
             let sent = self.request(&undelivered(e)).send().await;
             let status = match sent {
                 Ok(r) => r.status().as_u16(),
+                // The event makes no request (a header value it cannot be): refused.
+                Err(err) if err.is_builder() => {
+                    return Err(SinkError::Refused { index: i, reason: format!("not a request: {err}") })
+                }
                 Err(err) => return Err(ConnectError::Transient(format!("POST {}: {err}", self.url)).into()),
             };
             match status {
                 200..=299 => {
                     self.done.insert(key);
                 }
-                408 | 429 | 500..=599 => {
-                    return Err(ConnectError::Transient(format!("POST {} answered {status}", self.url)).into())
-                }
-                _ => {
+                // The receiver refuses this event: 400, 409, 413, 415, 422 and the like.
+                400 | 402 | 405..=407 | 409..=428 | 431..=499 => {
                     return Err(SinkError::Refused { index: i, reason: format!("POST {} answered {status}", self.url) })
                 }
+                // Not the event's fault (away, overloaded, moved, a credential or a URL to
+                // mend): tried again, never dead-lettered for it.
+                _ => return Err(ConnectError::Transient(format!("POST {} answered {status}", self.url)).into()),
             }
         }
         Ok(())

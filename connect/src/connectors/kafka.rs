@@ -170,6 +170,11 @@ impl Source for KafkaSource {
     async fn open(&mut self, from: Option<Position>) -> Result<(), ConnectError> {
         self.consumer = None;
         let mut cc = self.common.client.clone();
+        if cc.get("auto.offset.reset").is_none() {
+            // A stored offset out of range (retention, a topic made again): from the oldest
+            // record kept, never silently past what is still there.
+            cc.set("auto.offset.reset", "earliest");
+        }
         cc.set("group.id", NO_GROUP)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -193,16 +198,25 @@ impl Source for KafkaSource {
             .map(|m| m.iter().filter_map(|(k, v)| Some((k.parse().ok()?, v.as_i64()?))).collect())
             .unwrap_or_default();
         let mut list = TopicPartitionList::new();
+        let mut next = stored.clone();
         for p in &partitions {
             let at = match stored.get(p) {
                 Some(o) => Offset::Offset(*o),
-                None if self.latest => Offset::End,
+                // `latest` is the end as it is now, made a position: records written while the
+                // connector is paused or restarting are read, not skipped by a later "end".
+                None if self.latest => {
+                    let (_, high) =
+                        tokio::task::block_in_place(|| consumer.fetch_watermarks(&topic, *p, Duration::from_secs(10)))
+                            .map_err(|e| transient("watermarks", e))?;
+                    next.insert(*p, high);
+                    Offset::Offset(high)
+                }
                 None => Offset::Beginning,
             };
             list.add_partition_offset(&topic, *p, at).map_err(|e| transient("assign", e))?;
         }
         consumer.assign(&list).map_err(|e| transient("assign", e))?;
-        self.next = stored;
+        self.next = next;
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -342,21 +356,18 @@ impl Sink for KafkaSink {
                 rec = rec.key(k);
             }
             if let Err((err, _)) = producer.send(rec) {
+                // Those before it are on their way: all their reports waited for first.
+                let before = all_acked(waiting).await;
                 if too_large(&err) {
-                    // Those before it are on their way: waited for, then the refusal.
-                    for w in waiting {
-                        acked(w).await?;
-                    }
+                    before?;
                     return Err(SinkError::Refused { index: i, reason: format!("kafka: {err}") });
                 }
+                before?;
                 return Err(transient("produce", err).into());
             }
             waiting.push((i, rx));
         }
-        for w in waiting {
-            acked(w).await?;
-        }
-        Ok(())
+        all_acked(waiting).await
     }
 
     async fn flush(&mut self) -> Result<(), ConnectError> {
@@ -366,6 +377,18 @@ impl Sink for KafkaSink {
     async fn close(&mut self) {
         self.producer = None;
     }
+}
+
+/// Waits for every record's report (none left in flight), then gives the first failure.
+async fn all_acked(waiting: Vec<(usize, oneshot::Receiver<Acked>)>) -> Result<(), SinkError> {
+    let mut first = Ok(());
+    for w in waiting {
+        let r = acked(w).await;
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
 }
 
 /// Waits for one record's report.

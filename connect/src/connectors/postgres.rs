@@ -58,7 +58,7 @@ async fn connect(url: &str) -> Result<Client, ConnectError> {
 /// A database error: `Fatal` for what a retry cannot mend (no such table or column,
 /// permission), else `Transient`.
 fn db_error(what: &str, e: tokio_postgres::Error) -> ConnectError {
-    let class = e.code().map(|c| &c.code()[..2]);
+    let class = e.code().and_then(|c| c.code().get(..2));
     match class {
         // 42: syntax or access rule violation (undefined table, column, permission).
         Some("42") => ConnectError::Fatal(format!("postgres {what}: {e}")),
@@ -142,9 +142,10 @@ impl PostgresSink {
     }
 }
 
-/// Whether PostgreSQL refused the data itself (SQLSTATE class 22, data exception).
+/// Whether PostgreSQL refused the row itself: its data (class 22), a constraint of the table
+/// (23), or its size (54, an index row too large).
 fn refused_data(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| c.code().starts_with("22"))
+    e.code().and_then(|c| c.code().get(..2)).is_some_and(|class| matches!(class, "22" | "23" | "54"))
 }
 
 #[async_trait]
@@ -266,8 +267,8 @@ impl Source for PostgresSource {
         let client = self.client.as_ref().expect("connected above");
         let (t, c) = (quoted(&self.table), quoted(&self.column));
         let sql = format!(
-            "SELECT row_to_json(r)::text, r.{c}::text FROM {t} r WHERE $1::text IS NULL OR r.{c} > $1::text::{ty} \
-             ORDER BY r.{c} LIMIT {max}",
+            "SELECT row_to_json(r)::text, r.{c}::text FROM {t} r WHERE r.{c} IS NOT NULL \
+             AND ($1::text IS NULL OR r.{c} > $1::text::{ty}) ORDER BY r.{c} LIMIT {max}",
             ty = self.ty
         );
         let rows = client.query(sql.as_str(), &[&self.last]).await.map_err(|e| db_error("query", e))?;
@@ -277,7 +278,7 @@ impl Source for PostgresSource {
         }
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let (data, value): (String, String) = (row.get(0), row.get(1));
+            let (Ok(data), Ok(value)) = (row.try_get::<_, String>(0), row.try_get::<_, String>(1)) else { continue };
             let data: Value = serde_json::from_str(&data).unwrap_or(Value::String(data));
             let event = EventBuilderV10::new()
                 .id(format!("{}-{value}", self.table))
