@@ -507,17 +507,21 @@ fn the_admin_api_lists_pauses_resumes_and_resets_a_source() {
 #[test]
 fn a_bad_connector_file_stops_the_start_with_its_name() {
     let (cfg, data) = (temp("cfg"), temp("data"));
+    // Exit code 2 and what stderr said, for the files in `cfg` now.
+    let start = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"))
+            .args(["--evmesh", "http://127.0.0.1:9", "--admin-listen", "127.0.0.1:0"])
+            .arg("--config-dir")
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     write_connector(&cfg, "bad.toml", "name = \"x\"\nkind = \"sink\"\nconnector = \"file\"\ntopic = \"t\"\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"))
-        .args(["--evmesh", "http://127.0.0.1:9", "--admin-listen", "127.0.0.1:0"])
-        .arg("--config-dir")
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = start();
     assert!(err.contains("bad.toml") && err.contains("names its subscription"), "{err}");
     // A mistake in a connector's own keys too, before anything starts.
     write_connector(
@@ -525,16 +529,7 @@ fn a_bad_connector_file_stops_the_start_with_its_name() {
         "bad.toml",
         "name = \"x\"\nkind = \"source\"\nconnector = \"file\"\ntopic = \"t\"\n[config]\npaht = \"/x\"\n",
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"))
-        .args(["--evmesh", "http://127.0.0.1:9", "--admin-listen", "127.0.0.1:0"])
-        .arg("--config-dir")
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = start();
     assert!(err.contains("connector x") && err.contains("config.paht"), "{err}");
     for d in [cfg, data] {
         let _ = std::fs::remove_dir_all(d);
