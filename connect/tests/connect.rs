@@ -765,9 +765,13 @@ mod on_kafka {
 
     /// A Kafka topic of this test's own.
     fn kafka_topic(tag: &str, partitions: i32) -> String {
+        kafka_topic_on(&brokers(), tag, partitions)
+    }
+
+    fn kafka_topic_on(brokers: &str, tag: &str, partitions: i32) -> String {
         let name = format!("connect-{tag}-{}", fastrand() % 1_000_000_000);
         let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+            ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
         let new = NewTopic::new(&name, partitions, TopicReplication::Fixed(1));
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let made = rt.block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
@@ -849,6 +853,107 @@ mod on_kafka {
             && e["id"].as_str().unwrap().starts_with(&format!("{topic}-"))
             && e["partitionkey"].as_str().is_some_and(|k| k.starts_with('k'))));
         for d in [cfg, data, files] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    /// A tansu of this test's own (EVMESH_TANSU), to stop and resume (SIGSTOP, SIGCONT).
+    struct OwnTansu {
+        child: Child,
+        addr: String,
+    }
+
+    impl OwnTansu {
+        fn start() -> OwnTansu {
+            let bin =
+                std::env::var("EVMESH_TANSU").expect("EVMESH_TANSU names the tansu binary; scripts/test.sh sets it");
+            let url = format!("tcp://127.0.0.1:{}", free_port());
+            let args = [
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ];
+            let child = Command::new(bin).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+            let addr = url.trim_start_matches("tcp://").to_owned();
+            wait_for(Duration::from_secs(30), || TcpStream::connect(&addr).ok());
+            OwnTansu { child, addr }
+        }
+
+        fn signal(&self, sig: &str) {
+            assert!(Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success());
+        }
+    }
+
+    impl Drop for OwnTansu {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The `ce_id`s of every record of `topic` (partition 0), read from its start.
+    fn ids_in(brokers: &str, topic: &str, at_least: usize) -> Vec<String> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", "connect-test-reader")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+        consumer.assign(&list).unwrap();
+        let mut ids = Vec::new();
+        let until = Instant::now() + Duration::from_secs(60);
+        while ids.len() < at_least && Instant::now() < until {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                let id = m.headers().and_then(|h| h.iter().find(|h| h.key == "ce_id").and_then(|h| h.value));
+                ids.push(String::from_utf8_lossy(id.unwrap_or_default()).into_owned());
+            }
+        }
+        ids
+    }
+
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn a_kafka_broker_that_stops_answering_and_comes_back_loses_nothing() {
+        let kafka = OwnTansu::start();
+        let broker = Broker::start();
+        let (cfg, data) = (temp("cfg"), temp("data"));
+        let topic = kafka_topic_on(&kafka.addr, "away", 1);
+        write_connector(
+            &cfg,
+            "out.toml",
+            &format!(
+                "name = \"out\"\nkind = \"sink\"\nconnector = \"kafka\"\ntopic = \"away\"\nsubscription = \"away-kafka\"\n[config]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[config.properties]\n\"message.timeout.ms\" = 3000\n",
+                kafka.addr
+            ),
+        );
+        let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+        let event =
+            |i: usize| json!({"specversion": "1.0", "id": format!("k{i}"), "source": "/s", "type": "t", "data": i});
+        let put = || connect.get("/connectors/out").1["counts"]["put"].as_u64().unwrap_or(0);
+        for i in 0..10 {
+            publish(&broker, "away", &event(i));
+        }
+        wait_for(Duration::from_secs(30), || (put() == 10).then_some(()));
+        kafka.signal("-STOP");
+        for i in 10..20 {
+            publish(&broker, "away", &event(i));
+        }
+        // Kafka's acks do not come: the batch times out and is retried, not acked to evmesh.
+        wait_for(Duration::from_secs(30), || {
+            (connect.get("/connectors/out").1["counts"]["retried"].as_u64() >= Some(1)).then_some(())
+        });
+        assert_eq!(put(), 10, "nothing acked while Kafka is away");
+        kafka.signal("-CONT");
+        wait_for(Duration::from_secs(60), || (put() == 20).then_some(()));
+        let ids: std::collections::BTreeSet<String> = ids_in(&kafka.addr, &topic, 20).into_iter().collect();
+        assert_eq!(ids.len(), 20, "every event in Kafka: {ids:?}");
+        for d in [cfg, data] {
             let _ = std::fs::remove_dir_all(d);
         }
     }

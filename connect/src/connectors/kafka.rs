@@ -307,6 +307,30 @@ impl Sink for KafkaSink {
     }
 
     async fn put(&mut self, events: &[Event]) -> Result<(), SinkError> {
+        if self.producer.is_none() {
+            self.open().await?;
+        }
+        let put = self.put_with(events).await;
+        if let Err(SinkError::Failed(_)) = &put {
+            // After a timed-out batch the idempotent producer may be fenced for good
+            // (ProducerFenced): the next try gets a new producer.
+            self.producer = None;
+        }
+        put
+    }
+
+    async fn flush(&mut self) -> Result<(), ConnectError> {
+        Ok(())
+    }
+
+    async fn close(&mut self) {
+        self.producer = None;
+    }
+}
+
+impl KafkaSink {
+    /// Produces `events` and waits for every report.
+    async fn put_with(&self, events: &[Event]) -> Result<(), SinkError> {
         let producer = self.producer.as_ref().ok_or_else(|| ConnectError::Transient("not open".into()))?;
         let mut waiting = Vec::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
@@ -368,14 +392,6 @@ impl Sink for KafkaSink {
             waiting.push((i, rx));
         }
         all_acked(waiting).await
-    }
-
-    async fn flush(&mut self) -> Result<(), ConnectError> {
-        Ok(())
-    }
-
-    async fn close(&mut self) {
-        self.producer = None;
     }
 }
 
