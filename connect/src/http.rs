@@ -71,7 +71,8 @@ pub const BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Serves `listener` with `handle` until the task is dropped or aborted; its connections end
 /// with it (a stopped connector's keep-alive connections do not linger). At most
-/// [`MAX_CONNECTIONS`] at once, each head within [`HEAD_WAIT`], each body within [`BODY_WAIT`].
+/// [`MAX_CONNECTIONS`] at once, each head within [`HEAD_WAIT`] and hyper's read buffer (about
+/// 400 KiB), each body within [`BODY_WAIT`].
 pub async fn serve<H, F>(listener: tokio::net::TcpListener, handle: Arc<H>)
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,

@@ -1296,3 +1296,53 @@ fn a_source_keeps_its_position_while_evmesh_refuses_the_topic_and_goes_on_once_i
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+#[test]
+fn the_http_source_bounds_the_bodies_in_flight() {
+    let broker = Broker::start();
+    let (cfg, data) = (temp("cfg"), temp("data"));
+    let port = free_port();
+    // 32 MiB a request against a 64 MiB budget: two bodies in flight at most.
+    write_connector(
+        &cfg,
+        "hooks.toml",
+        &format!(
+            "name = \"hooks\"\nkind = \"source\"\nconnector = \"http\"\ntopic = \"hooks\"\n[config]\nlisten = \"127.0.0.1:{port}\"\nmax_body_bytes = 33554432\n"
+        ),
+    );
+    let _connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Senders that announce a body and never send it.
+    let open_slow = || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n")
+            .unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    };
+    // Whether the server answered a slow sender (it was refused: it came while a quick request
+    // held the budget too).
+    let answered = |s: &TcpStream| s.peek(&mut [0]).is_ok();
+    let mut slow = vec![open_slow(), open_slow()];
+    let hook = |i: usize| {
+        let body = format!("{{\"n\":{i}}}");
+        post_raw(addr, "/", &[("content-type", "application/json")], body.as_bytes())
+    };
+    let mut i = 0;
+    // Refused once the two slow senders hold the budget.
+    let refused = wait_for(Duration::from_secs(20), || {
+        for s in slow.iter_mut().filter(|s| answered(s)) {
+            *s = open_slow();
+        }
+        i += 1;
+        let (status, text) = hook(i);
+        (status == 503 && !slow.iter().any(&answered)).then_some(text)
+    });
+    assert!(refused.contains("retry-after") && refused.contains("bodies in flight"), "{refused}");
+    // The slow senders gone, their budget comes back.
+    drop(slow);
+    wait_for(Duration::from_secs(20), || (hook(0).0 == 202).then_some(()));
+    for d in [cfg, data] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

@@ -41,6 +41,10 @@ use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
 /// Requests waiting for the runtime, at most (past it: 503).
 const QUEUED: usize = 1024;
+/// Bytes of bodies being read or waiting for their commit, at most, in KiB: each request holds
+/// `max_body_bytes` of it from before its body is read until it is answered (past it: 503
+/// with `Retry-After`), so many slow or large senders cannot grow the process.
+const BODY_BUDGET_KIB: usize = 64 << 10;
 /// How long a sender waits for its events to be committed.
 const COMMIT_WAIT: Duration = Duration::from_secs(30);
 
@@ -62,6 +66,8 @@ struct Listening {
     source: String,
     ty: String,
     max_body: usize,
+    /// [`BODY_BUDGET_KIB`], shared by the requests in flight.
+    budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// A request's events, and where to say they are committed.
@@ -92,7 +98,8 @@ impl HttpSource {
             Some(n) if (1024..=64 << 20).contains(&n) => n as usize,
             Some(n) => return Err(ConnectError::Fatal(format!("config.max_body_bytes {n}: 1 KiB to 64 MiB"))),
         };
-        let shared = Arc::new(Listening { listen, path, secret, source, ty, max_body });
+        let budget = Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET_KIB));
+        let shared = Arc::new(Listening { listen, path, secret, source, ty, max_body, budget });
         Ok(HttpSource { shared, rx: None, server: None, next: 0, waiting: VecDeque::new() })
     }
 }
@@ -106,6 +113,12 @@ impl Listening {
         if req.method() != Method::POST {
             return not_allowed("POST");
         }
+        let kib = self.max_body.div_ceil(1024) as u32;
+        let Ok(_held) = self.budget.clone().try_acquire_many_owned(kib) else {
+            let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, "too many request bodies in flight; send again later");
+            r.headers_mut().insert("retry-after", "1".parse().expect("a header value"));
+            return r;
+        };
         let (parts, body) = match crate::http::body(req, self.max_body).await {
             Ok(x) => x,
             Err(refused) => return refused,
