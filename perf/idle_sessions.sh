@@ -3,9 +3,10 @@
 # subscription (ack=none; with ACK=1 acknowledged sessions, each its own consumer with
 # delivery state on the partition owner) while one event a second flows; RSS of the evmesh
 # process is read from /proc before and with the sessions attached. Appends the figure to
-# perf/RESULTS.md.
+# perf/RESULTS.md. Beside it, the same for nginx + nchan (its one worker's RSS, WebSocket
+# subscribers of one channel; at most 8,000, its worker_connections is 8,192), unless NCHAN=0.
 #
-#   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 env knobs; needs ~2x that many open files)
+#   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 NCHAN=1 env knobs; needs ~2x that many open files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SESSIONS=${SESSIONS:-10000}; ACK=${ACK:-0}
@@ -33,7 +34,38 @@ sleep 2
 after=$(awk '/VmRSS/{print $2}' /proc/$PID/status)
 wait $LG
 per=$(( (after - before) * 1024 / SESSIONS ))
-line="| $(date -u +%Y-%m-%dT%H:%MZ) | $SESSIONS | ${before} KiB | ${after} KiB | $per bytes |"
+line="| $(date -u +%Y-%m-%dT%H:%MZ) | evmesh | $SESSIONS | ${before} KiB | ${after} KiB | $per bytes |"
 echo "$line"
+nline=""
+if [ "${NCHAN:-1}" != 0 ]; then
+  P=${PEERS_DIR:-/tmp/evmesh-peers}; SHARED=${SHARED:-$PWD/../shared}
+  if [ ! -f "$P/nchan/nginx.conf" ] || ! command -v nginx >/dev/null; then bash "$SHARED/peers/setup_peers.sh" install; fi
+  # A fresh worker: one that served sessions before keeps their memory (its pools are reused,
+  # not returned), which would hide these sessions' cost.
+  if curl -sf http://127.0.0.1:18080/ok >/dev/null; then
+    nginx -p "$P/nchan" -c "$P/nchan/nginx.conf" -s stop 2>/dev/null || true
+    for _ in $(seq 50); do curl -sf http://127.0.0.1:18080/ok >/dev/null || break; sleep 0.1; done
+  fi
+  mkdir -p "$P/nchan/logs" "$P/nchan/tmp"; nginx -p "$P/nchan" -c "$P/nchan/nginx.conf" 2>&1 | grep -v '\[info\]' || true
+  for _ in $(seq 50); do curl -sf http://127.0.0.1:18080/ok >/dev/null && break; sleep 0.1; done
+  NPID=$(pgrep -P "$(cat "$P/nchan/nginx.pid")" | head -1)
+  N=$(( SESSIONS < 8000 ? SESSIONS : 8000 ))
+  nbefore=$(awk '/VmRSS/{print $2}' /proc/$NPID/status)
+  "$LOADGEN" --url "http://127.0.0.1:18080/pub?id=idle" --connections 1 --duration 8s --warmup 4s --rate 1 \
+    --subscribe-url "ws://127.0.0.1:18080/sub?id=idle" --subscribers "$N" --server-pid "$NPID" > "$DIR/loadgen-nchan.txt" &
+  LG=$!
+  # Divided by the connections open when read (the last few of 8,000 may not get in).
+  for _ in $(seq 60); do
+    open=$(ss -Htn state established '( sport = :18080 )' | wc -l)
+    [ "$open" -ge $(( N * 95 / 100 )) ] && break; sleep 0.1
+  done
+  sleep 1
+  nafter=$(awk '/VmRSS/{print $2}' /proc/$NPID/status)
+  open=$(( $(ss -Htn state established '( sport = :18080 )' | wc -l) - 1 ))
+  wait $LG
+  nline="| $(date -u +%Y-%m-%dT%H:%MZ) | nginx + nchan | $open | ${nbefore} KiB | ${nafter} KiB | $(( (nafter - nbefore) * 1024 / open )) bytes |"
+  echo "$nline"
+fi
 { echo; echo "### Idle WebSocket sessions: \`SESSIONS=$SESSIONS ACK=$ACK bash perf/idle_sessions.sh\`"; echo;
-  echo "| when | sessions | RSS before | RSS with sessions | per session |"; echo "|---|---|---|---|---|"; echo "$line"; } >> perf/RESULTS.md
+  echo "| when | server | sessions | RSS before | RSS with sessions | per session |"; echo "|---|---|---|---|---|---|"; echo "$line";
+  [ -z "$nline" ] || echo "$nline"; } >> perf/RESULTS.md
