@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use cloudevents::event::{Data, ExtensionValue};
 use cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
 use hmac::{Hmac, KeyInit, Mac};
 use hyper::{Method, StatusCode};
@@ -35,7 +34,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{key, only_keys, undelivered};
+use super::{binding, key, only_keys, undelivered};
 use crate::http::{answer, not_allowed, problem, Answer};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
@@ -231,48 +230,16 @@ fn percent_decoded(v: &str) -> String {
 
 /// A binary-mode event: attributes from `ce-*` headers, data from the body.
 fn binary(h: &hyper::HeaderMap, media: &str, body: Bytes) -> Result<Event, String> {
-    let ce = |name: &str| h.get(format!("ce-{name}")).and_then(|v| v.to_str().ok()).map(percent_decoded);
-    if ce("specversion").as_deref() != Some("1.0") {
-        return Err("ce-specversion: only 1.0".into());
-    }
-    let need = |name: &str| ce(name).filter(|v| !v.is_empty()).ok_or(format!("ce-{name} is required, not empty"));
     // The data's type is `content-type` in binary mode; the data is the body.
     if h.keys().any(|k| k.as_str() == "ce-datacontenttype" || k.as_str().starts_with("ce-data_")) {
         return Err("ce-datacontenttype and ce-data_* are not headers of binary mode (content-type, the body)".into());
     }
-    let mut b = EventBuilderV10::new().id(need("id")?).source(need("source")?).ty(need("type")?);
-    if let Some(s) = ce("subject") {
-        b = b.subject(s);
-    }
-    if let Some(t) = ce("time") {
-        b = b.time(t);
-    }
-    for (name, v) in h {
-        let Some(ext) = name.as_str().strip_prefix("ce-") else { continue };
-        if matches!(ext, "specversion" | "id" | "source" | "type" | "subject" | "time" | "dataschema") {
-            continue;
-        }
-        if let Ok(v) = v.to_str() {
-            b = b.extension(ext, percent_decoded(v));
-        }
-    }
-    if !body.is_empty() || !media.is_empty() {
-        let media = if media.is_empty() { "application/octet-stream" } else { media };
-        b = if media == "application/json" || media.ends_with("+json") {
-            let v: Value = serde_json::from_slice(&body).map_err(|e| format!("{media} data that is not JSON: {e}"))?;
-            b.data(media, v)
-        } else if media.starts_with("text/") {
-            b.data(media, String::from_utf8(body.to_vec()).map_err(|_| format!("{media} data that is not UTF-8"))?)
-        } else {
-            b.data(media, body.to_vec())
-        };
-    }
-    let mut e = b.build().map_err(|e| e.to_string())?;
-    if let Some(s) = ce("dataschema") {
-        let u: url::Url = s.parse().map_err(|e| format!("ce-dataschema: {e}"))?;
-        cloudevents::event::AttributesWriter::set_dataschema(&mut e, Some(u));
-    }
-    Ok(e)
+    let attributes: Vec<(&str, String)> = h
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str().strip_prefix("ce-")?, percent_decoded(v.to_str().ok()?))))
+        .collect();
+    let media = Some(media).filter(|m| !m.is_empty());
+    binding::from_binary("ce-", attributes.iter().map(|(k, v)| (*k, v.as_str())), media, &body)
 }
 
 #[async_trait]
@@ -393,43 +360,17 @@ impl HttpSink {
             let body = serde_json::to_vec(event).expect("an event serializes");
             return r.header("content-type", "application/cloudevents+json").body(body);
         }
-        r = r
-            .header("ce-specversion", "1.0")
-            .header("ce-id", encoded(event.id()))
-            .header("ce-source", encoded(&event.source().to_string()))
-            .header("ce-type", encoded(event.ty()));
-        if let Some(s) = event.subject() {
-            r = r.header("ce-subject", encoded(s));
+        let b = binding::to_binary(event);
+        for (name, v) in &b.attributes {
+            r = r.header(format!("ce-{name}"), encoded(v));
         }
-        if let Some(t) = event.time() {
-            r = r.header("ce-time", t.to_rfc3339());
-        }
-        if let Some(s) = event.dataschema() {
-            r = r.header("ce-dataschema", encoded(s.as_str()));
-        }
-        for (name, v) in event.iter_extensions() {
-            let v = match v {
-                ExtensionValue::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            r = r.header(format!("ce-{name}"), encoded(&v));
-        }
-        // Absent, the data's kind says it (JSON data in a structured event is JSON).
-        let ct = event.datacontenttype().or(match event.data() {
-            Some(Data::Json(_)) => Some("application/json"),
-            Some(Data::String(_)) => Some("text/plain"),
-            Some(Data::Binary(_)) => Some("application/octet-stream"),
-            None => None,
-        });
-        if let Some(ct) = ct {
+        if let Some(ct) = &b.content_type {
             r = r.header("content-type", ct);
         }
-        match event.data() {
-            Some(Data::Binary(b)) => r.body(b.clone()),
-            Some(Data::String(s)) => r.body(s.clone()),
-            Some(Data::Json(v)) => r.body(serde_json::to_vec(v).expect("JSON serializes")),
-            None => r,
+        if event.data().is_some() {
+            r = r.body(b.data);
         }
+        r
     }
 }
 

@@ -25,18 +25,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cloudevents::event::{Data, ExtensionValue};
-use cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
+use cloudevents::event::ExtensionValue;
+use cloudevents::{Event, EventBuilder, EventBuilderV10};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::oneshot;
 
-use super::{key, only_keys, undelivered};
+use super::{binding, key, only_keys, undelivered};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
 /// The group id librdkafka wants even for `assign()`: never joined, never committed to.
@@ -108,8 +108,10 @@ impl KafkaSource {
                 return Some(e);
             }
         }
-        if header("ce_specversion") == Some("1.0") {
-            if let Some(e) = binary(&headers, ct, value) {
+        if header("ce_specversion").is_some() {
+            let attributes =
+                headers.iter().filter_map(|(k, v)| Some((k.strip_prefix("ce_")?, std::str::from_utf8(v).ok()?)));
+            if let Ok(e) = binding::from_binary("ce_", attributes, ct, value) {
                 return Some(e);
             }
         }
@@ -121,48 +123,8 @@ impl KafkaSource {
         if let Some(k) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
             b = b.extension("partitionkey", k);
         }
-        b = match (serde_json::from_slice::<Value>(value), std::str::from_utf8(value)) {
-            _ if value.is_empty() => b,
-            (Ok(v), _) => b.data("application/json", v),
-            (_, Ok(text)) => b.data(ct.unwrap_or("text/plain"), text.to_owned()),
-            _ => b.data(ct.unwrap_or("application/octet-stream"), value.to_vec()),
-        };
-        b.build().ok()
+        binding::with_plain_data(b, ct, value).build().ok()
     }
-}
-
-/// A binary-binding record's event (`None`: a required attribute is missing).
-fn binary(headers: &[(&str, &[u8])], ct: Option<&str>, value: &[u8]) -> Option<Event> {
-    let ce = |name: &str| {
-        headers.iter().find(|(k, _)| k.strip_prefix("ce_") == Some(name)).and_then(|(_, v)| std::str::from_utf8(v).ok())
-    };
-    let mut b = EventBuilderV10::new().id(ce("id")?).source(ce("source")?).ty(ce("type")?);
-    if let Some(s) = ce("subject") {
-        b = b.subject(s);
-    }
-    if let Some(t) = ce("time") {
-        b = b.time(t);
-    }
-    for (k, v) in headers {
-        let Some(ext) = k.strip_prefix("ce_") else { continue };
-        if matches!(ext, "specversion" | "id" | "source" | "type" | "subject" | "time" | "dataschema") {
-            continue;
-        }
-        if let Ok(v) = std::str::from_utf8(v) {
-            b = b.extension(ext, v);
-        }
-    }
-    if !value.is_empty() {
-        let ct = ct.unwrap_or("application/octet-stream");
-        b = match serde_json::from_slice::<Value>(value) {
-            Ok(v) if ct.contains("json") => b.data(ct, v),
-            _ => match std::str::from_utf8(value) {
-                Ok(t) if ct.starts_with("text/") => b.data(ct, t.to_owned()),
-                _ => b.data(ct, value.to_vec()),
-            },
-        };
-    }
-    b.build().ok()
 }
 
 #[async_trait]
@@ -335,39 +297,15 @@ impl KafkaSink {
         let mut waiting = Vec::with_capacity(events.len());
         for (i, e) in events.iter().enumerate() {
             let e = undelivered(e);
+            let b = binding::to_binary(&e);
             let mut headers = OwnedHeaders::new();
-            let mut add =
-                |k: &str, v: &str| headers = std::mem::take(&mut headers).insert(Header { key: k, value: Some(v) });
-            add("ce_specversion", "1.0");
-            add("ce_id", e.id());
-            add("ce_source", &e.source().to_string());
-            add("ce_type", e.ty());
-            if let Some(s) = e.subject() {
-                add("ce_subject", s);
+            for (name, v) in &b.attributes {
+                headers = headers.insert(Header { key: &format!("ce_{name}"), value: Some(v) });
             }
-            if let Some(t) = e.time() {
-                add("ce_time", &t.to_rfc3339());
+            if let Some(ct) = &b.content_type {
+                headers = headers.insert(Header { key: "content-type", value: Some(ct) });
             }
-            for (name, v) in e.iter_extensions() {
-                let v = match v {
-                    ExtensionValue::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                add(&format!("ce_{name}"), &v);
-            }
-            let ct = e.datacontenttype().map(str::to_owned).or(match e.data() {
-                Some(Data::Json(_)) => Some("application/json".into()),
-                _ => None,
-            });
-            if let Some(ct) = &ct {
-                add("content-type", ct);
-            }
-            let value: Vec<u8> = match e.data() {
-                Some(Data::Binary(b)) => b.clone(),
-                Some(Data::String(s)) => s.clone().into_bytes(),
-                Some(Data::Json(v)) => serde_json::to_vec(v).expect("JSON serializes"),
-                None => Vec::new(),
-            };
+            let value = b.data;
             let key = match e.extension("partitionkey") {
                 Some(ExtensionValue::String(k)) => Some(k.clone()),
                 _ => None,

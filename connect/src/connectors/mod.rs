@@ -1,5 +1,6 @@
 //! The connectors this runtime has, by the name a connector file gives (`connector = "..."`).
 
+pub mod binding;
 pub mod file;
 pub mod http;
 pub mod kafka;
