@@ -75,10 +75,14 @@ echo "== benches and fuzz targets build"; cargo build --release --workspace --be
 echo "== TypeScript client"
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 (cd clients/js && npm ci --no-audit --no-fund -s && npm run -s build && npm run -s typecheck && EVMESH_BIN="$CARGO_TARGET_DIR/release/evmesh" npm test)
-# The connectors' far sides (connect/tests): Debian's PostgreSQL (started by the tests in a
-# temporary directory, as the postgres user).
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 ||
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+# The connectors' far sides (connect/tests), Debian's packages, each started by the tests in a
+# temporary directory: PostgreSQL (as the postgres user), mosquitto.
+need=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+[ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
 # Tests that need the Kafka broker, Python or Node are #[ignore]d in a plain `cargo test`;
 # everything they need is installed and started above, so they run here.
 echo "== tests"

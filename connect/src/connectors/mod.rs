@@ -4,6 +4,7 @@ pub mod binding;
 pub mod file;
 pub mod http;
 pub mod kafka;
+pub mod mqtt;
 pub mod postgres;
 
 use crate::config::{ConnectorConfig, Kind};
@@ -26,6 +27,8 @@ pub fn build(c: &ConnectorConfig, store: &Store) -> Result<Built, ConnectError> 
         ("http", Kind::Sink) => Ok(Built::Sink(Box::new(http::HttpSink::new(&c.config)?))),
         ("kafka", Kind::Source) => Ok(Built::Source(Box::new(kafka::KafkaSource::new(&c.config)?))),
         ("kafka", Kind::Sink) => Ok(Built::Sink(Box::new(kafka::KafkaSink::new(&c.config)?))),
+        ("mqtt", Kind::Source) => Ok(Built::Source(Box::new(mqtt::MqttSource::new(&c.config, &c.name)?))),
+        ("mqtt", Kind::Sink) => Ok(Built::Sink(Box::new(mqtt::MqttSink::new(&c.config, &c.name)?))),
         ("postgres", Kind::Source) => Ok(Built::Source(Box::new(postgres::PostgresSource::new(&c.config)?))),
         ("postgres", Kind::Sink) => Ok(Built::Sink(Box::new(postgres::PostgresSink::new(&c.config, &c.topic)?))),
         (other, _) => Err(ConnectError::Fatal(format!("no connector {other:?}"))),

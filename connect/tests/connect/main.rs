@@ -1020,6 +1020,8 @@ mod on_kafka {
     }
 }
 
+mod on_mqtt;
+
 mod on_postgres {
     //! Against a real PostgreSQL, started in a temporary directory (Debian's `postgresql`;
     //! scripts/test.sh installs it).
