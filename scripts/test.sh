@@ -76,10 +76,11 @@ echo "== TypeScript client"
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 (cd clients/js && npm ci --no-audit --no-fund -s && npm run -s build && npm run -s typecheck && EVMESH_BIN="$CARGO_TARGET_DIR/release/evmesh" npm test)
 # The connectors' far sides (connect/tests), Debian's packages, each started by the tests in a
-# temporary directory: PostgreSQL (as the postgres user), mosquitto.
+# temporary directory: PostgreSQL (as the postgres user), mosquitto, redis-server.
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
+[ -x /usr/bin/redis-server ] || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi

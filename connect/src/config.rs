@@ -67,7 +67,7 @@ fn default_batch() -> usize {
 }
 
 /// The connector names a file may give (`crate::connectors::build` makes each).
-pub const CONNECTORS: &[&str] = &["file", "http", "kafka", "mqtt", "postgres"];
+pub const CONNECTORS: &[&str] = &["file", "http", "kafka", "mqtt", "postgres", "redis"];
 
 /// Batches are at most this many records (an evmesh batch publish takes at most 1,000).
 pub const MAX_BATCH: usize = 1000;

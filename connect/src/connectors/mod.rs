@@ -6,6 +6,7 @@ pub mod http;
 pub mod kafka;
 pub mod mqtt;
 pub mod postgres;
+pub mod redis;
 
 use crate::config::{ConnectorConfig, Kind};
 use crate::spi::{ConnectError, Sink, Source};
@@ -31,6 +32,8 @@ pub fn build(c: &ConnectorConfig, store: &Store) -> Result<Built, ConnectError> 
         ("mqtt", Kind::Sink) => Ok(Built::Sink(Box::new(mqtt::MqttSink::new(&c.config, &c.name)?))),
         ("postgres", Kind::Source) => Ok(Built::Source(Box::new(postgres::PostgresSource::new(&c.config)?))),
         ("postgres", Kind::Sink) => Ok(Built::Sink(Box::new(postgres::PostgresSink::new(&c.config, &c.topic)?))),
+        ("redis", Kind::Source) => Ok(Built::Source(Box::new(redis::RedisSource::new(&c.config)?))),
+        ("redis", Kind::Sink) => Ok(Built::Sink(Box::new(redis::RedisSink::new(&c.config)?))),
         (other, _) => Err(ConnectError::Fatal(format!("no connector {other:?}"))),
     }
 }

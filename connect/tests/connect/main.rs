@@ -1022,6 +1022,8 @@ mod on_kafka {
 
 mod on_mqtt;
 
+mod on_redis;
+
 mod on_postgres {
     //! Against a real PostgreSQL, started in a temporary directory (Debian's `postgresql`;
     //! scripts/test.sh installs it).
