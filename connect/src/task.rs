@@ -400,9 +400,16 @@ impl Connector {
                 }
             }
             let events: Vec<Event> = batch.iter().map(|d| d.event.clone()).collect();
-            if !self.put_all(sink, &events, client, control).await {
-                consumer.close().await;
-                return Ok(());
+            match self.put_all(sink, &events, client, control).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    consumer.close().await;
+                    return Ok(());
+                }
+                Err(e) => {
+                    consumer.close().await;
+                    return Err(e);
+                }
             }
             crate::fault::at("sink-flushed");
             for d in &batch {
@@ -419,16 +426,16 @@ impl Connector {
     }
 
     /// `put` then `flush` until both succeeded, refused events sent to the dead-letter topic
-    /// once each (`false`: the control changed first). A failed `put` or `flush` counts
-    /// nothing of the batch as written: it is put again whole (the sink's dedupe skips what it
-    /// has).
+    /// once each (`false`: the control changed first; an error: the sink cannot go on as
+    /// configured). A failed `put` or `flush` counts nothing of the batch as written: it is put
+    /// again whole (the sink's dedupe skips what it has).
     async fn put_all(
         &self,
         sink: &mut dyn Sink,
         events: &[Event],
         client: &Client,
         control: &mut watch::Receiver<(Control, u64)>,
-    ) -> bool {
+    ) -> Result<bool, String> {
         let name = &self.config.name;
         let mut dead = std::collections::HashSet::new();
         let mut attempt = 0;
@@ -446,26 +453,28 @@ impl Connector {
                                 self.config.dlq()
                             );
                             if !self.dead_letter(&events[i], &reason, client, control).await {
-                                return false;
+                                return Ok(false);
                             }
                         }
                         from = i + 1;
                     }
+                    Err(SinkError::Failed(ConnectError::Fatal(e))) => return Err(format!("writing: {e}")),
                     Err(SinkError::Failed(e)) => {
                         eprintln!("evmesh-connect: {name}: writing: {e}");
                         if self.back_off(&mut attempt, control).await {
-                            return false;
+                            return Ok(false);
                         }
                         continue 'batch;
                     }
                 }
             }
             match sink.flush().await {
-                Ok(()) => return true,
+                Ok(()) => return Ok(true),
+                Err(ConnectError::Fatal(e)) => return Err(format!("flushing: {e}")),
                 Err(e) => {
                     eprintln!("evmesh-connect: {name}: flushing: {e}");
                     if self.back_off(&mut attempt, control).await {
-                        return false;
+                        return Ok(false);
                     }
                 }
             }

@@ -13,8 +13,12 @@
 //!   (evmesh keeps each topic's order) and an id the connector makes: MQTT messages have no
 //!   identity, so a message the broker sends again after a crash (or after a PUBACK lost with
 //!   the connection) is published again with a new id. A resent message the connector still
-//!   holds (same packet id, not yet acknowledged) is not published twice. The position shown
-//!   is the count of messages committed; the session is the broker's.
+//!   holds (same packet id, not yet acknowledged), or one committed while the connection was
+//!   down, is not published twice; an acknowledgement is sent only in the session its message
+//!   came in (a new session's packet ids are other messages'). It subscribes on every connect
+//!   (a session can outlive its subscriptions); a grant below QoS 1 or a refused login fails
+//!   the connector. The position shown is the count of messages committed; the session is the
+//!   broker's.
 //! * **Sink** (`broker`, `topic` required; `client_id`, `username`, `password`, `mode` =
 //!   `binary` | `structured`, `retain` = false, `keep_alive_secs`, `ack_timeout_ms` = 10 s):
 //!   publishes each event at QoS 1 (binary mode: attributes as user properties, without the
@@ -24,16 +28,23 @@
 //!   name invalid` stop the connector (they are the configuration's); anything else is
 //!   retried on a new connection. MQTT consumers dedupe on the `id` and `source` properties.
 //!
-//! TLS and MQTT 3.1.1 are not offered: the broker must speak MQTT 5 on a plain listener.
+//! TLS and MQTT 3.1.1 are not offered: the broker must speak MQTT 5 on a plain listener. A
+//! broker limit it does not announce (mosquitto's `message_size_limit`, unlike
+//! `max_packet_size`) makes rumqttc drop the connection on the refusal, so such a message is
+//! retried, not dead-lettered.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
-use rumqttc::v5::mqttbytes::v5::{PubAckReason, Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::{
+    ConnectReturnCode, Filter, PubAckReason, Publish, PublishProperties, RetainForwardRule, SubscribeReasonCode,
+};
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::{AsyncClient, Event as MqttEvent, EventLoop, Incoming, MqttOptions};
+use rumqttc::v5::{AsyncClient, ConnectionError, Event as MqttEvent, EventLoop, Incoming, MqttOptions};
 use rumqttc::Outgoing;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -91,8 +102,10 @@ impl Common {
 /// What a connection's driver hands the connector, in the order it happened.
 #[derive(Debug)]
 enum Note {
+    /// Connected in the broker's session numbered `session` (a new number when the broker had
+    /// no session for the client).
     Up {
-        session_present: bool,
+        session: u64,
         max_packet: Option<u32>,
     },
     Publish(Publish),
@@ -101,24 +114,38 @@ enum Note {
     Acked(u16, PubAckReason),
     /// The connection failed (once per outage); the driver reconnects.
     Down(String),
+    /// The broker refused what the configuration asks for (a login, a subscription).
+    Refused(String),
 }
 
 /// One connection: the client, the notes of its driver (a task polling rumqttc's event loop,
 /// so pings go out while the runtime is busy elsewhere).
 struct Connection {
     client: AsyncClient,
-    notes: mpsc::UnboundedReceiver<Note>,
+    notes: mpsc::Receiver<Note>,
     driver: tokio::task::JoinHandle<()>,
+    /// The session the connection is up in (0: down). A message is acknowledged only in the
+    /// session it came in: a new session's packet ids are other messages'.
+    live: Arc<AtomicU64>,
 }
 
 impl Connection {
-    /// Connects (in the background); `subscribe`: the filters to subscribe to whenever the
-    /// broker does not have the session.
-    fn open(options: MqttOptions, subscribe: Vec<String>) -> Connection {
+    /// Connects (in the background); `subscribe`: the filters to subscribe to on every
+    /// connect; `notes`: how many notes may wait (the driver waits past it).
+    fn open(options: MqttOptions, subscribe: Vec<String>, notes: usize) -> Connection {
         let (client, events) = AsyncClient::new(options, REQUESTS);
-        let (tx, notes) = mpsc::unbounded_channel();
-        let driver = tokio::spawn(drive(events, client.clone(), subscribe, tx));
-        Connection { client, notes, driver }
+        let (tx, rx) = mpsc::channel(notes);
+        let live = Arc::new(AtomicU64::new(0));
+        let driver = tokio::spawn(drive(events, client.clone(), subscribe, tx, live.clone()));
+        Connection { client, notes: rx, driver, live }
+    }
+
+    /// Sends DISCONNECT behind what is queued (acknowledgements), waits a moment for it to go.
+    async fn close(mut self) {
+        if self.client.try_disconnect().is_ok() {
+            self.notes.close();
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.driver).await;
+        }
     }
 }
 
@@ -130,44 +157,68 @@ impl Drop for Connection {
 
 /// Polls the event loop until the connector is gone: notes what the connector needs, waits a
 /// second after a failure (the next poll reconnects).
-async fn drive(mut events: EventLoop, client: AsyncClient, subscribe: Vec<String>, tx: mpsc::UnboundedSender<Note>) {
-    let mut up = true;
+async fn drive(
+    mut events: EventLoop,
+    client: AsyncClient,
+    subscribe: Vec<String>,
+    tx: mpsc::Sender<Note>,
+    live: Arc<AtomicU64>,
+) {
+    let (mut up, mut session) = (true, 0);
     loop {
         let note = match events.poll().await {
             Ok(MqttEvent::Incoming(Incoming::ConnAck(c))) => {
                 up = true;
-                if !c.session_present && !subscribe.is_empty() {
-                    let filters =
-                        subscribe.iter().map(|f| rumqttc::v5::mqttbytes::v5::Filter::new(f, QoS::AtLeastOnce));
-                    if let Err(e) = client.try_subscribe_many(filters) {
-                        Some(Note::Down(format!("mqtt subscribe: {e}")))
-                    } else {
-                        Some(Note::Up {
-                            session_present: false,
-                            max_packet: c.properties.and_then(|p| p.max_packet_size),
-                        })
-                    }
-                } else {
-                    Some(Note::Up {
-                        session_present: c.session_present,
-                        max_packet: c.properties.and_then(|p| p.max_packet_size),
-                    })
+                if !c.session_present || session == 0 {
+                    session += 1;
+                }
+                live.store(session, Ordering::SeqCst);
+                // On every connect: a session can be there without its subscriptions (a crash
+                // between CONNECT and SUBSCRIBE, filters changed); retained messages are sent
+                // only for a subscription that is new.
+                let filters = subscribe.iter().map(|f| Filter {
+                    path: f.clone(),
+                    qos: QoS::AtLeastOnce,
+                    nolocal: false,
+                    preserve_retain: false,
+                    retain_forward_rule: RetainForwardRule::OnNewSubscribe,
+                });
+                match (subscribe.is_empty(), client.try_subscribe_many(filters)) {
+                    (false, Err(e)) => Some(Note::Down(format!("mqtt subscribe: {e}"))),
+                    _ => Some(Note::Up { session, max_packet: c.properties.and_then(|p| p.max_packet_size) }),
                 }
             }
             Ok(MqttEvent::Incoming(Incoming::Publish(p))) => Some(Note::Publish(p)),
             Ok(MqttEvent::Incoming(Incoming::PubAck(a))) => Some(Note::Acked(a.pkid, a.reason)),
+            // At most once would lose what a crash interrupts: a grant below QoS 1 is a refusal.
             Ok(MqttEvent::Incoming(Incoming::SubAck(s))) => s
                 .return_codes
                 .iter()
-                .find(|c| !matches!(c, rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)))
-                .map(|c| Note::Down(format!("mqtt subscribe refused: {c:?}"))),
+                .find(|c| !matches!(c, SubscribeReasonCode::Success(QoS::AtLeastOnce | QoS::ExactlyOnce)))
+                .map(|c| Note::Refused(format!("mqtt subscribe: {c:?}"))),
             Ok(MqttEvent::Outgoing(Outgoing::Publish(pkid))) => Some(Note::Sent(pkid)),
+            Ok(MqttEvent::Outgoing(Outgoing::Disconnect)) => return,
             Ok(_) => None,
             Err(e) => {
-                let note = up.then(|| Note::Down(format!("mqtt: {e}")));
+                live.store(0, Ordering::SeqCst);
+                let refused = matches!(
+                    &e,
+                    ConnectionError::ConnectionRefused(
+                        ConnectReturnCode::BadUserNamePassword
+                            | ConnectReturnCode::NotAuthorized
+                            | ConnectReturnCode::Banned
+                            | ConnectReturnCode::BadAuthenticationMethod
+                            | ConnectReturnCode::ClientIdentifierNotValid
+                    )
+                );
+                let note = match (refused, up) {
+                    (true, _) => Some(Note::Refused(format!("mqtt: {e}"))),
+                    (false, true) => Some(Note::Down(format!("mqtt: {e}"))),
+                    (false, false) => None,
+                };
                 up = false;
                 if let Some(n) = note {
-                    if tx.send(n).is_err() {
+                    if tx.send(n).await.is_err() {
                         return;
                     }
                 }
@@ -176,7 +227,7 @@ async fn drive(mut events: EventLoop, client: AsyncClient, subscribe: Vec<String
             }
         };
         if let Some(n) = note {
-            if tx.send(n).is_err() {
+            if tx.send(n).await.is_err() {
                 return;
             }
         }
@@ -192,11 +243,17 @@ pub struct MqttSource {
     session_expiry: u32,
     receive_maximum: u16,
     conn: Option<Connection>,
-    /// Messages published or being published, not yet acknowledged to the broker, in the order
-    /// received, by number (`None`: of a session the broker no longer has, not acknowledged).
-    held: VecDeque<(u64, Option<Publish>)>,
-    /// Packet ids of `held` (a resent one is a message held already).
+    /// The broker's session the notes are in now.
+    session: u64,
+    /// Messages published or being published, not committed yet, in the order received: by
+    /// number, with the session they came in.
+    held: VecDeque<(u64, Publish, u64)>,
+    /// Packet ids of `held` (a message sent again, `dup`, is one held already).
     holding: HashSet<u16>,
+    /// Packet ids of messages committed while the connection was down: acknowledged when the
+    /// broker sends them again in the same session, not published twice.
+    owed: HashSet<u16>,
+    refused: Option<String>,
     /// Messages committed before this open, and numbered since.
     committed: u64,
     numbered: u64,
@@ -235,13 +292,14 @@ impl MqttSource {
         let ty =
             key(config, "type", toml::Value::as_str, "a string")?.unwrap_or("evmesh.connect.mqtt.message").to_owned();
         let session_expiry = key(config, "session_expiry_secs", toml::Value::as_integer, "seconds")?.unwrap_or(86400);
-        let receive_maximum = key(config, "receive_maximum", toml::Value::as_integer, "1 to 65535")?.unwrap_or(1000);
+        let receive_maximum = key(config, "receive_maximum", toml::Value::as_integer, "1 to 1000")?.unwrap_or(1000);
         let (Ok(session_expiry), Ok(receive_maximum)) = (u32::try_from(session_expiry), u16::try_from(receive_maximum))
         else {
             return Err(ConnectError::Fatal("config.session_expiry_secs or receive_maximum: out of range".into()));
         };
-        if receive_maximum == 0 {
-            return Err(ConnectError::Fatal("config.receive_maximum: 1 to 65535".into()));
+        // Each message held is at most one acknowledgement queued: well within the requests.
+        if !(1..=1000).contains(&receive_maximum) {
+            return Err(ConnectError::Fatal("config.receive_maximum: 1 to 1000".into()));
         }
         Ok(MqttSource {
             common,
@@ -251,8 +309,11 @@ impl MqttSource {
             session_expiry,
             receive_maximum,
             conn: None,
+            session: 0,
             held: VecDeque::new(),
             holding: HashSet::new(),
+            owed: HashSet::new(),
+            refused: None,
             committed: 0,
             numbered: 0,
             nonce: 0,
@@ -285,15 +346,23 @@ impl MqttSource {
         binding::with_plain_data(b, ct, &p.payload).build().expect("id, source and type are set")
     }
 
-    /// Acknowledges every held message numbered below `n`.
+    /// Acknowledges every held message numbered below `n`, in order: now if the connection is
+    /// up in its session, when the broker sends it again if down (same session), never if the
+    /// session is gone (the broker forgot it).
     fn ack_below(&mut self, n: u64) -> Result<(), ConnectError> {
         let Some(conn) = &self.conn else { return Ok(()) };
-        while self.held.front().is_some_and(|(m, _)| *m < n) {
-            let (_, p) = self.held.pop_front().expect("a front");
-            if let Some(p) = p {
-                self.holding.remove(&p.pkid);
-                conn.client.try_ack(&p).map_err(|e| ConnectError::Transient(format!("mqtt ack: {e}")))?;
+        while let Some((m, p, session)) = self.held.front() {
+            if *m >= n {
+                break;
             }
+            if conn.live.load(Ordering::SeqCst) == *session {
+                // Taken off only once queued: a full queue leaves it (and the order) for later.
+                conn.client.try_ack(p).map_err(|e| ConnectError::Transient(format!("mqtt ack: {e}")))?;
+            } else if *session == self.session {
+                self.owed.insert(p.pkid);
+            }
+            self.holding.remove(&p.pkid);
+            self.held.pop_front();
         }
         Ok(())
     }
@@ -301,25 +370,35 @@ impl MqttSource {
     /// Takes one note of the connection; a new message is numbered and added to `out`.
     fn note(&mut self, note: Note, out: &mut Vec<SourceRecord>) {
         match note {
-            Note::Up { session_present, .. } => {
+            Note::Up { session, .. } => {
                 self.down = None;
-                if !session_present {
-                    // A new session: the broker forgot what it sent; nothing held is acked.
-                    self.holding.clear();
-                    self.held.iter_mut().for_each(|(_, p)| *p = None);
+                if session != self.session {
+                    // Another session: the broker forgot what it sent; nothing of it is owed.
+                    (self.session, self.holding, self.owed) = (session, HashSet::new(), HashSet::new());
                 }
             }
             Note::Down(why) => self.down = Some(why),
+            Note::Refused(why) => self.refused = Some(why),
             Note::Publish(p) => {
                 let acked = p.qos != QoS::AtMostOnce;
-                if acked && !self.holding.insert(p.pkid) {
-                    return; // sent again while still held: it is being published already
+                if acked && p.dup {
+                    if self.owed.remove(&p.pkid) {
+                        // Committed already: its acknowledgement was lost with a connection.
+                        if let Some(conn) = &self.conn {
+                            let _ = conn.client.try_ack(&p);
+                        }
+                        return;
+                    }
+                    if self.holding.contains(&p.pkid) {
+                        return; // held already: being published
+                    }
                 }
                 let n = self.numbered;
                 self.numbered += 1;
                 let event = self.event(&p, n);
                 if acked {
-                    self.held.push_back((n, Some(p)));
+                    self.holding.insert(p.pkid);
+                    self.held.push_back((n, p, self.session));
                 }
                 out.push(SourceRecord { event, position: json!({ "committed": self.committed + n + 1 }) });
             }
@@ -333,13 +412,14 @@ impl Source for MqttSource {
     async fn open(&mut self, from: Option<Position>) -> Result<(), ConnectError> {
         self.close().await;
         self.committed = from.as_ref().and_then(|p| p.get("committed")?.as_u64()).unwrap_or(0);
-        (self.numbered, self.nonce, self.down) = (0, fastrand::u64(..), None);
+        (self.numbered, self.nonce, self.down, self.refused, self.session) = (0, fastrand::u64(..), None, None, 0);
         let mut o = self.common.options();
         o.set_clean_start(false)
             .set_session_expiry_interval(Some(self.session_expiry))
             .set_manual_acks(true)
             .set_receive_maximum(Some(self.receive_maximum));
-        self.conn = Some(Connection::open(o, self.filters.clone()));
+        let notes = usize::from(self.receive_maximum) + 64;
+        self.conn = Some(Connection::open(o, self.filters.clone(), notes));
         Ok(())
     }
 
@@ -358,8 +438,9 @@ impl Source for MqttSource {
             };
             self.note(note, &mut out);
         }
-        match (&self.down, out.is_empty()) {
-            (Some(why), true) => Err(ConnectError::Transient(why.clone())),
+        match (&self.refused, &self.down, out.is_empty()) {
+            (Some(why), _, _) => Err(ConnectError::Fatal(why.clone())),
+            (_, Some(why), true) => Err(ConnectError::Transient(why.clone())),
             _ => Ok(out),
         }
     }
@@ -370,10 +451,14 @@ impl Source for MqttSource {
     }
 
     async fn close(&mut self) {
-        // Unacknowledged messages stay with the broker's session, sent again on the next open.
-        self.conn = None;
+        // The acknowledgements queued go out before the DISCONNECT; the messages not
+        // acknowledged stay with the broker's session, sent again on the next open.
+        if let Some(c) = self.conn.take() {
+            c.close().await;
+        }
         self.held.clear();
         self.holding.clear();
+        self.owed.clear();
     }
 }
 
@@ -441,7 +526,7 @@ impl MqttSink {
         }
         let mut o = self.common.options();
         o.set_clean_start(true);
-        let mut conn = Connection::open(o, Vec::new());
+        let mut conn = Connection::open(o, Vec::new(), 256);
         match tokio::time::timeout(self.ack_timeout, conn.notes.recv()).await {
             Ok(Some(Note::Up { max_packet, .. })) => {
                 self.max_packet = max_packet;
@@ -449,11 +534,26 @@ impl MqttSink {
                 Ok(())
             }
             Ok(Some(Note::Down(why))) => Err(ConnectError::Transient(why)),
+            Ok(Some(Note::Refused(why))) => Err(ConnectError::Fatal(why)),
             _ => Err(ConnectError::Transient("mqtt: no answer to CONNECT".into())),
         }
     }
 
     async fn put_with(&mut self, events: &[Event]) -> Result<(), SinkError> {
+        // What happened while idle: a connection lost (and perhaps found again) is a new one
+        // now, rather than a batch published into it and failed.
+        let mut lost = false;
+        while let Some(note) = self.conn.as_mut().and_then(|c| c.notes.try_recv().ok()) {
+            match note {
+                Note::Down(_) => lost = true,
+                Note::Refused(why) => return Err(ConnectError::Fatal(why).into()),
+                Note::Up { max_packet, .. } => (self.max_packet, lost) = (max_packet, false),
+                _ => {}
+            }
+        }
+        if lost {
+            self.conn = None;
+        }
         self.connected().await?;
         let conn = self.conn.as_mut().expect("connected");
         // The events published, in order; packet id -> index once sent.
@@ -510,6 +610,7 @@ impl MqttSink {
                     }
                 }
                 Note::Down(why) => return Err(ConnectError::Transient(why).into()),
+                Note::Refused(why) => return Err(ConnectError::Fatal(why).into()),
                 Note::Up { .. } | Note::Publish(_) => {}
             }
         }
@@ -562,7 +663,9 @@ impl Sink for MqttSink {
     }
 
     async fn close(&mut self) {
-        self.conn = None;
+        if let Some(c) = self.conn.take() {
+            c.close().await;
+        }
     }
 }
 

@@ -311,3 +311,34 @@ fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+#[test]
+#[ignore = "needs mosquitto (Debian's mosquitto; scripts/test.sh installs it)"]
+fn a_source_subscribes_in_a_session_the_broker_kept_without_its_subscription() {
+    let m = Mosquitto::start("");
+    let broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let output = files.join("out.jsonl");
+    // The session is there (a crash between CONNECT and SUBSCRIBE leaves it so), its
+    // subscription is not: the connector subscribes on every connect.
+    drop(Client::connect(&m, Some("evmesh-connect-in")));
+    write_connector(
+        &cfg,
+        "in.toml",
+        &format!(
+            "name = \"in\"\nkind = \"source\"\nconnector = \"mqtt\"\ntopic = \"fromm\"\n[config]\nbroker = \"{}\"\ntopics = [\"in/#\"]\n",
+            m.broker()
+        ),
+    );
+    file_sink(&cfg, "out", "fromm", "fromm-file", &output);
+    let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    let mut producer = Client::connect(&m, None);
+    wait_for(Duration::from_secs(20), || {
+        producer.publish("in/a", b"{\"probe\":1}", Default::default());
+        (!written(&output).is_empty()).then_some(())
+    });
+    drop(connect);
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
