@@ -30,6 +30,8 @@ type Series = (&'static str, &'static str, fn(&crate::task::Counts) -> u64);
 pub struct Admin {
     pub connectors: BTreeMap<String, Arc<Connector>>,
     pub store: Store,
+    /// Where sinks' lag comes from, if evmesh's admin listener was given.
+    pub evmesh_admin: Option<crate::lag::EvmeshAdmin>,
 }
 
 impl Admin {
@@ -48,13 +50,16 @@ impl Admin {
         let method = req.method().clone();
         match (parts.as_slice(), &method) {
             (["connectors"], &Method::GET) => {
-                let all: Vec<Value> = self.connectors.values().map(|c| c.status(&self.store)).collect();
+                let mut all = Vec::with_capacity(self.connectors.len());
+                for c in self.connectors.values() {
+                    all.push(self.status(c).await);
+                }
                 answer(StatusCode::OK, &json!(all))
             }
             (["connectors"], _) => not_allowed("GET"),
             (["connectors", name], m) => match (self.connectors.get(*name), m) {
                 (None, _) => problem(StatusCode::NOT_FOUND, &format!("no connector {name}")),
-                (Some(c), &Method::GET) => answer(StatusCode::OK, &c.status(&self.store)),
+                (Some(c), &Method::GET) => answer(StatusCode::OK, &self.status(c).await),
                 (Some(_), _) => not_allowed("GET"),
             },
             (["connectors", name, action], m) => {
@@ -76,6 +81,17 @@ impl Admin {
             (["metrics"] | ["readyz"], _) => not_allowed("GET"),
             _ => problem(StatusCode::NOT_FOUND, &format!("no {path}")),
         }
+    }
+
+    /// A connector's status; a sink's with its lag when evmesh's admin listener tells it.
+    async fn status(&self, c: &Connector) -> Value {
+        let mut v = c.status(&self.store);
+        if let (Some(admin), Some(s)) = (&self.evmesh_admin, &c.config.subscription) {
+            if let Some(lag) = admin.lags().await.and_then(|l| l.get(s).copied()) {
+                v["lag"] = json!({ "records": lag });
+            }
+        }
+        v
     }
 
     /// Pause, resume or restart; answers the state once the connector took it (at most 5 s).

@@ -27,6 +27,9 @@ pub struct Args {
     /// The admin API's address.
     #[arg(long, env = "EVMESH_CONNECT_ADMIN_LISTEN", default_value = "127.0.0.1:8090")]
     pub admin_listen: SocketAddr,
+    /// evmesh's admin listener's URL (optional): a sink's status then has its lag.
+    #[arg(long, env = "EVMESH_CONNECT_EVMESH_ADMIN")]
+    pub evmesh_admin: Option<String>,
 }
 
 /// Whether a connector reads into evmesh or writes out of it.

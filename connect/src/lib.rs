@@ -15,6 +15,7 @@ pub mod config;
 pub mod connectors;
 pub mod fault;
 pub mod http;
+pub mod lag;
 pub mod spi;
 pub mod store;
 pub mod task;
@@ -33,6 +34,8 @@ pub enum StartError {
     Client(#[from] evmesh_client::Error),
     #[error("admin listener {0}: {1}")]
     Listen(std::net::SocketAddr, std::io::Error),
+    #[error("--evmesh-admin: {0}")]
+    Http(reqwest::Error),
 }
 
 /// Starts every connector of `args.config_dir` and the admin API; runs until the process ends.
@@ -69,6 +72,10 @@ pub async fn run(args: config::Args) -> Result<(), StartError> {
     );
     // One line on stdout, for supervisors and tests that bound port 0.
     println!("evmesh-connect ready admin={bound}");
-    Arc::new(admin::Admin { connectors, store }).serve(listener).await;
+    let evmesh_admin = match &args.evmesh_admin {
+        Some(url) => Some(lag::EvmeshAdmin::new(url, args.token.clone()).map_err(StartError::Http)?),
+        None => None,
+    };
+    Arc::new(admin::Admin { connectors, store, evmesh_admin }).serve(listener).await;
     Ok(())
 }

@@ -69,6 +69,13 @@ pub trait Source: Send {
         Ok(())
     }
 
+    /// What the external system has past the last record polled, in the source's unit
+    /// (`{"records": n}` or `{"bytes": n}`); `None` when it cannot tell (a push source). Asked
+    /// at most every few seconds.
+    async fn lag(&mut self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// The connector stops (a pause, a restart, the process ending).
     async fn close(&mut self) {}
 }

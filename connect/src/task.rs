@@ -36,6 +36,8 @@ const LINGER: Duration = Duration::from_millis(20);
 const SINK_ACK_TIMEOUT: Duration = Duration::from_secs(600);
 const SINK_MAX_ATTEMPTS: u32 = 100;
 /// Retries of a failing call back off between these.
+/// A source's lag is asked at most this often.
+const LAG_EVERY: Duration = Duration::from_secs(2);
 const BACKOFF: Backoff = Backoff { min: Duration::from_millis(100), max: Duration::from_secs(5) };
 
 /// What the admin API asks of a connector.
@@ -98,13 +100,16 @@ pub struct Connector {
     pub config: ConnectorConfig,
     pub counts: Counts,
     state: Mutex<(State, Option<Position>)>,
+    /// A source's lag, as it last told it.
+    lag: Mutex<Option<Value>>,
     control: watch::Sender<(Control, u64)>,
 }
 
 impl Connector {
     pub fn new(config: ConnectorConfig) -> Arc<Connector> {
         let (control, _) = watch::channel((Control::Run, 0));
-        Arc::new(Connector { config, counts: Counts::default(), state: Mutex::new((State::Starting, None)), control })
+        let (state, lag) = (Mutex::new((State::Starting, None)), Mutex::new(None));
+        Arc::new(Connector { config, counts: Counts::default(), state, lag, control })
     }
 
     pub fn state(&self) -> State {
@@ -148,7 +153,20 @@ impl Connector {
         if let State::Failed(why) = state {
             v["error"] = json!(why);
         }
+        if let Some(lag) = self.lag.lock().expect("not poisoned").clone() {
+            v["lag"] = lag;
+        }
         v
+    }
+
+    /// Asks the source its lag if it was not asked within [`LAG_EVERY`].
+    async fn measure_lag(&self, source: &mut dyn Source, asked: &mut Option<Instant>) {
+        if asked.is_some_and(|at| at.elapsed() < LAG_EVERY) {
+            return;
+        }
+        *asked = Some(Instant::now());
+        let lag = source.lag().await;
+        *self.lag.lock().expect("not poisoned") = lag;
     }
 
     /// Runs the connector until the process ends; a panic in it marks it failed (so
@@ -238,11 +256,12 @@ impl Connector {
         control: &mut watch::Receiver<(Control, u64)>,
     ) -> Result<(), String> {
         let (name, topic) = (&self.config.name, &self.config.topic);
-        let mut attempt = 0;
+        let (mut attempt, mut lag_asked) = (0, None);
         loop {
             if control.has_changed().unwrap_or(true) {
                 return Ok(());
             }
+            self.measure_lag(source, &mut lag_asked).await;
             let records = match source.poll(self.config.batch, POLL_WAIT).await {
                 Ok(r) => r,
                 Err(ConnectError::Fatal(e)) => return Err(e),

@@ -284,6 +284,18 @@ impl Source for FileSource {
             tokio::time::sleep(IDLE).await;
         }
     }
+    async fn lag(&mut self) -> Option<Value> {
+        // The bytes of the file being read past what was taken, and of the one now at the
+        // path when it was rotated.
+        let r = self.open.as_ref()?;
+        let mut bytes = r.file.metadata().ok()?.len().saturating_sub(r.offset);
+        if let Ok(m) = std::fs::metadata(&self.path) {
+            if m.ino() != r.inode {
+                bytes += m.len();
+            }
+        }
+        Some(json!({ "bytes": bytes }))
+    }
 }
 
 /// The file sink (see the module doc).
@@ -484,6 +496,25 @@ mod tests {
             })
             .collect();
         assert_eq!(data, lines, "every line, in order, none skipped");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_lag_is_the_bytes_not_taken_and_those_of_the_file_rotated_in() {
+        let dir = std::env::temp_dir().join(format!("evmesh-connect-fs-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("in.txt");
+        std::fs::write(&path, format!("{}\n", "x".repeat(80)).repeat(20)).unwrap();
+        let mut config = toml::Table::new();
+        config.insert("path".into(), path.display().to_string().into());
+        let mut s = FileSource::new(&config).unwrap();
+        assert_eq!(s.lag().await, None, "not open");
+        s.open(None).await.unwrap();
+        assert_eq!(s.poll(2, Duration::from_millis(50)).await.unwrap().len(), 2);
+        assert_eq!(s.lag().await, Some(json!({"bytes": 18 * 81})));
+        std::fs::rename(&path, dir.join("in.txt.1")).unwrap();
+        std::fs::write(&path, "new\n").unwrap();
+        assert_eq!(s.lag().await, Some(json!({"bytes": 18 * 81 + 4})));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -388,7 +388,7 @@ fn encoded(v: &str) -> String {
 }
 
 /// rustls with the web's roots (webhook receivers are public or named in `headers`).
-fn tls() -> rustls::ClientConfig {
+pub(crate) fn tls() -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -82,6 +82,8 @@ pub struct KafkaSource {
     consumer: Option<BaseConsumer>,
     /// The next offset of each partition read.
     next: BTreeMap<i32, i64>,
+    /// The partitions assigned.
+    partitions: Vec<i32>,
 }
 
 impl KafkaSource {
@@ -92,7 +94,13 @@ impl KafkaSource {
             Some("latest") => true,
             Some(s) => return Err(ConnectError::Fatal(format!("config.start {s:?}: earliest or latest"))),
         };
-        Ok(KafkaSource { common: common(config)?, latest, consumer: None, next: BTreeMap::new() })
+        Ok(KafkaSource {
+            common: common(config)?,
+            latest,
+            consumer: None,
+            next: BTreeMap::new(),
+            partitions: Vec::new(),
+        })
     }
 
     /// A record as an event (see the module doc).
@@ -178,7 +186,7 @@ impl Source for KafkaSource {
             list.add_partition_offset(&topic, *p, at).map_err(|e| transient("assign", e))?;
         }
         consumer.assign(&list).map_err(|e| transient("assign", e))?;
-        self.next = next;
+        (self.next, self.partitions) = (next, partitions);
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -212,6 +220,20 @@ impl Source for KafkaSource {
             (Some(e), true) => Err(e),
             _ => Ok(out),
         }
+    }
+
+    async fn lag(&mut self) -> Option<serde_json::Value> {
+        // Each partition's high watermark past the next offset to read (its low one when none
+        // was read yet).
+        let consumer = self.consumer.as_ref()?;
+        let topic = &self.common.topic;
+        let mut records = 0;
+        for p in &self.partitions {
+            let (low, high) =
+                tokio::task::block_in_place(|| consumer.fetch_watermarks(topic, *p, Duration::from_secs(5))).ok()?;
+            records += (high - self.next.get(p).copied().unwrap_or(low)).max(0);
+        }
+        Some(json!({ "records": records }))
     }
 
     async fn close(&mut self) {

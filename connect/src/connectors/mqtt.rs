@@ -382,10 +382,14 @@ impl MqttSource {
             Note::Publish(p) => {
                 let acked = p.qos != QoS::AtMostOnce;
                 if acked && p.dup {
-                    if self.owed.remove(&p.pkid) {
+                    if self.owed.contains(&p.pkid) {
                         // Committed already: its acknowledgement was lost with a connection.
+                        // Sent only while the connection is up in this session (else it stays
+                        // owed, for the next resend).
                         if let Some(conn) = &self.conn {
-                            let _ = conn.client.try_ack(&p);
+                            if conn.live.load(Ordering::SeqCst) == self.session && conn.client.try_ack(&p).is_ok() {
+                                self.owed.remove(&p.pkid);
+                            }
                         }
                         return;
                     }

@@ -128,11 +128,19 @@ struct Connect {
     config: PathBuf,
     data: PathBuf,
     admin: SocketAddr,
+    /// More environment for the process (its `EVMESH_CONNECT_*` settings).
+    env: Vec<(String, String)>,
 }
 
 impl Connect {
     fn start(evmesh: String, config: PathBuf, data: PathBuf) -> Connect {
-        let mut c = Connect { child: None, fault: None, evmesh, config, data, admin: "127.0.0.1:0".parse().unwrap() };
+        Connect::start_with_env(evmesh, config, data, &[])
+    }
+
+    fn start_with_env(evmesh: String, config: PathBuf, data: PathBuf, env: &[(&str, &str)]) -> Connect {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut c =
+            Connect { child: None, fault: None, evmesh, config, data, admin: "127.0.0.1:0".parse().unwrap(), env };
         c.spawn();
         c
     }
@@ -145,7 +153,8 @@ impl Connect {
     /// Started with `EVMESH_CONNECT_TEST_FAULT=fault` (not waited for: it may abort first).
     fn start_with_fault(evmesh: String, config: PathBuf, data: PathBuf, fault: &str) -> Connect {
         let admin = "127.0.0.1:0".parse().unwrap();
-        let mut c = Connect { child: None, fault: Some(fault.to_owned()), evmesh, config, data, admin };
+        let mut c =
+            Connect { child: None, fault: Some(fault.to_owned()), evmesh, config, data, admin, env: Vec::new() };
         c.spawn();
         c
     }
@@ -157,6 +166,7 @@ impl Connect {
             .arg(&self.config)
             .arg("--data-dir")
             .arg(&self.data);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let fault = self.fault.take();
         if let Some(f) = &fault {
             cmd.env("EVMESH_CONNECT_TEST_FAULT", f);
@@ -192,6 +202,16 @@ impl Connect {
     fn get(&self, path: &str) -> (u16, Value) {
         let (s, _, b) = http(self.admin, "GET", path, None);
         (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
+    }
+
+    /// One of a connector's counts (`GET /connectors/{name}`), 0 before it has any.
+    fn count(&self, name: &str, key: &str) -> u64 {
+        self.get(&format!("/connectors/{name}")).1["counts"][key].as_u64().unwrap_or(0)
+    }
+
+    /// Waits until the connector `name` retried (its far side away) at least once.
+    fn retried(&self, name: &str) {
+        wait_for(Duration::from_secs(30), || (self.count(name, "retried") >= 1).then_some(()));
     }
 
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, BTreeMap<String, String>, Value) {
@@ -499,6 +519,31 @@ fn the_admin_api_lists_pauses_resumes_and_resets_a_source() {
     assert_eq!((s, st["state"].as_str()), (200, Some("running")));
     append(&input, lines(20..25));
     exactly_once(&output, 0..25);
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[test]
+fn a_sinks_lag_comes_from_evmeshs_admin_listener_and_a_sources_from_its_far_side() {
+    let broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let (input, output) = pipeline(&cfg, &files);
+    let admin = format!("http://{}", broker.admin);
+    let connect =
+        Connect::start_with_env(broker.url(), cfg.clone(), data.clone(), &[("EVMESH_CONNECT_EVMESH_ADMIN", &admin)]);
+    append(&input, lines(0..50));
+    exactly_once(&output, 0..50);
+    let lag = |name: &str| connect.get(&format!("/connectors/{name}")).1["lag"].clone();
+    wait_for(Duration::from_secs(30), || (lag("in") == json!({"bytes": 0})).then_some(()));
+    wait_for(Duration::from_secs(30), || (lag("out") == json!({"records": 0})).then_some(()));
+    // The sink paused: what the source publishes meanwhile is its lag.
+    assert_eq!(connect.call("POST", "/connectors/out/pause", None).2["state"], "paused");
+    append(&input, lines(50..55));
+    wait_for(Duration::from_secs(30), || (lag("out") == json!({"records": 5})).then_some(()));
+    connect.call("POST", "/connectors/out/resume", None);
+    exactly_once(&output, 0..55);
+    wait_for(Duration::from_secs(30), || (lag("out") == json!({"records": 0})).then_some(()));
     for d in [cfg, data, files] {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -846,6 +891,9 @@ mod on_kafka {
         assert!((20..=27).contains(&published), "published {published} after the restart");
         let by_id = |id: &str| got.iter().find(|e| e["id"] == id).unwrap().clone();
         assert_eq!(by_id("bin-1")["data"], json!({"sku": "A"}));
+        // Caught up: nothing past the next offsets.
+        let lag = || connect.get("/connectors/in").1["lag"].clone();
+        wait_for(Duration::from_secs(30), || (lag() == json!({"records": 0})).then_some(()));
         assert_eq!(by_id("st-1")["data"], "x");
         let plain: Vec<&Value> = got.iter().filter(|e| e["type"] == "evmesh.connect.kafka.record").collect();
         assert_eq!(plain.len(), 50);

@@ -271,7 +271,7 @@ fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_
     drop(consumer);
     let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     let event = |i: usize, data: Value| json!({"specversion": "1.0", "id": format!("e{i}"), "source": "/s", "type": "t", "subject": "s", "data": data});
-    let put = || connect.get("/connectors/out").1["counts"]["put"].as_u64().unwrap_or(0);
+    let put = || connect.count("out", "put");
     for i in 0..10 {
         publish(&broker, "tom", &event(i, json!({"i": i})));
     }
@@ -289,9 +289,7 @@ fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_
     for i in 15..25 {
         publish(&broker, "tom", &event(i, json!({"i": i})));
     }
-    wait_for(Duration::from_secs(30), || {
-        (connect.get("/connectors/out").1["counts"]["retried"].as_u64() >= Some(1)).then_some(())
-    });
+    connect.retried("out");
     assert_eq!(put(), 15, "nothing put while the broker is away");
     m.up();
     wait_for(Duration::from_secs(60), || (put() == 25).then_some(()));

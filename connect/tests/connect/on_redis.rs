@@ -129,13 +129,11 @@ fn the_redis_source_reads_each_entry_once_through_a_crash_after_the_202_and_a_re
     connect.aborted();
     connect.spawn();
     wait_for(Duration::from_secs(30), || (written(&output).len() >= 31).then_some(()));
-    let published = connect.get("/connectors/in").1["counts"]["published"].as_u64().unwrap();
+    let published = connect.count("in", "published");
     assert_eq!(published, 31 - 7, "from the stored position: the crashed batch again, then the rest");
     // Redis goes away (the connector retries) and comes back with its data.
     r.down();
-    wait_for(Duration::from_secs(30), || {
-        (connect.get("/connectors/in").1["counts"]["retried"].as_u64() >= Some(1)).then_some(())
-    });
+    connect.retried("in");
     r.up();
     for i in 30..40 {
         xadd(&r, "orders", &[("n", &i.to_string()), ("sku", "A")]);
@@ -185,15 +183,13 @@ fn the_redis_sink_adds_each_event_once_through_a_crash_before_the_ack_and_a_redi
     assert!(!r.entries("events").is_empty(), "the batch was written before the crash");
     connect.spawn();
     wait_for(Duration::from_secs(30), || (r.entries("events").len() >= 10).then_some(()));
-    let put = || connect.get("/connectors/out").1["counts"]["put"].as_u64().unwrap_or(0);
+    let put = || connect.count("out", "put");
     wait_for(Duration::from_secs(30), || (put() >= 1).then_some(()));
     r.down();
     for i in 10..20 {
         publish(&broker, "tor", &event(i));
     }
-    wait_for(Duration::from_secs(30), || {
-        (connect.get("/connectors/out").1["counts"]["retried"].as_u64() >= Some(1)).then_some(())
-    });
+    connect.retried("out");
     r.up();
     wait_for(Duration::from_secs(60), || (r.entries("events").len() >= 20).then_some(()));
     let got = r.entries("events");
