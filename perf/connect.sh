@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-100000}; ROUNDS=${ROUNDS:-3}; BATCH=${BATCH:-500}
 PEERS=0 source perf/common.sh
-CONNECT=$CARGO_TARGET_DIR/release/evmesh-connect
+CONNECT=${CONNECT:-$CARGO_TARGET_DIR/release/evmesh-connect}
 OUT=$ROOT/perf/results/connect-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 WORK=$(mktemp -d /var/tmp/evmesh-connect-perf.XXXX); chmod 755 "$WORK"
 PGBIN=$(ls -d /usr/lib/postgresql/*/bin | head -1)
