@@ -1008,6 +1008,52 @@ mod on_kafka {
 
     #[test]
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
+    fn a_kafka_source_whose_broker_stops_answering_goes_on_where_it_was() {
+        let kafka = OwnTansu::start();
+        let broker = Broker::start();
+        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let output = files.join("out.jsonl");
+        let topic = kafka_topic_on(&kafka.addr, "srcaway", 1);
+        let p: BaseProducer = ClientConfig::new().set("bootstrap.servers", &kafka.addr).create().unwrap();
+        let produce_range = |r: std::ops::Range<usize>| {
+            for i in r {
+                produce(&p, &topic, None, &[], format!("{{\"n\":{i}}}").as_bytes());
+            }
+            p.flush(Duration::from_secs(10)).unwrap();
+        };
+        produce_range(0..20);
+        write_connector(
+            &cfg,
+            "in.toml",
+            &format!(
+                "name = \"in\"\nkind = \"source\"\nconnector = \"kafka\"\ntopic = \"froma\"\n[config]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n",
+                kafka.addr
+            ),
+        );
+        file_sink(&cfg, "out", "froma", "froma-file", &output);
+        let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+        wait_for(Duration::from_secs(60), || (written(&output).len() >= 20).then_some(()));
+        // The broker stops answering (SIGSTOP) until the source cannot even ask its lag, then
+        // comes back: what is produced then is read from the source's position, once.
+        kafka.signal("-STOP");
+        let lag = || connect.get("/connectors/in").1["lag"].clone();
+        wait_for(Duration::from_secs(30), || lag().is_null().then_some(()));
+        kafka.signal("-CONT");
+        produce_range(20..30);
+        let got = wait_for(Duration::from_secs(60), || {
+            let w = written(&output);
+            (w.len() >= 30).then_some(w)
+        });
+        let ids: std::collections::BTreeSet<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
+        assert_eq!((got.len(), ids.len()), (30, 30), "each record once");
+        wait_for(Duration::from_secs(30), || (lag() == json!({"records": 0})).then_some(()));
+        for d in [cfg, data, files] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn the_kafka_sink_produces_each_event_in_the_binary_binding() {
         let broker = Broker::start();
         let (cfg, data) = (temp("cfg"), temp("data"));
