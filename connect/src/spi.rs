@@ -61,6 +61,13 @@ pub trait Source: Send {
     /// Opens the source at `from` (the last committed position; `None`: from its start).
     async fn open(&mut self, from: Option<Position>) -> Result<(), ConnectError>;
 
+    /// Where it started, when it opened from no position and that start is not stable (a
+    /// `latest` made a position): the runtime stores it at once, so a restart before the first
+    /// batch starts from the same place.
+    async fn start_position(&mut self) -> Option<Position> {
+        None
+    }
+
     /// At most `max` records, waiting at most `wait` for the first (none: an empty batch).
     async fn poll(&mut self, max: usize, wait: Duration) -> Result<Vec<SourceRecord>, ConnectError>;
 

@@ -231,8 +231,16 @@ impl Connector {
         let mut attempt = 0;
         loop {
             let from = store.position(name).map_err(|e| e.to_string())?;
+            let fresh = from.is_none();
             match source.open(from).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    let start = if fresh { source.start_position().await } else { None };
+                    if let Some(start) = start {
+                        store.set_position(name, Some(&start)).map_err(|e| e.to_string())?;
+                        self.set_position(start);
+                    }
+                    break;
+                }
                 Err(ConnectError::Fatal(e)) => return Err(e),
                 Err(ConnectError::Transient(e)) => {
                     eprintln!("evmesh-connect: {name}: opening: {e}");

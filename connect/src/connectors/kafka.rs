@@ -103,6 +103,11 @@ impl KafkaSource {
         })
     }
 
+    /// The next offset of each partition, as a position.
+    fn position(&self) -> Position {
+        json!({ "partitions": self.next.iter().map(|(p, o)| (p.to_string(), json!(o))).collect::<serde_json::Map<_, _>>() })
+    }
+
     /// A record as an event (see the module doc).
     fn event(&self, m: &BorrowedMessage<'_>) -> Option<Event> {
         let headers: Vec<(&str, &[u8])> =
@@ -206,7 +211,7 @@ impl Source for KafkaSource {
                     }
                     Some(Ok(m)) => {
                         self.next.insert(m.partition(), m.offset() + 1);
-                        let position = json!({ "partitions": self.next.iter().map(|(p, o)| (p.to_string(), json!(o))).collect::<serde_json::Map<_, _>>() });
+                        let position = self.position();
                         if let Some(event) = self.event(&m) {
                             out.push(SourceRecord { event, position });
                         }
@@ -220,6 +225,10 @@ impl Source for KafkaSource {
             (Some(e), true) => Err(e),
             _ => Ok(out),
         }
+    }
+
+    async fn start_position(&mut self) -> Option<Position> {
+        self.latest.then(|| self.position())
     }
 
     async fn lag(&mut self) -> Option<serde_json::Value> {

@@ -8,47 +8,59 @@
 //!   `ce_*` fields is that event in the binary mode (`content-type` and `data` fields beside
 //!   them); any other becomes an event whose `data` is the entry's fields as a JSON object, with
 //!   `id = "<stream>-<entry id>"` (the same on every re-read). A stream trimmed past the
-//!   position is read from its first entry kept.
-//! * **Sink** (`url`, `stream` required; `maxlen` = none, `dedupe_ttl_secs` = 7 days): each
-//!   event is an entry in the binary mode (`ce_*` fields, `content-type`, `data`), added by one
-//!   script per batch that adds an event only if its `(source, id)` key is not there yet and
-//!   then sets that key (with the TTL): an event delivered again after a crash is added once,
-//!   within the TTL. Redis refuses no single entry for itself, so nothing is dead-lettered; a
-//!   key of another type fails the connector, anything else is retried.
+//!   position is read from its first entry kept. `latest` is stored as the position as soon as
+//!   the connector opens, so a restart before its first batch skips nothing.
+//! * **Sink** (`url`, `stream` required; `maxlen` = none, `dedupe_ttl_secs` = 7 days (at most
+//!   10 years), `wait_replicas` = 0): each event is an entry in the binary mode (`ce_*` fields,
+//!   `content-type`, `data`), added by a script (per at most 8 MiB of a batch) that adds an
+//!   event only if its key (a SHA-256 of the stream, source and id, in the stream's hash slot)
+//!   is not there yet and then sets that key with the TTL: an event delivered again after a
+//!   crash is added once, within the TTL. Redis answers once a write is in its memory: with
+//!   `appendfsync always` it is on its disk too; with `wait_replicas` = n the batch is done
+//!   only once n replicas have it (`WAIT`), else it is retried. An event of over 3,900 fields
+//!   is refused (the dead-letter topic); a key of another type, a refused login, a cluster's
+//!   redirection or a RESP3 URL fail the connector; anything else is retried.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
 use serde_json::{json, Map};
 
 use super::{binding, key, only_keys, undelivered};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
-/// Adds the events not added yet (see the module doc). KEYS[1]: the stream; ARGV: the dedupe
-/// keys' prefix, their TTL, MAXLEN (0: none), then per event its key, its field count and
-/// fields. The key is set after the entry is added, so an error between leaves no key.
+/// Adds the events not added yet (see the module doc). KEYS[1]: the stream, then each event's
+/// dedupe key; ARGV: the keys' TTL, MAXLEN (0: none), then per event its field count and
+/// fields. The key is set after the entry is added, and nothing that can fail comes between.
 const ADD_ONCE: &str = r"
-local i, added = 4, 0
-while i <= #ARGV do
-  local seen, n = ARGV[1] .. ARGV[i], tonumber(ARGV[i + 1])
-  if redis.call('EXISTS', seen) == 0 then
+local a, added = 3, 0
+for k = 2, #KEYS do
+  local n = tonumber(ARGV[a])
+  if redis.call('EXISTS', KEYS[k]) == 0 then
     local args = {KEYS[1]}
-    if ARGV[3] ~= '0' then
-      args[#args + 1] = 'MAXLEN'; args[#args + 1] = '~'; args[#args + 1] = ARGV[3]
+    if ARGV[2] ~= '0' then
+      args[#args + 1] = 'MAXLEN'; args[#args + 1] = '~'; args[#args + 1] = ARGV[2]
     end
     args[#args + 1] = '*'
-    for j = 0, 2 * n - 1 do args[#args + 1] = ARGV[i + 2 + j] end
+    for j = 1, 2 * n do args[#args + 1] = ARGV[a + j] end
     redis.call('XADD', unpack(args))
-    redis.call('SET', seen, '1', 'EX', ARGV[2])
+    redis.call('SET', KEYS[k], '1', 'EX', ARGV[1])
     added = added + 1
   end
-  i = i + 2 + 2 * n
+  a = a + 1 + 2 * n
 end
 return added
 ";
+
+/// Bytes of events per script call, about (a batch is split; each call is idempotent).
+const CALL_BYTES: usize = 8 << 20;
+/// Fields of one event, at most (Lua's `unpack` takes about 8,000 values).
+const MAX_FIELDS: usize = 3900;
+/// The longest dedupe TTL taken (Redis refuses an expiry past about 2^63 ms).
+const MAX_TTL_SECS: i64 = 10 * 365 * 86400;
 
 /// `url` and `stream`, as both connectors take them.
 struct Common {
@@ -59,6 +71,9 @@ struct Common {
 fn common(config: &toml::Table) -> Result<Common, ConnectError> {
     let url = key(config, "url", toml::Value::as_str, "redis://[:password@]host:port[/db]")?
         .ok_or_else(|| ConnectError::Fatal("config.url: the Redis URL is required".into()))?;
+    if url.contains("protocol=") && !url.contains("protocol=resp2") {
+        return Err(ConnectError::Fatal("config.url: RESP2 only (no protocol=resp3)".into()));
+    }
     let client = redis::Client::open(url).map_err(|e| ConnectError::Fatal(format!("config.url: {e}")))?;
     let stream = key(config, "stream", toml::Value::as_str, "a stream's key")?
         .filter(|s| !s.is_empty())
@@ -77,11 +92,16 @@ impl Common {
     }
 }
 
-/// A Redis error as the runtime takes it: a key of another type is the configuration's.
+/// A Redis error as the runtime takes it: what the configuration or the server's kind causes
+/// (a key of another type, a refused login, a cluster's redirection) is fatal.
 fn failed(what: &str, e: &RedisError) -> ConnectError {
-    match e.code() {
-        Some("WRONGTYPE" | "NOPERM") => ConnectError::Fatal(format!("redis {what}: {e}")),
-        _ => ConnectError::Transient(format!("redis {what}: {e}")),
+    let text = e.to_string();
+    let configuration = matches!(e.kind(), ErrorKind::AuthenticationFailed | ErrorKind::InvalidClientConfig)
+        || matches!(e.code(), Some("WRONGTYPE" | "NOPERM" | "NOAUTH" | "WRONGPASS" | "MOVED" | "ASK" | "CROSSSLOT"))
+        || text.contains("WRONGTYPE");
+    match configuration {
+        true => ConnectError::Fatal(format!("redis {what}: {e}")),
+        false => ConnectError::Transient(format!("redis {what}: {e}")),
     }
 }
 
@@ -185,7 +205,11 @@ impl Source for RedisSource {
         };
         // [[stream, [[id, [field, value, ...]], ...]]], or nil when nothing came in time.
         let mut out = Vec::new();
-        let Value::Array(streams) = reply else { return Ok(out) };
+        let streams = match reply {
+            Value::Array(streams) => streams,
+            Value::Nil => return Ok(out),
+            other => return Err(ConnectError::Fatal(format!("redis XREAD: not a RESP2 reply: {other:?}"))),
+        };
         for s in &streams {
             let Value::Array(pair) = s else { continue };
             for (id, fields) in pair.get(1).map(entries).unwrap_or_default() {
@@ -199,6 +223,10 @@ impl Source for RedisSource {
         Ok(out)
     }
 
+    async fn start_position(&mut self) -> Option<Position> {
+        self.latest.then(|| json!({ "last": self.last }))
+    }
+
     async fn close(&mut self) {
         self.conn = None;
     }
@@ -206,6 +234,25 @@ impl Source for RedisSource {
 
 /// A stream entry: its id and its fields.
 type Entry = (String, Vec<(String, Vec<u8>)>);
+
+/// An event's dedupe key: a SHA-256 of the stream, source and id (each length-prefixed, so
+/// no two of them collide), in the stream's hash slot (its `{tag}`, else its whole name).
+fn seen_key(stream: &str, source: &str, id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [stream, source, id] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let tag = stream
+        .split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(t, _)| t)
+        .filter(|t| !t.is_empty())
+        .unwrap_or(stream);
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("evmesh-connect:seen:{{{tag}}}:{hex}")
+}
 
 /// The entries of an `XRANGE`-shaped reply.
 fn entries(v: &Value) -> Vec<Entry> {
@@ -238,21 +285,25 @@ pub struct RedisSink {
     common: Common,
     maxlen: u64,
     ttl: u64,
+    replicas: u64,
     script: redis::Script,
     conn: Option<MultiplexedConnection>,
 }
 
 impl RedisSink {
     pub fn new(config: &toml::Table) -> Result<RedisSink, ConnectError> {
-        only_keys(config, &["url", "stream", "maxlen", "dedupe_ttl_secs"])?;
+        only_keys(config, &["url", "stream", "maxlen", "dedupe_ttl_secs", "wait_replicas"])?;
         let common = common(config)?;
         let maxlen = key(config, "maxlen", toml::Value::as_integer, "a number of entries")?.unwrap_or(0);
         let ttl = key(config, "dedupe_ttl_secs", toml::Value::as_integer, "seconds")?.unwrap_or(7 * 86400);
-        if maxlen < 0 || ttl < 1 {
-            return Err(ConnectError::Fatal("config.maxlen (>= 0) or dedupe_ttl_secs (>= 1): out of range".into()));
+        let replicas = key(config, "wait_replicas", toml::Value::as_integer, "a number of replicas")?.unwrap_or(0);
+        if maxlen < 0 || !(1..=MAX_TTL_SECS).contains(&ttl) || replicas < 0 {
+            return Err(ConnectError::Fatal(
+                "config.maxlen (>= 0), dedupe_ttl_secs (1 to 10 years) or wait_replicas (>= 0): out of range".into(),
+            ));
         }
-        let (maxlen, ttl) = (maxlen as u64, ttl as u64);
-        Ok(RedisSink { common, maxlen, ttl, script: redis::Script::new(ADD_ONCE), conn: None })
+        let (maxlen, ttl, replicas) = (maxlen as u64, ttl as u64, replicas as u64);
+        Ok(RedisSink { common, maxlen, ttl, replicas, script: redis::Script::new(ADD_ONCE), conn: None })
     }
 }
 
@@ -267,30 +318,71 @@ impl Sink for RedisSink {
         if self.conn.is_none() {
             self.open().await?;
         }
-        let mut call = self.script.key(&self.common.stream);
-        call.arg(format!("evmesh-connect:seen:{}:", self.common.stream)).arg(self.ttl).arg(self.maxlen);
-        for e in events {
+        // Each event's fields; one refused for its size stops the batch there.
+        let mut entries = Vec::with_capacity(events.len());
+        let mut refused = None;
+        for (i, e) in events.iter().enumerate() {
             let e = undelivered(e);
             let b = binding::to_binary(&e);
-            let fields = b.attributes.len() + usize::from(b.content_type.is_some()) + usize::from(e.data().is_some());
-            call.arg(format!("{}\u{0}{}", e.source(), e.id())).arg(fields);
-            for (name, v) in &b.attributes {
-                call.arg(format!("ce_{name}")).arg(v);
-            }
-            if let Some(ct) = &b.content_type {
-                call.arg("content-type").arg(ct);
+            let mut fields: Vec<(String, Vec<u8>)> =
+                b.attributes.into_iter().map(|(k, v)| (format!("ce_{k}"), v.into_bytes())).collect();
+            if let Some(ct) = b.content_type {
+                fields.push(("content-type".into(), ct.into_bytes()));
             }
             if e.data().is_some() {
-                call.arg("data").arg(b.data);
+                fields.push(("data".into(), b.data));
+            }
+            if fields.len() > MAX_FIELDS {
+                refused = Some((i, format!("redis: {} fields, over {MAX_FIELDS}", fields.len())));
+                break;
+            }
+            entries.push((seen_key(&self.common.stream, &e.source().to_string(), e.id()), fields));
+        }
+        let mut rest = &entries[..];
+        while !rest.is_empty() {
+            let mut bytes = 0;
+            let n = rest
+                .iter()
+                .take_while(|(_, f)| {
+                    bytes += f.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+                    bytes <= CALL_BYTES
+                })
+                .count()
+                .max(1);
+            let mut call = self.script.key(&self.common.stream);
+            call.arg(self.ttl).arg(self.maxlen);
+            for (seen, fields) in &rest[..n] {
+                call.key(seen).arg(fields.len());
+                for (k, v) in fields {
+                    call.arg(k).arg(v);
+                }
+            }
+            let conn = self.conn.as_mut().expect("connected");
+            if let Err(e) = call.invoke_async::<i64>(conn).await {
+                self.conn = None;
+                return Err(failed("adding", &e).into());
+            }
+            rest = &rest[n..];
+        }
+        if self.replicas > 0 {
+            // On the connection that wrote: WAIT counts its own writes.
+            let conn = self.conn.as_mut().expect("connected");
+            let got: Result<i64, _> = redis::cmd("WAIT").arg(self.replicas).arg(5000).query_async(conn).await;
+            match got {
+                Ok(n) if n as u64 >= self.replicas => {}
+                Ok(n) => {
+                    let why = format!("redis WAIT: {n} of {} replicas have the batch", self.replicas);
+                    return Err(ConnectError::Transient(why).into());
+                }
+                Err(e) => {
+                    self.conn = None;
+                    return Err(failed("WAIT", &e).into());
+                }
             }
         }
-        let conn = self.conn.as_mut().expect("connected");
-        match call.invoke_async::<i64>(conn).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                self.conn = None;
-                Err(failed("adding", &e).into())
-            }
+        match refused {
+            Some((index, reason)) => Err(SinkError::Refused { index, reason }),
+            None => Ok(()),
         }
     }
 
@@ -330,5 +422,16 @@ mod tests {
         assert!(refused("stream = \"s\"").starts_with("config.url"));
         assert!(refused("url = \"redis://h/\"\nstream = \"s\"\nmaxlen = -1").starts_with("config.maxlen"));
         assert!(refused("url = \"redis://h/\"\nstream = \"s\"\nx = 1").starts_with("config.x"));
+        assert!(refused("url = \"redis://h/\"\nstream = \"s\"\ndedupe_ttl_secs = 9223372036854775807")
+            .starts_with("config.maxlen"));
+        assert!(refused("url = \"redis://h/?protocol=resp3\"\nstream = \"s\"").starts_with("config.url"));
+    }
+
+    #[test]
+    fn dedupe_keys_do_not_collide_and_live_in_the_streams_slot() {
+        assert_ne!(seen_key("orders", "eu:shop", "1"), seen_key("orders:eu", "shop", "1"));
+        assert_ne!(seen_key("s", "a", "b\u{0}c"), seen_key("s", "a\u{0}b", "c"));
+        assert!(seen_key("orders", "/s", "1").starts_with("evmesh-connect:seen:{orders}:"));
+        assert!(seen_key("{t}orders", "/s", "1").starts_with("evmesh-connect:seen:{t}:"));
     }
 }

@@ -208,3 +208,43 @@ fn the_redis_sink_adds_each_event_once_through_a_crash_before_the_ack_and_a_redi
         let _ = std::fs::remove_dir_all(d);
     }
 }
+
+#[test]
+#[ignore = "needs redis-server (Debian's redis-server; scripts/test.sh installs it)"]
+fn a_latest_start_is_kept_so_a_restart_before_the_first_batch_skips_nothing() {
+    let r = Redis::start();
+    let broker = Broker::start();
+    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let output = files.join("out.jsonl");
+    for i in 0..5 {
+        xadd(&r, "late", &[("old", &i.to_string())]);
+    }
+    write_connector(
+        &cfg,
+        "in.toml",
+        &format!(
+            "name = \"in\"\nkind = \"source\"\nconnector = \"redis\"\ntopic = \"fromlate\"\n[config]\nurl = \"{}\"\nstream = \"late\"\nstart = \"latest\"\n",
+            r.url()
+        ),
+    );
+    file_sink(&cfg, "out", "fromlate", "fromlate-file", &output);
+    let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    // Stored at the open, before any batch.
+    wait_for(Duration::from_secs(20), || {
+        connect.get("/connectors/in").1["position"]["last"].as_str().map(str::to_owned)
+    });
+    connect.kill9();
+    for i in 0..3 {
+        xadd(&r, "late", &[("new", &i.to_string())]);
+    }
+    connect.spawn();
+    let got = wait_for(Duration::from_secs(30), || {
+        let w = written(&output);
+        (w.len() >= 3).then_some(w)
+    });
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got.iter().all(|e| e["data"]["new"].is_string()), "only the entries after the start: {got:?}");
+    for d in [cfg, data, files] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
