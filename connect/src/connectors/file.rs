@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
 use serde_json::{json, Value};
 
-use super::{key, only_keys};
+use super::{key, only_keys, with_position};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 use crate::store::Scoped;
 
@@ -240,12 +240,6 @@ fn line_event(line: &[u8], uri: &str, inode: u64, start: u64) -> Option<Event> {
         None => b.data("text/plain", String::from_utf8_lossy(line).into_owned()),
     };
     b.build().ok()
-}
-
-/// The source's position travels with the event (`connectposition`, its JSON).
-fn with_position(mut e: Event, position: &Position) -> Event {
-    e.set_extension("connectposition", position.to_string());
-    e
 }
 
 #[async_trait]

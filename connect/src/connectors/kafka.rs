@@ -36,7 +36,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use super::{binding, key, only_keys, undelivered};
+use super::{binding, key, only_keys, undelivered, with_position};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
 /// The group id librdkafka wants even for `assign()`: never joined, never committed to.
@@ -213,7 +213,8 @@ impl Source for KafkaSource {
                         self.next.insert(m.partition(), m.offset() + 1);
                         let position = self.position();
                         if let Some(event) = self.event(&m) {
-                            out.push(SourceRecord { event, position });
+                            let at = json!({ "partition": m.partition(), "offset": m.offset() });
+                            out.push(SourceRecord { event: with_position(event, &at), position });
                         }
                     }
                 }

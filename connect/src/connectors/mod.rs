@@ -61,6 +61,13 @@ pub(crate) fn only_keys(config: &toml::Table, known: &[&str]) -> Result<(), Conn
     }
 }
 
+/// The event with where its record is in the source's external system (`connectposition`, as
+/// JSON), so a consumer can tell where it came from.
+pub(crate) fn with_position(mut e: cloudevents::Event, position: &serde_json::Value) -> cloudevents::Event {
+    e.set_extension("connectposition", position.to_string());
+    e
+}
+
 /// The extensions a delivery carries that are not the event's own.
 const DELIVERY_EXTENSIONS: [&str; 4] = ["emdeliveryid", "empartition", "emoffset", "emattempt"];
 

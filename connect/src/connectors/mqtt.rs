@@ -49,7 +49,7 @@ use rumqttc::Outgoing;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::{binding, key, only_keys, undelivered};
+use super::{binding, key, only_keys, undelivered, with_position};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
 /// Requests queued for the connection at most (a batch's publishes or acks).
@@ -404,7 +404,8 @@ impl MqttSource {
                     self.holding.insert(p.pkid);
                     self.held.push_back((n, p, self.session));
                 }
-                out.push(SourceRecord { event, position: json!({ "committed": self.committed + n + 1 }) });
+                let position = json!({ "committed": self.committed + n + 1 });
+                out.push(SourceRecord { event: with_position(event, &position), position });
             }
             Note::Sent(_) | Note::Acked(..) => {}
         }

@@ -28,7 +28,7 @@ use cloudevents::{AttributesReader, Event, EventBuilder, EventBuilderV10};
 use serde_json::{json, Value};
 use tokio_postgres::{Client, NoTls};
 
-use super::{key, only_keys, undelivered};
+use super::{key, only_keys, undelivered, with_position};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
 /// `"name"`, with `"` doubled: an identifier as PostgreSQL quotes it.
@@ -289,7 +289,7 @@ impl Source for PostgresSource {
                 .map_err(|e| ConnectError::Transient(e.to_string()))?;
             let position = json!({ "last": value });
             self.last = Some(value);
-            out.push(SourceRecord { event, position });
+            out.push(SourceRecord { event: with_position(event, &position), position });
         }
         Ok(out)
     }

@@ -29,7 +29,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Value};
 use serde_json::{json, Map};
 
-use super::{binding, key, only_keys, undelivered};
+use super::{binding, key, only_keys, undelivered, with_position};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
 /// Adds the events not added yet (see the module doc). KEYS[1]: the stream, then each event's
@@ -215,7 +215,7 @@ impl Source for RedisSource {
             for (id, fields) in pair.get(1).map(entries).unwrap_or_default() {
                 let position = json!({ "last": id });
                 if let Some(event) = self.event(&id, &fields) {
-                    out.push(SourceRecord { event, position });
+                    out.push(SourceRecord { event: with_position(event, &position), position });
                 }
                 self.last = id;
             }

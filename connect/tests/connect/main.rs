@@ -900,6 +900,11 @@ mod on_kafka {
         assert!(plain.iter().all(|e| e["source"] == json!(format!("kafka:{topic}"))
             && e["id"].as_str().unwrap().starts_with(&format!("{topic}-"))
             && e["partitionkey"].as_str().is_some_and(|k| k.starts_with('k'))));
+        // Where each record was: its partition and offset, the same as its id says.
+        for e in &plain {
+            let at: Value = serde_json::from_str(e["connectposition"].as_str().unwrap()).unwrap();
+            assert_eq!(e["id"], json!(format!("{topic}-{}-{}", at["partition"], at["offset"])), "{e}");
+        }
         for d in [cfg, data, files] {
             let _ = std::fs::remove_dir_all(d);
         }

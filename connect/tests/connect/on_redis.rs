@@ -153,6 +153,11 @@ fn the_redis_source_reads_each_entry_once_through_a_crash_after_the_202_and_a_re
         && e["data"]["sku"] == "A"));
     let position = connect.get("/connectors/in").1["position"]["last"].as_str().unwrap().to_owned();
     assert!(position.contains('-'), "{position}");
+    // Each event says where its entry was: the id it has after the stream's name.
+    for e in &plain {
+        let at: Value = serde_json::from_str(e["connectposition"].as_str().unwrap()).unwrap();
+        assert_eq!(e["id"], json!(format!("orders-{}", at["last"].as_str().unwrap())), "{e}");
+    }
     for d in [cfg, data, files] {
         let _ = std::fs::remove_dir_all(d);
     }
