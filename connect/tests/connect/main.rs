@@ -26,6 +26,28 @@ fn temp(tag: &str) -> PathBuf {
     d
 }
 
+/// A test's connector files, the connector's data and the files it reads and writes: removed
+/// when the test ends, passed or not.
+struct Dirs {
+    cfg: PathBuf,
+    data: PathBuf,
+    files: PathBuf,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        Dirs { cfg: temp("cfg"), data: temp("data"), files: temp("files") }
+    }
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        for d in [&self.cfg, &self.data, &self.files] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
 fn fastrand() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -362,7 +384,8 @@ fn exactly_once(output: &Path, range: std::ops::Range<usize>) {
 #[test]
 fn file_to_evmesh_to_file_exactly_once_through_kill_9_rotation_and_a_broker_crash() {
     let mut broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let (input, output) = pipeline(&cfg, &files);
     let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     // Lines keep coming while both processes are killed: 2,000 in chunks, the file rotated
@@ -410,16 +433,14 @@ fn file_to_evmesh_to_file_exactly_once_through_kill_9_rotation_and_a_broker_cras
     wait_for(Duration::from_secs(10), || {
         (connect.get("/connectors/in").1["position"]["offset"] == json!(end)).then_some(())
     });
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
 fn a_crash_in_each_window_loses_nothing_and_writes_nothing_twice() {
     for point in ["source-published", "sink-flushed", "file-sink-synced", "file-sink-torn"] {
         let broker = Broker::start();
-        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let dirs = Dirs::new();
+        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
         let (input, output) = pipeline(&cfg, &files);
         append(&input, lines(0..200));
         let mut connect = Connect::start_with_fault(broker.url(), cfg.clone(), data.clone(), &format!("{point}:2"));
@@ -427,16 +448,14 @@ fn a_crash_in_each_window_loses_nothing_and_writes_nothing_twice() {
         append(&input, lines(200..300));
         connect.spawn();
         exactly_once(&output, 0..300);
-        for d in [cfg, data, files] {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 }
 
 #[test]
 fn a_poison_event_goes_to_the_dead_letter_topic_and_the_stream_continues() {
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let (output, dead) = (files.join("out.jsonl"), files.join("dead.jsonl"));
     write_connector(
         &cfg,
@@ -474,15 +493,13 @@ fn a_poison_event_goes_to_the_dead_letter_topic_and_the_stream_continues() {
     let metrics = String::from_utf8(metrics).unwrap();
     assert!(h["content-type"].starts_with("text/plain"), "{h:?}");
     assert!(metrics.contains("evmesh_connect_records_dlq_total{connector=\"out\"} 1"), "{metrics}");
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
 fn the_admin_api_lists_pauses_resumes_and_resets_a_source() {
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let (input, output) = pipeline(&cfg, &files);
     append(&input, lines(0..10));
     let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
@@ -519,15 +536,13 @@ fn the_admin_api_lists_pauses_resumes_and_resets_a_source() {
     assert_eq!((s, st["state"].as_str()), (200, Some("running")));
     append(&input, lines(20..25));
     exactly_once(&output, 0..25);
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
 fn a_sinks_lag_comes_from_evmeshs_admin_listener_and_a_sources_from_its_far_side() {
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let (input, output) = pipeline(&cfg, &files);
     let admin = format!("http://{}", broker.admin);
     let connect =
@@ -544,14 +559,12 @@ fn a_sinks_lag_comes_from_evmeshs_admin_listener_and_a_sources_from_its_far_side
     connect.call("POST", "/connectors/out/resume", None);
     exactly_once(&output, 0..55);
     wait_for(Duration::from_secs(30), || (lag("out") == json!({"records": 0})).then_some(()));
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
 fn a_bad_connector_file_stops_the_start_with_its_name() {
-    let (cfg, data) = (temp("cfg"), temp("data"));
+    let dirs = Dirs::new();
+    let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
     // Exit code 2 and what stderr said, for the files in `cfg` now.
     let start = || {
         let out = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"))
@@ -576,9 +589,6 @@ fn a_bad_connector_file_stops_the_start_with_its_name() {
     );
     let err = start();
     assert!(err.contains("connector x") && err.contains("config.paht"), "{err}");
-    for d in [cfg, data] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 /// A port nothing listens on now (for a connector's own listener).
@@ -616,7 +626,8 @@ fn post_raw(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8])
 #[test]
 fn the_http_source_takes_every_content_mode_and_checks_webhook_signatures() {
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let output = files.join("out.jsonl");
     let port = free_port();
     write_connector(
@@ -690,9 +701,6 @@ fn the_http_source_takes_every_content_mode_and_checks_webhook_signatures() {
     assert_eq!(by_id["d-42"]["type"], "com.github.push");
     assert_eq!(by_id["d-42"]["data"], json!({"ref": "refs/heads/main"}));
     assert_eq!(by_id["d-42"]["source"], format!("http://127.0.0.1:{port}/in"));
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 /// What the receiver answered 2xx: (ce-id, content-type).
@@ -754,7 +762,8 @@ fn receiver() -> (SocketAddr, Answered) {
 #[test]
 fn the_http_sink_posts_each_event_retries_failures_and_dead_letters_refusals() {
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let (addr, got) = receiver();
     let dead = files.join("dead.jsonl");
     write_connector(
@@ -787,9 +796,6 @@ fn the_http_sink_posts_each_event_retries_failures_and_dead_letters_refusals() {
     assert!(dl["connecterror"].as_str().unwrap().contains("400"), "{dl}");
     let counts = connect.get("/connectors/out").1["counts"].clone();
     assert!(counts["retried"].as_u64() >= Some(1) && counts["dlq"] == 1, "{counts}");
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 mod on_kafka {
@@ -844,7 +850,8 @@ mod on_kafka {
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn the_kafka_source_reads_every_record_form_exactly_once_across_a_kill_9() {
         let broker = Broker::start();
-        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let dirs = Dirs::new();
+        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
         let output = files.join("out.jsonl");
         let topic = kafka_topic("src", 3);
         let p = producer();
@@ -904,9 +911,6 @@ mod on_kafka {
         for e in &plain {
             let at: Value = serde_json::from_str(e["connectposition"].as_str().unwrap()).unwrap();
             assert_eq!(e["id"], json!(format!("{topic}-{}-{}", at["partition"], at["offset"])), "{e}");
-        }
-        for d in [cfg, data, files] {
-            let _ = std::fs::remove_dir_all(d);
         }
     }
 
@@ -975,7 +979,8 @@ mod on_kafka {
     fn a_kafka_broker_that_stops_answering_and_comes_back_loses_nothing() {
         let kafka = OwnTansu::start();
         let broker = Broker::start();
-        let (cfg, data) = (temp("cfg"), temp("data"));
+        let dirs = Dirs::new();
+        let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
         let topic = kafka_topic_on(&kafka.addr, "away", 1);
         write_connector(
             &cfg,
@@ -1006,9 +1011,6 @@ mod on_kafka {
         wait_for(Duration::from_secs(60), || (put() == 20).then_some(()));
         let ids: std::collections::BTreeSet<String> = ids_in(&kafka.addr, &topic, 20).into_iter().collect();
         assert_eq!(ids.len(), 20, "every event in Kafka: {ids:?}");
-        for d in [cfg, data] {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 
     #[test]
@@ -1016,7 +1018,8 @@ mod on_kafka {
     fn a_kafka_source_whose_broker_stops_answering_goes_on_where_it_was() {
         let kafka = OwnTansu::start();
         let broker = Broker::start();
-        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let dirs = Dirs::new();
+        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
         let output = files.join("out.jsonl");
         let topic = kafka_topic_on(&kafka.addr, "srcaway", 1);
         let p: BaseProducer = ClientConfig::new().set("bootstrap.servers", &kafka.addr).create().unwrap();
@@ -1052,16 +1055,14 @@ mod on_kafka {
         let ids: std::collections::BTreeSet<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
         assert_eq!((got.len(), ids.len()), (30, 30), "each record once");
         wait_for(Duration::from_secs(30), || (lag() == json!({"records": 0})).then_some(()));
-        for d in [cfg, data, files] {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 
     #[test]
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn the_kafka_sink_produces_each_event_in_the_binary_binding() {
         let broker = Broker::start();
-        let (cfg, data) = (temp("cfg"), temp("data"));
+        let dirs = Dirs::new();
+        let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
         let topic = kafka_topic("sink", 1);
         write_connector(
             &cfg,
@@ -1112,9 +1113,6 @@ mod on_kafka {
             assert!(!h.contains_key("ce_emdeliveryid"), "{h:?}");
             assert_eq!(key.as_deref(), Some(format!("c{i}").as_str()));
             assert_eq!(value, &json!({"i": i}));
-        }
-        for d in [cfg, data] {
-            let _ = std::fs::remove_dir_all(d);
         }
     }
 }
@@ -1229,7 +1227,8 @@ mod on_postgres {
     fn the_postgres_sink_writes_each_event_once_through_a_crash_and_dead_letters_what_it_refuses() {
         let pg = Pg::start();
         let broker = Broker::start();
-        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let dirs = Dirs::new();
+        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
         let dead = files.join("dead.jsonl");
         write_connector(
             &cfg,
@@ -1282,9 +1281,6 @@ mod on_postgres {
         let dl = wait_for(Duration::from_secs(30), || written(&dead).into_iter().next());
         assert_eq!(dl["id"], "poison");
         assert!(dl["connecterror"].as_str().unwrap().contains("postgres"), "{dl}");
-        for d in [cfg, data, files] {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 
     #[test]
@@ -1292,7 +1288,8 @@ mod on_postgres {
     fn a_database_that_goes_away_and_comes_back_loses_nothing() {
         let pg = Pg::start();
         let broker = Broker::start();
-        let (cfg, data) = (temp("cfg"), temp("data"));
+        let dirs = Dirs::new();
+        let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
         write_connector(
             &cfg,
             "pg.toml",
@@ -1320,9 +1317,6 @@ mod on_postgres {
         assert_eq!(pg.count("pay"), 60);
         assert_eq!(pg.query("SELECT count(DISTINCT id) FROM pay"), ["60"]);
         assert_eq!(connect.get("/connectors/pg").1["counts"]["dlq"], 0, "nothing refused for the outage");
-        for d in [cfg, data] {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 
     #[test]
@@ -1330,7 +1324,8 @@ mod on_postgres {
     fn the_postgres_source_reads_new_rows_from_its_position_across_a_kill_9() {
         let pg = Pg::start();
         let broker = Broker::start();
-        let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+        let dirs = Dirs::new();
+        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
         let output = files.join("out.jsonl");
         pg.query("CREATE TABLE items (n bigserial PRIMARY KEY, name text NOT NULL)");
         pg.query("INSERT INTO items (name) SELECT 'item-' || g FROM generate_series(1, 30) g");
@@ -1363,9 +1358,6 @@ mod on_postgres {
         wait_for(Duration::from_secs(10), || {
             (connect.get("/connectors/in").1["position"] == json!({"last": "50"})).then_some(())
         });
-        for d in [cfg, data, files] {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 }
 
@@ -1373,7 +1365,8 @@ mod on_postgres {
 fn a_source_keeps_its_position_while_evmesh_refuses_the_topic_and_goes_on_once_it_exists() {
     // No topic is made by a publish: 404 until an operator makes it.
     let broker = Broker::start_with(&["--auto-create-topics", "false"]);
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let (input, _) = pipeline(&cfg, &files);
     std::fs::remove_file(cfg.join("out.toml")).unwrap();
     append(&input, lines(0..30));
@@ -1395,15 +1388,13 @@ fn a_source_keeps_its_position_while_evmesh_refuses_the_topic_and_goes_on_once_i
     wait_for(Duration::from_secs(10), || {
         (connect.get("/connectors/in").1["position"]["offset"] == json!(end)).then_some(())
     });
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
 fn the_http_source_bounds_the_bodies_in_flight() {
     let broker = Broker::start();
-    let (cfg, data) = (temp("cfg"), temp("data"));
+    let dirs = Dirs::new();
+    let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
     let port = free_port();
     // 32 MiB a request against a 64 MiB budget: two bodies in flight at most.
     write_connector(
@@ -1445,7 +1436,4 @@ fn the_http_source_bounds_the_bodies_in_flight() {
     // The slow senders gone, their budget comes back.
     drop(slow);
     wait_for(Duration::from_secs(20), || (hook(0).0 == 202).then_some(()));
-    for d in [cfg, data] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }

@@ -171,7 +171,8 @@ fn binary_props(id: &str) -> PublishProperties {
 fn the_mqtt_source_loses_nothing_through_a_crash_after_the_202_and_a_broker_restart() {
     let mut m = Mosquitto::start("");
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let output = files.join("out.jsonl");
     write_connector(
         &cfg,
@@ -244,9 +245,6 @@ fn the_mqtt_source_loses_nothing_through_a_crash_after_the_202_and_a_broker_rest
     assert_eq!(a0["source"], json!(format!("mqtt://{}", m.broker())));
     assert_eq!(a0["type"], "evmesh.connect.mqtt.message");
     assert!(a0["id"].as_str().unwrap().starts_with("mqtt-"), "{a0}");
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
@@ -254,7 +252,8 @@ fn the_mqtt_source_loses_nothing_through_a_crash_after_the_202_and_a_broker_rest
 fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_one_too_large() {
     let mut m = Mosquitto::start("max_packet_size 2048");
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let dead = files.join("dead.jsonl");
     write_connector(
         &cfg,
@@ -305,9 +304,6 @@ fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_
     );
     assert_eq!(serde_json::from_slice::<Value>(payload).unwrap(), json!({"i": 3}));
     assert!(!props.contains_key("emdeliveryid"), "{props:?}");
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
@@ -315,7 +311,8 @@ fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_
 fn a_source_subscribes_in_a_session_the_broker_kept_without_its_subscription() {
     let m = Mosquitto::start("");
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let output = files.join("out.jsonl");
     // The session is there (a crash between CONNECT and SUBSCRIBE leaves it so), its
     // subscription is not: the connector subscribes on every connect.
@@ -336,7 +333,4 @@ fn a_source_subscribes_in_a_session_the_broker_kept_without_its_subscription() {
         (!written(&output).is_empty()).then_some(())
     });
     drop(connect);
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }

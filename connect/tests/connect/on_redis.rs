@@ -100,7 +100,8 @@ fn xadd(r: &Redis, stream: &str, fields: &[(&str, &str)]) {
 fn the_redis_source_reads_each_entry_once_through_a_crash_after_the_202_and_a_redis_restart() {
     let mut r = Redis::start();
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let output = files.join("out.jsonl");
     for i in 0..30 {
         xadd(&r, "orders", &[("n", &i.to_string()), ("sku", "A")]);
@@ -158,9 +159,6 @@ fn the_redis_source_reads_each_entry_once_through_a_crash_after_the_202_and_a_re
         let at: Value = serde_json::from_str(e["connectposition"].as_str().unwrap()).unwrap();
         assert_eq!(e["id"], json!(format!("orders-{}", at["last"].as_str().unwrap())), "{e}");
     }
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
@@ -168,7 +166,8 @@ fn the_redis_source_reads_each_entry_once_through_a_crash_after_the_202_and_a_re
 fn the_redis_sink_adds_each_event_once_through_a_crash_before_the_ack_and_a_redis_restart() {
     let mut r = Redis::start();
     let broker = Broker::start();
-    let (cfg, data) = (temp("cfg"), temp("data"));
+    let dirs = Dirs::new();
+    let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
     write_connector(
         &cfg,
         "out.toml",
@@ -209,9 +208,6 @@ fn the_redis_sink_adds_each_event_once_through_a_crash_before_the_ack_and_a_redi
     );
     assert_eq!(serde_json::from_str::<Value>(&e3["data"]).unwrap(), json!({"i": 3}));
     assert!(!e3.contains_key("ce_emdeliveryid"), "{e3:?}");
-    for d in [cfg, data] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 #[test]
@@ -219,7 +215,8 @@ fn the_redis_sink_adds_each_event_once_through_a_crash_before_the_ack_and_a_redi
 fn a_latest_start_is_kept_so_a_restart_before_the_first_batch_skips_nothing() {
     let r = Redis::start();
     let broker = Broker::start();
-    let (cfg, data, files) = (temp("cfg"), temp("data"), temp("files"));
+    let dirs = Dirs::new();
+    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
     let output = files.join("out.jsonl");
     for i in 0..5 {
         xadd(&r, "late", &[("old", &i.to_string())]);
@@ -249,7 +246,4 @@ fn a_latest_start_is_kept_so_a_restart_before_the_first_batch_skips_nothing() {
     });
     assert_eq!(got.len(), 3, "{got:?}");
     assert!(got.iter().all(|e| e["data"]["new"].is_string()), "only the entries after the start: {got:?}");
-    for d in [cfg, data, files] {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
