@@ -3,7 +3,9 @@
 //! for the heavy lane and lets its first waiter in when its share has come.
 
 use std::cell::Cell;
-use std::future::{poll_fn, Future};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::lane::{active, lane_tick, IN_METERED};
@@ -30,20 +32,36 @@ impl Meter {
 }
 
 /// Runs `f`, adding the time each of its polls takes to `meter`. Two clock readings per poll.
-pub async fn metered<F: Future>(meter: &Meter, f: F) -> F::Output {
-    let mut f = std::pin::pin!(f);
-    poll_fn(|cx| {
+/// A future of its own holding `f` once (an `async fn` would keep room for its argument and
+/// for the pinned copy, in every idle session).
+pub fn metered<F: Future>(meter: &Meter, f: F) -> Metered<'_, F> {
+    Metered { meter, f }
+}
+
+pin_project_lite::pin_project! {
+    /// `f` with its polls metered (see [`metered`]).
+    pub struct Metered<'a, F> {
+        meter: &'a Meter,
+        #[pin]
+        f: F,
+    }
+}
+
+impl<F: Future> Future for Metered<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
         active();
-        meter.polling.set(Some(Instant::now()));
+        this.meter.polling.set(Some(Instant::now()));
         let outer = IN_METERED.replace(true);
-        let r = f.as_mut().poll(cx);
+        let r = this.f.poll(cx);
         IN_METERED.set(outer);
         let now = Instant::now();
-        if let Some(t) = meter.polling.take() {
-            meter.spent.set(meter.spent.get() + (now - t));
+        if let Some(t) = this.meter.polling.take() {
+            this.meter.spent.set(this.meter.spent.get() + (now - t));
         }
         lane_tick(now);
         r
-    })
-    .await
+    }
 }
