@@ -39,6 +39,10 @@ use tokio::sync::oneshot;
 use super::{binding, key, only_keys, undelivered, with_position};
 use crate::spi::{ConnectError, Position, Sink, SinkError, Source, SourceRecord};
 
+/// How long the lag probe waits for a partition's watermarks: it runs in the poll loop, so a
+/// broker that does not answer holds the loop (and a pause) at most this long per probe.
+const LAG_WAIT: Duration = Duration::from_secs(1);
+
 /// The group id librdkafka wants even for `assign()`: never joined, never committed to.
 const NO_GROUP: &str = "evmesh-connect-assign-only";
 
@@ -239,8 +243,7 @@ impl Source for KafkaSource {
         let topic = &self.common.topic;
         let mut records = 0;
         for p in &self.partitions {
-            let (low, high) =
-                tokio::task::block_in_place(|| consumer.fetch_watermarks(topic, *p, Duration::from_secs(5))).ok()?;
+            let (low, high) = tokio::task::block_in_place(|| consumer.fetch_watermarks(topic, *p, LAG_WAIT)).ok()?;
             records += (high - self.next.get(p).copied().unwrap_or(low)).max(0);
         }
         Some(json!({ "records": records }))
