@@ -38,6 +38,13 @@ impl Dirs {
     fn new() -> Dirs {
         Dirs { cfg: temp("cfg"), data: temp("data"), files: temp("files") }
     }
+
+    /// The guard and its three paths, for a test to use by name.
+    fn with_paths() -> (Dirs, PathBuf, PathBuf, PathBuf) {
+        let d = Dirs::new();
+        let (cfg, data, files) = (d.cfg.clone(), d.data.clone(), d.files.clone());
+        (d, cfg, data, files)
+    }
 }
 
 impl Drop for Dirs {
@@ -384,8 +391,7 @@ fn exactly_once(output: &Path, range: std::ops::Range<usize>) {
 #[test]
 fn file_to_evmesh_to_file_exactly_once_through_kill_9_rotation_and_a_broker_crash() {
     let mut broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let (input, output) = pipeline(&cfg, &files);
     let mut connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     // Lines keep coming while both processes are killed: 2,000 in chunks, the file rotated
@@ -439,8 +445,7 @@ fn file_to_evmesh_to_file_exactly_once_through_kill_9_rotation_and_a_broker_cras
 fn a_crash_in_each_window_loses_nothing_and_writes_nothing_twice() {
     for point in ["source-published", "sink-flushed", "file-sink-synced", "file-sink-torn"] {
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+        let (_dirs, cfg, data, files) = Dirs::with_paths();
         let (input, output) = pipeline(&cfg, &files);
         append(&input, lines(0..200));
         let mut connect = Connect::start_with_fault(broker.url(), cfg.clone(), data.clone(), &format!("{point}:2"));
@@ -454,8 +459,7 @@ fn a_crash_in_each_window_loses_nothing_and_writes_nothing_twice() {
 #[test]
 fn a_poison_event_goes_to_the_dead_letter_topic_and_the_stream_continues() {
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let (output, dead) = (files.join("out.jsonl"), files.join("dead.jsonl"));
     write_connector(
         &cfg,
@@ -498,8 +502,7 @@ fn a_poison_event_goes_to_the_dead_letter_topic_and_the_stream_continues() {
 #[test]
 fn the_admin_api_lists_pauses_resumes_and_resets_a_source() {
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let (input, output) = pipeline(&cfg, &files);
     append(&input, lines(0..10));
     let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
@@ -541,8 +544,7 @@ fn the_admin_api_lists_pauses_resumes_and_resets_a_source() {
 #[test]
 fn a_sinks_lag_comes_from_evmeshs_admin_listener_and_a_sources_from_its_far_side() {
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let (input, output) = pipeline(&cfg, &files);
     let admin = format!("http://{}", broker.admin);
     let connect =
@@ -563,8 +565,7 @@ fn a_sinks_lag_comes_from_evmeshs_admin_listener_and_a_sources_from_its_far_side
 
 #[test]
 fn a_bad_connector_file_stops_the_start_with_its_name() {
-    let dirs = Dirs::new();
-    let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
+    let (_dirs, cfg, data, _) = Dirs::with_paths();
     // Exit code 2 and what stderr said, for the files in `cfg` now.
     let start = || {
         let out = Command::new(env!("CARGO_BIN_EXE_evmesh-connect"))
@@ -626,8 +627,7 @@ fn post_raw(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8])
 #[test]
 fn the_http_source_takes_every_content_mode_and_checks_webhook_signatures() {
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let output = files.join("out.jsonl");
     let port = free_port();
     write_connector(
@@ -762,8 +762,7 @@ fn receiver() -> (SocketAddr, Answered) {
 #[test]
 fn the_http_sink_posts_each_event_retries_failures_and_dead_letters_refusals() {
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let (addr, got) = receiver();
     let dead = files.join("dead.jsonl");
     write_connector(
@@ -850,8 +849,7 @@ mod on_kafka {
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn the_kafka_source_reads_every_record_form_exactly_once_across_a_kill_9() {
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+        let (_dirs, cfg, data, files) = Dirs::with_paths();
         let output = files.join("out.jsonl");
         let topic = kafka_topic("src", 3);
         let p = producer();
@@ -979,8 +977,7 @@ mod on_kafka {
     fn a_kafka_broker_that_stops_answering_and_comes_back_loses_nothing() {
         let kafka = OwnTansu::start();
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
+        let (_dirs, cfg, data, _) = Dirs::with_paths();
         let topic = kafka_topic_on(&kafka.addr, "away", 1);
         write_connector(
             &cfg,
@@ -1018,8 +1015,7 @@ mod on_kafka {
     fn a_kafka_source_whose_broker_stops_answering_goes_on_where_it_was() {
         let kafka = OwnTansu::start();
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+        let (_dirs, cfg, data, files) = Dirs::with_paths();
         let output = files.join("out.jsonl");
         let topic = kafka_topic_on(&kafka.addr, "srcaway", 1);
         let p: BaseProducer = ClientConfig::new().set("bootstrap.servers", &kafka.addr).create().unwrap();
@@ -1061,8 +1057,7 @@ mod on_kafka {
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn the_kafka_sink_produces_each_event_in_the_binary_binding() {
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
+        let (_dirs, cfg, data, _) = Dirs::with_paths();
         let topic = kafka_topic("sink", 1);
         write_connector(
             &cfg,
@@ -1227,8 +1222,7 @@ mod on_postgres {
     fn the_postgres_sink_writes_each_event_once_through_a_crash_and_dead_letters_what_it_refuses() {
         let pg = Pg::start();
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+        let (_dirs, cfg, data, files) = Dirs::with_paths();
         let dead = files.join("dead.jsonl");
         write_connector(
             &cfg,
@@ -1288,8 +1282,7 @@ mod on_postgres {
     fn a_database_that_goes_away_and_comes_back_loses_nothing() {
         let pg = Pg::start();
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
+        let (_dirs, cfg, data, _) = Dirs::with_paths();
         write_connector(
             &cfg,
             "pg.toml",
@@ -1324,8 +1317,7 @@ mod on_postgres {
     fn the_postgres_source_reads_new_rows_from_its_position_across_a_kill_9() {
         let pg = Pg::start();
         let broker = Broker::start();
-        let dirs = Dirs::new();
-        let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+        let (_dirs, cfg, data, files) = Dirs::with_paths();
         let output = files.join("out.jsonl");
         pg.query("CREATE TABLE items (n bigserial PRIMARY KEY, name text NOT NULL)");
         pg.query("INSERT INTO items (name) SELECT 'item-' || g FROM generate_series(1, 30) g");
@@ -1365,8 +1357,7 @@ mod on_postgres {
 fn a_source_keeps_its_position_while_evmesh_refuses_the_topic_and_goes_on_once_it_exists() {
     // No topic is made by a publish: 404 until an operator makes it.
     let broker = Broker::start_with(&["--auto-create-topics", "false"]);
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let (input, _) = pipeline(&cfg, &files);
     std::fs::remove_file(cfg.join("out.toml")).unwrap();
     append(&input, lines(0..30));
@@ -1393,8 +1384,7 @@ fn a_source_keeps_its_position_while_evmesh_refuses_the_topic_and_goes_on_once_i
 #[test]
 fn the_http_source_bounds_the_bodies_in_flight() {
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
+    let (_dirs, cfg, data, _) = Dirs::with_paths();
     let port = free_port();
     // 32 MiB a request against a 64 MiB budget: two bodies in flight at most.
     write_connector(

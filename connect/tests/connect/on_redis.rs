@@ -100,8 +100,7 @@ fn xadd(r: &Redis, stream: &str, fields: &[(&str, &str)]) {
 fn the_redis_source_reads_each_entry_once_through_a_crash_after_the_202_and_a_redis_restart() {
     let mut r = Redis::start();
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let output = files.join("out.jsonl");
     for i in 0..30 {
         xadd(&r, "orders", &[("n", &i.to_string()), ("sku", "A")]);
@@ -166,8 +165,7 @@ fn the_redis_source_reads_each_entry_once_through_a_crash_after_the_202_and_a_re
 fn the_redis_sink_adds_each_event_once_through_a_crash_before_the_ack_and_a_redis_restart() {
     let mut r = Redis::start();
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data) = (dirs.cfg.clone(), dirs.data.clone());
+    let (_dirs, cfg, data, _) = Dirs::with_paths();
     write_connector(
         &cfg,
         "out.toml",
@@ -215,8 +213,7 @@ fn the_redis_sink_adds_each_event_once_through_a_crash_before_the_ack_and_a_redi
 fn a_latest_start_is_kept_so_a_restart_before_the_first_batch_skips_nothing() {
     let r = Redis::start();
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let output = files.join("out.jsonl");
     for i in 0..5 {
         xadd(&r, "late", &[("old", &i.to_string())]);
