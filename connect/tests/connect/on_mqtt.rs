@@ -171,8 +171,7 @@ fn binary_props(id: &str) -> PublishProperties {
 fn the_mqtt_source_loses_nothing_through_a_crash_after_the_202_and_a_broker_restart() {
     let mut m = Mosquitto::start("");
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let output = files.join("out.jsonl");
     write_connector(
         &cfg,
@@ -252,8 +251,7 @@ fn the_mqtt_source_loses_nothing_through_a_crash_after_the_202_and_a_broker_rest
 fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_one_too_large() {
     let mut m = Mosquitto::start("max_packet_size 2048");
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let dead = files.join("dead.jsonl");
     write_connector(
         &cfg,
@@ -311,8 +309,7 @@ fn the_mqtt_sink_publishes_each_event_through_a_broker_restart_and_dead_letters_
 fn a_source_subscribes_in_a_session_the_broker_kept_without_its_subscription() {
     let m = Mosquitto::start("");
     let broker = Broker::start();
-    let dirs = Dirs::new();
-    let (cfg, data, files) = (dirs.cfg.clone(), dirs.data.clone(), dirs.files.clone());
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
     let output = files.join("out.jsonl");
     // The session is there (a crash between CONNECT and SUBSCRIBE leaves it so), its
     // subscription is not: the connector subscribes on every connect.
@@ -333,4 +330,40 @@ fn a_source_subscribes_in_a_session_the_broker_kept_without_its_subscription() {
         (!written(&output).is_empty()).then_some(())
     });
     drop(connect);
+}
+
+#[test]
+#[ignore = "needs mosquitto (Debian's mosquitto; scripts/test.sh installs it)"]
+fn a_message_over_the_sources_maximum_does_not_stall_it() {
+    let m = Mosquitto::start("");
+    let broker = Broker::start();
+    let (_dirs, cfg, data, files) = Dirs::with_paths();
+    let output = files.join("out.jsonl");
+    write_connector(
+        &cfg,
+        "in.toml",
+        &format!(
+            "name = \"in\"\nkind = \"source\"\nconnector = \"mqtt\"\ntopic = \"fromm\"\n[config]\nbroker = \"{}\"\ntopics = [\"in/#\"]\nmax_message_bytes = 2048\n",
+            m.broker()
+        ),
+    );
+    file_sink(&cfg, "out", "fromm", "fromm-file", &output);
+    let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
+    let mut producer = Client::connect(&m, None);
+    wait_for(Duration::from_secs(20), || {
+        producer.publish("in/a", b"{\"probe\":1}", Default::default());
+        (!written(&output).is_empty()).then_some(())
+    });
+    // Over the announced maximum: the broker does not send it (a client that read it would
+    // drop its connection on it, and be sent it again, for good). Those after it arrive.
+    producer.publish("in/a", format!("{{\"big\":\"{}\"}}", "x".repeat(4096)).as_bytes(), Default::default());
+    for i in 0..5 {
+        producer.publish("in/a", format!("{{\"n\":{i}}}").as_bytes(), Default::default());
+    }
+    let got = wait_for(Duration::from_secs(30), || {
+        let w = written(&output);
+        (w.iter().filter(|e| e["data"]["n"].is_number()).count() == 5).then_some(w)
+    });
+    assert!(got.iter().all(|e| e["data"]["big"].is_null()), "nothing over 2 KiB taken");
+    assert_eq!(connect.get("/connectors/in").1["state"], "running");
 }

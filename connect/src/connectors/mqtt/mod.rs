@@ -3,7 +3,7 @@
 //! * **Source** (`broker` = `host:port` and `topics` = topic filters required; `client_id`
 //!   = `evmesh-connect-<name>`, `username`, `password`, `source` = `mqtt://<broker>`, `type` =
 //!   `evmesh.connect.mqtt.message`, `keep_alive_secs` = 30, `session_expiry_secs` = 86400,
-//!   `receive_maximum` = 1000): subscribes at QoS 1 in a session the broker keeps while the
+//!   `receive_maximum` = 1000, `max_message_bytes` = 1 MiB): subscribes at QoS 1 in a session the broker keeps while the
 //!   connector is away (clean start off), and acknowledges (PUBACK) a message only once it is in
 //!   evmesh and committed: a message is never lost by a crash, the broker sends it again. A
 //!   message in the CloudEvents MQTT binding is that event (binary mode: the attributes as user
@@ -18,7 +18,10 @@
 //!   came in (a new session's packet ids are other messages'). It subscribes on every connect
 //!   (a session can outlive its subscriptions); a grant below QoS 1 or a refused login fails
 //!   the connector. The position shown is the count of messages committed; the session is the
-//!   broker's.
+//!   broker's. `max_message_bytes` is announced as the client's maximum packet size: the broker
+//!   does not send a larger message to it (MQTT 5 drops it for this client), so one message
+//!   cannot stall the source by breaking its connection over and over, and at most
+//!   `receive_maximum` x `max_message_bytes` is held.
 //! * **Sink** (`broker`, `topic` required; `client_id`, `username`, `password`, `mode` =
 //!   `binary` | `structured`, `retain` = false, `keep_alive_secs`, `ack_timeout_ms` = 10 s):
 //!   publishes each event at QoS 1 (binary mode: attributes as user properties, without the
@@ -58,6 +61,8 @@ pub struct MqttSource {
     ty: String,
     session_expiry: u32,
     receive_maximum: u16,
+    /// The largest packet taken (announced in CONNECT: the broker does not send one larger).
+    max_message: u32,
     conn: Option<Connection>,
     /// The broker's session the notes are in now.
     session: u64,
@@ -93,6 +98,7 @@ impl MqttSource {
                 "keep_alive_secs",
                 "session_expiry_secs",
                 "receive_maximum",
+                "max_message_bytes",
             ],
         )?;
         let common = common(config, name)?;
@@ -117,6 +123,11 @@ impl MqttSource {
         if !(1..=1000).contains(&receive_maximum) {
             return Err(ConnectError::Fatal("config.receive_maximum: 1 to 1000".into()));
         }
+        let max_message = key(config, "max_message_bytes", toml::Value::as_integer, "bytes")?.unwrap_or(1 << 20);
+        let max_message = u32::try_from(max_message)
+            .ok()
+            .filter(|m| (1024..=16 << 20).contains(m))
+            .ok_or_else(|| ConnectError::Fatal("config.max_message_bytes: 1 KiB to 16 MiB".into()))?;
         Ok(MqttSource {
             common,
             filters,
@@ -124,6 +135,7 @@ impl MqttSource {
             ty,
             session_expiry,
             receive_maximum,
+            max_message,
             conn: None,
             session: 0,
             held: VecDeque::new(),
@@ -238,7 +250,8 @@ impl Source for MqttSource {
         o.set_clean_start(false)
             .set_session_expiry_interval(Some(self.session_expiry))
             .set_manual_acks(true)
-            .set_receive_maximum(Some(self.receive_maximum));
+            .set_receive_maximum(Some(self.receive_maximum))
+            .set_max_packet_size(Some(self.max_message));
         let notes = usize::from(self.receive_maximum) + 64;
         self.conn = Some(Connection::open(o, self.filters.clone(), notes));
         Ok(())
