@@ -91,26 +91,36 @@ async fn injected_fault(shard: usize) {
 /// Fault injection for the test that proves `accept` and `/readyz` hold when the process runs
 /// out of descriptors for a reason outside the budget (a leak, the system's own limit):
 /// `EVMESH_TEST_FAULT=hold-descriptors` makes a thread take every free descriptor while the
-/// file `hold-descriptors` exists in the data directory, and give them back once it is gone.
+/// file `hold-descriptors` exists in the data directory (saying so by `hold-descriptors.held`),
+/// and give them back once it is gone.
 fn descriptor_fault(data_dir: &std::path::Path) -> std::io::Result<()> {
     if std::env::var("EVMESH_TEST_FAULT").ok().as_deref() != Some("hold-descriptors") {
         return Ok(());
     }
     let flag = data_dir.join("hold-descriptors");
+    let held_flag = data_dir.join("hold-descriptors.held");
     std::thread::Builder::new().name("evmesh-test-fault".into()).spawn(move || {
         let (mut held, mut filled) = (Vec::<std::fs::File>::new(), false);
         loop {
             // (`exists` is a stat: it needs no descriptor.)
             if flag.exists() {
                 // Once: what the broker frees afterwards is its own to take again.
-                while !filled {
-                    match std::fs::File::open("/dev/null") {
-                        Ok(f) => held.push(f),
-                        Err(_) => filled = true,
+                if !filled {
+                    while let Ok(f) = std::fs::File::open("/dev/null") {
+                        held.push(f);
                     }
+                    filled = true;
+                    // Told by a file (made with one of the held descriptors, taken back after):
+                    // a client that connected while the thread was still filling could see the
+                    // broker lose its spare descriptor to this thread, which no leak outside
+                    // the test does in the middle of an `accept`.
+                    held.pop();
+                    drop(std::fs::File::create(&held_flag));
+                    held.extend(std::fs::File::open("/dev/null"));
                 }
-            } else {
+            } else if filled {
                 (held, filled) = (Vec::new(), false);
+                let _ = std::fs::remove_file(&held_flag);
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -245,8 +245,11 @@ fn out_of_descriptors_new_clients_are_closed_at_once_and_readyz_says_why() {
         assert_eq!(admin.get("/readyz").status, 200);
         let flag = b.dir.join("hold-descriptors");
         std::fs::write(&flag, b"").unwrap();
-        // The fault takes hold when the broker next looks at the flag: on a loaded machine that
-        // can take a while. What is asserted is the bound on each refused client (2 s).
+        // The fault takes hold when its thread next looks at the flag: on a loaded machine that
+        // can take a while. Clients connect once it holds every descriptor; what is asserted is
+        // the bound on each refused client (2 s).
+        let held = b.dir.join("hold-descriptors.held");
+        wait_for(Duration::from_secs(30), || held.exists().then_some(()));
         let refused = wait_for(Duration::from_secs(30), || {
             let mut s = TcpStream::connect(b.traffic).ok()?;
             s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
