@@ -14,6 +14,7 @@
 //! the cluster, agents and subscriptions listings, the tenants' backlog).
 
 mod common;
+mod console;
 mod observe;
 mod policy;
 mod topics;
@@ -71,8 +72,9 @@ impl Handler for Admin {
         let (peer, cert) = conn;
         let path = req.path();
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-        // Health, readiness and metrics stay open (probes and scrapers); the rest is the admin API.
-        if segs.first() == Some(&"admin") {
+        // Health, readiness and metrics stay open (probes and scrapers); the rest is the admin API
+        // and the console that uses it.
+        if matches!(segs.first(), Some(&"admin" | &"console")) {
             let write = req.method() != Method::Get && req.method() != Method::Head;
             let access = match self.access(&req, *peer, cert.as_ref()) {
                 Ok(a) => a,
@@ -142,6 +144,8 @@ enum Endpoint<'a> {
     /// `GET | PUT | DELETE /admin/{kind}[/{key}]` for a policy kind (`acl`, `limits`, `quotas`,
     /// `transformers`, `routes`).
     Policy(policy::Answer, Op<'a>),
+    /// `GET /console[/{file}]`: the web console's page and its assets.
+    Console(&'static console::Asset),
 }
 
 /// The admin listener's route table: the endpoint a method and path (its `/`-separated
@@ -166,6 +170,8 @@ fn endpoint<'a>(method: Method, segs: &[&'a str], body: &'a [u8]) -> Option<Endp
         (Method::Get, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Get(key)),
         (Method::Put, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Put(key, body)),
         (Method::Delete, ["admin", kind, key]) => E::Policy(policy::kind(kind)?, Op::Delete(key)),
+        (Method::Get, ["console"] | ["console", ""]) => E::Console(console::INDEX),
+        (Method::Get, ["console", file]) => E::Console(console::asset(file)?),
         _ => return None,
     })
 }
@@ -185,10 +191,16 @@ impl Admin {
         cert: Option<&Principal>,
     ) -> Result<Access, Response> {
         let g = &self.shared.governance;
-        let token = req.header("authorization").and_then(|v| {
-            let scheme = v.get(..7)?;
-            scheme.eq_ignore_ascii_case(b"bearer ").then(|| v[7..].trim_ascii())
+        let basic = req.header("authorization").and_then(console::basic_password);
+        let token = basic.as_deref().or_else(|| {
+            req.header("authorization").and_then(|v| {
+                let scheme = v.get(..7)?;
+                scheme.eq_ignore_ascii_case(b"bearer ").then(|| v[7..].trim_ascii())
+            })
         });
+        // The console's page is opened by a browser, which asks for a password only when told
+        // `Basic` (the token is the password; the user name is not looked at).
+        let scheme = if req.path().starts_with("/console") { "Basic" } else { "Bearer" };
         let auth_on = g.config.mode != AuthMode::None;
         let now = std::time::Instant::now();
         if let Some(secs) = token.and_then(|_| self.failures.borrow().throttled(peer, now)) {
@@ -204,8 +216,9 @@ impl Admin {
             }
             g.audit(None, "ADMIN", "admin", "unauthenticated", Some(e.to_string()), peer);
             let challenge = match e {
-                AuthError::Missing => r#"Bearer realm="evmesh-admin""#.to_owned(),
-                _ => r#"Bearer realm="evmesh-admin", error="invalid_token""#.to_owned(),
+                AuthError::Missing => format!(r#"{scheme} realm="evmesh-admin""#),
+                _ if scheme == "Basic" => format!(r#"{scheme} realm="evmesh-admin""#),
+                _ => format!(r#"{scheme} realm="evmesh-admin", error="invalid_token""#),
             };
             problem(StatusCode::UNAUTHORIZED, &e.to_string()).with_header("www-authenticate", &challenge)
         };
@@ -293,6 +306,7 @@ impl Admin {
                 topics::replay(shared, &self.replaying, t).await
             }
             Endpoint::Policy(answer, op) => answer(shared, op),
+            Endpoint::Console(asset) => console::serve(asset),
         }
     }
 

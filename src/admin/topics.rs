@@ -18,6 +18,7 @@ use crate::shard::mailbox::{Overflow, Sender};
 use crate::shard::message::{EnsureReply, ShardMessage};
 use crate::shard::shared::Shared;
 use crate::storage::{meta, Storage, StorageError, TopicMeta};
+use crate::subscription::filter;
 
 /// Stored events one admin answer carries at most (about: the event that crosses it is kept);
 /// listings are paged with `from=`.
@@ -289,8 +290,11 @@ async fn replay_all(shared: &Shared, topic: &str) -> Result<u64, Result<Response
     Ok(replayed)
 }
 
-/// `GET /admin/topics/{topic}/partitions/{p}/events[?from=O&max=N]`: stored events from offset
-/// `from` (0), at most `max` (100, capped at 1000), as `[{"offset": O, "event": {...}}]`.
+/// `GET /admin/topics/{topic}/partitions/{p}/events[?from=O&max=N&filter=CESQL]`: stored events
+/// from offset `from` (0), at most `max` (100, capped at 1000), as
+/// `[{"offset": O, "event": {...}}]`; with `filter`, only those of the `max` read that the CESQL
+/// expression matches. `evmesh-next-offset` says where the next page starts (the console's
+/// live tail asks from there).
 pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Request<'_>) -> Response {
     // A lite topic (the operator's name for it): its one partition, stored under `:name`.
     let lite = crate::model::topic::is_lite(topic).then(|| crate::model::StoredTopic::lite(topic));
@@ -316,14 +320,20 @@ pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Reques
         (Ok(f), Ok(m)) => (f, m.min(1000) as usize),
         (Err(r), _) | (_, Err(r)) => return r,
     };
+    let filters = match req.query("filter").map(|sql| filter::compile(Some(&serde_json::json!([{ "sql": sql }])))) {
+        None => Vec::new(),
+        Some(Ok(f)) => f,
+        Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
     let frames = match log_of(shared, topic, p).read(topic, p, from, max, RESPONSE_BYTES) {
         Ok(f) => f,
         Err(e) => return storage_problem(&e),
     };
+    let next = frames.last().map_or(from, |f| f.header().offset + 1);
     let mut out = Vec::with_capacity(frames.len() * 1200 + 2);
     out.push(b'[');
-    for (i, f) in frames.iter().enumerate() {
-        if i > 0 {
+    for f in frames.iter().filter(|f| filter::matches_all(&filters, f.body())) {
+        if out.len() > 1 {
             out.push(b',');
         }
         out.extend_from_slice(format!("{{\"offset\":{},\"event\":", f.header().offset).as_bytes());
@@ -331,5 +341,5 @@ pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Reques
         out.push(b'}');
     }
     out.push(b']');
-    Response::json(StatusCode::OK, out)
+    Response::json(StatusCode::OK, out).with_header("evmesh-next-offset", next.to_string())
 }

@@ -60,3 +60,72 @@ fn a_bad_configuration_is_refused_with_its_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("durability"));
 }
+
+/// The console is behind the admin credential: without it a browser is asked for it (`Basic`,
+/// the only scheme a browser sends by itself) and gets no byte of the page; the admin token
+/// as the password opens the page and the admin API it calls; only the console's three files
+/// are served, each with a policy that keeps scripts and framing to this listener.
+#[test]
+fn the_console_is_served_only_with_the_admin_credential() {
+    use base64::Engine as _;
+    const TOKEN: &str = "admin-token-0123456789";
+    let b = TestBroker::start(&["--admin-token", TOKEN]);
+    let basic = |user: &str, pass: &str| {
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
+    };
+    let mut a = b.admin();
+    for path in ["/console", "/console/", "/console/console.js"] {
+        let r = a.get(path);
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.header("www-authenticate"), Some(r#"Basic realm="evmesh-admin""#), "{path}");
+        assert!(!r.text().contains("<html") && !r.text().contains("fetch("), "{path}: {}", r.text());
+        let wrong = basic("admin", "not-the-token-0123");
+        let r = a.request("GET", path, &[("authorization", &wrong)], b"");
+        assert_eq!(r.status, 401, "{path}");
+        assert!(!r.text().contains("<html"));
+    }
+    // The admin API keeps asking for a bearer token (what its clients send).
+    let r = a.get("/admin/topics");
+    assert_eq!(r.header("www-authenticate"), Some(r#"Bearer realm="evmesh-admin""#));
+    let good = basic("anyone", TOKEN);
+    let page = a.request("GET", "/console", &[("authorization", &good)], b"");
+    assert_eq!(page.status, 200);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"));
+    assert!(page.text().contains("/console/console.js"));
+    let csp = page.header("content-security-policy").unwrap();
+    assert!(csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(page.header("cache-control"), Some("no-store"));
+    let js = a.request("GET", "/console/console.js", &[("authorization", &good)], b"");
+    assert_eq!(js.status, 200);
+    assert!(js.header("content-type").unwrap().starts_with("text/javascript"));
+    for other in ["/console/../admin/topics", "/console/x.js", "/console/console.js/", "/console/a/b"] {
+        assert_eq!(a.request("GET", other, &[("authorization", &good)], b"").status, 404, "{other}");
+    }
+    // The same password opens the admin API the page calls.
+    assert_eq!(a.request("GET", "/admin/topics", &[("authorization", &good)], b"").status, 200);
+}
+
+/// The stored-events listing filtered by a CESQL expression (the console's live tail): only
+/// matching events, and where the next page starts whatever matched; a bad expression is 400.
+#[test]
+fn stored_events_filtered_by_cesql_say_where_the_next_page_starts() {
+    let b = TestBroker::start(&["--shards", "1"]);
+    let mut a = b.admin();
+    assert_eq!(a.request("PUT", "/admin/topics/tail", &[], br#"{"partitions":1}"#).status, 201);
+    for i in 0..6 {
+        let mut e = event(&format!("e{i}"));
+        e["type"] = if i % 3 == 0 { "com.example.hot" } else { "com.example.cold" }.into();
+        assert_eq!(b.publish("tail", &e).status, 202);
+    }
+    let q = "/admin/topics/tail/partitions/0/events?from=1&max=4&filter=type%20%3D%20%27com.example.hot%27";
+    let r = a.get(q);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let ids: Vec<_> =
+        r.json().as_array().unwrap().iter().map(|e| e["event"]["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids, ["e3"]);
+    assert_eq!(r.header("evmesh-next-offset"), Some("5"));
+    let r = a.get("/admin/topics/tail/partitions/0/events?from=6");
+    assert_eq!(r.json().as_array().unwrap().len(), 0);
+    assert_eq!(r.header("evmesh-next-offset"), Some("6"));
+    a.get("/admin/topics/tail/partitions/0/events?filter=type%20%3D%3D").assert_problem(400);
+}
