@@ -23,6 +23,10 @@ VENV=/var/tmp/evmesh-venv; NODE_DIR=/var/tmp/evmesh-node
   [ -d "$NODE_DIR/node_modules/@a2a-js/sdk" ] && [ -d "$NODE_DIR/node_modules/ws" ] ||
     { mkdir -p "$NODE_DIR"; npm install -s --prefix "$NODE_DIR" cloudevents@10.0.0 eventsource@3.0.7 \
         @a2a-js/sdk@1.3.0 ws@8.23.0 >/dev/null; }
+# OpenTelemetry's Python SDK (a traced publisher) and its protobuf messages (the tests'
+# collector decodes evmesh's OTLP exports with them).
+"$VENV/bin/python" -c 'import opentelemetry.sdk, opentelemetry.exporter.otlp.proto.http' 2>/dev/null ||
+    "$VENV/bin/pip" install -q opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
 # The Python SDK 1.x (the generation most installed; same package name as 2.x, so a directory of
 # its own, put on PYTHONPATH by the test that uses it) with requests, which it is used through.
 SDK1_DIR=/var/tmp/evmesh-sdk1
@@ -75,6 +79,9 @@ echo "== benches and fuzz targets build"; cargo build --release --workspace --be
 echo "== TypeScript client"
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 (cd clients/js && npm ci --no-audit --no-fund -s && npm run -s build && npm run -s typecheck && EVMESH_BIN="$CARGO_TARGET_DIR/release/evmesh" npm test)
+# The admin listener's web console in the same browser (puppeteer-core from clients/js).
+echo "== console"
+EVMESH_BIN="$CARGO_TARGET_DIR/release/evmesh" node --test tests/console/
 # The connectors' far sides (connect/tests), Debian's packages, each started by the tests in a
 # temporary directory: PostgreSQL (as the postgres user), mosquitto, redis-server.
 need=()

@@ -14,6 +14,8 @@ const USAGE: &str = "usage:
   evmesh pub | sub | request | stream | agent ... (the clients: evmesh <command> --help)
   evmesh print-config   (the commented defaults)";
 
+use evmesh::log;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // `serve` takes every configuration key as a flag: its own parser (config::RawConfig).
@@ -45,16 +47,34 @@ fn serve(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    evmesh::log::init(config.log_format, config.log_level.clone());
     evmesh::runtime::exit_on_panic();
     // Block the signals in every thread (the mask is inherited), and take them here.
     let signals = evmesh::sys::block_signals();
     let shards = config.shards;
     let durability = config.durability;
+    let tracing = config.otlp_endpoint.as_ref().map_or("off".to_owned(), |u| u.host.clone());
     match evmesh::runtime::start(config) {
         Ok((s, shared)) => {
             println!(
                 "evmesh listening traffic={} admin={} shards={} driver={:?} durability={:?}",
                 s.listen, s.admin_listen, shards, s.driver, durability
+            );
+            let c = &shared.config;
+            let storage = if matches!(c.storage, evmesh::config::StorageKind::Embedded) { "embedded" } else { "kafka" };
+            log::info(
+                "start",
+                "started",
+                &[
+                    ("traffic", &s.listen),
+                    ("admin", &s.admin_listen),
+                    ("shards", &shards),
+                    ("driver", &format_args!("{:?}", s.driver)),
+                    ("durability", &format_args!("{durability:?}")),
+                    ("storage", &storage),
+                    ("instance", &c.instance_id),
+                    ("tracing", &tracing),
+                ],
             );
             let sig = loop {
                 let sig = evmesh::sys::wait_for_signal(&signals);
@@ -62,18 +82,20 @@ fn serve(args: &[String]) -> ExitCode {
                     break sig;
                 }
                 match shared.tls.as_deref().map(|t| t.reload()) {
-                    None => eprintln!("evmesh: SIGHUP: no TLS files to reload"),
-                    Some(Ok(())) => eprintln!("evmesh: SIGHUP: TLS certificate and key reloaded"),
-                    Some(Err(e)) => eprintln!("evmesh: SIGHUP: TLS files not reloaded, the old ones stay: {e}"),
+                    None => log::warn("tls", "SIGHUP: no TLS files to reload", &[]),
+                    Some(Ok(())) => log::info("tls", "SIGHUP: TLS certificate and key reloaded", &[]),
+                    Some(Err(e)) => {
+                        log::warn("tls", "SIGHUP: TLS files not reloaded, the old ones stay", &[("error", &e)])
+                    }
                 }
             };
-            eprintln!("evmesh: signal {sig}, stopping");
+            log::info("stop", &format!("signal {sig}, stopping"), &[]);
             // Whatever durability was chosen, a clean stop loses nothing the OS has.
             let _ = shared.db.flush_wal(true);
             std::process::exit(0);
         }
         Err(e) => {
-            eprintln!("evmesh: cannot start: {e}");
+            log::event(log::Level::Error, "start", &format!("cannot start: {e}"), &[]);
             ExitCode::FAILURE
         }
     }

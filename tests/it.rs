@@ -13,6 +13,7 @@ mod it {
     mod cli;
     mod cluster;
     mod delivery;
+    mod deploy;
     mod docs;
     mod durability;
     mod errors;
@@ -31,6 +32,7 @@ mod it {
     mod session;
     mod subscriptions;
     pub mod tls;
+    mod tracing;
     pub mod webhook;
     mod ws;
     mod ws_publish;

@@ -93,21 +93,32 @@ pub fn measure_backlog(shared: &Shared) -> Result<Vec<(String, u64)>, crate::sto
 /// `GET /readyz`: 200 once every shard runs its event loop; 503 (with why) while one has not
 /// started or stalled, after a failed sync, or while descriptors run short.
 pub(super) fn readyz(shared: &Shared) -> Response {
+    match not_ready(shared) {
+        None => Response::json(StatusCode::OK, r#"{"status":"ready"}"#),
+        Some((detail, retry)) => {
+            let r = problem(StatusCode::SERVICE_UNAVAILABLE, &detail);
+            match retry {
+                Some(secs) => r.with_header("retry-after", secs),
+                None => r,
+            }
+        }
+    }
+}
+
+/// Why the broker is not ready (and in how many seconds to ask again), or `None`: ready.
+fn not_ready(shared: &Shared) -> Option<(String, Option<&'static str>)> {
     let ready = shared.ready.load(Ordering::Acquire);
     let stalled = shared.stalled_shards();
     if let Some(why) = shared.syncer.as_ref().and_then(|s| s.failure()) {
-        let detail = format!("{why}: nothing written since is durable; restart evmesh to recover");
-        problem(StatusCode::SERVICE_UNAVAILABLE, &detail)
+        Some((format!("{why}: nothing written since is durable; restart evmesh to recover"), None))
     } else if let Some(why) = shared.descriptors_short() {
-        problem(StatusCode::SERVICE_UNAVAILABLE, &why).with_header("retry-after", "5")
+        Some((why, Some("5")))
     } else if ready == shared.config.shards && stalled.is_empty() {
-        Response::json(StatusCode::OK, r#"{"status":"ready"}"#)
+        None
     } else if ready == shared.config.shards {
-        let detail = format!("shards {stalled:?} have not run their event loop for over 5 s");
-        problem(StatusCode::SERVICE_UNAVAILABLE, &detail).with_header("retry-after", "1")
+        Some((format!("shards {stalled:?} have not run their event loop for over 5 s"), Some("1")))
     } else {
-        problem(StatusCode::SERVICE_UNAVAILABLE, &format!("{ready} of {} shards ready", shared.config.shards))
-            .with_header("retry-after", "1")
+        Some((format!("{ready} of {} shards ready", shared.config.shards), Some("1")))
     }
 }
 
@@ -224,8 +235,47 @@ pub(super) fn metrics(shared: &Shared) -> Response {
             calls.expired.load(Ordering::Relaxed),
         ),
         ("evmesh_stream_buffer_bytes", "gauge", "Chunk bytes held by turn logs", calls.held() as u64),
+        (
+            "evmesh_ready",
+            "gauge",
+            "1 while GET /readyz answers 200 (every shard turning, storage writable, descriptors to accept)",
+            u64::from(not_ready(shared).is_none()),
+        ),
+        (
+            "evmesh_descriptors_short",
+            "gauge",
+            "1 while a shard could not accept a connection for want of a file descriptor (see /readyz)",
+            u64::from(shared.descriptors_short().is_some()),
+        ),
+        (
+            "evmesh_trace_spans_exported_total",
+            "counter",
+            "Spans the collector took (otlp_endpoint)",
+            crate::trace::EXPORTED.load(Ordering::Relaxed),
+        ),
+        (
+            "evmesh_trace_spans_dropped_total",
+            "counter",
+            "Spans dropped because the exporter's queue was full (a shard never waits for it)",
+            crate::trace::DROPPED.load(Ordering::Relaxed),
+        ),
+        (
+            "evmesh_trace_spans_failed_total",
+            "counter",
+            "Spans lost because the collector could not be reached or refused them",
+            crate::trace::FAILED.load(Ordering::Relaxed),
+        ),
     ] {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
+    }
+    let name = "evmesh_shard_heartbeat_age_seconds";
+    out.push_str(&format!(
+        "# HELP {name} Time since the shard's event loop last turned (over 5 s: /readyz is 503)\n# TYPE {name} gauge\n"
+    ));
+    let now = shared.epoch.elapsed().as_millis() as u64;
+    for (i, beat) in shared.beats.iter().enumerate() {
+        let age = now.saturating_sub(beat.load(Ordering::Relaxed));
+        out.push_str(&format!("{name}{{shard=\"{i}\"}} {}.{:03}\n", age / 1000, age % 1000));
     }
     let name = "evmesh_mailbox_depth";
     out.push_str(&format!("# HELP {name} Messages waiting in a shard's inbound rings\n# TYPE {name} gauge\n"));

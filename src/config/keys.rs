@@ -9,6 +9,7 @@ pub const DEFAULT_TOML: &str = include_str!("../../evmesh.toml");
 pub(super) enum Kind {
     Str,
     Int,
+    Float,
     Bool,
 }
 
@@ -92,6 +93,11 @@ pub const KEYS: &[(&str, &str)] = &[
     ("tls_cert", "TLS on both listeners: certificate chain (PEM), read again on SIGHUP; empty = plain TCP"),
     ("tls_key", "the private key of tls_cert (PEM), read again on SIGHUP"),
     ("tls_client_ca", "mutual TLS: the CA clients' certificates must chain to; the subject is the principal"),
+    ("otlp_endpoint", "OpenTelemetry collector base URL (traces POSTed to /v1/traces); empty = tracing off"),
+    ("otlp_protocol", "http/protobuf | http/json"),
+    ("trace_sample_ratio", "share of new traces recorded, 0.0-1.0 (a traceparent's sampled flag wins)"),
+    ("log_format", "text | json"),
+    ("log_level", "error | warn | info | debug, then target=level pairs (RUST_LOG style)"),
 ];
 
 pub(super) fn kind(key: &str) -> Kind {
@@ -120,7 +126,12 @@ pub(super) fn kind(key: &str) -> Kind {
         | "advertised_url"
         | "webhook_ca_file"
         | "instance_id"
-        | "cors_allowed_origins" => Kind::Str,
+        | "cors_allowed_origins"
+        | "otlp_endpoint"
+        | "otlp_protocol"
+        | "log_format"
+        | "log_level" => Kind::Str,
+        "trace_sample_ratio" => Kind::Float,
         "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
         _ => Kind::Int,
     }

@@ -19,7 +19,7 @@ mod validate;
 pub use error::ConfigError;
 pub use keys::{DEFAULT_TOML, KEYS};
 pub use raw::RawConfig;
-pub use settings::{local_url, Config, IoDriver, StorageKind, MAX_WINDOW};
+pub use settings::{local_url, Config, IoDriver, OtlpProtocol, StorageKind, MAX_WINDOW};
 
 #[cfg(test)]
 mod tests;

@@ -86,6 +86,11 @@ pub struct RawConfig {
     pub(super) tls_cert: String,
     pub(super) tls_key: String,
     pub(super) tls_client_ca: String,
+    pub(super) otlp_endpoint: String,
+    pub(super) otlp_protocol: String,
+    pub(super) trace_sample_ratio: f64,
+    pub(super) log_format: String,
+    pub(super) log_level: String,
     /// `[[acl]]` tables: the config file's ACL rules (only in a file, not as flags).
     #[serde(default)]
     pub(super) acl: Vec<AclRaw>,
@@ -106,6 +111,10 @@ fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<()
         Kind::Int => toml::Value::Integer(raw.trim().parse().map_err(|_| ConfigError::Parse {
             origin: origin.to_owned(),
             message: format!("{key} must be a whole number, got {raw:?}"),
+        })?),
+        Kind::Float => toml::Value::Float(raw.trim().parse().map_err(|_| ConfigError::Parse {
+            origin: origin.to_owned(),
+            message: format!("{key} must be a number, got {raw:?}"),
         })?),
         Kind::Bool => toml::Value::Boolean(match raw.trim() {
             "true" => true,

@@ -101,6 +101,22 @@ pub struct Config {
     pub auth: crate::governance::AuthConfig,
     /// `None`: plain TCP.
     pub tls: Option<crate::server::tls::TlsFiles>,
+    /// Where traces go (`<otlp_endpoint>/v1/traces`); `None`: tracing off.
+    pub otlp_endpoint: Option<crate::server::client::Url>,
+    pub otlp_protocol: OtlpProtocol,
+    /// The share of new traces recorded.
+    pub trace_sample_ratio: f64,
+    pub log_format: crate::log::Format,
+    pub log_level: crate::log::Filter,
+}
+
+/// How spans are encoded for the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// `http/protobuf`
+    Protobuf,
+    /// `http/json`
+    Json,
 }
 
 /// The URL of a bound traffic listener: `http(s)://ip:port`, loopback for a wildcard address.

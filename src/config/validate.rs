@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use super::error::ConfigError;
 use super::raw::{KafkaRaw, RawConfig};
-use super::settings::{Config, IoDriver, StorageKind, MAX_WINDOW};
+use super::settings::{Config, IoDriver, OtlpProtocol, StorageKind, MAX_WINDOW};
 use crate::http::Limits;
+use crate::log::{Filter, Format};
 use crate::storage::Durability;
 
 /// The value `v` names among `choices`, or an error listing them.
@@ -219,7 +220,39 @@ impl RawConfig {
             },
             auth,
             tls,
+            otlp_endpoint: self.otlp_endpoint()?,
+            otlp_protocol: one_of(
+                "otlp_protocol",
+                &self.otlp_protocol,
+                &[("http/protobuf", OtlpProtocol::Protobuf), ("http/json", OtlpProtocol::Json)],
+            )?,
+            trace_sample_ratio: match self.trace_sample_ratio {
+                r if (0.0..=1.0).contains(&r) => r,
+                r => {
+                    return Err(ConfigError::Invalid {
+                        key: "trace_sample_ratio",
+                        message: format!("{r} is outside 0.0..=1.0"),
+                    })
+                }
+            },
+            log_format: one_of("log_format", &self.log_format, &[("text", Format::Text), ("json", Format::Json)])?,
+            log_level: Filter::parse(&self.log_level)
+                .map_err(|message| ConfigError::Invalid { key: "log_level", message })?,
         })
+    }
+
+    /// `otlp_endpoint` checked (an `http://` or `https://` base URL); the traces' URL is it
+    /// with `/v1/traces` after its path, as OpenTelemetry's exporters do.
+    fn otlp_endpoint(&self) -> Result<Option<crate::server::client::Url>, ConfigError> {
+        let base = self.otlp_endpoint.trim().trim_end_matches('/');
+        if base.is_empty() {
+            return Ok(None);
+        }
+        let bad = |message: String| ConfigError::Invalid { key: "otlp_endpoint", message };
+        if base.contains(['?', '#']) {
+            return Err(bad(format!("{base:?}: a base URL has no query or fragment")));
+        }
+        crate::server::client::Url::parse(&format!("{base}/v1/traces")).map(Some).map_err(bad)
     }
 
     /// `cors_allowed_origins`: `*`, or origins (`http[s]://host[:port]`, no path), comma-separated.

@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 
 use super::gate::{shed, Gate, Quotaed};
 use super::responses::storage_problem;
+use super::traced::{Headers, Publishing};
 use super::Traffic;
 use crate::adaptor::cloudevents::{self, CeError, Mode};
 use crate::governance::acl::Action;
@@ -183,8 +184,10 @@ impl Traffic {
         let topic = self.topic_named(gate, named, Action::Publish, Some(req))?;
         let mut frames = adaptor.frames(&To { topic: &topic, turn: None }, req)?;
         let now = crate::model::clock::now_micros();
-        for f in &mut frames {
+        let (mut traced, headers) = (Publishing::new(&topic), Headers::of(req));
+        for (i, f) in frames.iter_mut().enumerate() {
             f.set_timestamp(now);
+            traced.begin(i, f, headers);
         }
         // Rate limits count what was parsed: a refused or malformed request takes nothing.
         gate.limit(&topic, frames.len() as u64, adaptor.bytes(req))?;
@@ -192,6 +195,7 @@ impl Traffic {
         // Then the topic's transformer and routes: where each event is stored, and as what.
         let routed = self.transform_and_route(&gate.snap, &topic, frames)?;
         let (n, first) = (routed.events(), routed.first);
+        traced.storing();
         let stored = self.store_routed(routed.groups).await?;
         let m = self.shard.shared.metrics.shard(self.shard.id);
         m.events_published.add(n as u64);
@@ -206,6 +210,7 @@ impl Traffic {
                 Placed { partition: p.0, offset: o, moved_to }
             })
             .collect();
+        traced.stored(|i| Some((placed[i].partition, placed[i].offset)));
         Ok(adaptor.accepted(&placed))
     }
 

@@ -34,6 +34,7 @@ mod router;
 mod session;
 mod store;
 mod subscribe;
+mod traced;
 mod ws_publish;
 
 use std::cell::RefCell;

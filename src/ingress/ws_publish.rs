@@ -28,6 +28,7 @@ use smallvec::SmallVec;
 
 use super::gate::{shed, Gate, Quotaed};
 use super::responses::ws_upgrade;
+use super::traced::{Headers, Publishing};
 use super::{pipeline, Traffic};
 use crate::adaptor::cloudevents;
 use crate::governance::acl::{Action, Kind};
@@ -247,6 +248,7 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
     // Over the memory limit nothing is parsed (as `POST /events/publish` answers 503 first).
     let shed = traffic.shard.shared.memory.shed_now().then(|| refusal(&super::gate::shed()));
     let shared_refusal = gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r));
+    let mut traced = Publishing::new(topic);
     for t in texts {
         let t = t.as_ref();
         if let Some(r) = &shed {
@@ -261,6 +263,7 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
             }
         };
         f.set_timestamp(now);
+        traced.begin(each.len(), &mut f, Headers::default());
         let id = f.body().attr_str("id").map(str::to_owned);
         if let Some(r) = &shared_refusal {
             each.push((id, Err(r.clone())));
@@ -295,11 +298,19 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
         }
         each.push((id, Ok(first.expect("the first copy's group is among the groups"))));
     }
+    traced.storing();
     let stored: Result<pipeline::Groups<'_, (PartitionId, u64)>, (u16, String)> = if groups.is_empty() {
         Ok(SmallVec::new())
     } else {
         traffic.store_routed(groups).await.map_err(|r| refusal(&r))
     };
+    if let Ok(stored) = &stored {
+        traced.stored(|i| {
+            let (g, at) = *each[i].1.as_ref().ok()?;
+            let (p, o) = stored[g].1[at];
+            Some((p.0, o))
+        });
+    }
     let mut published = 0;
     for (id, placed) in &each {
         let result = match (placed, &stored) {

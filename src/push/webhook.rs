@@ -441,6 +441,22 @@ async fn serve(shard: &Rc<Shard>, target: &Target, topic: &str, url: &Url) {
     shard.announce_session(SessionEvent { consumer, topic: topic.to_owned(), session: at, change });
 }
 
+/// The event's trace context as W3C Trace Context headers (SPEC "Observability": a delivery
+/// carries it as a header where the transport has headers), besides whatever the wire wrote;
+/// only a `traceparent` that parses, and a `tracestate` of visible ASCII, so an event's
+/// attribute never writes a header of its own.
+fn trace_headers(frame: &frame_codec::Frame, headers: &mut Vec<(String, String)>) {
+    let body = frame.body();
+    let Some(parent) = body.attr_str("traceparent").and_then(crate::trace::TraceParent::parse) else { return };
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("traceparent")) {
+        headers.push(("traceparent".into(), parent.format()));
+    }
+    let state = body.attr_str("tracestate").filter(|s| s.len() <= 512 && s.bytes().all(|b| (b' '..=b'~').contains(&b)));
+    if let (Some(state), false) = (state, headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("tracestate"))) {
+        headers.push(("tracestate".into(), state.to_owned()));
+    }
+}
+
 /// POSTs one event; returns its partition, offset and how it went.
 async fn post(
     pool: &Pool,
@@ -464,6 +480,7 @@ async fn post(
     let push = PushContext { delivery_id: &id, attempt: e.attempt, target: &url.target, now_s };
     let (mut headers, body) = wire.request(frame, &push);
     headers.push(("x-em-delivery-id".into(), id));
+    trace_headers(frame, &mut headers);
     let refs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
     // Each step within `timeout`, and the whole request within three of them (a sink that
     // trickles its answer does not hold a request for longer).

@@ -10,6 +10,7 @@ mod cluster;
 mod error;
 #[cfg(feature = "kafka")]
 mod kafka_log;
+mod otlp;
 mod pump;
 
 pub use error::StartError;
@@ -61,9 +62,14 @@ pub fn exit_on_panic() {
     std::panic::set_hook(Box::new(move |info| {
         default(info);
         let thread = std::thread::current();
-        eprintln!(
-            "evmesh: fatal: thread {} panicked; exiting (status 101) so that nothing is served half-alive",
-            thread.name().unwrap_or("<unnamed>")
+        crate::log::event(
+            crate::log::Level::Error,
+            "shard",
+            &format!(
+                "fatal: thread {} panicked; exiting (status 101) so that nothing is served half-alive",
+                thread.name().unwrap_or("<unnamed>")
+            ),
+            &[],
         );
         crate::sys::exit_now(101);
     }));
@@ -392,6 +398,16 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         kafka_log::start(&shared, k)?;
     }
     cluster::start(&shared, to_start)?;
+    if let Some(endpoint) = &shared.config.otlp_endpoint {
+        let c = &shared.config;
+        let exporter = otlp::Exporter {
+            endpoint: endpoint.clone(),
+            protocol: c.otlp_protocol,
+            instance_id: c.instance_id.clone(),
+            tls: shared.client_tls.clone(),
+        };
+        otlp::start(exporter, c.trace_sample_ratio)?;
+    }
     descriptor_fault(&shared.config.data_dir)?;
     {
         let shared = shared.clone();

@@ -357,7 +357,8 @@ impl Shard {
         monoio::spawn(async move {
             let r = me.append_dead(&key, p, o, attempts, reason).await;
             if let Err(e) = &r {
-                eprintln!("evmesh: {}: dead-lettering {}@{p}:{o} failed, retrying: {e}", me.id, key.subscription);
+                let what = format!("{}@{p}:{o}", key.subscription);
+                crate::log::warn("dlq", "dead-lettering failed, retrying", &[("event", &what), ("error", e)]);
             } else {
                 me.shared.metrics.shard(me.id).dead_lettered.inc();
             }
@@ -420,7 +421,57 @@ impl Shard {
         // Its local copy is read (GET /admin/dlq, replays): followed where dead letters go.
         self.shared.follow_topic(&dlq);
         let partition = partition_of(&frame, m.partitions).unwrap_or_else(|| self.local_partition(&dlq, &m));
-        self.append(&dlq, partition, vec![frame]).await.map(|_| ())
+        let context = body.attributes.iter().find(|a| a.name == "traceparent").and_then(|a| match &a.value {
+            AttrValue::Str(v) => crate::trace::TraceParent::parse(v),
+            _ => None,
+        });
+        let span = context.filter(|c| crate::trace::on() && c.sampled()).map(|c| {
+            let id = |name: &str| body.attributes.iter().find(|a| a.name == name).map(|a| a.value.clone());
+            let text = |v: Option<AttrValue>| match v {
+                Some(AttrValue::Str(s)) => s,
+                _ => String::new(),
+            };
+            let kind = crate::trace::Kind::Producer;
+            crate::trace::Span::messaging(
+                c.trace_id,
+                Some(c.span_id),
+                kind,
+                "dead-letter",
+                &dlq,
+                crate::trace::now_ns(),
+            )
+            .event(&text(id("id")), &text(id("type")))
+            .with("messaging.consumer.group.name", key.subscription.clone())
+            .with("messaging.evmesh.reason", reason.to_owned())
+            .with("messaging.evmesh.attempts", u64::from(attempts))
+        });
+        let appended = self.append(&dlq, partition, vec![frame]).await;
+        let trace_id = context.map(|c| {
+            let mut s = String::with_capacity(32);
+            crate::trace::context::hex_into(&c.trace_id, &mut s);
+            s
+        });
+        if appended.is_ok() {
+            crate::log::warn(
+                "dlq",
+                "dead-lettered",
+                &[
+                    ("subscription", &key.subscription),
+                    ("topic", &topic),
+                    ("partition", &p),
+                    ("offset", &o),
+                    ("attempts", &attempts),
+                    ("reason", &reason),
+                    ("trace_id", &trace_id.as_deref().unwrap_or("-")),
+                ],
+            );
+        }
+        match (span, &appended) {
+            (Some(s), Ok(at)) => s.stored_at(partition.0, *at).end(None),
+            (Some(s), Err(e)) => s.end(Some(e.to_string().into())),
+            (None, _) => {}
+        }
+        appended.map(|_| ())
     }
 
     /// Expires unacknowledged deliveries and sends due redeliveries, forever.

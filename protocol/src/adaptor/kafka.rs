@@ -66,6 +66,10 @@ pub fn to_record(frame: &Frame) -> Record {
         if name == "partitionkey" {
             key = Some(value.clone());
         }
+        if name == "traceparent" || name == "tracestate" {
+            // W3C Trace Context's own header too, which Kafka clients' tracing reads.
+            headers.push((name.to_owned(), value.clone()));
+        }
         if name == "datacontenttype" {
             headers.push(("content-type".to_owned(), value));
         } else {
@@ -137,6 +141,12 @@ pub fn from_record(
             _ => AttrValue::Str(s),
         };
         attributes.push(Attribute { name: attr, value });
+    }
+    // A producer that traces with W3C's header only: its context is the event's.
+    for name in ["traceparent", "tracestate"] {
+        if let (Some(v), false) = (header(name), attributes.iter().any(|a| a.name == name)) {
+            attributes.push(Attribute { name: name.to_owned(), value: AttrValue::Str(text(v)?) });
+        }
     }
     if let (Some(k), false) = (key, attributes.iter().any(|a| a.name == "partitionkey")) {
         attributes.push(Attribute { name: "partitionkey".into(), value: AttrValue::Str(text(k)?) });
@@ -224,6 +234,30 @@ mod tests {
         assert_eq!(r.key.as_deref(), Some(&b"k1"[..]), "the key is the partitionkey");
         assert!(r.headers.iter().any(|(n, v)| n == "content-type" && v == b"application/json"));
         assert_eq!(r.value, b"1");
+    }
+
+    #[test]
+    fn trace_context_travels_as_the_w3c_header_too() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let (r, _, back) = round_trip(&format!(
+            r#"{{"specversion":"1.0","id":"a","source":"/s","type":"t","traceparent":"{tp}","tracestate":"k=v"}}"#
+        ));
+        for name in ["traceparent", "ce_traceparent"] {
+            assert!(r.headers.iter().any(|(n, v)| n == name && v == tp.as_bytes()), "{name}");
+        }
+        assert!(r.headers.iter().any(|(n, v)| n == "tracestate" && v == b"k=v"));
+        assert_eq!(back.body().attr_str("traceparent"), Some(tp));
+        assert_eq!(back.body().attributes.iter().filter(|a| a.name.as_str() == "traceparent").count(), 1);
+        // A producer that sets only W3C's header: the event carries its context.
+        let h: Vec<(&str, &[u8])> = vec![
+            ("ce_specversion", b"1.0"),
+            ("ce_id", b"x"),
+            ("ce_source", b"/other"),
+            ("ce_type", b"t"),
+            ("traceparent", tp.as_bytes()),
+        ];
+        let f = from_record("t", 0, 0, None, &h, b"", 0).unwrap();
+        assert_eq!(f.body().attr_str("traceparent"), Some(tp));
     }
 
     #[test]

@@ -8,6 +8,7 @@ use super::effect::{now_ms, persist, Effect, NACK, REJECTED};
 use super::source::Source;
 use super::state::{Consumer, InFlight, Part, Retry};
 use super::timers::Jitter;
+use super::traced::{self, Settled};
 use crate::model::delivery::{AckKind, ConsumerKey};
 
 impl Machine {
@@ -31,11 +32,19 @@ impl Machine {
         let (gen, max) = (c.gen, c.def.max_attempts);
         let Consumer { parts, sessions, persist: keep, def, .. } = c;
         let Some(part) = parts.get_mut(p) else { return true };
+        let op = match kind {
+            AckKind::Ack | AckKind::UpTo => "ack",
+            AckKind::Release(_) => "release",
+            AckKind::Reject => "reject",
+            AckKind::Nack => "nack",
+            AckKind::Defer(_) => "defer",
+        };
         let mut settle = |o: u64, part: &mut Part| -> Option<InFlight> {
             let f = part.inflight.remove(&o)?;
             if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
                 s.release(&f);
             }
+            traced::settled((&f.trace, f.attempt), def, p, o, Settled::By(op));
             Some(f)
         };
         match kind {

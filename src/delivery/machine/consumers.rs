@@ -106,7 +106,9 @@ impl Machine {
             let gone: Vec<(u64, u16, bool)> =
                 part.inflight.iter().filter(|(_, f)| f.session == at).map(|(&o, f)| (o, f.attempt, f.rpc)).collect();
             for (o, attempt, rpc) in gone {
-                part.inflight.remove(&o);
+                if let Some(f) = part.inflight.remove(&o) {
+                    super::traced::settled((&f.trace, f.attempt), &c.def, *p, o, super::traced::Settled::SessionGone);
+                }
                 if !rpc && part.failed(o, attempt, max, now) {
                     out.push(Effect::dead_letter(&rc, c.gen, *p, o, attempt, ACK_TIMEOUT));
                 }

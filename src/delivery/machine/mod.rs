@@ -50,6 +50,7 @@ mod pump;
 mod source;
 mod state;
 mod timers;
+mod traced;
 
 pub use crate::config::MAX_WINDOW;
 pub use consumers::Machine;

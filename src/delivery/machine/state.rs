@@ -44,7 +44,7 @@ impl Sess {
     pub(super) fn take(&mut self, part: &mut Part, o: u64, attempt: u16, f: &Frame, deadline: Instant) {
         let bytes = f.as_bytes().len() as u32;
         let rpc = request_deadline(f).is_some();
-        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes, rpc });
+        part.inflight.insert(o, InFlight { attempt, session: self.at, bytes, rpc, trace: super::traced::flight(f) });
         part.deadlines.push_back((deadline, o, attempt));
         self.inflight += 1;
         self.bytes += bytes as usize;
@@ -64,6 +64,8 @@ pub(super) struct InFlight {
     pub(super) bytes: u32,
     /// A request: settled, never retried, when its delivery fails.
     pub(super) rpc: bool,
+    /// Its spans, when its trace is recorded.
+    pub(super) trace: Option<Box<super::traced::Flight>>,
 }
 
 #[derive(Clone, Copy)]

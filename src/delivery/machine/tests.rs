@@ -433,7 +433,7 @@ fn backoff_doubles_to_sixteen_times_with_bounded_jitter() {
 fn committed_is_the_lowest_unsettled_offset() {
     let mut part = Part { next: 10, ..Part::default() };
     assert_eq!(part.committed(), 10);
-    part.inflight.insert(7, InFlight { attempt: 1, session: sess(1), bytes: 10, rpc: false });
+    part.inflight.insert(7, InFlight { attempt: 1, session: sess(1), bytes: 10, rpc: false, trace: None });
     part.retry.insert(5, Retry { attempt: 1, due: Instant::now() });
     assert_eq!(part.committed(), 5);
     part.retry.clear();

@@ -18,7 +18,7 @@ impl Machine {
         let mut jitter = Jitter(&mut self.rng);
         for (key, c) in self.consumers.iter_mut() {
             let max = c.def.max_attempts;
-            let Consumer { parts, sessions, gen, .. } = c;
+            let Consumer { parts, sessions, gen, def, .. } = c;
             for (p, part) in parts.0.iter_mut() {
                 let mut expired = false;
                 while let Some(&(deadline, o, attempt)) = part.deadlines.front() {
@@ -34,6 +34,7 @@ impl Machine {
                     if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
                         s.release(&f);
                     }
+                    super::traced::settled((&f.trace, f.attempt), def, *p, o, super::traced::Settled::TimedOut);
                     expired = true;
                     if !f.rpc && part.failed(o, attempt, max, now + jitter.backoff(base, attempt)) {
                         out.push(Effect::dead_letter(key, *gen, *p, o, attempt, ACK_TIMEOUT));

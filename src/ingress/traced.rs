@@ -1,0 +1,129 @@
+//! Trace context at ingress (SPEC "Observability"): the `traceparent` and `tracestate` a
+//! request carries as HTTP headers are put on each of its events that carries none (an
+//! event's own is never overwritten: it names the trace the event started in), so that every
+//! delivery carries it on. With tracing on, each sampled event gets a `publish` span (a
+//! child of its context) and a `store` span under it; an event that starts a trace here gets
+//! a `traceparent` naming its publish span, so its deliveries join that trace.
+
+use std::borrow::Cow;
+
+use frame_codec::{AttrValue, Attribute, Frame};
+
+use crate::trace::{self, Kind, Span, TraceParent};
+
+/// A request's trace context headers, as sent (`traceparent` only when it parses).
+#[derive(Default, Clone, Copy)]
+pub(super) struct Headers<'a> {
+    pub parent: Option<&'a str>,
+    pub state: Option<&'a str>,
+}
+
+impl<'a> Headers<'a> {
+    pub(super) fn of(req: &crate::server::Request<'a>) -> Headers<'a> {
+        let text = |name| req.header(name).and_then(|v| std::str::from_utf8(v).ok());
+        Headers { parent: text("traceparent").filter(|v| TraceParent::parse(v).is_some()), state: text("tracestate") }
+    }
+}
+
+/// Puts `extra` attributes after `f`'s own (a rare path: a context the event did not carry).
+fn with_attributes(f: &mut Frame, extra: Vec<Attribute>) {
+    if extra.is_empty() {
+        return;
+    }
+    let mut body = f.to_body();
+    body.attributes.extend(extra);
+    if let Ok(g) = Frame::encode(&f.header(), &body) {
+        *f = g;
+    }
+}
+
+/// Event `f`, published to `topic` with request headers `h`: the headers' context put on it if
+/// it has none, and, if this trace is recorded, its publish span begun (not yet ended).
+pub(super) fn begin(topic: &str, f: &mut Frame, h: Headers<'_>) -> Option<Span> {
+    let body = f.body();
+    let own = body.attr("traceparent").is_some();
+    let mut extra = Vec::new();
+    if !own {
+        if let Some(p) = h.parent {
+            extra.push(Attribute { name: "traceparent".into(), value: AttrValue::Str(p.to_owned()) });
+            if let (Some(s), None) = (h.state, body.attr("tracestate")) {
+                extra.push(Attribute { name: "tracestate".into(), value: AttrValue::Str(s.to_owned()) });
+            }
+        }
+    }
+    if !trace::on() {
+        with_attributes(f, extra);
+        return None;
+    }
+    let parent = match own {
+        true => body.attr_str("traceparent").and_then(TraceParent::parse),
+        false => h.parent.and_then(TraceParent::parse),
+    };
+    if !trace::sampled(parent.as_ref()) {
+        with_attributes(f, extra);
+        return None;
+    }
+    let (trace_id, parent_id) = parent.map_or_else(|| (trace::trace_id(), None), |p| (p.trace_id, Some(p.span_id)));
+    let span = Span::messaging(trace_id, parent_id, Kind::Producer, "publish", topic, trace::now_ns())
+        .event(body.attr_str("id").unwrap_or_default(), body.attr_str("type").unwrap_or_default());
+    // A trace started here: the event names its publish span (unless it carries a value of
+    // its own that is no valid traceparent, which stays as it is).
+    if parent.is_none() && !own {
+        extra.push(Attribute { name: "traceparent".into(), value: AttrValue::Str(span.context().format()) });
+    }
+    with_attributes(f, extra);
+    Some(span)
+}
+
+/// A publish's recorded spans, by event (its index in the request): ended with where each
+/// event was stored by [`Publishing::stored`], or as failed if the publish was refused or
+/// failed before (when dropped).
+pub(super) struct Publishing<'t> {
+    topic: &'t str,
+    spans: Vec<(usize, Span)>,
+    store_start_ns: u64,
+}
+
+impl<'t> Publishing<'t> {
+    pub(super) fn new(topic: &'t str) -> Self {
+        Publishing { topic, spans: Vec::new(), store_start_ns: 0 }
+    }
+
+    /// Event `event` of the publish, through [`begin`].
+    pub(super) fn begin(&mut self, event: usize, f: &mut Frame, h: Headers<'_>) {
+        if let Some(s) = begin(self.topic, f, h) {
+            self.spans.push((event, s));
+        }
+    }
+
+    /// The store begins now.
+    pub(super) fn storing(&mut self) {
+        if !self.spans.is_empty() {
+            self.store_start_ns = trace::now_ns();
+        }
+    }
+
+    /// Each event is stored where `placed` says (`None`: it was refused): its store span (from
+    /// [`Publishing::storing`]), then its publish span, ended.
+    pub(super) fn stored(mut self, placed: impl Fn(usize) -> Option<(u32, u64)>) {
+        for (i, span) in std::mem::take(&mut self.spans) {
+            let Some((p, o)) = placed(i) else {
+                span.end(Some(Cow::Borrowed("refused")));
+                continue;
+            };
+            let start = self.store_start_ns.max(span.start_ns);
+            Span::messaging(span.trace_id, Some(span.span_id), Kind::Internal, "store", self.topic, start)
+                .stored_at(p, o)
+                .end(None);
+            span.stored_at(p, o).end(None);
+        }
+    }
+}
+
+impl Drop for Publishing<'_> {
+    fn drop(&mut self) {
+        for (_, span) in self.spans.drain(..) {
+            span.end(Some(Cow::Borrowed("refused or not stored")));
+        }
+    }
+}
