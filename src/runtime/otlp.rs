@@ -37,7 +37,7 @@ pub fn start(exporter: Exporter, ratio: f64) -> std::io::Result<()> {
         let rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build();
         match rt {
             Ok(mut rt) => rt.block_on(run(exporter, rx)),
-            Err(e) => eprintln!("evmesh: otlp: no runtime for the exporter ({e}); spans are dropped"),
+            Err(e) => crate::log::warn("otlp", "no runtime for the exporter; spans are dropped", &[("error", &e)]),
         }
     })?;
     Ok(())
@@ -92,7 +92,8 @@ async fn run(exporter: Exporter, rx: Receiver<Span>) {
                 trace::FAILED.fetch_add(batch.len() as u64, Relaxed);
                 // Once per outage, not once per batch.
                 if !said {
-                    eprintln!("evmesh: otlp: {} spans not exported to {}: {e}", batch.len(), exporter.endpoint.host);
+                    let (n, to) = (batch.len(), &exporter.endpoint.host);
+                    crate::log::warn("otlp", "spans not exported", &[("spans", &n), ("to", to), ("error", &e)]);
                     said = true;
                 }
             }
