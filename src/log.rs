@@ -141,9 +141,10 @@ fn line(
     match format {
         Format::Text => {
             out.push_str("evmesh: ");
-            out.push_str(msg);
+            escape_into(msg, false, &mut out);
             for (k, v) in fields {
-                let _ = write!(out, " {k}={v}");
+                let _ = write!(out, " {k}=");
+                escape_into(&v.to_string(), true, &mut out);
             }
             if suppressed > 0 {
                 let _ = write!(out, " (and {suppressed} more {target} lines not written)");
@@ -151,6 +152,10 @@ fn line(
         }
         Format::Json => {
             let mut obj = serde_json::Map::new();
+            // The fields first: a field named like one of the line's own keys does not replace it.
+            for (k, v) in fields {
+                obj.insert((*k).into(), v.to_string().into());
+            }
             obj.insert(
                 "ts".into(),
                 evmesh_protocol::adaptor::rfc3339_from_micros(crate::model::clock::now_micros()).into(),
@@ -158,9 +163,6 @@ fn line(
             obj.insert("level".into(), level.name().into());
             obj.insert("target".into(), target.into());
             obj.insert("msg".into(), msg.into());
-            for (k, v) in fields {
-                obj.insert((*k).into(), v.to_string().into());
-            }
             if suppressed > 0 {
                 obj.insert("suppressed".into(), suppressed.into());
             }
@@ -168,6 +170,30 @@ fn line(
         }
     }
     out
+}
+
+/// `s` for a text line: control characters escaped (`\n`, `\u{1b}`), so nothing a client
+/// sent can start a line of its own; a `value` with a space, a quote or nothing in it quoted.
+fn escape_into(s: &str, value: bool, out: &mut String) {
+    let quote = value && (s.is_empty() || s.contains([' ', '"', '=']));
+    if quote {
+        out.push('"');
+    }
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '"' if quote => out.push_str("\\\""),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    if quote {
+        out.push('"');
+    }
 }
 
 /// `log::event(Level::Warn, ...)`, shorter.
@@ -207,5 +233,13 @@ mod tests {
         );
         assert!(v["ts"].as_str().unwrap().ends_with('Z'));
         assert!(!json.contains('\n'));
+        // Nothing a value holds starts a line, or passes for one of the line's own keys.
+        let forged = "x\nevmesh: started instance=forged";
+        let text = line(Format::Text, Level::Warn, "t", "a\rb", &[("v", &forged), ("q", &"say \"hi\"")], 0);
+        assert_eq!(text, r#"evmesh: a\rb v="x\nevmesh: started instance=forged" q="say \"hi\"""#);
+        assert!(!text.contains('\n'));
+        let json = line(Format::Json, Level::Warn, "t", "real", &[("msg", &"forged"), ("level", &"debug")], 0);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!((v["msg"].as_str(), v["level"].as_str()), (Some("real"), Some("warn")));
     }
 }

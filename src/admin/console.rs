@@ -5,7 +5,9 @@
 //!
 //! A browser sends a credential on its own only with `Basic`: the console's 401 asks for it,
 //! and the admin API takes the admin token (or a bearer token of an ADMIN principal) as the
-//! password of `Authorization: Basic` as well as after `Bearer` (`basic_password`).
+//! password of `Authorization: Basic` as well as after `Bearer` (`basic`). A write so
+//! authenticated must carry `x-evmesh-console`, which the page's script sends and a page of
+//! another site cannot (the browser would send the cached credential with its form).
 
 use base64::Engine as _;
 
@@ -62,16 +64,17 @@ pub fn serve(asset: &Asset) -> Response {
         )
 }
 
-/// The password of an `Authorization: Basic` value (the user name is not looked at), or
-/// `None` for another scheme or a value that is not base64 of `user:password`.
-pub fn basic_password(v: &[u8]) -> Option<Vec<u8>> {
+/// The password of an `Authorization: Basic` value (the user name is not looked at); empty for
+/// a value that is not base64 of `user:password` (a credential that fails, and is counted as
+/// a failure, not one that is missing); `None` for another scheme.
+pub fn basic(v: &[u8]) -> Option<Vec<u8>> {
     let scheme = v.get(..6)?;
     if !scheme.eq_ignore_ascii_case(b"basic ") {
         return None;
     }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(v[6..].trim_ascii()).ok()?;
-    let colon = decoded.iter().position(|&b| b == b':')?;
-    Some(decoded[colon + 1..].to_vec())
+    let decoded = base64::engine::general_purpose::STANDARD.decode(v[6..].trim_ascii()).unwrap_or_default();
+    let colon = decoded.iter().position(|&b| b == b':');
+    Some(colon.map_or_else(Vec::new, |c| decoded[c + 1..].to_vec()))
 }
 
 #[cfg(test)]
@@ -79,14 +82,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn basic_gives_the_password_and_nothing_else_does() {
+    fn basic_gives_the_password_and_a_malformed_one_fails() {
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        assert_eq!(basic_password(format!("Basic {}", b64("admin:s3cret")).as_bytes()).unwrap(), b"s3cret");
-        assert_eq!(basic_password(format!("basic {}", b64(":a:b")).as_bytes()).unwrap(), b"a:b");
-        assert_eq!(basic_password(format!("Basic {}", b64("nocolon")).as_bytes()), None);
-        assert_eq!(basic_password(b"Basic !!!"), None);
-        assert_eq!(basic_password(b"Bearer abc"), None);
-        assert_eq!(basic_password(b"Basi"), None);
+        assert_eq!(basic(format!("Basic {}", b64("admin:s3cret")).as_bytes()).unwrap(), b"s3cret");
+        assert_eq!(basic(format!("basic {}", b64(":a:b")).as_bytes()).unwrap(), b"a:b");
+        // Malformed: a credential all the same (an empty one, which fails).
+        assert_eq!(basic(format!("Basic {}", b64("nocolon")).as_bytes()).unwrap(), b"");
+        assert_eq!(basic(b"Basic !!!").unwrap(), b"");
+        assert_eq!(basic(b"Bearer abc"), None);
+        assert_eq!(basic(b"Basi"), None);
     }
 
     #[test]

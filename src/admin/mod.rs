@@ -191,18 +191,34 @@ impl Admin {
         cert: Option<&Principal>,
     ) -> Result<Access, Response> {
         let g = &self.shared.governance;
-        let basic = req.header("authorization").and_then(console::basic_password);
+        let authorization = req.header("authorization");
+        let basic = authorization.and_then(console::basic);
         let token = basic.as_deref().or_else(|| {
-            req.header("authorization").and_then(|v| {
+            authorization.and_then(|v| {
                 let scheme = v.get(..7)?;
                 scheme.eq_ignore_ascii_case(b"bearer ").then(|| v[7..].trim_ascii())
             })
         });
+        // A browser sends a Basic credential it was given by itself, to any page's requests:
+        // a write so authenticated must carry a header no cross-site page can set (without a
+        // CORS preflight this listener never answers), which the console's script sends.
+        let write = req.method() != Method::Get && req.method() != Method::Head;
+        if basic.is_some() && write && req.header("x-evmesh-console").is_none() {
+            return Err(problem(
+                StatusCode::FORBIDDEN,
+                "a write authenticated with Basic must carry x-evmesh-console (cross-site requests cannot)",
+            ));
+        }
         // The console's page is opened by a browser, which asks for a password only when told
         // `Basic` (the token is the password; the user name is not looked at).
         let scheme = if req.path().starts_with("/console") { "Basic" } else { "Bearer" };
         let auth_on = g.config.mode != AuthMode::None;
         let now = std::time::Instant::now();
+        // The admin token is let in before the throttle: a stale tab or a broken script
+        // failing from an address does not lock the administrator out of it.
+        if token.is_some_and(|t| g.is_admin_token(t)) {
+            return Ok(Access::Token);
+        }
         if let Some(secs) = token.and_then(|_| self.failures.borrow().throttled(peer, now)) {
             return Err(problem(
                 StatusCode::TOO_MANY_REQUESTS,

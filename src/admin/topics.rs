@@ -5,6 +5,7 @@
 
 use std::cell::Cell;
 
+use frame_codec::Frame;
 use serde::Deserialize;
 
 use super::common::log_of;
@@ -320,7 +321,10 @@ pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Reques
         (Ok(f), Ok(m)) => (f, m.min(1000) as usize),
         (Err(r), _) | (_, Err(r)) => return r,
     };
+    let asked =
+        req.head.target(req.buf).split_once('?').is_some_and(|(_, q)| q.split('&').any(|kv| kv.starts_with("filter=")));
     let filters = match req.query("filter").map(|sql| filter::compile(Some(&serde_json::json!([{ "sql": sql }])))) {
+        None if asked => return problem(StatusCode::BAD_REQUEST, "filter is not percent-encoded UTF-8"),
         None => Vec::new(),
         Some(Ok(f)) => f,
         Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, &e.to_string()),
@@ -329,10 +333,10 @@ pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Reques
         Ok(f) => f,
         Err(e) => return storage_problem(&e),
     };
-    let next = frames.last().map_or(from, |f| f.header().offset + 1);
+    let (matching, next, exhausted) = filtered(&filters, &frames, from);
     let mut out = Vec::with_capacity(frames.len() * 1200 + 2);
     out.push(b'[');
-    for f in frames.iter().filter(|f| filter::matches_all(&filters, f.body())) {
+    for f in matching {
         if out.len() > 1 {
             out.push(b',');
         }
@@ -341,5 +345,46 @@ pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Reques
         out.push(b'}');
     }
     out.push(b']');
-    Response::json(StatusCode::OK, out).with_header("evmesh-next-offset", next.to_string())
+    let r = Response::json(StatusCode::OK, out).with_header("evmesh-next-offset", next.to_string());
+    if exhausted {
+        r.with_header("evmesh-filter-exhausted", "1")
+    } else {
+        r
+    }
+}
+
+/// How much CESQL one listing may evaluate, in events' budgets: a costly expression over a
+/// thousand events is cut short (and the page ends there) instead of holding the admin thread
+/// for seconds.
+const FILTER_BUDGETS_PER_REQUEST: u64 = 4;
+
+/// The frames `filters` match (all, with none), where the next page starts, and whether the
+/// request's CESQL budget ran out first (the page then ends at the first event not evaluated;
+/// at least one event is always evaluated, so paging always moves on). An event over its own
+/// budget does not match, as for a subscription.
+fn filtered<'f>(filters: &[filter::Filter], frames: &'f [Frame], from: u64) -> (Vec<&'f Frame>, u64, bool) {
+    use crate::subscription::cesql::{Budget, Verdict};
+    let per = Budget::PER_EVENT;
+    let (mut steps, mut bytes) = (per.steps * FILTER_BUDGETS_PER_REQUEST, per.bytes * FILTER_BUDGETS_PER_REQUEST);
+    let mut out = Vec::new();
+    let mut next = from;
+    for (i, f) in frames.iter().enumerate() {
+        if i > 0 && (steps == 0 || bytes == 0) {
+            return (out, next, true);
+        }
+        let mut budget = Budget { steps: per.steps.min(steps), bytes: per.bytes.min(bytes), exhausted: false };
+        let (s0, b0) = (budget.steps, budget.bytes);
+        let passes = filters.iter().all(|flt| flt.verdict(f.body(), &mut budget) == Verdict::Match);
+        steps -= s0 - budget.steps;
+        bytes -= b0 - budget.bytes;
+        if budget.exhausted && i > 0 && (s0 < per.steps || b0 < per.bytes) {
+            // Cut short by what the request had left, not by its own cost: evaluated next time.
+            return (out, next, true);
+        }
+        if passes {
+            out.push(f);
+        }
+        next = f.header().offset + 1;
+    }
+    (out, next, false)
 }

@@ -116,12 +116,12 @@ fn writer(rx: Receiver<Record>, path: PathBuf, mut file: std::fs::File, per_seco
                     file = f;
                     size = 0;
                 }
-                Err(e) => eprintln!("evmesh: audit log {}: {e}", path.display()),
+                Err(e) => crate::log::warn("audit", &format!("audit log {}: {e}", path.display()), &[]),
             }
         }
         match file.write_all(&line) {
             Ok(()) => size += line.len() as u64,
-            Err(e) => eprintln!("evmesh: audit log {}: {e}", path.display()),
+            Err(e) => crate::log::warn("audit", &format!("audit log {}: {e}", path.display()), &[]),
         }
     }
 }

@@ -154,14 +154,18 @@ impl Governance {
             .filter(|(id, _)| {
                 let shadowed = config_rules.iter().any(|r| r.id == *id);
                 if shadowed {
-                    eprintln!("evmesh: acl rule {id} is now defined in the config file; its stored copy is not used");
+                    crate::log::warn(
+                        "auth",
+                        &format!("acl rule {id} is now defined in the config file; its stored copy is not used"),
+                        &[],
+                    );
                 }
                 !shadowed
             })
             .filter_map(|(id, spec)| match Rule::new(&id, spec) {
                 Ok(r) => Some(r),
                 Err(e) => {
-                    eprintln!("evmesh: ignoring stored acl rule {id}: {e}");
+                    crate::log::warn("auth", &format!("ignoring stored acl rule {id}: {e}"), &[]);
                     None
                 }
             })
@@ -176,7 +180,7 @@ impl Governance {
             .filter_map(|(id, spec)| match Limit::new(&id, spec) {
                 Ok(l) => Some(Arc::new(l)),
                 Err(e) => {
-                    eprintln!("evmesh: ignoring stored limit {id}: {e}");
+                    crate::log::warn("auth", &format!("ignoring stored limit {id}: {e}"), &[]);
                     None
                 }
             })
@@ -188,7 +192,7 @@ impl Governance {
             .filter_map(|(topic, spec)| match transform::Transformer::new(&topic, spec) {
                 Ok(t) => Some((topic, Arc::new(t))),
                 Err(e) => {
-                    eprintln!("evmesh: ignoring stored transformer of {topic}: {e}");
+                    crate::log::warn("auth", &format!("ignoring stored transformer of {topic}: {e}"), &[]);
                     None
                 }
             })
@@ -198,7 +202,7 @@ impl Governance {
         for (id, spec) in stored_routes {
             match route::Route::new(&id, spec).and_then(|r| router.with(&id, Some(r))) {
                 Ok(next) => router = next,
-                Err(e) => eprintln!("evmesh: ignoring stored route {id}: {e}"),
+                Err(e) => crate::log::warn("auth", &format!("ignoring stored route {id}: {e}"), &[]),
             }
         }
         Ok(Governance {

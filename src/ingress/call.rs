@@ -388,7 +388,11 @@ impl Traffic {
         if self.shard.shared.watchers.is_followed(&topic) {
             let notice = control_frame(&call.sid, &topic, what);
             if let Err(e) = self.store(&topic, vec![notice]).await {
-                eprintln!("evmesh: {}: telling agent {agent} of {what} on {sid}: {e}", self.shard.id);
+                crate::log::warn(
+                    "agents",
+                    &format!("{}: telling agent {agent} of {what} on {sid}: {e}", self.shard.id),
+                    &[],
+                );
             }
         }
         let body = format!(r#"{{"sessionId":{},{answer}}}"#, serde_json::Value::from(sid));

@@ -4,24 +4,32 @@
 //! delivery carries it on. With tracing on, each sampled event gets a `publish` span (a
 //! child of its context) and a `store` span under it; an event that starts a trace here gets
 //! a `traceparent` naming its publish span, so its deliveries join that trace.
+//!
+//! What a request's headers add to its events is bounded: a `traceparent` as the 55
+//! characters it parses to, a `tracestate` of W3C's shape and size, nothing past an event's
+//! attribute limit, and no more bytes in all than the request brought.
 
 use std::borrow::Cow;
 
 use frame_codec::{AttrValue, Attribute, Frame};
 
+use crate::adaptor::cloudevents::MAX_ATTRIBUTES;
+
 use crate::trace::{self, Kind, Span, TraceParent};
 
-/// A request's trace context headers, as sent (`traceparent` only when it parses).
+/// A request's trace context headers, as sent: a `traceparent` that parses (written back in
+/// its 55 characters, never as sent) and a `tracestate` of W3C's shape (else none).
 #[derive(Default, Clone, Copy)]
 pub(super) struct Headers<'a> {
-    pub parent: Option<&'a str>,
+    pub parent: Option<TraceParent>,
     pub state: Option<&'a str>,
 }
 
 impl<'a> Headers<'a> {
     pub(super) fn of(req: &crate::server::Request<'a>) -> Headers<'a> {
         let text = |name| req.header(name).and_then(|v| std::str::from_utf8(v).ok());
-        Headers { parent: text("traceparent").filter(|v| TraceParent::parse(v).is_some()), state: text("tracestate") }
+        let parent = text("traceparent").and_then(TraceParent::parse);
+        Headers { parent, state: parent.and(text("tracestate")).filter(|s| trace::valid_tracestate(s)) }
     }
 }
 
@@ -38,17 +46,24 @@ fn with_attributes(f: &mut Frame, extra: Vec<Attribute>) {
 }
 
 /// Event `f`, published to `topic` with request headers `h`: the headers' context put on it if
-/// it has none, and, if this trace is recorded, its publish span begun (not yet ended).
-pub(super) fn begin(topic: &str, f: &mut Frame, h: Headers<'_>) -> Option<Span> {
+/// it has none (while `room`, the bytes a request may add, lasts, and the event has room for two
+/// more attributes), and, if this trace is recorded, its publish span begun (not yet ended).
+fn begin(topic: &str, f: &mut Frame, h: Headers<'_>, room: &mut usize) -> Option<Span> {
     let body = f.body();
     let own = body.attr("traceparent").is_some();
+    let fits = body.attributes.len() + 2 <= MAX_ATTRIBUTES;
     let mut extra = Vec::new();
-    if !own {
-        if let Some(p) = h.parent {
-            extra.push(Attribute { name: "traceparent".into(), value: AttrValue::Str(p.to_owned()) });
-            if let (Some(s), None) = (h.state, body.attr("tracestate")) {
-                extra.push(Attribute { name: "tracestate".into(), value: AttrValue::Str(s.to_owned()) });
-            }
+    let mut add = |extra: &mut Vec<Attribute>, name: &str, value: String| {
+        let cost = name.len() + value.len();
+        if fits && *room >= cost {
+            *room -= cost;
+            extra.push(Attribute { name: name.into(), value: AttrValue::Str(value) });
+        }
+    };
+    if let (false, Some(p)) = (own, h.parent) {
+        add(&mut extra, "traceparent", p.format());
+        if let (Some(s), None) = (h.state, body.attr("tracestate")) {
+            add(&mut extra, "tracestate", s.to_owned());
         }
     }
     if !trace::on() {
@@ -57,7 +72,7 @@ pub(super) fn begin(topic: &str, f: &mut Frame, h: Headers<'_>) -> Option<Span> 
     }
     let parent = match own {
         true => body.attr_str("traceparent").and_then(TraceParent::parse),
-        false => h.parent.and_then(TraceParent::parse),
+        false => h.parent,
     };
     if !trace::sampled(parent.as_ref()) {
         with_attributes(f, extra);
@@ -69,7 +84,7 @@ pub(super) fn begin(topic: &str, f: &mut Frame, h: Headers<'_>) -> Option<Span> 
     // A trace started here: the event names its publish span (unless it carries a value of
     // its own that is no valid traceparent, which stays as it is).
     if parent.is_none() && !own {
-        extra.push(Attribute { name: "traceparent".into(), value: AttrValue::Str(span.context().format()) });
+        add(&mut extra, "traceparent", span.context().format());
     }
     with_attributes(f, extra);
     Some(span)
@@ -82,16 +97,22 @@ pub(super) struct Publishing<'t> {
     topic: &'t str,
     spans: Vec<(usize, Span)>,
     store_start_ns: u64,
+    /// What trace context may still add to the request's events, in bytes: as much as the
+    /// request itself (a batch of tiny events under one header stores at most about twice
+    /// what was sent, however long its `tracestate`).
+    room: usize,
 }
 
 impl<'t> Publishing<'t> {
-    pub(super) fn new(topic: &'t str) -> Self {
-        Publishing { topic, spans: Vec::new(), store_start_ns: 0 }
+    /// The publish of a request of `bytes` to `topic`.
+    pub(super) fn new(topic: &'t str, bytes: usize) -> Self {
+        Publishing { topic, spans: Vec::new(), store_start_ns: 0, room: bytes.max(128) }
     }
 
-    /// Event `event` of the publish, through [`begin`].
+    /// Event `event` of the publish: the headers' context put on it if it has none, and, if
+    /// its trace is recorded, its publish span begun.
     pub(super) fn begin(&mut self, event: usize, f: &mut Frame, h: Headers<'_>) {
-        if let Some(s) = begin(self.topic, f, h) {
+        if let Some(s) = begin(self.topic, f, h, &mut self.room) {
             self.spans.push((event, s));
         }
     }

@@ -248,7 +248,7 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
     // Over the memory limit nothing is parsed (as `POST /events/publish` answers 503 first).
     let shed = traffic.shard.shared.memory.shed_now().then(|| refusal(&super::gate::shed()));
     let shared_refusal = gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r));
-    let mut traced = Publishing::new(topic);
+    let mut traced = Publishing::new(topic, texts.iter().map(|t| t.as_ref().len()).sum());
     for t in texts {
         let t = t.as_ref();
         if let Some(r) = &shed {

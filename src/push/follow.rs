@@ -68,7 +68,7 @@ async fn follow(
         let frames = match read_from(&shared.db, cf, &spec.topic, PartitionId(0), (next, BATCH, BATCH_BYTES)) {
             Ok(f) => f,
             Err(e) => {
-                eprintln!("evmesh: {}: following {}: {e}", shard.id, spec.topic);
+                crate::log::warn("delivery", &format!("{}: following {}: {e}", shard.id, spec.topic), &[]);
                 return "the session's log cannot be read";
             }
         };

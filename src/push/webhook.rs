@@ -171,7 +171,7 @@ pub fn pushes_of(db: &rocksdb::DB, subscription: &str) -> Vec<ClassicPush> {
     match meta::list_policy_under::<ClassicPush>(db, meta::Policy::Push, &format!("{subscription} ")) {
         Ok(found) => found.into_iter().map(|(_, p)| p).collect(),
         Err(e) => {
-            eprintln!("evmesh: cannot list classic push URLs: {e}");
+            crate::log::warn("webhook", &format!("cannot list classic push URLs: {e}"), &[]);
             Vec::new()
         }
     }
@@ -190,7 +190,11 @@ pub fn start_all(shard: &Rc<Shard>) {
                 }
             }
         }
-        Err(e) => eprintln!("evmesh: {}: cannot list subscriptions to start their sinks: {e}", shard.id),
+        Err(e) => crate::log::warn(
+            "webhook",
+            &format!("{}: cannot list subscriptions to start their sinks: {e}", shard.id),
+            &[],
+        ),
     }
     match meta::list_policy::<ClassicPush>(db, meta::Policy::Push) {
         Ok(pushes) => {
@@ -200,7 +204,7 @@ pub fn start_all(shard: &Rc<Shard>) {
                 }
             }
         }
-        Err(e) => eprintln!("evmesh: {}: cannot list classic push URLs: {e}", shard.id),
+        Err(e) => crate::log::warn("webhook", &format!("{}: cannot list classic push URLs: {e}", shard.id), &[]),
     }
 }
 
@@ -211,7 +215,13 @@ pub fn start_all(shard: &Rc<Shard>) {
 async fn run(shard: Rc<Shard>, target: Target) {
     let url = match Url::parse(target.url()) {
         Ok(u) => u,
-        Err(e) => return eprintln!("evmesh: subscription {}: push URL not served: {e}", target.subscription()),
+        Err(e) => {
+            return crate::log::warn(
+                "webhook",
+                &format!("subscription {}: push URL not served: {e}", target.subscription()),
+                &[],
+            )
+        }
     };
     let topic = match &target {
         Target::Sink(d) => d.topic.clone(),
@@ -340,7 +350,7 @@ async fn serve(shard: &Rc<Shard>, target: &Target, topic: &str, url: &Url) {
                 }
                 Err(e) => {
                     if !resolve_failed {
-                        eprintln!("evmesh: subscription {subscription}: push URL: {e}");
+                        crate::log::warn("webhook", &format!("subscription {subscription}: push URL: {e}"), &[]);
                         resolve_failed = true;
                     }
                     match addr {

@@ -10,7 +10,7 @@ use crate::shard::shared::Shared;
 pub(crate) fn applier(what: &str, run: impl std::future::Future<Output = ()>) {
     let runtime = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build();
     if let Err(e) = runtime.map(|mut r| r.block_on(run)) {
-        eprintln!("evmesh: the {what} thread could not start its runtime: {e}");
+        crate::log::warn("cluster", &format!("the {what} thread could not start its runtime: {e}"), &[]);
     }
 }
 

@@ -27,7 +27,7 @@ pub(super) fn start(shared: &Arc<Shared>, kafka: &Arc<KafkaBackend>) -> Result<(
             loop {
                 match k.topics() {
                     Ok(on_broker) => reconcile_topics(&to, &k, &on_broker.into_iter().collect(), &mut warned).await,
-                    Err(e) => eprintln!("evmesh: kafka: reading the broker's topics: {e}"),
+                    Err(e) => crate::log::warn("storage", &format!("kafka: reading the broker's topics: {e}"), &[]),
                 }
                 std::thread::sleep(k.topic_refresh());
             }
@@ -63,7 +63,7 @@ async fn reconcile_topics(
     use crate::storage::kafka::TopicAsk;
     let known = match crate::storage::meta::list(&shared.db) {
         Ok(known) => known,
-        Err(e) => return eprintln!("evmesh: kafka: the topics known here not read: {e}"),
+        Err(e) => return crate::log::warn("storage", &format!("kafka: the topics known here not read: {e}"), &[]),
     };
     for (topic, m) in known {
         let there = match on_broker.get(&topic) {
@@ -80,7 +80,11 @@ async fn reconcile_topics(
                     // Tried again at the next read; said once.
                     Err(e) => {
                         if warned.insert(format!("make {topic}")) {
-                            eprintln!("evmesh: kafka: {topic} is not on the broker and could not be made there: {e}");
+                            crate::log::warn(
+                                "storage",
+                                &format!("kafka: {topic} is not on the broker and could not be made there: {e}"),
+                                &[],
+                            );
                         }
                         continue;
                     }
@@ -89,19 +93,15 @@ async fn reconcile_topics(
         };
         if there > crate::model::MAX_PARTITIONS {
             if warned.insert(topic.clone()) {
-                eprintln!(
-                    "evmesh: kafka: topic {topic} has {there} partitions on the broker; evmesh serves at most {}: kept at {}",
+                crate::log::warn("storage", &format!("kafka: topic {topic} has {there} partitions on the broker; evmesh serves at most {}: kept at {}",
                     crate::model::MAX_PARTITIONS,
-                    m.partitions
-                );
+                    m.partitions), &[]);
             }
         } else if there > m.partitions {
             grow_topic(shared, &topic, m, there).await;
         } else if there < m.partitions && warned.insert(topic.clone()) {
-            eprintln!(
-                "evmesh: kafka: {topic} has {there} partitions on the broker and {} here (a topic made again?); kept as it is here",
-                m.partitions
-            );
+            crate::log::warn("storage", &format!("kafka: {topic} has {there} partitions on the broker and {} here (a topic made again?); kept as it is here",
+                m.partitions), &[]);
         }
     }
 }
@@ -116,16 +116,20 @@ async fn reconcile_topics(
 /// producers. (A count past `MAX_PARTITIONS` never gets here: `reconcile_topics` logs it.)
 async fn grow_topic(shared: &Shared, topic: &str, mut m: crate::storage::TopicMeta, to: u32) {
     let from = m.partitions;
-    eprintln!("evmesh: kafka: topic {topic} grew from {from} to {to} partitions on the broker");
+    crate::log::warn(
+        "storage",
+        &format!("kafka: topic {topic} grew from {from} to {to} partitions on the broker"),
+        &[],
+    );
     start_new_partitions(shared, topic, from, to);
     m.partitions = to;
     if let Err(e) = crate::storage::meta::put(&shared.db, topic, &m) {
-        return eprintln!("evmesh: kafka: {topic}: its new partition count not stored: {e}");
+        return crate::log::warn("storage", &format!("kafka: {topic}: its new partition count not stored: {e}"), &[]);
     }
     start_new_partitions(shared, topic, from, to);
     if let (Some(s), Durability::Fsync) = (&shared.syncer, shared.config.durability) {
         if let Err(e) = s.sync_wal().await {
-            eprintln!("evmesh: kafka: {topic}: its new partition count not synced: {e}");
+            crate::log::warn("storage", &format!("kafka: {topic}: its new partition count not synced: {e}"), &[]);
         }
     }
     shared.follow_grown(topic, from, to);
@@ -147,9 +151,10 @@ fn start_new_partitions(shared: &Shared, topic: &str, from: u32, to: u32) {
                 let (key, at) = (offsets::key(topic, &def.subscription, p, &c.client), owner(topic, p, shards));
                 if matches!(offsets::get(db, at, &key), Ok(None)) {
                     if let Err(e) = offsets::put(db, at, &key, &offsets::Stored::at(0)) {
-                        eprintln!(
-                            "evmesh: kafka: {topic}: the start of {} in partition {}: {e}",
-                            def.subscription, p.0
+                        crate::log::warn(
+                            "storage",
+                            &format!("kafka: {topic}: the start of {} in partition {}: {e}", def.subscription, p.0),
+                            &[],
                         );
                     }
                 }

@@ -207,7 +207,7 @@ async fn accept_loop<H: Handler + 'static>(
             }
             Err(e) => {
                 // A transient error: back off instead of spinning.
-                eprintln!("evmesh: accept: {e}");
+                crate::log::warn("start", &format!("accept: {e}"), &[]);
                 monoio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -265,18 +265,17 @@ fn fit_descriptors(config: &mut Config) -> crate::config::fds::FdBudget {
     );
     let least = b.least(config.shards);
     if least > limit {
-        eprintln!(
-            "evmesh: the open files limit {limit} is below what evmesh needs at least ({least}): raise it (ulimit -n); running out of descriptors will refuse connections"
-        );
+        crate::log::warn("start", &format!("the open files limit {limit} is below what evmesh needs at least ({least}): raise it (ulimit -n); running out of descriptors will refuse connections"), &[]);
     }
     if b.connections < config.max_connections {
-        eprintln!(
-            "evmesh: max_connections lowered from {} to {} per shard to fit",
-            config.max_connections, b.connections
+        crate::log::info(
+            "start",
+            &format!("max_connections lowered from {} to {} per shard to fit", config.max_connections, b.connections),
+            &[],
         );
         config.max_connections = b.connections;
     }
-    eprintln!("evmesh: descriptors: {b}");
+    crate::log::info("start", &format!("descriptors: {b}"), &[]);
     b
 }
 
@@ -296,7 +295,7 @@ fn kept_instance_id(data_dir: &std::path::Path) -> Result<String, StartError> {
         if crate::cluster::valid_instance_id(kept) {
             return Ok(kept.to_owned());
         }
-        eprintln!("evmesh: {} holds no valid instance id; making a new one", path.display());
+        crate::log::warn("start", &format!("{} holds no valid instance id; making a new one", path.display()), &[]);
     }
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -422,9 +421,11 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         std::thread::Builder::new().name("evmesh-keywatch".into()).spawn(move || loop {
             std::thread::sleep(KEY_WATCH);
             match shared.governance.reload_keys_if_changed() {
-                Ok(true) => eprintln!("evmesh: auth keys reloaded"),
+                Ok(true) => crate::log::warn("start", "auth keys reloaded", &[]),
                 Ok(false) => {}
-                Err(e) => eprintln!("evmesh: auth keys not reloaded, the old ones stay in force: {e}"),
+                Err(e) => {
+                    crate::log::warn("start", &format!("auth keys not reloaded, the old ones stay in force: {e}"), &[])
+                }
             }
         })?;
     }
@@ -443,7 +444,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
             std::thread::sleep(BACKLOG_EVERY);
             match crate::admin::measure_backlog(&shared) {
                 Ok(m) => shared.governance.set_backlog(m),
-                Err(e) => eprintln!("evmesh: backlog not measured: {e}"),
+                Err(e) => crate::log::warn("start", &format!("backlog not measured: {e}"), &[]),
             }
         })?;
     }
@@ -462,7 +463,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 let listener = match monoio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,
                     Err(e) => {
-                        eprintln!("evmesh: shard {i}: listener: {e}");
+                        crate::log::warn("start", &format!("shard {i}: listener: {e}"), &[]);
                         std::process::exit(1);
                     }
                 };
@@ -492,7 +493,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard), short).await
             };
             if let Err(e) = block_on(driver, run) {
-                eprintln!("evmesh: shard {i}: cannot start the {driver:?} driver: {e}");
+                crate::log::warn("start", &format!("shard {i}: cannot start the {driver:?} driver: {e}"), &[]);
                 std::process::exit(1);
             }
         })?;
@@ -524,7 +525,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                 .await
             };
             if let Err(e) = block_on(IoDriver::Epoll, run) {
-                eprintln!("evmesh: admin thread: {e}");
+                crate::log::warn("start", &format!("admin thread: {e}"), &[]);
                 std::process::exit(1);
             }
         })?;

@@ -2,7 +2,7 @@
 //! them (up to [`BATCH`] spans, or what came within [`LINGER`]) and POSTs each batch to the
 //! collector's `/v1/traces` over the broker's own HTTP client (its own monoio runtime, one
 //! keep-alive connection, https with the webhooks' trust). A batch the collector does not take
-//! within [`TIMEOUT`] is dropped and counted (`trace::FAILED`): spans are worth less than a
+//! within [`TIMEOUT`] a step (three of them in all) is dropped and counted (`trace::FAILED`): spans are worth less than a
 //! thread stuck behind a collector that went away.
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -83,7 +83,13 @@ async fn run(exporter: Exporter, rx: Receiver<Span>) {
                 s => Err(format!("the collector answered {s}")),
             }
         };
-        match sent.await {
+        // Each step within TIMEOUT, and the whole request within three of them: a collector
+        // that trickles its answer does not hold the exporter (and every span behind it).
+        let sent = match monoio::time::timeout(3 * TIMEOUT, sent).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {:?}", 3 * TIMEOUT)),
+        };
+        match sent {
             Ok(()) => {
                 trace::EXPORTED.fetch_add(batch.len() as u64, Relaxed);
                 said = false;

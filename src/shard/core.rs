@@ -291,7 +291,9 @@ impl Shard {
                 });
             }
             Ok(_) => {}
-            Err(e) => eprintln!("evmesh: {}: local copy of {topic}/{}: {e}", self.id, m.partition.0),
+            Err(e) => {
+                crate::log::warn("shard", &format!("{}: local copy of {topic}/{}: {e}", self.id, m.partition.0), &[])
+            }
         }
     }
 
@@ -422,7 +424,7 @@ impl Shard {
                             }
                         }
                         Err(e) => {
-                            eprintln!("evmesh: {}: expiring lite topics: {e}", self.id);
+                            crate::log::warn("shard", &format!("{}: expiring lite topics: {e}", self.id), &[]);
                             break;
                         }
                     }
@@ -434,7 +436,7 @@ impl Shard {
             for (name, m) in topics {
                 for p in owned_partitions(&name, m.partitions, self.id, self.shards()) {
                     if let Err(e) = self.log.enforce_retention(&name, &m, p, now) {
-                        eprintln!("evmesh: {}: retention of {name}/{}: {e}", self.id, p.0);
+                        crate::log::warn("shard", &format!("{}: retention of {name}/{}: {e}", self.id, p.0), &[]);
                     }
                 }
             }

@@ -111,7 +111,11 @@ impl Shard {
         match e.change {
             SessionChange::Attach { window, filters, persist } => {
                 if let Err(err) = self.ensure_consumer(&key, persist) {
-                    eprintln!("evmesh: {}: cannot serve {}: {err}", self.id, key.subscription);
+                    crate::log::warn(
+                        "delivery",
+                        &format!("{}: cannot serve {}: {err}", self.id, key.subscription),
+                        &[],
+                    );
                     return;
                 }
                 let filters = filters
@@ -149,7 +153,11 @@ impl Shard {
                     let k = offsets::key(&topic, &key.subscription, PartitionId(partition), &key.client);
                     let value = stored.encode();
                     if let Err(e) = offsets::put_encoded(&self.shared.db, self.id, &k, &value) {
-                        eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, key.subscription);
+                        crate::log::warn(
+                            "delivery",
+                            &format!("{}: storing the offset of {}: {e}", self.id, key.subscription),
+                            &[],
+                        );
                     }
                     if self.replicating()
                         && !self.delivery.defs.borrow().get(&key.subscription).is_some_and(|(d, _)| d.pushed())
@@ -334,7 +342,11 @@ impl Shard {
             st.seen_ms = crate::model::clock::now_ms();
             let value = st.encode();
             if let Err(e) = offsets::put_encoded(db, self.id, &k, &value) {
-                eprintln!("evmesh: {}: storing the offset of {}: {e}", self.id, consumer.subscription);
+                crate::log::warn(
+                    "delivery",
+                    &format!("{}: storing the offset of {}: {e}", self.id, consumer.subscription),
+                    &[],
+                );
             }
             if self.replicating() && !def.pushed() {
                 self.replicate_offset(k, Some(value));
@@ -494,7 +506,7 @@ impl Shard {
                 *self.delivery.expire_cursor.borrow_mut() = next.unwrap_or_default();
                 keys
             }
-            Err(e) => return eprintln!("evmesh: {}: listing client offsets: {e}", self.id),
+            Err(e) => return crate::log::warn("delivery", &format!("{}: listing client offsets: {e}", self.id), &[]),
         };
         let machine = self.delivery.machine.borrow();
         for k in keys {
@@ -519,7 +531,7 @@ impl Shard {
                 continue;
             }
             if let Err(e) = offsets::delete(db, self.id, &k) {
-                eprintln!("evmesh: {}: expiring client offsets: {e}", self.id);
+                crate::log::warn("delivery", &format!("{}: expiring client offsets: {e}", self.id), &[]);
             }
             if home == Some(true) {
                 self.replicate_offset(k, None);
@@ -558,7 +570,11 @@ impl Shard {
                 }
                 // One line a flush (Kafka away fails them all), not one per key.
                 if let Some(e) = last {
-                    eprintln!("evmesh: {}: {failed} offsets not written to kafka: {e}", me.id);
+                    crate::log::warn(
+                        "delivery",
+                        &format!("{}: {failed} offsets not written to kafka: {e}", me.id),
+                        &[],
+                    );
                 }
             });
         }
@@ -579,11 +595,13 @@ impl Shard {
                         self.replicate_offset(k, None);
                     }
                 }
-                Err(e) => eprintln!("evmesh: {}: listing offsets of {subscription}: {e}", self.id),
+                Err(e) => {
+                    crate::log::warn("delivery", &format!("{}: listing offsets of {subscription}: {e}", self.id), &[])
+                }
             }
         }
         if let Err(e) = offsets::delete_all(&self.shared.db, self.id, topic, subscription) {
-            eprintln!("evmesh: {}: forgetting offsets of {subscription}: {e}", self.id);
+            crate::log::warn("delivery", &format!("{}: forgetting offsets of {subscription}: {e}", self.id), &[]);
         }
     }
 }

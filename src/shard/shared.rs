@@ -114,11 +114,17 @@ impl Memory {
             self.shedding.store(now, Ordering::Relaxed);
             let (mb, limit) = (rss >> 20, self.limit >> 20);
             if now {
-                eprintln!(
-                    "evmesh: resident memory {mb} MiB is over memory_limit_bytes ({limit} MiB): shedding new work"
+                crate::log::warn(
+                    "shard",
+                    &format!("resident memory {mb} MiB is over memory_limit_bytes ({limit} MiB): shedding new work"),
+                    &[],
                 );
             } else {
-                eprintln!("evmesh: resident memory {mb} MiB is back under the limit ({limit} MiB)");
+                crate::log::warn(
+                    "shard",
+                    &format!("resident memory {mb} MiB is back under the limit ({limit} MiB)"),
+                    &[],
+                );
             }
         }
     }

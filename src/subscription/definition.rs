@@ -188,9 +188,13 @@ impl Definition {
     /// to a subscriber that asked for a filter would be worse than delivering none.
     pub fn compile_stored(&self) -> Vec<Filter> {
         self.compile().unwrap_or_else(|e| {
-            eprintln!(
-                "evmesh: subscription {}: stored filter no longer compiles ({e}); it matches nothing",
-                self.subscription
+            crate::log::warn(
+                "subscription",
+                &format!(
+                    "subscription {}: stored filter no longer compiles ({e}); it matches nothing",
+                    self.subscription
+                ),
+                &[],
             );
             vec![Filter::Any(Vec::new())]
         })

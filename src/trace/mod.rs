@@ -10,7 +10,6 @@
 //! flag is obeyed) and, for a trace evmesh starts, by `trace_sample_ratio`. What is delivered
 //! or acked later follows the flag the stored event carries.
 
-pub mod context;
 pub mod otlp;
 
 use std::borrow::Cow;
@@ -20,7 +19,7 @@ use std::sync::OnceLock;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-pub use context::TraceParent;
+pub use evmesh_protocol::adaptor::tracecontext::{self as context, valid_tracestate, TraceParent};
 
 /// Spans waiting for the exporter at most; past that they are dropped and counted.
 pub const QUEUE: usize = 16_384;
@@ -112,11 +111,13 @@ impl Span {
         self
     }
 
-    /// The event's CloudEvents `id` and `type`, as the messaging conventions name them.
+    /// The event's CloudEvents `id` and `type`, as the messaging conventions name them (each
+    /// at most [`MAX_VALUE`] bytes).
     pub fn event(self, id: &str, kind: &str) -> Span {
-        self.with("cloudevents.event_id", id.to_owned())
-            .with("messaging.message.id", id.to_owned())
-            .with("cloudevents.event_type", kind.to_owned())
+        let (id, kind) = (truncated(id), truncated(kind));
+        self.with("cloudevents.event_id", id.clone())
+            .with("messaging.message.id", id)
+            .with("cloudevents.event_type", kind)
     }
 
     /// Where the event is stored.
@@ -135,6 +136,20 @@ impl Span {
     pub fn context(&self) -> TraceParent {
         TraceParent { trace_id: self.trace_id, span_id: self.span_id, flags: 1 }
     }
+}
+
+/// The longest string attribute value recorded, in bytes (longer ones are cut at a character
+/// boundary, as OpenTelemetry's attribute value length limit does): what a span holds stays
+/// small whatever a client names its events.
+pub const MAX_VALUE: usize = 256;
+
+/// `s`, cut to at most [`MAX_VALUE`] bytes.
+pub fn truncated(s: &str) -> String {
+    let mut end = s.len().min(MAX_VALUE);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
 }
 
 /// Spans handed to the exporter, dropped because its queue was full, and lost because the

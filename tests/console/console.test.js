@@ -5,8 +5,11 @@
 // order and build on each other, as an operator would: the page without the credential gets
 // nothing; with it, publishing moves a topic's count and rate, a subscription's lag moves per
 // partition and a nacked event becomes a dead letter, which the page replays; the live tail
-// shows only what its CESQL filter matches; a policy is created, edited and deleted. Every
-// wait is on a condition (page.waitForFunction or the broker's answers), never a sleep.
+// shows only what its CESQL filter matches, and runs one loop however fast it is started and
+// stopped; a policy is created, edited and deleted; every write the page makes says it comes
+// from the console (x-evmesh-console); a 429 is waited out, and a credential the broker no
+// longer takes stops the page's polling. Every wait is on a condition (page.waitForFunction or
+// the broker's answers), never a sleep, except the windows in which requests are counted.
 //
 //   EVMESH_BIN=/path/to/evmesh node --test tests/console/
 //
@@ -33,6 +36,9 @@ let browser;
 let page;
 /** What the signed-in page logged: told when a test fails, and checked for CSP refusals. */
 const pageLog = [];
+/** The writes (methods other than GET and HEAD) the signed-in page made, with their
+ * `x-evmesh-console` header. */
+const writes = [];
 
 before(async () => {
   assert.ok(existsSync(CHROMIUM), `no browser at ${CHROMIUM} (apt-get install -y chromium, or set CHROMIUM)`);
@@ -129,6 +135,12 @@ async function waitText(sel, want) {
 /** The `data-id`s of the rows under `sel`, in page order. */
 const ids = (sel) => page.$$eval(`${sel} tr[data-id]`, (rows) => rows.map((r) => r.dataset.id));
 
+/** Resolves after `ms`: only for windows in which a page's requests are counted. */
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Whether request `r` is one of the live tail's (a partition's stored events). */
+const isTail = (r) => /\/admin\/topics\/[^/]+\/partitions\/\d+\/events\?/.test(r.url());
+
 /** Opens a section through its nav link, as a user would. */
 async function open(view) {
   await page.click(`#nav a[data-view="${view}"]`);
@@ -196,6 +208,9 @@ step('with the credential, publishing moves the topic count and its rate', async
   await page.setViewport({ width: 1280, height: 900 });
   page.on('console', (m) => pageLog.push(`console.${m.type()}: ${m.text()}`));
   page.on('pageerror', (e) => pageLog.push(`pageerror: ${e.message}`));
+  page.on('request', (r) => {
+    if (r.method() !== 'GET' && r.method() !== 'HEAD') writes.push({ method: r.method(), url: r.url(), header: r.headers()['x-evmesh-console'] });
+  });
   await page.authenticate({ username: 'admin', password: TOKEN });
   const r = await page.goto(`${broker.admin}/console`);
   assert.equal(r.status(), 200);
@@ -268,6 +283,8 @@ step('lag per partition moves live, and a nacked event becomes a dead letter', a
 step('a dead letter is replayed from the page, back into its topic', async () => {
   await page.click('#dlq-replay');
   await waitText('#dlq-result', 'replayed 1 to orders');
+  // The write says it comes from the console (the broker refuses a Basic write without it).
+  assert.deepEqual(writes, [{ method: 'POST', url: `${broker.admin}/admin/dlq/orders/replay`, header: '1' }]);
   await waitFor('the DLQ listing to empty', () => document.querySelectorAll('#dlq-body tr[data-id]').length === 0);
   assert.equal(await page.$eval('#dlq-replay', (b) => b.disabled), true);
   assert.deepEqual((await admin('/admin/dlq/orders')).json, []);
@@ -318,6 +335,92 @@ step('the live tail shows only the events its filter matches, as text', async ()
   await waitFor('the tail to stop', () => document.getElementById('tail-status').dataset.state === 'idle');
 });
 
+step('the live tail runs one loop, however fast it is started and stopped', async () => {
+  const partitions = (await admin('/admin/topics')).json.find((t) => t.topic === 'orders').partitions.length;
+  assert.equal(partitions, 2);
+  await page.$eval('#tail-filter', (i) => (i.value = ''));
+  const state = () => page.$eval('#tail-status', (s) => ({ state: s.dataset.state, polls: Number(s.dataset.polls) }));
+
+  // Start submitted twice at once: the second is ignored (Start is disabled while it asks).
+  const disabled = await page.evaluate(() => {
+    const form = document.getElementById('tail-form');
+    form.requestSubmit();
+    const d = document.getElementById('tail-start').disabled;
+    form.requestSubmit();
+    return d;
+  });
+  assert.equal(disabled, true);
+  await waitFor('the tail to poll', () => document.getElementById('tail-status').dataset.state === 'running' && Number(document.getElementById('tail-status').dataset.polls) >= 1);
+  assert.equal(await page.$eval('#tail-start', (b) => b.disabled), false);
+
+  // Stop and Start while a poll is in flight: one of its requests is held until the new tail
+  // has polled, then answered; the old loop must drop it and end.
+  let holding = true;
+  let held;
+  let seen;
+  const inFlight = new Promise((resolve) => (seen = resolve));
+  const hold = (r) => {
+    if (r.interceptResolutionState().action === 'disabled' || r.isInterceptResolutionHandled()) return;
+    if (holding && !held && isTail(r)) {
+      held = r;
+      seen();
+      return;
+    }
+    r.continue().catch(() => {});
+  };
+  page.on('request', hold);
+  await page.setRequestInterception(true);
+  try {
+    await inFlight;
+    await page.evaluate(() => {
+      const form = document.getElementById('tail-form');
+      form.requestSubmit(); // Stop
+      form.requestSubmit(); // Start
+    });
+    await waitFor('the new tail to poll', () => document.getElementById('tail-status').dataset.state === 'running' && Number(document.getElementById('tail-status').dataset.polls) >= 1);
+    holding = false;
+    await held.continue();
+  } finally {
+    holding = false;
+    await page.setRequestInterception(false);
+    page.off('request', hold);
+  }
+
+  // Events while it runs: each shown once; a datum of 20 000 characters keeps 4 096 in its title.
+  const big = 'x'.repeat(20_000);
+  const published = ['t-1', 't-2', 't-3', 't-4'];
+  for (const [i, id] of published.entries()) await publish('orders', { id, partitionkey: `k${i}`, data: { n: i } });
+  await publish('orders', { id: 't-big', data: big });
+  await waitFor('the events in the tail', () => document.querySelectorAll('#tail-body tr[data-id]').length >= 5);
+
+  // One loop: every partition asked once a second (at most 4 polls in 3 s), not twice that.
+  const asked = [];
+  const count = (r) => isTail(r) && asked.push(r.url());
+  page.on('request', count);
+  const before = await state();
+  await sleep(3000);
+  page.off('request', count);
+  const polled = (await state()).polls - before.polls;
+  assert.ok(asked.length <= 4 * partitions && asked.length >= 2 * partitions, `${asked.length} tail requests in 3 s (${polled} polls): ${asked.join(' ')}`);
+  assert.ok(asked.length <= (polled + 1) * partitions, `${asked.length} tail requests for ${polled} polls`);
+
+  const shown = await ids('#tail-body');
+  assert.deepEqual([...shown].sort(), [...published, 't-big'].sort(), `rows: ${shown.join(' ')}`);
+  const title = await page.$eval('#tail-body tr[data-id="t-big"] td.data', (c) => c.title);
+  assert.equal(title, `${'x'.repeat(4096)}… (truncated)`);
+  assert.equal(await page.$eval('#tail-body tr[data-id="t-big"] td.data', (c) => c.textContent), `${'x'.repeat(160)}…`);
+
+  await page.click('#tail-start');
+  await waitFor('the tail to stop', () => document.getElementById('tail-status').dataset.state === 'idle');
+  // Stopped means stopped: no poll of the tail after it.
+  const late = [];
+  const lateCount = (r) => isTail(r) && late.push(r.url());
+  page.on('request', lateCount);
+  await sleep(1500);
+  page.off('request', lateCount);
+  assert.deepEqual(late, []);
+});
+
 step('a policy is read, created, edited and deleted from the page', async () => {
   await open('policies');
   await waitFor('the ACL tab', () => document.querySelector('#policy-kinds [data-kind="acl"]')?.getAttribute('aria-selected') === 'true');
@@ -355,6 +458,11 @@ step('a policy is read, created, edited and deleted from the page', async () => 
   await waitText('#policy-message', 'Deleted console-rule.');
   await waitFor('the row to go', () => document.querySelector('#policy-body tr[data-key="console-rule"]') === null);
   assert.equal((await admin('/admin/acl/console-rule')).status, 404);
+
+  // Every write said it comes from the console.
+  const policyWrites = writes.filter((w) => w.url.includes('/admin/acl/'));
+  assert.deepEqual(policyWrites.map((w) => w.method), ['PUT', 'PUT', 'PUT', 'DELETE']);
+  assert.deepEqual(writes.filter((w) => w.header !== '1'), []);
 });
 
 step('the cluster view names this instance; agents and sessions are listed', async () => {
@@ -369,6 +477,83 @@ step('the cluster view names this instance; agents and sessions are listed', asy
   await waitFor('the agents table', () => document.querySelector('#agents-body tr') !== null);
   assert.match(await text('#agents-body'), /No agents registered/);
   await waitFor('the sessions', () => document.querySelector('#sessions-summary [data-fact="open agent streaming sessions"]') !== null);
+});
+
+step('a 429 is waited out, and a credential the broker no longer takes stops the polling', async () => {
+  // A broker of its own, whose admin token changes under an open page (a stale tab).
+  const before = 'console-test-token-before-7d1e2b';
+  const rotated = 'console-test-token-after-0c94fa';
+  let other = await startBroker({ args: ['--admin-token', before] });
+  const context = await browser.createBrowserContext();
+  try {
+    const created = await fetch(`${other.admin}/admin/topics/stale`, { method: 'PUT', headers: { authorization: `Bearer ${before}` }, body: '{"partitions":1}' });
+    assert.equal(created.status, 201, await created.text());
+    const p = await context.newPage();
+    await p.authenticate({ username: 'admin', password: before });
+    assert.equal((await p.goto(`${other.admin}/console`)).status(), 200);
+    const until = async (what, fn) => {
+      try {
+        await p.waitForFunction(fn, { timeout: WAIT, polling: 100 });
+      } catch (e) {
+        throw new Error(`waiting for ${what}: ${e.message}; status: ${await p.$eval('#status', (s) => s.textContent)}`);
+      }
+    };
+    await until('a first poll', () => Number(document.documentElement.dataset.polls) >= 1);
+
+    // A 429 with Retry-After: 2 (the broker's answer while it throttles this address): nothing
+    // is asked for those 2 s, then the page polls again.
+    const times = [];
+    let throttledAt;
+    const throttle = (r) => {
+      if (r.interceptResolutionState().action === 'disabled' || r.isInterceptResolutionHandled()) return;
+      if (r.url().includes('/admin/')) {
+        if (throttledAt === undefined) {
+          throttledAt = Date.now();
+          const body = JSON.stringify({ type: 'about:blank', title: 'Too Many Requests', status: 429, detail: 'too many failed authentications from this address; retry later' });
+          r.respond({ status: 429, headers: { 'retry-after': '2' }, contentType: 'application/problem+json', body }).catch(() => {});
+          return;
+        }
+        times.push(Date.now());
+      }
+      r.continue().catch(() => {});
+    };
+    p.on('request', throttle);
+    await p.setRequestInterception(true);
+    try {
+      await until('the throttled status', () => document.getElementById('status').dataset.state === 'throttled');
+      await until('polling again', () => document.getElementById('status').dataset.state === 'live');
+    } finally {
+      await p.setRequestInterception(false);
+      p.off('request', throttle);
+    }
+    // The poll's other requests went with the throttled one; the next came 2 s later.
+    const early = times.filter((t) => t > throttledAt + 300 && t < throttledAt + 1900);
+    assert.deepEqual(early.map((t) => t - throttledAt), [], 'asked while told to retry later');
+    assert.ok(times.some((t) => t >= throttledAt + 1900), 'polled again after Retry-After');
+
+    // The broker comes back with another token: the page's credential is refused.
+    await other.kill();
+    other = await startBroker({ dataDir: other.dataDir, trafficPort: other.trafficPort, adminPort: other.adminPort, args: ['--admin-token', rotated] });
+    await until('the refusal', () => document.getElementById('status').dataset.state === 'rejected');
+    assert.equal(await p.$eval('#status', (s) => s.textContent), 'Credential rejected (401: unknown token): polling stopped; reload the page to sign in again.');
+
+    // Then it asks nothing more: not on its timer, not on a view change, not for a tail.
+    const requests = [];
+    p.on('request', (r) => requests.push(`${r.method()} ${r.url()}`));
+    await p.click('#nav a[data-view="tail"]');
+    await p.evaluate(() => document.getElementById('tail-form').requestSubmit());
+    await sleep(3000);
+    assert.ok(requests.length <= 2, `requests after the 401: ${requests.join(', ')}`);
+    assert.equal(await p.$eval('#status', (s) => s.dataset.state), 'rejected');
+    assert.equal(await p.$eval('#tail-status', (s) => s.dataset.state), 'error');
+
+    // Nor did it trip the throttle of failed authentications: the new token is taken at once.
+    const r = await fetch(`${other.admin}/admin/topics`, { headers: { authorization: `Bearer ${rotated}` } });
+    assert.equal(r.status, 200, await r.text());
+  } finally {
+    await context.close();
+    await other.stop();
+  }
 });
 
 step('the page never broke its own rules, and its picture is taken', async () => {

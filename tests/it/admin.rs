@@ -101,8 +101,28 @@ fn the_console_is_served_only_with_the_admin_credential() {
     for other in ["/console/../admin/topics", "/console/x.js", "/console/console.js/", "/console/a/b"] {
         assert_eq!(a.request("GET", other, &[("authorization", &good)], b"").status, 404, "{other}");
     }
-    // The same password opens the admin API the page calls.
+    // The same password opens the admin API the page calls; a write so authenticated must
+    // carry the console's header, which a form of another site cannot (the browser would send
+    // the cached credential with it).
     assert_eq!(a.request("GET", "/admin/topics", &[("authorization", &good)], b"").status, 200);
+    let create = |h: &[(&str, &str)]| b.admin().request("PUT", "/admin/topics/csrf", h, br#"{"partitions":1}"#);
+    create(&[("authorization", &good), ("content-type", "text/plain")]).assert_problem(403);
+    assert_eq!(create(&[("authorization", &good), ("x-evmesh-console", "1")]).status, 201);
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(b.admin().request("DELETE", "/admin/acl/none", &[("authorization", &bearer)], b"").status, 404);
+    // A malformed Basic credential fails (401, counted), it is not taken for a missing one.
+    let r = a.request("GET", "/admin/topics", &[("authorization", "Basic !!!")], b"");
+    assert_eq!(r.status, 401);
+    assert!(r.text().contains("unknown") || r.text().contains("invalid"), "{}", r.text());
+    // Failures from one address do not lock the admin token out of it.
+    for _ in 0..25 {
+        let _ = b.admin().request("GET", "/admin/topics", &[("authorization", "Bearer wrong-token-0123456789")], b"");
+    }
+    assert_eq!(
+        b.admin().request("GET", "/admin/topics", &[("authorization", "Bearer wrong-token-0123456789")], b"").status,
+        429
+    );
+    assert_eq!(b.admin().request("GET", "/admin/topics", &[("authorization", &good)], b"").status, 200);
 }
 
 /// The stored-events listing filtered by a CESQL expression (the console's live tail): only
@@ -128,4 +148,39 @@ fn stored_events_filtered_by_cesql_say_where_the_next_page_starts() {
     assert_eq!(r.json().as_array().unwrap().len(), 0);
     assert_eq!(r.header("evmesh-next-offset"), Some("6"));
     a.get("/admin/topics/tail/partitions/0/events?filter=type%20%3D%3D").assert_problem(400);
+    // A filter that is not UTF-8 is refused, not ignored (which would list everything).
+    a.get("/admin/topics/tail/partitions/0/events?filter=%FF").assert_problem(400);
+}
+
+/// A costly CESQL expression over a page of a thousand events stops at the request's budget
+/// (a few events' worth) instead of holding the admin thread: the page ends there, says so,
+/// and the next one starts where it stopped, so paging reaches the end.
+#[test]
+fn a_costly_filter_stops_at_the_requests_budget_and_paging_goes_on() {
+    let b = TestBroker::start(&["--shards", "1"]);
+    let mut a = b.admin();
+    assert_eq!(a.request("PUT", "/admin/topics/big", &[], br#"{"partitions":1}"#).status, 201);
+    let batch: Vec<_> = (0..40).map(|i| event(&format!("b{i}"))).collect();
+    let body = serde_json::to_vec(&batch).unwrap();
+    let r = b.client().post("/events/publish?topic=big", "application/cloudevents-batch+json", &body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    // Literals only: about two million steps an event, whatever the events hold.
+    let sql = format!("'{}' LIKE '%{}b%'", "a".repeat(3000), "_".repeat(1000));
+    let q = |from: u64| {
+        let enc: String = sql.bytes().map(|c| format!("%{c:02X}")).collect();
+        format!("/admin/topics/big/partitions/0/events?from={from}&max=1000&filter={enc}")
+    };
+    let (mut from, mut pages) = (0, 0);
+    while from < 40 {
+        let r = a.get(&q(from));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json().as_array().unwrap().len(), 0);
+        let next: u64 = r.header("evmesh-next-offset").unwrap().parse().unwrap();
+        assert!(next > from, "paging moves on: {from} -> {next}");
+        if next < 40 {
+            assert_eq!(r.header("evmesh-filter-exhausted"), Some("1"), "a page cut short says so");
+        }
+        (from, pages) = (next, pages + 1);
+    }
+    assert!(pages >= 5, "{pages} pages: each one stopped at the request's budget");
 }

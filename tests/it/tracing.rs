@@ -64,6 +64,24 @@ fn a_traceparent_header_travels_with_the_event_and_never_overwrites_its_own() {
     ];
     assert_eq!(b.client().request("POST", "/events/publish?topic=t", &h, b"x").status, 202);
     assert_eq!(poll_one(&b, "s")["traceparent"], own);
+    // What a header adds is bounded: a later version's traceparent is written back as the 55
+    // characters it parses to, a tracestate of another shape is left out, and a batch of tiny
+    // events under one header stores no more than about twice what it sent.
+    let later = format!("cc-{}-{}", &TP[3..], "x".repeat(6_000));
+    publish_with(&b, "t", &[("traceparent", &later), ("tracestate", &format!("k={}", "v".repeat(6_000)))], &event("l"));
+    let e = poll_one(&b, "s");
+    assert_eq!((e["traceparent"].as_str(), e.get("tracestate")), (Some(TP), None));
+    let big_state: Vec<String> = (0..30).map(|i| format!("k{i}={}", "v".repeat(12))).collect();
+    let big_state = big_state.join(",");
+    assert!(big_state.len() < 512);
+    let tiny: Vec<Value> =
+        (0..2000).map(|i| json!({"specversion": "1.0", "id": format!("{i}"), "source": "/", "type": "t"})).collect();
+    let body = serde_json::to_vec(&tiny).unwrap();
+    let h = [("content-type", "application/cloudevents-batch+json"), ("traceparent", TP), ("tracestate", &big_state)];
+    assert_eq!(b.client().request("POST", "/events/publish?topic=amp", &h, &body).status, 202);
+    let stored: usize = b.events("amp", 0).iter().map(|(_, e)| e.to_string().len()).sum();
+    let plain: usize = tiny.iter().map(|e| e.to_string().len()).sum();
+    assert!(stored < plain + body.len() + 2000 * 8, "stored {stored} bytes of JSON for a {} byte request", body.len());
     // Tracing is off (no otlp_endpoint): no context is made up.
     assert_eq!(b.publish("t", &event("plain")).status, 202);
     assert!(poll_one(&b, "s").get("traceparent").is_none());

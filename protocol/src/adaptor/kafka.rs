@@ -19,6 +19,7 @@
 use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
 
 use super::cloudevents::{check_event, is_json, is_json_media, is_text_media, CeError, MAX_ATTRIBUTES};
+use super::tracecontext::{valid_tracestate, TraceParent};
 
 /// A Kafka record's parts, as the storage backend hands them to the client library.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -142,10 +143,18 @@ pub fn from_record(
         };
         attributes.push(Attribute { name: attr, value });
     }
-    // A producer that traces with W3C's header only: its context is the event's.
-    for name in ["traceparent", "tracestate"] {
-        if let (Some(v), false) = (header(name), attributes.iter().any(|a| a.name == name)) {
-            attributes.push(Attribute { name: name.to_owned(), value: AttrValue::Str(text(v)?) });
+    // A producer that traces with W3C's header only: its context is the event's (a value
+    // that is no traceparent, or no tracestate worth keeping, is left out, not the record).
+    let w3c = |name: &str| header(name).and_then(|v| std::str::from_utf8(v).ok());
+    let has = |attributes: &[Attribute], name: &str| attributes.iter().any(|a| a.name == name);
+    if let (Some(tp), false) = (w3c("traceparent").and_then(TraceParent::parse), has(&attributes, "traceparent")) {
+        if attributes.len() + 2 <= MAX_ATTRIBUTES {
+            attributes.push(Attribute { name: "traceparent".into(), value: AttrValue::Str(tp.format()) });
+            if let (Some(ts), false) =
+                (w3c("tracestate").filter(|s| valid_tracestate(s)), has(&attributes, "tracestate"))
+            {
+                attributes.push(Attribute { name: "tracestate".into(), value: AttrValue::Str(ts.to_owned()) });
+            }
         }
     }
     if let (Some(k), false) = (key, attributes.iter().any(|a| a.name == "partitionkey")) {
@@ -258,6 +267,13 @@ mod tests {
         ];
         let f = from_record("t", 0, 0, None, &h, b"", 0).unwrap();
         assert_eq!(f.body().attr_str("traceparent"), Some(tp));
+        // One that is not a traceparent (or not UTF-8) is left out, and the record kept.
+        for bad in [&b"not-a-traceparent"[..], b"\xff\xfe"] {
+            let mut h = h.clone();
+            h[4] = ("traceparent", bad);
+            let f = from_record("t", 0, 0, None, &h, b"", 0).unwrap();
+            assert_eq!(f.body().attr_str("traceparent"), None);
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod cloudevents;
 pub mod kafka;
 pub mod meshmessage;
 mod rfc3339;
+pub mod tracecontext;
 pub mod webhook;
 
 pub(crate) use rfc3339::civil_from_days;

@@ -9,6 +9,13 @@
 // drawn here. The page polls every second while the tab is visible, and keeps short
 // histories (rates from end-offset deltas, lag per partition) in memory: a reload starts them
 // over.
+//
+// Being a good client of the admin API: every write carries `x-evmesh-console: 1` (the
+// broker refuses a Basic-authenticated write without it, so another site cannot make the
+// browser write with the stored credential); a 401 stops every poll for good (a stale tab must
+// not keep failing authentication: the broker throttles failures per address, which would lock
+// out every administrator behind it), a path that answered 403 (what a tenant's administrator
+// may not read) is not asked again, and a 429 is waited out as its Retry-After says.
 'use strict';
 
 /** Poll period of the admin API and of the live tail. */
@@ -21,8 +28,15 @@ const RATE_SAMPLES = 6;
 const TAIL_ROWS = 200;
 /** Events the live tail asks one partition for per poll. */
 const TAIL_BATCH = 100;
-/** Characters of an event's data shown in a table cell (the cell's title holds the rest). */
+/** Characters of an event's data shown in a table cell (the cell's title holds more). */
 const PREVIEW = 160;
+/** Characters of an event's data kept for a row's title: a tail of 200 events of 1 MiB each
+ * would otherwise hold 200 MiB in one tab. */
+const TITLE_MAX = 4096;
+/** What the title of a cut datum ends with. */
+const TRUNCATED = '… (truncated)';
+/** Wait after a 429 without a usable Retry-After. */
+const RETRY_DEFAULT_MS = 5000;
 
 // ---------------------------------------------------------------------------------------------
 // DOM helpers
@@ -63,11 +77,14 @@ function facts(id, pairs) {
 const fmt = (n) => (n === undefined || n === null ? '—' : Number(n).toLocaleString('en-US', { maximumFractionDigits: 1 }));
 const ago = (ms) => (ms === undefined || ms === null ? '—' : ms < 1000 ? `${ms} ms ago` : `${(ms / 1000).toFixed(1)} s ago`);
 
-/** An event's data as one short line, and the whole of it (for the title). */
+/** An event's data as one short line, and at most TITLE_MAX characters of it (for the title). */
 function preview(event) {
   const data = event.data !== undefined ? event.data : event.data_base64 !== undefined ? `base64:${event.data_base64}` : '';
-  const whole = typeof data === 'string' ? data : JSON.stringify(data);
-  return [whole.length > PREVIEW ? `${whole.slice(0, PREVIEW)}…` : whole, whole];
+  const whole = (typeof data === 'string' ? data : JSON.stringify(data)) ?? '';
+  return [
+    whole.length > PREVIEW ? `${whole.slice(0, PREVIEW)}…` : whole,
+    whole.length > TITLE_MAX ? `${whole.slice(0, TITLE_MAX)}${TRUNCATED}` : whole,
+  ];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -127,14 +144,35 @@ class ApiError extends Error {
   }
 }
 
+/** The admin API's standing with this page: `rejected`, once it answered 401 (the ApiError;
+ * nothing is asked any more: reload to sign in again); `until`, the time (ms) before which no
+ * poll asks (a 429's Retry-After); `forbidden`, the paths that answered 403 (not asked again). */
+const access = { rejected: undefined, until: 0, forbidden: new Map() };
+
+/** Ms to wait after a 429, from its Retry-After (seconds, or an HTTP date). */
+function retryAfter(r) {
+  const v = r.headers.get('retry-after');
+  const secs = Number(v);
+  const ms = v !== null && v.trim() !== '' && Number.isFinite(secs) ? secs * 1000 : Date.parse(v ?? '') - Date.now();
+  return Number.isFinite(ms) && ms >= 0 ? Math.min(ms, 3600_000) : RETRY_DEFAULT_MS;
+}
+
+/** When the next poll may ask: `ms` from now, or later if a 429 said so. */
+const nextPollIn = (ms) => Math.max(ms, access.until - Date.now());
+
 /** A request to this origin; resolves to `{json, headers, status}`, or throws an ApiError with
- * the problem+json `detail`. */
+ * the problem+json `detail`. A write (any method but GET and HEAD) says it comes from this page
+ * (`x-evmesh-console: 1`). A 401 ends the page's polling (`reject`); after it, nothing more is
+ * sent. A path that answered 403 is not asked again. */
 async function api(path, method = 'GET', body) {
-  const init = { method, cache: 'no-store', credentials: 'same-origin' };
-  if (body !== undefined) {
-    init.body = body;
-    init.headers = { 'content-type': 'application/json' };
-  }
+  if (access.rejected) throw access.rejected;
+  const where = path.split('?')[0];
+  if (method === 'GET' && access.forbidden.has(where)) throw access.forbidden.get(where);
+  const headers = {};
+  if (method !== 'GET' && method !== 'HEAD') headers['x-evmesh-console'] = '1';
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  const init = { method, cache: 'no-store', credentials: 'same-origin', headers };
+  if (body !== undefined) init.body = body;
   const r = await fetch(path, init);
   const text = await r.text();
   let json;
@@ -143,8 +181,34 @@ async function api(path, method = 'GET', body) {
   } catch {
     json = undefined;
   }
-  if (!r.ok) throw new ApiError(r.status, json?.detail ?? json?.title ?? (text || r.statusText));
+  if (!r.ok) {
+    const e = new ApiError(r.status, json?.detail ?? json?.title ?? (text || r.statusText));
+    // 401: the credential is refused, everywhere. 403: this credential may not read this
+    // (a tenant's administrator and the cluster view): not asked again, the rest goes on.
+    if (r.status === 401) reject(e);
+    if (r.status === 403 && method === 'GET') access.forbidden.set(where, e);
+    if (r.status === 429) {
+      e.retryMs = retryAfter(r);
+      access.until = Math.max(access.until, Date.now() + e.retryMs);
+    }
+    throw e;
+  }
   return { json, headers: r.headers, status: r.status, text };
+}
+
+/** The credential was refused (401): stop the poll and the tail for good and say so. Asking
+ * again would only fail again, and count against this address. */
+function reject(e) {
+  if (access.rejected) return;
+  access.rejected = e;
+  clearTimeout(timer);
+  if (tail.running || tail.starting) stopTail(`Stopped. ${rejection(e)}`, true);
+  status(e);
+}
+
+/** What the page says once the admin API refused it. */
+function rejection(e) {
+  return `${e.status === 401 ? 'Credential rejected' : 'Not allowed'} (${e.status}: ${e.detail}): polling stopped; reload the page to sign in again.`;
 }
 
 const seg = encodeURIComponent;
@@ -298,8 +362,8 @@ function options(select, names, none) {
 }
 
 async function refreshDlq() {
-  const names = state.topics.map((t) => t.topic);
-  options($('dlq-topic'), names.filter((n) => names.includes(`${n}.dlq`)), '(no dead letters yet)');
+  const names = new Set(state.topics.map((t) => t.topic));
+  options($('dlq-topic'), [...names].filter((n) => names.has(`${n}.dlq`)), '(no dead letters yet)');
   const topic = $('dlq-topic').value;
   const letters = topic ? (await api(`/admin/dlq/${seg(topic)}`)).json : [];
   const rows = letters.map(({ partition, offset, event: e }) => {
@@ -466,8 +530,13 @@ async function deletePolicy() {
 
 // ---------------------------------------------------------------------------------------------
 // Live tail: each partition from its end at start, through the CESQL filter, newest first.
+//
+// One loop at a time: `gen` counts the starts and stops, and a loop (or a start still asking
+// for the topic) that finds another generation current after an await drops what it got and
+// ends, so a Stop and Start while a poll is in flight cannot leave the old loop running,
+// writing into the new tail's offsets and rows. Start is disabled while it asks.
 
-const tail = { running: false, topic: '', filter: '', next: new Map(), rows: [], polls: 0, timer: undefined };
+const tail = { running: false, starting: false, gen: 0, topic: '', filter: '', next: new Map(), rows: [], polls: 0, timer: undefined };
 
 function tailState(s, text) {
   const el = $('tail-status');
@@ -476,66 +545,110 @@ function tailState(s, text) {
   el.className = `note ${s === 'error' ? 'error' : ''}`;
   el.textContent = text;
   $('tail-start').textContent = tail.running ? 'Stop' : 'Start';
+  $('tail-start').disabled = tail.starting;
 }
+
+const tailWhat = () => `${tail.topic}${tail.filter ? ` where ${tail.filter}` : ''}`;
+const tailOffsets = () => [...tail.next].map(([p, o]) => `p${p}@${o}`).join(' ');
 
 async function startTail(ev) {
   ev.preventDefault();
+  if (tail.starting) return; // a second submit while the first still asks for the topic
   if (tail.running) return stopTail('Stopped.');
   const topic = $('tail-topic').value;
+  const filter = $('tail-filter').value.trim();
   if (!topic) return tailState('error', 'Pick a topic.');
-  const t = ((await api('/admin/topics').catch(() => ({ json: [] }))).json ?? []).find((x) => x.topic === topic);
+  const gen = ++tail.gen;
+  tail.starting = true;
+  tailState('starting', `Starting the tail of ${topic}…`);
+  let t;
+  try {
+    t = ((await api('/admin/topics')).json ?? []).find((x) => x.topic === topic);
+  } catch (e) {
+    if (gen !== tail.gen) return;
+    tail.starting = false;
+    return tailState('error', `Not started: ${e.detail ?? e}`);
+  }
+  if (gen !== tail.gen) return; // stopped (or started anew) meanwhile
+  tail.starting = false;
   if (!t) return tailState('error', `No topic ${topic}.`);
-  Object.assign(tail, { running: true, topic, filter: $('tail-filter').value.trim(), rows: [], polls: 0 });
+  Object.assign(tail, { running: true, topic, filter, rows: [], polls: 0 });
   tail.next = new Map(t.partitions.map((p) => [p.partition, p.end_offset]));
   $('tail-body').replaceChildren();
-  tailState('running', `Tailing ${topic}${tail.filter ? ` where ${tail.filter}` : ''}, from offsets ${[...tail.next].map(([p, o]) => `p${p}@${o}`).join(' ')}.`);
-  tailPoll();
+  tailState('running', `Tailing ${tailWhat()}, from offsets ${tailOffsets()}.`);
+  tailPoll(gen);
 }
 
 function stopTail(why, error) {
+  tail.gen++;
   tail.running = false;
+  tail.starting = false;
   clearTimeout(tail.timer);
   tailState(error ? 'error' : 'idle', why);
 }
 
-async function tailPoll() {
-  if (!tail.running) return;
-  if (!document.hidden) {
+/** A row of the tail: what its cells show, not the event (whose data may be a MiB). */
+function tailRow(partition, { offset, event: e }) {
+  const [short, title] = preview(e);
+  return { partition, offset, id: e.id, type: e.type, source: e.source, time: e.time, short, title };
+}
+
+/**
+ * One poll of every partition of the tail of generation `gen`, then the next one POLL_MS later
+ * (later still if a 429 said so), whatever the answers: each partition goes on from its
+ * `evmesh-next-offset`, also when the broker's CESQL budget ran out before the page was read
+ * through (`evmesh-filter-exhausted`), and a poll that got nothing and moved no offset is not
+ * repeated any sooner, so the tail never spins.
+ */
+async function tailPoll(gen) {
+  if (gen !== tail.gen || !tail.running) return;
+  if (!document.hidden && Date.now() >= access.until) {
     // Partitions added since the start are followed from their first event.
     for (const p of state.topics.find((x) => x.topic === tail.topic)?.partitions ?? []) if (!tail.next.has(p.partition)) tail.next.set(p.partition, 0);
     const filter = tail.filter ? `&filter=${seg(tail.filter)}` : '';
     const asked = [...tail.next].map(async ([p, from]) => {
       const r = await api(`/admin/topics/${seg(tail.topic)}/partitions/${p}/events?from=${from}&max=${TAIL_BATCH}${filter}`);
-      const next = Number(r.headers.get('evmesh-next-offset'));
-      tail.next.set(p, Number.isFinite(next) ? next : from + r.json.length);
-      return r.json.map((x) => ({ partition: p, ...x }));
+      const header = r.headers.get('evmesh-next-offset');
+      const next = header === null ? NaN : Number(header);
+      const events = r.json ?? [];
+      // Never backwards: an event is shown once.
+      return { p, next: Number.isFinite(next) ? Math.max(next, from) : from + events.length, events };
     });
     try {
-      const got = (await Promise.all(asked)).flat();
-      if (!tail.running) return;
+      const answers = await Promise.all(asked);
+      if (gen !== tail.gen) return; // stopped or started anew while asking: not this tail's
       tail.polls++;
-      for (const x of got) tail.rows.unshift(x);
-      tail.rows.length = Math.min(tail.rows.length, TAIL_ROWS);
-      if (got.length) renderTail();
-      tailState('running', `Tailing ${tail.topic}${tail.filter ? ` where ${tail.filter}` : ''}: ${tail.rows.length} shown, next ${[...tail.next].map(([p, o]) => `p${p}@${o}`).join(' ')}.`);
+      const got = [];
+      for (const { p, next, events } of answers) {
+        tail.next.set(p, next);
+        for (const x of events) got.push([p, x]);
+      }
+      if (got.length) {
+        // Newest first; only what is kept is made into rows.
+        const fresh = got.slice(-TAIL_ROWS).reverse().map(([p, x]) => tailRow(p, x));
+        tail.rows = fresh.concat(tail.rows).slice(0, TAIL_ROWS);
+        renderTail();
+      }
+      tailState('running', `Tailing ${tailWhat()}: ${tail.rows.length} shown, next ${tailOffsets()}.`);
     } catch (e) {
-      return stopTail(`Stopped: ${e.detail ?? e}`, true);
+      if (gen !== tail.gen) return;
+      if (e.status !== 429) return stopTail(`Stopped: ${e.detail ?? e}`, true);
+      tailState('running', `Tailing ${tailWhat()}: throttled (429), next poll in ${Math.ceil(nextPollIn(0) / 1000)} s.`);
     }
   }
-  tail.timer = setTimeout(tailPoll, POLL_MS);
+  if (gen !== tail.gen || !tail.running) return;
+  tail.timer = setTimeout(() => tailPoll(gen), nextPollIn(POLL_MS));
 }
 
 function renderTail() {
-  $('tail-body').replaceChildren(...tail.rows.map(({ partition, offset, event: e }) => {
-    const [short, whole] = preview(e);
-    return h('tr', { 'data-id': e.id },
-      h('td', { text: e.time ?? '—' }),
-      h('td', { text: `${partition}/${offset}` }),
-      h('td', { class: 'name', text: e.id }),
-      h('td', { text: e.type }),
-      h('td', { text: e.source }),
-      h('td', { class: 'data', title: whole, text: short }));
-  }));
+  $('tail-body').replaceChildren(...tail.rows.map((r) =>
+    h('tr', { 'data-id': r.id },
+      h('td', { text: r.time ?? '—' }),
+      h('td', { text: `${r.partition}/${r.offset}` }),
+      h('td', { class: 'name', text: r.id }),
+      h('td', { text: r.type }),
+      h('td', { text: r.source }),
+      h('td', { class: 'data', title: r.title, text: r.short }))));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -552,29 +665,36 @@ function show() {
   poll();
 }
 
-/** The status line: live and when, or the error that stopped the last poll. */
+/** The status line: live and when, or the error that stopped the last poll; once the admin
+ * API refused the credential, that, whatever else happens. `data-state` says which. */
 function status(e) {
   const el = $('status');
-  if (e) {
-    el.className = 'status error';
-    el.textContent = e.status === 401 || e.status === 403 ? `Not allowed (${e.status}): reload to sign in again` : `Admin API: ${e.detail ?? e.message ?? e}`;
-  } else if (document.hidden) {
-    el.className = 'status paused';
-    el.textContent = 'Paused (tab hidden)';
-  } else {
-    el.className = 'status ok';
-    el.textContent = `Live · ${new Date().toLocaleTimeString()}`;
-  }
+  const set = (s, className, text) => {
+    el.dataset.state = s;
+    el.className = `status ${className}`;
+    el.textContent = text;
+  };
+  if (access.rejected) set('rejected', 'error', rejection(access.rejected));
+  else if (e?.status === 429) set('throttled', 'error', `Throttled by the admin API (429): next poll in ${Math.ceil(nextPollIn(0) / 1000)} s`);
+  else if (e) set('error', 'error', `Admin API: ${e.detail ?? e.message ?? e}`);
+  else if (document.hidden) set('paused', 'paused', 'Paused (tab hidden)');
+  else set('live', 'ok', `Live · ${new Date().toLocaleTimeString()}`);
 }
 
 let timer;
 let polling = false;
 
 /** One poll: topics, subscriptions and the cluster always (their histories must not gap),
- * what the shown section needs besides. Then the next, unless the tab is hidden. */
+ * what the shown section needs besides. Then the next POLL_MS later (or once a 429's
+ * Retry-After has passed), unless the tab is hidden or the credential was refused. */
 async function poll() {
   clearTimeout(timer);
-  if (polling) return;
+  if (polling || access.rejected) return;
+  if (Date.now() < access.until) {
+    // Throttled: a view change or the tab coming back does not ask before the broker said.
+    if (!document.hidden) timer = setTimeout(poll, nextPollIn(0));
+    return;
+  }
   polling = true;
   try {
     if (!document.hidden) {
@@ -602,7 +722,7 @@ async function poll() {
     status(e);
   } finally {
     polling = false;
-    if (!document.hidden) timer = setTimeout(poll, POLL_MS);
+    if (!document.hidden && !access.rejected) timer = setTimeout(poll, nextPollIn(POLL_MS));
   }
 }
 

@@ -32,8 +32,8 @@ pub(super) fn flight(f: &Frame) -> Option<Box<Flight>> {
     Some(Box::new(Flight {
         parent,
         start_ns: trace::now_ns(),
-        event_id: body.attr_str("id").unwrap_or_default().to_owned(),
-        event_type: body.attr_str("type").unwrap_or_default().to_owned(),
+        event_id: trace::truncated(body.attr_str("id").unwrap_or_default()),
+        event_type: trace::truncated(body.attr_str("type").unwrap_or_default()),
     }))
 }
 

@@ -45,14 +45,24 @@ pub(super) async fn apply_definition(shared: &Shared, name: &str, json: Option<&
     let def = match json.map(serde_json::from_slice::<crate::subscription::definition::Definition>) {
         None => None,
         Some(Ok(d)) if d.subscription == name && !d.pushed() && crate::model::valid_topic(&d.topic) => Some(d),
-        Some(_) => return eprintln!("evmesh: kafka cluster: the definition of {name} is not one; ignored"),
+        Some(_) => {
+            return crate::log::warn(
+                "cluster",
+                &format!("kafka cluster: the definition of {name} is not one; ignored"),
+                &[],
+            )
+        }
     };
     let outcome = match def {
         Some(def) => {
             let asked = ShardMessage::ensure_topic(def.topic.clone(), None, false);
             let to = meta_owner(&def.topic, shards);
             if let Err(e) = shared.mailboxes.ask(Sender::Admin, to, asked, Overflow::Wait).await {
-                return eprintln!("evmesh: kafka cluster: subscription {name} not applied: its topic: {e}");
+                return crate::log::warn(
+                    "cluster",
+                    &format!("kafka cluster: subscription {name} not applied: its topic: {e}"),
+                    &[],
+                );
             }
             let asked = ShardMessage::subscription(SubRequest::Create(def));
             shared.mailboxes.ask(Sender::Admin, meta_owner(name, shards), asked, Overflow::Wait).await
@@ -73,8 +83,12 @@ pub(super) async fn apply_definition(shared: &Shared, name: &str, json: Option<&
     };
     match outcome {
         Ok(SubOutcome::Created | SubOutcome::Unchanged | SubOutcome::Removed | SubOutcome::Unknown) => {}
-        Ok(other) => eprintln!("evmesh: kafka cluster: subscription {name} not applied here: {other:?}"),
-        Err(e) => eprintln!("evmesh: kafka cluster: subscription {name} not applied here: {e}"),
+        Ok(other) => {
+            crate::log::warn("cluster", &format!("kafka cluster: subscription {name} not applied here: {other:?}"), &[])
+        }
+        Err(e) => {
+            crate::log::warn("cluster", &format!("kafka cluster: subscription {name} not applied here: {e}"), &[])
+        }
     }
 }
 
@@ -212,7 +226,7 @@ pub(super) async fn take_forwarded_reply(shared: &Shared, cluster: &KafkaCluster
     };
     let headers: [(&str, &[u8]); 2] = [(KIND, b"outcome"), (FORWARD, n.as_bytes())];
     if let Err(e) = cluster.log.put_record(REPLIES_TOPIC, from.as_bytes(), Some(&encode_outcome(&outcome)), &headers) {
-        eprintln!("evmesh: the outcome of a reply from {from} not sent back: {e}");
+        crate::log::warn("cluster", &format!("the outcome of a reply from {from} not sent back: {e}"), &[]);
     }
 }
 
@@ -220,7 +234,11 @@ pub(super) async fn take_forwarded_reply(shared: &Shared, cluster: &KafkaCluster
 /// choices crossed): every shard closes its sessions of it (`InterestChange::HomeMoved`).
 pub(super) async fn home_moved(shared: &Shared, name: &str) {
     let Ok(Some(def)) = crate::storage::meta::get_subscription(&shared.db, name) else { return };
-    eprintln!("evmesh: another instance is the home of subscription {name} now: closing its sessions here");
+    crate::log::warn(
+        "cluster",
+        &format!("another instance is the home of subscription {name} now: closing its sessions here"),
+        &[],
+    );
     announce(shared, name, &def.topic, crate::shard::message::InterestChange::HomeMoved).await;
 }
 
@@ -238,7 +256,11 @@ fn agent_moved(shared: &Shared, stored: &str) {
     let topic = crate::shard::calls::agent_topic(tenant, agent);
     let attached = shared.watchers.is_followed(&topic);
     if shared.agents.deregister(stored) | shared.remotes.remove(stored) | attached {
-        eprintln!("evmesh: another instance is the home of agent {stored} now: forgetting it here");
+        crate::log::warn(
+            "cluster",
+            &format!("another instance is the home of agent {stored} now: forgetting it here"),
+            &[],
+        );
     }
     shared.watchers.moved(&topic);
 }
@@ -262,6 +284,10 @@ pub(super) fn apply_offset(shared: &Shared, cluster: &KafkaCluster, r: Replicate
     let shard = crate::model::placement::owner(topic, partition, shared.config.shards);
     match offsets::apply_replicated(&shared.db, shard, r.key.as_bytes(), r.value.as_deref(), r.next) {
         Ok(()) => *read = r.next,
-        Err(e) => eprintln!("evmesh: kafka cluster: offset {} of {subscription} not applied: {e}", r.key),
+        Err(e) => crate::log::warn(
+            "cluster",
+            &format!("kafka cluster: offset {} of {subscription} not applied: {e}", r.key),
+            &[],
+        ),
     }
 }

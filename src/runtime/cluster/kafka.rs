@@ -50,7 +50,7 @@ impl KafkaCluster {
     pub(super) fn put_claim(&self, key: &str, claim: Option<&Claim>, what: &str) {
         let value = claim.map(Claim::encode);
         if let Err(e) = self.log.put_record(HOMES_TOPIC, key.as_bytes(), value.as_deref(), &[]) {
-            eprintln!("evmesh: the home of {key} not {what}: {e}");
+            crate::log::warn("cluster", &format!("the home of {key} not {what}: {e}"), &[]);
         }
     }
 }
@@ -117,7 +117,7 @@ impl Cluster for KafkaCluster {
         }
         let json = def.map(|d| serde_json::to_vec(d).expect("a definition serializes"));
         if let Err(e) = self.log.put_record(SUBSCRIPTIONS_TOPIC, name.as_bytes(), json.as_deref(), &[]) {
-            eprintln!("evmesh: subscription {name} not told to the other instances: {e}");
+            crate::log::warn("cluster", &format!("subscription {name} not told to the other instances: {e}"), &[]);
         }
         // Removed: its claim goes too, and with it any offset its home still writes.
         if def.is_none() {
@@ -161,7 +161,7 @@ impl Cluster for KafkaCluster {
             let outcome = match sent {
                 Ok(()) => crate::server::deadline::within(WAIT, &mut forward.outcome).await.ok().and_then(Result::ok),
                 Err(e) => {
-                    eprintln!("evmesh: a reply not forwarded to {to}: {e}");
+                    crate::log::warn("cluster", &format!("a reply not forwarded to {to}: {e}"), &[]);
                     None
                 }
             };

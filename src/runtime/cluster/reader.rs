@@ -83,7 +83,7 @@ impl KafkaCluster {
         let every = shared.config.heartbeat;
         let mut wait = Duration::from_millis(100);
         let retry = |what: &str, e: &dyn std::fmt::Display, wait: &mut Duration| {
-            eprintln!("evmesh: kafka cluster: {what}: {e}; retrying in {wait:?}");
+            crate::log::warn("cluster", &format!("kafka cluster: {what}: {e}; retrying in {wait:?}"), &[]);
             std::thread::sleep(*wait);
             *wait = (*wait * 2).min(Duration::from_secs(5));
         };
@@ -130,7 +130,7 @@ impl KafkaCluster {
         let mut logged = Instant::now() - Duration::from_secs(60);
         let mut log = |what: &str, e: &dyn std::fmt::Display| {
             if logged.elapsed() > Duration::from_secs(10) {
-                eprintln!("evmesh: kafka cluster: {what}: {e}");
+                crate::log::warn("cluster", &format!("kafka cluster: {what}: {e}"), &[]);
                 logged = Instant::now();
             }
         };
@@ -146,9 +146,13 @@ impl KafkaCluster {
             // heartbeats and claims are read to their end again.
             if now.duration_since(turned) > (every * 2).max(Duration::from_millis(500)) {
                 if let (Ok((_, i)), Ok((_, h))) = (topics.ends(INSTANCES_TOPIC), topics.ends(HOMES_TOPIC)) {
-                    eprintln!(
-                        "evmesh: kafka cluster: stood still for {:?}; reading the cluster's view again",
-                        now.duration_since(turned)
+                    crate::log::warn(
+                        "cluster",
+                        &format!(
+                            "kafka cluster: stood still for {:?}; reading the cluster's view again",
+                            now.duration_since(turned)
+                        ),
+                        &[],
                     );
                     self.homes.stale(true);
                     resync = Some([(i, 0), (h, 0)]);

@@ -37,7 +37,7 @@ pub(super) fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefi
                     // and then.
                     failed += 1;
                     if failed % 500 == 1 {
-                        eprintln!("evmesh: kafka tail: assign: {e}; trying again");
+                        crate::log::warn("storage", &format!("kafka tail: assign: {e}; trying again"), &[]);
                     }
                     for f in new {
                         followed.forget(&f);
@@ -59,7 +59,11 @@ pub(super) fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefi
                         Gap::Recheck(from) => {
                             let at = Offset::Offset(from as i64);
                             if let Err(e) = consumer.seek(m.topic(), p as i32, at, Duration::ZERO) {
-                                eprintln!("evmesh: kafka tail: {}/{p}: reading again from {from}: {e}", m.topic());
+                                crate::log::warn(
+                                    "storage",
+                                    &format!("kafka tail: {}/{p}: reading again from {from}: {e}", m.topic()),
+                                    &[],
+                                );
                             }
                             continue;
                         }
@@ -77,14 +81,16 @@ pub(super) fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefi
                             Some(b) => b.2.push(f),
                             None => batch.push((topic.to_owned(), PartitionId(p), vec![f])),
                         },
-                        Err(e) => eprintln!("evmesh: kafka tail: {}/{p}@{o} skipped: {e}", m.topic()),
+                        Err(e) => {
+                            crate::log::warn("storage", &format!("kafka tail: {}/{p}@{o} skipped: {e}", m.topic()), &[])
+                        }
                     }
                 }
                 Some(Err(e)) => {
                     // Broker away: librdkafka reconnects by itself; say so now and then, and do
                     // not spin on the errors meanwhile.
                     if logged.elapsed() > Duration::from_secs(10) {
-                        eprintln!("evmesh: kafka tail: {e}");
+                        crate::log::warn("storage", &format!("kafka tail: {e}"), &[]);
                         logged = std::time::Instant::now();
                     }
                     std::thread::sleep(Duration::from_millis(50));
@@ -176,7 +182,11 @@ impl Followed {
                 e.gap_since = Some((since, now));
                 return Gap::Recheck(e.next);
             }
-            eprintln!("evmesh: kafka tail: {topic}/{partition}: offsets {}..{offset} are not in the log", e.next);
+            crate::log::warn(
+                "storage",
+                &format!("kafka tail: {topic}/{partition}: offsets {}..{offset} are not in the log", e.next),
+                &[],
+            );
         }
         *e = Expected { next: offset + 1, gap_since: None };
         Gap::None

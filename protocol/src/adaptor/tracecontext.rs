@@ -1,14 +1,44 @@
-//! W3C Trace Context's `traceparent` (version 00): what identifies the span an event or a
-//! request comes from, parsed from a header or a CloudEvents attribute and written back.
+//! W3C Trace Context (the CloudEvents distributed-tracing extension's attributes): the
+//! `traceparent` (version 00) that names the span an event or a request comes from, parsed from
+//! a header, a record header or an attribute and written back; and what a `tracestate` may be.
 
 use std::fmt::Write as _;
 
 /// A parsed `traceparent`: the trace, the parent span and the flags (bit 0: sampled).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceParent {
+    /// The trace (never all zeros).
     pub trace_id: [u8; 16],
+    /// The parent span (never all zeros).
     pub span_id: [u8; 8],
+    /// The trace flags (bit 0: sampled).
     pub flags: u8,
+}
+
+/// The longest `tracestate` kept (W3C: vendors propagate at least 512 characters).
+pub const MAX_TRACESTATE: usize = 512;
+
+/// Whether `s` is a `tracestate` worth keeping: at most [`MAX_TRACESTATE`] bytes and 32 list
+/// members, each `key=value` with W3C's characters (a key of `a-z 0-9 _ - * / @`, a value of
+/// visible ASCII but `,` and `=`). Anything else is dropped, as the recommendation allows.
+pub fn valid_tracestate(s: &str) -> bool {
+    if s.len() > MAX_TRACESTATE {
+        return false;
+    }
+    let members: Vec<&str> = s.split(',').map(|m| m.trim_matches([' ', '\t'])).filter(|m| !m.is_empty()).collect();
+    !members.is_empty()
+        && members.len() <= 32
+        && members.iter().all(|m| {
+            let Some((k, v)) = m.split_once('=') else { return false };
+            let key = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b);
+            let value = |b: u8| (b' '..=b'~').contains(&b) && b != b',' && b != b'=';
+            !k.is_empty()
+                && k.len() <= 256
+                && k.bytes().all(key)
+                && !v.is_empty()
+                && v.len() <= 256
+                && v.bytes().all(value)
+        })
 }
 
 fn hex<const N: usize>(s: &str) -> Option<[u8; N]> {
@@ -78,6 +108,17 @@ impl TraceParent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tracestates_of_the_recommendations_shape_are_kept() {
+        assert!(valid_tracestate("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"));
+        assert!(valid_tracestate("vendor@tenant=1 , x=y"));
+        for bad in ["", "novalue", "=v", "k=", "K=v", "k=v\n", "k=a=b", &format!("k={}", "v".repeat(600))] {
+            assert!(!valid_tracestate(bad), "{bad:?}");
+        }
+        let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
+        assert!(!valid_tracestate(&many.join(",")));
+    }
 
     #[test]
     fn parses_and_writes_back_what_the_recommendation_allows() {
