@@ -44,7 +44,8 @@ for _ in range(n):
         sys.exit(f"publish answered {r.status}")
 PY
 }
-MODES="off header ratio001 ratio1"; [ -n "${BEFORE:-}" ] && MODES="before $MODES"
+GIVEN_MODES=${MODES:-}
+if [ -z "$GIVEN_MODES" ]; then MODES="off header ratio001 ratio1"; [ -n "${BEFORE:-}" ] && MODES="before $MODES"; fi
 for mode in $MODES; do
   dir=$(mktemp -d /var/tmp/evmesh-tc-data.XXXX)
   bin=$EVMESH; flags=(); header=0
@@ -95,4 +96,4 @@ for mode in modes:
     print(f"| {label[mode]} | {per:,.0f} | {per - base:+,.0f} ({(per - base) / base:+.1%}) | {spans(mode)} |")
 PY
 rm -f "$OUT"/*.out; gzip -9 "$OUT"/*.out.*
-{ echo; echo "Command: \`${BEFORE:+BEFORE=$BEFORE }N=$N bash perf/trace_cost.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`${BEFORE:+BEFORE=$BEFORE }${GIVEN_MODES:+MODES=\"$GIVEN_MODES\" }N=$N bash perf/trace_cost.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md

@@ -221,6 +221,28 @@ impl Frame {
         &self.buf
     }
 
+    /// The same frame with `extra` attributes after its own: re-archived from the body where it
+    /// lies (strings and data borrowed, nothing deserialized), one copy into the new buffer.
+    pub fn with_attributes(&self, extra: &[AttributeRef<'_>]) -> Result<Frame, FrameError> {
+        let body = self.body();
+        let mut attributes: Vec<AttributeRef<'_>> = Vec::with_capacity(body.attributes.len() + extra.len());
+        for a in body.attributes.iter() {
+            let value = match &a.value {
+                ArchivedAttrValue::Str(s) => AttrValueOf::Str(Text::from(s.as_str())),
+                ArchivedAttrValue::Bool(b) => AttrValueOf::Bool(*b),
+                ArchivedAttrValue::Int(n) => AttrValueOf::Int(n.to_native()),
+            };
+            attributes.push(AttributeOf { name: Text::from(a.name.as_str()), value });
+        }
+        attributes.extend(extra.iter().cloned());
+        let borrowed = FrameBodyRef {
+            topic: Text::from(body.topic.as_str()),
+            attributes: Slice(&attributes),
+            data: Bytes(std::borrow::Cow::Borrowed(body.data.as_slice())),
+        };
+        Frame::encode_ref(&self.header(), &borrowed)
+    }
+
     /// Deserializes the body into owned values (tests, tools; not the hot path).
     pub fn to_body(&self) -> FrameBody {
         rkyv::deserialize::<FrameBody, rkyv::rancor::Error>(self.body()).expect("a validated body always deserializes")

@@ -227,6 +227,18 @@ proptest! {
         prop_assert_eq!(Frame::decode(f.as_bytes()).unwrap().to_body(), b);
     }
 
+    /// Attributes added to a stored frame give the frame the owned body with them makes.
+    #[test]
+    fn attributes_added_in_place_are_the_owned_bodys_with_them(h in header(), b in body(), extra in body()) {
+        let f = Frame::encode(&h, &b).unwrap();
+        let (more, _) = borrowed(&extra);
+        let added = f.with_attributes(&more).unwrap();
+        let mut want = b.clone();
+        want.attributes.extend(extra.attributes.iter().cloned());
+        let owned = Frame::encode(&h, &want).unwrap();
+        prop_assert_eq!(added.as_bytes(), owned.as_bytes());
+    }
+
     #[test]
     fn encode_decode_round_trips(h in header(), b in body()) {
         let f = Frame::encode(&h, &b).unwrap();

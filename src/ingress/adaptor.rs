@@ -251,13 +251,17 @@ impl Traffic {
         let calls = &self.shard.shared.calls;
         let now = crate::model::clock::now_ms;
         let turn = calls.start_turn(call, now()).map_err(|m| Refusal::Busy(problem(StatusCode::CONFLICT, m)))?;
-        let frames = match adaptor.frames(&To { topic, turn: Some((&call.sid, turn)) }, req) {
+        let mut frames = match adaptor.frames(&To { topic, turn: Some((&call.sid, turn)) }, req) {
             Ok(f) => f,
             Err(r) => {
                 calls.end_turn(call, End::Failed, now());
                 return Err(r);
             }
         };
+        let (mut traced, headers) = (Publishing::of("turn", topic, req.body.len()), Headers::of(req));
+        for (i, f) in frames.iter_mut().enumerate() {
+            traced.begin(i, f, headers);
+        }
         // After the turn is in progress: the attachment it goes to ends it if it closes (see
         // `Calls::agent_gone`); one that closed before is seen here.
         match self.shard.shared.watchers.follower(topic) {
@@ -267,9 +271,13 @@ impl Traffic {
                 return Err(not_attached(agent).into());
             }
         }
-        if let Err(e) = self.store(topic, frames).await {
-            calls.end_turn(call, End::Failed, now());
-            return Err(storage_problem(&e).into());
+        traced.storing();
+        match self.store(topic, frames).await {
+            Ok(placed) => traced.stored(|i| placed.get(i).map(|(p, o)| (p.0, *o))),
+            Err(e) => {
+                calls.end_turn(call, End::Failed, now());
+                return Err(storage_problem(&e).into());
+            }
         }
         Ok(turn)
     }

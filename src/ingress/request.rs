@@ -13,6 +13,7 @@ use futures::future::{select, Either};
 
 use super::gate::{shed, Gate, Quotaed};
 use super::responses::storage_problem;
+use super::traced::{Headers, Publishing};
 use super::Traffic;
 use crate::adaptor::cloudevents::{self, CeError};
 use crate::adaptor::rfc3339_from_micros;
@@ -21,6 +22,25 @@ use crate::http::{problem, StatusCode};
 use crate::model::ReplyOutcome;
 use crate::server::{Request, Response};
 use crate::shard::requests::{Correlation, Refusal, Replier};
+use crate::trace::{self, Kind, Span, TraceParent};
+
+/// A reply, joined to its request's trace (`context`: the request's span when it is recorded,
+/// else the context the request carried): a reply without a `traceparent` of its own is
+/// handed to the requester with that one, and a recorded request gets a `reply` span.
+fn joined(reply: Frame, context: Option<TraceParent>, topic: &str) -> Frame {
+    let Some(ctx) = context else { return reply };
+    if ctx.sampled() && crate::trace::on() {
+        let span = Span::messaging(ctx.trace_id, Some(ctx.span_id), Kind::Internal, "reply", topic, trace::now_ns());
+        span.event(reply.body().attr_str("id").unwrap_or_default(), reply.body().attr_str("type").unwrap_or_default())
+            .end(None);
+    }
+    if reply.body().attr("traceparent").is_some() {
+        return reply;
+    }
+    let mut body = reply.to_body();
+    body.attributes.push(Attribute { name: "traceparent".into(), value: AttrValue::Str(ctx.format()) });
+    Frame::encode(&reply.header(), &body).unwrap_or(reply)
+}
 
 /// The attributes evmesh sets on a request.
 const REQUEST_ATTRIBUTES: [&str; 3] = ["emcorrelationid", "emreplyto", "emexpiry"];
@@ -137,7 +157,7 @@ impl Traffic {
         gate: &mut Gate<'_>,
         req: &Request<'_>,
         topic: &str,
-        event: Frame,
+        mut event: Frame,
         timeout: std::time::Duration,
     ) -> Result<Waited, Response> {
         let own = event.body().attributes.iter().filter(|a| REQUEST_ATTRIBUTES.contains(&a.name.as_str())).count();
@@ -148,6 +168,8 @@ impl Traffic {
             );
             return Err(problem(StatusCode::BAD_REQUEST, &detail));
         }
+        let mut traced = Publishing::of("request", topic, req.body.len());
+        traced.begin(0, &mut event, Headers::of(req));
         gate.limit(topic, 1, req.body.len() as u64)?;
         gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog())?;
         let deadline_us = crate::model::clock::now_micros().saturating_add(timeout.as_micros() as i64);
@@ -173,8 +195,12 @@ impl Traffic {
         let reply_to = format!("{}/events/reply", self.shard.shared.config.advertised_url);
         // The parsed event goes (by value) into the frame, and is freed before the wait.
         let frame = request_frame(event, &pending.id, &reply_to, deadline_us);
+        let context = frame.body().attr_str("traceparent").and_then(TraceParent::parse);
         let routed = self.transform_and_route(&gate.snap, topic, vec![frame])?;
-        self.store_routed(routed.groups).await?;
+        traced.storing();
+        let stored = self.store_routed(routed.groups).await?;
+        // The request's span stays open until its reply, its timeout or its requester's leaving.
+        let mut span = traced.stored_open(|_| Some((stored[0].1[0].0 .0, stored[0].1[0].1))).pop();
         metrics.events_published.inc();
         gate.tenant_count(|s| &s.published, 1);
         // Stored: now only the wait, which the requester's disconnect ends.
@@ -182,10 +208,10 @@ impl Traffic {
         let timer = Box::pin(monoio::time::sleep(std::time::Duration::from_micros(left)));
         let gone = Box::pin(req.peer_gone());
         let id = pending.id.to_string();
-        Ok(match select(&mut pending.reply, select(timer, gone)).await {
+        let waited = match select(&mut pending.reply, select(timer, gone)).await {
             Either::Left((Ok(reply), _)) => {
                 metrics.requests[0].inc();
-                Waited::Reply(reply)
+                Waited::Reply(joined(reply, span.as_ref().map(Span::context).or(context), topic))
             }
             Either::Left((Err(_), _)) | Either::Right((Either::Left(_), _)) => {
                 metrics.requests[1].inc();
@@ -195,7 +221,15 @@ impl Traffic {
                 metrics.requests[2].inc();
                 Waited::Gone
             }
-        })
+        };
+        if let Some(s) = span.take() {
+            s.end(match waited {
+                Waited::Reply(_) => None,
+                Waited::TimedOut(_) => Some("no reply in time".into()),
+                Waited::Gone => Some("the requester left".into()),
+            });
+        }
+        Ok(waited)
     }
 
     /// `POST /events/reply`: a CloudEvent (structured or binary) carrying `emcorrelationid`.

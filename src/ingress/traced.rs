@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use frame_codec::{AttrValue, Attribute, Frame};
+use frame_codec::{AttrValue, AttrValueOf, Attribute, AttributeRef, Frame, Text};
 
 use crate::adaptor::cloudevents::MAX_ATTRIBUTES;
 
@@ -33,14 +33,24 @@ impl<'a> Headers<'a> {
     }
 }
 
-/// Puts `extra` attributes after `f`'s own (a rare path: a context the event did not carry).
+/// Puts `extra` attributes after `f`'s own (an event that did not carry the request's
+/// context): the frame re-archived from where it lies, nothing deserialized.
 fn with_attributes(f: &mut Frame, extra: Vec<Attribute>) {
     if extra.is_empty() {
         return;
     }
-    let mut body = f.to_body();
-    body.attributes.extend(extra);
-    if let Ok(g) = Frame::encode(&f.header(), &body) {
+    let refs: Vec<AttributeRef<'_>> = extra
+        .iter()
+        .map(|a| AttributeRef {
+            name: Text::from(a.name.as_str()),
+            value: match &a.value {
+                AttrValue::Str(s) => AttrValueOf::Str(Text::from(s.as_str())),
+                AttrValue::Bool(b) => AttrValueOf::Bool(*b),
+                AttrValue::Int(n) => AttrValueOf::Int(*n),
+            },
+        })
+        .collect();
+    if let Ok(g) = f.with_attributes(&refs) {
         *f = g;
     }
 }
@@ -48,7 +58,7 @@ fn with_attributes(f: &mut Frame, extra: Vec<Attribute>) {
 /// Event `f`, published to `topic` with request headers `h`: the headers' context put on it if
 /// it has none (while `room`, the bytes a request may add, lasts, and the event has room for two
 /// more attributes), and, if this trace is recorded, its publish span begun (not yet ended).
-fn begin(topic: &str, f: &mut Frame, h: Headers<'_>, room: &mut usize) -> Option<Span> {
+fn begin(op: &'static str, topic: &str, f: &mut Frame, h: Headers<'_>, room: &mut usize) -> Option<Span> {
     let body = f.body();
     let own = body.attr("traceparent").is_some();
     let fits = body.attributes.len() + 2 <= MAX_ATTRIBUTES;
@@ -79,7 +89,7 @@ fn begin(topic: &str, f: &mut Frame, h: Headers<'_>, room: &mut usize) -> Option
         return None;
     }
     let (trace_id, parent_id) = parent.map_or_else(|| (trace::trace_id(), None), |p| (p.trace_id, Some(p.span_id)));
-    let span = Span::messaging(trace_id, parent_id, Kind::Producer, "publish", topic, trace::now_ns())
+    let span = Span::messaging(trace_id, parent_id, Kind::Producer, op, topic, trace::now_ns())
         .event(body.attr_str("id").unwrap_or_default(), body.attr_str("type").unwrap_or_default());
     // A trace started here: the event names its publish span (unless it carries a value of
     // its own that is no valid traceparent, which stays as it is).
@@ -94,6 +104,8 @@ fn begin(topic: &str, f: &mut Frame, h: Headers<'_>, room: &mut usize) -> Option
 /// event was stored by [`Publishing::stored`], or as failed if the publish was refused or
 /// failed before (when dropped).
 pub(super) struct Publishing<'t> {
+    /// The operation: `publish`, `request` (ended at its reply) or `turn`.
+    op: &'static str,
     topic: &'t str,
     spans: Vec<(usize, Span)>,
     store_start_ns: u64,
@@ -106,13 +118,18 @@ pub(super) struct Publishing<'t> {
 impl<'t> Publishing<'t> {
     /// The publish of a request of `bytes` to `topic`.
     pub(super) fn new(topic: &'t str, bytes: usize) -> Self {
-        Publishing { topic, spans: Vec::new(), store_start_ns: 0, room: bytes.max(128) }
+        Self::of("publish", topic, bytes)
+    }
+
+    /// `new`, for another operation than a publish.
+    pub(super) fn of(op: &'static str, topic: &'t str, bytes: usize) -> Self {
+        Publishing { op, topic, spans: Vec::new(), store_start_ns: 0, room: bytes.max(128) }
     }
 
     /// Event `event` of the publish: the headers' context put on it if it has none, and, if
     /// its trace is recorded, its publish span begun.
     pub(super) fn begin(&mut self, event: usize, f: &mut Frame, h: Headers<'_>) {
-        if let Some(s) = begin(self.topic, f, h, &mut self.room) {
+        if let Some(s) = begin(self.op, self.topic, f, h, &mut self.room) {
             self.spans.push((event, s));
         }
     }
@@ -126,7 +143,16 @@ impl<'t> Publishing<'t> {
 
     /// Each event is stored where `placed` says (`None`: it was refused): its store span (from
     /// [`Publishing::storing`]), then its publish span, ended.
-    pub(super) fn stored(mut self, placed: impl Fn(usize) -> Option<(u32, u64)>) {
+    pub(super) fn stored(self, placed: impl Fn(usize) -> Option<(u32, u64)>) {
+        for span in self.stored_open(placed) {
+            span.end(None);
+        }
+    }
+
+    /// [`Publishing::stored`], but the operation's spans are handed back open, for the caller
+    /// to end (a request's, at its reply).
+    pub(super) fn stored_open(mut self, placed: impl Fn(usize) -> Option<(u32, u64)>) -> Vec<Span> {
+        let mut open = Vec::new();
         for (i, span) in std::mem::take(&mut self.spans) {
             let Some((p, o)) = placed(i) else {
                 span.end(Some(Cow::Borrowed("refused")));
@@ -136,8 +162,9 @@ impl<'t> Publishing<'t> {
             Span::messaging(span.trace_id, Some(span.span_id), Kind::Internal, "store", self.topic, start)
                 .stored_at(p, o)
                 .end(None);
-            span.stored_at(p, o).end(None);
+            open.push(span.stored_at(p, o));
         }
+        open
     }
 }
 

@@ -108,6 +108,39 @@ mod on_kafka {
         }
     }
 
+    /// One trace across two instances: the publish recorded by the instance that stored it,
+    /// the delivery and its ack by the subscription's home, which read the event (and its
+    /// context, a record header) back from Kafka.
+    #[test]
+    #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA and Python with opentelemetry-proto (scripts/test.sh starts and installs them)"]
+    fn one_trace_spans_the_instance_that_stored_and_the_one_that_delivered() {
+        use super::super::tracing::{Collector, TP};
+        let collector = Collector::start("kafka");
+        let (brokers, prefix) = kafka_and_prefix("tr");
+        let endpoint = collector.url();
+        let extra = ["--otlp-endpoint", endpoint.as_str()];
+        let all = [start_in_with(&brokers, &prefix, &extra), start_in_with(&brokers, &prefix, &extra)];
+        wait_for(Duration::from_secs(20), || all.iter().all(|b| live(b).0.len() == 2).then_some(()));
+        let def = r#"{"subscription":"traced","topic":"tt","mode":"LOAD_BALANCE","start":"earliest"}"#;
+        assert_eq!(all[0].client().post("/events/subscribe", "application/json", def.as_bytes()).status, 201);
+        let (mut ws, home) = attach_following(&all[0], "subscription=traced");
+        let (at_home, away) = if url(&all[0]) == home { (&all[0], &all[1]) } else { (&all[1], &all[0]) };
+        let h = [("content-type", "application/cloudevents+json"), ("traceparent", TP)];
+        let r = away.client().request("POST", "/events/publish?topic=tt", &h, event("k1").to_string().as_bytes());
+        assert_eq!(r.status, 202, "{}", r.text());
+        let e = take(&mut ws, 1).remove(0);
+        assert_eq!(e["traceparent"], TP);
+        super::super::acked::ack(&mut ws, &[&e]);
+        let trace = &TP[3..35];
+        let publish = collector.span(trace, "publish tt");
+        let deliver = collector.span(trace, "deliver traced");
+        let ack = collector.span(trace, "ack traced");
+        assert_eq!(publish["instance"], instance_id(away), "stored where it was published");
+        assert_eq!(deliver["instance"], instance_id(at_home), "delivered by the home");
+        assert_eq!((publish["parent"].as_str(), deliver["parent"].as_str()), (Some(&TP[36..52]), Some(&TP[36..52])));
+        assert_eq!(ack["parent"], deliver["span_id"]);
+    }
+
     fn start_in(brokers: &str, prefix: &str) -> TestBroker {
         start_in_with(brokers, prefix, &[])
     }

@@ -2,8 +2,6 @@
 //! `traceparent` (version 00) that names the span an event or a request comes from, parsed from
 //! a header, a record header or an attribute and written back; and what a `tracestate` may be.
 
-use std::fmt::Write as _;
-
 /// A parsed `traceparent`: the trace, the parent span and the flags (bit 0: sampled).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceParent {
@@ -54,8 +52,11 @@ fn hex<const N: usize>(s: &str) -> Option<[u8; N]> {
 
 /// Lowercase hex of `bytes`, appended to `out`.
 pub fn hex_into(bytes: &[u8], out: &mut String) {
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(2 * bytes.len());
+    for &b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
     }
 }
 
@@ -100,7 +101,8 @@ impl TraceParent {
         hex_into(&self.trace_id, &mut s);
         s.push('-');
         hex_into(&self.span_id, &mut s);
-        let _ = write!(s, "-{:02x}", self.flags);
+        s.push('-');
+        hex_into(&[self.flags], &mut s);
         s
     }
 }

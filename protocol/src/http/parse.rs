@@ -112,9 +112,18 @@ impl Head {
         })
     }
 
-    /// The first header named `name` (ASCII case-insensitive).
+    /// The first header named `name` (ASCII case-insensitive). Compared as bytes, length
+    /// first (names are tokens, checked when parsed): a lookup of a header that is not there
+    /// costs a length comparison per header.
     pub fn header<'b>(&self, buf: &'b [u8], name: &str) -> Option<&'b [u8]> {
-        self.headers(buf).find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v)
+        let want = name.as_bytes();
+        self.headers
+            .iter()
+            .find(|h| {
+                h.name.1 - h.name.0 == want.len() as u32
+                    && buf[h.name.0 as usize..h.name.1 as usize].eq_ignore_ascii_case(want)
+            })
+            .map(|h| &buf[h.value.0 as usize..h.value.1 as usize])
     }
 }
 

@@ -139,6 +139,8 @@ impl KafkaCluster {
         // counts again (read so far: the next offsets).
         let mut resync: Option<[(i64, i64); 2]> = None;
         let mut turned = Instant::now();
+        // The live instances last seen, to log those that join and those that leave.
+        let mut members: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         loop {
             let now = Instant::now();
             // Stood still past two heartbeats, and at least 500 ms (a paused process, whose
@@ -177,6 +179,19 @@ impl KafkaCluster {
                     log("sending a heartbeat", &e);
                 }
                 next = (next + every).max(now);
+                let live: std::collections::BTreeSet<String> =
+                    self.membership.live(now).into_iter().map(|m| m.heartbeat.instance_id).collect();
+                for joined in live.difference(&members) {
+                    crate::log::info("cluster", "instance joined", &[("instance", joined)]);
+                }
+                for left in members.difference(&live) {
+                    crate::log::warn(
+                        "cluster",
+                        "instance left (not heard from within instance_timeout)",
+                        &[("instance", left)],
+                    );
+                }
+                members = live;
             }
             let wait = next.saturating_duration_since(Instant::now()).min(Duration::from_millis(100));
             match topics.poll(wait, |r| self.take(shared, r, caught_up_at.1, (&mut to, &mut homes_read))) {
