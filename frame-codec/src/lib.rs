@@ -66,6 +66,18 @@ pub struct FrameBodyOf<S, A, D> {
     pub data: D,
 }
 
+impl AttributeOf<String> {
+    /// This attribute, borrowed (as [`Frame::encode_ref`] and [`Frame::with_attributes`] take it).
+    pub fn borrowed(&self) -> AttributeRef<'_> {
+        let value = match &self.value {
+            AttrValueOf::Str(s) => AttrValueOf::Str(Text::from(s.as_str())),
+            AttrValueOf::Bool(b) => AttrValueOf::Bool(*b),
+            AttrValueOf::Int(n) => AttrValueOf::Int(*n),
+        };
+        AttributeOf { name: Text::from(self.name.as_str()), value }
+    }
+}
+
 /// An owned attribute value.
 pub type AttrValue = AttrValueOf<String>;
 /// An owned attribute.

@@ -1,8 +1,8 @@
 //! Round-trip properties, golden bytes per frame version, and rejection of foreign garbage.
 
 use frame_codec::{
-    AttrValue, AttrValueRef, Attribute, AttributeRef, Bytes, DataKind, Frame, FrameBody, FrameBodyRef, FrameError,
-    FrameHeader, FrameKind, Slice, Text,
+    AttrValue, Attribute, AttributeRef, Bytes, DataKind, Frame, FrameBody, FrameBodyRef, FrameError, FrameHeader,
+    FrameKind, Slice, Text,
 };
 use proptest::prelude::*;
 
@@ -199,18 +199,7 @@ fn header() -> impl Strategy<Value = FrameHeader> {
 
 /// The borrowed view of an owned body, as the adaptors build it from request bytes.
 fn borrowed(b: &FrameBody) -> (Vec<AttributeRef<'_>>, Bytes<'_>) {
-    let attrs = b
-        .attributes
-        .iter()
-        .map(|a| AttributeRef {
-            name: Text::from(a.name.as_str()),
-            value: match &a.value {
-                AttrValue::Str(s) => AttrValueRef::Str(Text::from(s.as_str())),
-                AttrValue::Bool(v) => AttrValueRef::Bool(*v),
-                AttrValue::Int(n) => AttrValueRef::Int(*n),
-            },
-        })
-        .collect();
+    let attrs = b.attributes.iter().map(Attribute::borrowed).collect();
     (attrs, Bytes(std::borrow::Cow::Borrowed(&b.data)))
 }
 

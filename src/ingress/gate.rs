@@ -137,6 +137,12 @@ impl Gate<'_> {
                 t.shard.shared.metrics.shard(t.shard.id).refused(429);
                 self.tenant_count(|s| &s.limited, 1);
                 let secs = l.retry_after.as_secs() + u64::from(l.retry_after.subsec_nanos() > 0);
+                // (The log's own rate limit keeps a flood of refusals to a few lines a second.)
+                crate::log::info(
+                    "limits",
+                    "refused by a rate limit",
+                    &[("limit", &l.id), ("scope", &l.scope), ("principal", &self.who.name), ("topic", &topic)],
+                );
                 Err(problem(
                     StatusCode::TOO_MANY_REQUESTS,
                     &format!("over rate limit {} ({}); retry in {} ms", l.id, l.scope, l.retry_after.as_millis()),

@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use frame_codec::{AttrValue, AttrValueOf, Attribute, AttributeRef, Frame, Text};
+use frame_codec::{AttrValue, Attribute, AttributeRef, Frame};
 
 use crate::adaptor::cloudevents::MAX_ATTRIBUTES;
 
@@ -39,17 +39,7 @@ fn with_attributes(f: &mut Frame, extra: Vec<Attribute>) {
     if extra.is_empty() {
         return;
     }
-    let refs: Vec<AttributeRef<'_>> = extra
-        .iter()
-        .map(|a| AttributeRef {
-            name: Text::from(a.name.as_str()),
-            value: match &a.value {
-                AttrValue::Str(s) => AttrValueOf::Str(Text::from(s.as_str())),
-                AttrValue::Bool(b) => AttrValueOf::Bool(*b),
-                AttrValue::Int(n) => AttrValueOf::Int(*n),
-            },
-        })
-        .collect();
+    let refs: Vec<AttributeRef<'_>> = extra.iter().map(Attribute::borrowed).collect();
     if let Ok(g) = f.with_attributes(&refs) {
         *f = g;
     }

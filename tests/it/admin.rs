@@ -184,3 +184,55 @@ fn a_costly_filter_stops_at_the_requests_budget_and_paging_goes_on() {
     }
     assert!(pages >= 5, "{pages} pages: each one stopped at the request's budget");
 }
+
+/// `log_format = json`: every line the broker writes to standard error is one JSON object
+/// (the start with its configuration, refusals at a rate limit naming the limit), and a flood
+/// of refusals writes a few lines a second, the rest counted in the next one written.
+#[test]
+fn json_log_lines_and_a_flood_of_refusals_kept_to_a_few() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("evmesh-log-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_evmesh"))
+        .args(["serve", "--shards", "1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--log-format", "json", "--log-level", "warn,start=info,limits=info", "--data-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = |key: &str| -> std::net::SocketAddr {
+        line.split_whitespace().find_map(|w| w.strip_prefix(key)).unwrap().parse().unwrap()
+    };
+    let (traffic, admin) = (addr("traffic="), addr("admin="));
+    let mut a = super::util::Client::connect(admin);
+    let limit = br#"{"scope": "topic:flood", "eventsPerSecond": 1}"#;
+    assert_eq!(a.request("PUT", "/admin/limits/slow", &[], limit).status, 201);
+    let mut c = super::util::Client::connect(traffic);
+    let body = event("f").to_string();
+    let started_at = std::time::Instant::now();
+    let refused = (0..300)
+        .filter(|_| {
+            c.post("/events/publish?topic=flood", "application/cloudevents+json", body.as_bytes()).status == 429
+        })
+        .count();
+    assert!(refused >= 290, "{refused}");
+    let _ = child.kill();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let lines: Vec<serde_json::Value> =
+        err.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+    let started = lines.iter().find(|l| l["msg"] == "started").expect("a start line");
+    assert_eq!((started["target"].as_str(), started["level"].as_str()), (Some("start"), Some("info")));
+    assert_eq!(started["shards"], "1");
+    let refusals: Vec<_> = lines.iter().filter(|l| l["msg"] == "refused by a rate limit").collect();
+    assert!(!refusals.is_empty() && refusals[0]["limit"] == "slow" && refusals[0]["topic"] == "flood", "{refusals:?}");
+    // At most 20 a second were written (the publishes took well under a few seconds).
+    let took = started_at.elapsed().as_secs() as usize + 1;
+    assert!(refusals.len() <= 20 * (took + 1), "{} lines for {refused} refusals in {took} s", refusals.len());
+}
