@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
+# Incremental state of builds older than half a day is not reused by this one: it only fills
+# the disk (it reached 20 GB once).
+find "$CARGO_TARGET_DIR/release/incremental" -mindepth 1 -maxdepth 1 -type d -mmin +720 -exec rm -rf {} + 2>/dev/null || true
 export CARGO_TERM_COLOR=never
 # The official CloudEvents SDKs the interop tests drive, and openapi-core (the validator of the
 # OpenAPI document's check), kept outside the clone, reused.
