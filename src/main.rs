@@ -40,14 +40,25 @@ fn serve(args: &[String]) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let config = match evmesh::config::RawConfig::load(args, std::env::vars()).and_then(|r| r.validate()) {
+    let mut unknown = Vec::new();
+    let loaded = evmesh::config::RawConfig::load(args, std::env::vars()).and_then(|r| {
+        unknown = r.unknown_variables.clone();
+        r.validate()
+    });
+    let config = match loaded {
         Ok(c) => c,
         Err(e) => {
+            for name in &unknown {
+                eprintln!("evmesh: ignoring unknown variable {name} (not a configuration key)");
+            }
             eprintln!("evmesh: configuration: {e}");
             return ExitCode::from(2);
         }
     };
     evmesh::log::init(config.log_format, config.log_level.clone());
+    for name in &unknown {
+        log::warn("config", &format!("ignoring unknown variable {name} (not a configuration key)"), &[]);
+    }
     evmesh::runtime::exit_on_panic();
     // Block the signals in every thread (the mask is inherited), and take them here.
     let signals = evmesh::sys::block_signals();

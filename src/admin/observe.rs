@@ -408,6 +408,12 @@ pub(super) fn subscriptions(shared: &Shared) -> Response {
             .collect();
         let mut v = s.def.shown();
         v["partitions"] = serde_json::Value::Array(parts);
+        // Where its sessions attach (`null` while no instance is known live).
+        let key = crate::cluster::homes::subscription_key(&s.def.subscription);
+        v["home"] = match shared.cluster.home(&key, false) {
+            Some(h) => serde_json::json!({"instanceId": h.id, "url": h.url}),
+            None => serde_json::Value::Null,
+        };
         out.push(v);
     }
     Response::json(StatusCode::OK, serde_json::to_vec(&out).expect("json"))

@@ -94,6 +94,11 @@ pub struct RawConfig {
     /// `[[acl]]` tables: the config file's ACL rules (only in a file, not as flags).
     #[serde(default)]
     pub(super) acl: Vec<AclRaw>,
+    /// `EVMESH_*` variables that name no key: said in the log once it is set up (not fatal:
+    /// orchestrators inject variables with the service's name as prefix, a Kubernetes service
+    /// named evmesh yields EVMESH_PORT).
+    #[serde(skip)]
+    pub unknown_variables: Vec<String>,
 }
 
 /// One `[[acl]]` table.
@@ -192,6 +197,7 @@ impl RawConfig {
                 std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
             merge(&mut table, parse_toml(&text, path)?);
         }
+        let mut unknown = Vec::new();
         for (name, value) in &env {
             if name == "EVMESH_CONFIG" {
                 continue;
@@ -202,16 +208,16 @@ impl RawConfig {
                 .find(|k| format!("EVMESH_{}", k.replace('.', "_").to_ascii_uppercase()) == *name);
             match key {
                 Some(key) => set(&mut table, key, value, name)?,
-                // Not fatal: orchestrators inject variables with the service's name as prefix
-                // (a Kubernetes service named evmesh yields EVMESH_PORT). Said loudly instead.
-                None => eprintln!("evmesh: ignoring unknown variable {name} (not a configuration key)"),
+                None => unknown.push(name.clone()),
             }
         }
         for (key, value) in flags {
             set(&mut table, key, &value, &format!("--{}", key.replace(['_', '.'], "-")))?;
         }
-        toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse { origin: "configuration".into(), message: e.to_string() })
+        let mut raw: RawConfig = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
+            ConfigError::Parse { origin: "configuration".into(), message: e.to_string() }
+        })?;
+        raw.unknown_variables = unknown;
+        Ok(raw)
     }
 }

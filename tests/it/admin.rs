@@ -194,7 +194,10 @@ fn json_log_lines_and_a_flood_of_refusals_kept_to_a_few() {
     use std::process::{Command, Stdio};
     let dir = std::env::temp_dir().join(format!("evmesh-log-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    // (With an unknown EVMESH_ variable in the environment, as the test command sets some: its
+    // warning is a JSON line too.)
     let mut child = Command::new(env!("CARGO_BIN_EXE_evmesh"))
+        .env("EVMESH_NOT_A_KEY", "1")
         .args(["serve", "--shards", "1", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
         .args(["--log-format", "json", "--log-level", "warn,start=info,limits=info", "--data-dir"])
         .arg(&dir)
@@ -227,6 +230,8 @@ fn json_log_lines_and_a_flood_of_refusals_kept_to_a_few() {
     let _ = std::fs::remove_dir_all(&dir);
     let lines: Vec<serde_json::Value> =
         err.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+    let unknown = lines.iter().find(|l| l["msg"].as_str().is_some_and(|m| m.contains("EVMESH_NOT_A_KEY")));
+    assert_eq!(unknown.expect("the unknown variable said")["target"], "config");
     let started = lines.iter().find(|l| l["msg"] == "started").expect("a start line");
     assert_eq!((started["target"].as_str(), started["level"].as_str()), (Some("start"), Some("info")));
     assert_eq!(started["shards"], "1");

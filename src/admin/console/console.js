@@ -303,10 +303,10 @@ function sampleSubs(subs) {
   }
 }
 
-/** Where a subscription's sessions attach: the listing's home if it says, else the only instance. */
+/** Where a subscription's sessions attach: the listing's home, else (none known live yet) the
+ * only instance. */
 function homeOf(s) {
-  const home = s.instanceUrl ?? s.home ?? s.homeInstance;
-  if (home) return String(home);
+  if (s.home) return `${s.home.instanceId} (${s.home.url})`;
   const live = state.cluster?.instances ?? [];
   return live.length === 1 ? `${live[0].instanceId} (${live[0].advertisedUrl})` : '—';
 }
