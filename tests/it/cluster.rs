@@ -1188,9 +1188,14 @@ mod on_kafka {
         let s = seen.lock().unwrap();
         assert!((0..120).all(|i| s.contains_key(&format!("e{i}"))));
         let twice: usize = s.values().map(|n| n - 1).sum();
-        // Per move: the window on each shard, plus what the resumed home sent before it read
-        // the new claim (a round trip).
-        assert!(twice <= 2 * (2 * window as usize + 16), "{twice} twice");
+        // Per move at most once more per event. And per move at most the window on each shard
+        // plus the events of that phase (40): the paused home sends until it reads the new
+        // claim, and a killed home's acks since its offsets last reached Kafka (written
+        // asynchronously; on a loaded machine that lags) are delivered again, as at-least-once
+        // allows. (The old bound, the window plus 16 a move, failed CI once with 79 on a loaded
+        // run: a lag of a few hundred milliseconds.)
+        assert!(s.values().all(|&n| n <= 3), "{s:?}");
+        assert!(twice <= 2 * (2 * window as usize + 40), "{twice} twice");
     }
 
     /// The test Kafka broker, and a topic prefix of this test's own (its instances share it).
