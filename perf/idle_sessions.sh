@@ -6,15 +6,16 @@
 # perf/RESULTS.md. Beside it, the same for nginx + nchan (its one worker's RSS, WebSocket
 # subscribers of one channel; at most 8,000, its worker_connections is 8,192), unless NCHAN=0.
 #
-#   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 NCHAN=1 env knobs; needs ~2x that many open files)
+#   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 NCHAN=1 EVMESH_BIN= env knobs; needs ~2x that many open files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SESSIONS=${SESSIONS:-10000}; ACK=${ACK:-0}
 if [ "$ACK" = 1 ]; then QUERY="subscription=idle"; ACKFLAG=(--ack); else QUERY="subscription=idle&ack=none"; ACKFLAG=(); fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 bash scripts/deps.sh
-cargo build --release -q --workspace --bins
-EVMESH=$CARGO_TARGET_DIR/release/evmesh; LOADGEN=$CARGO_TARGET_DIR/release/loadgen
+# EVMESH_BIN: another evmesh build to measure (this checkout's is built and used otherwise).
+[ -n "${EVMESH_BIN:-}" ] || cargo build --release -q --workspace
+EVMESH=${EVMESH_BIN:-$CARGO_TARGET_DIR/release/evmesh}; LOADGEN=$CARGO_TARGET_DIR/release/loadgen
 DIR=$(mktemp -d /var/tmp/evmesh-idle.XXXX)
 "$EVMESH" serve --shards 1 --data-dir "$DIR" --listen 127.0.0.1:18480 --admin-listen 127.0.0.1:18481 --max-connections $((SESSIONS + 100)) > "$DIR/evmesh.log" 2>&1 &
 PID=$!
@@ -66,6 +67,6 @@ if [ "${NCHAN:-1}" != 0 ]; then
   nline="| $(date -u +%Y-%m-%dT%H:%MZ) | nginx + nchan | $open | ${nbefore} KiB | ${nafter} KiB | $(( (nafter - nbefore) * 1024 / open )) bytes |"
   echo "$nline"
 fi
-{ echo; echo "### Idle WebSocket sessions: \`SESSIONS=$SESSIONS ACK=$ACK bash perf/idle_sessions.sh\`"; echo;
+{ echo; echo "### Idle WebSocket sessions: \`${EVMESH_BIN:+EVMESH_BIN=$EVMESH_BIN }SESSIONS=$SESSIONS ACK=$ACK bash perf/idle_sessions.sh\`"; echo;
   echo "| when | server | sessions | RSS before | RSS with sessions | per session |"; echo "|---|---|---|---|---|---|"; echo "$line";
   [ -z "$nline" ] || echo "$nline"; } >> perf/RESULTS.md
