@@ -18,23 +18,6 @@ OUT=$ROOT/perf/results/auth-instructions-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$
 KEYS=$(mktemp -d /var/tmp/evmesh-ai.XXXX); trap 'rm -rf "$KEYS"' EXIT
 TOKEN=perf-static-token-0123456789
 token_files "$KEYS" "$TOKEN"
-# publish N: N keep-alive publishes of the 1 KiB event, each answered 202 (else exit 1).
-publish() {
-  python3 - "$1" "$2" <<'PY'
-import http.client, json, sys
-n, token = int(sys.argv[1]), sys.argv[2]
-event = json.dumps({"specversion": "1.0", "id": "i", "source": "/perf", "type": "perf.event", "data": "x" * 900})
-headers = {"content-type": "application/cloudevents+json"}
-if token:
-    headers["authorization"] = f"Bearer {token}"
-c = http.client.HTTPConnection("127.0.0.1", 18380, timeout=120)
-for _ in range(n):
-    c.request("POST", "/events/publish?topic=perf", body=event, headers=headers)
-    r = c.getresponse(); r.read()
-    if r.status != 202:
-        sys.exit(f"publish answered {r.status}")
-PY
-}
 for mode in none token limited; do
   dir=$(mktemp -d /var/tmp/evmesh-ai-data.XXXX)
   flags=(); tok=""
@@ -47,9 +30,9 @@ for mode in none token limited; do
     curl -sf -X PUT http://127.0.0.1:18381/admin/limits/perf -H 'authorization: Bearer admin-token-0123456789' \
       -d '{"scope": "principal:perf-svc", "eventsPerSecond": 1000000000}' > /dev/null
   fi
-  publish 200 "$tok"
+  keepalive_publish 200 ${tok:+"authorization=Bearer $tok"}
   callgrind_control -z "$pid" > /dev/null
-  publish "$N" "$tok"
+  keepalive_publish "$N" ${tok:+"authorization=Bearer $tok"}
   callgrind_control -d "$pid" > /dev/null
   kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
 done

@@ -98,3 +98,21 @@ start_broker() {
   wait_ready http://127.0.0.1:18181
 }
 stop_broker() { kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$1"; sleep 0.5; }
+# keepalive_publish N [NAME=VALUE ...]: N keep-alive publishes of the 1 KiB event to the broker
+# at 127.0.0.1:18380 (topic perf), with these extra request headers, each answered 202 (else
+# exit 1). What the instruction-count scripts count.
+keepalive_publish() {
+  python3 - "$@" <<'PY'
+import http.client, json, sys
+n = int(sys.argv[1])
+event = json.dumps({"specversion": "1.0", "id": "i", "source": "/perf", "type": "perf.event", "data": "x" * 900})
+headers = {"content-type": "application/cloudevents+json"}
+headers.update(h.split("=", 1) for h in sys.argv[2:])
+c = http.client.HTTPConnection("127.0.0.1", 18380, timeout=120)
+for _ in range(n):
+    c.request("POST", "/events/publish?topic=perf", body=event, headers=headers)
+    r = c.getresponse(); r.read()
+    if r.status != 202:
+        sys.exit(f"publish answered {r.status}")
+PY
+}

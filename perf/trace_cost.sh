@@ -28,30 +28,14 @@ class H(BaseHTTPRequestHandler):
 HTTPServer(("127.0.0.1", 18399), H).serve_forever()
 PY
 SINK=$!; trap 'kill $SINK 2>/dev/null || true' EXIT
-publish() {
-  python3 - "$1" "$2" <<'PY'
-import http.client, json, sys
-n, traced = int(sys.argv[1]), sys.argv[2] == "1"
-event = json.dumps({"specversion": "1.0", "id": "i", "source": "/perf", "type": "perf.event", "data": "x" * 900})
-headers = {"content-type": "application/cloudevents+json"}
-if traced:
-    headers["traceparent"] = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
-c = http.client.HTTPConnection("127.0.0.1", 18380, timeout=120)
-for _ in range(n):
-    c.request("POST", "/events/publish?topic=perf", body=event, headers=headers)
-    r = c.getresponse(); r.read()
-    if r.status != 202:
-        sys.exit(f"publish answered {r.status}")
-PY
-}
 GIVEN_MODES=${MODES:-}
 if [ -z "$GIVEN_MODES" ]; then MODES="off header ratio001 ratio1"; [ -n "${BEFORE:-}" ] && MODES="before $MODES"; fi
 for mode in $MODES; do
   dir=$(mktemp -d /var/tmp/evmesh-tc-data.XXXX)
-  bin=$EVMESH; flags=(); header=0
+  bin=$EVMESH; flags=(); header=()
   case $mode in
     before) bin=$BEFORE ;;
-    header) header=1 ;;
+    header) header=("traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00") ;;
     ratio001) flags=(--otlp-endpoint http://127.0.0.1:18399 --trace-sample-ratio 0.01) ;;
     ratio1) flags=(--otlp-endpoint http://127.0.0.1:18399 --trace-sample-ratio 1) ;;
   esac
@@ -59,9 +43,9 @@ for mode in $MODES; do
     --data-dir "$dir" --listen 127.0.0.1:18380 --admin-listen 127.0.0.1:18381 "${flags[@]}" > "$OUT/$mode.log" 2>&1 &
   pid=$!
   for _ in $(seq 600); do curl -sf http://127.0.0.1:18381/readyz >/dev/null && break; sleep 0.5; done
-  publish 200 "$header"
+  keepalive_publish 200 "${header[@]}"
   callgrind_control -z "$pid" > /dev/null
-  publish "$N" "$header"
+  keepalive_publish "$N" "${header[@]}"
   # What the exporter still holds is sent within a second: let it, inside the counted window.
   [ "${#flags[@]}" -gt 0 ] && sleep 2
   curl -s http://127.0.0.1:18381/metrics | grep '^evmesh_trace_spans' > "$OUT/$mode.spans" || true

@@ -8,7 +8,7 @@
 //! redelivers or dead-letters it (`delivery::machine`). Only the wait races the client's
 //! disconnect, never the store: a request is stored whole or not at all.
 
-use frame_codec::{AttrValue, Attribute, Frame, FrameKind};
+use frame_codec::{AttrValue, AttrValueOf, Attribute, Frame, FrameKind};
 use futures::future::{select, Either};
 
 use super::gate::{shed, Gate, Quotaed};
@@ -37,9 +37,10 @@ fn joined(reply: Frame, context: Option<TraceParent>, topic: &str) -> Frame {
     if reply.body().attr("traceparent").is_some() {
         return reply;
     }
-    let mut body = reply.to_body();
-    body.attributes.push(Attribute { name: "traceparent".into(), value: AttrValue::Str(ctx.format()) });
-    Frame::encode(&reply.header(), &body).unwrap_or(reply)
+    let value = ctx.format();
+    let extra =
+        [frame_codec::AttributeRef { name: "traceparent".into(), value: AttrValueOf::Str(value.as_str().into()) }];
+    reply.with_attributes(&extra).unwrap_or(reply)
 }
 
 /// The attributes evmesh sets on a request.

@@ -433,16 +433,10 @@ impl Shard {
         // Its local copy is read (GET /admin/dlq, replays): followed where dead letters go.
         self.shared.follow_topic(&dlq);
         let partition = partition_of(&frame, m.partitions).unwrap_or_else(|| self.local_partition(&dlq, &m));
-        let context = body.attributes.iter().find(|a| a.name == "traceparent").and_then(|a| match &a.value {
-            AttrValue::Str(v) => crate::trace::TraceParent::parse(v),
-            _ => None,
-        });
+        // The stored event's own attributes (`f`, read in place), not the copy's.
+        let stored = f.body();
+        let context = stored.attr_str("traceparent").and_then(crate::trace::TraceParent::parse);
         let span = context.filter(|c| crate::trace::on() && c.sampled()).map(|c| {
-            let id = |name: &str| body.attributes.iter().find(|a| a.name == name).map(|a| a.value.clone());
-            let text = |v: Option<AttrValue>| match v {
-                Some(AttrValue::Str(s)) => s,
-                _ => String::new(),
-            };
             let kind = crate::trace::Kind::Producer;
             crate::trace::Span::messaging(
                 c.trace_id,
@@ -452,7 +446,7 @@ impl Shard {
                 &dlq,
                 crate::trace::now_ns(),
             )
-            .event(&text(id("id")), &text(id("type")))
+            .event(stored.attr_str("id").unwrap_or_default(), stored.attr_str("type").unwrap_or_default())
             .with("messaging.consumer.group.name", key.subscription.clone())
             .with("messaging.evmesh.reason", reason.to_owned())
             .with("messaging.evmesh.attempts", u64::from(attempts))

@@ -250,14 +250,10 @@ fn evmesh_starts_traces_by_ratio_and_obeys_a_parent_that_did_not_sample() {
     // them any of the two before, had they been recorded.
     publish_with(&b, "t", &[("traceparent", TP)], &event("n-3"));
     poll_one(&b, "s");
-    collector_waits_for_ack(&quiet, &TP[3..35]);
+    quiet.span(&TP[3..35], "ack s");
     let traces: std::collections::HashSet<String> =
         quiet.spans().iter().map(|s| s["trace_id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(traces.into_iter().collect::<Vec<_>>(), [&TP[3..35]], "only the sampled parent's trace");
-}
-
-fn collector_waits_for_ack(c: &Collector, trace: &str) {
-    c.span(trace, "ack s");
 }
 
 /// Request-reply joins one trace: the request's span is a child of the requester's context and
@@ -307,4 +303,25 @@ fn a_reply_joins_its_requests_trace() {
             "open until the reply"
         );
     }
+}
+
+/// A collector that cannot be reached: the spans are counted as failed, none as exported, and
+/// publishing goes on as if tracing were off (a shard never waits for the exporter).
+#[test]
+fn spans_for_a_collector_nobody_answers_are_counted_as_failed_and_publishing_goes_on() {
+    // A port nobody listens on (bound, then closed).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let b = TestBroker::start(&["--otlp-endpoint", &endpoint]);
+    for i in 0..20 {
+        assert_eq!(b.publish("t", &event(&format!("f{i}"))).status, 202);
+    }
+    let metric = |name: &str| -> u64 {
+        let text = b.admin().get("/metrics").text();
+        text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0)
+    };
+    // Two spans a publish (publish, store), every one of them failed.
+    wait_for(Duration::from_secs(30), || (metric("evmesh_trace_spans_failed_total ") >= 40).then_some(()));
+    assert_eq!(metric("evmesh_trace_spans_exported_total "), 0);
+    assert_eq!(b.publish("t", &event("after")).status, 202);
 }

@@ -173,15 +173,7 @@ fn the_mqtt_source_loses_nothing_through_a_crash_after_the_202_and_a_broker_rest
     let broker = Broker::start();
     let (_dirs, cfg, data, files) = Dirs::with_paths();
     let output = files.join("out.jsonl");
-    write_connector(
-        &cfg,
-        "in.toml",
-        &format!(
-            "name = \"in\"\nkind = \"source\"\nconnector = \"mqtt\"\ntopic = \"fromm\"\nbatch = 5\n[config]\nbroker = \"{}\"\ntopics = [\"in/#\"]\n",
-            m.broker()
-        ),
-    );
-    file_sink(&cfg, "out", "fromm", "fromm-file", &output);
+    mqtt_to_file(&m, &cfg, ("batch = 5\n", ""), &output);
     // The connector's session, made beforehand (as a first run leaves it): the broker queues
     // for it while it is not there.
     let mut session = Client::connect(&m, Some("evmesh-connect-in"));
@@ -314,21 +306,10 @@ fn a_source_subscribes_in_a_session_the_broker_kept_without_its_subscription() {
     // The session is there (a crash between CONNECT and SUBSCRIBE leaves it so), its
     // subscription is not: the connector subscribes on every connect.
     drop(Client::connect(&m, Some("evmesh-connect-in")));
-    write_connector(
-        &cfg,
-        "in.toml",
-        &format!(
-            "name = \"in\"\nkind = \"source\"\nconnector = \"mqtt\"\ntopic = \"fromm\"\n[config]\nbroker = \"{}\"\ntopics = [\"in/#\"]\n",
-            m.broker()
-        ),
-    );
-    file_sink(&cfg, "out", "fromm", "fromm-file", &output);
+    mqtt_to_file(&m, &cfg, ("", ""), &output);
     let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     let mut producer = Client::connect(&m, None);
-    wait_for(Duration::from_secs(20), || {
-        producer.publish("in/a", b"{\"probe\":1}", Default::default());
-        (!written(&output).is_empty()).then_some(())
-    });
+    probe_until_written(&mut producer, &output);
     drop(connect);
 }
 
@@ -339,21 +320,10 @@ fn a_message_over_the_sources_maximum_does_not_stall_it() {
     let broker = Broker::start();
     let (_dirs, cfg, data, files) = Dirs::with_paths();
     let output = files.join("out.jsonl");
-    write_connector(
-        &cfg,
-        "in.toml",
-        &format!(
-            "name = \"in\"\nkind = \"source\"\nconnector = \"mqtt\"\ntopic = \"fromm\"\n[config]\nbroker = \"{}\"\ntopics = [\"in/#\"]\nmax_message_bytes = 2048\n",
-            m.broker()
-        ),
-    );
-    file_sink(&cfg, "out", "fromm", "fromm-file", &output);
+    mqtt_to_file(&m, &cfg, ("", "max_message_bytes = 2048\n"), &output);
     let connect = Connect::start(broker.url(), cfg.clone(), data.clone());
     let mut producer = Client::connect(&m, None);
-    wait_for(Duration::from_secs(20), || {
-        producer.publish("in/a", b"{\"probe\":1}", Default::default());
-        (!written(&output).is_empty()).then_some(())
-    });
+    probe_until_written(&mut producer, &output);
     // Over the announced maximum: the broker does not send it (a client that read it would
     // drop its connection on it, and be sent it again, for good). Those after it arrive.
     producer.publish("in/a", format!("{{\"big\":\"{}\"}}", "x".repeat(4096)).as_bytes(), Default::default());
@@ -366,4 +336,24 @@ fn a_message_over_the_sources_maximum_does_not_stall_it() {
     });
     assert!(got.iter().all(|e| e["data"]["big"].is_null()), "nothing over 2 KiB taken");
     assert_eq!(connect.get("/connectors/in").1["state"], "running");
+}
+
+/// The MQTT source `in` (`in/#` into topic `fromm`; `source` and `config` lines added to its
+/// table and its `[config]`), and a file sink of `fromm` writing `output`.
+fn mqtt_to_file(m: &Mosquitto, cfg: &Path, (source, config): (&str, &str), output: &Path) {
+    let toml = format!(
+        "name = \"in\"\nkind = \"source\"\nconnector = \"mqtt\"\ntopic = \"fromm\"\n{source}[config]\nbroker = \"{}\"\ntopics = [\"in/#\"]\n{config}",
+        m.broker()
+    );
+    write_connector(cfg, "in.toml", &toml);
+    file_sink(cfg, "out", "fromm", "fromm-file", output);
+}
+
+/// Publishes a probe to `in/a` until something reaches `output` (the source is subscribed and
+/// the pipeline runs).
+fn probe_until_written(producer: &mut Client, output: &Path) {
+    wait_for(Duration::from_secs(20), || {
+        producer.publish("in/a", b"{\"probe\":1}", Default::default());
+        (!written(output).is_empty()).then_some(())
+    });
 }
