@@ -187,10 +187,13 @@ pub fn fill_io_buf<T: monoio::buf::IoBufMut>(dst: &mut T, filled: usize, src: &[
 /// what was written (whole buffers dropped from the front, the first remaining one cut), so the
 /// next `writev` sends exactly the rest. (monoio 0.2.4's own `write_vectored_all` forgets the
 /// advanced base of a partly written iovec and then panics; this type replaces it.)
+///
+/// One frame is held without an allocation (an idle session's write is most often of one
+/// event).
 #[derive(Default)]
 pub struct SharedFrames {
-    frames: Vec<Rc<Vec<u8>>>,
-    iovecs: Vec<libc::iovec>,
+    frames: smallvec::SmallVec<[Rc<Vec<u8>>; 1]>,
+    iovecs: smallvec::SmallVec<[libc::iovec; 1]>,
     /// Index of the first frame not completely written.
     start: usize,
     /// Bytes of `frames[start]` already written.
@@ -268,6 +271,49 @@ impl SharedFrames {
         self.skip = 0;
         self.bytes = 0;
     }
+}
+
+impl SharedFrames {
+    /// Sends as much of the unwritten bytes as the socket `fd` takes now, without waiting
+    /// (`sendmsg` with `MSG_DONTWAIT`: under io_uring the socket itself may be blocking), and
+    /// moves past what it took. `WouldBlock` when it took nothing.
+    pub fn send_now(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<usize> {
+        let iov = &self.iovecs[self.start..];
+        // SAFETY: a zeroed msghdr is a valid empty one; its iovecs are `iov`, valid for the call
+        // (see `IoVecBuf` below for why each points at live, unchanging bytes).
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iov.len() as _;
+            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        self.advance(n as usize);
+        Ok(n as usize)
+    }
+}
+
+/// Reads what waits on the socket `fd` into the spare capacity of `buf`, without waiting
+/// (`MSG_DONTWAIT`). `Ok(0)`: the peer closed its side (or `buf` has no spare room).
+pub fn recv_now(fd: std::os::fd::RawFd, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: the kernel writes at most `spare.len()` bytes into the vector's spare capacity,
+    // which the length is then extended over (those bytes are initialized by the write).
+    let n = unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `n` bytes past the length were just written, within the capacity.
+    unsafe { buf.set_len(buf.len() + n as usize) };
+    Ok(n as usize)
+}
+
+/// Shuts the sending side of the socket `fd` (our FIN after a close frame).
+pub fn shutdown_write(fd: std::os::fd::RawFd) {
+    // SAFETY: shutdown on a socket this process owns; an error (already shut) is of no use.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
 }
 
 // SAFETY: every iovec from `start` on points into the heap buffer of an `Rc<Vec<u8>>` held in

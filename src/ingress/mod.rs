@@ -127,7 +127,9 @@ impl Handler for Traffic {
             Upgrade::A2aRelay(spec) => Box::pin(crate::push::a2a::relay(shard, stream, buf, spec)),
             Upgrade::WsPublish(_) => unreachable!("served above"),
         };
-        let guard = (guard, caller);
+        // Boxed: a delivery session's publisher took the caller, and the room of one is not
+        // kept in every session's task for nothing.
+        let guard = (guard, caller.map(Box::new));
         monoio::spawn(async move {
             session.await;
             drop(guard);

@@ -127,7 +127,7 @@ pub async fn websocket(
     let Some(claim) = claim else {
         // Another subscriber claimed it since the 101 was decided.
         let ends = Box::pin(async { Some("the session has another subscriber") });
-        return super::ws::run(&shard, io, None, (replier, publisher), ends).await;
+        return super::ws::run(&shard, io, None, (replier, publisher), Some(ends)).await;
     };
     let expiry = expired(spec.expires_us);
     let follower = follow(shard.clone(), claim, *spec, false, tx);
@@ -137,7 +137,7 @@ pub async fn websocket(
             futures::future::Either::Right((r, _)) => Some(r),
         }
     });
-    super::ws::run(&shard, io, None, (replier, publisher), ends).await;
+    super::ws::run(&shard, io, None, (replier, publisher), Some(ends)).await;
     // The claim is released (with the session's futures): a turn started from now on sees the
     // agent gone; each one routed to this attachment ends with an error event.
     if let Some((agent, gen)) = agent {

@@ -9,11 +9,13 @@
 
 pub mod a2a;
 pub mod follow;
+mod lean;
 pub mod poll;
 pub mod sse;
 pub mod turn;
 pub mod webhook;
 pub mod ws;
+mod wsmsg;
 
 use std::rc::Rc;
 

@@ -1,7 +1,7 @@
-//! One WebSocket session of a subscription: a reader half (client frames: ping, close, the
-//! `ack` / `nack` / `credit` text messages of acknowledged delivery, and on any session `reply`,
-//! `chunk` and `publish` messages) and a writer half draining the session's bounded queue,
-//! batching whatever is queued into one write.
+//! One WebSocket session of a subscription (or a follower's, an agent's): set up here, then
+//! driven by `lean` on a plain socket, or here by a reader half (client frames, see `wsmsg`)
+//! and a writer half draining the session's bounded queue on a TLS one, batching whatever is
+//! queued into one write.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -12,182 +12,26 @@ use futures::future::{select, Either};
 use futures::FutureExt as _;
 use monoio::io::AsyncWriteRent;
 
+use super::wsmsg::{close_bytes, on_message, AckedSession, Ends, Replies, Step, WRITE_BATCH, WRITE_STALL};
 use super::{attach_acked, detach_acked, Kind, Outbound, Publisher};
-use crate::delivery::{group_ids, MAX_WINDOW};
-use crate::model::delivery::{AckKind, ConsumerKey, SessionRef};
-use crate::model::ReplyOutcome;
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::server::stream::ReadHalf;
 use crate::server::SessionSpec;
-use crate::shard::calls::{session_key, ChunkBody};
 use crate::shard::core::Shard;
-use crate::shard::message::{InterestChange, SessionChange, SessionEvent};
+use crate::shard::message::InterestChange;
 use crate::shard::requests::Replier;
 use crate::sys::SharedFrames;
-use crate::ws::{encode_frame, CloseCode, Message, MessageReader, OpCode};
-
-/// A client's control message on a session of acknowledged delivery.
-#[derive(serde::Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
-enum Control {
-    Ack { ids: Vec<String> },
-    Nack { ids: Vec<String> },
-    Credit { n: u32 },
-}
-
-/// A typed message on any session: a responder's reply to a request
-/// (`{"type":"reply","event":{...}}`), an agent's chunk, or a publish (members besides these
-/// two are read by their handlers).
-#[derive(serde::Deserialize)]
-struct ReplyFrame<'a> {
-    #[serde(rename = "type", borrow)]
-    kind: std::borrow::Cow<'a, str>,
-    #[serde(borrow, default)]
-    event: Option<&'a serde_json::value::RawValue>,
-}
-
-/// Where a session's `reply`, `chunk` and `publish` frames go, and who sends them.
-struct Replies {
-    shard: Rc<Shard>,
-    replier: Replier,
-    publisher: Publisher,
-}
-
-impl Replies {
-    /// Hands one reply to its requester. Only a failure is answered, with a text frame
-    /// `{"type":"error","id":<emcorrelationid>,"status":S,"detail":D}` (404: nobody waits for
-    /// it; 403: the ACL; 400: not a valid CloudEvent); the session goes on either way.
-    async fn reply(&self, event: Option<&str>, ctl: &mut queue::Sender<Outbound>) {
-        let parsed = match event {
-            Some(e) => crate::adaptor::cloudevents::parse_structured("", e.as_bytes()),
-            None => Err(crate::adaptor::cloudevents::CeError::Invalid(
-                "a reply frame carries the reply as \"event\"".into(),
-            )),
-        };
-        let (id, status, detail) = match parsed {
-            Err(e) => (None, 400, e.to_string()),
-            Ok(frame) => {
-                let id = frame.body().attr_str("emcorrelationid").map(str::to_owned);
-                let who = self.replier.principal.as_deref().unwrap_or("anonymous");
-                match self.shard.send_reply(frame, self.replier.clone()).await {
-                    Ok(ReplyOutcome::Delivered) => return,
-                    Ok(outcome) => {
-                        if let ReplyOutcome::Denied { topic, rule } = &outcome {
-                            let p = crate::governance::identity::Principal {
-                                name: who.to_owned(),
-                                tenant: self.replier.tenant.clone(),
-                                expires_us: None,
-                            };
-                            let detail = rule.as_ref().map(|r| format!("rule {r}"));
-                            let g = &self.shard.shared.governance;
-                            g.audit(Some(&p), "REPLY", &format!("topic:{topic}"), "denied", detail, None);
-                        }
-                        let (status, detail) = outcome.status(who);
-                        (id, status, detail)
-                    }
-                    Err(e) => (id, 503, e.to_string()),
-                }
-            }
-        };
-        send_error(ctl, id, status, detail).await;
-    }
-}
-
-impl Replies {
-    /// Takes an agent's chunk frame `{"type":"chunk","sessionId":S,...}`. Only a failure is
-    /// answered, as for replies (`id` the session id; 404 no such session, 403 another
-    /// agent's, 409 no turn in progress, 429 streams too far behind, 400 malformed).
-    async fn chunk(&self, text: &str, ctl: &mut queue::Sender<Outbound>) {
-        let taken = || -> Result<(), (Option<String>, u16, String)> {
-            let Some((agent, gen)) = &self.replier.agent else {
-                return Err((None, 400, "chunk frames are sent on an agent's WebSocket (GET /agent/ws)".into()));
-            };
-            let body = ChunkBody::parse(text.as_bytes()).map_err(|m| (None, 400, m))?;
-            let Some(sid) = body.session_id.as_deref() else {
-                return Err((None, 400, "a chunk frame names its sessionId".into()));
-            };
-            let mut t = String::new();
-            let c = body.chunk(&mut t).map_err(|m| (Some(sid.to_owned()), 400, m))?;
-            let key = session_key(self.replier.tenant.as_deref(), sid);
-            let now = crate::model::clock::now_ms();
-            match self.shard.shared.calls.chunk(&key, (agent, Some(*gen)), &c, now) {
-                Ok(_) => Ok(()),
-                Err(r) => {
-                    let (status, detail) = r.status();
-                    Err((Some(sid.to_owned()), status, detail))
-                }
-            }
-        };
-        if let Err((id, status, detail)) = taken() {
-            send_error(ctl, id, status, detail).await;
-        }
-    }
-}
-
-/// Answers a failed reply or chunk frame: `{"type":"error","id","status","detail"}`. The
-/// reader waits for room: a peer flooding bad frames is held at its socket.
-async fn send_error(ctl: &mut queue::Sender<Outbound>, id: Option<String>, status: u16, detail: String) {
-    let note = serde_json::json!({"type": "error", "id": id, "status": status, "detail": detail}).to_string();
-    let mut out = Vec::with_capacity(note.len() + 4);
-    encode_frame(OpCode::Text, true, note.as_bytes(), &mut out);
-    let _ = ctl.send(Outbound::Frame(Rc::new(out))).await;
-}
-
-/// Where an acknowledged session's control messages go.
-pub(super) struct AckedSession {
-    shard: Rc<Shard>,
-    consumer: ConsumerKey,
-    topic: String,
-    at: SessionRef,
-}
-
-impl AckedSession {
-    /// Acts on one control message; `Err` is the close code for one that cannot be applied.
-    fn control(&self, control: Control) -> Result<(), CloseCode> {
-        let (ids, kind) = match control {
-            Control::Ack { ids } => (ids, AckKind::Ack),
-            Control::Nack { ids } => (ids, AckKind::Nack),
-            Control::Credit { n } => {
-                let change = SessionChange::Window(n.min(MAX_WINDOW));
-                let e = SessionEvent {
-                    consumer: self.consumer.clone(),
-                    topic: self.topic.clone(),
-                    session: self.at,
-                    change,
-                };
-                self.shard.announce_session(e);
-                return Ok(());
-            }
-        };
-        let by = group_ids(ids.iter().map(String::as_str)).map_err(|_| CloseCode::POLICY)?;
-        self.shard.route_acks(&self.consumer, &self.topic, by, kind, false).map_err(|_| CloseCode::POLICY)?;
-        Ok(())
-    }
-}
+use crate::ws::{encode_frame, CloseCode, MessageReader, OpCode};
 
 /// Clients of a session send only small control messages; idle sessions must stay small.
 const SESSION_READ_CHUNK: usize = 512;
-
-/// Bytes gathered into one write when many frames are queued.
-const WRITE_BATCH: usize = 256 * 1024;
-/// A write that makes no progress for this long means the client stopped reading: the session
-/// ends (its queue would have closed it with 1008 anyway, but a blocked write never sees that).
-const WRITE_STALL: Duration = Duration::from_secs(10);
-
-fn close_bytes(code: u16, reason: &str) -> Vec<u8> {
-    let mut payload = code.to_be_bytes().to_vec();
-    payload.extend_from_slice(reason.as_bytes());
-    let mut out = Vec::with_capacity(payload.len() + 2);
-    encode_frame(OpCode::Close, true, &payload, &mut out);
-    out
-}
 
 async fn read_half<R: monoio::io::AsyncReadRent>(
     rd: R,
     buf: Vec<u8>,
     max_message: usize,
     ctl: queue::Sender<Outbound>,
-    (acked, replies): (Option<AckedSession>, Replies),
+    (acked, replies): (Option<Box<AckedSession>>, Replies),
     heard: Rc<Cell<Instant>>,
 ) {
     // Metered like an HTTP connection (see `server::conn::serve`): after a message that took
@@ -202,7 +46,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
     mut buf: Vec<u8>,
     max_message: usize,
     ctl: queue::Sender<Outbound>,
-    (acked, mut replies): (Option<AckedSession>, Replies),
+    (acked, mut replies): (Option<Box<AckedSession>>, Replies),
     heard: Rc<Cell<Instant>>,
     meter: &crate::task::Meter,
 ) {
@@ -224,59 +68,17 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
                 }
             };
             buf.drain(..used);
-            match msg {
-                None => break,
-                Some(Message::Ping(p)) => {
-                    let mut out = Vec::with_capacity(p.len() + 2);
-                    encode_frame(OpCode::Pong, true, &p, &mut out);
-                    let _ = ctl.try_send(Outbound::Frame(Rc::new(out)));
+            let Some(msg) = msg else { break };
+            // An answer waits for room: a peer flooding pings or bad frames is held at its socket.
+            match on_message(msg, acked.as_deref(), &mut replies, meter).await {
+                Step::Go => {}
+                Step::Send(frame) => {
+                    let _ = ctl.send(Outbound::Frame(Rc::new(frame))).await;
                 }
-                Some(Message::Close(code, _)) => {
-                    let _ = ctl.send_past_bound(Outbound::Close(code.unwrap_or(CloseCode::NORMAL.0), ""));
+                Step::Close(code) => {
+                    let _ = ctl.send_past_bound(Outbound::Close(code, ""));
                     return;
                 }
-                Some(Message::Binary(_)) => {
-                    let _ = ctl.send_past_bound(Outbound::Close(CloseCode::UNSUPPORTED.0, ""));
-                    return;
-                }
-                Some(Message::Text(text)) => {
-                    // A reply to a request or a publish, on any session; ack / nack / credit:
-                    // meaningless for ack=none sessions, followers and agents, which are not
-                    // asked to parse them (an agent's chunks would each be buffered whole by
-                    // the tagged enum's parse first).
-                    let control = acked.as_ref().map(|_| serde_json::from_str::<Control>(&text));
-                    let reply = match &control {
-                        Some(Ok(_)) => None,
-                        _ => serde_json::from_str::<ReplyFrame>(&text)
-                            .ok()
-                            .filter(|r| matches!(&*r.kind, "reply" | "chunk" | "publish")),
-                    };
-                    if reply.as_ref().is_some_and(|r| r.kind == "publish") {
-                        // Answered in order with the session's other control frames; a
-                        // publisher that does not read its answers waits here, at its socket.
-                        let mut out = Vec::new();
-                        replies.publisher.publish(&text, &mut out).await;
-                        let _ = ctl.send(Outbound::Frame(Rc::new(out))).await;
-                        pay_heavy(&replies.shard, meter).await;
-                    } else if reply.as_ref().is_some_and(|r| r.kind == "chunk") {
-                        // Boxed, as a reply is.
-                        Box::pin(replies.chunk(&text, &mut ctl)).await;
-                    } else if let Some(r) = reply {
-                        // Boxed: its state (a cross-core ask) would otherwise sit in every idle session.
-                        Box::pin(replies.reply(r.event.map(|e| e.get()), &mut ctl)).await;
-                    } else if let (Some(a), Some(control)) = (&acked, control) {
-                        let applied = control.map_err(|_| CloseCode::POLICY).and_then(|c| a.control(c));
-                        if let Err(code) = applied {
-                            let _ = ctl.send_past_bound(Outbound::Close(code.0, ""));
-                            return;
-                        }
-                        // A client flooding acks waits here, at its own socket, for the
-                        // control lane to drain, and after a costly one for its turn.
-                        a.shard.control_room().await;
-                        pay_heavy(&a.shard, meter).await;
-                    }
-                }
-                Some(Message::Pong(_)) => {}
             }
         }
         // A subscriber may stay silent for as long as it likes; only the socket closing ends it.
@@ -284,17 +86,6 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
             ReadOutcome::Data => heard.set(Instant::now()),
             ReadOutcome::Closed | ReadOutcome::TimedOut => return,
         }
-    }
-}
-
-/// After a message that took over `task::HEAVY` of the core, waits the session's turn in the
-/// heavy lane.
-async fn pay_heavy(shard: &Shard, meter: &crate::task::Meter) {
-    let cost = meter.take();
-    if cost > crate::task::HEAVY {
-        shard.shared.metrics.shard(shard.id).heavy(cost);
-        crate::task::charge(cost);
-        crate::task::turn().await;
     }
 }
 
@@ -418,23 +209,47 @@ pub(super) struct Io {
     pub queued: Option<Rc<Cell<usize>>>,
 }
 
-/// What ends a session early (see [`run`]), boxed: awaited by value inside another future, an
-/// unboxed one would take room twice in every idle session.
-pub(super) type Ends = std::pin::Pin<Box<dyn std::future::Future<Output = Option<&'static str>>>>;
-
 /// Drives a WebSocket session: a reader (pings, close, acks of `acked`, reply frames), a
 /// keepalive, a writer draining `io.events`, and `ends`: once it resolves with `Some(reason)`
 /// the session closes with 1008 and that reason (`None`: it had nothing more to say, the
-/// session goes on until either side closes it).
+/// session goes on until either side closes it; no `ends`: nothing but the two sides ends it).
+///
+/// A plain socket's session is one task driven by readiness (`lean`); a TLS one's bytes go
+/// through rustls, and it keeps a reader and a writer task ([`run_split`]).
+pub(super) fn run(
+    shard: &Rc<Shard>,
+    io: Io,
+    acked: Option<Box<AckedSession>>,
+    (replier, publisher): (Replier, Publisher),
+    ends: Option<Ends>,
+) -> impl std::future::Future<Output = ()> {
+    let Io { stream, buf, limits, events, queued } = io;
+    let replies = Replies { shard: shard.clone(), replier, publisher };
+    match stream {
+        crate::server::Stream::Plain(tcp) => {
+            let every = shard.shared.config.ws_ping_interval;
+            let lean = super::lean::Lean { events, queued, acked, replies, every, linger: limits.delivery_linger };
+            let st = super::lean::State::new(buf, limits.ws_max_message);
+            Either::Left(super::lean::run(tcp, st, lean, ends))
+        }
+        stream => {
+            let ends = ends.unwrap_or_else(|| Box::pin(std::future::pending()));
+            // Boxed: a TLS session's futures are larger, and the plain ones' would take their room.
+            Either::Right(Box::pin(run_split(shard, Io { stream, buf, limits, events, queued }, acked, replies, ends)))
+        }
+    }
+}
+
+/// [`run`] with a reader task and a writer task (a TLS session).
 ///
 /// A plain function returning the future, not an `async fn`: everything is set up before the
 /// first await, and the future keeps only the reader's box and the writer task's handle (an
 /// `async fn` would also keep room for every argument, per idle session).
-pub(super) fn run(
+fn run_split(
     shard: &Rc<Shard>,
     io: Io,
-    acked: Option<AckedSession>,
-    (replier, publisher): (Replier, Publisher),
+    acked: Option<Box<AckedSession>>,
+    replies: Replies,
     ends: Ends,
 ) -> impl std::future::Future<Output = ()> {
     let Io { stream, mut buf, limits, events, queued } = io;
@@ -455,7 +270,6 @@ pub(super) fn run(
             }
         }
     };
-    let replies = Replies { shard: shard.clone(), replier, publisher };
     // A dead peer ends the reading side like a closed socket does (both senders of the
     // control queue are dropped then, which tells the writer the peer is gone); so do an
     // expired credential and a revoked permission, once their close is queued.
@@ -491,17 +305,22 @@ pub(super) fn run(
 }
 
 /// Runs a WebSocket session on this shard until either side closes it.
-pub async fn session(
+///
+/// A plain function returning the future: everything is set up before its first await, and the
+/// future keeps the session's own future and the two names its end needs (an `async fn` would
+/// also keep every argument, the whole spec among them, per idle session).
+pub fn session(
     shard: Rc<Shard>,
     stream: crate::server::Stream,
     buf: Vec<u8>,
     limits: ConnLimits,
     spec: Box<SessionSpec>,
     publisher: Publisher,
-) {
+) -> impl std::future::Future<Output = ()> {
     let (events, acked, live_id, queued) = if spec.acked {
         let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Ws);
-        (events, Some(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at }), None, None)
+        let acked = AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at };
+        (events, Some(Box::new(acked)), None, None)
     } else {
         let (id, events, queued, first) = shard.sessions.add(&spec.subscription);
         if first {
@@ -512,22 +331,27 @@ pub async fn session(
     };
     let detach = acked.as_ref().map(|a| (a.consumer.clone(), a.at));
     let replier = Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone(), agent: None };
-    let guard: Ends = {
-        let (shard, spec) = (shard.clone(), spec.clone());
-        // An expired credential or a revoked permission closes the session (1008).
-        Box::pin(async move { Some(super::authority(&shard, &spec).await) })
+    let (subscription, topic) = (spec.subscription.clone(), spec.topic.clone());
+    // An expired credential or a revoked permission closes the session (1008); a session
+    // opened without one (`auth = none`) has nothing to watch.
+    let guard: Option<Ends> = match spec.principal.is_some() {
+        true => {
+            let shard = shard.clone();
+            Some(Box::pin(async move { Some(super::authority(&shard, &spec).await) }))
+        }
+        false => None,
     };
     let io = Io { stream, buf, limits, events, queued };
-    run(&shard, io, acked, (replier, publisher), guard).await;
-    match (detach, live_id) {
-        (Some((consumer, at)), _) => detach_acked(&shard, consumer, &spec.topic, at),
+    // A map, not an `async` block: one awaiting the session's future would hold it twice.
+    run(&shard, io, acked, (replier, publisher), guard).map(move |()| match (detach, live_id) {
+        (Some((consumer, at)), _) => detach_acked(&shard, consumer, &topic, at),
         (None, Some(id)) => {
-            if shard.sessions.remove(&spec.subscription, id) {
-                shard.announce(&spec.subscription, &spec.topic, InterestChange::Detach);
+            if shard.sessions.remove(&subscription, id) {
+                shard.announce(&subscription, &topic, InterestChange::Detach);
             }
         }
         (None, None) => {}
-    }
+    })
 }
 
 #[cfg(test)]

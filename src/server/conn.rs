@@ -168,6 +168,8 @@ pub struct ConnLimits {
 }
 
 const READ_CHUNK: usize = 16 * 1024;
+/// What a connection's first read takes at most (see `serve_metered`).
+const FIRST_READ: usize = 2048;
 
 /// Responses gathered for pipelined requests are flushed once they reach this many bytes, so a
 /// client that pipelines without reading holds at most this much (plus one response) of ours.
@@ -388,8 +390,14 @@ async fn serve_metered<H: Handler>(
     // While a request is incomplete every byte of `buf` is part of it, and the parsers refuse it
     // once it is over the budget: reading at most one byte past the budget bounds the buffer.
     // (Up to the spare capacity, as `read_more` does, so large bodies take few reads.)
+    // A connection's first read takes at most FIRST_READ: most first requests (a WebSocket or
+    // SSE upgrade, a small publish) fit, and a connection that becomes a long-lived session
+    // never held (and left behind in the allocator, fragmented) a full READ_CHUNK.
     let room = |buf: &Vec<u8>| {
-        let spare = READ_CHUNK.max(buf.capacity() - buf.len());
+        let spare = match buf.capacity() {
+            0 => FIRST_READ,
+            cap => READ_CHUNK.max(cap - buf.len()),
+        };
         (budget + 1).saturating_sub(buf.len()).min(spare).max(1)
     };
     // The last head's header list, for the next head to fill (no allocation per request).
