@@ -224,7 +224,9 @@ async fn accept_loop<H: Handler + 'static>(
         let tls = tls.clone();
         monoio::spawn(async move {
             match tls {
-                Some(tls) => serve_tls(stream, &tls, Some(peer), &*handler, limits, guard).await,
+                // Boxed: a TLS connection's future (the handshake's state, a TLS stream) is several
+                // times a plain one's, and every plain connection's task would take its room.
+                Some(tls) => Box::pin(serve_tls(stream, &tls, Some(peer), &*handler, limits, guard)).await,
                 None => {
                     serve(Stream::Plain(stream), Peer { addr: Some(peer), cert: None }, &*handler, limits, guard).await
                 }

@@ -488,7 +488,11 @@ async fn serve_metered<H: Handler>(
         let mut keep_alive = head.keep_alive;
         let head_only = head.method == http::Method::Head;
         let handling = std::mem::take(&mut waited).then(crate::task::handling);
-        let response = handler.handle(&mut conn, Request { head: &head, buf: &buf, body, stream: &stream }).await;
+        // Boxed: the handler's future (every endpoint's state) is most of a connection's, and
+        // unboxed it would be held by every open connection, idle or waiting for its first
+        // request, rather than only while a request is handled.
+        let req = Request { head: &head, buf: &buf, body, stream: &stream };
+        let response = Box::pin(handler.handle(&mut conn, req)).await;
         drop(handling);
         // A response that closes (a requester seen gone while it waited): nothing pipelined
         // behind it runs.

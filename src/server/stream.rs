@@ -87,21 +87,23 @@ impl Stream {
 }
 
 /// Forwards the reading methods to whichever variant `self` is; `$s => $tls` names the TLS
-/// reader inside the `Tls` variant.
+/// reader inside the `Tls` variant. The TLS futures are boxed (here and in `write_via`): they
+/// are several times a plain socket's, and every caller's future (each open connection's
+/// task) would otherwise keep their room, plain or not.
 macro_rules! read_via {
     ($ty:ident, $s:ident => $tls:expr) => {
         impl AsyncReadRent for $ty {
             async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
                 match self {
                     $ty::Plain(s) => s.read(buf).await,
-                    $ty::Tls($s) => $tls.read(buf).await,
+                    $ty::Tls($s) => Box::pin($tls.read(buf)).await,
                 }
             }
 
             async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
                 match self {
                     $ty::Plain(s) => s.readv(buf).await,
-                    $ty::Tls($s) => $tls.readv(buf).await,
+                    $ty::Tls($s) => Box::pin($tls.readv(buf)).await,
                 }
             }
         }
@@ -116,28 +118,28 @@ macro_rules! write_via {
             async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
                 match self {
                     $ty::Plain(s) => s.write(buf).await,
-                    $ty::Tls($s) => $tls.write(buf).await,
+                    $ty::Tls($s) => Box::pin($tls.write(buf)).await,
                 }
             }
 
             async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
                 match self {
                     $ty::Plain(s) => s.writev(buf).await,
-                    $ty::Tls($s) => $tls.writev(buf).await,
+                    $ty::Tls($s) => Box::pin($tls.writev(buf)).await,
                 }
             }
 
             async fn flush(&mut self) -> io::Result<()> {
                 match self {
                     $ty::Plain(s) => s.flush().await,
-                    $ty::Tls($s) => $tls.flush().await,
+                    $ty::Tls($s) => Box::pin($tls.flush()).await,
                 }
             }
 
             async fn shutdown(&mut self) -> io::Result<()> {
                 match self {
                     $ty::Plain(s) => s.shutdown().await,
-                    $ty::Tls($s) => $tls.shutdown().await,
+                    $ty::Tls($s) => Box::pin($tls.shutdown()).await,
                 }
             }
         }

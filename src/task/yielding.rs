@@ -54,8 +54,10 @@ pub async fn yield_now() {
     beat();
     let late = TIMERS_RAN.with(Cell::get).is_some_and(|t| t.elapsed() > TIMERS_LATE);
     if late {
-        // Fires once the run queue drains: every yielding task waits here, so it does.
-        return monoio::time::sleep(Duration::ZERO).await;
+        // Fires once the run queue drains: every yielding task waits here, so it does. Boxed:
+        // a timer entry is ~800 bytes (cache-line aligned), and every future that may yield
+        // (each connection's, each session's) would keep its room.
+        return Box::pin(monoio::time::sleep(Duration::ZERO)).await;
     }
     let mut yielded = false;
     poll_fn(|cx| {
