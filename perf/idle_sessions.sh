@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Server memory per idle WebSocket session: SESSIONS subscribers attach to a BROADCAST
 # subscription (ack=none; with ACK=1 acknowledged sessions, each its own consumer with
-# delivery state on the partition owner) while one event a second flows; RSS of the evmesh
+# delivery state on the partition owner; with SSE=1 server-sent event streams, which are
+# acknowledged sessions, and nchan's EventSource subscribers beside them) while one event a second flows; RSS of the evmesh
 # process is read from /proc before and with the sessions attached. Appends the figure to
 # perf/RESULTS.md. Beside it, the same for nginx + nchan (its one worker's RSS, WebSocket
 # subscribers of one channel; at most 8,000, its worker_connections is 8,192), unless NCHAN=0.
@@ -9,8 +10,10 @@
 #   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 NCHAN=1 EVMESH_BIN= env knobs; needs ~2x that many open files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SESSIONS=${SESSIONS:-10000}; ACK=${ACK:-0}
+SESSIONS=${SESSIONS:-10000}; ACK=${ACK:-0}; SSE=${SSE:-0}
 if [ "$ACK" = 1 ]; then QUERY="subscription=idle"; ACKFLAG=(--ack); else QUERY="subscription=idle&ack=none"; ACKFLAG=(); fi
+SUB="ws://127.0.0.1:18480/events/ws?$QUERY"; NSUB="ws://127.0.0.1:18080/sub?id=idle"; KIND=WebSocket
+if [ "$SSE" = 1 ]; then SUB="http://127.0.0.1:18480/events/sse?subscription=idle"; NSUB="http://127.0.0.1:18080/sub?id=idle"; ACKFLAG=(); KIND=SSE; fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 bash scripts/deps.sh
 # EVMESH_BIN: another evmesh build to measure (this checkout's is built and used otherwise).
@@ -24,7 +27,7 @@ for _ in $(seq 100); do curl -sf http://127.0.0.1:18481/readyz >/dev/null && bre
 curl -sf 127.0.0.1:18480/events/subscribe -d '{"subscription":"idle","topic":"idle","mode":"BROADCAST"}' >/dev/null
 before=$(awk '/VmRSS/{print $2}' /proc/$PID/status)
 "$LOADGEN" --url "http://127.0.0.1:18480/events/publish?topic=idle" --connections 1 --duration 8s --warmup 4s --rate 1 \
-  --subscribe-url "ws://127.0.0.1:18480/events/ws?$QUERY" --subscribers "$SESSIONS" --server-pid "$PID" "${ACKFLAG[@]}" > "$DIR/loadgen.txt" &
+  --subscribe-url "$SUB" --subscribers "$SESSIONS" --server-pid "$PID" "${ACKFLAG[@]}" > "$DIR/loadgen.txt" &
 LG=$!
 # Attached and idle, half-way through the run.
 for _ in $(seq 100); do
@@ -53,7 +56,7 @@ if [ "${NCHAN:-1}" != 0 ]; then
   N=$(( SESSIONS < 8000 ? SESSIONS : 8000 ))
   nbefore=$(awk '/VmRSS/{print $2}' /proc/$NPID/status)
   "$LOADGEN" --url "http://127.0.0.1:18080/pub?id=idle" --connections 1 --duration 8s --warmup 4s --rate 1 \
-    --subscribe-url "ws://127.0.0.1:18080/sub?id=idle" --subscribers "$N" --server-pid "$NPID" > "$DIR/loadgen-nchan.txt" &
+    --subscribe-url "$NSUB" --subscribers "$N" --server-pid "$NPID" > "$DIR/loadgen-nchan.txt" &
   LG=$!
   # Divided by the connections open when read (the last few of 8,000 may not get in).
   for _ in $(seq 60); do
@@ -67,6 +70,6 @@ if [ "${NCHAN:-1}" != 0 ]; then
   nline="| $(date -u +%Y-%m-%dT%H:%MZ) | nginx + nchan | $open | ${nbefore} KiB | ${nafter} KiB | $(( (nafter - nbefore) * 1024 / open )) bytes |"
   echo "$nline"
 fi
-{ echo; echo "### Idle WebSocket sessions: \`${EVMESH_BIN:+EVMESH_BIN=$EVMESH_BIN }SESSIONS=$SESSIONS ACK=$ACK bash perf/idle_sessions.sh\`"; echo;
+{ echo; echo "### Idle $KIND sessions: \`${EVMESH_BIN:+EVMESH_BIN=$EVMESH_BIN }SESSIONS=$SESSIONS ACK=$ACK SSE=$SSE bash perf/idle_sessions.sh\`"; echo;
   echo "| when | server | sessions | RSS before | RSS with sessions | per session |"; echo "|---|---|---|---|---|---|"; echo "$line";
   [ -z "$nline" ] || echo "$nline"; } >> perf/RESULTS.md

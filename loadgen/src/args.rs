@@ -11,6 +11,7 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        one structured event per text message, K messages sent before their K answers are read)
        [--server-pid PID] [--json FILE] [--header 'Name: value' ...]
        [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
+       subscribers (http://: server-sent event streams, counted by their data lines, never acked),
        subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
        every event, one evmesh ack message per read; --reply: they answer every request with a
        reply frame and ack it: request-reply, with --url .../events/request?topic=T)
@@ -46,6 +47,8 @@ pub struct Args {
     pub subscribers: usize,
     /// Subscribers acknowledge what they receive (evmesh acknowledged delivery).
     pub ack: bool,
+    /// The subscribers read server-sent event streams (`--subscribe-url http://...`).
+    pub sse: bool,
     /// Subscribers answer each request (request-reply) with a reply frame, and ack it.
     pub reply: bool,
     /// How many distinct targets `{i}` in the URL takes (0: as many as subscribers).
@@ -91,6 +94,7 @@ impl Args {
             subscribe: None,
             subscribers: 0,
             ack: false,
+            sse: false,
             reply: false,
             sessions: 0,
             headers: Vec::new(),
@@ -137,7 +141,12 @@ impl Args {
         a.path = if path.is_empty() { "/".into() } else { path.into() };
         a.addr = hostport.to_socket_addrs().map_err(|e| format!("{hostport}: {e}"))?.next().ok_or("no address")?;
         if let Some(url) = subscribe_url {
-            let rest = url.strip_prefix("ws://").ok_or("--subscribe-url must start with ws://")?;
+            // http://: server-sent event streams rather than WebSockets.
+            let (rest, sse) = match url.strip_prefix("http://") {
+                Some(rest) => (rest, true),
+                None => (url.strip_prefix("ws://").ok_or("--subscribe-url must start with ws:// or http://")?, false),
+            };
+            a.sse = sse;
             let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
             let addr =
                 hostport.to_socket_addrs().map_err(|e| format!("{hostport}: {e}"))?.next().ok_or("no address")?;

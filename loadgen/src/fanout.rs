@@ -81,16 +81,19 @@ async fn subscriber(
     path: String,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
-    (ack, reply): (bool, bool),
+    (ack, reply, sse): (bool, bool, bool),
 ) -> SubResult {
     let mut r = SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };
     let Ok(mut s) = TcpStream::connect(addr).await else { return r };
     // Acks and replies are small writes: Nagle would hold each until the broker's next event
     // brought the ACK of the last one.
     let _ = s.set_nodelay(true);
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    );
+    let req = match sse {
+        true => format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n"),
+        false => format!(
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ),
+    };
     if s.write_all(req.into_bytes()).await.0.is_err() {
         return r;
     }
@@ -103,11 +106,14 @@ async fn subscriber(
             return r;
         }
     };
-    if !buf.starts_with(b"HTTP/1.1 101") {
+    if !buf.starts_with(if sse { b"HTTP/1.1 200" } else { b"HTTP/1.1 101" }) {
         return r;
     }
     r.connected = 1;
     buf.drain(..head_end);
+    if sse {
+        return sse_events(s, buf, measure_from, &stop, r).await;
+    }
     let mut acks: Vec<u8> = Vec::new();
     // Reply frames (request-reply), written before the acks of what they answer.
     let mut replies: Vec<u8> = Vec::new();
@@ -170,6 +176,33 @@ async fn subscriber(
     }
 }
 
+/// Counts a server-sent event stream's events (one `data:` line each, as evmesh writes them)
+/// and their latency, reading whole lines only (the chunked framing's lines are skipped).
+async fn sse_events(
+    mut s: TcpStream,
+    mut buf: Vec<u8>,
+    measure_from: Instant,
+    stop: &AtomicBool,
+    mut r: SubResult,
+) -> SubResult {
+    loop {
+        let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        for line in buf[..whole].split(|&b| b == b'\n').filter(|l| l.starts_with(b"data:")) {
+            let now = Instant::now();
+            if now >= measure_from {
+                r.deliveries += 1;
+                if let Some(t) = stamp_of(line) {
+                    let _ = r.hist.record(now_micros().saturating_sub(t).max(1));
+                }
+            }
+        }
+        buf.drain(..whole);
+        if !read_some(&mut s, &mut buf, stop).await {
+            return r;
+        }
+    }
+}
+
 /// Runs `n` subscribers on this thread until `stop`; sums their results.
 pub fn run(
     addr: SocketAddr,
@@ -178,7 +211,7 @@ pub fn run(
     n: usize,
     measure_from: Instant,
     stop: Arc<AtomicBool>,
-    roles: (bool, bool),
+    roles: (bool, bool, bool),
 ) -> SubResult {
     let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime");
     rt.block_on(async move {

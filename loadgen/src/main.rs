@@ -225,7 +225,8 @@ fn main() {
         })
     });
     let subscribers = args.subscribe.clone().filter(|_| args.subscribers > 0).map(|(addr, host, path)| {
-        let (n, stop, from, roles) = (args.subscribers, stop.clone(), start + args.warmup, (args.ack, args.reply));
+        let (n, stop, from, roles) =
+            (args.subscribers, stop.clone(), start + args.warmup, (args.ack, args.reply, args.sse));
         std::thread::spawn(move || fanout::run(addr, host, path, n, from, stop, roles))
     });
     let handles: Vec<_> = (0..threads)

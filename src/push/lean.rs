@@ -1,5 +1,5 @@
-//! A plain (not TLS) WebSocket session in one task, driven by its socket's readiness, so that an
-//! idle session holds next to nothing.
+//! A plain (not TLS) WebSocket session, or server-sent event stream, in one task, driven by its
+//! socket's readiness, so that an idle session holds next to nothing.
 //!
 //! While the session is idle, the runtime holds only a readiness wait on its socket: no read is
 //! posted with a buffer of the session's (once the socket is readable, its bytes are taken into
@@ -57,15 +57,28 @@ fn give(mut b: Vec<u8>) {
     }
 }
 
+/// What the session speaks.
+pub(super) enum Wire {
+    /// WebSocket frames both ways; the client's messages are acted on.
+    Ws,
+    /// A chunked `text/event-stream`: whatever the client sends is dropped, a comment line
+    /// keeps a quiet stream alive, and its end is the chunked body's.
+    Sse,
+}
+
 /// What the session serves: its queue of events and who answers its clients' messages.
 pub(super) struct Lean {
+    pub shard: Rc<crate::shard::core::Shard>,
+    pub wire: Wire,
     pub events: queue::Receiver<Outbound>,
     /// What `events` holds, in bytes (live fan-out sessions).
     pub queued: Option<Rc<Cell<usize>>>,
     /// Boxed: most live fan-out sessions have none.
     pub acked: Option<Box<AckedSession>>,
-    pub replies: Replies,
-    /// Silent this long, the client is pinged; twice as long, the session ends.
+    /// Who answers a WebSocket client's messages (none on an event stream).
+    pub replies: Option<Replies>,
+    /// WebSocket: silent this long, the client is pinged; twice as long, the session ends.
+    /// Event stream: a comment line goes out when nothing else did for this long.
     pub every: Duration,
     /// Events are gathered this long before a write (`delivery_linger_us`).
     pub linger: Duration,
@@ -84,6 +97,8 @@ pub(super) struct State {
     more: bool,
     /// Reads taken: every `task::TURN` of them the session lets others run.
     turns: u32,
+    /// Something went out since the last keep-alive turn.
+    wrote: bool,
 }
 
 impl State {
@@ -91,7 +106,15 @@ impl State {
         // The HTTP read buffer came along with the upgrade: keep only what it holds.
         pending.shrink_to_fit();
         let reader = MessageReader::new(max_message);
-        State { pending, reader, out: SharedFrames::default(), heard: deadline::now(), more: false, turns: 0 }
+        State {
+            pending,
+            reader,
+            out: SharedFrames::default(),
+            heard: deadline::now(),
+            more: false,
+            turns: 0,
+            wrote: false,
+        }
     }
 }
 
@@ -202,7 +225,12 @@ pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> 
             }
         }
         if let Some(End::Close { code, reason, wait }) = end {
-            st.out.push(Rc::new(close_bytes(code, reason)));
+            let last = match s.wire {
+                Wire::Ws => close_bytes(code, reason),
+                // The chunked body's end.
+                Wire::Sse => b"0\r\n\r\n".to_vec(),
+            };
+            st.out.push(Rc::new(last));
             if Box::pin(st.flush(&stream, &s)).await {
                 shutdown_write(fd);
                 if wait {
@@ -245,6 +273,12 @@ impl State {
                 Err(_) => return Some(End::Gone),
             }
         }
+        if s.replies.is_none() {
+            // An event stream's client has nothing to say: what it sends is dropped.
+            buf.clear();
+            give(buf);
+            return None;
+        }
         let mut at = 0;
         let end = loop {
             let (msg, used) = match self.reader.read(&mut buf[at..]) {
@@ -253,7 +287,8 @@ impl State {
             };
             at += used;
             let Some(msg) = msg else { break None };
-            match on_message(msg, s.acked.as_deref(), &mut s.replies, meter).await {
+            let replies = s.replies.as_mut().expect("a WebSocket session's (checked above)");
+            match on_message(msg, s.acked.as_deref(), replies, meter).await {
                 Step::Go => {}
                 Step::Send(frame) => {
                     self.out.push(Rc::new(frame));
@@ -314,8 +349,10 @@ impl State {
             self.out.clear();
             return Sent::Done;
         }
-        let shard = &s.replies.shard;
-        shard.shared.metrics.shard(shard.id).ws_writes.inc();
+        if let Wire::Ws = s.wire {
+            s.shard.shared.metrics.shard(s.shard.id).ws_writes.inc();
+        }
+        self.wrote = true;
         while self.out.bytes() > 0 {
             match self.out.send_now(fd) {
                 Ok(_) => {}
@@ -344,21 +381,31 @@ impl State {
         }
     }
 
-    /// The keep-alive's turn: a silent client is pinged, and one silent twice as long is let
-    /// go. An idle session also gives back what its last write and queue had grown.
+    /// The keep-alive's turn. WebSocket: a silent client is pinged, and one silent twice as long
+    /// is let go. Event stream: a comment line if nothing went out since the last turn. An idle
+    /// session also gives back what its last write and queue had grown.
     fn tick(&mut self, s: &mut Lean) -> Option<End> {
         let silent = deadline::now().saturating_duration_since(self.heard);
-        if silent >= s.every * 2 {
+        if matches!(s.wire, Wire::Ws) && silent >= s.every * 2 {
             return Some(End::Close { code: CloseCode::GOING_AWAY.0, reason: "", wait: false });
         }
         if self.out.bytes() == 0 {
             self.out = SharedFrames::default();
         }
         s.events.shrink_idle();
-        if silent >= s.every {
-            let mut ping = Vec::with_capacity(2);
-            encode_frame(OpCode::Ping, true, b"", &mut ping);
-            self.out.push(Rc::new(ping));
+        let wrote = std::mem::take(&mut self.wrote);
+        match s.wire {
+            Wire::Ws if silent >= s.every => {
+                let mut ping = Vec::with_capacity(2);
+                encode_frame(OpCode::Ping, true, b"", &mut ping);
+                self.out.push(Rc::new(ping));
+            }
+            Wire::Sse if !wrote => {
+                let mut comment = Vec::new();
+                crate::shard::sessions::chunk(b": keep-alive\n\n", &mut comment);
+                self.out.push(Rc::new(comment));
+            }
+            _ => {}
         }
         None
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::queue;
 use futures::future::{select, Either};
+use futures::FutureExt as _;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
@@ -105,7 +106,16 @@ pub(super) async fn serve(stream: crate::server::Stream, buf: Vec<u8>, events: q
 }
 
 /// Runs an SSE session until the client goes away or the subscription is removed.
-pub async fn session(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>, spec: Box<SessionSpec>) {
+///
+/// A plain function returning the future: set up before its first await, the future keeps the
+/// session's and what its end undoes. On a plain socket the stream is one task driven by
+/// readiness (`lean`); a TLS one's reader and writer are [`serve`]'s.
+pub fn session(
+    shard: Rc<Shard>,
+    stream: crate::server::Stream,
+    buf: Vec<u8>,
+    spec: Box<SessionSpec>,
+) -> impl std::future::Future<Output = ()> {
     // Resuming only means something for a consumer whose offsets are kept (no anonymous one).
     if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id) {
         let (named, _) = consumer_of(&spec, shard.id, 0);
@@ -113,21 +123,51 @@ pub async fn session(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u
         let _ = shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo, false);
     }
     let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Sse);
-    let (rd, wr) = stream.into_split();
-    // An expired credential or a revoked permission ends the stream like a removed
-    // subscription does (the writer ends the chunked body when the queue closes).
-    let ended = async {
-        let reason = super::authority(&shard, &spec).await;
-        shard.sessions.close_acked(at.id, crate::ws::CloseCode::POLICY.0, reason);
-        // The close ends the stream properly once the writer gets to it; a writer stuck
-        // behind a full queue or a client that stopped reading ends with the session here.
-        monoio::time::sleep(WRITE_STALL).await;
+    let topic = spec.topic.clone();
+    let done = {
+        let shard = shard.clone();
+        move |()| detach_acked(&shard, consumer, &topic, at)
     };
-    let serve = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events)));
-    match select(Box::pin(serve), Box::pin(ended)).await {
-        Either::Left(_) | Either::Right(_) => {}
+    match stream {
+        crate::server::Stream::Plain(tcp) => {
+            // An expired credential or a revoked permission ends the stream (its chunked body
+            // ended properly); a stream opened without one has nothing to watch.
+            let ends: Option<super::wsmsg::Ends> = match spec.principal.is_some() {
+                true => {
+                    let shard = shard.clone();
+                    Some(Box::pin(async move { Some(super::authority(&shard, &spec).await) }))
+                }
+                false => None,
+            };
+            let lean = super::lean::Lean {
+                shard: shard.clone(),
+                wire: super::lean::Wire::Sse,
+                events,
+                queued: None,
+                acked: None,
+                replies: None,
+                every: HEARTBEAT,
+                linger: Duration::ZERO,
+            };
+            let st = super::lean::State::new(Vec::new(), 0);
+            drop(buf);
+            Either::Left(super::lean::run(tcp, st, lean, ends).map(done))
+        }
+        stream => {
+            let (rd, wr) = stream.into_split();
+            // An expired credential or a revoked permission ends the stream like a removed
+            // subscription does (the writer ends the chunked body when the queue closes).
+            let ended = async move {
+                let reason = super::authority(&shard, &spec).await;
+                shard.sessions.close_acked(at.id, crate::ws::CloseCode::POLICY.0, reason);
+                // The close ends the stream properly once the writer gets to it; a writer stuck
+                // behind a full queue or a client that stopped reading ends with the session here.
+                Box::pin(monoio::time::sleep(WRITE_STALL)).await;
+            };
+            let serve = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events)));
+            Either::Right(Box::pin(select(Box::pin(serve), Box::pin(ended)).map(|_| ())).map(done))
+        }
     }
-    detach_acked(&shard, consumer, &spec.topic, at);
 }
 
 #[cfg(test)]

@@ -228,7 +228,17 @@ pub(super) fn run(
     match stream {
         crate::server::Stream::Plain(tcp) => {
             let every = shard.shared.config.ws_ping_interval;
-            let lean = super::lean::Lean { events, queued, acked, replies, every, linger: limits.delivery_linger };
+            let (shard, wire, replies) = (shard.clone(), super::lean::Wire::Ws, Some(replies));
+            let lean = super::lean::Lean {
+                shard,
+                wire,
+                events,
+                queued,
+                acked,
+                replies,
+                every,
+                linger: limits.delivery_linger,
+            };
             let st = super::lean::State::new(buf, limits.ws_max_message);
             Either::Left(super::lean::run(tcp, st, lean, ends))
         }

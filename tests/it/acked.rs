@@ -597,3 +597,26 @@ mod on_kafka {
         offsets_survive_kill_9_and_nothing_unacked_is_skipped,
     );
 }
+
+/// An event stream on a plain socket is one task driven by readiness (issue 32): on both I/O
+/// drivers it delivers, drops what the client sends, and once its subscription is removed
+/// ends its chunked body properly (`0\r\n\r\n`) and shuts the socket.
+#[test]
+fn an_sse_stream_ends_its_body_when_its_subscription_goes_on_both_drivers() {
+    for driver in ["epoll", "uring"] {
+        let b = TestBroker::start(&["--io-driver", driver]);
+        let def = json!({"subscription": "s", "topic": "t"});
+        assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+        let mut sse = Sse::open(&b, "subscription=s", None);
+        // Bytes from the client are dropped, not taken for anything.
+        sse.r.get_mut().write_all(b"anything at all\r\n").unwrap();
+        assert_eq!(b.publish("t", &event("e1")).status, 202);
+        assert_eq!(sse.next().1["id"], "e1", "{driver}");
+        let un = json!({"subscription": "s"});
+        let r = b.client().post("/events/unsubscribe", "application/json", un.to_string().as_bytes());
+        assert!(r.status < 300, "{driver}: {}", r.text());
+        let mut rest = Vec::new();
+        sse.r.read_to_end(&mut rest).unwrap();
+        assert!(rest.ends_with(b"0\r\n\r\n"), "{driver}: {:?}", String::from_utf8_lossy(&rest));
+    }
+}
