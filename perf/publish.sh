@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Publish benchmark: evmesh beside nginx+nchan, the same loadgen load, in alternation, several rounds.
 #
-#   bash perf/publish.sh            (ROUNDS=3 DUR=10 CONNS=64 SHARDS=1 env knobs)
+#   bash perf/publish.sh            (ROUNDS=3 DUR=10 CONNS=64 SHARDS=1 env knobs; TARGETS= picks
+#                                    targets; BEFORE=/path/to/old/evmesh adds that build as the
+#                                    targets before-uring-os and before-epoll-os)
 #
 # Per round and target: a closed-loop run (max rate) with --server-pid, then open-loop runs at
 # half of that target's max rate and at a fixed LOW_RATE (p50/p99 coordinated-omission
@@ -21,10 +23,11 @@ GEN_CPUS=${GEN_CPUS:-1-$(( $(nproc) - 1 ))}
 taskset -pc 0 "$NCHAN_PID" > /dev/null
 OUT=$ROOT/perf/results/publish-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 
+TARGETS=${TARGETS:-"evmesh-epoll-os nchan evmesh-uring-os nginx-200 evmesh-epoll-fsync${BEFORE:+ before-uring-os before-epoll-os}"}
 EV_PID=
-start_evmesh() { # driver durability
+start_evmesh() { # driver durability [binary]
   local dir; dir=$(mktemp -d /var/tmp/evmesh-perf.XXXX)
-  "$EVMESH" serve --shards "$SHARDS" --io-driver "$1" --durability "$2" --data-dir "$dir" \
+  "${3:-$EVMESH}" serve --shards "$SHARDS" --io-driver "$1" --durability "$2" --data-dir "$dir" \
     --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
   EV_PID=$!; EV_DIR=$dir
   wait_ready http://127.0.0.1:18181 || { cat "$OUT/evmesh.log" >&2; exit 1; }
@@ -41,13 +44,14 @@ run() { # name url pid
 }
 
 for r in $(seq "$ROUNDS"); do
-  for target in evmesh-epoll-os nchan evmesh-uring-os nginx-200 evmesh-epoll-fsync; do
+  for target in $TARGETS; do
     case $target in
       nchan) run "r$r-nchan" "http://127.0.0.1:18080/pub?id=perf_$r" "$NCHAN_PID" ;;
       nginx-200) run "r$r-nginx-200" "http://127.0.0.1:18080/ok_post" "$NCHAN_PID" ;;
-      evmesh-*)
-        IFS=- read -r _ drv dur <<< "$target"
-        start_evmesh "$drv" "$dur"
+      evmesh-* | before-*)
+        IFS=- read -r which drv dur <<< "$target"
+        bin=$EVMESH; [ "$which" = before ] && bin=$BEFORE
+        start_evmesh "$drv" "$dur" "$bin"
         run "r$r-$target" "http://127.0.0.1:18180/events/publish?topic=perf" "$EV_PID"
         stop_evmesh ;;
     esac
@@ -57,7 +61,7 @@ done
 python3 - "$OUT" "$ROUNDS" "$DUR" "$CONNS" "$SHARDS" "$LOW_RATE" <<'PY' | tee "$OUT/summary.md"
 import json, sys, glob, os, statistics as st, platform, subprocess
 out, rounds, dur, conns, shards, low = sys.argv[1:]
-targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-epoll-fsync", "nchan", "nginx-200"]
+targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-epoll-fsync", "before-epoll-os", "before-uring-os", "nchan", "nginx-200"]
 def load(t, kind):
     return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.{kind}.json"))]
 cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
@@ -78,9 +82,9 @@ for t in targets:
           f"{int(st.median([x['throughput'] for x in o]))} | {lat(o, 'p50')} / {lat(o, 'p99')} / {lat(o, 'p999')} | {lat(lo, 'p50')} / {lat(lo, 'p99')} / {lat(lo, 'p999')} | {errs} |")
 if med.get("nchan"):
     print()
-    for t in targets[:3]:
+    for t in targets[:5]:
         if med.get(t): print(f"- {t}: CPU per publish = {med[t]/med['nchan']:.2f}x nchan's, {med[t]/med['nginx-200']:.2f}x nginx's bare 200")
     print(f"- nchan: {med['nchan']/med['nginx-200']:.2f}x nginx's bare 200")
 PY
-{ echo; echo "Command: \`ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS SHARDS=$SHARDS LOW_RATE=$LOW_RATE bash perf/publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`${BEFORE:+BEFORE=$BEFORE }ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS SHARDS=$SHARDS LOW_RATE=$LOW_RATE bash perf/publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"

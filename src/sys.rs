@@ -278,7 +278,9 @@ impl SharedFrames {
     /// (`sendmsg` with `MSG_DONTWAIT`: under io_uring the socket itself may be blocking), and
     /// moves past what it took. `WouldBlock` when it took nothing.
     pub fn send_now(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<usize> {
-        let iov = &self.iovecs[self.start..];
+        // At most MAX buffers per call: the kernel refuses more than UIO_MAXIOV (1024) with
+        // EMSGSIZE; the caller sends again for the rest.
+        let iov = &self.iovecs[self.start..self.iovecs.len().min(self.start + Self::MAX)];
         // SAFETY: a zeroed msghdr is a valid empty one; its iovecs are `iov`, valid for the call
         // (see `IoVecBuf` below for why each points at live, unchanging bytes).
         let n = unsafe {
@@ -308,6 +310,29 @@ pub fn recv_now(fd: std::os::fd::RawFd, buf: &mut Vec<u8>) -> std::io::Result<us
     // SAFETY: `n` bytes past the length were just written, within the capacity.
     unsafe { buf.set_len(buf.len() + n as usize) };
     Ok(n as usize)
+}
+
+/// Sends what the socket `fd` takes of `buf` now, without waiting (`MSG_DONTWAIT`).
+pub fn send_now(fd: std::os::fd::RawFd, buf: &[u8]) -> std::io::Result<usize> {
+    // SAFETY: `buf` is valid for reads of its length for the duration of the call.
+    let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Bytes in the socket `fd`'s send queue not yet acknowledged by the peer (`SIOCOUTQ`); 0 if
+/// it cannot be read.
+pub fn unacked(fd: std::os::fd::RawFd) -> u32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int through the pointer, valid for the call.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    if r < 0 {
+        0
+    } else {
+        n.max(0) as u32
+    }
 }
 
 /// Shuts the sending side of the socket `fd` (our FIN after a close frame).

@@ -99,6 +99,8 @@ pub(super) struct State {
     turns: u32,
     /// Something went out since the last keep-alive turn.
     wrote: bool,
+    /// What the socket's send queue held unacknowledged at the last keep-alive turn.
+    unacked: u32,
 }
 
 impl State {
@@ -114,6 +116,7 @@ impl State {
             more: false,
             turns: 0,
             wrote: false,
+            unacked: 0,
         }
     }
 }
@@ -211,7 +214,7 @@ pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> 
                 Wake::End(reason) => Some(End::Close { code: CloseCode::POLICY.0, reason, wait: true }),
                 Wake::Tick => {
                     tick.set(deadline::within(s.every, std::future::pending::<()>()));
-                    st.tick(&mut s)
+                    st.tick(&mut s, fd)
                 }
             };
             // What the turn gathered goes out now; only a socket that takes no more is waited
@@ -292,7 +295,8 @@ impl State {
                 Step::Go => {}
                 Step::Send(frame) => {
                     self.out.push(Rc::new(frame));
-                    if self.out.bytes() >= OUT_HIGH_WATER && !self.flush(stream, s).await {
+                    let full = self.out.bytes() >= OUT_HIGH_WATER || self.out.len() >= SharedFrames::MAX;
+                    if full && !self.flush(stream, s).await {
                         break Some(End::Gone);
                     }
                 }
@@ -376,15 +380,25 @@ impl State {
                     if !matches!(deadline::within(WRITE_STALL, stream.writable(false)).await, Ok(Ok(()))) {
                         return false;
                     }
+                    // Room again: the peer took what we sent. A slow reader is alive, not silent
+                    // (its pongs wait unread meanwhile, behind this write).
+                    self.heard = deadline::now();
                 }
             }
         }
     }
 
     /// The keep-alive's turn. WebSocket: a silent client is pinged, and one silent twice as long
-    /// is let go. Event stream: a comment line if nothing went out since the last turn. An idle
+    /// is let go (one that took some of our bytes since the last turn is not silent). Event stream: a comment line if nothing went out since the last turn. An idle
     /// session also gives back what its last write and queue had grown.
-    fn tick(&mut self, s: &mut Lean) -> Option<End> {
+    fn tick(&mut self, s: &mut Lean, fd: std::os::fd::RawFd) -> Option<End> {
+        // A peer that acknowledged some of what we sent since the last turn is alive, however
+        // long its pongs take to come back from behind a backlog it is still reading.
+        let unacked = crate::sys::unacked(fd);
+        if unacked < self.unacked {
+            self.heard = deadline::now();
+        }
+        self.unacked = unacked;
         let silent = deadline::now().saturating_duration_since(self.heard);
         if matches!(s.wire, Wire::Ws) && silent >= s.every * 2 {
             return Some(End::Close { code: CloseCode::GOING_AWAY.0, reason: "", wait: false });

@@ -241,12 +241,26 @@ pub(crate) async fn read_at_most<R: AsyncReadRent>(
 /// Writes all of `out` and clears it. `false` if the peer is gone, or if one write made no
 /// progress within `timeout` (a client that stopped reading): the caller then drops the
 /// connection, and with it what was not written.
-pub(crate) async fn flush<W: AsyncWriteRent>(stream: &mut W, out: &mut Vec<u8>, timeout: Duration) -> bool {
+pub(crate) async fn flush(stream: &mut Stream, out: &mut Vec<u8>, timeout: Duration) -> bool {
     if out.is_empty() {
         return true;
     }
-    let mut buf = std::mem::take(out);
     let mut written = 0;
+    if let Stream::Plain(tcp) = stream {
+        // What the socket takes now is sent at once (`MSG_DONTWAIT`): no write is posted to the
+        // ring, so under io_uring the answer does not wait for the end of the runtime's round
+        // of tasks to be submitted, and no completion wakes this task again. A socket that
+        // takes no more (or fails) gets the posted write below, which waits or says why.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(tcp);
+        while written < out.len() {
+            match crate::sys::send_now(fd, &out[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+    let mut buf = std::mem::take(out);
     while written < buf.len() {
         let Ok((res, slice)) = super::deadline::within(timeout, stream.write(buf.slice(written..))).await else {
             return false;
