@@ -416,6 +416,24 @@ async fn serve_metered<H: Handler>(
     };
     // The last head's header list, for the next head to fill (no allocation per request).
     let mut spare_headers = Vec::new();
+    // A new plain connection's first bytes are taken by readiness: nothing is posted, and no
+    // buffer held, while the client has sent nothing, and what it sent lands in a buffer of its
+    // size (a WebSocket upgrade keeps its few hundred bytes, not FIRST_READ). Thousands of
+    // clients connecting at once each hold only their task until they speak.
+    if let Stream::Plain(tcp) = &stream {
+        match super::deadline::within(limits.idle_timeout, tcp.readable(false)).await {
+            Ok(Ok(())) => {
+                let fd = std::os::fd::AsRawFd::as_raw_fd(tcp);
+                buf.reserve_exact(crate::sys::readable_bytes(fd).clamp(1, FIRST_READ));
+                // WouldBlock (nothing after all) or an error: the loop's read below says.
+                if let Ok(0) = crate::sys::recv_now(fd, &mut buf) {
+                    return;
+                }
+            }
+            // Silent for the idle timeout, or the socket failed: closed, nothing to answer.
+            _ => return,
+        }
+    }
     loop {
         // Parse the next head, reading until one is complete.
         let head = loop {

@@ -217,14 +217,8 @@ fn a_publisher_that_never_reads_its_answers_is_bounded_and_dropped() {
     let b = TestBroker::start(&["--default-partitions", "1", "--write-timeout-ms", "500"]);
     let rss_before = b.rss_bytes();
     let mut s = TcpStream::connect(b.traffic).unwrap();
-    s.write_all(b"GET /events/ws?publish=flood HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    s.write_all(super::ws::upgrade_request("/events/ws?publish=flood").as_bytes()).unwrap();
+    super::ws::read_101(&mut s);
     let chunk = masked_text(event("f").to_string().as_bytes()).repeat(500);
     s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
     let mut sent = 0usize;
