@@ -180,11 +180,6 @@ impl<T> Receiver<T> {
         })
     }
 
-    /// The next item if one is queued.
-    pub fn try_recv_now(&mut self) -> Option<T> {
-        self.try_recv().ok()
-    }
-
     /// Gives back the room an empty queue grew to (an idle session's).
     pub fn shrink_idle(&mut self) {
         let mut c = self.chan.borrow_mut();

@@ -324,22 +324,21 @@ pub fn send_now(fd: std::os::fd::RawFd, buf: &[u8]) -> std::io::Result<usize> {
 
 /// Bytes waiting to be read on the socket `fd` (`FIONREAD`); 0 if it cannot be read.
 pub fn readable_bytes(fd: std::os::fd::RawFd) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int through the pointer, valid for the call.
-    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
-    if r < 0 {
-        0
-    } else {
-        n.max(0) as usize
-    }
+    ioctl_count(fd, libc::FIONREAD) as usize
 }
 
 /// Bytes in the socket `fd`'s send queue not yet acknowledged by the peer (`SIOCOUTQ`); 0 if
 /// it cannot be read.
 pub fn unacked(fd: std::os::fd::RawFd) -> u32 {
+    ioctl_count(fd, libc::TIOCOUTQ)
+}
+
+/// A socket ioctl that reports one count; 0 if it fails.
+fn ioctl_count(fd: std::os::fd::RawFd, request: libc::Ioctl) -> u32 {
     let mut n: libc::c_int = 0;
-    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int through the pointer, valid for the call.
-    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    // SAFETY: FIONREAD and SIOCOUTQ (TIOCOUTQ) write one int through the pointer, valid for
+    // the call.
+    let r = unsafe { libc::ioctl(fd, request, &mut n) };
     if r < 0 {
         0
     } else {

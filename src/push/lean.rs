@@ -121,6 +121,54 @@ impl State {
     }
 }
 
+/// What ends a session early, polled only once it asked to be (its own waker fired), not at
+/// every wake of the session (each delivery): a credential's watch polls a timer and the
+/// policy's generation, work a fan-out would otherwise pay per event.
+struct Woken {
+    fut: Ends,
+    flag: std::sync::Arc<Flag>,
+}
+
+/// Set by the watched future's wake, which also wakes the session's task.
+struct Flag {
+    woke: std::sync::atomic::AtomicBool,
+    task: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl std::task::Wake for Flag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.woke.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(w) = self.task.lock().ok().and_then(|t| t.clone()) {
+            w.wake();
+        }
+    }
+}
+
+impl Woken {
+    fn new(fut: Ends) -> Self {
+        // Polled the first time, as if woken.
+        let flag = Flag { woke: std::sync::atomic::AtomicBool::new(true), task: std::sync::Mutex::new(None) };
+        Woken { fut, flag: std::sync::Arc::new(flag) }
+    }
+
+    fn poll(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Option<&'static str>> {
+        if !self.flag.woke.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            return Poll::Pending;
+        }
+        if let Ok(mut task) = self.flag.task.lock() {
+            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        let waker = std::task::Waker::from(self.flag.clone());
+        self.fut.as_mut().poll(&mut std::task::Context::from_waker(&waker))
+    }
+}
+
 /// How the session ends.
 enum End {
     /// The peer is gone (or the socket broke): nothing more to send.
@@ -146,7 +194,7 @@ enum Wake {
 /// it with 1008 and that reason. A plain function returning the future: the `async` block uses
 /// its captures in place, so each is stored once.
 pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> impl Future<Output = ()> {
-    let (mut st, mut s, mut ends) = (st, s, ends);
+    let (mut st, mut s, mut ends) = (st, s, ends.map(Woken::new));
     async move {
         let fd = stream.as_raw_fd();
         let meter = crate::task::Meter::default();
@@ -163,12 +211,10 @@ pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> 
         while end.is_none() {
             let more = st.more;
             let wake = std::future::poll_fn(|cx| {
-                if let Some(e) = ends.as_mut() {
-                    if let Poll::Ready(r) = e.as_mut().poll(cx) {
-                        ends = None;
-                        if let Some(reason) = r {
-                            return Poll::Ready(Wake::End(reason));
-                        }
+                if let Some(Poll::Ready(r)) = ends.as_mut().map(|e| e.poll(cx)) {
+                    ends = None;
+                    if let Some(reason) = r {
+                        return Poll::Ready(Wake::End(reason));
                     }
                 }
                 if tick.as_mut().poll(cx).is_ready() {
@@ -317,8 +363,8 @@ impl State {
         if buf.is_empty() {
             give(buf);
         } else if buf.len() <= KEEP_SMALL {
+            // A clone's capacity is its length.
             self.pending = buf.clone();
-            self.pending.shrink_to_fit();
             give(buf);
         } else {
             self.pending = buf;
@@ -341,7 +387,7 @@ impl State {
                 Outbound::Close(code, reason) => return Some(End::Close { code, reason, wait: true }),
             }
             if self.out.bytes() < WRITE_BATCH && self.out.len() < SharedFrames::MAX - 1 {
-                next = s.events.try_recv_now().map(taken);
+                next = s.events.try_recv().ok().map(taken);
             }
         }
         None

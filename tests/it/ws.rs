@@ -95,6 +95,19 @@ pub(super) fn read_101(s: &mut TcpStream) -> String {
     head
 }
 
+/// Publishes an event to `topic` until `s` has bytes waiting: the session is attached (interest
+/// reaches the partition's owner asynchronously) and delivered to. Leaves a 200 ms read timeout.
+fn publish_until_delivered(b: &TestBroker, topic: &str, s: &TcpStream) {
+    s.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
+    super::util::wait_for(std::time::Duration::from_secs(20), || match s.peek(&mut [0u8; 1]) {
+        Ok(_) => Some(()),
+        Err(_) => {
+            assert_eq!(b.publish(topic, &super::util::event("e")).status, 202);
+            None
+        }
+    });
+}
+
 /// A client frame: final, masked (with a fixed key), of `opcode`.
 fn masked(opcode: u8, payload: &[u8]) -> Vec<u8> {
     let key = [0x37, 0xfa, 0x21, 0x3d];
@@ -175,12 +188,8 @@ fn a_plain_session_takes_frames_cut_anywhere_on_both_drivers() {
         );
         // An event of the subscribed topic arrives (interest reaches the partition's owner
         // asynchronously: published until one does).
-        let delivered = super::util::wait_for(std::time::Duration::from_secs(20), || {
-            assert_eq!(b.publish("cut", &super::util::event("e")).status, 202);
-            s.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
-            let mut h = [0u8; 1];
-            s.peek(&mut h).ok().map(|_| read_frame(&mut s))
-        });
+        publish_until_delivered(&b, "cut", &s);
+        let delivered = read_frame(&mut s);
         assert_eq!(delivered.0, 0x1, "{driver}");
         let e: serde_json::Value = serde_json::from_slice(&delivered.1).unwrap();
         assert_eq!(e["id"], "e", "{driver}");
@@ -223,11 +232,7 @@ fn idle_sessions_opened_at_once_cost_a_few_kilobytes_each() {
     let path = "/events/ws?subscription=idle&ack=none";
     // One session first: the shard's own tables and pools are not the sessions'.
     let first = raw_upgrade(&b, path);
-    super::util::wait_for(std::time::Duration::from_secs(20), || {
-        assert_eq!(b.publish("idle", &super::util::event("warm")).status, 202);
-        first.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
-        first.peek(&mut [0u8; 1]).ok()
-    });
+    publish_until_delivered(&b, "idle", &first);
     let before = b.rss_bytes();
     let req = upgrade_request(path);
     let mut socks: Vec<TcpStream> = (0..N)
@@ -243,14 +248,7 @@ fn idle_sessions_opened_at_once_cost_a_few_kilobytes_each() {
     }
     // Every session attached and delivered to (published again until each has an event).
     for s in &mut socks {
-        s.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
-        super::util::wait_for(std::time::Duration::from_secs(20), || match s.peek(&mut [0u8; 1]) {
-            Ok(_) => Some(()),
-            Err(_) => {
-                assert_eq!(b.publish("idle", &super::util::event("e")).status, 202);
-                None
-            }
-        });
+        publish_until_delivered(&b, "idle", s);
     }
     let per = b.rss_bytes().saturating_sub(before) / N as u64;
     assert!(per <= 5 * 1024, "{per} bytes of resident memory per idle session");
@@ -300,11 +298,7 @@ fn a_slow_but_steady_reader_is_not_closed_as_silent() {
         assert!(buf.starts_with(b"HTTP/1.1 101"), "{driver}");
         buf.drain(..at);
         // Attached once an event arrives.
-        s.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
-        super::util::wait_for(std::time::Duration::from_secs(20), || {
-            assert_eq!(b.publish("slow", &super::util::event("first")).status, 202);
-            s.peek(&mut [0u8; 1]).ok()
-        });
+        publish_until_delivered(&b, "slow", &s);
         let mut big = super::util::event("big");
         big["data"] = serde_json::Value::String("y".repeat(8000));
         for _ in 0..40 {
