@@ -8,8 +8,19 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 # Incremental state of builds older than half a day is not reused by this one: it only fills
-# the disk (it reached 20 GB once).
+# the disk (it reached 20 GB once). On a disk with less than 6 GB free (a CI run failed with
+# ENOSPC in its tests), all of it goes, and if that is not enough, the whole target dir (what
+# older builds left there is never removed by cargo): a cold build, but one that fits.
 find "$CARGO_TARGET_DIR/release/incremental" -mindepth 1 -maxdepth 1 -type d -mmin +720 -exec rm -rf {} + 2>/dev/null || true
+free_kb() { mkdir -p "$1" && df -Pk "$1" | awk 'NR == 2 {print $4}'; }
+if [ "$(free_kb "$CARGO_TARGET_DIR")" -lt $((6 * 1024 * 1024)) ]; then
+  echo "== disk: under 6 GB free, the incremental build state goes"; rm -rf "$CARGO_TARGET_DIR/release/incremental"
+fi
+if [ "$(free_kb "$CARGO_TARGET_DIR")" -lt $((6 * 1024 * 1024)) ]; then
+  echo "== disk: still under 6 GB free, the target dir goes"; rm -rf "$CARGO_TARGET_DIR"
+fi
+disk() { echo "== disk ($1): $(( $(free_kb "$CARGO_TARGET_DIR") / 1024 )) MB free for the target dir, $(( $(free_kb "${TMPDIR:-/tmp}") / 1024 )) MB for the tests' data (${TMPDIR:-/tmp})"; }
+disk start
 export CARGO_TERM_COLOR=never
 # The official CloudEvents SDKs the interop tests drive, and openapi-core (the validator of the
 # OpenAPI document's check), kept outside the clone, reused.
@@ -65,6 +76,8 @@ echo "== rustdoc"; RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc -
 # evmesh-client's public API against its committed baseline (client/public-api.txt): a change
 # to it must update the baseline and client/CHANGELOG.md in the same commit.
 TOOLS=/var/tmp/evmesh-tools
+# The tools are built in a target dir of their own, removed once they are installed (a
+# gigabyte the tests may need).
 [ -x "$TOOLS/bin/cargo-public-api" ] ||
     CARGO_TARGET_DIR=/var/tmp/evmesh-tools-target cargo install -q cargo-public-api --locked --version 0.52.0 --root "$TOOLS"
 echo "== evmesh-client public API"
@@ -74,6 +87,7 @@ PATH="$TOOLS/bin:$PATH" cargo public-api -p evmesh-client -sss 2>/dev/null | dif
 [ -x "$TOOLS/bin/mdbook" ] ||
     CARGO_TARGET_DIR=/var/tmp/evmesh-tools-target cargo install -q mdbook --locked --version 0.5.4 \
         --no-default-features --root "$TOOLS"
+rm -rf /var/tmp/evmesh-tools-target
 echo "== guide"; "$TOOLS/bin/mdbook" build docs
 echo "== benches and fuzz targets build"; cargo build --release --workspace --benches --bins -q
 # The TypeScript client (clients/js): its types against openapi/evmesh.yaml (openapi-typescript),
@@ -96,7 +110,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Tests that need the Kafka broker, Python or Node are #[ignore]d in a plain `cargo test`;
 # everything they need is installed and started above, so they run here.
-echo "== tests"
+echo "== tests"; disk "before the tests"
 log=$(mktemp)
 set +e
 cargo test --release --workspace -- --include-ignored 2>&1 | tee "$log"
@@ -105,4 +119,5 @@ set -e
 # One closing line for the whole suite (cargo prints one per test binary, the last often empty).
 awk '/^test result:/ {p += $4; f += $6} END {printf "%d passed, %d failed\n", p, f}' "$log"
 rm -f "$log"
+disk end
 exit "$rc"
