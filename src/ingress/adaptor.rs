@@ -183,7 +183,7 @@ impl Traffic {
         let named = adaptor.topic(req)?;
         let topic = self.topic_named(gate, named, Action::Publish, Some(req))?;
         let mut frames = adaptor.frames(&To { topic: &topic, turn: None }, req)?;
-        let now = crate::model::clock::now_micros();
+        let now = crate::task::clock::wall_micros();
         let (mut traced, headers) = (Publishing::new(&topic, req.body.len()), Headers::of(req));
         for (i, f) in frames.iter_mut().enumerate() {
             f.set_timestamp(now);

@@ -200,28 +200,30 @@ impl Traffic {
         let mut gate = Gate { traffic: self, snap, caller, who: &who, token: token.as_deref() };
         let Some((route, rest)) = found else {
             // Counted as publishes; a classic refusal is an HTTP 200 whose retCode is not 0.
-            let started = std::time::Instant::now();
+            let started = crate::task::clock::fresh();
             let m = self.shard.shared.metrics.shard(self.shard.id);
             m.publish_requests.inc();
             let r = Box::pin(self.meshmessage(&mut gate, &req)).await;
             if r.status.0 != 200 || !r.body.starts_with(br#"{"retCode":0,"#) {
                 m.publish_errors.inc();
             }
-            m.publish_latency.record_us(started.elapsed().as_micros() as u64);
+            m.publish_latency
+                .record_us(crate::task::clock::now().saturating_duration_since(started).as_micros() as u64);
             return r;
         };
         let Some(endpoint) = route.endpoint(req.method()) else { return route.not_allowed() };
         let sid = rest;
         match endpoint {
             Endpoint::Publish => {
-                let started = std::time::Instant::now();
+                let started = crate::task::clock::fresh();
                 let m = self.shard.shared.metrics.shard(self.shard.id);
                 m.publish_requests.inc();
                 let r = self.publish(&mut gate, &req).await;
                 if r.status.0 >= 400 {
                     m.publish_errors.inc();
                 }
-                m.publish_latency.record_us(started.elapsed().as_micros() as u64);
+                m.publish_latency
+                    .record_us(crate::task::clock::now().saturating_duration_since(started).as_micros() as u64);
                 r
             }
             // Boxed: a waiting request's state is large, and every connection's future would

@@ -65,8 +65,9 @@ pub fn now() -> Instant {
 async fn sweep() {
     loop {
         monoio::time::sleep(TICK).await;
-        let t = Instant::now();
+        let t = crate::task::clock::now();
         NOW.set(Some(t));
+        crate::http::date::tick((crate::task::clock::wall_micros() / 1_000_000) as u64);
         let due: Vec<Waker> = TABLE.with_borrow_mut(|table| {
             if table.earliest.is_none_or(|e| e > t) {
                 return Vec::new();
@@ -137,7 +138,8 @@ impl<F: Future> Future for Within<F> {
         match *this.slot {
             None => {
                 now(); // starts the sweep on the thread's first use
-                let at = Instant::now() + *this.timeout;
+                       // Inside a metered poll, that poll's start (the deadline at most a poll early).
+                let at = crate::task::clock::fresh() + *this.timeout;
                 let slot = Slot { at: Some(at), waker: Some(cx.waker().clone()), fired: false };
                 *this.slot = Some(TABLE.with_borrow_mut(|table| {
                     table.earliest = Some(table.earliest.map_or(at, |e| e.min(at)));

@@ -11,6 +11,8 @@ use std::pin::Pin;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
+use super::clock::{self, IN_METERED};
+
 /// A request (or turn) that took more of the core than this is heavy: it is charged to the
 /// shard's heavy lane ([`charge`]) and its connection waits its [`turn`] before it is served
 /// again.
@@ -62,8 +64,6 @@ thread_local! {
     /// thread: the heavy lane reads it to tell an idle core from one where other work is
     /// waiting.
     static ACTIVITY: Cell<u64> = const { Cell::new(0) };
-    /// Whether a metered task is being polled (its poll counted once in [`ACTIVITY`]).
-    pub(super) static IN_METERED: Cell<bool> = const { Cell::new(false) };
 }
 
 pub(super) fn active() {
@@ -78,7 +78,8 @@ impl Lane {
     fn refill(&mut self, now: Instant) {
         let earned = now.saturating_duration_since(self.refilled).as_nanos() as i128 * HEAVY_SHARE as i128 / 100;
         self.credit = (self.credit + earned).min(HEAVY_BURST.as_nanos() as i128);
-        self.refilled = now;
+        // A reading older than the last one (the thread's recent reading) earns nothing twice.
+        self.refilled = self.refilled.max(now);
     }
 
     fn first(&self) -> Option<u64> {
@@ -128,7 +129,7 @@ pub(super) fn lane_tick(now: Instant) {
 pub fn charge(cost: Duration) {
     LANE.with(|l| {
         let mut l = l.borrow_mut();
-        l.refill(Instant::now());
+        l.refill(clock::fresh());
         l.credit -= cost.as_nanos() as i128;
     });
 }
@@ -138,7 +139,7 @@ pub fn charge(cost: Duration) {
 pub fn lane_busy() -> bool {
     LANE.with(|l| {
         let mut l = l.borrow_mut();
-        l.refill(Instant::now());
+        l.refill(clock::fresh());
         l.credit < 0 || !l.waiting.is_empty()
     })
 }
@@ -154,7 +155,7 @@ pub fn handling() -> Handling {
         let mut l = l.borrow_mut();
         let id = l.next_handling;
         l.next_handling += 1;
-        l.handling.push((id, Instant::now()));
+        l.handling.push((id, clock::fresh()));
         Handling(id)
     })
 }
@@ -213,7 +214,7 @@ pub async fn turn() {
     };
     poll_fn(|cx| {
         if LANE.with(|l| l.borrow().first()) == Some(ticket.0) {
-            let now = Instant::now();
+            let now = clock::fresh();
             let (owed, held) = LANE.with(|l| {
                 let mut l = l.borrow_mut();
                 l.refill(now);

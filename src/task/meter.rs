@@ -8,7 +8,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::lane::{active, lane_tick, IN_METERED};
+use super::clock::{self, IN_METERED};
+use super::lane::{active, lane_tick};
 
 /// The core time one task has taken, measured around each of its polls (see [`metered`]).
 #[derive(Default)]
@@ -19,11 +20,12 @@ pub struct Meter {
 }
 
 impl Meter {
-    /// The core time taken since the last `take`, the poll in progress included.
+    /// The core time taken since the last `take`, the poll in progress included (a clock
+    /// reading: the request just handled in this poll is what tells a heavy one).
     pub fn take(&self) -> Duration {
         let mut spent = self.spent.replace(Duration::ZERO);
         if let Some(t) = self.polling.get() {
-            let now = Instant::now();
+            let now = clock::now();
             spent += now - t;
             self.polling.set(Some(now));
         }
@@ -53,11 +55,11 @@ impl<F: Future> Future for Metered<'_, F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         active();
-        this.meter.polling.set(Some(Instant::now()));
+        this.meter.polling.set(Some(clock::now()));
         let outer = IN_METERED.replace(true);
         let r = this.f.poll(cx);
         IN_METERED.set(outer);
-        let now = Instant::now();
+        let now = clock::now();
         if let Some(t) = this.meter.polling.take() {
             this.meter.spent.set(this.meter.spent.get() + (now - t));
         }

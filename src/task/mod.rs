@@ -2,8 +2,10 @@
 //!
 //! Its files: `yielding.rs` (giving the loop a turn: `yield_now`, `Slice`, `TURN`, the
 //! heartbeat), `gate.rs` (one at a time, in order), `meter.rs` (the core time a task takes),
-//! `lane.rs` (the heavy lane costly requests wait in).
+//! `lane.rs` (the heavy lane costly requests wait in), `clock.rs` (the thread's clock: one
+//! reading per poll).
 
+pub mod clock;
 mod gate;
 mod lane;
 mod meter;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use super::clock;
 use super::lane::{active, lane_tick};
 
 thread_local! {
@@ -26,7 +27,7 @@ pub fn set_heartbeat(beat: Arc<AtomicU64>, epoch: Instant) {
 /// if its share of the core has come (timers do not fire while the loop stays busy).
 pub fn beat() {
     active();
-    let now = Instant::now();
+    let now = clock::fresh();
     BEAT.with(|b| {
         if let Some((beat, epoch)) = &*b.borrow() {
             beat.store(now.duration_since(*epoch).as_millis() as u64, Ordering::Relaxed);
@@ -52,7 +53,8 @@ pub fn beat() {
 /// instead.
 pub async fn yield_now() {
     beat();
-    let late = TIMERS_RAN.with(Cell::get).is_some_and(|t| t.elapsed() > TIMERS_LATE);
+    // `beat` just took the clock's reading (or, in a metered poll, the poll's).
+    let late = TIMERS_RAN.with(Cell::get).is_some_and(|t| clock::recent().saturating_duration_since(t) > TIMERS_LATE);
     if late {
         // Fires once the run queue drains: every yielding task waits here, so it does. Boxed:
         // a timer entry is ~800 bytes (cache-line aligned), and every future that may yield
@@ -83,7 +85,7 @@ const TIMERS_LATE: Duration = Duration::from_millis(200);
 /// Says that this thread's timers just ran: called by a task woken by a periodic timer (the
 /// shard's heartbeat, every 100 ms), it is how [`yield_now`] tells that timers are overdue.
 pub fn timers_ran() {
-    TIMERS_RAN.with(|t| t.set(Some(Instant::now())));
+    TIMERS_RAN.with(|t| t.set(Some(clock::now())));
 }
 
 /// Work a loop over a client-controlled collection (the consumers and live subscriptions of

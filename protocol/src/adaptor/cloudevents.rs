@@ -1,8 +1,9 @@
 //! CloudEvents 1.0.2: the HTTP protocol binding (structured, binary and batched content modes)
 //! and the JSON event format, both directions.
 //!
-//! Parsing uses serde_json over the borrowed body, keeping every member as a `RawValue` so
-//! `data` is stored byte for byte. Measured (benches/cloudevents.rs, perf/RESULTS.md): for one
+//! Parsing keeps every member as its JSON text so `data` is stored byte for byte: a flat event
+//! without escapes by one span-keeping pass (`flat.rs`), anything else by serde_json over the
+//! borrowed body (each member a `RawValue`). Measured (benches/cloudevents.rs, perf/RESULTS.md): for one
 //! ~350 B event this whole parse + validate + encode costs about what simd-json's parse alone
 //! does; on a 100-event batch simd-json parses 2.5x faster. simd-json still does not serve
 //! batches: its values carry no source spans, so `data` would have to be re-serialized (object
@@ -176,11 +177,11 @@ fn is_absolute_uri(s: &str) -> bool {
 
 /// Members a JSON object holds without a heap allocation for the list (a CloudEvent has about
 /// ten).
-const INLINE_MEMBERS: usize = 16;
+const INLINE_MEMBERS: usize = super::flat::INLINE;
 
 /// A JSON object as an ordered list of (key, raw value), duplicate keys kept for the caller.
 /// Keys are borrowed from the text unless they carry escapes.
-struct Members<'a>(SmallVec<[(Cow<'a, str>, &'a RawValue); INLINE_MEMBERS]>);
+struct Members<'a>(super::flat::Spans<'a>);
 
 /// An object key, borrowed when the text allows (serde's own `Cow<str>` always copies).
 struct Key<'a>(Cow<'a, str>);
@@ -225,7 +226,7 @@ impl<'de> Members<'de> {
         let mut v = SmallVec::new();
         while let Some(Key(k)) = m.next_key::<Key<'de>>()? {
             let raw: &'de RawValue = m.next_value()?;
-            v.push((k, raw));
+            v.push((k, raw.get()));
         }
         Ok(Members(v))
     }
@@ -350,15 +351,18 @@ fn json_err(e: serde_json::Error) -> CeError {
 /// Builds the frame for one structured-mode event (a JSON object, as raw text), from the text
 /// itself: no allocation but the frame for an event of up to 16 members without escapes.
 fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
-    members_frame(topic, serde_json::from_str(json).map_err(json_err)?)
+    let members = match super::flat::members(json) {
+        Some(flat) => Members(flat),
+        None => serde_json::from_str(json).map_err(json_err)?,
+    };
+    members_frame(topic, members)
 }
 
 /// The frame for one event's members.
 fn members_frame(topic: &str, members: Members<'_>) -> Result<Frame, CeError> {
     let mut attributes: SmallVec<[AttributeRef<'_>; INLINE_MEMBERS]> = SmallVec::new();
     let mut data: Option<(DataKind, Cow<'_, [u8]>)> = None;
-    for (key, raw) in members.0 {
-        let text = raw.get();
+    for (key, text) in members.0 {
         if key == "data" || key == "data_base64" {
             if data.is_some() {
                 return Err(invalid("an event carries at most one of data and data_base64"));

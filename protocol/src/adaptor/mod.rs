@@ -5,6 +5,7 @@
 
 pub mod a2a;
 pub mod cloudevents;
+mod flat;
 pub mod kafka;
 pub mod meshmessage;
 mod rfc3339;

@@ -29,11 +29,27 @@ pub fn format(secs: u64) -> [u8; 29] {
 
 thread_local! {
     static CACHE: Cell<(u64, [u8; 29])> = const { Cell::new((u64::MAX, [0; 29])) };
+    /// Whether this thread's loop says the time with [`tick`] (then [`now`] reads no clock).
+    static TICKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Says the time (`secs` since the Unix epoch) for this thread's `Date` values: a thread whose
+/// loop calls this at least once a second (the broker's deadline sweep, every 10 ms) saves a
+/// clock reading per response. Before the first call, [`now`] reads the system clock.
+pub fn tick(secs: u64) {
+    TICKED.set(true);
+    set(secs);
 }
 
 /// The current `Date` value, reformatted at most once a second per thread.
 pub fn now() -> [u8; 29] {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if TICKED.get() {
+        return CACHE.get().1;
+    }
+    set(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+}
+
+fn set(secs: u64) -> [u8; 29] {
     CACHE.with(|c| {
         let (at, text) = c.get();
         if at == secs {
@@ -47,6 +63,21 @@ pub fn now() -> [u8; 29] {
 
 #[cfg(test)]
 mod tests {
+    /// A ticked thread's `Date` is the tick's second, with no clock read.
+    #[test]
+    fn a_ticked_thread_answers_with_the_ticked_second() {
+        std::thread::spawn(|| {
+            let untouched = super::now();
+            assert_eq!(&untouched[26..], b"GMT");
+            super::tick(784_111_777);
+            assert_eq!(&super::now(), b"Sun, 06 Nov 1994 08:49:37 GMT");
+            super::tick(784_111_778);
+            assert_eq!(&super::now(), b"Sun, 06 Nov 1994 08:49:38 GMT");
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn formats_imf_fixdate() {
         assert_eq!(&super::format(784_111_777), b"Sun, 06 Nov 1994 08:49:37 GMT");
