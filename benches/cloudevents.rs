@@ -41,5 +41,27 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// The 1 KiB event the perf scripts publish (string `data`, no escapes): what the flat pass
+/// (`adaptor::flat`) takes, alone and in a batch of 10 (perf/batch_publish.sh's batch).
+fn bench_flat(c: &mut Criterion) {
+    let event = format!(
+        r#"{{"specversion":"1.0","id":"i","source":"/perf","type":"perf.event","data":"{}"}}"#,
+        "x".repeat(900)
+    );
+    let batch = format!("[{}]", [event.as_str(); 10].join(","));
+    let mut g = c.benchmark_group("json_flat_1k");
+    g.throughput(Throughput::Bytes(event.len() as u64));
+    g.bench_function("adaptor_parse_structured", |b| {
+        b.iter(|| black_box(parse_structured("t", black_box(event.as_bytes())).unwrap()))
+    });
+    g.finish();
+    let mut g = c.benchmark_group("json_flat_1k_batch_10");
+    g.throughput(Throughput::Bytes(batch.len() as u64));
+    g.bench_function("adaptor_parse_batch", |b| {
+        b.iter(|| black_box(parse_batch("t", black_box(batch.as_bytes())).unwrap().len()))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_flat);
 criterion_main!(benches);

@@ -286,11 +286,7 @@ struct Element<'t> {
 
 impl Element<'_> {
     fn refuse<E: serde::de::Error>(&self, e: CeError) -> E {
-        let e = match e {
-            CeError::Invalid(m) => invalid(format!("batch element {}: {m}", self.index)),
-            other => other,
-        };
-        self.refused.set(Some(e));
+        self.refused.set(Some(in_element(self.index, e)));
         E::custom("refused")
     }
 
@@ -341,6 +337,14 @@ impl<'de> Visitor<'de> for Element<'_> {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Frame, A::Error> {
         Err(self.not_an_object())
+    }
+}
+
+/// Why element `index` of a batch was refused.
+fn in_element(index: usize, e: CeError) -> CeError {
+    match e {
+        CeError::Invalid(m) => invalid(format!("batch element {index}: {m}")),
+        other => other,
     }
 }
 
@@ -428,6 +432,9 @@ pub fn parse_structured_text(topic: &str, text: &str) -> Result<Frame, CeError> 
 /// Parses a batched-mode body (a JSON array of events); all are valid or none is accepted.
 pub fn parse_batch(topic: &str, body: &[u8]) -> Result<Vec<Frame>, CeError> {
     let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
+    if let Some(frames) = super::flat::array(text, |spans| members_frame(topic, Members(spans))) {
+        return frames.into_iter().enumerate().map(|(i, f)| f.map_err(|e| in_element(i, e))).collect();
+    }
     let refused = std::cell::Cell::new(None);
     let mut de = serde_json::Deserializer::from_str(text);
     let parsed = serde::de::DeserializeSeed::deserialize(Batch { topic, refused: &refused }, &mut de)
@@ -910,6 +917,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(parse_batch("t", b"[]").unwrap().len(), 0);
+        // The same through the flat pass (no nested data): the element is named alike.
+        let flat = r#"{"specversion":"1.0","id":"1","source":"/s","type":"t","data":"x"}"#;
+        assert_eq!(parse_batch("t", format!("[{flat},{flat}]").as_bytes()).unwrap().len(), 2);
+        match parse_batch("t", format!(r#"[{flat},{flat},{{"specversion":"1.0"}}]"#).as_bytes()) {
+            Err(CeError::Invalid(m)) => assert!(m.starts_with("batch element 2: "), "{m}"),
+            other => panic!("{other:?}"),
+        }
         for (body, says) in [
             (format!("[{EV},3]"), "batch element 1 is not a JSON object"),
             (format!(r#"[{EV},"x"]"#), "batch element 1 is not a JSON object"),
