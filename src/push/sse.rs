@@ -109,7 +109,7 @@ pub(super) async fn serve(stream: crate::server::Stream, buf: Vec<u8>, events: q
 ///
 /// A plain function returning the future: set up before its first await, the future keeps the
 /// session's and what its end undoes. On a plain socket the stream is one task driven by
-/// readiness (`lean`); a TLS one's reader and writer are [`serve`]'s.
+/// readiness (`lean`); a TLS one's reader and writer are `serve`'s.
 pub fn session(
     shard: Rc<Shard>,
     stream: crate::server::Stream,
