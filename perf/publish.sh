@@ -24,16 +24,6 @@ taskset -pc 0 "$NCHAN_PID" > /dev/null
 OUT=$ROOT/perf/results/publish-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 
 TARGETS=${TARGETS:-"evmesh-epoll-os nchan evmesh-uring-os nginx-200 evmesh-epoll-fsync${BEFORE:+ before-uring-os before-epoll-os}"}
-EV_PID=
-start_evmesh() { # driver durability [binary]
-  local dir; dir=$(mktemp -d /var/tmp/evmesh-perf.XXXX)
-  "${3:-$EVMESH}" serve --shards "$SHARDS" --io-driver "$1" --durability "$2" --data-dir "$dir" \
-    --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
-  EV_PID=$!; EV_DIR=$dir
-  wait_ready http://127.0.0.1:18181 || { cat "$OUT/evmesh.log" >&2; exit 1; }
-}
-stop_evmesh() { kill "$EV_PID" 2>/dev/null; wait "$EV_PID" 2>/dev/null || true; rm -rf "$EV_DIR"; }
-
 run() { # name url pid
   local name=$1 url=$2 pid=$3 max half
   taskset -c "$GEN_CPUS" "$LOADGEN" --url "$url" --connections "$CONNS" --duration "${DUR}s" --warmup 1s --server-pid "$pid" --json "$OUT/$name.closed.json" | tee -a "$OUT/log.txt"
