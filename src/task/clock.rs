@@ -24,8 +24,9 @@ thread_local! {
     /// activity count).
     pub(super) static IN_METERED: Cell<bool> = const { Cell::new(false) };
     static RECENT: Cell<Option<Instant>> = const { Cell::new(None) };
-    /// A wall-clock reading (µs since the Unix epoch) and the monotonic one taken with it.
-    static WALL: Cell<Option<(i64, Instant)>> = const { Cell::new(None) };
+    /// A wall-clock reading (µs since the Unix epoch), the monotonic one taken with it, and the
+    /// last value [`wall_micros`] gave (what it never goes under).
+    static WALL: Cell<Option<(i64, Instant, i64)>> = const { Cell::new(None) };
 }
 
 /// Reads the monotonic clock, and keeps the reading as this thread's recent one.
@@ -52,20 +53,45 @@ pub fn fresh() -> Instant {
 }
 
 /// Microseconds since the Unix epoch, at [`fresh`]'s instant; the system clock is read at most
-/// once per [`WALL_EVERY`].
+/// once per [`WALL_EVERY`]. Never less than the last value on this thread (a new pair read a
+/// little off does not step back). After a suspend (the monotonic clock stood still) it is
+/// behind for up to [`WALL_EVERY`].
 pub fn wall_micros() -> i64 {
     let t = fresh();
-    if let Some((wall, at)) = WALL.get() {
-        if t >= at && t - at < WALL_EVERY {
-            return wall + (t - at).as_micros() as i64;
+    let (wall, at, floor) = match WALL.get() {
+        Some((wall, at, floor)) if t >= at && t - at < WALL_EVERY => (wall, at, floor),
+        last => {
+            let (wall, at) = wall_pair();
+            // Kept as the recent reading, so that `t` is not older than the pair for the rest
+            // of this poll.
+            RECENT.set(Some(recent().max(at)));
+            (wall, at, last.map_or(i64::MIN, |l| l.2))
+        }
+    };
+    let mapped = match t >= at {
+        true => wall + (t - at).as_micros() as i64,
+        false => wall - (at - t).as_micros() as i64,
+    };
+    let out = mapped.max(floor);
+    WALL.set(Some((wall, at, out)));
+    out
+}
+
+/// The system clock and the monotonic instant it was read at: the monotonic clock read on both
+/// sides, the pair taken from a reading whose sides are within 100 µs (a thread descheduled
+/// between two reads would otherwise put the pair that far off), after three tries whatever
+/// came.
+fn wall_pair() -> (i64, Instant) {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let before = Instant::now();
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
+        let after = Instant::now();
+        if after - before < Duration::from_micros(100) || tries == 3 {
+            return (wall, before + (after - before) / 2);
         }
     }
-    // A new pair, read now (and kept as the recent reading, so that `t` is not older than the
-    // pair for the rest of this poll); `t` is mapped back through it.
-    let at = now();
-    let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
-    WALL.set(Some((wall, at)));
-    wall - (at - t).as_micros() as i64
 }
 
 #[cfg(test)]
@@ -81,10 +107,13 @@ mod tests {
         assert_eq!(recent(), t);
         assert!(now() > t);
         let mut last = 0;
+        let system = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64;
         for _ in 0..50 {
-            let system = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64;
-            let ours = wall_micros();
-            assert!((ours - system).abs() < 1_000, "{ours} against the system clock's {system}");
+            let (before, ours, after) = (system(), wall_micros(), system());
+            assert!(
+                ours >= before - 1_000 && ours <= after + 1_000,
+                "{ours} against the system clock's {before}..{after}"
+            );
             assert!(ours >= last);
             last = ours;
             std::thread::sleep(Duration::from_millis(5));

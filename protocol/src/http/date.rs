@@ -35,7 +35,9 @@ thread_local! {
 
 /// Says the time (`secs` since the Unix epoch) for this thread's `Date` values: a thread whose
 /// loop calls this at least once a second (the broker's deadline sweep, every 10 ms) saves a
-/// clock reading per response. Before the first call, [`now`] reads the system clock.
+/// clock reading per response. Before the first call, [`now`] reads the system clock. After
+/// it, a `Date` is as old as the tick: a loop that stalls (one poll holding the thread for
+/// seconds) answers with the second its stall began.
 pub fn tick(secs: u64) {
     TICKED.set(true);
     set(secs);
