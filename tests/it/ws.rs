@@ -95,6 +95,13 @@ pub(super) fn read_101(s: &mut TcpStream) -> String {
     head
 }
 
+/// Makes subscription `name`, a broadcast of topic `name`.
+fn broadcast(b: &TestBroker, name: &str) {
+    let def = serde_json::json!({"subscription": name, "topic": name, "mode": "BROADCAST"});
+    let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
 /// Publishes an event to `topic` until `s` has bytes waiting: the session is attached (interest
 /// reaches the partition's owner asynchronously) and delivered to. Leaves a 200 ms read timeout.
 fn publish_until_delivered(b: &TestBroker, topic: &str, s: &TcpStream) {
@@ -159,9 +166,7 @@ fn read_frame(s: &mut TcpStream) -> (u8, Vec<u8>) {
 fn a_plain_session_takes_frames_cut_anywhere_on_both_drivers() {
     for driver in ["epoll", "uring"] {
         let b = TestBroker::start(&["--io-driver", driver, "--ws-ping-interval-ms", "3600000"]);
-        let def = serde_json::json!({"subscription": "cut", "topic": "cut", "mode": "BROADCAST"});
-        let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
-        assert_eq!(r.status, 201, "{}", r.text());
+        broadcast(&b, "cut");
         let mut s = raw_upgrade(&b, "/events/ws?subscription=cut&ack=none");
         // A ping, one byte per write.
         for byte in masked(0x9, b"p1") {
@@ -226,9 +231,7 @@ fn a_plain_session_takes_frames_cut_anywhere_on_both_drivers() {
 fn idle_sessions_opened_at_once_cost_a_few_kilobytes_each() {
     const N: usize = 2000;
     let b = TestBroker::start(&["--shards", "1", "--ws-ping-interval-ms", "3600000"]);
-    let def = serde_json::json!({"subscription": "idle", "topic": "idle", "mode": "BROADCAST"});
-    let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
-    assert_eq!(r.status, 201, "{}", r.text());
+    broadcast(&b, "idle");
     let path = "/events/ws?subscription=idle&ack=none";
     // One session first: the shard's own tables and pools are not the sessions'.
     let first = raw_upgrade(&b, path);
@@ -261,8 +264,7 @@ fn idle_sessions_opened_at_once_cost_a_few_kilobytes_each() {
 fn a_burst_of_pings_in_one_write_is_answered_in_full_on_both_drivers() {
     for driver in ["epoll", "uring"] {
         let b = TestBroker::start(&["--io-driver", driver, "--ws-ping-interval-ms", "3600000"]);
-        let def = serde_json::json!({"subscription": "flood", "topic": "flood", "mode": "BROADCAST"});
-        assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+        broadcast(&b, "flood");
         let mut s = raw_upgrade(&b, "/events/ws?subscription=flood&ack=none");
         let pings: Vec<u8> = (0..1500).flat_map(|_| masked(0x9, b"")).collect();
         s.write_all(&pings).unwrap();
@@ -279,8 +281,7 @@ fn a_burst_of_pings_in_one_write_is_answered_in_full_on_both_drivers() {
 fn a_slow_but_steady_reader_is_not_closed_as_silent() {
     for driver in ["epoll", "uring"] {
         let b = TestBroker::start(&["--io-driver", driver, "--ws-ping-interval-ms", "1000"]);
-        let def = serde_json::json!({"subscription": "slow", "topic": "slow", "mode": "BROADCAST"});
-        assert_eq!(b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes()).status, 201);
+        broadcast(&b, "slow");
         // A small receive buffer, so the backlog waits in the broker, not in the kernel.
         let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         sock.set_recv_buffer_size(4096).unwrap();
@@ -323,7 +324,8 @@ fn a_slow_but_steady_reader_is_not_closed_as_silent() {
                 let (op, len7) = (buf[0] & 0x0f, (buf[1] & 0x7f) as usize);
                 let (len, head) = match len7 {
                     126 if buf.len() >= 4 => (u16::from_be_bytes([buf[2], buf[3]]) as usize, 4),
-                    126 => break,
+                    127 if buf.len() >= 10 => (u64::from_be_bytes(buf[2..10].try_into().unwrap()) as usize, 10),
+                    126 | 127 => break,
                     n => (n, 2),
                 };
                 if buf.len() < head + len {
