@@ -117,14 +117,14 @@ for _ in range(n):
 PY
 }
 
-# start_evmesh DRIVER DURABILITY [BINARY]: one evmesh (SHARDS shards, default 1) on the perf
+# start_evmesh DRIVER DURABILITY [BINARY [FLAGS...]]: one evmesh (SHARDS shards, default 1) on the perf
 # ports 18180/18181, its data in a fresh directory, its log in $OUT; sets EV_PID. stop_evmesh
 # ends it and removes the data.
 EV_PID=
 start_evmesh() {
   local dir; dir=$(mktemp -d /var/tmp/evmesh-perf.XXXX)
   "${3:-$EVMESH}" serve --shards "${SHARDS:-1}" --io-driver "$1" --durability "$2" --data-dir "$dir" \
-    --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 > "$OUT/evmesh.log" 2>&1 &
+    --listen 127.0.0.1:18180 --admin-listen 127.0.0.1:18181 "${@:4}" > "$OUT/evmesh.log" 2>&1 &
   EV_PID=$!; EV_DIR=$dir
   wait_ready http://127.0.0.1:18181 || { cat "$OUT/evmesh.log" >&2; exit 1; }
 }

@@ -8,6 +8,9 @@
 # here: build its `iggy-server` yourself (perf/RESULTS.md says which version and how it was built
 # for the committed numbers) and name it in IGGY_SERVER.
 #
+# evmesh runs twice a round: segments written through the page cache (the default) and with
+# O_DIRECT through io_uring (`--direct-io true`).
+#
 # Both servers get one core (CPU 0: evmesh's one shard, Iggy's one shard by its
 # `system.sharding.cpu_allocation`), wrk runs on the other CPUs with CONNS keep-alive connections
 # in a closed loop, in alternation over ROUNDS. Each request carries BATCH messages of 1 KiB of
@@ -56,15 +59,24 @@ PY
 # wrk_run (perf/common.sh) runs wrk; here pinned away from CPU 0.
 wrk() { taskset -c "$GEN_CPUS" wrk "$@"; }
 
-for r in $(seq "$ROUNDS"); do
-  # evmesh: one shard (pinned to CPU 0 by itself), durability os.
+# evmesh_run ROUND NAME FLAGS...: one shard (pinned to CPU 0 by itself) on io_uring, durability os.
+evmesh_run() {
+  local r=$1 name=$2; shift 2
   dir=$(mktemp -d /var/tmp/evmesh-iggy-batch.XXXX)
-  "$EVMESH" serve --shards 1 --data-dir "$dir" --listen 127.0.0.1:18480 --admin-listen 127.0.0.1:18481 > "$OUT/evmesh.log" 2>&1 &
+  "$EVMESH" serve --shards 1 --io-driver uring --data-dir "$dir" --listen 127.0.0.1:18480 --admin-listen 127.0.0.1:18481 "$@" \
+    > "$OUT/evmesh.log" 2>&1 &
   pid=$!
   wait_ready http://127.0.0.1:18481 || { cat "$OUT/evmesh.log" >&2; exit 1; }
   batch_lua "$OUT/.evmesh.lua" application/cloudevents-batch+json "$OUT/.evmesh-body.json"
-  wrk_run "r$r-evmesh" "http://127.0.0.1:18480/events/publish?topic=perf" "$pid" "$OUT/.evmesh.lua"
+  wrk_run "r$r-$name" "http://127.0.0.1:18480/events/publish?topic=perf" "$pid" "$OUT/.evmesh.lua"
   kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
+}
+
+for r in $(seq "$ROUNDS"); do
+  # evmesh with segment writes through the page cache (the default), and with O_DIRECT
+  # (direct_io = true), then Iggy.
+  evmesh_run "$r" evmesh
+  evmesh_run "$r" evmesh-direct --direct-io true
 
   # Iggy: one shard on CPU 0, HTTP only, a fresh data directory.
   dir=$(mktemp -d /var/tmp/iggy-batch.XXXX)
@@ -101,18 +113,20 @@ version = open(f"{out}/iggy-version.txt").read().strip().splitlines()
 print(f"### batched publish beside Apache Iggy, {os.path.basename(out)}\n")
 print(f"One core each (CPU 0), `wrk -t1 -c{conns}` on the other CPU, closed loop, {dur}s per run after a 1s warm-up, "
       f"{rounds} rounds in alternation; each request carries {batch} messages of 1 KiB (evmesh: a CloudEvents JSON batch, "
-      f"durability os; Iggy: its HTTP API's send-messages body, default persistence). Iggy: {version[-1] if version else '?'}.\n")
+      f"durability os, io_uring; `evmesh` writes segments through the page cache (the default), `evmesh-direct` with O_DIRECT (`direct_io = true`); "
+      f"Iggy: its HTTP API's send-messages body, default persistence). Iggy: {version[-1] if version else '?'}.\n")
 print("| target | messages/s (median) | server CPU µs per message (median) | per round | p50 / p99 / p99.9 µs per request (median) | non-2xx |")
 print("|---|---|---|---|---|---|")
 med = {}
-for t in ["evmesh", "iggy"]:
+for t in ["evmesh", "evmesh-direct", "iggy"]:
     rs = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.wrk.json"))]
     cpu = [r["server_cpu_us_per_op"] / batch for r in rs]
     med[t] = st.median(cpu)
     lat = lambda k: int(st.median(r[k] for r in rs))
     print(f"| {t} | {st.median(r['throughput'] for r in rs) * batch:.0f} | {med[t]:.2f} | {', '.join(f'{c:.2f}' for c in cpu)} | "
           f"{lat('p50_us')} / {lat('p99_us')} / {lat('p999_us')} | {sum(r['errors'] for r in rs)} |")
-print(f"\n- evmesh: CPU per message = {med['evmesh'] / med['iggy']:.2f}x Iggy's (issue 11's bar: <= 0.3x)")
+print(f"\n- evmesh: CPU per message = {med['evmesh'] / med['iggy']:.2f}x Iggy's (issue 32's goal: <= 0.3x); "
+      f"with O_DIRECT {med['evmesh-direct'] / med['iggy']:.2f}x")
 PY
 { echo; echo "Command: \`IGGY_SERVER=... ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS BATCH=$BATCH bash perf/iggy_batch.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"

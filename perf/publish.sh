@@ -3,7 +3,9 @@
 #
 #   bash perf/publish.sh            (ROUNDS=3 DUR=10 CONNS=64 SHARDS=1 env knobs; TARGETS= picks
 #                                    targets; BEFORE=/path/to/old/evmesh adds that build as the
-#                                    targets before-uring-os and before-epoll-os)
+#                                    targets before-uring-os and before-epoll-os; a target ending
+#                                    in -direct, such as evmesh-uring-os-direct, runs with
+#                                    --direct-io true)
 #
 # Per round and target: a closed-loop run (max rate) with --server-pid, then open-loop runs at
 # half of that target's max rate and at a fixed LOW_RATE (p50/p99 coordinated-omission
@@ -39,9 +41,10 @@ for r in $(seq "$ROUNDS"); do
       nchan) run "r$r-nchan" "http://127.0.0.1:18080/pub?id=perf_$r" "$NCHAN_PID" ;;
       nginx-200) run "r$r-nginx-200" "http://127.0.0.1:18080/ok_post" "$NCHAN_PID" ;;
       evmesh-* | before-*)
-        IFS=- read -r which drv dur <<< "$target"
+        IFS=- read -r which drv dur extra <<< "$target"
         bin=$EVMESH; [ "$which" = before ] && bin=$BEFORE
-        start_evmesh "$drv" "$dur" "$bin"
+        flags=(); [ "$extra" = direct ] && flags=(--direct-io true)
+        start_evmesh "$drv" "$dur" "$bin" "${flags[@]}"
         run "r$r-$target" "http://127.0.0.1:18180/events/publish?topic=perf" "$EV_PID"
         stop_evmesh ;;
     esac
@@ -51,7 +54,7 @@ done
 python3 - "$OUT" "$ROUNDS" "$DUR" "$CONNS" "$SHARDS" "$LOW_RATE" <<'PY' | tee "$OUT/summary.md"
 import json, sys, glob, os, statistics as st, platform, subprocess
 out, rounds, dur, conns, shards, low = sys.argv[1:]
-targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-epoll-fsync", "before-epoll-os", "before-uring-os", "nchan", "nginx-200"]
+targets = ["evmesh-epoll-os", "evmesh-uring-os", "evmesh-uring-os-direct", "evmesh-epoll-fsync", "before-epoll-os", "before-uring-os", "nchan", "nginx-200"]
 def load(t, kind):
     return [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.{kind}.json"))]
 cpu = open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].split(":", 1)[1].strip()
@@ -72,7 +75,7 @@ for t in targets:
           f"{int(st.median([x['throughput'] for x in o]))} | {lat(o, 'p50')} / {lat(o, 'p99')} / {lat(o, 'p999')} | {lat(lo, 'p50')} / {lat(lo, 'p99')} / {lat(lo, 'p999')} | {errs} |")
 if med.get("nchan"):
     print()
-    for t in targets[:5]:
+    for t in targets[:6]:
         if med.get(t): print(f"- {t}: CPU per publish = {med[t]/med['nchan']:.2f}x nchan's, {med[t]/med['nginx-200']:.2f}x nginx's bare 200")
     print(f"- nchan: {med['nchan']/med['nginx-200']:.2f}x nginx's bare 200")
 PY

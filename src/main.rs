@@ -83,6 +83,7 @@ fn serve(args: &[String]) -> ExitCode {
                     ("driver", &format_args!("{:?}", s.driver)),
                     ("durability", &format_args!("{durability:?}")),
                     ("storage", &storage),
+                    ("segment_writes", &if shared.direct_writes { "direct" } else { "page-cache" }),
                     ("instance", &c.instance_id),
                     ("tracing", &tracing),
                 ],

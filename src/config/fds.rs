@@ -26,7 +26,8 @@ pub struct FdBudget {
     /// process-wide (`server::client`).
     pub client_sockets: usize,
     /// The rest: listeners, each shard's spare descriptor for `accept` and its event loop's
-    /// own, librdkafka's sockets, RocksDB's WAL and manifest, the audit log, reads of sealed
+    /// own, the descriptors of its direct segment writes in flight (4 at most, `direct_io`),
+    /// librdkafka's sockets, RocksDB's WAL and manifest, the audit log, reads of sealed
     /// segments, pipes.
     pub reserve: u64,
 }
@@ -52,7 +53,7 @@ impl FdBudget {
 /// Shares `limit` descriptors out (see [`FdBudget`]); `max_connections` is lowered to what
 /// fits, never raised.
 pub fn fd_budget(limit: u64, shards: usize, max_connections: usize, admin: usize, kafka: bool) -> FdBudget {
-    let reserve = 64 + 8 * shards as u64 + if kafka { 128 } else { 0 };
+    let reserve = 64 + 12 * shards as u64 + if kafka { 128 } else { 0 };
     let rest = limit.saturating_sub(reserve);
     let rocksdb = (rest / 16).clamp(16, crate::storage::db::MAX_OPEN_FILES as u64);
     let partitions = (rest / 8).clamp(8, 65_536);
@@ -96,7 +97,7 @@ mod tests {
         assert_eq!(b.connections, 10_000, "{b}");
         let b = fd_budget(2048, 2, 10_000, 64, false);
         assert!(b.connections < 1000, "{b}");
-        assert_eq!(b.rocksdb, 123, "{b}");
-        assert_eq!(b.partitions, 246, "{b}");
+        assert_eq!(b.rocksdb, 122, "{b}");
+        assert_eq!(b.partitions, 245, "{b}");
     }
 }

@@ -30,6 +30,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("kafka.topic_refresh_ms", "how often the broker's topics are read for partitions added there"),
     ("durability", "memory | os | fsync"),
     ("io_driver", "auto | uring | epoll"),
+    ("direct_io", "segment writes bypass the page cache (O_DIRECT through io_uring) on io_uring shards, durability os or fsync; the 202 waits for the device"),
     ("default_partitions", "partitions of auto-created topics; 0 = shards"),
     ("max_body_bytes", "largest request body (413 beyond)"),
     ("max_header_bytes", "largest request head (431 beyond)"),
@@ -132,7 +133,7 @@ pub(super) fn kind(key: &str) -> Kind {
         | "log_format"
         | "log_level" => Kind::Str,
         "trace_sample_ratio" => Kind::Float,
-        "ws_echo_endpoint" | "auto_create_topics" => Kind::Bool,
+        "ws_echo_endpoint" | "auto_create_topics" | "direct_io" => Kind::Bool,
         _ => Kind::Int,
     }
 }

@@ -32,6 +32,7 @@ pub struct RawConfig {
     pub(super) kafka: KafkaRaw,
     pub(super) durability: String,
     pub(super) io_driver: String,
+    pub(super) direct_io: bool,
     pub(super) default_partitions: u64,
     pub(super) max_body_bytes: u64,
     pub(super) max_header_bytes: u64,

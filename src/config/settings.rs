@@ -38,6 +38,8 @@ pub struct Config {
     /// Size at which a partition's segment file is sealed.
     pub segment_bytes: u64,
     pub io_driver: IoDriver,
+    /// Segment writes with O_DIRECT through io_uring (on io_uring shards, durability os/fsync).
+    pub direct_io: bool,
     pub default_partitions: u32,
     pub limits: Limits,
     pub max_connections: usize,

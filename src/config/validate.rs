@@ -121,6 +121,7 @@ impl RawConfig {
             durability,
             segment_bytes: range("segment_bytes", self.segment_bytes, 64 << 10, 1 << 30)?,
             io_driver,
+            direct_io: self.direct_io,
             default_partitions,
             limits: Limits {
                 max_header_bytes: range("max_header_bytes", self.max_header_bytes, 256, 1 << 20)? as usize,

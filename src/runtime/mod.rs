@@ -364,6 +364,10 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         followed: Default::default(),
         tail_bytes: Default::default(),
         mailboxes: Mailboxes::new(shards, config.mailbox_capacity),
+        direct_writes: config.direct_io
+            && started.driver == IoDriver::Uring
+            && config.durability != Durability::Memory
+            && matches!(config.storage, StorageKind::Embedded),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
         beats: (0..shards).map(|_| Arc::new(AtomicU64::new(0))).collect(),

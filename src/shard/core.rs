@@ -111,14 +111,19 @@ impl Shard {
         let delivery = crate::delivery::Dispatcher::new(&shared.config);
         let ttl = shared.config.lite_topic_ttl;
         let embedded = || {
-            EmbeddedLog::new(
+            let log = EmbeddedLog::new(
                 shared.db.clone(),
                 shared.logs.clone(),
                 id,
                 shared.config.durability,
                 shared.syncer.clone(),
                 ttl,
-            )
+            );
+            if shared.direct_writes {
+                log.with_direct_writes()
+            } else {
+                log
+            }
         };
         #[cfg(feature = "kafka")]
         let log = match &shared.kafka {

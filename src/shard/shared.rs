@@ -29,6 +29,9 @@ pub struct Shared {
     /// Every partition's segment log (the embedded log's events, or Kafka's local copy).
     pub logs: Arc<crate::storage::partitions::PartitionLogs>,
     pub syncer: Option<Syncer>,
+    /// The shards write their segments with O_DIRECT through io_uring (`direct_io` on, the
+    /// shards run io_uring, the embedded log at durability `os` or `fsync`).
+    pub direct_writes: bool,
     pub metrics: Metrics,
     /// Shards that accept connections; `/readyz` is 200 when it equals the shard count.
     pub ready: AtomicUsize,

@@ -30,7 +30,7 @@ use rocksdb::DB;
 
 use super::db::log_cf;
 use super::partitions::{PartitionLogs, Slot};
-use super::segment::PartitionLog;
+use super::segment::{PartitionLog, Prepared, SegmentError, Written};
 use super::{Bounds, Durability, Storage, StorageError, TopicMeta};
 use crate::model::{PartitionId, ShardId};
 pub use lite::{end_of, read_from, LITE_CACHE};
@@ -134,12 +134,28 @@ struct Inner {
     /// The lite topics' rows, and the next offsets cached of them.
     lite: LiteRows,
     pending: RefCell<Pending>,
+    /// Segments are written with O_DIRECT through the shard's io_uring (`segment::direct`):
+    /// flushes take turns (one write per partition in flight), and the buffers are kept.
+    direct: std::cell::Cell<bool>,
+    writing: futures::lock::Mutex<()>,
+    buffers: RefCell<Vec<Vec<u8>>>,
 }
+
+/// Direct writes a flush has in flight at once: each holds a descriptor beyond the
+/// partitions' share (`config::fds` reserves them per shard).
+const DIRECT_WINDOW: usize = 4;
+
+/// Direct-write buffers a shard keeps for its next flushes, and the largest kept.
+const KEPT_BUFFERS: usize = 4;
+const KEPT_BUFFER_BYTES: usize = 4 << 20;
 
 impl Inner {
     async fn flush(self: Rc<Self>) {
         // Behind every task already woken, so appends made meanwhile join this batch.
         crate::task::yield_now().await;
+        // A direct flush waits for the one before it to have written: appends made meanwhile
+        // join this one.
+        let turn = if self.direct.get() { Some(self.writing.lock().await) } else { None };
         let (staged, flush) = {
             let mut p = self.pending.borrow_mut();
             p.scheduled = false;
@@ -153,16 +169,19 @@ impl Inner {
         let now = crate::model::clock::now_micros();
         let mut written = Vec::new();
         let mut parts = Vec::with_capacity(staged.len());
-        for slot in staged {
-            let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
-            let log = g.as_mut().expect("a staged partition is open");
-            let result = log.commit(now).map(|w| written.extend(w.into_iter().filter(|_| fsync))).map_err(|e| {
-                self.logs.note(&e);
-                StorageError::from(e)
-            });
-            self.logs.after_write(log);
-            parts.push(result);
+        if self.direct.get() {
+            self.write_direct(&staged, now, &mut parts, fsync.then_some(&mut written)).await;
+        } else {
+            for slot in staged {
+                let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+                let log = g.as_mut().expect("a staged partition is open");
+                let result = log.commit(now).map(|w| written.extend(w.into_iter().filter(|_| fsync)));
+                let result = result.map_err(|e| self.failed(e));
+                self.logs.after_write(log);
+                parts.push(result);
+            }
         }
+        drop(turn);
         let mut wal = false;
         let mut lite_result = Ok(());
         if lite > 0 {
@@ -177,6 +196,88 @@ impl Inner {
         let with_sync = |r: Result<(), StorageError>| r.and_then(|()| synced.clone());
         let parts = parts.into_iter().map(with_sync).collect();
         flush.flush.answer(Outcome { parts, lite: with_sync(lite_result) });
+    }
+
+    fn failed(&self, e: SegmentError) -> StorageError {
+        self.logs.note(&e);
+        StorageError::from(e)
+    }
+
+    /// Writes each staged partition with one direct write; a partition's outcome in `parts`,
+    /// what they wrote to in `written` (wanted for a sync only: each holds a descriptor).
+    ///
+    /// Every partition's write is laid out before the first one is awaited, so appends made
+    /// while they are in flight are staged behind them (and written by the next flush, whose
+    /// appends they are); [`DIRECT_WINDOW`] of them are in flight at once, each on a
+    /// descriptor of its own.
+    async fn write_direct(
+        &self,
+        staged: &[Slot],
+        now: i64,
+        parts: &mut Vec<Result<(), StorageError>>,
+        mut written: Option<&mut Vec<Written>>,
+    ) {
+        let mut writes = Vec::new();
+        for (i, slot) in staged.iter().enumerate() {
+            let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+            let log = g.as_mut().expect("a staged partition is open");
+            let buf = self.buffers.borrow_mut().pop().unwrap_or_default();
+            parts.push(match log.prepare_direct(now, buf, written.is_some()) {
+                Ok(Prepared::Committed(w)) => {
+                    if let Some(out) = written.as_deref_mut() {
+                        out.extend(w);
+                    }
+                    Ok(())
+                }
+                Ok(Prepared::Direct(w)) => {
+                    writes.push((i, w));
+                    Ok(())
+                }
+                Err(e) => Err(self.failed(e)),
+            });
+            self.logs.after_write(log);
+        }
+        let mut writes = writes.into_iter().peekable();
+        while writes.peek().is_some() {
+            let window: Vec<_> = writes.by_ref().take(DIRECT_WINDOW).collect();
+            let done = futures::future::join_all(window.into_iter().map(|(i, mut w)| {
+                let file = {
+                    let mut g = staged[i].lock().unwrap_or_else(|e| e.into_inner());
+                    g.as_mut().expect("a staged partition is open").lend_direct()
+                };
+                async move {
+                    let result = match file.and_then(monoio::fs::File::from_std) {
+                        Ok(file) => {
+                            let region = monoio::buf::IoBuf::slice(std::mem::take(&mut w.buf), w.range.clone());
+                            let (result, region) = file.write_all_at(region, w.pos).await;
+                            w.buf = region.into_inner();
+                            result
+                        }
+                        Err(e) => Err(e),
+                    };
+                    (i, w, result)
+                }
+            }))
+            .await;
+            for (i, w, result) in done {
+                let mut g = staged[i].lock().unwrap_or_else(|e| e.into_inner());
+                let log = g.as_mut().expect("a staged partition is open");
+                let (outcome, buf) = log.complete_direct(w, result);
+                match outcome {
+                    Ok(w) => {
+                        if let Some(out) = written.as_deref_mut() {
+                            out.extend(w);
+                        }
+                    }
+                    Err(e) => parts[i] = Err(self.failed(e)),
+                }
+                self.logs.after_write(log);
+                let mut kept = self.buffers.borrow_mut();
+                if kept.len() < KEPT_BUFFERS && buf.capacity() <= KEPT_BUFFER_BYTES {
+                    kept.push(buf);
+                }
+            }
+        }
     }
 }
 
@@ -196,8 +297,18 @@ impl EmbeddedLog {
             syncer,
             lite: LiteRows::new(db, log_cf(shard.index()), lite_ttl),
             pending: RefCell::new(Pending::default()),
+            direct: std::cell::Cell::new(false),
+            writing: futures::lock::Mutex::new(()),
+            buffers: RefCell::new(Vec::new()),
         };
         EmbeddedLog { inner: Rc::new(inner) }
+    }
+
+    /// Writes this shard's segments with O_DIRECT through its io_uring (`segment::direct`);
+    /// only for a shard whose runtime is io_uring, and never for Kafka's local copy.
+    pub fn with_direct_writes(self) -> Self {
+        self.inner.direct.set(true);
+        self
     }
 
     /// A (not lite) partition's slot, cached by this handle.

@@ -31,11 +31,13 @@
 //! expected-offset check (stale bytes past a cut are not resurrected). Indexes are not
 //! preallocated (Kafka's zero-filled preallocated indexes are read back as corrupt after a crash).
 
+mod direct;
 mod file;
 mod format;
 mod log;
 mod read;
 
+pub use direct::{DirectWrite, Prepared, BLOCK};
 pub use file::SegmentInfo;
 pub use format::{SegmentError, HEADER, INDEX_INTERVAL, MAGIC, MAX_BATCH_BYTES};
 pub use log::{PartitionLog, Written};
@@ -47,7 +49,12 @@ use format::{index_path, log_path, padded, BatchHeader};
 #[cfg(test)]
 use frame_codec::Frame;
 #[cfg(test)]
-use std::{path::PathBuf, sync::Arc};
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
+#[cfg(test)]
+mod direct_tests;
 #[cfg(test)]
 mod tests;

@@ -369,3 +369,43 @@ fn a_failed_fsync_fails_every_later_append() {
     assert!(syncer.failure().is_some_and(|why| why.contains("Input/output error")));
     assert!(block_on(syncer.sync_wal()).is_err(), "the WAL is not synced either");
 }
+
+/// Direct writes (O_DIRECT through io_uring) of a turn that staged more partitions than are
+/// written at once: every write is laid out before the first is awaited, so an append made
+/// while they are in flight is staged behind its partition's write and answered by its own
+/// flush. Here that partition's write fails (its segment file removed, so no descriptor can be
+/// opened for it): the append behind it fails too, never answered as stored.
+#[test]
+fn an_append_made_during_a_direct_flush_is_answered_by_its_own() {
+    let dir = TempDir::new("direct-windows");
+    let db = db::open(&dir.0, 2).unwrap();
+    let segments = logs(&dir, false);
+    let log = EmbeddedLog::new(db, segments.clone(), ShardId(0), Durability::Os, None, HOUR).with_direct_writes();
+    let log = std::rc::Rc::new(log);
+    let runtime = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build();
+    runtime.expect("io_uring").block_on(async {
+        let append = |p: u32, id: String| {
+            let log = log.clone();
+            monoio::spawn(async move { log.append("w", PartitionId(p), &mut [frame("w", &id, 1, 100)]).await })
+        };
+        let first: Vec<_> = (0..12).map(|p| append(p, format!("a{p}"))).collect();
+        let writing = |p: u32| {
+            segments.with("w", PartitionId(p), |l| Ok(l.next_offset() > l.bounds().1 && !l.is_staged())).unwrap()
+        };
+        while !writing(0) {
+            crate::task::yield_now().await;
+        }
+        // The first partitions' writes are in flight, the last one's is laid out and waits.
+        assert!(writing(11));
+        std::fs::remove_file(segments.dir("w", PartitionId(11)).join(format!("{:020}.log", 0))).unwrap();
+        let behind = append(11, "x".into()).await;
+        let results: Vec<_> = futures::future::join_all(first).await;
+        for (p, r) in results.iter().enumerate().take(11) {
+            assert_eq!(r.as_ref().ok(), Some(&0), "partition {p}");
+        }
+        assert!(results[11].is_err(), "its write could not be made");
+        let behind = behind.expect_err("staged behind the failed write: not stored");
+        assert!(behind.to_string().contains("an earlier write"), "{behind}");
+    });
+    assert_eq!(ids(&log.read("w", PartitionId(3), 0, 10, usize::MAX).unwrap()), ["a3"]);
+}

@@ -18,6 +18,11 @@ pub(super) struct Segment {
     /// Open while it is the tail (appends, syncs); a sealed segment is opened for each read, so
     /// a partition holds one descriptor however many segments it has.
     pub(super) file: Option<Arc<File>>,
+    /// The bytes of the block holding the end, kept while the tail is written directly (a
+    /// direct write writes them again in front of its batches).
+    pub(super) block: Option<Vec<u8>>,
+    /// The file holds zeros past `size` (a direct write's padding; cut when sealed).
+    pub(super) padded: bool,
     pub(super) size: u64,
     /// The offset after its last event.
     pub(super) next: u64,
@@ -36,6 +41,8 @@ impl Segment {
             base,
             path,
             file: Some(Arc::new(file)),
+            block: Some(Vec::new()),
+            padded: false,
             size: 0,
             next: base,
             max_ts: i64::MIN,
@@ -49,6 +56,12 @@ impl Segment {
             Some(f) => Ok(f.clone()),
             None => Ok(Arc::new(File::open(&self.path)?)),
         }
+    }
+
+    /// Lets go of its descriptor (and the end's block kept with it).
+    pub(super) fn close(&mut self) {
+        self.file = None;
+        self.block = None;
     }
 
     pub(super) fn open_file(&self) -> &File {
@@ -96,6 +109,7 @@ impl Segment {
             pos += u64::from(h.total_len);
         };
         self.size = pos;
+        self.block = None;
         if cut {
             file.set_len(pos)?;
             file.sync_all()?;

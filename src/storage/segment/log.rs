@@ -21,32 +21,42 @@ use super::format::{index_path, log_path, start_path, BatchHeader, SegmentError,
 /// since the last commit: the embedded log commits once per turn of its shard's event loop.
 /// Readers see committed events only.
 pub struct PartitionLog {
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
     pub(super) segments: Vec<Segment>,
-    max_segment_bytes: u64,
+    pub(super) max_segment_bytes: u64,
     /// The latest publish time written (batches' times never go back).
-    last_publish: i64,
+    pub(super) last_publish: i64,
     /// The batches being built (one, unless the frames staged in a turn pass
     /// [`MAX_BATCH_BYTES`]).
     pub(super) staged: Vec<Staged>,
     /// A mirror of a log whose offsets may skip (the Kafka backend's local copy).
-    gaps: bool,
+    pub(super) gaps: bool,
     /// The first offset kept (retention moves it; whole segments below it are deleted).
     start: u64,
     /// A segment file was created since the last commit: its directory entry needs a sync too.
-    created: bool,
+    pub(super) created: bool,
     /// Written to since the last [`PartitionLog::close_if_idle`].
-    busy: bool,
-    /// The process-wide count of open tail files this log's is counted in (the descriptor
-    /// budget of `partitions::PartitionLogs`), and whether it is counted there now.
+    pub(super) busy: bool,
+    /// The process-wide count of open tail descriptors this log's are counted in (the
+    /// descriptor budget of `partitions::PartitionLogs`), and how many it counts there now.
     tally: Option<Arc<AtomicUsize>>,
-    counted: bool,
+    counted: usize,
+    /// Events of the direct write in flight (`direct`): staged appends take the offsets after.
+    pub(super) in_flight: u64,
+    /// That write holds a descriptor of its own (`lend_direct`: counted too).
+    pub(super) lent: bool,
+    /// The file system took an O_DIRECT open (asked once).
+    pub(super) direct_known: bool,
+    /// Why what is staged fails at the next prepare (a direct write before it failed).
+    pub(super) doomed: Option<String>,
+    /// The file system refused O_DIRECT: written through the page cache.
+    pub(super) direct_refused: bool,
 }
 
 impl Drop for PartitionLog {
     fn drop(&mut self) {
-        if let (true, Some(t)) = (self.counted, &self.tally) {
-            t.fetch_sub(1, Ordering::Relaxed);
+        if let Some(t) = &self.tally {
+            t.fetch_sub(self.counted, Ordering::Relaxed);
         }
     }
 }
@@ -91,6 +101,8 @@ impl PartitionLog {
                 base,
                 path,
                 file: Some(Arc::new(file)),
+                block: None,
+                padded: false,
                 size,
                 next: base,
                 max_ts: i64::MIN,
@@ -125,7 +137,7 @@ impl PartitionLog {
             if !trusted {
                 s.write_index(dir)?;
             }
-            s.file = None;
+            s.close();
             segments.push(s);
         }
         if segments.is_empty() {
@@ -143,7 +155,12 @@ impl PartitionLog {
             created: true,
             busy: false,
             tally: None,
-            counted: false,
+            counted: 0,
+            in_flight: 0,
+            lent: false,
+            direct_known: false,
+            doomed: None,
+            direct_refused: false,
         };
         let saved = std::fs::read(start_path(dir)).ok().and_then(|b| Some(u64::from_le_bytes(b.try_into().ok()?)));
         log.start = saved.unwrap_or(0).min(log.bounds().1);
@@ -162,14 +179,16 @@ impl PartitionLog {
         self.segments.last().is_some_and(|s| s.file.is_some())
     }
 
-    /// Brings the tally in line with whether the tail's file is open now.
-    fn recount(&mut self) {
-        let open = self.holds_file();
+    /// Brings the tally in line with the descriptors open now: the tail's file, and the one a
+    /// direct write in flight holds.
+    pub(super) fn recount(&mut self) {
+        let tail = self.segments.last().expect("a segment");
+        let open = usize::from(tail.file.is_some()) + usize::from(self.lent);
         if let (true, Some(t)) = (open != self.counted, &self.tally) {
-            if open {
-                t.fetch_add(1, Ordering::Relaxed);
+            if open > self.counted {
+                t.fetch_add(open - self.counted, Ordering::Relaxed);
             } else {
-                t.fetch_sub(1, Ordering::Relaxed);
+                t.fetch_sub(self.counted - open, Ordering::Relaxed);
             }
             self.counted = open;
         }
@@ -187,7 +206,7 @@ impl PartitionLog {
 
     /// The offset the next staged event will get.
     pub fn next_offset(&self) -> u64 {
-        self.bounds().1 + self.staged.iter().map(|b| u64::from(b.count)).sum::<u64>()
+        self.bounds().1 + self.in_flight + self.staged.iter().map(|b| u64::from(b.count)).sum::<u64>()
     }
 
     /// Whether appends are staged and not yet committed.
@@ -279,6 +298,8 @@ impl PartitionLog {
             tail.file = Some(Arc::new(OpenOptions::new().read(true).write(true).open(&tail.path)?));
         }
         let pos = tail.size;
+        // The end's block kept for direct writes would no longer be the file's.
+        tail.block = None;
         tail.open_file().write_all_at(buf, pos)?;
         tail.note(h, pos);
         tail.size += buf.len() as u64;
@@ -312,13 +333,14 @@ impl PartitionLog {
 
     /// Seals the tail (its index written) and starts the next segment at `base`; an empty tail
     /// is replaced instead (a mirror's first batch far past 0).
-    fn roll(&mut self, base: u64) -> Result<(), SegmentError> {
+    pub(super) fn roll(&mut self, base: u64) -> Result<(), SegmentError> {
         let dir = self.dir.clone();
         if self.tail().size > 0 {
+            self.tail().unpad()?;
             self.tail().write_index(&dir)?;
             // Sealed: its descriptor goes before the next segment's is taken (the next write
             // opens it again should that fail).
-            self.tail().file = None;
+            self.tail().close();
         }
         // Made before the tail is dropped: a failure (out of descriptors, say) leaves the log
         // as it was, never without a segment.
@@ -354,7 +376,7 @@ impl PartitionLog {
     /// too) opens it again, a read opens it for that read. Readers that planned a read before
     /// keep their own handle.
     pub fn close_file(&mut self) {
-        self.tail().file.take();
+        self.tail().close();
         self.recount();
     }
 

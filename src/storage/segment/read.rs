@@ -17,7 +17,8 @@ pub const TIME_SCAN: usize = 4096;
 
 /// A read of a partition's log planned under its mutex ([`PartitionLog::plan_read`]) and done
 /// without it. It sees the log as it was when planned: the bytes below each segment's planned
-/// size never change (appends, and a write retried after a failed one, only write past them).
+/// size never change (appends, and a write retried after a failed one, only write past them;
+/// a direct write writes the end's block again, with the same bytes below the size).
 pub struct ReadPlan {
     from: u64,
     pub(super) segments: Vec<Planned>,

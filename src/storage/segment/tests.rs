@@ -1,7 +1,7 @@
 use super::*;
 use frame_codec::{AttrValue, Attribute, DataKind, FrameBody, FrameHeader};
 
-fn frame(id: &str, data_len: usize, ts: i64) -> Frame {
+pub(super) fn frame(id: &str, data_len: usize, ts: i64) -> Frame {
     let attributes = vec![
         Attribute { name: "specversion".into(), value: AttrValue::Str("1.0".into()) },
         Attribute { name: "id".into(), value: AttrValue::Str(id.into()) },
@@ -12,15 +12,15 @@ fn frame(id: &str, data_len: usize, ts: i64) -> Frame {
     f
 }
 
-fn frames(prefix: &str, n: usize, ts: i64) -> Vec<Frame> {
+pub(super) fn frames(prefix: &str, n: usize, ts: i64) -> Vec<Frame> {
     (0..n).map(|i| frame(&format!("{prefix}{i}"), 10 + i * 7, ts)).collect()
 }
 
-fn ids(fs: &[Frame]) -> Vec<String> {
+pub(super) fn ids(fs: &[Frame]) -> Vec<String> {
     fs.iter().map(|f| f.body().attr_str("id").unwrap().to_owned()).collect()
 }
 
-fn offsets(fs: &[Frame]) -> Vec<u64> {
+pub(super) fn offsets(fs: &[Frame]) -> Vec<u64> {
     fs.iter().map(|f| f.header().offset).collect()
 }
 

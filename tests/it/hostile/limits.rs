@@ -181,9 +181,21 @@ fn keys_for(n: u32) -> Vec<String> {
 /// limit, and a fresh client still publishes (to a partition never used) and lists the topics.
 #[test]
 fn forty_thousand_partitions_fit_under_a_low_open_files_limit() {
+    forty_thousand_partitions(&[]);
+}
+
+/// The same with segments written with O_DIRECT (`direct_io`): a tail written that way holds
+/// two descriptors, and a write in flight a third; a turn that writes 400 partitions keeps 32
+/// writes in flight at most, and the files open stay within the share.
+#[test]
+fn forty_thousand_partitions_fit_under_a_low_open_files_limit_with_direct_writes() {
+    forty_thousand_partitions(&["--io-driver", "uring", "--direct-io", "true"]);
+}
+
+fn forty_thousand_partitions(flags: &[&str]) {
     const TOPICS: usize = 10;
     const PARTITIONS: u32 = 4000;
-    let b = TestBroker::start_with_nofile(&[], 1024);
+    let b = TestBroker::start_with_nofile(flags, 1024);
     let mut admin = b.admin();
     for t in 0..TOPICS {
         let r = admin.request("PUT", &format!("/admin/topics/fd-{t}"), &[], br#"{"partitions":4000}"#);
