@@ -3,14 +3,15 @@
 # rate, on both I/O drivers, beside nginx's bare `return 200` at the same rates.
 #
 #   bash perf/tail_latency.sh      (ROUNDS=3 DUR=8 CONNS=64 FRACTIONS="25 50 80";
-#                                   EVMESH_BIN= picks the build)
+#                                   EVMESH_BIN= picks the build; BEFORE=/path/to/old/evmesh
+#                                   adds that build on io_uring as the target before-uring)
 #
 # Per round: evmesh (epoll, one shard on CPU 0) closed loop gives the maximum rate; then each
 # target (evmesh epoll, evmesh io_uring, nginx-200, pinned to CPU 0) takes an open-loop run at
 # each fraction of that rate, loadgen on the other CPUs (two threads, latencies corrected for
 # coordinated omission: measured from when each request was due). The table gives medians of
-# the rounds' p50 / p99 / p99.9 and the rate each target held. `--io-driver auto` is epoll
-# (src/runtime); the table says whether that is the driver that wins.
+# the rounds' p50 / p99 / p99.9 and the rate each target held. `--io-driver auto` is io_uring
+# where the kernel allows it (src/runtime); the table says whether that is the driver that wins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; CONNS=${CONNS:-64}; FRACTIONS=${FRACTIONS:-25 50 80}; SHARDS=1
@@ -36,6 +37,11 @@ for r in $(seq "$ROUNDS"); do
   start_evmesh uring os
   for f in $FRACTIONS; do open_run "r$r-evmesh-uring-$f" "$EVURL" "$EV_PID" $((max * f / 100)); done
   stop_evmesh
+  if [ -n "${BEFORE:-}" ]; then
+    start_evmesh uring os "$BEFORE"
+    for f in $FRACTIONS; do open_run "r$r-before-uring-$f" "$EVURL" "$EV_PID" $((max * f / 100)); done
+    stop_evmesh
+  fi
   for f in $FRACTIONS; do open_run "r$r-nginx-200-$f" "http://127.0.0.1:18080/ok_post" "$NCHAN_PID" $((max * f / 100)); done
 done
 
@@ -52,12 +58,14 @@ print(f"Machine: {cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}. One 
 print("| rate | target | rate held (req/s) | p50 / p99 / p99.9 µs (median of rounds) | p99 / nginx's | p99.9 / nginx's | errors |")
 print("|---|---|---|---|---|---|---|")
 for f in fractions:
-    runs = {t: [json.load(open(p)) for p in sorted(glob.glob(f"{out}/r*-{t}-{f}.json"))] for t in ["evmesh-epoll", "evmesh-uring", "nginx-200"]}
+    targets = ["evmesh-epoll", "evmesh-uring", "before-uring", "nginx-200"]
+    runs = {t: [json.load(open(p)) for p in sorted(glob.glob(f"{out}/r*-{t}-{f}.json"))] for t in targets}
+    runs = {t: rs for t, rs in runs.items() if rs}
     med = {t: {k: st.median([x["latency_us"][k] for x in rs]) for k in ["p50", "p99", "p999"]} for t, rs in runs.items()}
     for t, rs in runs.items():
         m = med[t]
         print(f"| {f}% | {t} | {int(st.median([x['throughput'] for x in rs]))} | {int(m['p50'])} / {int(m['p99'])} / {int(m['p999'])} | "
               f"{m['p99'] / med['nginx-200']['p99']:.2f}x | {m['p999'] / med['nginx-200']['p999']:.2f}x | {sum(x['errors'] + x['connect_errors'] for x in rs)} |")
 PY
-{ echo; echo "Command: \`${EVMESH_BIN:+EVMESH_BIN=$EVMESH_BIN }ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS FRACTIONS=\"$FRACTIONS\" bash perf/tail_latency.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`${EVMESH_BIN:+EVMESH_BIN=$EVMESH_BIN }${BEFORE:+BEFORE=$BEFORE }ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS FRACTIONS=\"$FRACTIONS\" bash perf/tail_latency.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"
