@@ -45,6 +45,14 @@ fn turn(log: &mut PartitionLog, fs: &mut [Frame], now: i64) -> Result<u64, Segme
     Ok(first)
 }
 
+/// What was staged, laid out for one direct write (with `sync`: keeping the file to sync).
+fn prepared(log: &mut PartitionLog, now: i64, sync: bool) -> DirectWrite {
+    match log.prepare_direct(now, Vec::new(), sync) {
+        Ok(Prepared::Direct(w)) => w,
+        _ => panic!("a direct write"),
+    }
+}
+
 /// Writes a prepared write through a descriptor the log lends, and completes it.
 fn write(log: &mut PartitionLog, w: DirectWrite) -> Result<(), SegmentError> {
     let result = w.write_blocking(log.lend_direct().unwrap());
@@ -118,7 +126,7 @@ fn appends_staged_during_a_write_follow_it() {
     assert_eq!(log.stage(&mut frames("a", 3, 1)), 0);
     let tally = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     log.count_files_in(tally.clone());
-    let Ok(Prepared::Direct(w)) = log.prepare_direct(1, Vec::new(), true) else { panic!("a direct write") };
+    let w = prepared(&mut log, 1, true);
     assert_eq!(log.stage(&mut frames("b", 2, 1)), 3, "after the write in flight");
     assert_eq!(log.bounds(), (0, 0), "nothing readable yet");
     assert!(log.read(0, 10, usize::MAX).unwrap().is_empty());
@@ -128,7 +136,7 @@ fn appends_staged_during_a_write_follow_it() {
     log.complete_direct(w, result).0.unwrap();
     assert_eq!(tally.load(std::sync::atomic::Ordering::Relaxed), 1, "given back");
     assert_eq!(log.bounds(), (0, 3));
-    let Ok(Prepared::Direct(w)) = log.prepare_direct(2, Vec::new(), true) else { panic!("a direct write") };
+    let w = prepared(&mut log, 2, true);
     write(&mut log, w).unwrap();
     assert_eq!(ids(&log.read(0, 10, usize::MAX).unwrap()), ["a0", "a1", "a2", "b0", "b1"]);
     let _ = std::fs::remove_dir_all(&d);
@@ -142,7 +150,7 @@ fn a_failed_write_fails_what_was_staged_behind_it() {
     let mut log = PartitionLog::open(&d, 1 << 20).unwrap();
     turn(&mut log, &mut frames("ok", 2, 1), 1).unwrap();
     log.stage(&mut frames("lost", 2, 1));
-    let Ok(Prepared::Direct(w)) = log.prepare_direct(2, Vec::new(), false) else { panic!("a direct write") };
+    let w = prepared(&mut log, 2, false);
     assert_eq!(log.stage(&mut frames("behind", 1, 1)), 4);
     // Half of it reached the file before it failed: cut back to the end.
     let half = log.lend_direct().unwrap();
@@ -169,7 +177,7 @@ fn a_write_refused_with_einval_goes_through_the_page_cache() {
     let mut log = PartitionLog::open(&d, 1 << 20).unwrap();
     turn(&mut log, &mut frames("direct", 2, 1), 1).unwrap();
     log.stage(&mut frames("refused", 2, 1));
-    let Ok(Prepared::Direct(w)) = log.prepare_direct(2, Vec::new(), false) else { panic!("a direct write") };
+    let w = prepared(&mut log, 2, false);
     drop(log.lend_direct().unwrap());
     let (outcome, _) = log.complete_direct(w, Err(std::io::Error::from_raw_os_error(libc::EINVAL)));
     assert!(outcome.is_ok(), "written through the page cache");
@@ -191,7 +199,7 @@ fn a_write_torn_by_a_crash_keeps_what_was_written_before() {
     turn(&mut log, &mut frames("kept", 3, 1), 1).unwrap();
     let before = log.bounds().1;
     log.stage(&mut (0..4).map(|i| frame(&format!("torn{i}"), 3000, 1)).collect::<Vec<_>>());
-    let Ok(Prepared::Direct(mut w)) = log.prepare_direct(2, Vec::new(), false) else { panic!("a direct write") };
+    let mut w = prepared(&mut log, 2, false);
     assert!(w.range.len() > BLOCK, "the torn write spans blocks");
     w.range.end = w.range.start + BLOCK;
     w.write_blocking(log.lend_direct().unwrap()).unwrap();
