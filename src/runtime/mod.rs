@@ -148,8 +148,8 @@ type UringRuntime = monoio::Runtime<monoio::time::TimeDriver<monoio::IoUringDriv
 /// A shard's io_uring runtime, its ring set up with `IORING_SETUP_COOP_TASKRUN` (Linux 5.19):
 /// completions are handed over when the thread next enters the kernel, not by interrupting it
 /// as a signal would. Without it, at a quarter of the maximum publish rate the median latency
-/// was twice epoll's and the p99 2.3x (perf/RESULTS.md, "io_uring's low-load tail"). A kernel
-/// that refuses the flag gets a plain ring.
+/// was 1.8x epoll's and the p99 1.9x (2.5x nginx's; perf/RESULTS.md, "io_uring's low-load
+/// tail"). A kernel that refuses the flag gets a plain ring.
 fn uring_runtime() -> io::Result<UringRuntime> {
     let mut coop = io_uring::IoUring::builder();
     coop.setup_coop_taskrun();
