@@ -207,8 +207,7 @@ impl Traffic {
             if r.status.0 != 200 || !r.body.starts_with(br#"{"retCode":0,"#) {
                 m.publish_errors.inc();
             }
-            m.publish_latency
-                .record_us(crate::task::clock::now().saturating_duration_since(started).as_micros() as u64);
+            m.publish_latency.record_us(crate::task::clock::micros_since(started));
             return r;
         };
         let Some(endpoint) = route.endpoint(req.method()) else { return route.not_allowed() };
@@ -222,8 +221,7 @@ impl Traffic {
                 if r.status.0 >= 400 {
                     m.publish_errors.inc();
                 }
-                m.publish_latency
-                    .record_us(crate::task::clock::now().saturating_duration_since(started).as_micros() as u64);
+                m.publish_latency.record_us(crate::task::clock::micros_since(started));
                 r
             }
             // Boxed: a waiting request's state is large, and every connection's future would

@@ -137,8 +137,10 @@ impl<F: Future> Future for Within<F> {
         }
         match *this.slot {
             None => {
-                now(); // starts the sweep on the thread's first use
-                       // Inside a metered poll, that poll's start (the deadline at most a poll early).
+                // The first use on a thread starts the sweep. The deadline counts from the
+                // clock's recent reading: inside a metered poll, that poll's start (the deadline
+                // at most a poll early).
+                now();
                 let at = crate::task::clock::fresh() + *this.timeout;
                 let slot = Slot { at: Some(at), waker: Some(cx.waker().clone()), fired: false };
                 *this.slot = Some(TABLE.with_borrow_mut(|table| {

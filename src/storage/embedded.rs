@@ -136,7 +136,7 @@ struct Inner {
     pending: RefCell<Pending>,
     /// Segments are written with O_DIRECT through the shard's io_uring (`segment::direct`):
     /// flushes take turns (one write per partition in flight), and the buffers are kept.
-    direct: std::cell::Cell<bool>,
+    direct: bool,
     writing: futures::lock::Mutex<()>,
     buffers: RefCell<Vec<Vec<u8>>>,
 }
@@ -155,7 +155,7 @@ impl Inner {
         crate::task::yield_now().await;
         // A direct flush waits for the one before it to have written: appends made meanwhile
         // join this one.
-        let turn = if self.direct.get() { Some(self.writing.lock().await) } else { None };
+        let turn = if self.direct { Some(self.writing.lock().await) } else { None };
         let (staged, flush) = {
             let mut p = self.pending.borrow_mut();
             p.scheduled = false;
@@ -169,7 +169,7 @@ impl Inner {
         let now = crate::model::clock::now_micros();
         let mut written = Vec::new();
         let mut parts = Vec::with_capacity(staged.len());
-        if self.direct.get() {
+        if self.direct {
             self.write_direct(&staged, now, &mut parts, fsync.then_some(&mut written)).await;
         } else {
             for slot in staged {
@@ -297,7 +297,7 @@ impl EmbeddedLog {
             syncer,
             lite: LiteRows::new(db, log_cf(shard.index()), lite_ttl),
             pending: RefCell::new(Pending::default()),
-            direct: std::cell::Cell::new(false),
+            direct: false,
             writing: futures::lock::Mutex::new(()),
             buffers: RefCell::new(Vec::new()),
         };
@@ -306,8 +306,8 @@ impl EmbeddedLog {
 
     /// Writes this shard's segments with O_DIRECT through its io_uring (`segment::direct`);
     /// only for a shard whose runtime is io_uring, and never for Kafka's local copy.
-    pub fn with_direct_writes(self) -> Self {
-        self.inner.direct.set(true);
+    pub fn with_direct_writes(mut self) -> Self {
+        Rc::get_mut(&mut self.inner).expect("set before the log is shared").direct = true;
         self
     }
 

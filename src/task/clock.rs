@@ -52,6 +52,11 @@ pub fn fresh() -> Instant {
     }
 }
 
+/// Microseconds from `start` to a new reading (0 if the clock went back past it).
+pub fn micros_since(start: Instant) -> u64 {
+    now().saturating_duration_since(start).as_micros() as u64
+}
+
 /// Microseconds since the Unix epoch, at [`fresh`]'s instant; the system clock is read at most
 /// once per [`WALL_EVERY`]. Never less than the last value on this thread (a new pair read a
 /// little off does not step back). After a suspend (the monotonic clock stood still) it is
