@@ -248,7 +248,8 @@ mod on_kafka {
         let r = open(elsewhere[1], &json!({"clientId": "c1", "agentId": "echo"}));
         assert_eq!((r.status, &r.json()["instanceUrl"]), (201, &Value::from(home_url.clone())), "{}", r.text());
         let sid = r.json()["sessionId"].as_str().unwrap().to_owned();
-        assert_eq!(recommend(elsewhere[0], &format!("sessionId={sid}")), Some(home_url.clone()));
+        // Another instance learns the session's claim from Kafka: it says the home once read.
+        says(&[elsewhere[0]], &format!("sessionId={sid}"), &home_url);
         // Its turns are served there only.
         for b in &elsewhere {
             let refused = Turn::post(b, &sid, "hello").err().expect("not served here");
