@@ -19,7 +19,8 @@ published() { curl -sf http://127.0.0.1:18281/metrics | awk '/^evmesh_events_pub
 run() {
   local bin=$1 dir pid before after calls
   dir=$(mktemp -d /var/tmp/evmesh-allocs.XXXX)
-  "$bin" serve --shards 1 --data-dir "$dir" --listen 127.0.0.1:18280 --admin-listen 127.0.0.1:18281 >/dev/null 2>&1 &
+  # glibc's malloc, which the probes count (the binary's own heap is mimalloc: sys::Heap).
+  EVMESH_ALLOCATOR=system "$bin" serve --shards 1 --data-dir "$dir" --listen 127.0.0.1:18280 --admin-listen 127.0.0.1:18281 >/dev/null 2>&1 &
   pid=$!
   wait_ready http://127.0.0.1:18281
   local secs=$(( N / RATE ))

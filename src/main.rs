@@ -16,6 +16,10 @@ const USAGE: &str = "usage:
 
 use evmesh::log;
 
+/// mimalloc, or the C library's malloc with `EVMESH_ALLOCATOR=system` (`sys::Heap`).
+#[global_allocator]
+static HEAP: evmesh::sys::Heap = evmesh::sys::Heap;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // `serve` takes every configuration key as a flag: its own parser (config::RawConfig).

@@ -1,7 +1,7 @@
 //! The crate's `unsafe`, in one small module: the process signal mask (for `evmesh serve`'s
 //! shutdown), the process's CPU time (for the cluster heartbeat's load), the iovec view of
-//! shared delivery buffers for vectored writes, and the byte views of the runtime's owned
-//! buffers that the TLS layer copies through.
+//! shared delivery buffers for vectored writes, the byte views of the runtime's owned
+//! buffers that the TLS layer copies through, and the server's heap ([`Heap`]).
 
 use std::rc::Rc;
 
@@ -365,6 +365,90 @@ unsafe impl monoio::buf::IoVecBuf for SharedFrames {
 
     fn read_iovec_len(&self) -> usize {
         self.iovecs.len() - self.start
+    }
+}
+
+/// The server binary's heap (`#[global_allocator]` in `main.rs`; the library installs none):
+/// mimalloc, whose pages each hold blocks of one size, so what a burst of connecting clients
+/// frees (their HTTP tasks) is not pinned by the idle sessions allocated among it, and goes
+/// back to the system; with glibc's malloc the two share pages and the freed kilobyte a session
+/// stays resident. Built without transparent huge pages (`no_thp`): a 2 MiB page would be
+/// resident for a few sessions' state. `EVMESH_ALLOCATOR=system` takes the C library's
+/// malloc instead (heaptrack, malloc uprobes, an `LD_PRELOAD`ed allocator): the choice is made
+/// at the first allocation, before any thread starts, and never changes, so every block is
+/// freed by the allocator that gave it.
+pub struct Heap;
+
+/// 0: not chosen yet; 1: mimalloc; 2: the C library's.
+static HEAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+impl Heap {
+    #[inline]
+    fn system() -> bool {
+        match HEAP.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => false,
+            2 => true,
+            _ => Self::choose(),
+        }
+    }
+
+    #[cold]
+    fn choose() -> bool {
+        // SAFETY: getenv allocates nothing and reads the environment, which no thread changes
+        // while the first allocation is made (no thread but the main one runs yet).
+        let v = unsafe { libc::getenv(c"EVMESH_ALLOCATOR".as_ptr()) };
+        // SAFETY: a non-null getenv result is a NUL-terminated string of the environment.
+        let system = !v.is_null() && unsafe { std::ffi::CStr::from_ptr(v) } == c"system";
+        HEAP.store(if system { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);
+        system
+    }
+}
+
+/// Frees the calling thread's empty heap pages and returns those empty for a second to the
+/// system (mimalloc holds them otherwise until the thread allocates enough to collect on its
+/// own, which an idle server never does: the memory a burst of connecting clients used would
+/// stay resident). Called once a second on each runtime thread ([`crate::server::deadline`]).
+/// Nothing when the process's heap is not [`Heap`] or is the C library's.
+pub fn collect_heap() {
+    if HEAP.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+        // SAFETY: mi_collect takes no pointer and only walks the calling thread's own heap.
+        unsafe { libmimalloc_sys::mi_collect(false) }
+    }
+}
+
+// SAFETY: each call is passed on unchanged to one of two allocators that uphold GlobalAlloc's
+// contract, the same one for every call of the process (the choice never changes once made).
+unsafe impl std::alloc::GlobalAlloc for Heap {
+    #[inline]
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        match Self::system() {
+            true => std::alloc::System.alloc(layout),
+            false => mimalloc::MiMalloc.alloc(layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        match Self::system() {
+            true => std::alloc::System.alloc_zeroed(layout),
+            false => mimalloc::MiMalloc.alloc_zeroed(layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        match Self::system() {
+            true => std::alloc::System.dealloc(ptr, layout),
+            false => mimalloc::MiMalloc.dealloc(ptr, layout),
+        }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        match Self::system() {
+            true => std::alloc::System.realloc(ptr, layout, new_size),
+            false => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
+        }
     }
 }
 

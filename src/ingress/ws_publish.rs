@@ -359,13 +359,20 @@ impl SessionPublisher {
         tenant: &Option<String>,
         (expires_us, credential): (Option<i64>, Option<Credential>),
     ) -> crate::push::Publisher {
-        let name = principal.clone().unwrap_or_else(|| "anonymous".into());
+        let who = match (principal, tenant, expires_us) {
+            // `auth = none`: the thread's one anonymous principal, not one per idle session.
+            (None, None, None) => crate::governance::anonymous(),
+            _ => {
+                let name = principal.clone().unwrap_or_else(|| "anonymous".into());
+                Rc::new(Principal { name, tenant: tenant.clone(), expires_us })
+            }
+        };
         let verified = traffic.shard.shared.governance.generation();
         Box::new(SessionPublisher {
             verified,
             traffic,
             caller: caller.take().expect("one session per connection"),
-            who: Rc::new(Principal { name, tenant: tenant.clone(), expires_us }),
+            who,
             credential,
         })
     }

@@ -12,7 +12,8 @@
 //! uses. The sweep lives as long as the thread's runtime: a thread
 //! runs one runtime for its life (each shard's, the admin thread's `runtime::block_on`); a second
 //! runtime on the same thread would find no sweep (monoio does not drop the first one's tasks). Before: a `monoio::time::timeout` per read and per write,
-//! each a clock read and a timer-wheel insert and removal.
+//! each a clock read and a timer-wheel insert and removal. Once a second the sweep also hands
+//! the thread's empty heap pages back (`sys::collect_heap`).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -63,11 +64,17 @@ pub fn now() -> Instant {
 }
 
 async fn sweep() {
+    let mut second = 0;
     loop {
         monoio::time::sleep(TICK).await;
         let t = crate::task::clock::now();
         NOW.set(Some(t));
-        crate::http::date::tick((crate::task::clock::wall_micros() / 1_000_000) as u64);
+        let now_second = (crate::task::clock::wall_micros() / 1_000_000) as u64;
+        crate::http::date::tick(now_second);
+        if now_second != second {
+            second = now_second;
+            crate::sys::collect_heap();
+        }
         let due: Vec<Waker> = TABLE.with_borrow_mut(|table| {
             if table.earliest.is_none_or(|e| e > t) {
                 return Vec::new();

@@ -222,11 +222,12 @@ fn a_plain_session_takes_frames_cut_anywhere_on_both_drivers() {
 }
 
 /// Idle sessions are small (issue 32), even when their clients connect all at once (each holds
-/// an HTTP connection until its upgrade, and what the allocator was given then stays
-/// resident): 2,000 ack=none sessions opened together, each delivered an event, grow the
-/// broker's resident memory by at most 5 KiB each. About 2.5 KB is measured here (3.0 KB with
-/// 10,000 in perf/RESULTS.md); before the lean session and the smaller connection task it was
-/// 10.4 KB here (13.8 KB with 10,000).
+/// an HTTP connection until its upgrade): 2,000 ack=none sessions opened together, each
+/// delivered an event, grow the broker's resident memory by at most 2 KiB each once the
+/// heap has given back what the burst freed (a second or two: `sys::collect_heap`). About
+/// 1.9 KB is measured here; with glibc's malloc (`EVMESH_ALLOCATOR=system`) the burst's freed
+/// memory stays among the sessions' and it is 2.5 KB; before the lean session and the smaller
+/// connection task it was 10.4 KB.
 #[test]
 fn idle_sessions_opened_at_once_cost_a_few_kilobytes_each() {
     const N: usize = 2000;
@@ -253,8 +254,16 @@ fn idle_sessions_opened_at_once_cost_a_few_kilobytes_each() {
     for s in &mut socks {
         publish_until_delivered(&b, "idle", s);
     }
-    let per = b.rss_bytes().saturating_sub(before) / N as u64;
-    assert!(per <= 5 * 1024, "{per} bytes of resident memory per idle session");
+    // What the burst freed goes back within a couple of seconds: awaited, up to 20 s.
+    const BOUND: u64 = 2048;
+    let started = std::time::Instant::now();
+    let mut per = u64::MAX;
+    while per > BOUND && started.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        per = b.rss_bytes().saturating_sub(before) / N as u64;
+    }
+    eprintln!("{per} bytes of resident memory per idle session");
+    assert!(per <= BOUND, "{per} bytes of resident memory per idle session");
 }
 
 /// A burst of more answers than one `sendmsg` may carry (1,500 pings in one write: the kernel

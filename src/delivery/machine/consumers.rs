@@ -82,7 +82,13 @@ impl Machine {
         let sess = Sess { at, window: window.min(MAX_WINDOW), inflight: 0, bytes: 0, filters };
         match c.sessions.binary_search_by(|s| s.at.cmp(&at)) {
             Ok(i) => c.sessions[i] = sess,
-            Err(i) => c.sessions.insert(i, sess),
+            Err(i) => {
+                // Most consumers have one session: room for it alone, not for four.
+                if c.sessions.capacity() == 0 {
+                    c.sessions.reserve_exact(1);
+                }
+                c.sessions.insert(i, sess)
+            }
         }
         self.pump_all(key, now, src, out);
     }

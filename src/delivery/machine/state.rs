@@ -122,6 +122,25 @@ impl Part {
         Part { next, retry, stored: persist.then(|| st.clone()), ..Part::default() }
     }
 
+    /// Gives back what the maps grew, once nothing is in flight: an emptied `BTreeMap` keeps
+    /// its leaf node (456 bytes of `InFlight` room) and a `VecDeque` its buffer, which every
+    /// idle acknowledged session would otherwise hold after its first delivery.
+    pub(super) fn give_back(&mut self) {
+        if !self.inflight.is_empty() {
+            return;
+        }
+        self.inflight = BTreeMap::new();
+        if self.deadlines.is_empty() {
+            self.deadlines = VecDeque::new();
+        }
+        if self.retry.is_empty() {
+            self.retry = BTreeMap::new();
+        }
+        if self.dead.is_empty() {
+            self.dead = BTreeMap::new();
+        }
+    }
+
     /// An event of this partition failed (timed out, nacked, or its session left): due again
     /// at `due`, or dead-lettered if that was its last attempt. Returns `true` for the latter.
     pub(super) fn failed(&mut self, o: u64, attempt: u16, max: u32, due: Instant) -> bool {

@@ -584,3 +584,28 @@ fn a_released_event_keeps_its_attempt_count_and_waits() {
     m.tick(t0 + Duration::from_millis(2_001), &log, &mut out);
     assert_eq!(delivered(&out), [(1, 0, 0, 1)], "delivered again as attempt 1");
 }
+
+/// A partition with nothing in flight gives back what its maps grew at the next tick: an idle
+/// acknowledged session held an emptied `BTreeMap`'s node (456 bytes) and the deadlines'
+/// buffer (128) from its first event on.
+#[test]
+fn a_partition_with_nothing_in_flight_gives_its_room_back_at_the_tick() {
+    let (log, now) = (Log::default(), Instant::now());
+    log.append(0, 3);
+    let mut m = setup(DEF, &[0], &[], now);
+    let mut out = Vec::new();
+    m.attach(&key(), sess(1), 10, Vec::new(), now, &log, &mut out);
+    assert_eq!(delivered(&out).len(), 3);
+    let room = |m: &Machine| m.consumers.get(&key()).expect("the consumer").parts.0[0].1.deadlines.capacity();
+    ack(&mut m, &log, 0, &[0, 1], AckKind::Ack, now);
+    m.tick(now, &log, &mut Vec::new());
+    assert!(room(&m) > 0, "one event still in flight: its room is kept");
+    ack(&mut m, &log, 0, &[2], AckKind::Ack, now);
+    m.tick(now, &log, &mut Vec::new());
+    assert_eq!(room(&m), 0, "nothing in flight: the room is given back");
+    // And taken again by the next delivery.
+    let mut out = Vec::new();
+    let fresh = log.append(0, 1);
+    m.appended(TOPIC, &fresh, now, &log, &mut out);
+    assert_eq!(delivered(&out), [(1, 0, 3, 1)]);
+}

@@ -40,6 +40,7 @@ impl Machine {
                         out.push(Effect::dead_letter(key, *gen, *p, o, attempt, ACK_TIMEOUT));
                     }
                 }
+                part.give_back();
                 let due = part.retry.first_key_value().is_some_and(|(_, r)| r.due <= now);
                 if expired || due {
                     work.push((key.clone(), *p));
