@@ -40,7 +40,7 @@ impl Machine {
             AckKind::Defer(_) => "defer",
         };
         let mut settle = |o: u64, part: &mut Part| -> Option<InFlight> {
-            let f = part.inflight.remove(&o)?;
+            let f = part.inflight.remove(o)?;
             if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
                 s.release(&f);
             }
@@ -58,7 +58,7 @@ impl Machine {
             AckKind::UpTo if offsets.iter().any(|&o| o >= part.next) => {}
             AckKind::UpTo => {
                 let upto = offsets.iter().copied().max().unwrap_or(0);
-                let done: Vec<u64> = part.inflight.range(..=upto).map(|(&o, _)| o).collect();
+                let done: Vec<u64> = part.inflight.iter().map(|(o, _)| o).take_while(|&o| o <= upto).collect();
                 for o in done {
                     settle(o, part);
                 }
@@ -147,13 +147,13 @@ impl Machine {
 /// entries behind the front outnumber the live ones (out-of-order acks), so it stays bounded.
 fn compact(part: &mut Part) {
     while let Some(&(_, o, a)) = part.deadlines.front() {
-        if part.inflight.get(&o).is_some_and(|f| f.attempt == a) {
+        if part.inflight.get(o).is_some_and(|f| f.attempt == a) {
             break;
         }
         part.deadlines.pop_front();
     }
     if part.deadlines.len() > 2 * part.inflight.len() + 64 {
         let inflight = &part.inflight;
-        part.deadlines.retain(|&(_, o, a)| inflight.get(&o).is_some_and(|f| f.attempt == a));
+        part.deadlines.retain(|&(_, o, a)| inflight.get(o).is_some_and(|f| f.attempt == a));
     }
 }

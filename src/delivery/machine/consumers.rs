@@ -110,9 +110,9 @@ impl Machine {
         let max = c.def.max_attempts;
         for (p, part) in c.parts.0.iter_mut() {
             let gone: Vec<(u64, u16, bool)> =
-                part.inflight.iter().filter(|(_, f)| f.session == at).map(|(&o, f)| (o, f.attempt, f.rpc)).collect();
+                part.inflight.iter().filter(|(_, f)| f.session == at).map(|(o, f)| (o, f.attempt, f.rpc)).collect();
             for (o, attempt, rpc) in gone {
-                if let Some(f) = part.inflight.remove(&o) {
+                if let Some(f) = part.inflight.remove(o) {
                     super::traced::settled((&f.trace, f.attempt), &c.def, *p, o, super::traced::Settled::SessionGone);
                 }
                 if !rpc && part.failed(o, attempt, max, now) {

@@ -64,7 +64,7 @@ use {
     crate::storage::offsets::Stored,
     crate::subscription::definition::Definition,
     frame_codec::{Frame, FrameKind},
-    state::{InFlight, Part, Retry},
+    state::{InFlight, InFlights, Part, Retry},
     std::collections::HashMap,
     std::rc::Rc,
     std::sync::Arc,

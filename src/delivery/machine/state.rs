@@ -68,6 +68,67 @@ pub(super) struct InFlight {
     pub(super) trace: Option<Box<super::traced::Flight>>,
 }
 
+/// What is in flight of a partition, by offset: one event inline, more in a map. An
+/// acknowledged session at a few events a second mostly has none or one in flight, and a
+/// `BTreeMap`'s first insert takes a 456-byte node per session, every event.
+#[derive(Default)]
+pub(super) struct InFlights {
+    /// The one in flight, when only one is (`more` is then empty).
+    one: Option<(u64, InFlight)>,
+    more: BTreeMap<u64, InFlight>,
+}
+
+impl InFlights {
+    pub(super) fn insert(&mut self, o: u64, f: InFlight) {
+        match &mut self.one {
+            Some((k, v)) if *k == o => *v = f,
+            None if self.more.is_empty() => self.one = Some((o, f)),
+            one => {
+                if let Some((k, v)) = one.take() {
+                    self.more.insert(k, v);
+                }
+                self.more.insert(o, f);
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, o: u64) -> Option<InFlight> {
+        if self.one.as_ref().is_some_and(|(k, _)| *k == o) {
+            return self.one.take().map(|(_, f)| f);
+        }
+        let f = self.more.remove(&o);
+        if f.is_some() && self.more.is_empty() {
+            // An emptied map keeps its node: given back.
+            self.more = BTreeMap::new();
+        }
+        f
+    }
+
+    pub(super) fn get(&self, o: u64) -> Option<&InFlight> {
+        match &self.one {
+            Some((k, f)) if *k == o => Some(f),
+            _ => self.more.get(&o),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        usize::from(self.one.is_some()) + self.more.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.one.is_none() && self.more.is_empty()
+    }
+
+    /// In offset order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &InFlight)> {
+        self.one.iter().map(|(o, f)| (*o, f)).chain(self.more.iter().map(|(o, f)| (*o, f)))
+    }
+
+    pub(super) fn first(&self) -> Option<u64> {
+        self.iter().next().map(|(o, _)| o)
+    }
+}
+
 #[derive(Clone, Copy)]
 pub(super) struct Retry {
     /// Attempts made so far.
@@ -78,7 +139,7 @@ pub(super) struct Retry {
 #[derive(Default)]
 pub(super) struct Part {
     pub(super) next: u64,
-    pub(super) inflight: BTreeMap<u64, InFlight>,
+    pub(super) inflight: InFlights,
     /// Ack deadlines in delivery order (so in deadline order: one timeout per consumer); entries
     /// whose delivery was settled meanwhile are skipped and compacted away.
     pub(super) deadlines: VecDeque<(Instant, u64, u16)>,
@@ -93,8 +154,7 @@ pub(super) struct Part {
 
 impl Part {
     pub(super) fn committed(&self) -> u64 {
-        let firsts =
-            [self.inflight.keys().next().copied(), self.retry.keys().next().copied(), self.dead.keys().next().copied()];
+        let firsts = [self.inflight.first(), self.retry.keys().next().copied(), self.dead.keys().next().copied()];
         firsts.into_iter().flatten().fold(self.next, u64::min)
     }
 
@@ -102,7 +162,7 @@ impl Part {
     /// every delivered offset not settled yet (in flight, waiting to be redelivered, or being
     /// dead-lettered), so a disconnect or a restart does not reset `emattempt`.
     pub(super) fn snapshot(&self, seen_ms: u64) -> Stored {
-        let mut attempts: Vec<(u64, u16)> = self.inflight.iter().map(|(&o, f)| (o, f.attempt)).collect();
+        let mut attempts: Vec<(u64, u16)> = self.inflight.iter().map(|(o, f)| (o, f.attempt)).collect();
         attempts.extend(self.retry.iter().map(|(&o, r)| (o, r.attempt)));
         attempts.extend(self.dead.iter().map(|(&o, &a)| (o, a)));
         attempts.sort_unstable();
@@ -122,14 +182,13 @@ impl Part {
         Part { next, retry, stored: persist.then(|| st.clone()), ..Part::default() }
     }
 
-    /// Gives back what the maps grew, once nothing is in flight: an emptied `BTreeMap` keeps
-    /// its leaf node (456 bytes of `InFlight` room) and a `VecDeque` its buffer, which every
-    /// idle acknowledged session would otherwise hold after its first delivery.
+    /// Gives back what the queue and maps grew, once nothing is in flight: a `VecDeque` keeps
+    /// its buffer and an emptied `BTreeMap` its node, which every idle acknowledged session
+    /// would otherwise hold from its first delivery on.
     pub(super) fn give_back(&mut self) {
         if !self.inflight.is_empty() {
             return;
         }
-        self.inflight = BTreeMap::new();
         if self.deadlines.is_empty() {
             self.deadlines = VecDeque::new();
         }

@@ -609,3 +609,28 @@ fn a_partition_with_nothing_in_flight_gives_its_room_back_at_the_tick() {
     m.appended(TOPIC, &fresh, now, &log, &mut out);
     assert_eq!(delivered(&out), [(1, 0, 3, 1)]);
 }
+
+/// The in-flight set keeps one event inline and more in a map, in offset order either way,
+/// whatever the order they come and go in (a redelivery puts an older offset back).
+#[test]
+fn in_flight_events_are_kept_in_offset_order_inline_or_in_the_map() {
+    let f = |attempt| InFlight { attempt, session: sess(1), bytes: 10, rpc: false, trace: None };
+    let mut set = InFlights::default();
+    let offsets = |s: &InFlights| s.iter().map(|(o, f)| (o, f.attempt)).collect::<Vec<_>>();
+    set.insert(5, f(1));
+    assert_eq!((offsets(&set), set.len(), set.first()), (vec![(5, 1)], 1, Some(5)));
+    set.insert(5, f(2));
+    assert_eq!(offsets(&set), [(5, 2)], "the same offset again replaces it");
+    set.insert(3, f(1));
+    set.insert(9, f(1));
+    assert_eq!((offsets(&set), set.len(), set.first()), (vec![(3, 1), (5, 2), (9, 1)], 3, Some(3)));
+    assert_eq!(set.get(5).map(|f| f.attempt), Some(2));
+    assert!(set.remove(4).is_none() && set.get(4).is_none());
+    assert_eq!(set.remove(3).map(|f| f.attempt), Some(1));
+    assert_eq!(set.remove(9).map(|f| f.attempt), Some(1));
+    assert_eq!((offsets(&set), set.first()), (vec![(5, 2)], Some(5)));
+    assert_eq!(set.remove(5).map(|f| f.attempt), Some(2));
+    assert!(set.is_empty() && set.first().is_none() && set.remove(5).is_none());
+    set.insert(1, f(1));
+    assert_eq!(offsets(&set), [(1, 1)], "inline again once emptied");
+}

@@ -22,7 +22,7 @@ impl Machine {
             for (p, part) in parts.0.iter_mut() {
                 let mut expired = false;
                 while let Some(&(deadline, o, attempt)) = part.deadlines.front() {
-                    let live = part.inflight.get(&o).is_some_and(|f| f.attempt == attempt);
+                    let live = part.inflight.get(o).is_some_and(|f| f.attempt == attempt);
                     if live && deadline > now {
                         break;
                     }
@@ -30,7 +30,7 @@ impl Machine {
                     if !live {
                         continue;
                     }
-                    let f = part.inflight.remove(&o).expect("live");
+                    let f = part.inflight.remove(o).expect("live");
                     if let Some(s) = sessions.iter_mut().find(|s| s.at == f.session) {
                         s.release(&f);
                     }
