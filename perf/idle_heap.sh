@@ -5,11 +5,13 @@
 # "leaked" is exactly what was live then. Prints the live bytes per session by allocation site
 # (heaptrack's own frames folded), largest first. Needs heaptrack (Debian's package).
 #
-#   EVMESH_BIN=/path/to/evmesh bash perf/idle_heap.sh      (SESSIONS=5000 ACK=0)
+#   EVMESH_BIN=/path/to/evmesh bash perf/idle_heap.sh      (SESSIONS=5000 ACK=0; SSE=1: event streams)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SESSIONS=${SESSIONS:-5000}; ACK=${ACK:-0}
+SESSIONS=${SESSIONS:-5000}; ACK=${ACK:-0}; SSE=${SSE:-0}
 if [ "$ACK" = 1 ]; then QUERY="subscription=idle"; ACKFLAG=(--ack); else QUERY="subscription=idle&ack=none"; ACKFLAG=(); fi
+SUB="ws://127.0.0.1:18480/events/ws?$QUERY"
+if [ "$SSE" = 1 ]; then SUB="http://127.0.0.1:18480/events/sse?subscription=idle"; ACKFLAG=(); fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 command -v heaptrack >/dev/null || apt-get install -y -q heaptrack >/dev/null
 [ -n "${EVMESH_BIN:-}" ] || cargo build --release -q --workspace
@@ -23,7 +25,7 @@ EVMESH_ALLOCATOR=system heaptrack -o "$DIR/heap" "$EVMESH" serve --shards 1 --da
 for _ in $(seq 100); do curl -sf http://127.0.0.1:18481/readyz >/dev/null && break; sleep 0.2; done
 curl -sf 127.0.0.1:18480/events/subscribe -d '{"subscription":"idle","topic":"idle","mode":"BROADCAST"}' >/dev/null
 "$LOADGEN" --url "http://127.0.0.1:18480/events/publish?topic=idle" --connections 1 --duration 30s --warmup 2s --rate 1 \
-  --subscribe-url "ws://127.0.0.1:18480/events/ws?$QUERY" --subscribers "$SESSIONS" "${ACKFLAG[@]}" > "$DIR/loadgen.txt" 2>&1 &
+  --subscribe-url "$SUB" --subscribers "$SESSIONS" "${ACKFLAG[@]}" > "$DIR/loadgen.txt" 2>&1 &
 LG=$!
 for _ in $(seq 150); do
   open=$(curl -sf 127.0.0.1:18481/metrics | awk '/^evmesh_connections_open/{s+=$2} END{print s+0}')
