@@ -9,7 +9,8 @@
 #   bash perf/fanout.sh        (ROUNDS=3 DUR=8 SUBS=100 RATE=1000 SHARDS=1 ACK=0 env knobs;
 #                               EVMESH_FLAGS="--delivery-linger-us 5000" passes serve flags;
 #                               BEFORE=/path/to/old/evmesh adds that build to every round, as
-#                               "before", beside this checkout's, "after")
+#                               "before", beside this checkout's, "after"; NCHAN=0 leaves nchan
+#                               out: past 8,000 subscribers its worker_connections refuses them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SUBS=${SUBS:-100}; RATE=${RATE:-1000}; SHARDS=${SHARDS:-1}; ACK=${ACK:-0}
@@ -42,7 +43,7 @@ for r in $(seq "$ROUNDS"); do
     curl -sf 127.0.0.1:18181/metrics > "$OUT/r$r-$build.metrics" || true
     kill "$pid"; wait "$pid" 2>/dev/null || true; rm -rf "$dir"
   done
-  load "r$r-nchan" "http://127.0.0.1:18080/pub?id=fan_$r" "ws://127.0.0.1:18080/sub?id=fan_$r" "$NCHAN_PID"
+  [ "${NCHAN:-1}" = 0 ] || load "r$r-nchan" "http://127.0.0.1:18080/pub?id=fan_$r" "ws://127.0.0.1:18080/sub?id=fan_$r" "$NCHAN_PID"
 done
 python3 - "$OUT" "$ROUNDS" "$DUR" "$SUBS" "$RATE" "$SHARDS" "$MODE${EVMESH_FLAGS:+, $EVMESH_FLAGS}" "${BUILDS[*]}" <<'PY' | tee "$OUT/summary.md"
 import json, sys, glob, os, statistics as st
@@ -58,23 +59,27 @@ def gathered(path):
             if line.startswith(k):
                 m[k] = m.get(k, 0) + float(line.split()[-1])
     return m["evmesh_deliveries_total{"] / m["evmesh_ws_writes_total{"] if m.get("evmesh_ws_writes_total{") else None
-print("| target | deliveries/s (median) | server CPU µs/delivery (median) | per round | e2e p50 / p99 / p99.9 µs (median) | subscribers connected | deliveries per write |")
+print("| target | deliveries/s (median) | server CPU µs/delivery (median) | per round | e2e p50 / p99 / p99.9 / max µs (median) | subscribers connected | deliveries per write |")
 print("|---|---|---|---|---|---|---|")
 med = {}
 for t in builds + ["nchan"]:
     runs = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/r*-{t}.json"))]
+    if not runs:
+        continue
     f = [r["fanout"] for r in runs]
     cpu = [x["server_cpu_us_per_delivery"] for x in f if x["server_cpu_us_per_delivery"]]
     med[t] = st.median(cpu)
     lat = lambda k: int(st.median([x["e2e_latency_us"][k] for x in f]))
     print(f"| {t} | {int(st.median([x['deliveries_per_s'] for x in f]))} | {med[t]:.3f} | {', '.join(f'{v:.3f}' for v in cpu)} | "
-          f"{lat('p50')} / {lat('p99')} / {lat('p999')} | {min(x['connected'] for x in f)}/{subs} | "
+          f"{lat('p50')} / {lat('p99')} / {lat('p999')} / {lat('max')} | {min(x['connected'] for x in f)}/{subs} | "
           + ", ".join(f"{g:.2f}" for g in map(gathered, sorted(glob.glob(f"{out}/r*-{t}.metrics"))) if g) + " |")
 print()
 for b in builds:
+    if "nchan" not in med:
+        break
     print(f"- {'evmesh' if b == 'evmesh' else 'evmesh ' + b} ({mode}): CPU per delivery = {med[b]/med['nchan']:.2f}x nchan's (issue 11's bars, ack=none: <= 0.5x at 1,000 events/s, <= 0.4x at saturation)")
 if builds == ["before", "after"]:
     print(f"- after / before: {med['after']/med['before']:.2f}x CPU per delivery")
 PY
-{ echo; echo "Command: \`${BEFORE:+BEFORE=$BEFORE }ROUNDS=$ROUNDS DUR=$DUR SUBS=$SUBS RATE=$RATE SHARDS=$SHARDS ACK=$ACK EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/fanout.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`${BEFORE:+BEFORE=$BEFORE }${NCHAN:+NCHAN=$NCHAN }ROUNDS=$ROUNDS DUR=$DUR SUBS=$SUBS RATE=$RATE SHARDS=$SHARDS ACK=$ACK EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/fanout.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"

@@ -5,7 +5,8 @@
 # the perf scripts show missed gets its profile from here, evmesh's and nchan's under the same
 # load, in one run.
 #
-#   CASE=publish|batch|fanout1000|fanout5000 TARGETS="evmesh nchan" bash perf/profile.sh
+#   CASE=publish|batch|fanout1000|fanout5000|wide TARGETS="evmesh nchan" bash perf/profile.sh
+#   (wide: 8,000 subscribers of one event a second)
 #   (DUR=6 seconds recorded after the warm-up; EVMESH_FLAGS="--io-driver epoll" passes serve flags)
 #
 # The text reports land in perf/results/profile-CASE-<stamp>/ (perf.data itself is not kept);
@@ -18,7 +19,8 @@ source perf/common.sh
 GEN_CPUS=${GEN_CPUS:-1-$(( $(nproc) - 1 ))}
 taskset -pc 0 "$NCHAN_PID" > /dev/null
 OUT=$ROOT/perf/results/profile-$CASE-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
-WARMUP=2
+# `wide` (8,000 subscribers, one event a second) takes a while to attach them all.
+WARMUP=2; [ "$CASE" = wide ] && WARMUP=6
 
 # load URL PID [SUBSCRIBE-URL]: CASE's load for WARMUP + DUR seconds, in the background.
 load() {
@@ -28,7 +30,8 @@ load() {
     batch) args+=(--connections 16 --body batch --batch 10) ;;
     fanout1000) args+=(--connections 8 --rate 1000 --subscribe-url "$3" --subscribers 100) ;;
     fanout5000) args+=(--connections 8 --rate 5000 --subscribe-url "$3" --subscribers 100) ;;
-    *) echo "CASE is publish, batch, fanout1000 or fanout5000" >&2; exit 2 ;;
+    wide) args+=(--connections 1 --rate 1 --subscribe-url "$3" --subscribers 8000) ;;
+    *) echo "CASE is publish, batch, fanout1000, fanout5000 or wide" >&2; exit 2 ;;
   esac
   taskset -c "$GEN_CPUS" "$LOADGEN" "${args[@]}" >> "$OUT/log.txt" 2>&1 &
   load_pid=$!
