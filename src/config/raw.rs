@@ -200,7 +200,8 @@ impl RawConfig {
         }
         let mut unknown = Vec::new();
         for (name, value) in &env {
-            if name == "EVMESH_CONFIG" {
+            // Read elsewhere: the file's name (above) and the heap (`sys::Heap`).
+            if name == "EVMESH_CONFIG" || name == "EVMESH_ALLOCATOR" {
                 continue;
             }
             let key = KEYS

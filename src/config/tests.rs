@@ -106,6 +106,15 @@ fn bad_values_are_named() {
     assert!(err(&["--shards"], &[]).contains("needs a value"));
     assert!(err(&[], &[("EVMESH_SHARDS", "many")]).contains("whole number"));
     assert!(load(&[], &[("EVMESH_PORT", "tcp://10.0.0.1:8080")]).is_ok(), "unknown variables are only warned about");
+    let unknown = |env: &[(&str, &str)]| {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        RawConfig::load(&[], env).expect("loads").unknown_variables
+    };
+    assert_eq!(
+        unknown(&[("EVMESH_PORT", "1"), ("EVMESH_ALLOCATOR", "system")]),
+        ["EVMESH_PORT"],
+        "the heap's variable is known"
+    );
     assert!(err(&["--storage", "kafka", "--kafka-acks", "some"], &[]).contains("kafka.acks"));
     assert!(err(&["--storage", "kafka", "--kafka-properties", "nokey"], &[]).contains("KEY=VALUE"));
     assert!(err(&["--storage", "kafka", "--kafka-topic-prefix", "a/b"], &[]).contains("kafka.topic_prefix"));
