@@ -121,7 +121,7 @@ pub async fn websocket(
     let replier = crate::shard::requests::Replier {
         principal: spec.principal.clone(),
         tenant: spec.tenant.clone(),
-        agent: agent.clone(),
+        agent: agent.clone().map(Box::new),
     };
     let io = super::ws::Io { stream, buf, limits, events, queued: None };
     let Some(claim) = claim else {

@@ -89,7 +89,7 @@ impl Replies {
     /// agent's, 409 no turn in progress, 429 streams too far behind, 400 malformed).
     fn chunk(&self, text: &str) -> Option<Vec<u8>> {
         let taken = || -> Result<(), (Option<String>, u16, String)> {
-            let Some((agent, gen)) = &self.replier.agent else {
+            let Some((agent, gen)) = self.replier.agent.as_deref() else {
                 return Err((None, 400, "chunk frames are sent on an agent's WebSocket (GET /agent/ws)".into()));
             };
             let body = ChunkBody::parse(text.as_bytes()).map_err(|m| (None, 400, m))?;

@@ -71,8 +71,10 @@ pub struct Replier {
     pub principal: Option<String>,
     pub tenant: Option<String>,
     /// On an agent's WebSocket (`GET /agent/ws`): the agent's stored id and the attachment's
-    /// number, which its chunk frames are checked against.
-    pub agent: Option<(String, u64)>,
+    /// number, which its chunk frames are checked against. Boxed: every WebSocket session
+    /// holds a `Replier` and few are agents' (24 bytes inline would take an idle acked
+    /// session's task past 896 bytes, the heap's next block size).
+    pub agent: Option<Box<(String, u64)>>,
 }
 
 /// Why a request could not wait here.
