@@ -225,7 +225,7 @@ fn a_plain_session_takes_frames_cut_anywhere_on_both_drivers() {
 /// an HTTP connection until its upgrade): 2,000 ack=none sessions opened together, each
 /// delivered an event, grow the broker's resident memory by at most 2 KiB each once the
 /// heap has given back what the burst freed (a second or two: `sys::collect_heap`). About
-/// 1.9 KB is measured here; with glibc's malloc (`EVMESH_ALLOCATOR=system`) the burst's freed
+/// 1.75 KB is measured here; with glibc's malloc (`EVMESH_ALLOCATOR=system`) the burst's freed
 /// memory stays among the sessions' and it is 2.5 KB; before the lean session and the smaller
 /// connection task it was 10.4 KB.
 #[test]
