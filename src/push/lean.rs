@@ -381,7 +381,9 @@ impl State {
             m
         };
         let mut next = Some(taken(first));
+        let mut n = 0;
         while let Some(m) = next.take() {
+            n += 1;
             match m {
                 Outbound::Frame(bytes) => self.out.push(bytes),
                 Outbound::Close(code, reason) => return Some(End::Close { code, reason, wait: true }),
@@ -389,6 +391,12 @@ impl State {
             if self.out.bytes() < WRITE_BATCH && self.out.len() < SharedFrames::MAX - 1 {
                 next = s.events.try_recv().ok().map(taken);
             }
+        }
+        if n == 1 {
+            // A quiet session (one event at a time) gives its queue's ring back now, not at
+            // the keep-alive turn: idle sessions would each hold it between events. A busy one
+            // keeps it (no allocation per write).
+            s.events.shrink_idle();
         }
         None
     }
