@@ -381,6 +381,9 @@ unsafe impl monoio::buf::IoVecBuf for SharedFrames {
 /// freed by the allocator that gave it.
 pub struct Heap;
 
+/// The variable that chooses the heap ([`Heap`]); the configuration's loader skips it.
+pub const HEAP_VARIABLE: &std::ffi::CStr = c"EVMESH_ALLOCATOR";
+
 /// 0: not chosen yet; 1: mimalloc; 2: the C library's.
 static HEAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
@@ -398,7 +401,7 @@ impl Heap {
     fn choose() -> bool {
         // SAFETY: getenv allocates nothing and reads the environment, which no thread changes
         // while the first allocation is made (no thread but the main one runs yet).
-        let v = unsafe { libc::getenv(c"EVMESH_ALLOCATOR".as_ptr()) };
+        let v = unsafe { libc::getenv(HEAP_VARIABLE.as_ptr()) };
         // SAFETY: a non-null getenv result is a NUL-terminated string of the environment.
         let system = !v.is_null() && unsafe { std::ffi::CStr::from_ptr(v) } == c"system";
         HEAP.store(if system { 2 } else { 1 }, std::sync::atomic::Ordering::Relaxed);

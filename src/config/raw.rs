@@ -201,7 +201,7 @@ impl RawConfig {
         let mut unknown = Vec::new();
         for (name, value) in &env {
             // Read elsewhere: the file's name (above) and the heap (`sys::Heap`).
-            if name == "EVMESH_CONFIG" || name == "EVMESH_ALLOCATOR" {
+            if name == "EVMESH_CONFIG" || name.as_bytes() == crate::sys::HEAP_VARIABLE.to_bytes() {
                 continue;
             }
             let key = KEYS
