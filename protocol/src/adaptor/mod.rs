@@ -9,6 +9,7 @@ mod flat;
 pub mod kafka;
 pub mod meshmessage;
 mod rfc3339;
+pub mod rocketmq;
 pub mod tracecontext;
 pub mod webhook;
 
