@@ -76,7 +76,7 @@ fn serve(args: &[String]) -> ExitCode {
                 s.listen, s.admin_listen, shards, s.driver, durability
             );
             let c = &shared.config;
-            let storage = if matches!(c.storage, evmesh::config::StorageKind::Embedded) { "embedded" } else { "kafka" };
+            let storage = c.storage.name();
             log::info(
                 "start",
                 "started",

@@ -351,10 +351,8 @@ fn lag_metrics(shared: &Shared, out: &mut String) {
 
 /// `GET /admin/cluster`: the membership view, with `claimsRead`.
 pub(super) fn cluster(shared: &Shared) -> Response {
-    let (storage, read) = match shared.config.storage {
-        crate::config::StorageKind::Embedded => ("embedded", true),
-        _ => ("kafka", shared.cluster.homes().is_caught_up()),
-    };
+    let storage = shared.config.storage.name();
+    let read = !shared.config.storage.clustered() || shared.cluster.homes().is_caught_up();
     let mut view = shared.cluster.membership().view(std::time::Instant::now(), storage);
     // Over Kafka: the claims (and offsets) written before it started are read; until
     // then its sessions, polls and acks answer 503.

@@ -146,8 +146,7 @@ pub(super) async fn learn_dlq(shared: &Shared, topic: &str) {
 /// evmesh's topics from other applications', and the list shows the topics this instance has
 /// met (a read of one by name learns it).
 pub(super) async fn learn_all(shared: &Shared) {
-    #[cfg(feature = "kafka")]
-    if let Some(k) = shared.kafka.clone().filter(|k| !k.topic_prefix().is_empty()) {
+    if let Some(k) = shared.remote.clone().filter(|k| !k.topic_prefix().is_empty()) {
         // One metadata request, made from a thread of its own: the admin loop never blocks.
         let (tx, rx) = futures::channel::oneshot::channel();
         let spawned = std::thread::Builder::new().name("evmesh-admin-topics".into()).spawn(move || {
@@ -166,8 +165,6 @@ pub(super) async fn learn_all(shared: &Shared) {
             learn(shared, &topic).await;
         }
     }
-    #[cfg(not(feature = "kafka"))]
-    let _ = shared;
 }
 
 async fn ensure(shared: &Shared, topic: &str, spec: TopicMeta) -> EnsureReply {

@@ -19,7 +19,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("admin_listen", "admin listener (metrics, health, admin API)"),
     ("shards", "shard threads; 0 = one per CPU"),
     ("data_dir", "where the embedded log and offsets live"),
-    ("storage", "embedded | kafka"),
+    ("storage", "embedded | kafka | rocketmq"),
     ("segment_bytes", "a partition's segment file is sealed at this size; retention deletes whole segments"),
     ("kafka.brokers", "HOST:PORT[,...] for storage = kafka"),
     ("kafka.replication_factor", "replication factor of topics evmesh creates in Kafka"),
@@ -28,6 +28,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ("kafka.topic_prefix", "put before every evmesh topic name to name its Kafka topic"),
     ("kafka.properties", "librdkafka properties passed through, KEY=VALUE,KEY=VALUE (security, timeouts)"),
     ("kafka.topic_refresh_ms", "how often the broker's topics are read for partitions added there"),
+    ("rocketmq.namesrv", "HOST:PORT[;...] of the RocketMQ name servers for storage = rocketmq"),
+    ("rocketmq.topic_prefix", "put before every evmesh topic name to name its RocketMQ topic"),
+    ("rocketmq.send_timeout_ms", "how long a publish waits for the RocketMQ broker before its 503"),
+    ("rocketmq.topic_refresh_ms", "how often the RocketMQ topics' queues are read for queues added there"),
     ("durability", "memory | os | fsync"),
     ("io_driver", "auto | uring | epoll"),
     ("direct_io", "segment writes bypass the page cache (O_DIRECT through io_uring) on io_uring shards, durability os or fsync; the 202 waits for the device"),
@@ -112,6 +116,8 @@ pub(super) fn kind(key: &str) -> Kind {
         | "kafka.compression"
         | "kafka.properties"
         | "kafka.topic_prefix"
+        | "rocketmq.namesrv"
+        | "rocketmq.topic_prefix"
         | "durability"
         | "io_driver"
         | "auth"

@@ -19,6 +19,15 @@ pub(super) struct KafkaRaw {
     pub(super) topic_refresh_ms: u64,
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RocketMqRaw {
+    pub(super) namesrv: String,
+    pub(super) topic_prefix: String,
+    pub(super) send_timeout_ms: u64,
+    pub(super) topic_refresh_ms: u64,
+}
+
 /// What the operator wrote, merged from all sources; see `evmesh.toml` for each key.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +39,7 @@ pub struct RawConfig {
     pub(super) storage: String,
     pub(super) segment_bytes: u64,
     pub(super) kafka: KafkaRaw,
+    pub(super) rocketmq: RocketMqRaw,
     pub(super) durability: String,
     pub(super) io_driver: String,
     pub(super) direct_io: bool,

@@ -24,6 +24,30 @@ pub enum IoDriver {
 pub enum StorageKind {
     Embedded,
     Kafka(crate::storage::KafkaSettings),
+    RocketMq(crate::storage::RocketMqSettings),
+}
+
+impl StorageKind {
+    /// The `storage` key's value.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StorageKind::Embedded => "embedded",
+            StorageKind::Kafka(_) => "kafka",
+            StorageKind::RocketMq(_) => "rocketmq",
+        }
+    }
+
+    /// Whether the log is another system's (`storage::remote`): its topics are that system's,
+    /// and this instance keeps a local copy.
+    pub fn remote(&self) -> bool {
+        !matches!(self, StorageKind::Embedded)
+    }
+
+    /// Whether instances form a cluster over the log (Kafka only: the cluster seam's records
+    /// go through it); on the others an instance is a cluster of one.
+    pub fn clustered(&self) -> bool {
+        matches!(self, StorageKind::Kafka(_))
+    }
 }
 
 /// The validated configuration the server runs with.

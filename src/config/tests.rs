@@ -138,3 +138,33 @@ fn bad_values_are_named() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn rocketmq_settings_are_checked_and_need_the_feature() {
+    let err = |args: &[&str]| load(args, &[]).unwrap_err().to_string();
+    if cfg!(not(feature = "rocketmq")) {
+        let e = err(&["--storage", "rocketmq"]);
+        assert!(e.contains("built without the rocketmq cargo feature"), "{e}");
+        return;
+    }
+    assert!(err(&["--storage", "rocketmq", "--rocketmq-namesrv", "nohost"]).contains("rocketmq.namesrv"));
+    assert!(err(&["--storage", "rocketmq", "--rocketmq-namesrv", "a:1;b:x"]).contains("rocketmq.namesrv"));
+    assert!(err(&["--storage", "rocketmq", "--rocketmq-topic-prefix", "a.b"]).contains("rocketmq.topic_prefix"));
+    let long = "p".repeat(65);
+    assert!(err(&["--storage", "rocketmq", "--rocketmq-topic-prefix", &long]).contains("rocketmq.topic_prefix"));
+    assert!(err(&["--storage", "rocketmq", "--rocketmq-send-timeout-ms", "50"]).contains("rocketmq.send_timeout_ms"));
+    let c = load(&["--storage", "rocketmq"], &[]).unwrap();
+    assert!(c.storage.remote() && !c.storage.clustered(), "one instance's remote log");
+    let c = load(
+        &["--storage", "rocketmq", "--rocketmq-namesrv", " ns1:9876 ; ns2:9877 "],
+        &[("EVMESH_ROCKETMQ_TOPIC_PREFIX", "evm-"), ("EVMESH_ROCKETMQ_SEND_TIMEOUT_MS", "1500")],
+    )
+    .unwrap();
+    match c.storage {
+        StorageKind::RocketMq(r) => {
+            assert_eq!((r.namesrv.as_str(), r.topic_prefix.as_str()), ("ns1:9876;ns2:9877", "evm-"));
+            assert_eq!((r.send_timeout, r.topic_refresh), (ms(1500), ms(10_000)));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::error::ConfigError;
-use super::raw::{KafkaRaw, RawConfig};
+use super::raw::{KafkaRaw, RawConfig, RocketMqRaw};
 use super::settings::{Config, IoDriver, OtlpProtocol, StorageKind, MAX_WINDOW};
 use crate::http::Limits;
 use crate::log::{Filter, Format};
@@ -67,6 +67,40 @@ impl KafkaRaw {
     }
 }
 
+impl RocketMqRaw {
+    fn settings(&self) -> Result<crate::storage::RocketMqSettings, ConfigError> {
+        let bad = |key: &'static str, message: String| ConfigError::Invalid { key, message };
+        let servers: Vec<&str> = self.namesrv.split(';').map(str::trim).filter(|s| !s.is_empty()).collect();
+        if servers.is_empty()
+            || servers.iter().any(|s| s.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+        {
+            return Err(bad("rocketmq.namesrv", format!("{:?} is not HOST:PORT[;HOST:PORT...]", self.namesrv)));
+        }
+        // RocketMQ's names are [%|A-Za-z0-9_-], at most 127 characters (evmesh's dots become |).
+        if self.topic_prefix.len() > 64
+            || !self.topic_prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+        {
+            return Err(bad("rocketmq.topic_prefix", "must be [A-Za-z0-9_-]*, at most 64 characters".into()));
+        }
+        Ok(crate::storage::RocketMqSettings {
+            namesrv: servers.join(";"),
+            topic_prefix: self.topic_prefix.clone(),
+            send_timeout: std::time::Duration::from_millis(range(
+                "rocketmq.send_timeout_ms",
+                self.send_timeout_ms,
+                100,
+                60_000,
+            )?),
+            topic_refresh: std::time::Duration::from_millis(range(
+                "rocketmq.topic_refresh_ms",
+                self.topic_refresh_ms,
+                100,
+                3_600_000,
+            )?),
+        })
+    }
+}
+
 impl RawConfig {
     /// Checks every value and derives the rest.
     pub fn validate(self) -> Result<Config, ConfigError> {
@@ -78,16 +112,19 @@ impl RawConfig {
         let storage = match self.storage.as_str() {
             "embedded" => StorageKind::Embedded,
             "kafka" if cfg!(feature = "kafka") => StorageKind::Kafka(self.kafka.settings()?),
-            "kafka" => {
+            "rocketmq" if cfg!(feature = "rocketmq") => StorageKind::RocketMq(self.rocketmq.settings()?),
+            built @ ("kafka" | "rocketmq") => {
                 return Err(ConfigError::Invalid {
                     key: "storage",
-                    message: "this evmesh was built without the kafka cargo feature".into(),
+                    message: format!(
+                        "this evmesh was built without the {built} cargo feature (cargo build --features {built})"
+                    ),
                 })
             }
             other => {
                 return Err(ConfigError::Invalid {
                     key: "storage",
-                    message: format!("{other:?} is not embedded or kafka"),
+                    message: format!("{other:?} is not embedded, kafka or rocketmq"),
                 })
             }
         };

@@ -61,8 +61,8 @@ impl Traffic {
         let db = &self.shard.shared.db;
         let def = crate::storage::meta::get_subscription(db, stored)?;
         let waits = &self.shard.definition_waits;
-        let embedded = matches!(self.shard.shared.config.storage, crate::config::StorageKind::Embedded);
-        if def.is_some() || !redirected || embedded || waits.get() >= MAX_DEFINITION_WAITS {
+        let alone = !self.shard.shared.config.storage.clustered();
+        if def.is_some() || !redirected || alone || waits.get() >= MAX_DEFINITION_WAITS {
             return Ok(def);
         }
         waits.set(waits.get() + 1);
@@ -87,7 +87,7 @@ impl Traffic {
     /// claimed at once the one that lost sends the request on.
     pub(super) async fn home_elsewhere(&self, key: &str) -> Result<Option<String>, Response> {
         let shared = &self.shard.shared;
-        if matches!(shared.config.storage, crate::config::StorageKind::Embedded) {
+        if !shared.config.storage.clustered() {
             return Ok(None);
         }
         let until = std::time::Instant::now() + SETTLE_WAIT;
@@ -136,7 +136,7 @@ impl Traffic {
 
     /// Whether instances share Kafka: only then is anything served at a home elsewhere.
     pub(super) fn clustered(&self) -> bool {
-        !matches!(self.shard.shared.config.storage, crate::config::StorageKind::Embedded)
+        self.shard.shared.config.storage.clustered()
     }
 
     /// [`Traffic::served_here`] for lite topic `stored` (a choice nobody claimed stays here

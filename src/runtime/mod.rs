@@ -4,14 +4,12 @@
 //! Everything shared between threads is built here, before any shard starts, and is immutable or
 //! atomic afterwards ([`Shared`], defined with the shards that use it).
 
-#[cfg(feature = "kafka")]
 mod applier;
 mod cluster;
 mod error;
-#[cfg(feature = "kafka")]
-mod kafka_log;
 mod otlp;
 mod pump;
+mod remote_log;
 
 pub use error::StartError;
 
@@ -273,7 +271,7 @@ fn admit_traffic(shard: &Rc<Shard>) -> Option<ConnGuard> {
 
 /// Raises the open-files limit, shares it out and fits the connection caps under it.
 fn fit_descriptors(config: &mut Config) -> crate::config::fds::FdBudget {
-    let kafka = !matches!(config.storage, StorageKind::Embedded);
+    let kafka = config.storage.remote();
     let limit = crate::sys::raise_nofile();
     let b = crate::config::fds::fd_budget(
         limit,
@@ -333,7 +331,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let shards = config.shards;
     let db = db::open_with(&config.data_dir, shards, fds.rocksdb as i32)?;
     let syncer = if config.durability == Durability::Fsync { Some(Syncer::start(db.clone())?) } else { None };
-    let mirror = !matches!(config.storage, StorageKind::Embedded);
+    let mirror = config.storage.remote();
     let logs =
         Arc::new(PartitionLogs::new(db::segments_dir(&config.data_dir), config.segment_bytes, mirror, fds.partitions));
     let traffic = bind_shared(config.listen, shards)?;
@@ -352,10 +350,11 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     #[cfg(feature = "kafka")]
     let kafka = match &config.storage {
         StorageKind::Kafka(settings) => Some(KafkaBackend::connect(settings.clone())?),
-        StorageKind::Embedded => None,
+        _ => None,
     };
     #[cfg(not(feature = "kafka"))]
     let kafka = None;
+    let remote = remote_log::connect(&config, &kafka)?;
     let (seam, to_start) = cluster::seam(&config, &kafka);
     let audit = &config.auth;
     let audit = Audit::start(audit.audit_log.clone(), audit.audit_max_per_second, audit.audit_max_bytes)
@@ -384,7 +383,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         direct_writes: config.direct_io
             && started.driver == IoDriver::Uring
             && config.durability != Durability::Memory
-            && matches!(config.storage, StorageKind::Embedded),
+            && !config.storage.remote(),
         metrics: Metrics::new(shards),
         ready: AtomicUsize::new(0),
         beats: (0..shards).map(|_| Arc::new(AtomicU64::new(0))).collect(),
@@ -401,8 +400,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         subscription_count: AtomicUsize::new(crate::storage::meta::list_subscriptions(&db)?.len()),
         memory: Memory::new(config.memory_limit_bytes),
         tls,
-        #[cfg(feature = "kafka")]
-        kafka,
+        remote,
         db,
         logs,
         syncer,
@@ -415,9 +413,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
             shared.logs.with(&topic, p, |_| Ok(()))?;
         }
     }
-    #[cfg(feature = "kafka")]
-    if let Some(k) = &shared.kafka {
-        kafka_log::start(&shared, k)?;
+    if let Some(r) = &shared.remote {
+        remote_log::start(&shared, r)?;
     }
     cluster::start(&shared, to_start)?;
     if let Some(endpoint) = &shared.config.otlp_endpoint {

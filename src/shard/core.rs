@@ -125,17 +125,15 @@ impl Shard {
                 log
             }
         };
-        #[cfg(feature = "kafka")]
-        let log = match &shared.kafka {
+        let log = match &shared.remote {
             None => Log::Embedded(embedded()),
-            // The local copy needs no WAL: Kafka is the durable log, the tail refills the copy.
-            Some(k) => {
+            // The local copy needs no WAL: the remote system is the durable log, the tail
+            // refills the copy.
+            Some(r) => {
                 let local = EmbeddedLog::new(shared.db.clone(), shared.logs.clone(), id, Durability::Memory, None, ttl);
-                Log::Kafka(crate::storage::kafka::KafkaLog::new(k.clone(), local, embedded()))
+                Log::Remote(crate::storage::remote::RemoteLog::new(r.clone(), local, embedded()))
             }
         };
-        #[cfg(not(feature = "kafka"))]
-        let log = Log::Embedded(embedded());
         let requests = super::requests::Requests::new(
             (crate::cluster::replies::instance_tag(&shared.config.instance_id), id),
             shared.config.max_pending_requests,

@@ -76,10 +76,10 @@ pub struct Shared {
     pub followed: Mutex<std::collections::HashSet<String>>,
     /// With Kafka: bytes of records the tail read (`evmesh_kafka_tail_bytes_total`).
     pub tail_bytes: AtomicU64,
-    /// With `storage = kafka`: the connection every shard produces through (the log; the
-    /// cluster's records go through it too, but only [`Shared::cluster`] writes those).
-    #[cfg(feature = "kafka")]
-    pub kafka: Option<Arc<crate::storage::kafka::KafkaBackend>>,
+    /// With a remote log (`storage = kafka | rocketmq`): the connection every shard produces
+    /// through (with Kafka, the cluster's records go through it too, but only
+    /// [`Shared::cluster`] writes those).
+    pub remote: Option<Arc<dyn crate::storage::remote::Remote>>,
 }
 
 /// The process-wide memory budget. A watcher thread samples the resident set every 100 ms;
@@ -179,27 +179,24 @@ impl Shared {
         Some(format!("{} (descriptors: {})", why.join("; "), self.fds))
     }
 
-    /// Whether the log is shared with other instances (storage = kafka): a topic is then the
-    /// broker's, whichever instance (or Kafka tool) made it.
+    /// Whether the log is another system's (storage = kafka | rocketmq): a topic is then the
+    /// broker's, whichever instance (or tool) made it.
     pub fn clustered_log(&self) -> bool {
-        !matches!(self.config.storage, crate::config::StorageKind::Embedded)
+        self.config.storage.remote()
     }
 
     /// With Kafka: `topic` grew from `from` partitions to `to`; a followed topic's new
     /// partitions are followed too, from the start of their local copies.
     pub fn follow_grown(&self, topic: &str, from: u32, to: u32) {
-        #[cfg(feature = "kafka")]
-        if let Some(k) = &self.kafka {
+        if let Some(k) = &self.remote {
             if !self.followed.lock().expect("not poisoned").contains(topic) {
                 return;
             }
             for p in (from..to).map(crate::model::PartitionId) {
                 let at = self.local_end(topic, p).unwrap_or(0);
-                k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p.0, from: at });
+                k.follow(crate::storage::remote::Follow { topic: topic.to_owned(), partition: p.0, from: at });
             }
         }
-        #[cfg(not(feature = "kafka"))]
-        let _ = (topic, from, to);
     }
 
     /// With Kafka: has the tail follow `topic`, each partition from the end of its local copy,
@@ -210,8 +207,7 @@ impl Shared {
     /// stays where it was (a publish here is written through only where it continues it), and
     /// is caught up from Kafka when followed.
     pub fn follow_topic(&self, topic: &str) {
-        #[cfg(feature = "kafka")]
-        if let Some(k) = &self.kafka {
+        if let Some(k) = &self.remote {
             {
                 let mut followed = self.followed.lock().expect("not poisoned");
                 if crate::model::StoredTopic::new(topic).is_lite() || followed.contains(topic) {
@@ -228,11 +224,9 @@ impl Shared {
             };
             for p in (0..partitions).map(crate::model::PartitionId) {
                 let from = self.local_end(topic, p).unwrap_or(0);
-                k.follow(crate::storage::kafka::Follow { topic: topic.to_owned(), partition: p.0, from });
+                k.follow(crate::storage::remote::Follow { topic: topic.to_owned(), partition: p.0, from });
             }
         }
-        #[cfg(not(feature = "kafka"))]
-        let _ = topic;
     }
 
     /// The end of the local copy of a partition (what its owner wrote of it).

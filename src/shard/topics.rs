@@ -145,7 +145,6 @@ impl Shard {
     async fn make_topic(&self, topic: &str, spec: Option<TopicMeta>, internal: bool, may_create: bool) -> EnsureReply {
         let (db, c) = (&self.shared.db, &self.shared.config);
         let count = &self.shared.topic_count;
-        #[allow(unused_mut)]
         let mut m = spec.unwrap_or(TopicMeta {
             partitions: c.default_partitions,
             retention_ms: c.retention_ms,
@@ -155,26 +154,23 @@ impl Shard {
         // A lookup goes first (a name the broker does not have is a 404, not a claim on
         // max_topics; nothing is asked once the cap is reached); a creation claims its slot
         // first (nothing is made past the cap).
-        #[allow(unused_mut)]
         let mut known: Option<(u32, bool)> = None;
-        #[cfg(feature = "kafka")]
-        if let (Some(k), false) = (&self.shared.kafka, may_create) {
+        if let (Some(k), false) = (&self.shared.remote, may_create) {
             if count.load(std::sync::atomic::Ordering::Acquire) >= c.max_topics {
                 return Err(full());
             }
-            known = Some((self.look_up(k, topic).await?, false));
+            known = Some((self.look_up(k.as_ref(), topic).await?, false));
         }
         // Meta owners of different topics create concurrently: a slot is claimed first, given
         // back unless the topic is stored, however this ask ends.
         let claim = Claim::take(count, if internal { usize::MAX } else { c.max_topics }).ok_or_else(full)?;
-        #[cfg(feature = "kafka")]
-        if let (Some(k), None) = (&self.shared.kafka, known) {
+        if let (Some(k), None) = (&self.shared.remote, known) {
             // The topic is the broker's: created there first, or, made by another instance (or
             // a Kafka tool), taken with the count it has there; only an explicit create with
             // another count conflicts. Read once sessions here need it
             // (`Shared::follow_topic`), from its start: events other producers wrote to an
             // existing topic are delivered too.
-            let ask = crate::storage::kafka::TopicAsk::Create { partitions: m.partitions, exact: spec.is_some() };
+            let ask = crate::storage::remote::TopicAsk::Create { partitions: m.partitions, exact: spec.is_some() };
             let t = k.ensure_topic(topic, ask).await?;
             known = Some((t.partitions, t.created));
         }
@@ -195,8 +191,7 @@ impl Shard {
     /// A name it does not have is remembered for [`ABSENT_FOR`], and at most
     /// [`MAX_LOOKUPS`] are asked at once per shard (503 past them): a client naming topics at
     /// random costs the broker a bounded number of requests.
-    #[cfg(feature = "kafka")]
-    async fn look_up(&self, k: &crate::storage::kafka::KafkaBackend, topic: &str) -> Result<u32, StorageError> {
+    async fn look_up(&self, k: &dyn crate::storage::remote::Remote, topic: &str) -> Result<u32, StorageError> {
         let now = std::time::Instant::now();
         if let Some((_, e)) = self.absent.borrow().get(topic).filter(|(until, _)| *until > now) {
             return Err(e.clone());
@@ -204,7 +199,7 @@ impl Shard {
         if self.making.borrow().len() > MAX_LOOKUPS {
             return Err(StorageError::Unavailable("too many topics are being looked up on the broker"));
         }
-        let answer = k.ensure_topic(topic, crate::storage::kafka::TopicAsk::Describe).await;
+        let answer = k.ensure_topic(topic, crate::storage::remote::TopicAsk::Describe).await;
         if let Err(e) = &answer {
             let now = std::time::Instant::now();
             let until = now + if matches!(e, StorageError::NoTopic(_)) { ABSENT_FOR } else { FAILED_FOR };

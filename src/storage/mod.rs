@@ -7,8 +7,8 @@
 //! logs, with RocksDB for metadata, offsets and lite topics: `embedded`) is the default. The one
 //! RocksDB handle is opened by the runtime and shared (`shard::shared::Shared::db`): besides the
 //! shards' logs, session followers (`push::follow`) and agent calls (`ingress::call`) read lite
-//! topics' rows through it directly, with `embedded::read_from` / `embedded::end_of`. What is
-//! Kafka's stays in `kafka`.
+//! topics' rows through it directly, with `embedded::read_from` / `embedded::end_of`. A log in
+//! another system is `remote`'s seam; what is Kafka's stays in `kafka`.
 
 pub mod db;
 pub mod embedded;
@@ -17,6 +17,9 @@ pub mod kafka;
 pub mod meta;
 pub mod offsets;
 pub mod partitions;
+pub mod remote;
+#[cfg(feature = "rocketmq")]
+pub mod rocketmq;
 pub mod segment;
 
 #[cfg(test)]
@@ -168,30 +171,41 @@ pub struct KafkaSettings {
     pub topic_refresh: std::time::Duration,
 }
 
-/// The log a shard uses: the embedded engine, or Kafka with a local copy for reads.
+/// How evmesh reaches RocketMQ (from `[rocketmq]` in the configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RocketMqSettings {
+    /// The name servers, `host:port;host:port`.
+    pub namesrv: String,
+    /// Put before every evmesh topic name to make its RocketMQ topic name.
+    pub topic_prefix: String,
+    /// How long a publish waits for the broker's answer.
+    pub send_timeout: std::time::Duration,
+    /// How often the topics' routes are read for queues added there.
+    pub topic_refresh: std::time::Duration,
+}
+
+/// The log a shard uses: the embedded engine, or another system's (Kafka, RocketMQ) with a
+/// local copy for reads.
 pub enum Log {
     Embedded(embedded::EmbeddedLog),
-    #[cfg(feature = "kafka")]
-    Kafka(kafka::KafkaLog),
+    Remote(remote::RemoteLog),
 }
 
 impl Log {
-    /// Where this shard's partitions are stored locally (the Kafka backend's copy).
+    /// Where this shard's partitions are stored locally (a remote log's copy).
     pub fn local(&self) -> &embedded::EmbeddedLog {
         match self {
             Log::Embedded(l) => l,
-            #[cfg(feature = "kafka")]
-            Log::Kafka(k) => &k.mirror,
+            Log::Remote(r) => &r.mirror,
         }
     }
 
-    /// Where this shard's lite topics are kept: with Kafka too, on this instance only (the
+    /// Where this shard's lite topics are kept: over a remote log too, on this instance only (the
     /// sessions and agents they serve are served at their home instance only).
     pub fn lite(&self) -> &embedded::EmbeddedLog {
         match self {
             Log::Embedded(l) => l,
-            #[cfg(feature = "kafka")]
-            Log::Kafka(k) => &k.lite,
+            Log::Remote(r) => &r.lite,
         }
     }
 
@@ -204,8 +218,8 @@ impl Log {
         }
     }
 
-    /// Appends; also says whether the frames can be read locally now (with Kafka they may
-    /// arrive later, through the tail, behind records of other producers).
+    /// Appends; also says whether the frames can be read locally now (over a remote log they
+    /// may arrive later, through the tail, behind records of other producers).
     pub async fn append_mirrored(
         &self,
         topic: &str,
@@ -214,12 +228,10 @@ impl Log {
     ) -> Result<(u64, bool), StorageError> {
         match self {
             Log::Embedded(l) => l.append(topic, partition, frames).await.map(|first| (first, true)),
-            #[cfg(feature = "kafka")]
-            Log::Kafka(k) if StoredTopic::new(topic).is_lite() => {
-                k.lite.append(topic, partition, frames).await.map(|first| (first, true))
+            Log::Remote(r) if StoredTopic::new(topic).is_lite() => {
+                r.lite.append(topic, partition, frames).await.map(|first| (first, true))
             }
-            #[cfg(feature = "kafka")]
-            Log::Kafka(k) => k.append_mirrored(topic, partition, frames).await,
+            Log::Remote(r) => r.append_mirrored(topic, partition, frames).await,
         }
     }
 

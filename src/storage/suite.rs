@@ -1,7 +1,8 @@
 //! The storage test suite: what every backend must do, run against the embedded engine (each
 //! durability) on a real RocksDB in a temporary directory, and the same tests against the Kafka
-//! backend on the real broker `scripts/test.sh` starts (EVMESH_TEST_KAFKA). Reopening and
-//! corruption are the embedded engine's own tests (Kafka's restart is an integration test).
+//! and RocketMQ backends on the real brokers `scripts/test.sh` starts (EVMESH_TEST_KAFKA,
+//! EVMESH_TEST_ROCKETMQ). Reopening and corruption are the embedded engine's own tests (a remote
+//! log's restart is an integration test).
 
 use std::path::PathBuf;
 
@@ -10,9 +11,9 @@ use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader}
 use std::sync::Arc;
 
 use super::embedded::{EmbeddedLog, SyncError, SyncTicket, Syncer};
-#[cfg(feature = "kafka")]
-use super::kafka::{KafkaBackend, KafkaLog};
 use super::partitions::PartitionLogs;
+#[cfg(any(feature = "kafka", feature = "rocketmq"))]
+use super::remote::{Remote, RemoteLog, TopicAsk};
 use super::{db, Bounds, Durability, Log, Storage, TopicMeta};
 use crate::model::{PartitionId, ShardId};
 
@@ -76,6 +77,8 @@ enum Backend {
     Embedded(Durability),
     #[cfg(feature = "kafka")]
     Kafka,
+    #[cfg(feature = "rocketmq")]
+    RocketMq,
 }
 
 /// The backends a plain `cargo test` runs against; the Kafka backend runs the same checks in
@@ -101,19 +104,37 @@ fn open(dir: &TempDir, backend: Backend, topics: &[&str]) -> (Log, Vec<String>) 
                 properties: Vec::new(),
                 topic_refresh: std::time::Duration::from_secs(10),
             };
-            let k = KafkaBackend::connect(settings).unwrap();
-            let stamp = format!("{}-{}", std::process::id(), crate::model::clock::now_micros());
-            let names: Vec<String> = topics.iter().map(|t| format!("suite-{stamp}-{t}")).collect();
-            for n in &names {
-                block_on(k.ensure_topic(n, super::kafka::TopicAsk::Create { partitions: 4, exact: true })).unwrap();
-            }
-            let db = db::open(&dir.0, 2).unwrap();
-            let segments = logs(dir, true);
-            let local = EmbeddedLog::new(db.clone(), segments.clone(), ShardId(0), Durability::Memory, None, HOUR);
-            let lite = EmbeddedLog::new(db, segments, ShardId(0), Durability::Os, None, HOUR);
-            (Log::Kafka(KafkaLog::new(k, local, lite)), names)
+            remote(dir, super::kafka::KafkaBackend::connect(settings).unwrap(), topics)
+        }
+        #[cfg(feature = "rocketmq")]
+        Backend::RocketMq => {
+            let namesrv = std::env::var("EVMESH_TEST_ROCKETMQ").expect(
+                "EVMESH_TEST_ROCKETMQ names the test RocketMQ name server; scripts/test.sh installs and starts one",
+            );
+            let settings = super::RocketMqSettings {
+                namesrv,
+                topic_prefix: String::new(),
+                send_timeout: std::time::Duration::from_secs(3),
+                topic_refresh: std::time::Duration::from_secs(10),
+            };
+            remote(dir, super::rocketmq::RocketMqBackend::connect(settings).unwrap(), topics)
         }
     }
+}
+
+/// A log over `remote`, its `topics` made there under names unique to this run, 4 partitions each.
+#[cfg(any(feature = "kafka", feature = "rocketmq"))]
+fn remote(dir: &TempDir, remote: Arc<dyn Remote>, topics: &[&str]) -> (Log, Vec<String>) {
+    let stamp = format!("{}-{}", std::process::id(), crate::model::clock::now_micros());
+    let names: Vec<String> = topics.iter().map(|t| format!("suite-{stamp}-{t}")).collect();
+    for n in &names {
+        block_on(remote.ensure_topic(n, TopicAsk::Create { partitions: 4, exact: true })).unwrap();
+    }
+    let db = db::open(&dir.0, 2).unwrap();
+    let segments = logs(dir, true);
+    let local = EmbeddedLog::new(db.clone(), segments.clone(), ShardId(0), Durability::Memory, None, HOUR);
+    let lite = EmbeddedLog::new(db, segments, ShardId(0), Durability::Os, None, HOUR);
+    (Log::Remote(RemoteLog::new(remote, local, lite)), names)
 }
 
 #[test]
@@ -290,6 +311,29 @@ mod on_kafka {
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn concurrent_appends_share_a_write_and_keep_dense_offsets() {
         concurrent_appends(Backend::Kafka);
+    }
+}
+
+#[cfg(feature = "rocketmq")]
+mod on_rocketmq {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs a RocketMQ name server at EVMESH_TEST_ROCKETMQ (scripts/test.sh starts one)"]
+    fn offsets_are_dense_per_partition_and_stamped() {
+        dense_and_stamped(Backend::RocketMq);
+    }
+
+    #[test]
+    #[ignore = "needs a RocketMQ name server at EVMESH_TEST_ROCKETMQ (scripts/test.sh starts one)"]
+    fn retention_by_size_and_age_keeps_the_newest() {
+        retention_keeps_the_newest(Backend::RocketMq);
+    }
+
+    #[test]
+    #[ignore = "needs a RocketMQ name server at EVMESH_TEST_ROCKETMQ (scripts/test.sh starts one)"]
+    fn concurrent_appends_share_a_write_and_keep_dense_offsets() {
+        concurrent_appends(Backend::RocketMq);
     }
 }
 

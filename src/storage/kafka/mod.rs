@@ -1,15 +1,12 @@
-//! The Kafka backend: Kafka as the durable, replicated log, and the connection to it.
+//! The Kafka backend: Kafka as the durable, replicated log behind the [`Remote`] seam (what a
+//! remote log is, the local copy and the tail, is `storage::remote`'s), and the connection to it.
 //!
 //! * **Writes**: the owner shard of a partition produces its events (CloudEvents Kafka binding,
 //!   binary mode: `adaptor::kafka`) with librdkafka's own producer thread; each record's
 //!   delivery report comes back to the waiting shard task through a oneshot channel, so no
 //!   core blocks on Kafka, and the 202 waits for the broker's ack (`acks=all` by default).
-//! * **Reads**: each shard keeps a local copy of the partitions it owns in the embedded log's
-//!   segment logs (lite topics in its `log.N` family, without WAL): Kafka is the durable copy. The owner
-//!   writes its own acknowledged events through at once; one tail thread reads every followed
-//!   partition with `assign()` at the copy's end and hands fetched batches to the owner shard
-//!   through its mailbox (records of other producers, and whatever the copy lost in a crash).
-//!   Delivery reads the copy at offsets evmesh owns (RocksDB), so restarts replay from Kafka.
+//! * **Reads**: one tail thread reads every followed partition with `assign()` at the local
+//!   copy's end and hands fetched batches to the owner shard.
 //! * **evmesh's own topics** (`__evmesh.*`, one partition each): [`KafkaBackend::put_record`]
 //!   writes a keyed record and [`OwnTopics`] reads them back. What the records mean (heartbeats,
 //!   home claims, definitions, forwarded replies) is the cluster seam's
@@ -39,8 +36,8 @@ mod tail;
 
 pub use own::{OwnRecord, OwnTopics, Start};
 
-use super::embedded::EmbeddedLog;
-use super::{Bounds, KafkaSettings, Storage, StorageError, TopicMeta};
+use super::remote::{Answer, Deliver, Follow, Remote, RemoteTopic, TopicAsk};
+use super::{KafkaSettings, StorageError};
 use crate::model::PartitionId;
 
 /// The consumer group id librdkafka insists on; never joined, never committed to.
@@ -76,41 +73,14 @@ impl ProducerContext for Reports {
     }
 }
 
-/// What a topic job (`KafkaBackend::ensure_topic`) asks of the broker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TopicAsk {
-    /// Create the topic with this many partitions; an existing one is taken with the count it
-    /// has (`exact`: unless that differs, a conflict).
-    Create { partitions: u32, exact: bool },
-    /// Only say how many partitions the topic has (never create it).
-    Describe,
-}
-
-/// The topic as the broker has it: its partition count, and whether this job created it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KafkaTopic {
-    pub partitions: u32,
-    pub created: bool,
-}
-
 /// A topic to create (or look up) on the broker.
 struct TopicJob {
     topic: String,
     ask: TopicAsk,
     /// Topic configs set when it is created (`retention.ms`, ...).
     config: &'static [(&'static str, &'static str)],
-    reply: oneshot::Sender<Result<KafkaTopic, StorageError>>,
+    reply: oneshot::Sender<Result<RemoteTopic, StorageError>>,
 }
-
-/// A partition the tail thread starts following at `from`.
-pub struct Follow {
-    pub topic: String,
-    pub partition: u32,
-    pub from: u64,
-}
-
-/// Records read by the tail thread, for the owner of their partition (`topic` is in the frames).
-pub type Fetched = (PartitionId, Vec<Frame>);
 
 /// The connection to Kafka, shared by every shard.
 pub struct KafkaBackend {
@@ -163,76 +133,23 @@ impl KafkaBackend {
         }))
     }
 
-    /// `kafka.topic_prefix`: what tells evmesh's topics from others' on the broker.
-    pub fn topic_prefix(&self) -> &str {
-        &self.settings.topic_prefix
-    }
-
-    /// `kafka.topic_refresh_ms`.
-    pub fn topic_refresh(&self) -> Duration {
-        self.settings.topic_refresh
-    }
-
     /// The Kafka topic behind an evmesh topic.
     fn kafka_topic(&self, topic: &str) -> String {
         format!("{}{topic}", self.settings.topic_prefix)
     }
 
-    /// Creates the topic, or looks up the one the broker has (`TopicAsk`): a topic is the
-    /// broker's, with the broker's partition count, whichever instance made it.
-    pub async fn ensure_topic(&self, topic: &str, ask: TopicAsk) -> Result<KafkaTopic, StorageError> {
-        self.ensure_topic_with(topic, ask, &[]).await
-    }
-
-    /// [`KafkaBackend::ensure_topic`] with topic configs for its creation.
+    /// [`Remote::ensure_topic`] with topic configs for its creation.
     async fn ensure_topic_with(
         &self,
         topic: &str,
         ask: TopicAsk,
         config: &'static [(&'static str, &'static str)],
-    ) -> Result<KafkaTopic, StorageError> {
+    ) -> Result<RemoteTopic, StorageError> {
         let (reply, rx) = oneshot::channel();
         self.topics
             .send(TopicJob { topic: self.kafka_topic(topic), ask, config, reply })
             .map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?;
         rx.await.map_err(|_| StorageError::Unavailable("kafka admin thread stopped"))?
-    }
-
-    /// Every evmesh topic the broker has under this instance's prefix (evmesh's own `__evmesh.`
-    /// topics and names evmesh does not take left out), with its partition count (`None`: there,
-    /// but not described now: an error on it, no partitions yet): one metadata request.
-    pub fn topics(&self) -> Result<Vec<(String, Option<u32>)>, StorageError> {
-        use rdkafka::producer::Producer;
-        let md =
-            self.producer.client().fetch_metadata(None, Duration::from_secs(10)).map_err(|e| engine("metadata", e))?;
-        let prefix = &self.settings.topic_prefix;
-        let described = |t: &rdkafka::metadata::MetadataTopic| {
-            (t.error().is_none() && !t.partitions().is_empty()).then(|| t.partitions().len() as u32)
-        };
-        Ok(md
-            .topics()
-            .iter()
-            .filter_map(|t| Some((t.name().strip_prefix(prefix.as_str())?.to_owned(), described(t))))
-            .filter(|(name, _)| !name.starts_with("__evmesh.") && crate::model::valid_topic(name))
-            .collect())
-    }
-
-    /// Starts following a partition from `from` (the local copy's end).
-    pub fn follow(&self, f: Follow) {
-        let _ = self.follow.send(Follow { topic: self.kafka_topic(&f.topic), ..f });
-    }
-
-    /// Starts the tail thread; `deliver` hands a fetched batch to the partition's owner and
-    /// must not drop it (it may block this thread while the owner's mailbox is full).
-    pub fn start_tail(&self, deliver: impl Fn(Fetched) + Send + 'static) -> Result<(), StorageError> {
-        let Some(rx) = self.follow_rx.lock().expect("not poisoned").take() else { return Ok(()) };
-        let consumer = self.assign_only_consumer()?;
-        let prefix = self.settings.topic_prefix.clone();
-        std::thread::Builder::new()
-            .name("evmesh-kafka-tail".into())
-            .spawn(move || tail::tail(consumer, rx, &prefix, deliver))
-            .map_err(|e| engine("tail thread", e))?;
-        Ok(())
     }
 
     /// A consumer for `assign()` only (see [`ASSIGN_ONLY_GROUP`]).
@@ -253,7 +170,7 @@ impl KafkaBackend {
         &self,
         topic: &str,
         config: &'static [(&'static str, &'static str)],
-    ) -> Result<KafkaTopic, StorageError> {
+    ) -> Result<RemoteTopic, StorageError> {
         let ask = TopicAsk::Create { partitions: 1, exact: true };
         futures::executor::block_on(self.ensure_topic_with(topic, ask, config))
     }
@@ -294,7 +211,7 @@ impl KafkaBackend {
 
     /// Sends one frame; the receiver resolves with its partition and offset once the broker
     /// acknowledged it (or with why it could not).
-    fn produce(
+    fn produce_one(
         &self,
         topic: &str,
         partition: PartitionId,
@@ -321,12 +238,83 @@ impl KafkaBackend {
     }
 }
 
+impl Remote for KafkaBackend {
+    fn system(&self) -> &'static str {
+        "kafka"
+    }
+
+    /// `kafka.topic_prefix`.
+    fn topic_prefix(&self) -> &str {
+        &self.settings.topic_prefix
+    }
+
+    /// `kafka.topic_refresh_ms`.
+    fn topic_refresh(&self) -> Duration {
+        self.settings.topic_refresh
+    }
+
+    /// One record per frame, all sent before the first report is awaited.
+    fn produce<'a>(&'a self, topic: &'a str, partition: PartitionId, frames: &'a [Frame]) -> Answer<'a, Vec<u64>> {
+        let waits: Result<Vec<oneshot::Receiver<Report>>, _> =
+            frames.iter().map(|f| self.produce_one(topic, partition, f)).collect();
+        Box::pin(async move {
+            let mut offsets = Vec::with_capacity(frames.len());
+            for rx in waits? {
+                let (_, o) = rx
+                    .await
+                    .map_err(|_| StorageError::Unavailable("kafka producer stopped"))?
+                    .map_err(|e| engine("delivery", e))?;
+                offsets.push(o as u64);
+            }
+            Ok(offsets)
+        })
+    }
+
+    fn ensure_topic<'a>(&'a self, topic: &'a str, ask: TopicAsk) -> Answer<'a, RemoteTopic> {
+        Box::pin(self.ensure_topic_with(topic, ask, &[]))
+    }
+
+    /// Every evmesh topic the broker has under this instance's prefix (evmesh's own `__evmesh.`
+    /// topics and names evmesh does not take left out), with its partition count (`None`: there,
+    /// but not described now: an error on it, no partitions yet): one metadata request.
+    fn topics(&self) -> Result<Vec<(String, Option<u32>)>, StorageError> {
+        use rdkafka::producer::Producer;
+        let md =
+            self.producer.client().fetch_metadata(None, Duration::from_secs(10)).map_err(|e| engine("metadata", e))?;
+        let prefix = &self.settings.topic_prefix;
+        let described = |t: &rdkafka::metadata::MetadataTopic| {
+            (t.error().is_none() && !t.partitions().is_empty()).then(|| t.partitions().len() as u32)
+        };
+        Ok(md
+            .topics()
+            .iter()
+            .filter_map(|t| Some((t.name().strip_prefix(prefix.as_str())?.to_owned(), described(t))))
+            .filter(|(name, _)| !name.starts_with("__evmesh.") && crate::model::valid_topic(name))
+            .collect())
+    }
+
+    fn follow(&self, f: Follow) {
+        let _ = self.follow.send(Follow { topic: self.kafka_topic(&f.topic), ..f });
+    }
+
+    fn start_tail(&self, deliver: Deliver) -> Result<(), StorageError> {
+        let Some(rx) = self.follow_rx.lock().expect("not poisoned").take() else { return Ok(()) };
+        let consumer = self.assign_only_consumer()?;
+        let prefix = self.settings.topic_prefix.clone();
+        std::thread::Builder::new()
+            .name("evmesh-kafka-tail".into())
+            .spawn(move || tail::tail(consumer, rx, &prefix, deliver))
+            .map_err(|e| engine("tail thread", e))?;
+        Ok(())
+    }
+}
+
 fn create_topic(
     admin: &AdminClient<DefaultClientContext>,
     job: &TopicJob,
     rf: i32,
     prefix: &str,
-) -> Result<KafkaTopic, StorageError> {
+) -> Result<RemoteTopic, StorageError> {
     let topic = job.topic.as_str();
     let named = topic.strip_prefix(prefix).unwrap_or(topic);
     // The broker's count of a topic (0: it does not have it). A topic it has that cannot be
@@ -347,7 +335,7 @@ fn create_topic(
         TopicAsk::Describe => {
             return match existing()? {
                 0 => Err(StorageError::NoTopic(named.to_owned())),
-                n => Ok(KafkaTopic { partitions: n, created: false }),
+                n => Ok(RemoteTopic { partitions: n, created: false }),
             };
         }
         TopicAsk::Create { partitions, exact } => (partitions, exact),
@@ -360,86 +348,13 @@ fn create_topic(
     let results =
         futures::executor::block_on(admin.create_topics([&new], &opts)).map_err(|e| engine("create topic", e))?;
     match results.into_iter().next() {
-        Some(Ok(_)) => Ok(KafkaTopic { partitions, created: true }),
+        Some(Ok(_)) => Ok(RemoteTopic { partitions, created: true }),
         Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => match existing()? {
             0 => Err(StorageError::Unavailable("kafka: the topic exists and has no partitions yet")),
             n if exact && n != partitions => Err(StorageError::Conflict { topic: named.to_owned(), existing: n }),
-            n => Ok(KafkaTopic { partitions: n, created: false }),
+            n => Ok(RemoteTopic { partitions: n, created: false }),
         },
         Some(Err((_, code))) => Err(engine("create topic", code)),
         None => Err(engine("create topic", "no result")),
-    }
-}
-
-/// One shard's log on Kafka: produce to Kafka, read the local copy.
-pub struct KafkaLog {
-    backend: Arc<KafkaBackend>,
-    /// The local copy of the partitions this shard owns.
-    pub mirror: EmbeddedLog,
-    /// The lite topics this shard owns: this instance's own, never written to Kafka (the
-    /// sessions and agents they serve are served at their home instance only), so kept as the
-    /// embedded log keeps them, with the configured durability.
-    pub lite: EmbeddedLog,
-}
-
-impl KafkaLog {
-    pub fn new(backend: Arc<KafkaBackend>, mirror: EmbeddedLog, lite: EmbeddedLog) -> Self {
-        KafkaLog { backend, mirror, lite }
-    }
-
-    /// Appends and reports whether the frames are in the local copy already (else the tail
-    /// brings them, after records of other producers that came first).
-    pub async fn append_mirrored(
-        &self,
-        topic: &str,
-        partition: PartitionId,
-        frames: &mut [Frame],
-    ) -> Result<(u64, bool), StorageError> {
-        let waits: Vec<oneshot::Receiver<Report>> =
-            frames.iter().map(|f| self.backend.produce(topic, partition, f)).collect::<Result<_, _>>()?;
-        for (f, rx) in frames.iter_mut().zip(waits) {
-            let (p, o) = rx
-                .await
-                .map_err(|_| StorageError::Unavailable("kafka producer stopped"))?
-                .map_err(|e| engine("delivery", e))?;
-            f.set_partition(p as u32);
-            f.set_offset(o as u64);
-        }
-        let first = frames.first().map_or(0, |f| f.header().offset);
-        let contiguous = frames.windows(2).all(|w| w[1].header().offset == w[0].header().offset + 1);
-        let mirrored = contiguous && matches!(self.mirror.put_mirrored(topic, partition, frames, true)?, Some(0));
-        Ok((first, mirrored))
-    }
-}
-
-impl Storage for KafkaLog {
-    async fn append(&self, topic: &str, partition: PartitionId, frames: &mut [Frame]) -> Result<u64, StorageError> {
-        self.append_mirrored(topic, partition, frames).await.map(|(first, _)| first)
-    }
-
-    fn read(
-        &self,
-        topic: &str,
-        partition: PartitionId,
-        from: u64,
-        max: usize,
-        max_bytes: usize,
-    ) -> Result<Vec<Frame>, StorageError> {
-        self.mirror.read(topic, partition, from, max, max_bytes)
-    }
-
-    fn bounds(&self, topic: &str, partition: PartitionId) -> Result<Bounds, StorageError> {
-        self.mirror.bounds(topic, partition)
-    }
-
-    /// Kafka keeps its own retention; this bounds the local copy.
-    fn enforce_retention(
-        &self,
-        topic: &str,
-        meta: &TopicMeta,
-        partition: PartitionId,
-        now_us: i64,
-    ) -> Result<u64, StorageError> {
-        self.mirror.enforce_retention(topic, meta, partition, now_us)
     }
 }

@@ -10,8 +10,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use super::{Fetched, Follow};
 use crate::model::PartitionId;
+use crate::storage::remote::{Fetched, Follow};
 
 /// The tail thread: reads every followed partition and hands batches to their owners.
 pub(super) fn tail(consumer: BaseConsumer, follow: mpsc::Receiver<Follow>, prefix: &str, deliver: impl Fn(Fetched)) {

@@ -1,0 +1,72 @@
+//! The tail thread (`evmesh-rocketmq-tail`): pulls every followed queue from the end of its
+//! local copy, all at once, and hands what it brings to the partition's owner, in offset order.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::client::Pulled;
+use super::Job;
+use crate::model::PartitionId;
+use crate::storage::remote::{Deliver, Follow};
+use crate::storage::StorageError;
+
+/// How long the tail rests after a round that brought nothing.
+const IDLE: Duration = Duration::from_millis(10);
+
+/// The tail: every followed partition (evmesh topic, partition, next offset), pulled round after round.
+pub(super) fn tail(jobs: tokio::sync::mpsc::UnboundedSender<Job>, follow: mpsc::Receiver<Follow>, deliver: Deliver) {
+    let mut followed: Vec<Follow> = Vec::new();
+    let mut warned = Instant::now() - Duration::from_secs(60);
+    loop {
+        for f in std::iter::from_fn(|| follow.try_recv().ok()) {
+            // Asked again (two shards made its topic at once): followed once, from where it is.
+            if !followed.iter().any(|g| g.topic == f.topic && g.partition == f.partition) {
+                followed.push(f);
+            }
+        }
+        let mut brought = false;
+        // Every queue's pull is out at once; their answers are taken in turn.
+        let mut pulls = Vec::with_capacity(followed.len());
+        for f in &followed {
+            let (reply, rx) = futures::channel::oneshot::channel();
+            let job = Job::Pull { topic: f.topic.clone(), partition: f.partition, from: f.from, reply };
+            if jobs.send(job).is_err() {
+                return; // the client thread stopped: the process is going
+            }
+            pulls.push(rx);
+        }
+        for (f, rx) in followed.iter_mut().zip(pulls) {
+            let pulled: Result<Pulled, StorageError> =
+                futures::executor::block_on(rx).unwrap_or(Err(StorageError::Unavailable("rocketmq client stopped")));
+            match pulled {
+                Ok(p) => {
+                    if p.moved {
+                        crate::log::warn(
+                            "storage",
+                            &format!(
+                                "rocketmq tail: {}/{}: offsets {}..{} are not in the queue any more",
+                                f.topic, f.partition, f.from, p.next
+                            ),
+                            &[],
+                        );
+                    }
+                    brought |= p.next > f.from;
+                    f.from = p.next;
+                    if !p.frames.is_empty() {
+                        deliver((PartitionId(f.partition), p.frames));
+                    }
+                }
+                // Broker away, topic not routed yet: tried again next round, said now and then.
+                Err(e) => {
+                    if warned.elapsed() > Duration::from_secs(10) {
+                        crate::log::warn("storage", &format!("rocketmq tail: {}/{}: {e}", f.topic, f.partition), &[]);
+                        warned = Instant::now();
+                    }
+                }
+            }
+        }
+        if !brought {
+            std::thread::sleep(IDLE);
+        }
+    }
+}
