@@ -1,13 +1,14 @@
 # Sourced by the perf scripts: builds evmesh and loadgen, starts nginx + nchan from the shared
 # peer scripts (installing them once; not with PEERS=0), and sets EVMESH, LOADGEN, NCHAN_PID,
-# ROOT, P, SHARED. CARGO_TARGET_DIR picks the build directory; EVMESH_BIN runs another evmesh
+# ROOT, P, SHARED. CARGO_TARGET_DIR picks the build directory, EVMESH_FEATURES cargo features
+# of evmesh (rocketmq); EVMESH_BIN runs another evmesh
 # binary than this checkout's (an older build, for a before/after).
 ROOT=$PWD
 SHARED=${SHARED:-$ROOT/../shared}
 P=${PEERS_DIR:-/tmp/evmesh-peers}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 bash scripts/deps.sh
-cargo build --release -q --workspace --bins
+cargo build --release -q --workspace ${EVMESH_FEATURES:+--features "evmesh/$EVMESH_FEATURES"} --bins
 EVMESH=${EVMESH_BIN:-$CARGO_TARGET_DIR/release/evmesh}
 LOADGEN=$CARGO_TARGET_DIR/release/loadgen
 if [ "${PEERS:-1}" != 0 ]; then

@@ -70,9 +70,21 @@ TANSU_PID=$!
 trap 'kill $TANSU_PID 2>/dev/null || true' EXIT
 for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null && break; sleep 0.1; done
 export EVMESH_TEST_KAFKA="127.0.0.1:$KAFKA_PORT" EVMESH_TANSU="$TANSU_DIR/tansu"
+# The RocketMQ name server and broker for the RocketMQ backend (scripts/rocketmq.sh: the Rust
+# implementation's, Apache-2.0, built once outside the clone), in a temporary directory;
+# stopped with tansu when this script ends.
+bash scripts/rocketmq.sh install
+RMQ_DIR=$(mktemp -d "${TMPDIR:-/tmp}/evmesh-rocketmq.XXXXXX")
+trap 'kill $TANSU_PID 2>/dev/null || true; bash scripts/rocketmq.sh stop "$RMQ_DIR"; rm -rf "$RMQ_DIR"' EXIT
+EVMESH_TEST_ROCKETMQ=$(bash scripts/rocketmq.sh start "$RMQ_DIR")
+export EVMESH_TEST_ROCKETMQ
+# Every build below has the RocketMQ backend (a cargo feature, off by default: its client needs
+# Rust 1.95); the lints also check the default build.
+FEATURES=(--features evmesh/rocketmq)
 echo "== fmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --release --workspace --all-targets -- -D warnings
-echo "== rustdoc"; RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc --release --workspace --no-deps -q
+cargo clippy --release --workspace --all-targets "${FEATURES[@]}" -- -D warnings
+echo "== rustdoc"; RUSTDOCFLAGS="-D rustdoc::broken_intra_doc_links" cargo doc --release --workspace "${FEATURES[@]}" --no-deps -q
 # evmesh-client's public API against its committed baseline (client/public-api.txt): a change
 # to it must update the baseline and client/CHANGELOG.md in the same commit.
 TOOLS=/var/tmp/evmesh-tools
@@ -89,7 +101,7 @@ PATH="$TOOLS/bin:$PATH" cargo public-api -p evmesh-client -sss 2>/dev/null | dif
         --no-default-features --root "$TOOLS"
 rm -rf /var/tmp/evmesh-tools-target
 echo "== guide"; "$TOOLS/bin/mdbook" build docs
-echo "== benches and fuzz targets build"; cargo build --release --workspace --benches --bins -q
+echo "== benches and fuzz targets build"; cargo build --release --workspace "${FEATURES[@]}" --benches --bins -q
 # The TypeScript client (clients/js): its types against openapi/evmesh.yaml (openapi-typescript),
 # then its tests against the release binary built above, and in a real
 # headless browser (Debian's chromium, driven by puppeteer-core).
@@ -108,12 +120,12 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-# Tests that need the Kafka broker, Python or Node are #[ignore]d in a plain `cargo test`;
+# Tests that need the Kafka or RocketMQ broker, Python or Node are #[ignore]d in a plain `cargo test`;
 # everything they need is installed and started above, so they run here.
 echo "== tests"; disk "before the tests"
 log=$(mktemp)
 set +e
-cargo test --release --workspace -- --include-ignored 2>&1 | tee "$log"
+cargo test --release --workspace "${FEATURES[@]}" -- --include-ignored 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 # One closing line for the whole suite (cargo prints one per test binary, the last often empty).

@@ -28,6 +28,8 @@ mod it {
     mod pipeline;
     mod publish;
     mod request;
+    #[cfg(feature = "rocketmq")]
+    mod rocketmq;
     mod sdk;
     mod session;
     mod subscriptions;

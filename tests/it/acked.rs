@@ -620,3 +620,17 @@ fn an_sse_stream_ends_its_body_when_its_subscription_goes_on_both_drivers() {
         assert!(rest.ends_with(b"0\r\n\r\n"), "{driver}: {:?}", String::from_utf8_lossy(&rest));
     }
 }
+
+/// The delivery tests that lean most on the log on the RocketMQ backend.
+#[cfg(feature = "rocketmq")]
+mod on_rocketmq {
+    use super::super::util::{again_on_rocketmq, on_rocketmq};
+
+    again_on_rocketmq!(
+        load_balance_spreads_partitions_keeps_order_and_rebalances,
+        ack_timeouts_and_nacks_redeliver_then_dead_letter,
+        start_positions_earliest_offset_time_and_latest,
+        long_poll_batches_waits_and_redelivers_what_was_not_acked,
+        offsets_survive_kill_9_and_nothing_unacked_is_skipped,
+    );
+}

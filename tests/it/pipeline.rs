@@ -229,3 +229,11 @@ mod on_kafka {
         hostile_data_and_large_batches_through_the_pipeline,
     );
 }
+
+/// Routes over the RocketMQ backend: a copied event is produced to RocketMQ like a published one.
+#[cfg(feature = "rocketmq")]
+mod on_rocketmq {
+    use super::super::util::{again_on_rocketmq, on_rocketmq};
+
+    again_on_rocketmq!(routes_copy_and_move_by_condition_refuse_loops_and_survive_a_restart);
+}

@@ -405,3 +405,11 @@ mod on_kafka {
         requests_are_never_redelivered_nor_dead_lettered
     );
 }
+
+/// The same on the RocketMQ backend: a request read back from RocketMQ is still a request.
+#[cfg(feature = "rocketmq")]
+mod on_rocketmq {
+    use super::super::util::{again_on_rocketmq, on_rocketmq};
+
+    again_on_rocketmq!(round_trip_by_frame_and_by_post_in_every_content_mode);
+}

@@ -26,6 +26,31 @@ static SEQ: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     /// Brokers started by this test thread run on the Kafka backend (see [`on_kafka`]).
     static KAFKA: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Brokers started by this test thread run on the RocketMQ backend (see [`on_rocketmq`]).
+    static ROCKETMQ: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Declares, for each test function named, a test that runs it on the RocketMQ backend
+/// (ignored in a plain `cargo test`: it needs the name server and broker scripts/test.sh
+/// starts). Use it in a child module of the tests' module, with `on_rocketmq` in scope.
+#[cfg(feature = "rocketmq")]
+macro_rules! again_on_rocketmq {
+    ($($name:ident),* $(,)?) => { $(
+        #[test]
+        #[ignore = "needs a RocketMQ name server at EVMESH_TEST_ROCKETMQ (scripts/test.sh starts one)"]
+        fn $name() { on_rocketmq(super::$name) }
+    )* };
+}
+#[cfg(feature = "rocketmq")]
+pub(crate) use again_on_rocketmq;
+
+#[cfg(feature = "rocketmq")]
+/// Runs a test with every broker it starts on the RocketMQ backend (the name server that
+/// scripts/test.sh starts, EVMESH_TEST_ROCKETMQ), its topics under a prefix of their own.
+pub fn on_rocketmq(test: fn()) {
+    ROCKETMQ.with(|k| k.set(true));
+    test();
+    ROCKETMQ.with(|k| k.set(false));
 }
 
 /// Declares, for each test function named, a test that runs it on the Kafka backend (ignored
@@ -72,6 +97,16 @@ impl TestBroker {
             let prefix = format!("it-{}-{}-", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
             args.extend(
                 ["--storage", "kafka", "--kafka-brokers", &brokers, "--kafka-topic-prefix", &prefix].map(String::from),
+            );
+        }
+        if ROCKETMQ.with(|k| k.get()) {
+            let namesrv = std::env::var("EVMESH_TEST_ROCKETMQ").expect(
+                "EVMESH_TEST_ROCKETMQ names the test RocketMQ name server; scripts/test.sh installs and starts one",
+            );
+            let prefix = format!("it-{}-{}-", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+            args.extend(
+                ["--storage", "rocketmq", "--rocketmq-namesrv", &namesrv, "--rocketmq-topic-prefix", &prefix]
+                    .map(String::from),
             );
         }
         args.extend(extra.iter().map(|s| s.to_string()));
