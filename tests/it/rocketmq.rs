@@ -492,3 +492,38 @@ fn kill_9_under_load_loses_nothing_acknowledged() {
     let got = receive(&mut attach(&b, &format!("subscription={sub}")), &want);
     assert!(want.is_subset(&got));
 }
+
+/// What RocketMQ's properties cannot carry as it is: a partitionkey with its separators (which,
+/// written as KEYS, made the broker take the event for an uncommitted transaction: a 202, and
+/// never delivered), and attributes past its 32 KiB of properties (409, not a batch failed).
+#[test]
+#[ignore = "needs a RocketMQ name server at EVMESH_TEST_ROCKETMQ (scripts/test.sh starts one)"]
+fn what_rocketmq_properties_cannot_carry_is_stored_as_sent_or_refused() {
+    let (ns, p) = (namesrv(), prefix());
+    let b = on_rocketmq(&ns, &p, &[]);
+    let topic = unique("odd");
+    let sub = unique("o");
+    subscribe(&b, json!({"subscription": sub, "topic": topic, "start": "earliest"}));
+    let key = "k\u{2}TRAN_MSG\u{1}true\u{2}DELAY\u{1}3";
+    let mut e = event("odd-key");
+    e["partitionkey"] = json!(key);
+    let r = b.publish(&topic, &e);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let mut big = event("too-big");
+    big["comexamplebig"] = json!("x".repeat(40_000));
+    let r = b.publish(&topic, &big);
+    r.assert_problem(409);
+    assert!(r.text().contains("RocketMQ stores at most"), "{}", r.text());
+    publish(&b, &topic, "after", "k");
+    let mut ws = attach(&b, &format!("subscription={sub}"));
+    let got = receive(&mut ws, &HashSet::from(["odd-key".to_owned(), "after".to_owned()]));
+    assert!(!got.contains("too-big"));
+    let stored = b.events(&topic, r_partition(&b, &topic, "odd-key"));
+    let odd = stored.iter().find(|(_, e)| e["id"] == "odd-key").unwrap();
+    assert_eq!(odd.1["partitionkey"], json!(key));
+}
+
+/// The partition an event of `id` went to, as the admin browser lists it.
+fn r_partition(b: &TestBroker, topic: &str, id: &str) -> u32 {
+    (0..2).find(|&p| b.events(topic, p).iter().any(|(_, e)| e["id"] == id)).expect("stored")
+}

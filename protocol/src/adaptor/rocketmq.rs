@@ -5,8 +5,8 @@
 //!
 //! A message is: user properties `CE_<attribute>` for every context attribute and extension,
 //! with `datacontenttype` as `CE_contenttype`; keys (`KEYS`) = `partitionkey` when the event
-//! has one; body = the data bytes, or one NUL byte when there is none (RocketMQ refuses empty
-//! bodies; the Java SDK writes the same). So a RocketMQ consumer with a CloudEvents mapping reads
+//! has one (and no byte 0x01 or 0x02); body = the data bytes, or one NUL byte when they are
+//! empty (RocketMQ refuses empty bodies; the Java SDK writes the same), said by `evmesh_empty`. So a RocketMQ consumer with a CloudEvents mapping reads
 //! evmesh's topics, and evmesh reads events such producers write. No tag is set.
 //!
 //! The mapping is the Kafka binding's (`super::kafka`) with RocketMQ's names: evmesh's own
@@ -35,6 +35,7 @@ pub struct Message {
 }
 
 const ESCAPED: &str = "evmesh_escaped";
+const EMPTY: &str = "evmesh_empty";
 const CONTENT_TYPE: &str = "CE_contenttype";
 
 /// What RocketMQ separates properties with (and so cannot carry inside one).
@@ -79,8 +80,16 @@ pub fn to_message(frame: &Frame) -> Message {
     if !escaped.is_empty() {
         properties.push((ESCAPED.to_owned(), escaped));
     }
-    let keys = r.key.map(|k| String::from_utf8_lossy(&k).into_owned());
-    let body = if r.value.is_empty() { vec![0] } else { r.value };
+    // A key with RocketMQ's separators would write properties of its own (a transaction or
+    // delay flag): such an event goes without KEYS (`CE_partitionkey` carries it, escaped).
+    let keys = r.key.map(|k| String::from_utf8_lossy(&k).into_owned()).filter(|k| !k.contains(separator));
+    // RocketMQ refuses empty bodies: one NUL byte, and `evmesh_empty` says it stands for none.
+    let body = if r.value.is_empty() {
+        properties.push((EMPTY.to_owned(), "1".to_owned()));
+        vec![0]
+    } else {
+        r.value
+    };
     Message { keys, properties, body }
 }
 
@@ -119,10 +128,11 @@ pub fn from_message(
     let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
     // RocketMQ's KEYS are space-separated; a partition key is one of them, the first.
     let key = keys.and_then(|k| k.split(' ').find(|k| !k.is_empty())).map(str::as_bytes);
-    // No data is written as one NUL byte (by evmesh, which says so in `evmesh_data`, and by the
-    // Java SDK, which does not).
+    // An empty body is written as one NUL byte: by evmesh, which says so in `evmesh_empty`, and
+    // by the Java SDK for an event without data, which does not say (nor what its data is).
+    let empty = properties.iter().any(|(n, _)| *n == EMPTY);
     let told = headers.iter().any(|(n, _)| *n == "evmesh_data");
-    let body = if body == [0] && !told { &[][..] } else { body };
+    let body = if body == [0] && (empty || !told) { &[][..] } else { body };
     from_record(topic, partition, offset, key, &headers, body, born_ms)
 }
 
@@ -156,6 +166,11 @@ mod tests {
             r#"{"specversion":"1.0","id":"d","source":"/s","type":"t"}"#,
             r#"{"specversion":"1.0","id":"e","source":"/s","type":"t","subject":"a\u0001b\u0002c","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
             r#"{"specversion":"1.0","id":"f","source":"/s","type":"t","empty":"","blank":"  "}"#,
+            // Empty data is not no data (nor one NUL byte), and a NUL byte is data.
+            r#"{"specversion":"1.0","id":"g","source":"/s","type":"t","data_base64":""}"#,
+            r#"{"specversion":"1.0","id":"h","source":"/s","type":"t","data_base64":"AA=="}"#,
+            // A key with RocketMQ's separators would write a property of its own.
+            r#"{"specversion":"1.0","id":"i","source":"/s","type":"t","partitionkey":"k\u0002TRAN_MSG\u0001true"}"#,
         ] {
             let (m, f, back) = round_trip(json);
             assert_eq!(structured(&back), structured(&f), "{json}");
@@ -163,6 +178,7 @@ mod tests {
             assert_eq!((back.header().partition, back.header().offset), (3, 42));
             assert!(!m.body.is_empty(), "RocketMQ refuses empty bodies");
             assert!(m.properties.iter().all(|(_, v)| !needs_escape(v)), "{m:?}");
+            assert!(m.keys.as_deref().is_none_or(|k| !k.contains(separator)), "{m:?}");
         }
         let (m, ..) = round_trip(
             r#"{"specversion":"1.0","id":"a","source":"/s","type":"t","partitionkey":"k1","datacontenttype":"application/json","data":1}"#,

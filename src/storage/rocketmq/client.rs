@@ -14,7 +14,7 @@ use rocketmq_model::common::config::TopicConfig;
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
-use rocketmq_model::result::PullStatus;
+use rocketmq_model::result::{PullStatus, SendStatus};
 use rocketmq_protocol::protocol::header::pull_message_request_header::PullMessageRequestHeader;
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
@@ -55,6 +55,12 @@ struct Route {
 struct Append {
     messages: Vec<evmesh_protocol::adaptor::rocketmq::Message>,
     reply: Reply<Vec<u64>>,
+    queued: std::time::Instant,
+}
+
+/// What a message weighs in a send: its body and its properties.
+fn message_bytes(m: &evmesh_protocol::adaptor::rocketmq::Message) -> usize {
+    m.body.len() + m.properties.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>()
 }
 
 struct Client {
@@ -63,6 +69,9 @@ struct Client {
     admin: DefaultMQAdminExt,
     reader: ClientInstanceHandle,
     routes: Mutex<HashMap<String, Arc<Route>>>,
+    /// Each topic's partitions as first seen, grown by the queues added since: never reordered
+    /// nor shortened, whatever a route says at one moment.
+    layouts: Mutex<HashMap<String, Vec<(CheetahString, i32)>>>,
 }
 
 /// Starts the client thread; its producer, admin and reader are started before this returns.
@@ -99,12 +108,14 @@ pub(super) fn start(
                     match job {
                         Job::Produce { topic, partition, messages, reply } => {
                             let key = (topic, partition);
-                            let queue = queues.entry(key.clone()).or_insert_with(|| {
-                                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                                tokio::spawn(Box::pin(c.sender(key.0, key.1, rx)));
-                                tx
-                            });
-                            let _ = queue.send(Append { messages, reply });
+                            let append = Append { messages, reply, queued: std::time::Instant::now() };
+                            // A queue whose sender is gone (it never ends on its own) gets a new one.
+                            let queue = queues.entry(key.clone()).or_insert_with(|| spawn_sender(&c, &key));
+                            if let Err(again) = queue.send(append) {
+                                let queue = spawn_sender(&c, &key);
+                                let _ = queue.send(again.0);
+                                queues.insert(key, queue);
+                            }
                         }
                         job => drop(tokio::spawn(Box::pin(async move { c.run(job).await }))),
                     }
@@ -113,6 +124,12 @@ pub(super) fn start(
         })
         .map_err(|e| engine("client thread", e))?;
     wait.recv().map_err(|_| engine("client thread", "stopped while starting"))?
+}
+
+fn spawn_sender(client: &Arc<Client>, (topic, partition): &(String, u32)) -> UnboundedSender<Append> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(Box::pin(client.clone().sender(topic.clone(), *partition, rx)));
+    tx
 }
 
 impl Client {
@@ -142,21 +159,32 @@ impl Client {
             .map_err(|e| engine("reader", e))?;
         let reader = ClientInstanceHandle::get_or_create(&runtime, 1, config, None).map_err(|e| engine("reader", e))?;
         reader.start().await.map_err(|e| engine("reader", e))?;
-        Ok(Client { settings, producer, admin, reader, routes: Mutex::default() })
+        Ok(Client { settings, producer, admin, reader, routes: Mutex::default(), layouts: Mutex::default() })
     }
 
     /// Sends one queue's appends in order; those that queued up while a send was out go
-    /// together in the next one (a batch), each answered with its own offsets.
+    /// together in the next one (a batch), each answered with its own offsets. An append that
+    /// waited its whole send timeout behind others (the broker away) is answered at once.
     async fn sender(self: Arc<Self>, topic: String, partition: u32, mut appends: UnboundedReceiver<Append>) {
+        let size = |a: &Append| a.messages.iter().map(message_bytes).sum::<usize>();
         while let Some(first) = appends.recv().await {
-            let mut bytes: usize = first.messages.iter().map(|m| m.body.len()).sum();
-            let mut count = first.messages.len();
+            let (mut bytes, mut count) = (size(&first), first.messages.len());
             let mut batch = vec![first];
             while count < SEND_MAX && bytes < SEND_MAX_BYTES {
                 let Ok(next) = appends.try_recv() else { break };
                 count += next.messages.len();
-                bytes += next.messages.iter().map(|m| m.body.len()).sum::<usize>();
+                bytes += size(&next);
                 batch.push(next);
+            }
+            let timeout = self.settings.send_timeout;
+            let (late, batch): (Vec<Append>, Vec<Append>) =
+                batch.into_iter().partition(|a| a.queued.elapsed() >= timeout);
+            for a in late {
+                let _ =
+                    a.reply.send(Err(StorageError::Unavailable("rocketmq: the broker did not take the send in time")));
+            }
+            if batch.is_empty() {
+                continue;
             }
             let sizes: Vec<usize> = batch.iter().map(|a| a.messages.len()).collect();
             let (messages, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|a| (a.messages, a.reply)).unzip();
@@ -204,10 +232,18 @@ impl Client {
         };
         let mut queue_datas = data.queue_datas.clone();
         queue_datas.sort_by(|a, b| a.broker_name.cmp(&b.broker_name));
-        let queues: Vec<(CheetahString, i32)> = queue_datas
+        let now: Vec<(CheetahString, i32)> = queue_datas
             .iter()
             .flat_map(|q| (0..q.write_queue_nums as i32).map(move |id| (q.broker_name.clone(), id)))
             .collect();
+        // A partition stays the queue it was: queues added are appended, and a broker missing
+        // from the route now (away) keeps its partitions, answered 503 until it is back.
+        let queues = {
+            let mut layouts = self.layouts.lock().expect("not poisoned");
+            let known = layouts.entry(topic.to_owned()).or_default();
+            known.extend(now.iter().filter(|q| !known.contains(q)).cloned().collect::<Vec<_>>());
+            known.clone()
+        };
         let masters = data
             .broker_datas
             .iter()
@@ -270,6 +306,11 @@ impl Client {
                 return Err(engine("send", e));
             }
         };
+        // Anything but SEND_OK (a flush or slave timeout, no slave) is not stored as the broker
+        // is set to store it: the client is told to retry (and dedupe on `id`).
+        if sent.send_status != SendStatus::SendOk {
+            return Err(engine("send", format!("the broker answered {:?}", sent.send_status)));
+        }
         let first = sent.queue_offset;
         Ok((first..first + n as u64).collect())
     }
@@ -346,19 +387,31 @@ impl Client {
             self.routes.lock().expect("not poisoned").remove(&rmq);
             engine("pull", e)
         })?;
-        let mut pulled = Pulled { next: out.next_begin_offset(), ..Default::default() };
+        let mut pulled = Pulled::default();
         match out.pull_status() {
             PullStatus::Found => {}
+            // Below the queue's start (retention): carry on at the start. Past its end (the
+            // broker's store lost, the topic made again): stay, and say so; offsets are never
+            // reused for other events.
             PullStatus::OffsetIllegal => {
                 pulled.moved = from < out.min_offset();
                 pulled.next = if pulled.moved { out.min_offset() } else { from };
+                if from > out.max_offset() {
+                    let said = format!(
+                        "rocketmq tail: {rmq}/{partition}: at {from}, past the queue's end {}",
+                        out.max_offset()
+                    );
+                    crate::log::warn("storage", &said, &[]);
+                }
                 return Ok(pulled);
             }
+            // Nothing at `from` now, or a hole the broker steps over: never backwards.
             _ => {
-                pulled.next = from;
+                pulled.next = from.max(out.next_begin_offset());
                 return Ok(pulled);
             }
         }
+        let mut decoded = None;
         for m in out.messages().unwrap_or(&[]) {
             let offset = m.queue_offset as u64;
             let props: Vec<(&str, &str)> = m.properties().iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
@@ -378,7 +431,18 @@ impl Client {
                     crate::log::warn("storage", &format!("rocketmq tail: {rmq}/{partition}@{offset} skipped: {e}"), &[])
                 }
             }
-            pulled.next = pulled.next.max(offset + 1);
+            decoded = Some(offset + 1);
+        }
+        // The next pull starts after the last message decoded (the rest of this answer comes
+        // again); when none could be, past them, said.
+        match decoded {
+            Some(next) => pulled.next = next,
+            None => {
+                pulled.next = from.max(out.next_begin_offset());
+                let said =
+                    format!("rocketmq tail: {rmq}/{partition}: offsets {from}..{} could not be decoded", pulled.next);
+                crate::log::warn("storage", &said, &[]);
+            }
         }
         Ok(pulled)
     }

@@ -32,6 +32,10 @@ use super::remote::{Answer, Deliver, Follow, Remote, RemoteTopic, TopicAsk};
 use super::{RocketMqSettings, StorageError};
 use crate::model::PartitionId;
 
+/// The most property bytes evmesh gives a message: RocketMQ's limit (32,767) less room for the
+/// properties its client adds (`UNIQ_KEY`, `WAIT`, ...).
+const PROPERTIES_MAX: usize = 32_767 - 512;
+
 /// The group name RocketMQ's pull request carries; never subscribed, rebalanced or committed to.
 pub const ASSIGN_ONLY_GROUP: &str = "evmesh-assign-only-never-joined";
 
@@ -124,7 +128,20 @@ impl Remote for RocketMqBackend {
     }
 
     fn produce<'a>(&'a self, topic: &'a str, partition: PartitionId, frames: &'a [Frame]) -> Answer<'a, Vec<u64>> {
-        let messages = frames.iter().map(evmesh_protocol::adaptor::rocketmq::to_message).collect();
+        let messages: Vec<_> = frames.iter().map(evmesh_protocol::adaptor::rocketmq::to_message).collect();
+        // The broker stores at most 32 KiB of properties with a message (RocketMQ's own among
+        // them): an event whose attributes are more is refused here, not in a batch it would fail.
+        let properties = |m: &evmesh_protocol::adaptor::rocketmq::Message| {
+            m.properties.iter().map(|(k, v)| k.len() + v.len() + 2).sum::<usize>()
+                + m.keys.as_ref().map_or(0, |k| k.len() + 6)
+        };
+        if let Some(m) = messages.iter().find(|m| properties(m) > PROPERTIES_MAX) {
+            let why = format!(
+                "an event's attributes take {} bytes as RocketMQ properties; RocketMQ stores at most {PROPERTIES_MAX}",
+                properties(m)
+            );
+            return Box::pin(async move { Err(StorageError::Limit(why)) });
+        }
         let rx = self.ask(|reply| Job::Produce { topic: self.topic(topic), partition: partition.0, messages, reply });
         Box::pin(answer(rx))
     }
