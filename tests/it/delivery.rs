@@ -260,6 +260,36 @@ pub(super) fn keyed(id: &str, key: &str) -> Value {
     e
 }
 
+/// Subscribes (`POST /events/subscribe`), expecting 201.
+pub(super) fn subscribe(b: &TestBroker, def: Value) {
+    let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Publishes event `id` with `key` as its partitionkey, expecting 202.
+pub(super) fn publish_keyed(b: &TestBroker, topic: &str, id: &str, key: &str) {
+    let r = b.publish(topic, &keyed(id, key));
+    assert_eq!(r.status, 202, "{}", r.text());
+}
+
+/// Receives (and acks) until `want` ids arrived (30 s at most); returns every id seen.
+pub(super) fn receive_acking(
+    ws: &mut Ws,
+    want: &std::collections::HashSet<String>,
+) -> std::collections::HashSet<String> {
+    let mut got = std::collections::HashSet::new();
+    let start = std::time::Instant::now();
+    while !want.is_subset(&got) {
+        assert!(start.elapsed() < Duration::from_secs(30), "missing {:?}", want.difference(&got).collect::<Vec<_>>());
+        if let Some(e) = next_event(ws) {
+            let ids = serde_json::json!([e["emdeliveryid"]]);
+            ws.send(tungstenite::Message::text(serde_json::json!({"type": "ack", "ids": ids}).to_string())).unwrap();
+            got.insert(e["id"].as_str().unwrap().to_owned());
+        }
+    }
+    got
+}
+
 /// The ids of the next `n` events a session gets, in arrival order (markers left by an
 /// attach are skipped); fails after 20 s.
 pub(super) fn read_ids(ws: &mut Ws, n: usize) -> Vec<String> {

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -13,19 +12,14 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::{json, Value};
 
-use super::delivery::{attach, keys, next_event, Ws};
-use super::util::{event, wait_for, TestBroker};
+use super::delivery::{attach, keys, next_event, publish_keyed as publish, receive_acking as receive, subscribe};
+use super::util::{event, unique, wait_for, TestBroker};
 
 const LONG: Duration = Duration::from_secs(30);
 
 fn broker() -> String {
     std::env::var("EVMESH_TEST_KAFKA")
         .expect("EVMESH_TEST_KAFKA names the test Kafka broker; scripts/test.sh installs and starts one")
-}
-
-fn unique(name: &str) -> String {
-    static SEQ: AtomicUsize = AtomicUsize::new(0);
-    format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A broker on Kafka, its topics under `prefix` (a cluster of its own: instances sharing a
@@ -40,33 +34,6 @@ fn on_kafka(brokers: &str, prefix: &str, extra: &[&str]) -> TestBroker {
 /// A topic prefix of one test's own.
 fn prefix() -> String {
     unique("k") + "-"
-}
-
-fn subscribe(b: &TestBroker, def: Value) {
-    let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
-    assert_eq!(r.status, 201, "{}", r.text());
-}
-
-fn publish(b: &TestBroker, topic: &str, id: &str, key: &str) {
-    let mut e = event(id);
-    e["partitionkey"] = json!(key);
-    let r = b.publish(topic, &e);
-    assert_eq!(r.status, 202, "{}", r.text());
-}
-
-/// Receives (and acks) until `want` ids arrived; returns every id seen.
-fn receive(ws: &mut Ws, want: &HashSet<String>) -> HashSet<String> {
-    let mut got = HashSet::new();
-    let start = Instant::now();
-    while !want.is_subset(&got) {
-        assert!(start.elapsed() < LONG, "missing {:?}", want.difference(&got).collect::<Vec<_>>());
-        if let Some(e) = next_event(ws) {
-            let ids = json!([e["emdeliveryid"]]);
-            ws.send(tungstenite::Message::text(json!({"type": "ack", "ids": ids}).to_string())).unwrap();
-            got.insert(e["id"].as_str().unwrap().to_owned());
-        }
-    }
-    got
 }
 
 fn reader(brokers: &str, group: &str) -> BaseConsumer {

@@ -8,7 +8,6 @@ use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,19 +27,14 @@ use rocketmq_protocol::protocol::header::update_consumer_offset_header::UpdateCo
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 use serde_json::{json, Value};
 
-use super::delivery::{attach, keys, next_event, Ws};
-use super::util::{event, read_response_from, request_bytes, wait_for, TestBroker};
+use super::delivery::{attach, keys, next_event, publish_keyed as publish, receive_acking as receive, subscribe};
+use super::util::{event, read_response_from, request_bytes, unique, wait_for, TestBroker};
 
 const LONG: Duration = Duration::from_secs(30);
 
 fn namesrv() -> String {
     std::env::var("EVMESH_TEST_ROCKETMQ")
         .expect("EVMESH_TEST_ROCKETMQ names the test RocketMQ name server; scripts/test.sh installs and starts one")
-}
-
-fn unique(name: &str) -> String {
-    static SEQ: AtomicUsize = AtomicUsize::new(0);
-    format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A broker on RocketMQ, its topics under a prefix of its own.
@@ -53,33 +47,6 @@ fn on_rocketmq(namesrv: &str, prefix: &str, extra: &[&str]) -> TestBroker {
 
 fn prefix() -> String {
     unique("r") + "-"
-}
-
-fn subscribe(b: &TestBroker, def: Value) {
-    let r = b.client().post("/events/subscribe", "application/json", def.to_string().as_bytes());
-    assert_eq!(r.status, 201, "{}", r.text());
-}
-
-fn publish(b: &TestBroker, topic: &str, id: &str, key: &str) {
-    let mut e = event(id);
-    e["partitionkey"] = json!(key);
-    let r = b.publish(topic, &e);
-    assert_eq!(r.status, 202, "{}", r.text());
-}
-
-/// Receives (and acks) until `want` ids arrived; returns every id seen.
-fn receive(ws: &mut Ws, want: &HashSet<String>) -> HashSet<String> {
-    let mut got = HashSet::new();
-    let start = Instant::now();
-    while !want.is_subset(&got) {
-        assert!(start.elapsed() < LONG, "missing {:?}", want.difference(&got).collect::<Vec<_>>());
-        if let Some(e) = next_event(ws) {
-            let ids = json!([e["emdeliveryid"]]);
-            ws.send(tungstenite::Message::text(json!({"type": "ack", "ids": ids}).to_string())).unwrap();
-            got.insert(e["id"].as_str().unwrap().to_owned());
-        }
-    }
-    got
 }
 
 /// A plain RocketMQ client (rocketmq-client-rust, as any application would use it): a producer,

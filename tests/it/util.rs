@@ -402,3 +402,9 @@ pub fn wait_for_or<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Opti
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// `name` made unique to this test process and call.
+pub fn unique(name: &str) -> String {
+    static SEQ: AtomicUsize = AtomicUsize::new(0);
+    format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+}
