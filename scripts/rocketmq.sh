@@ -33,10 +33,14 @@ up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 case "${1:-}" in
 install)
+  # Unoptimised and without debug info: what a test broker needs, and what a cold CI run can
+  # afford (4.4 minutes on 2 cores, where a release build took 24; perf/RESULTS.md).
+  # INSTALL_ROOT builds elsewhere (to time a cold install).
+  ROOT=${INSTALL_ROOT:-$ROOT}; BIN="$ROOT/bin"
   if [ ! -x "$BIN/rocketmq-broker-rust" ] || [ ! -x "$BIN/rocketmq-namesrv-rust" ]; then
-    CARGO_TARGET_DIR=/var/tmp/evmesh-rocketmq-build cargo install -q --locked --debug --root "$ROOT" \
+    CARGO_TARGET_DIR=$ROOT-build CARGO_PROFILE_DEV_DEBUG=0 cargo install -q --locked --debug --root "$ROOT" \
       rocketmq-namesrv@1.0.0 rocketmq-broker@1.0.0
-    rm -rf /var/tmp/evmesh-rocketmq-build
+    rm -rf "$ROOT-build"
   fi
   ;;
 start)
