@@ -140,7 +140,7 @@ pub(super) fn metrics(shared: &Shared) -> Response {
         (
             "evmesh_kafka_tail_bytes_total",
             "counter",
-            "Bytes of events the Kafka tail read (the topics sessions here need)",
+            "Bytes of events the remote log's tail read, Kafka's or RocketMQ's (the topics sessions here need)",
             shared.tail_bytes.load(Ordering::Relaxed),
         ),
         (

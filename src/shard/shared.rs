@@ -74,7 +74,8 @@ pub struct Shared {
     pub cluster: Arc<dyn crate::cluster::Cluster>,
     /// With Kafka: the topics the tail follows (those sessions here read; [`Shared::follow_topic`]).
     pub followed: Mutex<std::collections::HashSet<String>>,
-    /// With Kafka: bytes of records the tail read (`evmesh_kafka_tail_bytes_total`).
+    /// With a remote log: bytes of records the tail read (`evmesh_kafka_tail_bytes_total`, its
+    /// name from when Kafka was the only one).
     pub tail_bytes: AtomicU64,
     /// With a remote log (`storage = kafka | rocketmq`): the connection every shard produces
     /// through (with Kafka, the cluster's records go through it too, but only
