@@ -88,7 +88,8 @@ EOF
   echo $! > "$dir/namesrv.pid"
   for _ in $(seq 200); do up "$ns" && break; sleep 0.05; done
   up "$ns" || { echo "the name server did not start; see $dir/namesrv.log" >&2; exit 1; }
-  bash "$0" broker "$dir"
+  # A broker that does not start takes its name server with it (nothing is left running).
+  bash "$0" broker "$dir" || { kill -9 "$(cat "$dir/namesrv.pid")" 2>/dev/null; exit 1; }
   cat "$dir/namesrv.addr"
   ;;
 broker)
