@@ -19,7 +19,7 @@ use rocketmq_protocol::protocol::header::pull_message_request_header::PullMessag
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use super::{engine, evmesh_topic, Job, Reply, ASSIGN_ONLY_GROUP};
+use super::{engine, evmesh_topic, Ask, Job, Reply, ASSIGN_ONLY_GROUP};
 use crate::storage::remote::{RemoteTopic, TopicAsk};
 use crate::storage::{RocketMqSettings, StorageError};
 
@@ -117,7 +117,7 @@ pub(super) fn start(
                                 queues.insert(key, queue);
                             }
                         }
-                        job => drop(tokio::spawn(Box::pin(async move { c.run(job).await }))),
+                        Job::Ask(ask) => drop(tokio::spawn(Box::pin(async move { c.run(ask).await }))),
                     }
                 }
             });
@@ -204,15 +204,14 @@ impl Client {
         }
     }
 
-    async fn run(&self, job: Job) {
+    async fn run(&self, ask: Ask) {
         fn send<T>(reply: Reply<T>, r: Result<T, StorageError>) {
             let _ = reply.send(r);
         }
-        match job {
-            Job::Produce { reply, .. } => send(reply, Err(engine("send", "not through its queue"))),
-            Job::Ensure { topic, ask, reply } => send(reply, self.ensure(&topic, ask).await),
-            Job::Topics { reply } => send(reply, self.topics().await),
-            Job::Pull { topic, partition, from, reply } => send(reply, self.pull(&topic, partition, from).await),
+        match ask {
+            Ask::Ensure { topic, ask, reply } => send(reply, self.ensure(&topic, ask).await),
+            Ask::Topics { reply } => send(reply, self.topics().await),
+            Ask::Pull { topic, partition, from, reply } => send(reply, self.pull(&topic, partition, from).await),
         }
     }
 
@@ -317,7 +316,7 @@ impl Client {
 
     async fn ensure(&self, topic: &str, ask: TopicAsk) -> Result<RemoteTopic, StorageError> {
         let existing = self.route(topic, true).await?.map(|r| r.queues.len() as u32);
-        let (partitions, exact) = match (ask, existing) {
+        let partitions = match (ask, existing) {
             (TopicAsk::Describe, None) => return Err(StorageError::NoTopic(topic.to_owned())),
             (_, Some(n)) => {
                 if let TopicAsk::Create { partitions, exact: true } = ask {
@@ -327,9 +326,8 @@ impl Client {
                 }
                 return Ok(RemoteTopic { partitions: n, created: false });
             }
-            (TopicAsk::Create { partitions, exact }, None) => (partitions, exact),
+            (TopicAsk::Create { partitions, .. }, None) => partitions,
         };
-        let _ = exact;
         let info = self.admin.examine_broker_cluster_info().await.map_err(|e| engine("cluster info", e))?;
         let master = info.broker_addr_table.as_ref().and_then(|brokers| {
             let mut names: Vec<_> = brokers.keys().collect();

@@ -59,20 +59,15 @@ enum Job {
         messages: Vec<evmesh_protocol::adaptor::rocketmq::Message>,
         reply: Reply<Vec<u64>>,
     },
-    Ensure {
-        topic: String,
-        ask: TopicAsk,
-        reply: Reply<RemoteTopic>,
-    },
-    Topics {
-        reply: Reply<Vec<(String, Option<u32>)>>,
-    },
-    Pull {
-        topic: String,
-        partition: u32,
-        from: u64,
-        reply: Reply<client::Pulled>,
-    },
+    /// Anything else, answered at once in a task of its own.
+    Ask(Ask),
+}
+
+/// What the client thread answers besides appends.
+enum Ask {
+    Ensure { topic: String, ask: TopicAsk, reply: Reply<RemoteTopic> },
+    Topics { reply: Reply<Vec<(String, Option<u32>)>> },
+    Pull { topic: String, partition: u32, from: u64, reply: Reply<client::Pulled> },
 }
 
 type Reply<T> = oneshot::Sender<Result<T, StorageError>>;
@@ -153,7 +148,7 @@ impl Remote for RocketMqBackend {
                 format!("topic {topic}: its RocketMQ name {name} is longer than {} characters", client::TOPIC_MAX);
             return Box::pin(async move { Err(StorageError::Limit(why)) });
         }
-        let rx = self.ask(|reply| Job::Ensure { topic: name, ask, reply });
+        let rx = self.ask(|reply| Job::Ask(Ask::Ensure { topic: name, ask, reply }));
         Box::pin(async move {
             answer(rx).await.map_err(|e| match e {
                 StorageError::NoTopic(_) => StorageError::NoTopic(topic.to_owned()),
@@ -164,7 +159,7 @@ impl Remote for RocketMqBackend {
     }
 
     fn topics(&self) -> Result<Vec<(String, Option<u32>)>, StorageError> {
-        let rx = self.ask(|reply| Job::Topics { reply });
+        let rx = self.ask(|reply| Job::Ask(Ask::Topics { reply }));
         futures::executor::block_on(answer(rx))
     }
 

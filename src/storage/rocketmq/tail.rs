@@ -5,7 +5,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::client::Pulled;
-use super::Job;
+use super::{Ask, Job};
 use crate::model::PartitionId;
 use crate::storage::remote::{Deliver, Follow};
 use crate::storage::StorageError;
@@ -41,7 +41,7 @@ pub(super) fn tail(jobs: tokio::sync::mpsc::UnboundedSender<Job>, follow: mpsc::
         let mut pulls = Vec::with_capacity(followed.len());
         for g in followed.iter().filter(|g| g.retry_at <= now) {
             let (reply, rx) = futures::channel::oneshot::channel();
-            let job = Job::Pull { topic: g.f.topic.clone(), partition: g.f.partition, from: g.f.from, reply };
+            let job = Job::Ask(Ask::Pull { topic: g.f.topic.clone(), partition: g.f.partition, from: g.f.from, reply });
             if jobs.send(job).is_err() {
                 return; // the client thread stopped: the process is going
             }
