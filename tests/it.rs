@@ -33,6 +33,7 @@ mod it {
     mod sdk;
     mod session;
     mod subscriptions;
+    mod tier;
     pub mod tls;
     mod tracing;
     pub mod webhook;

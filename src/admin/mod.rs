@@ -311,11 +311,11 @@ impl Admin {
             Endpoint::CreateTopic(t) => topics::create_topic(shared, t, req.body).await,
             Endpoint::Events(t, p) => {
                 topics::learn(shared, t).await;
-                topics::events(shared, t, p, req)
+                topics::events(shared, t, p, req).await
             }
             Endpoint::DeadLetters(t) => {
                 topics::learn_dlq(shared, t).await;
-                topics::dead_letters(shared, t, req)
+                topics::dead_letters(shared, t, req).await
             }
             Endpoint::Replay(t) => {
                 topics::learn_dlq(shared, t).await;

@@ -268,6 +268,9 @@ pub(super) fn metrics(shared: &Shared) -> Response {
     ] {
         out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"));
     }
+    if let Some(t) = shared.logs.tier() {
+        t.render(&mut out);
+    }
     let name = "evmesh_shard_heartbeat_age_seconds";
     out.push_str(&format!(
         "# HELP {name} Time since the shard's event loop last turned (over 5 s: /readyz is 503)\n# TYPE {name} gauge\n"

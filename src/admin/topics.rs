@@ -8,7 +8,7 @@ use std::cell::Cell;
 use frame_codec::Frame;
 use serde::Deserialize;
 
-use super::common::log_of;
+use super::common::{log_of, read_events};
 use crate::adaptor::cloudevents::write_structured;
 use crate::http::{problem, StatusCode};
 use crate::ingress::storage_problem;
@@ -186,7 +186,7 @@ fn dlq_of(shared: &Shared, topic: &str) -> Result<(TopicMeta, Option<TopicMeta>)
 /// `GET /admin/dlq/{topic}[?max=N]`: the dead letters not replayed yet, per partition of
 /// `<topic>.dlq` at most `max` (100 by default, at most 1000), as
 /// `[{"partition": P, "offset": O, "event": {...}}]`.
-pub(super) fn dead_letters(shared: &Shared, topic: &str, req: &Request<'_>) -> Response {
+pub(super) async fn dead_letters(shared: &Shared, topic: &str, req: &Request<'_>) -> Response {
     let max = match req.query("max").map(|v| v.parse::<usize>()) {
         None => 100,
         Some(Ok(n)) if (1..=1000).contains(&n) => n,
@@ -204,8 +204,10 @@ pub(super) fn dead_letters(shared: &Shared, topic: &str, req: &Request<'_>) -> R
         if room == 0 {
             break; // bounded like every answer; replaying (or a smaller max) shows the rest
         }
-        let read = meta::dlq_replayed(&shared.db, topic, p.0)
-            .and_then(|from| log_of(shared, &name, p).read(&name, p, from, max, room));
+        let read = match meta::dlq_replayed(&shared.db, topic, p.0) {
+            Ok(from) => read_events(shared, (&name, p), from, (max, room)).await,
+            Err(e) => Err(e),
+        };
         let frames = match read {
             Ok(f) => f,
             Err(e) => return storage_problem(&e),
@@ -254,7 +256,7 @@ async fn replay_all(shared: &Shared, topic: &str) -> Result<u64, Result<Response
     for dp in (0..dlq.partitions).map(PartitionId) {
         loop {
             let from = meta::dlq_replayed(&shared.db, topic, dp.0).map_err(Err)?;
-            let frames = log_of(shared, &name, dp).read(&name, dp, from, 256, RESPONSE_BYTES).map_err(Err)?;
+            let frames = read_events(shared, (&name, dp), from, (256, RESPONSE_BYTES)).await.map_err(Err)?;
             let Some(last) = frames.last().map(|f| f.header().offset) else { break };
             let mut by_partition: Vec<(PartitionId, Vec<frame_codec::Frame>)> = Vec::new();
             for f in &frames {
@@ -293,7 +295,7 @@ async fn replay_all(shared: &Shared, topic: &str) -> Result<u64, Result<Response
 /// `[{"offset": O, "event": {...}}]`; with `filter`, only those of the `max` read that the CESQL
 /// expression matches. `evmesh-next-offset` says where the next page starts (the console's
 /// live tail asks from there).
-pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Request<'_>) -> Response {
+pub(super) async fn events(shared: &Shared, topic: &str, partition: &str, req: &Request<'_>) -> Response {
     // A lite topic (the operator's name for it): its one partition, stored under `:name`.
     let lite = crate::model::topic::is_lite(topic).then(|| crate::model::StoredTopic::lite(topic));
     let topic = lite.as_deref().unwrap_or(topic);
@@ -326,7 +328,7 @@ pub(super) fn events(shared: &Shared, topic: &str, partition: &str, req: &Reques
         Some(Ok(f)) => f,
         Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    let frames = match log_of(shared, topic, p).read(topic, p, from, max, RESPONSE_BYTES) {
+    let frames = match read_events(shared, (topic, p), from, (max, RESPONSE_BYTES)).await {
         Ok(f) => f,
         Err(e) => return storage_problem(&e),
     };

@@ -32,6 +32,14 @@ pub const KEYS: &[(&str, &str)] = &[
     ("rocketmq.topic_prefix", "put before every evmesh topic name to name its RocketMQ topic"),
     ("rocketmq.send_timeout_ms", "how long a publish waits for the RocketMQ broker before its 503"),
     ("rocketmq.topic_refresh_ms", "how often the RocketMQ topics' queues are read for queues added there"),
+    ("tier.s3.bucket", "S3 bucket the embedded log's sealed segments are tiered to; empty = no tiering"),
+    ("tier.s3.endpoint", "S3 endpoint URL (an S3-compatible store); empty = AWS's, by region"),
+    ("tier.s3.region", "S3 region"),
+    ("tier.s3.prefix", "put before every object key evmesh writes in the bucket"),
+    ("tier.s3.upload_interval_ms", "how often sealed segments not yet in the bucket are looked for"),
+    ("tier.s3.cache_bytes", "memory for history read back from the bucket (read-ahead included)"),
+    ("local_retention_bytes", "with tiering: local bytes per partition kept of what is in the bucket; 0 = all"),
+    ("local_retention_ms", "with tiering: local copies of uploaded segments older than this go; 0 = never"),
     ("durability", "memory | os | fsync"),
     ("io_driver", "auto | uring | epoll"),
     ("direct_io", "segment writes bypass the page cache (O_DIRECT through io_uring) on io_uring shards, durability os or fsync; the 202 waits for the device"),
@@ -118,6 +126,10 @@ pub(super) fn kind(key: &str) -> Kind {
         | "kafka.topic_prefix"
         | "rocketmq.namesrv"
         | "rocketmq.topic_prefix"
+        | "tier.s3.bucket"
+        | "tier.s3.endpoint"
+        | "tier.s3.region"
+        | "tier.s3.prefix"
         | "durability"
         | "io_driver"
         | "auth"

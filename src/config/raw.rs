@@ -28,6 +28,23 @@ pub(super) struct RocketMqRaw {
     pub(super) topic_refresh_ms: u64,
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TierRaw {
+    pub(super) s3: S3Raw,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct S3Raw {
+    pub(super) bucket: String,
+    pub(super) endpoint: String,
+    pub(super) region: String,
+    pub(super) prefix: String,
+    pub(super) upload_interval_ms: u64,
+    pub(super) cache_bytes: u64,
+}
+
 /// What the operator wrote, merged from all sources; see `evmesh.toml` for each key.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +57,9 @@ pub struct RawConfig {
     pub(super) segment_bytes: u64,
     pub(super) kafka: KafkaRaw,
     pub(super) rocketmq: RocketMqRaw,
+    pub(super) tier: TierRaw,
+    pub(super) local_retention_bytes: u64,
+    pub(super) local_retention_ms: u64,
     pub(super) durability: String,
     pub(super) io_driver: String,
     pub(super) direct_io: bool,
@@ -143,16 +163,17 @@ fn set(table: &mut toml::Table, key: &str, raw: &str, origin: &str) -> Result<()
             }
         }),
     };
-    match key.split_once('.') {
-        Some((t, k)) => {
-            let sub = table.entry(t).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            if let toml::Value::Table(sub) = sub {
-                sub.insert(k.to_owned(), value);
-            }
+    // A dotted key names tables within tables (`tier.s3.bucket`).
+    let mut table = table;
+    let mut parts = key.split('.').peekable();
+    while let Some(part) = parts.next() {
+        if parts.peek().is_none() {
+            table.insert(part.to_owned(), value);
+            break;
         }
-        None => {
-            table.insert(key.to_owned(), value);
-        }
+        let sub = table.entry(part).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let toml::Value::Table(sub) = sub else { break };
+        table = sub;
     }
     Ok(())
 }

@@ -58,6 +58,8 @@ pub struct Config {
     pub shards: usize,
     pub data_dir: PathBuf,
     pub storage: StorageKind,
+    /// Tiered storage of the embedded log (`tier.s3.*`, the local retention); `None`: off.
+    pub tier: Option<crate::storage::tier::TierSettings>,
     pub durability: Durability,
     /// Size at which a partition's segment file is sealed.
     pub segment_bytes: u64,

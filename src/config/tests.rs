@@ -168,3 +168,40 @@ fn rocketmq_settings_are_checked_and_need_the_feature() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn tier_settings_are_checked_and_only_for_the_embedded_log() {
+    let key_of = |args: &[&str]| match load(args, &[]) {
+        Err(ConfigError::Invalid { key, .. }) => key,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(load(&[], &[]).unwrap().tier, None, "off unless a bucket is named");
+    assert_eq!(key_of(&["--local-retention-bytes", "1000"]), "local_retention_bytes");
+    assert_eq!(key_of(&["--local-retention-ms", "1000"]), "local_retention_ms");
+    assert_eq!(key_of(&["--tier-s3-bucket", "Bad_Name"]), "tier.s3.bucket");
+    assert_eq!(key_of(&["--tier-s3-bucket", "ok-bucket", "--tier-s3-endpoint", "minio:9000"]), "tier.s3.endpoint");
+    assert_eq!(key_of(&["--tier-s3-bucket", "ok-bucket", "--tier-s3-prefix", "a//b"]), "tier.s3.prefix");
+    assert_eq!(key_of(&["--tier-s3-bucket", "ok-bucket", "--tier-s3-cache-bytes", "1024"]), "tier.s3.cache_bytes");
+    if cfg!(feature = "kafka") {
+        assert_eq!(key_of(&["--storage", "kafka", "--tier-s3-bucket", "ok-bucket"]), "tier.s3.bucket");
+    }
+    let c = load(
+        &[
+            "--tier-s3-bucket",
+            "ok-bucket",
+            "--tier-s3-endpoint",
+            "http://127.0.0.1:9000/",
+            "--local-retention-ms",
+            "60000",
+        ],
+        &[("EVMESH_TIER_S3_PREFIX", "/evm/prod/"), ("EVMESH_LOCAL_RETENTION_BYTES", "1048576")],
+    )
+    .unwrap();
+    let t = c.tier.unwrap();
+    assert_eq!(
+        (t.bucket.as_str(), t.endpoint.as_str(), t.prefix.as_str()),
+        ("ok-bucket", "http://127.0.0.1:9000", "evm/prod")
+    );
+    assert_eq!((t.region.as_str(), t.upload_interval, t.cache_bytes), ("us-east-1", ms(10_000), 64 << 20));
+    assert_eq!((t.local_retention_bytes, t.local_retention_ms), (Some(1 << 20), Some(60_000)));
+}

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::error::ConfigError;
-use super::raw::{KafkaRaw, RawConfig, RocketMqRaw};
+use super::raw::{KafkaRaw, RawConfig, RocketMqRaw, S3Raw};
 use super::settings::{Config, IoDriver, OtlpProtocol, StorageKind, MAX_WINDOW};
 use crate::http::Limits;
 use crate::log::{Filter, Format};
@@ -101,6 +101,66 @@ impl RocketMqRaw {
     }
 }
 
+impl S3Raw {
+    /// `tier.s3.*` and the local retention: `None` when no bucket is named.
+    fn settings(
+        &self,
+        storage: &StorageKind,
+        local_bytes: u64,
+        local_ms: u64,
+    ) -> Result<Option<crate::storage::tier::TierSettings>, ConfigError> {
+        let bad = |key: &'static str, message: String| ConfigError::Invalid { key, message };
+        let bucket = self.bucket.trim();
+        if bucket.is_empty() {
+            for (key, v) in [("local_retention_bytes", local_bytes), ("local_retention_ms", local_ms)] {
+                if v > 0 {
+                    return Err(bad(
+                        key,
+                        "deletes local copies of what is in the bucket: it needs tier.s3.bucket".into(),
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        if storage.remote() {
+            let why = format!("tiering is the embedded log's; storage = {} keeps its log there", storage.name());
+            return Err(bad("tier.s3.bucket", why));
+        }
+        // S3's bucket names: 3-63 of [a-z0-9.-].
+        let name_ok = (3..=63).contains(&bucket.len())
+            && bucket.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !name_ok {
+            return Err(bad("tier.s3.bucket", format!("{bucket:?} is not an S3 bucket name (3-63 of a-z 0-9 . -)")));
+        }
+        let endpoint = self.endpoint.trim().trim_end_matches('/');
+        if !(endpoint.is_empty() || endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+            return Err(bad("tier.s3.endpoint", format!("{endpoint:?} is not an http:// or https:// URL")));
+        }
+        let prefix = self.prefix.trim_matches('/');
+        if !prefix.is_empty() && prefix.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+            return Err(bad("tier.s3.prefix", format!("{prefix:?} has an empty, . or .. part")));
+        }
+        if self.region.trim().is_empty() {
+            return Err(bad("tier.s3.region", "must not be empty".into()));
+        }
+        Ok(Some(crate::storage::tier::TierSettings {
+            bucket: bucket.to_owned(),
+            endpoint: endpoint.to_owned(),
+            region: self.region.trim().to_owned(),
+            prefix: prefix.to_owned(),
+            upload_interval: Duration::from_millis(range(
+                "tier.s3.upload_interval_ms",
+                self.upload_interval_ms,
+                10,
+                86_400_000,
+            )?),
+            cache_bytes: range("tier.s3.cache_bytes", self.cache_bytes, 4 << 20, 1 << 40)?,
+            local_retention_bytes: (local_bytes > 0).then_some(local_bytes),
+            local_retention_ms: (local_ms > 0).then_some(local_ms),
+        }))
+    }
+}
+
 impl RawConfig {
     /// Checks every value and derives the rest.
     pub fn validate(self) -> Result<Config, ConfigError> {
@@ -128,6 +188,7 @@ impl RawConfig {
                 })
             }
         };
+        let tier = self.tier.s3.settings(&storage, self.local_retention_bytes, self.local_retention_ms)?;
         let durability = one_of(
             "durability",
             &self.durability,
@@ -155,6 +216,7 @@ impl RawConfig {
             shards,
             data_dir,
             storage,
+            tier,
             durability,
             segment_bytes: range("segment_bytes", self.segment_bytes, 64 << 10, 1 << 30)?,
             io_driver,

@@ -38,6 +38,9 @@ pub struct Dispatcher {
     /// With Kafka: offsets stored since the last write to the claims' log, by key (`None`:
     /// deleted); the last value of a key is all that is written (`shard::delivery`).
     pub(crate) replicate: RefCell<HashMap<Vec<u8>, Option<Vec<u8>>>>,
+    /// Partitions (topic, partition) to pump again once tiered history they wait for is
+    /// fetched (`shard::delivery`).
+    pub(crate) fetching: RefCell<std::collections::HashSet<(String, u32)>>,
 }
 
 impl Dispatcher {
@@ -49,6 +52,7 @@ impl Dispatcher {
             defs: RefCell::new(HashMap::new()),
             expire_cursor: RefCell::default(),
             replicate: RefCell::default(),
+            fetching: RefCell::default(),
         }
     }
 }

@@ -15,4 +15,6 @@ pub enum StartError {
     Auth(String),
     #[error("tls: {0}")]
     Tls(String),
+    #[error("tier.s3: {0}")]
+    Tier(String),
 }

@@ -10,6 +10,7 @@ mod error;
 mod otlp;
 mod pump;
 mod remote_log;
+mod tier;
 
 pub use error::StartError;
 
@@ -332,8 +333,15 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let db = db::open_with(&config.data_dir, shards, fds.rocksdb as i32)?;
     let syncer = if config.durability == Durability::Fsync { Some(Syncer::start(db.clone())?) } else { None };
     let mirror = config.storage.remote();
-    let logs =
-        Arc::new(PartitionLogs::new(db::segments_dir(&config.data_dir), config.segment_bytes, mirror, fds.partitions));
+    let tier = match &config.tier {
+        Some(settings) => Some(tier::open(settings, &db)?),
+        None => None,
+    };
+    let logs = PartitionLogs::new(db::segments_dir(&config.data_dir), config.segment_bytes, mirror, fds.partitions);
+    let logs = Arc::new(match &tier {
+        Some(t) => logs.with_tier(t.clone()),
+        None => logs,
+    });
     let traffic = bind_shared(config.listen, shards)?;
     let admin = bind_shared(config.admin_listen, 1)?.remove(0);
     let started = Started {
@@ -415,6 +423,9 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     }
     if let Some(r) = &shared.remote {
         remote_log::start(&shared, r)?;
+    }
+    if let Some(t) = &tier {
+        tier::start(&shared, t);
     }
     cluster::start(&shared, to_start)?;
     if let Some(endpoint) = &shared.config.otlp_endpoint {

@@ -33,16 +33,30 @@ const TICK: Duration = Duration::from_millis(20);
 /// (the last value of each key only). A takeover may repeat what was acked in the last one.
 const REPLICATE_EVERY: Duration = Duration::from_millis(10);
 
-/// The shard's log as the machine reads it.
-struct LogSource<'a>(&'a Log);
+/// How soon a partition whose read found tiered history being fetched is pumped again.
+const FETCH_POLL: Duration = Duration::from_millis(10);
+
+/// The shard's log as the machine reads it, noting the partitions whose reads wait for
+/// tiered history being fetched (pumped again shortly: nothing else would wake them).
+struct LogSource<'a> {
+    log: &'a Log,
+    fetching: std::cell::RefCell<Vec<(String, u32)>>,
+}
 
 impl Source for LogSource<'_> {
     fn end(&self, topic: &str, partition: u32) -> Option<u64> {
-        self.0.next_offset_of(topic, PartitionId(partition)).ok()
+        self.log.next_offset_of(topic, PartitionId(partition)).ok()
     }
 
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize, max_bytes: usize) -> Option<Vec<Frame>> {
-        self.0.read(topic, PartitionId(partition), from, max, max_bytes).ok()
+        match self.log.read(topic, PartitionId(partition), from, max, max_bytes) {
+            Ok(got) => Some(got),
+            Err(StorageError::Unavailable(crate::storage::tier::FETCHING)) => {
+                self.fetching.borrow_mut().push((topic.to_owned(), partition));
+                None
+            }
+            Err(_) => None,
+        }
     }
 }
 
@@ -133,16 +147,35 @@ impl Shard {
     /// borrowed while they run (a delivery to this shard's own sessions, say).
     fn run<R>(self: &Rc<Self>, input: impl FnOnce(&mut Machine, Instant, &LogSource<'_>, &mut Vec<Effect>) -> R) -> R {
         let mut out = Vec::new();
+        let src = LogSource { log: &self.log, fetching: Default::default() };
         let r = {
             let mut m = self.delivery.machine.borrow_mut();
-            let r = input(&mut m, Instant::now(), &LogSource(&self.log), &mut out);
+            let r = input(&mut m, Instant::now(), &src, &mut out);
             if m.expired > 0 {
                 self.shared.metrics.shard(self.id).requests_expired.add(std::mem::take(&mut m.expired));
             }
             r
         };
+        let fetching = src.fetching.take();
         self.execute(out);
+        for (topic, p) in fetching {
+            self.pump_after_fetch(topic, p);
+        }
         r
+    }
+
+    /// Pumps a partition's consumers again shortly: its read found tiered history being
+    /// fetched from the bucket (once per partition in the meantime).
+    fn pump_after_fetch(self: &Rc<Self>, topic: String, p: u32) {
+        if !self.delivery.fetching.borrow_mut().insert((topic.clone(), p)) {
+            return;
+        }
+        let me = self.clone();
+        monoio::spawn(async move {
+            monoio::time::sleep(FETCH_POLL).await;
+            me.delivery.fetching.borrow_mut().remove(&(topic.clone(), p));
+            me.run(|m, now, src, out| m.wake(&topic, p, now, src, out));
+        });
     }
 
     /// Executes the machine's effects, in order.

@@ -31,6 +31,7 @@ use rocksdb::DB;
 use super::db::log_cf;
 use super::partitions::{PartitionLogs, Slot};
 use super::segment::{PartitionLog, Prepared, SegmentError, Written};
+use super::tier::Tier;
 use super::{Bounds, Durability, Storage, StorageError, TopicMeta};
 use crate::model::{PartitionId, ShardId};
 pub use lite::{end_of, read_from, LITE_CACHE};
@@ -377,6 +378,39 @@ impl EmbeddedLog {
         })
     }
 
+    /// A partition's events from `from`: planned under the partition's mutex and read after it
+    /// is let go; below the local start, from the tier's bucket (bytes not at hand yet:
+    /// `tier::FETCHING`, the reader asks again).
+    fn read_segments(
+        &self,
+        (topic, partition): (&str, PartitionId),
+        from: u64,
+        (max, max_bytes): (usize, usize),
+    ) -> Result<Vec<Frame>, StorageError> {
+        let tier = self.inner.logs.tier();
+        let below = |log: &PartitionLog| {
+            let from = from.max(log.bounds().0);
+            (tier.is_some() && from < log.local_start()).then_some(from)
+        };
+        let plan =
+            self.with_log((topic, partition), |log| Ok(below(log).ok_or_else(|| log.plan_read(from, max, max_bytes))))?;
+        let from_tier = match plan {
+            Ok(from) => Some(from),
+            Err(plan) => {
+                let got = plan.read(max, max_bytes)?;
+                if !got.is_empty() || tier.is_none() {
+                    return Ok(got);
+                }
+                // A local copy deleted since the plan (its upload confirmed): the bucket has it.
+                self.with_log((topic, partition), |log| Ok(below(log)))?
+            }
+        };
+        match (from_tier, tier) {
+            (Some(from), Some(t)) => t.read((topic, partition.0), from, (max, max_bytes)),
+            _ => Ok(Vec::new()),
+        }
+    }
+
     /// The next offset `partition` will get, counting appends not yet written: readers of a
     /// partition this shard owns use it to know they are caught up without touching the log.
     pub fn next_offset_of(&self, topic: &str, partition: PartitionId) -> Result<u64, StorageError> {
@@ -454,7 +488,12 @@ impl EmbeddedLog {
 /// Retention on a segment log: the first offset kept moves to where the limits put it (the
 /// size limit from the partition's average event size, the age limit from the time index);
 /// whole segments below it are deleted. The newest event always stays.
-fn retain_segments(log: &mut PartitionLog, meta: &TopicMeta, now_us: i64) -> Result<u64, StorageError> {
+fn retain_segments(
+    log: &mut PartitionLog,
+    meta: &TopicMeta,
+    (tier, topic, partition): (Option<&Arc<Tier>>, &str, PartitionId),
+    now_us: i64,
+) -> Result<u64, StorageError> {
     let (start, end) = log.bounds();
     if end.saturating_sub(start) <= 1 {
         return Ok(0);
@@ -466,9 +505,26 @@ fn retain_segments(log: &mut PartitionLog, meta: &TopicMeta, now_us: i64) -> Res
         cut = cut.max(end.saturating_sub((budget / average).max(1)));
     }
     if let Some(ms) = meta.retention_ms {
-        cut = cut.max(log.offset_for_time(now_us - (ms as i64) * 1000)?);
+        cut = cut.max(time_cut(log, tier, (topic, partition), now_us - (ms as i64) * 1000)?);
     }
     Ok(log.set_start(cut.min(end - 1))?)
+}
+
+/// The first offset kept whose event's time is at or after `ts_us`: in the tier's bucket by its
+/// segments' newest times (a whole segment's start), else from the local time index.
+fn time_cut(
+    log: &PartitionLog,
+    tier: Option<&Arc<Tier>>,
+    (topic, partition): (&str, PartitionId),
+    ts_us: i64,
+) -> Result<u64, StorageError> {
+    let (first, _) = log.bounds();
+    if first < log.local_start() {
+        if let Some(o) = tier.and_then(|t| t.offset_for_time(topic, partition.0, ts_us)) {
+            return Ok(o.max(first).min(log.local_start()));
+        }
+    }
+    Ok(log.offset_for_time(ts_us)?)
 }
 
 impl Storage for EmbeddedLog {
@@ -496,9 +552,7 @@ impl Storage for EmbeddedLog {
         max_bytes: usize,
     ) -> Result<Vec<Frame>, StorageError> {
         if !topic_is_lite(topic) {
-            // Planned under the partition's mutex, read after it is let go.
-            let plan = self.with_log((topic, partition), |log| Ok(log.plan_read(from, max, max_bytes)))?;
-            return Ok(plan.read(max, max_bytes)?);
+            return self.read_segments((topic, partition), from, (max, max_bytes));
         }
         self.inner.lite.read(topic, partition, from, max, max_bytes)
     }
@@ -516,7 +570,8 @@ impl Storage for EmbeddedLog {
     /// From the segments' time index (events' own times); a lite topic by binary search.
     fn offset_for_time(&self, topic: &str, partition: PartitionId, micros: i64) -> Result<u64, StorageError> {
         if !topic_is_lite(topic) {
-            return self.with_log((topic, partition), |log| Ok(log.offset_for_time(micros)?));
+            let tier = self.inner.logs.tier();
+            return self.with_log((topic, partition), |log| time_cut(log, tier, (topic, partition), micros));
         }
         super::offset_by_search(self, topic, partition, micros)
     }
@@ -535,7 +590,9 @@ impl Storage for EmbeddedLog {
             return Ok(0);
         }
         if !topic_is_lite(topic) {
-            return self.with_log((topic, partition), |log| retain_segments(log, meta, now_us));
+            let tier = self.inner.logs.tier();
+            return self
+                .with_log((topic, partition), |log| retain_segments(log, meta, (tier, topic, partition), now_us));
         }
         self.inner.lite.enforce_retention(topic, meta, partition, now_us)
     }

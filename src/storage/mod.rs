@@ -21,6 +21,7 @@ pub mod remote;
 #[cfg(feature = "rocketmq")]
 pub mod rocketmq;
 pub mod segment;
+pub mod tier;
 
 #[cfg(test)]
 mod suite;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::segment::{PartitionLog, SegmentError};
+use super::tier::Tier;
 use super::StorageError;
 use crate::model::PartitionId;
 
@@ -58,6 +59,8 @@ pub struct PartitionLogs {
     /// When a partition's file last could not be opened for want of a descriptor (ms since
     /// the Unix epoch; 0: never): `/readyz` reports it.
     short_at: AtomicU64,
+    /// The bucket the embedded log's sealed segments are tiered to (`tier.s3.*`).
+    tier: Option<Arc<Tier>>,
 }
 
 impl PartitionLogs {
@@ -72,7 +75,20 @@ impl PartitionLogs {
             max_open: max_open.max(1),
             clock: Mutex::new((Vec::new(), 0)),
             short_at: AtomicU64::new(0),
+            tier: None,
         }
+    }
+
+    /// Tiers the logs to `tier` (before they are shared): a log opened takes the bucket's
+    /// history of its partition as its own (its floor; an empty one continues after it).
+    pub fn with_tier(mut self, tier: Arc<Tier>) -> Self {
+        self.tier = Some(tier);
+        self
+    }
+
+    /// The bucket the logs are tiered to, if any.
+    pub fn tier(&self) -> Option<&Arc<Tier>> {
+        self.tier.as_ref()
     }
 
     /// Notes `e` if it says the process is out of descriptors (see [`PartitionLogs::short_at`]).
@@ -100,14 +116,7 @@ impl PartitionLogs {
 
     /// Where a partition's segments are.
     pub fn dir(&self, topic: &str, partition: PartitionId) -> PathBuf {
-        let name = if topic.len() <= 240 {
-            format!("t.{topic}")
-        } else {
-            use sha2::Digest;
-            let d = sha2::Sha256::digest(topic.as_bytes());
-            format!("h.{}", d.iter().map(|b| format!("{b:02x}")).collect::<String>())
-        };
-        self.root.join(name).join(partition.0.to_string())
+        self.root.join(super::tier::dir_name(topic)).join(partition.0.to_string())
     }
 
     /// The partition's slot (not yet opened: [`PartitionLogs::lock`] opens it).
@@ -137,10 +146,15 @@ impl PartitionLogs {
             } else {
                 PartitionLog::open(&dir, self.max_segment_bytes)
             };
-            let mut log = log.map_err(|e| {
+            let engine = |e: SegmentError| {
                 self.note(&e);
                 StorageError::Engine(format!("{}: {e}", dir.display()))
-            })?;
+            };
+            let mut log = log.map_err(engine)?;
+            if let Some(m) = self.tier.as_ref().and_then(|t| t.manifest(topic, partition.0)) {
+                log.continue_at(m.end()).map_err(engine)?;
+                log.set_floor(m.first());
+            }
             log.count_files_in(self.files.clone());
             *g = Some(log);
         }

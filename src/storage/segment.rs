@@ -40,8 +40,13 @@ mod read;
 pub use direct::{DirectWrite, Prepared, BLOCK};
 pub use file::SegmentInfo;
 pub use format::{SegmentError, HEADER, INDEX_INTERVAL, MAGIC, MAX_BATCH_BYTES};
+
+/// A sealed segment's files in a partition's directory: its events and its index.
+pub fn files(dir: &std::path::Path, base: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+    (format::log_path(dir, base), format::index_path(dir, base))
+}
 pub use log::{PartitionLog, Written};
-pub use read::{ReadPlan, TIME_SCAN};
+pub use read::{read_detached, Detached, ReadPlan, TIME_SCAN};
 
 // The tests' names, last in the file: the layering check reads nothing after a `#[cfg(test)]`.
 #[cfg(test)]

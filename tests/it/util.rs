@@ -197,6 +197,14 @@ impl TestBroker {
         self.spawn();
     }
 
+    /// SIGKILL, then starts again on the same data directory with `extra` flags added (they
+    /// stay for later restarts).
+    pub fn restart_adding(&mut self, extra: &[&str]) {
+        self.kill9();
+        self.args.extend(extra.iter().map(|s| s.to_string()));
+        self.spawn();
+    }
+
     /// SIGKILL, then starts again on the same data directory and the same ports, as a
     /// supervisor restarts a crashed broker: clients reconnect to the address they know.
     pub fn restart_on_same_ports(&mut self) {

@@ -158,6 +158,14 @@ impl Machine {
             .collect()
     }
 
+    /// Pumps every consumer of a topic's partition (its events became readable: tiered history
+    /// fetched).
+    pub fn wake(&mut self, topic: &str, p: u32, now: Instant, src: &impl Source, out: &mut Vec<Effect>) {
+        for k in self.consumers_of(topic) {
+            self.pump(&k, p, None, now, src, out);
+        }
+    }
+
     /// The subscription was removed: its consumers here end.
     pub fn forget(&mut self, subscription: &str) {
         self.consumers.retain(|k, _| k.subscription != subscription);

@@ -33,6 +33,9 @@ pub struct PartitionLog {
     pub(super) gaps: bool,
     /// The first offset kept (retention moves it; whole segments below it are deleted).
     start: u64,
+    /// The first offset kept in a tier (`storage::tier`): offsets from it up to the first local
+    /// segment are read from there. `None`: everything kept is local.
+    floor: Option<u64>,
     /// A segment file was created since the last commit: its directory entry needs a sync too.
     pub(super) created: bool,
     /// Written to since the last [`PartitionLog::close_if_idle`].
@@ -152,6 +155,7 @@ impl PartitionLog {
             staged: vec![Staged::new()],
             gaps,
             start: 0,
+            floor: None,
             created: true,
             busy: false,
             tally: None,
@@ -198,10 +202,65 @@ impl PartitionLog {
         self.segments.last_mut().expect("a log always has a segment")
     }
 
-    /// The first offset kept and the next one to be written (staged appends not counted).
+    /// The first offset kept (in a tier, or here) and the next one to be written (staged
+    /// appends not counted).
     pub fn bounds(&self) -> (u64, u64) {
-        let first = self.segments.first().expect("a segment").base.max(self.start);
+        let here = self.segments.first().expect("a segment").base;
+        let first = self.floor.map_or(here, |f| f.min(here)).max(self.start);
         (first, self.segments.last().expect("a segment").next)
+    }
+
+    /// The first offset kept on this disk: reads below it go to the tier.
+    pub fn local_start(&self) -> u64 {
+        self.segments.first().expect("a segment").base.max(self.start)
+    }
+
+    /// Where the tier's copy of this partition starts (`None`: no tier holds any of it).
+    pub fn set_floor(&mut self, floor: Option<u64>) {
+        self.floor = floor;
+    }
+
+    /// A log found empty that a tier holds history of up to `next`: its offsets go on from
+    /// there (a restart with an empty disk must not hand out the tier's offsets again).
+    pub fn continue_at(&mut self, next: u64) -> Result<(), SegmentError> {
+        let tail = self.segments.last().expect("a segment");
+        if self.segments.len() == 1 && tail.size == 0 && next > tail.base && !self.is_staged() && self.in_flight == 0 {
+            self.roll(next)?;
+            self.staged[0].clear(next);
+        }
+        Ok(())
+    }
+
+    /// The directory and the sealed segments (every one but the tail), oldest first: what a
+    /// tier uploads. Their bytes never change; retention may delete them.
+    pub fn sealed(&self) -> (PathBuf, Vec<SegmentInfo>) {
+        let n = self.segments.len() - 1;
+        let sealed = self.segments[..n].iter().filter(|s| s.size > 0).map(Segment::info).collect();
+        (self.dir.clone(), sealed)
+    }
+
+    /// Deletes the local copies of the oldest sealed segments a tier holds (those ending at or
+    /// before `uploaded`) while the local segments pass `keep_bytes` or the segment's newest
+    /// event is older than `older_than_us`; never the tail. How many went. The floor must be
+    /// set first: the offsets stay readable, from the tier.
+    pub fn drop_uploaded(
+        &mut self,
+        uploaded: u64,
+        keep_bytes: Option<u64>,
+        older_than_us: Option<i64>,
+    ) -> Result<usize, SegmentError> {
+        if self.floor.is_none() {
+            return Ok(0);
+        }
+        let mut local: u64 = self.segments.iter().map(|s| s.size).sum();
+        self.retain(|s| {
+            let over = keep_bytes.is_some_and(|k| local > k) || older_than_us.is_some_and(|t| s.max_ts < t);
+            let go = s.next <= uploaded && over;
+            if go {
+                local -= s.bytes;
+            }
+            go
+        })
     }
 
     /// The offset the next staged event will get.

@@ -165,3 +165,58 @@ impl PartitionLog {
         Ok(end)
     }
 }
+
+/// What [`read_detached`] read: the events, and where it stopped for bytes not at hand.
+pub struct Detached {
+    pub frames: Vec<Frame>,
+    /// The position whose bytes `at` did not have (`None`: the read ended for another reason:
+    /// `max`, `max_bytes` or the segment's end).
+    pub wanted: Option<u64>,
+}
+
+/// A sealed segment kept elsewhere (a tier's object), read as [`ReadPlan::read`] reads a local
+/// one: `at(pos, len)` gives its bytes `pos..pos + len` when they are at hand (`None` when not:
+/// the read stops there and says where); `index` is its index file's bytes (empty: walked
+/// from the start), `size` its length. Every batch read is checked against its CRC.
+pub fn read_detached(
+    at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>,
+    (base, size, index): (u64, u64, &[u8]),
+    (from, max, max_bytes): (u64, usize, usize),
+    name: &Path,
+) -> Result<Detached, SegmentError> {
+    let corrupt = |reason: String| SegmentError::Corrupt { path: name.display().to_string(), reason };
+    let rel = from.saturating_sub(base);
+    let floor = index
+        .chunks_exact(super::format::ENTRY)
+        .map(|e| {
+            let rel = u32::from_le_bytes(e[..4].try_into().expect("4"));
+            (u64::from(rel), u64::from(u32::from_le_bytes(e[4..8].try_into().expect("4"))))
+        })
+        .take_while(|&(r, _)| r <= rel)
+        .last();
+    let mut pos = floor.map_or(0, |(_, pos)| pos);
+    let (mut out, mut bytes) = (Vec::new(), 0);
+    while pos < size && out.len() < max && bytes < max_bytes {
+        let Some(head) = at(pos, HEADER) else { return Ok(Detached { frames: out, wanted: Some(pos) }) };
+        let h = BatchHeader::read(&head).ok_or_else(|| corrupt(format!("no batch header at byte {pos}")))?;
+        if h.base + u64::from(h.count) > from {
+            let Some(all) = at(pos, h.total_len as usize) else {
+                return Ok(Detached { frames: out, wanted: Some(pos) });
+            };
+            let body = &all[HEADER..];
+            if crc32c::crc32c(body) != h.body_crc {
+                return Err(corrupt(format!("batch at offset {} fails its CRC", h.base)));
+            }
+            frames_of(body, &h, from.max(h.base), name, |o, b| {
+                if out.len() >= max || bytes >= max_bytes {
+                    return Ok(false);
+                }
+                bytes += b.len();
+                out.push(decode(o, b, name)?);
+                Ok(true)
+            })?;
+        }
+        pos += u64::from(h.total_len);
+    }
+    Ok(Detached { frames: out, wanted: None })
+}

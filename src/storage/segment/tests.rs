@@ -376,3 +376,55 @@ fn a_large_turn_is_cut_into_bounded_batches() {
     assert_eq!(ids(&log.read(20, 1, usize::MAX).unwrap()), ["g20"]);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A tier's side of the log: sealed segments' bytes read elsewhere give the events a local
+/// read gives (stopping where bytes are not at hand, and saying where); local copies of
+/// uploaded segments go while the floor keeps the offsets kept; an empty log a tier holds
+/// history of continues after it.
+#[test]
+fn sealed_segments_read_detached_and_local_copies_dropped_behind_a_floor() {
+    let d = dir("tier");
+    let mut log = PartitionLog::open(&d, 4096).unwrap();
+    for i in 0..40 {
+        log.append(&mut frames(&format!("b{i}-"), 3, 100 + i), 100 + i).unwrap();
+    }
+    let (sdir, sealed) = log.sealed();
+    assert!(sealed.len() >= 3, "{sealed:?}");
+    assert_eq!(log.segments().len(), sealed.len() + 1, "every segment but the tail");
+    let s = sealed[1];
+    let (lp, ip) = files(&sdir, s.base);
+    let (bytes, index) = (std::fs::read(lp).unwrap(), std::fs::read(ip).unwrap());
+    let mut at = |pos: u64, len: usize| bytes.get(pos as usize..pos as usize + len).map(<[u8]>::to_vec);
+    let from = s.base + 2;
+    let got = read_detached(&mut at, (s.base, s.bytes, &index), (from, 1000, usize::MAX), Path::new("x")).unwrap();
+    assert_eq!(got.wanted, None);
+    assert_eq!(offsets(&got.frames), (from..s.next).collect::<Vec<_>>());
+    assert_eq!(ids(&got.frames), ids(&log.read(from, (s.next - from) as usize, usize::MAX).unwrap()));
+    // Bytes past 100 are not at hand: the read stops at the batch there, and says so.
+    let mut short = |pos: u64, len: usize| {
+        bytes.get(pos as usize..pos as usize + len).filter(|_| pos + len as u64 <= 100).map(<[u8]>::to_vec)
+    };
+    let part = read_detached(&mut short, (s.base, s.bytes, &[]), (s.base, 1000, usize::MAX), Path::new("x")).unwrap();
+    assert!(part.wanted.is_some_and(|w| w < 100), "{:?}", part.wanted);
+    // Nothing local goes without a floor; with one, uploaded segments go past the byte limit,
+    // never the tail, and the bounds keep their start.
+    assert_eq!(log.drop_uploaded(sealed[1].next, Some(0), None).unwrap(), 0);
+    log.set_floor(Some(0));
+    assert_eq!(log.drop_uploaded(sealed[1].next, Some(0), None).unwrap(), 2);
+    assert_eq!((log.bounds().0, log.local_start()), (0, sealed[2].base));
+    assert_eq!(log.read(sealed[2].base, 1, usize::MAX).unwrap().len(), 1);
+    // By age: segments whose newest event is older than the cut.
+    let newest = log.segments()[0].max_ts;
+    assert_eq!(log.drop_uploaded(u64::MAX, None, Some(newest)).unwrap(), 0);
+    assert_eq!(log.drop_uploaded(u64::MAX, None, Some(newest + 1)).unwrap(), 1);
+    let end = log.bounds().1;
+    drop(log);
+    let e = dir("tier-empty");
+    let mut empty = PartitionLog::open(&e, 4096).unwrap();
+    empty.continue_at(end).unwrap();
+    empty.set_floor(Some(5));
+    assert_eq!(empty.bounds(), (5, end));
+    assert_eq!(empty.append(&mut frames("n", 1, 1), 1).unwrap(), end);
+    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(&e);
+}
