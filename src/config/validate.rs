@@ -106,8 +106,8 @@ impl S3Raw {
     fn settings(
         &self,
         storage: &StorageKind,
-        local_bytes: u64,
-        local_ms: u64,
+        (local_bytes, local_ms): (u64, u64),
+        segment_bytes: u64,
     ) -> Result<Option<crate::storage::tier::TierSettings>, ConfigError> {
         let bad = |key: &'static str, message: String| ConfigError::Invalid { key, message };
         let bucket = self.bucket.trim();
@@ -154,7 +154,8 @@ impl S3Raw {
                 10,
                 86_400_000,
             )?),
-            cache_bytes: range("tier.s3.cache_bytes", self.cache_bytes, 4 << 20, 1 << 40)?,
+            // Room for a segment's index (1/256 of it) and a read with its read-ahead.
+            cache_bytes: range("tier.s3.cache_bytes", self.cache_bytes, (16 << 20).max(segment_bytes / 64), 1 << 40)?,
             local_retention_bytes: (local_bytes > 0).then_some(local_bytes),
             local_retention_ms: (local_ms > 0).then_some(local_ms),
         }))
@@ -188,7 +189,8 @@ impl RawConfig {
                 })
             }
         };
-        let tier = self.tier.s3.settings(&storage, self.local_retention_bytes, self.local_retention_ms)?;
+        let local = (self.local_retention_bytes, self.local_retention_ms);
+        let tier = self.tier.s3.settings(&storage, local, self.segment_bytes)?;
         let durability = one_of(
             "durability",
             &self.durability,

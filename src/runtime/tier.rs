@@ -75,6 +75,11 @@ async fn pass(shared: &Shared, tier: &Tier) -> Result<(), String> {
     let mut first_error = None;
     for (topic, m) in topics {
         for p in (0..m.partitions).map(PartitionId) {
+            // A partition never written on this disk has nothing to upload (and is not opened:
+            // no files, no descriptor for it).
+            if !shared.logs.dir(&topic, p).exists() {
+                continue;
+            }
             let found = shared.logs.with(&topic, p, |log| Ok((log.sealed(), log.bounds().0)));
             let ((dir, sealed), start) = match found {
                 Ok(f) => f,
@@ -94,7 +99,7 @@ async fn pass(shared: &Shared, tier: &Tier) -> Result<(), String> {
             let older = settings.local_retention_ms.map(|ms| crate::model::clock::now_micros() - ms as i64 * 1000);
             let dropped = shared.logs.with(&topic, p, |log| {
                 log.set_floor(manifest.first());
-                Ok(log.drop_uploaded(manifest.end(), settings.local_retention_bytes, older)?)
+                Ok(log.drop_uploaded(|s| manifest.holds(s), settings.local_retention_bytes, older)?)
             });
             match dropped {
                 Ok(n) => tier.metrics.local_deleted.fetch_add(n as u64, Ordering::Relaxed),

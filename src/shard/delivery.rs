@@ -19,7 +19,7 @@ use crate::delivery::machine::{Effect, Machine, Source};
 use crate::model::delivery::{AckKind, ConsumerKey};
 use crate::model::placement::{owned_partitions, owner, partition_of};
 use crate::model::{PartitionId, ShardId};
-use crate::storage::{meta, offsets, Log, Storage, StorageError};
+use crate::storage::{meta, offsets, tier, Log, Storage, StorageError};
 use crate::subscription::definition::{Definition, Mode, Start};
 use crate::subscription::filter;
 
@@ -33,14 +33,19 @@ const TICK: Duration = Duration::from_millis(20);
 /// (the last value of each key only). A takeover may repeat what was acked in the last one.
 const REPLICATE_EVERY: Duration = Duration::from_millis(10);
 
-/// How soon a partition whose read found tiered history being fetched is pumped again.
+/// How soon a partition whose read found tiered history being fetched is pumped again, and
+/// one whose bucket could not be read.
 const FETCH_POLL: Duration = Duration::from_millis(10);
+const UNREACHABLE_POLL: Duration = Duration::from_secs(1);
+/// How long dead-lettering waits for an event being fetched from the bucket before it fails
+/// (and is retried).
+const DEAD_LETTER_WAIT: Duration = Duration::from_secs(10);
 
 /// The shard's log as the machine reads it, noting the partitions whose reads wait for
 /// tiered history being fetched (pumped again shortly: nothing else would wake them).
 struct LogSource<'a> {
     log: &'a Log,
-    fetching: std::cell::RefCell<Vec<(String, u32)>>,
+    fetching: std::cell::RefCell<Vec<(String, u32, Duration)>>,
 }
 
 impl Source for LogSource<'_> {
@@ -51,8 +56,9 @@ impl Source for LogSource<'_> {
     fn read(&self, topic: &str, partition: u32, from: u64, max: usize, max_bytes: usize) -> Option<Vec<Frame>> {
         match self.log.read(topic, PartitionId(partition), from, max, max_bytes) {
             Ok(got) => Some(got),
-            Err(StorageError::Unavailable(crate::storage::tier::FETCHING)) => {
-                self.fetching.borrow_mut().push((topic.to_owned(), partition));
+            Err(StorageError::Unavailable(why)) if why == tier::FETCHING || why == tier::UNREACHABLE => {
+                let after = if why == tier::FETCHING { FETCH_POLL } else { UNREACHABLE_POLL };
+                self.fetching.borrow_mut().push((topic.to_owned(), partition, after));
                 None
             }
             Err(_) => None,
@@ -158,21 +164,21 @@ impl Shard {
         };
         let fetching = src.fetching.take();
         self.execute(out);
-        for (topic, p) in fetching {
-            self.pump_after_fetch(topic, p);
+        for (topic, p, after) in fetching {
+            self.pump_after_fetch(topic, p, after);
         }
         r
     }
 
-    /// Pumps a partition's consumers again shortly: its read found tiered history being
-    /// fetched from the bucket (once per partition in the meantime).
-    fn pump_after_fetch(self: &Rc<Self>, topic: String, p: u32) {
+    /// Pumps a partition's consumers again `after`: its read found tiered history being
+    /// fetched from the bucket, or the bucket unreachable (once per partition meanwhile).
+    fn pump_after_fetch(self: &Rc<Self>, topic: String, p: u32, after: Duration) {
         if !self.delivery.fetching.borrow_mut().insert((topic.clone(), p)) {
             return;
         }
         let me = self.clone();
         monoio::spawn(async move {
-            monoio::time::sleep(FETCH_POLL).await;
+            monoio::time::sleep(after).await;
             me.delivery.fetching.borrow_mut().remove(&(topic.clone(), p));
             me.run(|m, now, src, out| m.wake(&topic, p, now, src, out));
         });
@@ -434,8 +440,18 @@ impl Shard {
                 None => return Ok(()), // the subscription was removed: nothing to keep
             },
         };
-        let Some(f) = self.log.read(&topic, PartitionId(p), o, 1, usize::MAX)?.pop().filter(|f| f.header().offset == o)
-        else {
+        // An event only in the tier's bucket is fetched first (waited for: this is its own task).
+        let mut waited = Duration::ZERO;
+        let read = loop {
+            match self.log.read(&topic, PartitionId(p), o, 1, usize::MAX) {
+                Err(StorageError::Unavailable(tier::FETCHING)) if waited < DEAD_LETTER_WAIT => {
+                    monoio::time::sleep(FETCH_POLL).await;
+                    waited += FETCH_POLL;
+                }
+                r => break r?,
+            }
+        };
+        let Some(f) = read.into_iter().next().filter(|f| f.header().offset == o) else {
             return Ok(()); // gone by retention
         };
         if f.header().kind == frame_codec::FrameKind::Request {

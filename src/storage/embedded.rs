@@ -500,7 +500,15 @@ fn retain_segments(
     }
     let mut cut = start;
     if let Some(budget) = meta.retention_bytes {
-        let (bytes, events) = log.size();
+        let (mut bytes, mut events) = log.size();
+        // The average over the whole partition: the bucket's segments not on disk too.
+        if let Some(m) = tier.and_then(|t| t.manifest(topic, partition.0)) {
+            let here = log.segments().first().map_or(end, |s| s.base);
+            for s in m.segments.iter().filter(|s| s.next <= here) {
+                bytes += s.bytes;
+                events += s.next - s.base;
+            }
+        }
         let average = (bytes / events.max(1)).max(1);
         cut = cut.max(end.saturating_sub((budget / average).max(1)));
     }

@@ -1,6 +1,6 @@
 //! Tiered storage of the embedded log to S3, against a real S3-compatible server: moto
 //! (`moto[server]` from PyPI, which enforces `If-None-Match`), installed by scripts/test.sh and
-//! named by EVMESH_MOTO; each test starts its own on a free port (and stops and starts it again
+//! named by EVMESH_TEST_MOTO; each test starts its own on a free port (and stops and starts it again
 //! to take the bucket away).
 
 use std::collections::HashSet;
@@ -39,7 +39,8 @@ impl Moto {
 
     /// Starts the server (again: empty) and makes the bucket.
     fn up(&mut self) {
-        let bin = std::env::var("EVMESH_MOTO").expect("EVMESH_MOTO names moto_server; scripts/test.sh installs it");
+        let bin =
+            std::env::var("EVMESH_TEST_MOTO").expect("EVMESH_TEST_MOTO names moto_server; scripts/test.sh installs it");
         let child = Command::new(bin)
             .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
             .stdout(Stdio::null())
@@ -88,6 +89,55 @@ impl Drop for Moto {
     }
 }
 
+/// A TCP proxy in front of moto that can take it away (connections refused and cut) and
+/// bring it back with its objects (a moto restarted would be empty).
+struct Gate {
+    port: u16,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+}
+
+impl Gate {
+    fn to(moto: &Moto) -> Gate {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let gate = Gate { port, down: Default::default(), open: Default::default() };
+        let (down, open, target) = (gate.down.clone(), gate.open.clone(), moto.port);
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if down.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // dropped: the connection is cut at once
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else { continue };
+                open.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
+                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        gate
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn close(&self) {
+        self.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn reopen(&self) {
+        self.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
@@ -95,6 +145,10 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
 /// The flags of a broker tiering to `moto`: 64 KiB segments, uploads looked for every 50 ms,
 /// and every local copy of an uploaded segment deleted (`local_retention_bytes` 1).
 fn tiered(moto: &Moto) -> Vec<String> {
+    tiered_at(&moto.endpoint())
+}
+
+fn tiered_at(endpoint: &str) -> Vec<String> {
     [
         "--shards",
         "1",
@@ -103,7 +157,7 @@ fn tiered(moto: &Moto) -> Vec<String> {
         "--tier-s3-bucket",
         BUCKET,
         "--tier-s3-endpoint",
-        &moto.endpoint(),
+        endpoint,
         "--tier-s3-upload-interval-ms",
         "50",
         "--local-retention-bytes",
@@ -225,7 +279,7 @@ fn by_polling(b: &TestBroker, topic: &str, n: usize) -> Vec<String> {
 /// from the bucket to every transport and the admin event browser, in order, on both I/O
 /// drivers; the partition still starts at 0.
 #[test]
-#[ignore = "needs moto_server at EVMESH_MOTO (scripts/test.sh installs it)"]
+#[ignore = "needs moto_server at EVMESH_TEST_MOTO (scripts/test.sh installs it)"]
 fn history_below_the_local_start_is_read_from_the_bucket_by_every_transport() {
     for driver in ["epoll", "uring"] {
         let moto = Moto::start();
@@ -258,11 +312,21 @@ fn history_below_the_local_start_is_read_from_the_bucket_by_every_transport() {
 /// An instance restarted on an empty disk with the same bucket has the topic again, serves
 /// the bucket's history of it, and hands out offsets after it (never the bucket's again).
 #[test]
-#[ignore = "needs moto_server at EVMESH_MOTO (scripts/test.sh installs it)"]
+#[ignore = "needs moto_server at EVMESH_TEST_MOTO (scripts/test.sh installs it)"]
 fn a_restart_on_an_empty_disk_serves_the_buckets_history() {
     let moto = Moto::start();
     let mut b = start(&tiered(&moto));
     let topic = unique("tiered");
+    // Made with settings of its own: a topic the first publish made would not show that the
+    // restart took the bucket's record of it.
+    let settings = json!({"partitions": 1, "retention_ms": 86_400_000u64});
+    let r = b.admin().request(
+        "PUT",
+        &format!("/admin/topics/{topic}"),
+        &[("content-type", "application/json")],
+        settings.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
     publish(&b, &topic, 0..300);
     until_tiered(&b, &topic);
     // What the bucket holds: the sealed segments (the tail was never sealed: it is lost with
@@ -275,6 +339,11 @@ fn a_restart_on_an_empty_disk_serves_the_buckets_history() {
     b.kill9();
     std::fs::remove_dir_all(&b.dir).unwrap();
     b.restart();
+    let topics = b.admin().get("/admin/topics").json();
+    let t = topics.as_array().unwrap().iter().find(|t| t["topic"] == topic.as_str()).cloned();
+    let t = t.expect("the topic is made again from the bucket's record, before any publish");
+    assert_eq!(t["retention_ms"], json!(86_400_000u64), "{t}");
+    assert_eq!(t["partitions"][0]["end_offset"].as_u64(), Some(sealed_end), "{t}");
     let more = publish(&b, &topic, 300..305);
     assert_eq!(more, (sealed_end..sealed_end + 5).collect::<Vec<_>>(), "offsets go on after the bucket's");
     let want: Vec<String> = ids(0..sealed_end as usize).into_iter().chain(ids(300..305)).collect();
@@ -285,7 +354,7 @@ fn a_restart_on_an_empty_disk_serves_the_buckets_history() {
 /// deleted; once it is back, they are uploaded, the local copies go, and the whole history
 /// is still read (from the bucket).
 #[test]
-#[ignore = "needs moto_server at EVMESH_MOTO (scripts/test.sh installs it)"]
+#[ignore = "needs moto_server at EVMESH_TEST_MOTO (scripts/test.sh installs it)"]
 fn the_bucket_away_during_uploads_keeps_the_local_copies_until_confirmed() {
     let mut moto = Moto::start();
     let b = start(&tiered(&moto));
@@ -309,7 +378,7 @@ fn the_bucket_away_during_uploads_keeps_the_local_copies_until_confirmed() {
 /// one with other bytes (a partial or foreign upload) is never overwritten: that partition's
 /// uploads stop there, its local copies stay, and every event is still read.
 #[test]
-#[ignore = "needs moto_server at EVMESH_MOTO (scripts/test.sh installs it)"]
+#[ignore = "needs moto_server at EVMESH_TEST_MOTO (scripts/test.sh installs it)"]
 fn objects_found_in_the_bucket_are_taken_when_ours_and_never_overwritten() {
     let moto = Moto::start();
     // Segments sealed first without tiering, then the bucket readied, then tiering on.
@@ -349,4 +418,85 @@ fn objects_found_in_the_bucket_are_taken_when_ours_and_never_overwritten() {
     assert_eq!(bases, vec![0]);
     let browsed: Vec<String> = b.events(&topic, 0).iter().map(|(_, e)| e["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(browsed, ids(0..300));
+}
+
+/// A consumer reading tiered history while the bucket is away gets nothing and does not make
+/// the broker spin on it (its fetches are retried about once a second); once the bucket is
+/// back, it gets the whole history in order without any new event to wake it.
+#[test]
+#[ignore = "needs moto_server at EVMESH_TEST_MOTO (scripts/test.sh installs it)"]
+fn a_reader_of_tiered_history_waits_out_the_bucket_away_and_resumes() {
+    let moto = Moto::start();
+    let gate = Gate::to(&moto);
+    let b = start(&tiered_at(&gate.endpoint()));
+    let topic = unique("tiered");
+    publish(&b, &topic, 0..300);
+    until_tiered(&b, &topic);
+    gate.close();
+    let away = std::time::Instant::now();
+    let sub = unique("tier-away");
+    subscribe(&b, json!({"subscription": sub, "topic": topic, "mode": "LOAD_BALANCE", "start": "earliest"}));
+    let mut ws = attach(&b, &format!("subscription={sub}"));
+    wait_for(LONG, || (metric(&b, "evmesh_tier_fetch_failures_total") >= 3).then_some(()));
+    assert!(next_event(&mut ws).is_none(), "the first events are only in the bucket");
+    let failures = metric(&b, "evmesh_tier_fetch_failures_total");
+    // Up to READ_AHEAD + 1 chunks asked for at a time, each about once a second.
+    let bound = 5 * (away.elapsed().as_secs() + 2);
+    assert!(failures <= bound, "{failures} failed fetches in {:?}: a spin", away.elapsed());
+    gate.reopen();
+    let mut got = Vec::new();
+    let start = std::time::Instant::now();
+    while got.len() < 300 {
+        assert!(start.elapsed() < LONG, "{} of 300 after the bucket came back", got.len());
+        if let Some(e) = next_event(&mut ws) {
+            ws.send(tungstenite::Message::text(json!({"type": "ack", "ids": [e["emdeliveryid"]]}).to_string()))
+                .unwrap();
+            got.push(e["id"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(got, ids(0..300));
+}
+
+/// The topic's own retention bounds what is kept, in the bucket too: segments of the bucket
+/// wholly below the partition's start are deleted and the manifest says the new start; what
+/// is kept is still read whole.
+#[test]
+#[ignore = "needs moto_server at EVMESH_TEST_MOTO (scripts/test.sh installs it)"]
+fn the_topics_retention_deletes_from_the_bucket_too() {
+    let moto = Moto::start();
+    let mut flags = tiered(&moto);
+    flags.extend(["--retention-check-ms".into(), "50".into()]);
+    let b = start(&flags);
+    let topic = unique("tiered");
+    let r = b.admin().request(
+        "PUT",
+        &format!("/admin/topics/{topic}"),
+        &[("content-type", "application/json")],
+        json!({"partitions": 1, "retention_bytes": 200_000}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Within the retention first (so it is in the bucket before the retention passes it).
+    publish(&b, &topic, 0..150);
+    until_tiered(&b, &topic);
+    publish(&b, &topic, 150..400);
+    wait_for(LONG, || (metric(&b, "evmesh_tier_deleted_total") >= 1).then_some(()));
+    let start = b.events(&topic, 0)[0].0;
+    assert!(start > 0 && start < 400, "{start}");
+    let (objects, manifest) = block_on(async {
+        let store = moto.store();
+        let prefix = Key::from(format!("evmesh/t.{topic}/0"));
+        let listed: Vec<_> = futures::TryStreamExt::try_collect(store.list(Some(&prefix))).await.unwrap();
+        let names: Vec<String> = listed.iter().map(|o| o.location.filename().unwrap().to_owned()).collect();
+        let newest = listed.iter().map(|o| o.location.clone()).filter(|l| l.as_ref().contains("/manifest/")).max();
+        let m = store.get(&newest.unwrap()).await.unwrap().bytes().await.unwrap();
+        (names, serde_json::from_slice::<Value>(&m).unwrap())
+    });
+    let segments = manifest["segments"].as_array().unwrap();
+    let kept_start = manifest["start"].as_u64().unwrap();
+    assert!(kept_start > 0 && segments.iter().all(|s| s["next"].as_u64().unwrap() > kept_start), "{manifest}");
+    let logs: Vec<&String> = objects.iter().filter(|n| n.ends_with(".log")).collect();
+    assert_eq!(logs.len(), segments.len(), "only the manifest's segments are in the bucket: {objects:?}");
+    let browsed: Vec<String> = b.events(&topic, 0).iter().map(|(_, e)| e["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(browsed.last().map(String::as_str), Some("e399"));
+    assert_eq!(browsed.len() as u64, 400 - start, "every event kept, from the start on");
 }

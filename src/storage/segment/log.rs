@@ -220,14 +220,16 @@ impl PartitionLog {
         self.floor = floor;
     }
 
-    /// A log found empty that a tier holds history of up to `next`: its offsets go on from
-    /// there (a restart with an empty disk must not hand out the tier's offsets again).
+    /// A log that a tier holds history of up to `next` and that ends before it (found empty:
+    /// a restart with an empty disk; or cut shorter by recovery than what was uploaded, after
+    /// a power loss): every local segment goes (the tier has their events) and offsets go on
+    /// from `next`, never handing out the tier's offsets again.
     pub fn continue_at(&mut self, next: u64) -> Result<(), SegmentError> {
-        let tail = self.segments.last().expect("a segment");
-        if self.segments.len() == 1 && tail.size == 0 && next > tail.base && !self.is_staged() && self.in_flight == 0 {
-            self.roll(next)?;
-            self.staged[0].clear(next);
+        if self.bounds().1 >= next || self.is_staged() || self.in_flight > 0 {
+            return Ok(());
         }
+        self.roll(next)?;
+        self.retain(|_| true)?;
         Ok(())
     }
 
@@ -239,13 +241,14 @@ impl PartitionLog {
         (self.dir.clone(), sealed)
     }
 
-    /// Deletes the local copies of the oldest sealed segments a tier holds (those ending at or
-    /// before `uploaded`) while the local segments pass `keep_bytes` or the segment's newest
-    /// event is older than `older_than_us`; never the tail. How many went. The floor must be
-    /// set first: the offsets stay readable, from the tier.
+    /// Deletes the local copies of the oldest sealed segments a tier holds (`uploaded` says
+    /// which: exactly this segment is in the bucket) while the local segments pass
+    /// `keep_bytes` or the segment's newest event is older than `older_than_us`; never the
+    /// tail. How many went. The floor must be set first: the offsets stay readable, from the
+    /// tier.
     pub fn drop_uploaded(
         &mut self,
-        uploaded: u64,
+        uploaded: impl Fn(&SegmentInfo) -> bool,
         keep_bytes: Option<u64>,
         older_than_us: Option<i64>,
     ) -> Result<usize, SegmentError> {
@@ -255,7 +258,7 @@ impl PartitionLog {
         let mut local: u64 = self.segments.iter().map(|s| s.size).sum();
         self.retain(|s| {
             let over = keep_bytes.is_some_and(|k| local > k) || older_than_us.is_some_and(|t| s.max_ts < t);
-            let go = s.next <= uploaded && over;
+            let go = over && uploaded(s);
             if go {
                 local -= s.bytes;
             }

@@ -408,16 +408,25 @@ fn sealed_segments_read_detached_and_local_copies_dropped_behind_a_floor() {
     assert!(part.wanted.is_some_and(|w| w < 100), "{:?}", part.wanted);
     // Nothing local goes without a floor; with one, uploaded segments go past the byte limit,
     // never the tail, and the bounds keep their start.
-    assert_eq!(log.drop_uploaded(sealed[1].next, Some(0), None).unwrap(), 0);
+    let upto = |n: u64| move |s: &SegmentInfo| s.next <= n;
+    assert_eq!(log.drop_uploaded(upto(sealed[1].next), Some(0), None).unwrap(), 0);
     log.set_floor(Some(0));
-    assert_eq!(log.drop_uploaded(sealed[1].next, Some(0), None).unwrap(), 2);
+    assert_eq!(log.drop_uploaded(|_| false, Some(0), None).unwrap(), 0, "only what the tier holds goes");
+    assert_eq!(log.drop_uploaded(upto(sealed[1].next), Some(0), None).unwrap(), 2);
     assert_eq!((log.bounds().0, log.local_start()), (0, sealed[2].base));
     assert_eq!(log.read(sealed[2].base, 1, usize::MAX).unwrap().len(), 1);
     // By age: segments whose newest event is older than the cut.
     let newest = log.segments()[0].max_ts;
-    assert_eq!(log.drop_uploaded(u64::MAX, None, Some(newest)).unwrap(), 0);
-    assert_eq!(log.drop_uploaded(u64::MAX, None, Some(newest + 1)).unwrap(), 1);
+    assert_eq!(log.drop_uploaded(upto(u64::MAX), None, Some(newest)).unwrap(), 0);
+    assert_eq!(log.drop_uploaded(upto(u64::MAX), None, Some(newest + 1)).unwrap(), 1);
     let end = log.bounds().1;
+    // A log ending before what the tier holds (cut by recovery after a power loss) keeps none
+    // of its segments and goes on after the tier's end.
+    log.continue_at(end - 1).unwrap();
+    assert_eq!(log.bounds().1, end, "a log already past the tier's end is left alone");
+    log.continue_at(end + 10).unwrap();
+    assert_eq!((log.bounds(), log.segments().len()), ((0, end + 10), 1));
+    assert_eq!(log.append(&mut frames("p", 1, 1), 1).unwrap(), end + 10);
     drop(log);
     let e = dir("tier-empty");
     let mut empty = PartitionLog::open(&e, 4096).unwrap();

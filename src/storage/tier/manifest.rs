@@ -48,6 +48,10 @@ pub struct Manifest {
     pub topic: String,
     pub partition: u32,
     pub generation: u64,
+    /// Which process wrote it (random, per process): a generation found in the bucket with
+    /// our writer is our own write whose answer was lost.
+    #[serde(default)]
+    pub writer: u64,
     /// The first offset kept (the topic's retention): segments wholly below it are deleted.
     pub start: u64,
     pub segments: Vec<TieredSegment>,
@@ -55,7 +59,7 @@ pub struct Manifest {
 
 impl Manifest {
     pub fn new(topic: &str, partition: u32) -> Manifest {
-        Manifest { topic: topic.to_owned(), partition, generation: 0, start: 0, segments: Vec::new() }
+        Manifest { topic: topic.to_owned(), partition, generation: 0, writer: 0, start: 0, segments: Vec::new() }
     }
 
     /// The first offset readable from the bucket.
@@ -63,9 +67,16 @@ impl Manifest {
         self.segments.first().map(|s| s.base.max(self.start))
     }
 
-    /// The offset after the last one the bucket holds (0 when it holds none).
+    /// The offset after the last one the bucket holds (its start when it holds none: the
+    /// offsets retention passed are never handed out again).
     pub fn end(&self) -> u64 {
-        self.segments.last().map_or(0, |s| s.next)
+        self.segments.last().map_or(self.start, |s| s.next)
+    }
+
+    /// Whether the bucket holds exactly this segment (a local copy may then go).
+    pub fn holds(&self, s: &crate::storage::segment::SegmentInfo) -> bool {
+        let i = self.segments.partition_point(|t| t.base < s.base);
+        self.segments.get(i).is_some_and(|t| t.base == s.base && t.next == s.next && t.bytes == s.bytes)
     }
 
     /// The segment holding `offset`, if the bucket holds it.
@@ -138,6 +149,8 @@ mod tests {
     fn a_manifest_finds_the_segment_holding_an_offset_and_drains_what_retention_passed() {
         let mut m = Manifest::new("t", 0);
         assert_eq!((m.first(), m.end(), m.holding(0)), (None, 0, None));
+        m.start = 7;
+        assert_eq!(m.end(), 7, "an emptied manifest still ends where retention left it");
         m.segments = vec![seg(10, 20), seg(20, 35), seg(35, 36)];
         assert_eq!((m.first(), m.end()), (Some(10), 36));
         assert_eq!(m.holding(9), None);
@@ -145,6 +158,9 @@ mod tests {
         assert_eq!(m.holding(34).map(|s| s.base), Some(20));
         assert_eq!(m.holding(35).map(|s| s.base), Some(35));
         assert_eq!(m.holding(36), None);
+        let info = |base, next, bytes| crate::storage::segment::SegmentInfo { base, next, bytes, max_ts: 0 };
+        assert!(m.holds(&info(20, 35, 1)));
+        assert!(!m.holds(&info(20, 35, 2)) && !m.holds(&info(20, 34, 1)) && !m.holds(&info(0, 10, 1)));
         m.start = 25;
         assert_eq!(m.drain_below(25), vec![seg(10, 20)]);
         assert_eq!(m.first(), Some(25));

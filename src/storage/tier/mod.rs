@@ -40,6 +40,10 @@ pub use manifest::{dir_name, Keys, Manifest, TieredSegment, TopicRecord};
 /// caller asks again (a shard's delivery, shortly) or waits ([`Tier::read`] with a wait).
 pub const FETCHING: &str = "tiered history is being fetched from the bucket";
 
+/// What a read of tiered history answers while the bucket cannot be read (a fetch of what it
+/// needs failed within the last second): the reader asks again later.
+pub const UNREACHABLE: &str = "the bucket holding this tiered history cannot be read now";
+
 /// Chunks fetched ahead of the one a read stopped at (and of the last one it read).
 const READ_AHEAD: u64 = 4;
 /// Fetches in flight at once, at most.
@@ -73,6 +77,15 @@ pub struct TierMetrics {
     pub tiered_deleted: AtomicU64,
 }
 
+/// How a manifest generation's write went.
+enum Committed {
+    Done,
+    /// Our own earlier write of it was there (its answer lost): taken as the manifest.
+    Adopted,
+    /// Another writer's: the partition's uploads stop.
+    Conflict,
+}
+
 /// How a create-only put went.
 enum Created {
     /// Made now.
@@ -81,6 +94,38 @@ enum Created {
     Same,
     /// There already with other bytes: someone else's; not overwritten.
     Other,
+}
+
+/// A fetch in flight: its outcome goes to the cache once, and a fetch dropped before it
+/// finished (its task cancelled at shutdown, or panicking) counts as failed, so its chunk is
+/// never waited for forever.
+struct Fetch {
+    tier: Arc<Tier>,
+    key: Option<cache::ChunkKey>,
+}
+
+impl Fetch {
+    fn done(mut self, got: Result<Bytes, String>) {
+        let k = self.key.take().expect("done once");
+        let m = &self.tier.metrics;
+        match &got {
+            Ok(b) => m.fetched_bytes.fetch_add(b.len() as u64, Ordering::Relaxed),
+            Err(e) => {
+                crate::log::warn("tier", &format!("reading {} from the bucket: {e}", k.0), &[]);
+                m.fetch_failures.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        self.tier.cache.lock().unwrap_or_else(|e| e.into_inner()).fetched(k, got);
+    }
+}
+
+impl Drop for Fetch {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.take() {
+            let failed = Err("the fetch ended unfinished".to_owned());
+            self.tier.cache.lock().unwrap_or_else(|e| e.into_inner()).fetched(k, failed);
+        }
+    }
 }
 
 /// The process's handle on the bucket.
@@ -94,6 +139,11 @@ pub struct Tier {
     conflicted: Mutex<HashSet<PartKey>>,
     /// Topics whose record this process has written (or found).
     recorded: Mutex<HashSet<Box<str>>>,
+    /// Partitions whose manifest was looked for in the bucket (at start, or before their first
+    /// upload).
+    checked: Mutex<HashSet<PartKey>>,
+    /// This process, as the writer of the manifests it writes (random).
+    writer: u64,
     cache: Mutex<Cache>,
     pub metrics: TierMetrics,
 }
@@ -149,6 +199,14 @@ impl Tier {
             manifests: Mutex::default(),
             conflicted: Mutex::default(),
             recorded: Mutex::default(),
+            checked: Mutex::default(),
+            writer: {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_i64(crate::model::clock::now_micros());
+                h.write_u32(std::process::id());
+                h.finish()
+            },
             metrics: TierMetrics::default(),
         }))
     }
@@ -172,14 +230,19 @@ impl Tier {
     }
 
     /// Reads the bucket's topics and their partitions' manifests (at start, before any shard
-    /// runs): the topics, for the caller to make those it does not have.
+    /// runs): the topics, for the caller to make those it does not have. A record that is not
+    /// one (or names no valid topic) is skipped; an unreadable manifest stops that partition's
+    /// uploads (its objects are never overwritten).
     pub async fn load(&self) -> Result<Vec<TopicRecord>, String> {
         let topics = Path::from(manifest::join(&self.settings.prefix, "topics"));
         let listed: Vec<_> = self.store.list(Some(&topics)).try_collect().await.map_err(s3_error)?;
         let mut out = Vec::new();
         for o in listed.iter().filter(|o| o.location.as_ref().ends_with(".json")) {
             let bytes = self.store.get(&o.location).await.map_err(s3_error)?.bytes().await.map_err(s3_error)?;
-            let Ok(record) = serde_json::from_slice::<TopicRecord>(&bytes) else {
+            let record = serde_json::from_slice::<TopicRecord>(&bytes).ok().filter(|r| {
+                crate::model::valid_topic(&r.name) && (1..=crate::model::MAX_PARTITIONS).contains(&r.meta.partitions)
+            });
+            let Some(record) = record else {
                 crate::log::warn("tier", &format!("{}: not a topic record, skipped", o.location), &[]);
                 continue;
             };
@@ -187,6 +250,7 @@ impl Tier {
                 if let Some(m) = self.latest(&record.name, p).await? {
                     self.manifests.lock().unwrap_or_else(|e| e.into_inner()).insert(key(&record.name, p), Arc::new(m));
                 }
+                self.checked.lock().unwrap_or_else(|e| e.into_inner()).insert(key(&record.name, p));
             }
             self.recorded.lock().unwrap_or_else(|e| e.into_inner()).insert(record.name.as_str().into());
             out.push(record);
@@ -194,7 +258,8 @@ impl Tier {
         Ok(out)
     }
 
-    /// A partition's newest manifest generation in the bucket.
+    /// A partition's newest manifest generation in the bucket (one that does not parse stops
+    /// the partition's uploads: `None`).
     async fn latest(&self, topic: &str, partition: u32) -> Result<Option<Manifest>, String> {
         let keys = Keys::new(&self.settings.prefix, topic, partition);
         let listed: Vec<_> =
@@ -203,7 +268,17 @@ impl Tier {
             return Ok(None);
         };
         let bytes = self.store.get(newest).await.map_err(s3_error)?.bytes().await.map_err(s3_error)?;
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| format!("{newest}: {e}"))
+        match serde_json::from_slice::<Manifest>(&bytes) {
+            Ok(m) if m.topic == topic && m.partition == partition => Ok(Some(m)),
+            Ok(_) => {
+                self.conflict(topic, partition, &format!("{newest} names another partition"));
+                Ok(None)
+            }
+            Err(e) => {
+                self.conflict(topic, partition, &format!("{newest} is not a manifest ({e})"));
+                Ok(None)
+            }
+        }
     }
 
     /// What the bucket holds of a partition (`None`: nothing).
@@ -229,29 +304,46 @@ impl Tier {
         }
     }
 
-    /// Writes `m` as a new generation; the one before the previous is deleted behind it.
-    async fn commit(&self, keys: &Keys, m: &Manifest) -> Result<bool, String> {
-        let json = serde_json::to_vec(m).map_err(|e| e.to_string())?;
-        match self.create(&keys.manifest(m.generation), json.into()).await? {
-            Created::New | Created::Same => {}
-            Created::Other => return Ok(false),
+    /// Writes `m` as a new generation (with this process as its writer); the one before the
+    /// previous is deleted behind it. A generation found there already is ours when its writer
+    /// is this process (an answer lost on the way: it is taken as the manifest, and the pass
+    /// ends), another's otherwise (a conflict).
+    async fn commit(&self, keys: &Keys, m: &mut Manifest) -> Result<Committed, String> {
+        m.writer = self.writer;
+        let json = serde_json::to_vec(&*m).map_err(|e| e.to_string())?;
+        let path = keys.manifest(m.generation);
+        if let Created::Other = self.create(&path, json.into()).await? {
+            let bytes = self.store.get(&self.path(&path)).await.map_err(s3_error)?.bytes().await.map_err(s3_error)?;
+            return Ok(match serde_json::from_slice::<Manifest>(&bytes) {
+                Ok(there) if there.writer == self.writer => {
+                    self.set_manifest(there);
+                    Committed::Adopted
+                }
+                _ => {
+                    let why = format!("{path} was written by another writer (another instance on the same prefix?)");
+                    self.conflict(&m.topic, m.partition, &why);
+                    Committed::Conflict
+                }
+            });
         }
         if m.generation >= 2 {
             let _ = self.store.delete(&self.path(&keys.manifest(m.generation - 2))).await;
         }
-        self.manifests
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key(&m.topic, m.partition), Arc::new(m.clone()));
-        Ok(true)
+        self.set_manifest(m.clone());
+        Ok(Committed::Done)
     }
 
-    fn conflict(&self, topic: &str, partition: u32, what: &str) {
+    fn set_manifest(&self, m: Manifest) {
+        self.manifests.lock().unwrap_or_else(|e| e.into_inner()).insert(key(&m.topic, m.partition), Arc::new(m));
+    }
+
+    /// Stops a partition's uploads for the life of the process (its local copies stay).
+    fn conflict(&self, topic: &str, partition: u32, why: &str) {
         self.metrics.conflicts.fetch_add(1, Ordering::Relaxed);
         self.conflicted.lock().unwrap_or_else(|e| e.into_inner()).insert(key(topic, partition));
         let line = format!(
-            "{topic}/{partition}: {what} is in the bucket already with other bytes (another instance on the \
-             same prefix?): not overwritten; this partition is not uploaded any more and its local copy stays"
+            "{topic}/{partition}: {why}: nothing there is overwritten; this partition is not uploaded any more \
+             and its local copies stay"
         );
         crate::log::warn("tier", &line, &[]);
     }
@@ -272,14 +364,19 @@ impl Tier {
             return Ok(None);
         }
         let keys = Keys::new(&self.settings.prefix, topic, partition);
-        let mut m = self.manifest(topic, partition).map_or_else(|| Manifest::new(topic, partition), |m| (*m).clone());
+        let mut m = match self.manifest(topic, partition) {
+            Some(m) => (*m).clone(),
+            None => self.first_manifest(topic, partition).await?,
+        };
+        if self.conflicted.lock().unwrap_or_else(|e| e.into_inner()).contains(&key(topic, partition)) {
+            return Ok(None);
+        }
         let gone = m.drain_below(start);
-        let moved = !gone.is_empty() || (start > m.start && !m.segments.is_empty());
+        let moved = !gone.is_empty() || (start > m.start && m.generation > 0);
         m.start = m.start.max(start);
         if moved {
             m.generation += 1;
-            if !self.commit(&keys, &m).await? {
-                self.conflict(topic, partition, "a manifest generation");
+            if !matches!(self.commit(&keys, &mut m).await?, Committed::Done) {
                 return Ok(self.manifest(topic, partition));
             }
         }
@@ -289,7 +386,8 @@ impl Tier {
             self.metrics.tiered_deleted.fetch_add(1, Ordering::Relaxed);
         }
         for s in sealed {
-            if s.next <= m.start || s.base < m.end() {
+            let wanted = if m.segments.is_empty() { s.next > m.start } else { s.base >= m.end() };
+            if !wanted {
                 continue;
             }
             if !m.segments.is_empty() && s.base != m.end() {
@@ -318,7 +416,7 @@ impl Tier {
             self.record_topic(topic, meta).await?;
             for (path, b) in [(keys.segment(s.base), bytes.clone()), (keys.index(s.base), index_bytes.clone())] {
                 if let Created::Other = self.create(&path, b).await? {
-                    self.conflict(topic, partition, &path);
+                    self.conflict(topic, partition, &format!("{path} is in the bucket already with other bytes"));
                     return Ok(self.manifest(topic, partition));
                 }
             }
@@ -330,14 +428,29 @@ impl Tier {
                 index_bytes: index_bytes.len() as u64,
             });
             m.generation += 1;
-            if !self.commit(&keys, &m).await? {
-                self.conflict(topic, partition, "a manifest generation");
+            if !matches!(self.commit(&keys, &mut m).await?, Committed::Done) {
                 return Ok(self.manifest(topic, partition));
             }
             self.metrics.uploaded_segments.fetch_add(1, Ordering::Relaxed);
             self.metrics.uploaded_bytes.fetch_add(s.bytes + index_bytes.len() as u64, Ordering::Relaxed);
         }
         Ok(self.manifest(topic, partition))
+    }
+
+    /// The manifest a partition's first upload of this process starts from: the bucket's,
+    /// when one was not loaded at start (a record missing or written meanwhile), so no
+    /// generation is ever written twice; a new one otherwise.
+    async fn first_manifest(&self, topic: &str, partition: u32) -> Result<Manifest, String> {
+        let k = key(topic, partition);
+        if !self.checked.lock().unwrap_or_else(|e| e.into_inner()).contains(&k) {
+            if let Some(m) = self.latest(topic, partition).await? {
+                self.set_manifest(m.clone());
+                self.checked.lock().unwrap_or_else(|e| e.into_inner()).insert(k);
+                return Ok(m);
+            }
+            self.checked.lock().unwrap_or_else(|e| e.into_inner()).insert(k);
+        }
+        Ok(Manifest::new(topic, partition))
     }
 
     /// Writes the topic's record once (an instance starting on an empty disk makes its topics
@@ -405,10 +518,10 @@ impl Tier {
         let read = read_detached(&mut at, (s.base, s.bytes, &index), (from, max, max_bytes), &name)
             .map_err(|e| StorageError::Engine(e.to_string()))?;
         // Read ahead of where this read stopped, or of the last chunk it read.
-        let ahead = missing.unwrap_or(last / CHUNK + 1);
+        let ahead = missing.unwrap_or(last.div_ceil(CHUNK));
         self.fetch(&log, s.bytes, ahead..ahead + READ_AHEAD);
         match (read.frames.is_empty(), failed, missing) {
-            (true, Some(why), _) => Err(StorageError::Engine(format!("tiered history: {why}"))),
+            (true, Some(_), _) => Err(StorageError::Unavailable(UNREACHABLE)),
             (true, None, Some(_)) => Err(StorageError::Unavailable(FETCHING)),
             _ => Ok(read.frames),
         }
@@ -423,29 +536,33 @@ impl Tier {
                 self.fetch(object, size, c..(pos + len as u64).div_ceil(CHUNK));
                 Err(StorageError::Unavailable(FETCHING))
             }
-            Look::Failed(why) => Err(StorageError::Engine(format!("tiered history: {why}"))),
+            Look::Failed(_) => Err(StorageError::Unavailable(UNREACHABLE)),
         }
     }
 
     /// Fetches the chunks `chunks` of `object` (of `size` bytes) not cached nor on their way,
     /// [`MAX_FETCHES`] in flight at most.
     fn fetch(self: &Arc<Self>, object: &Arc<str>, size: u64, chunks: std::ops::Range<u64>) {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        for c in chunks.take_while(|c| c * CHUNK < size) {
-            let k = (object.clone(), c);
-            if cache.has(&k) || cache.inflight.len() >= MAX_FETCHES {
-                continue;
+        let mut wanted = Vec::new();
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            for c in chunks.take_while(|c| c * CHUNK < size) {
+                let k = (object.clone(), c);
+                if !cache.has(&k) && cache.inflight.len() < MAX_FETCHES {
+                    cache.inflight.insert(k.clone());
+                    wanted.push(k);
+                }
             }
-            cache.inflight.insert(k.clone());
-            let me = self.clone();
+        }
+        // Spawned with the cache let go: a task dropped unstarted (at shutdown) takes it.
+        for k in wanted {
+            let c = k.1;
+            let guard = Fetch { tier: self.clone(), key: Some(k) };
             self.rt.spawn(async move {
+                let k = guard.key.clone().expect("set until done");
                 let range = c * CHUNK..((c + 1) * CHUNK).min(size);
-                let got = me.store.get_range(&me.path(&k.0), range).await.map_err(s3_error);
-                match &got {
-                    Ok(b) => me.metrics.fetched_bytes.fetch_add(b.len() as u64, Ordering::Relaxed),
-                    Err(_) => me.metrics.fetch_failures.fetch_add(1, Ordering::Relaxed),
-                };
-                me.cache.lock().unwrap_or_else(|e| e.into_inner()).fetched(k, got);
+                let got = guard.tier.store.get_range(&guard.tier.path(&k.0), range).await.map_err(s3_error);
+                guard.done(got);
             });
         }
     }
