@@ -500,3 +500,25 @@ fn the_topics_retention_deletes_from_the_bucket_too() {
     assert_eq!(browsed.last().map(String::as_str), Some("e399"));
     assert_eq!(browsed.len() as u64, 400 - start, "every event kept, from the start on");
 }
+
+/// Local retention decides which local copies go: none without it (the bucket is a second
+/// copy), by age with `local_retention_ms`.
+#[test]
+#[ignore = "needs moto_server at EVMESH_TEST_MOTO (scripts/test.sh installs it)"]
+fn local_copies_go_by_the_local_retention_only() {
+    let moto = Moto::start();
+    let mut flags = tiered(&moto);
+    flags.truncate(flags.len() - 2); // no --local-retention-bytes
+    let mut b = start(&flags);
+    let topic = unique("tiered");
+    publish(&b, &topic, 0..300);
+    let sealed = local_segments(&b, &topic).len() as u64 - 1;
+    wait_for(LONG, || (metric(&b, "evmesh_tier_uploaded_segments_total") == sealed).then_some(()));
+    assert_eq!(local_segments(&b, &topic).len() as u64, sealed + 1, "every local copy stays");
+    assert_eq!(metric(&b, "evmesh_tier_local_deleted_total"), 0);
+    // By age: every uploaded segment's newest event is older than a millisecond.
+    b.restart_adding(&["--local-retention-ms", "1"]);
+    wait_for(LONG, || (local_segments(&b, &topic).len() == 1).then_some(()));
+    let browsed: Vec<String> = b.events(&topic, 0).iter().map(|(_, e)| e["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(browsed, ids(0..300));
+}
