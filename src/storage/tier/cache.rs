@@ -13,6 +13,9 @@ pub const CHUNK: u64 = 1 << 20;
 /// A fetch that failed is asked again after this long.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// Failed fetches remembered before the old ones are forgotten.
+const MAX_FAILED: usize = 1024;
+
 /// An object's chunk: its key and the chunk's number.
 pub type ChunkKey = (Arc<str>, u64);
 
@@ -100,6 +103,11 @@ impl Cache {
                 }
             }
             Err(why) => {
+                // Failures are kept only while they hold a chunk back: the map stays small
+                // whatever was asked for (objects deleted since, say).
+                if self.failed.len() >= MAX_FAILED {
+                    self.failed.retain(|_, (at, _)| at.elapsed() < RETRY_AFTER);
+                }
                 self.failed.insert(key, (Instant::now(), why));
             }
         }
