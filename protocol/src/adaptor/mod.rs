@@ -5,6 +5,7 @@
 
 pub mod a2a;
 pub mod cloudevents;
+pub mod eventmesh_tcp;
 mod flat;
 pub mod kafka;
 pub mod meshmessage;

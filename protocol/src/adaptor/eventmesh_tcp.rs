@@ -1,0 +1,344 @@
+//! EventMesh's classic TCP protocol, the frames as apache/eventmesh's Java codec writes and
+//! reads them: `eventmesh-common/src/main/java/org/apache/eventmesh/common/protocol/tcp/`
+//! (`codec/Codec.java`, `Command.java`, `Header.java`), read at commit
+//! 2527428788cb8af6104db600dffea5746fb5479f.
+//!
+//! A frame:
+//!
+//! | bytes      | field                                                                   |
+//! |------------|-------------------------------------------------------------------------|
+//! | 0..9       | `EventMesh`                                                             |
+//! | 9..13      | the version, `0000`                                                     |
+//! | 13..17     | the package length, big-endian: 13 + header length + body length (the two length fields are not counted) |
+//! | 17..21     | the header length, big-endian                                           |
+//! | 21..       | the header (JSON), then the body                                        |
+//!
+//! The Java decoder is Netty's `LengthFieldBasedFrameDecoder(4 MiB, 13, 4, -9, 0)`: a whole
+//! frame is the package length + 8 bytes, at most 4 MiB ([`MAX_FRAME`]); it then checks the
+//! magic and version and closes the connection on anything it cannot read. This decoder checks
+//! the magic as soon as its bytes are there (a stream that is not EventMesh's is refused before
+//! any length is believed). The Java encoder refuses a package length over 4 MiB; [`encode`]
+//! refuses a frame over [`MAX_FRAME`], what the Java decoder takes.
+//!
+//! The header is Jackson's JSON of `Header` (non-null fields): `cmd` (the command's name),
+//! `code`, `desc`, `seq`, `properties`, and `command` (the same name again: Jackson writes the
+//! `getCommand()` getter too, and ignores it when reading). Bodies stay bytes here: what a body
+//! is (a user agent, a subscription, a CloudEvent or an EventMeshMessage in JSON) depends on
+//! the command and the header's `protocoltype` property, which the bridge reads.
+
+use serde_json::{Map, Value};
+
+/// The magic every frame starts with.
+pub const MAGIC: &[u8; 9] = b"EventMesh";
+/// The version after it (the only one there is).
+pub const VERSION: &[u8; 4] = b"0000";
+/// The magic and version.
+pub const PREFIX: usize = 13;
+/// The magic, the version and the two length fields.
+pub const FIXED: usize = 21;
+/// The largest frame, whole (the Java decoder's `FRAME_MAX_LENGTH`).
+pub const MAX_FRAME: usize = 4 << 20;
+
+/// Why bytes are not an EventMesh TCP frame (the Java server closes the connection on each).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Not `EventMesh0000` in front.
+    #[error("not an EventMesh TCP frame (magic or version)")]
+    Magic,
+    /// A whole frame past [`MAX_FRAME`] bytes.
+    #[error("a frame of {0} bytes, past the 4 MiB limit")]
+    TooLong(i64),
+    /// A package length that leaves no room for the length fields.
+    #[error("a frame of {0} bytes cannot hold its two length fields")]
+    TooShort(i64),
+    /// A header length past the frame (or negative).
+    #[error("a header of {header} bytes in a frame of {frame}")]
+    HeaderLength {
+        /// The header length the frame says.
+        header: i32,
+        /// The whole frame's length.
+        frame: i64,
+    },
+    /// A header that is not JSON, or whose `cmd` is not a command.
+    #[error("header: {0}")]
+    Header(String),
+}
+
+macro_rules! commands {
+    ($($name:ident = $value:literal $text:literal,)*) => {
+        /// The commands (`Command.java`), by their byte value.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Command { $(#[doc = $text] $name = $value,)* }
+
+        impl Command {
+            /// The name the JSON header carries.
+            pub fn name(self) -> &'static str {
+                match self { $(Command::$name => $text,)* }
+            }
+
+            /// By the name the JSON header carries.
+            pub fn from_name(s: &str) -> Option<Command> {
+                match s { $($text => Some(Command::$name),)* _ => None }
+            }
+
+            /// By value (what Jackson also takes for an enum: its ordinal, the same here).
+            pub fn from_value(v: u64) -> Option<Command> {
+                match v { $($value => Some(Command::$name),)* _ => None }
+            }
+        }
+    };
+}
+
+commands! {
+    HeartbeatRequest = 0 "HEARTBEAT_REQUEST",
+    HeartbeatResponse = 1 "HEARTBEAT_RESPONSE",
+    HelloRequest = 2 "HELLO_REQUEST",
+    HelloResponse = 3 "HELLO_RESPONSE",
+    ClientGoodbyeRequest = 4 "CLIENT_GOODBYE_REQUEST",
+    ClientGoodbyeResponse = 5 "CLIENT_GOODBYE_RESPONSE",
+    ServerGoodbyeRequest = 6 "SERVER_GOODBYE_REQUEST",
+    ServerGoodbyeResponse = 7 "SERVER_GOODBYE_RESPONSE",
+    SubscribeRequest = 8 "SUBSCRIBE_REQUEST",
+    SubscribeResponse = 9 "SUBSCRIBE_RESPONSE",
+    UnsubscribeRequest = 10 "UNSUBSCRIBE_REQUEST",
+    UnsubscribeResponse = 11 "UNSUBSCRIBE_RESPONSE",
+    ListenRequest = 12 "LISTEN_REQUEST",
+    ListenResponse = 13 "LISTEN_RESPONSE",
+    RequestToServer = 14 "REQUEST_TO_SERVER",
+    RequestToClient = 15 "REQUEST_TO_CLIENT",
+    RequestToClientAck = 16 "REQUEST_TO_CLIENT_ACK",
+    ResponseToServer = 17 "RESPONSE_TO_SERVER",
+    ResponseToClient = 18 "RESPONSE_TO_CLIENT",
+    ResponseToClientAck = 19 "RESPONSE_TO_CLIENT_ACK",
+    AsyncMessageToServer = 20 "ASYNC_MESSAGE_TO_SERVER",
+    AsyncMessageToServerAck = 21 "ASYNC_MESSAGE_TO_SERVER_ACK",
+    AsyncMessageToClient = 22 "ASYNC_MESSAGE_TO_CLIENT",
+    AsyncMessageToClientAck = 23 "ASYNC_MESSAGE_TO_CLIENT_ACK",
+    BroadcastMessageToServer = 24 "BROADCAST_MESSAGE_TO_SERVER",
+    BroadcastMessageToServerAck = 25 "BROADCAST_MESSAGE_TO_SERVER_ACK",
+    BroadcastMessageToClient = 26 "BROADCAST_MESSAGE_TO_CLIENT",
+    BroadcastMessageToClientAck = 27 "BROADCAST_MESSAGE_TO_CLIENT_ACK",
+    SysLogToLogserver = 28 "SYS_LOG_TO_LOGSERVER",
+    TraceLogToLogserver = 29 "TRACE_LOG_TO_LOGSERVER",
+    RedirectToClient = 30 "REDIRECT_TO_CLIENT",
+    RegisterRequest = 31 "REGISTER_REQUEST",
+    RegisterResponse = 32 "REGISTER_RESPONSE",
+    UnregisterRequest = 33 "UNREGISTER_REQUEST",
+    UnregisterResponse = 34 "UNREGISTER_RESPONSE",
+    RecommendRequest = 35 "RECOMMEND_REQUEST",
+    RecommendResponse = 36 "RECOMMEND_RESPONSE",
+}
+
+/// A package's header (`Header.java`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    /// What the package is.
+    pub cmd: Command,
+    /// `OPStatus`: 0 success, 1 fail, 2 aclFail, 3 tpsOverload.
+    pub code: i32,
+    /// What the code means, in words.
+    pub desc: Option<String>,
+    /// The sequence number an answer repeats.
+    pub seq: Option<String>,
+    /// The package's properties (`protocoltype`, `protocolversion`, ...).
+    pub properties: Map<String, Value>,
+}
+
+impl Header {
+    /// A header with no properties.
+    pub fn new(cmd: Command, code: i32, desc: Option<&str>, seq: Option<&str>) -> Header {
+        Header { cmd, code, desc: desc.map(str::to_owned), seq: seq.map(str::to_owned), properties: Map::new() }
+    }
+
+    /// The JSON the Java encoder writes: the fields in `Header`'s order, nulls left out, then
+    /// `command` (properties in key order: Java's `HashMap` has no order of its own).
+    pub fn to_json(&self) -> Vec<u8> {
+        let s = |v: &str| Value::String(v.to_owned()).to_string();
+        let mut out = format!("{{\"cmd\":{},\"code\":{}", s(self.cmd.name()), self.code);
+        if let Some(d) = &self.desc {
+            out.push_str(&format!(",\"desc\":{}", s(d)));
+        }
+        if let Some(q) = &self.seq {
+            out.push_str(&format!(",\"seq\":{}", s(q)));
+        }
+        out.push_str(&format!(",\"properties\":{}", Value::Object(self.properties.clone())));
+        out.push_str(&format!(",\"command\":{}}}", s(self.cmd.name())));
+        out.into_bytes()
+    }
+
+    /// A header as Jackson reads one: unknown fields ignored, `cmd` by name or value.
+    pub fn from_json(bytes: &[u8]) -> Result<Header, FrameError> {
+        let bad = |why: &str| FrameError::Header(why.to_owned());
+        let v: Value = serde_json::from_slice(bytes).map_err(|e| FrameError::Header(e.to_string()))?;
+        let o = v.as_object().ok_or_else(|| bad("not a JSON object"))?;
+        let cmd = match o.get("cmd") {
+            Some(Value::String(name)) => Command::from_name(name),
+            Some(Value::Number(n)) => n.as_u64().and_then(Command::from_value),
+            _ => None,
+        }
+        .ok_or_else(|| bad("no known cmd"))?;
+        let text = |k: &str| match o.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(_) => Err(FrameError::Header(format!("{k} is not a string"))),
+        };
+        let code = match o.get("code") {
+            None | Some(Value::Null) => 0,
+            Some(c) => c.as_i64().and_then(|c| i32::try_from(c).ok()).ok_or_else(|| bad("code is not an int"))?,
+        };
+        let properties = match o.get("properties") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(p)) => p.clone(),
+            Some(_) => return Err(bad("properties is not an object")),
+        };
+        Ok(Header { cmd, code, desc: text("desc")?, seq: text("seq")?, properties })
+    }
+}
+
+/// A package: its header (a frame with a header length of 0 has none, and then no body either,
+/// as the Java decoder reads it) and its body's bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Package {
+    /// Its header, if the frame has one.
+    pub header: Option<Header>,
+    /// Its body's bytes.
+    pub body: Vec<u8>,
+}
+
+/// The first package of `buf`, and the bytes it took; `Ok(None)`: not all there yet.
+pub fn decode(buf: &[u8]) -> Result<Option<(Package, usize)>, FrameError> {
+    let magic = [&MAGIC[..], &VERSION[..]].concat();
+    let seen = buf.len().min(PREFIX);
+    if buf[..seen] != magic[..seen] {
+        return Err(FrameError::Magic);
+    }
+    if buf.len() < PREFIX + 4 {
+        return Ok(None);
+    }
+    let be = |at: usize| i32::from_be_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
+    let frame = i64::from(be(PREFIX)) + 8;
+    if frame < FIXED as i64 {
+        return Err(FrameError::TooShort(frame));
+    }
+    if frame > MAX_FRAME as i64 {
+        return Err(FrameError::TooLong(frame));
+    }
+    let frame_len = frame as usize;
+    if buf.len() < frame_len {
+        return Ok(None);
+    }
+    let header_len = be(PREFIX + 4);
+    if header_len < 0 || FIXED as i64 + i64::from(header_len) > frame {
+        return Err(FrameError::HeaderLength { header: header_len, frame });
+    }
+    let body_at = FIXED + header_len as usize;
+    let pkg = match header_len {
+        0 => Package { header: None, body: Vec::new() },
+        _ => Package { header: Some(Header::from_json(&buf[FIXED..body_at])?), body: buf[body_at..frame_len].to_vec() },
+    };
+    Ok(Some((pkg, frame_len)))
+}
+
+/// The frame of a package, as the Java encoder writes it; a frame past [`MAX_FRAME`] is refused.
+pub fn encode(header: &Header, body: &[u8]) -> Result<Vec<u8>, FrameError> {
+    let h = header.to_json();
+    let total = FIXED + h.len() + body.len();
+    if total > MAX_FRAME {
+        return Err(FrameError::TooLong(total as i64));
+    }
+    let mut out = Vec::with_capacity(total);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(VERSION);
+    out.extend_from_slice(&((PREFIX + h.len() + body.len()) as i32).to_be_bytes());
+    out.extend_from_slice(&(h.len() as i32).to_be_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(body);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame laid out by hand from `Codec.Encoder.encode`: magic, version, the package length
+    /// (13 + header + body), the header length, the header, the body.
+    fn java_frame(header: &str, body: &str) -> Vec<u8> {
+        let mut f = b"EventMesh0000".to_vec();
+        f.extend_from_slice(&((13 + header.len() + body.len()) as u32).to_be_bytes());
+        f.extend_from_slice(&(header.len() as u32).to_be_bytes());
+        f.extend_from_slice(header.as_bytes());
+        f.extend_from_slice(body.as_bytes());
+        f
+    }
+
+    #[test]
+    fn frames_are_byte_for_byte_the_java_codecs() {
+        // `new Header(HEARTBEAT_REQUEST, 0, null, "1")`: desc left out (NON_NULL), then the
+        // empty properties, then the `command` getter.
+        let hb = Header::new(Command::HeartbeatRequest, 0, None, Some("1"));
+        let json = r#"{"cmd":"HEARTBEAT_REQUEST","code":0,"seq":"1","properties":{},"command":"HEARTBEAT_REQUEST"}"#;
+        let golden = java_frame(json, "");
+        assert_eq!(&golden[..21], b"EventMesh0000\x00\x00\x00\x69\x00\x00\x00\x5c");
+        assert_eq!(encode(&hb, b"").unwrap(), golden);
+        assert_eq!(decode(&golden).unwrap(), Some((Package { header: Some(hb), body: vec![] }, golden.len())));
+        // A publish with a CloudEvent body and its protocol properties.
+        let mut publish = Header::new(Command::AsyncMessageToServer, 0, None, Some("7"));
+        publish.properties.insert("protocoltype".into(), "cloudevents".into());
+        let body = r#"{"specversion":"1.0","id":"a","source":"s","type":"t"}"#;
+        let json = r#"{"cmd":"ASYNC_MESSAGE_TO_SERVER","code":0,"seq":"7","properties":{"protocoltype":"cloudevents"},"command":"ASYNC_MESSAGE_TO_SERVER"}"#;
+        let golden = java_frame(json, body);
+        assert_eq!(encode(&publish, body.as_bytes()).unwrap(), golden);
+        let (pkg, used) = decode(&golden).unwrap().unwrap();
+        assert_eq!((pkg.header.unwrap(), pkg.body, used), (publish, body.as_bytes().to_vec(), golden.len()));
+    }
+
+    #[test]
+    fn decoding_waits_for_whole_frames_and_refuses_what_java_closes_on() {
+        let f = java_frame(r#"{"cmd":"HELLO_REQUEST","code":0,"seq":"9"}"#, r#"{"subsystem":"5023"}"#);
+        for cut in 0..f.len() {
+            assert_eq!(decode(&f[..cut]).unwrap(), None, "{cut} bytes");
+        }
+        let mut two = f.clone();
+        two.extend_from_slice(&f);
+        let (first, used) = decode(&two).unwrap().unwrap();
+        assert_eq!((first.header.unwrap().cmd, used), (Command::HelloRequest, f.len()));
+        // Another protocol's bytes are refused at once, before any length.
+        assert_eq!(decode(b"GET / HTTP/1.1\r\n"), Err(FrameError::Magic));
+        assert_eq!(decode(b"EventMesh0001"), Err(FrameError::Magic));
+        // A length past 4 MiB, or one that cannot hold its own fields.
+        let mut long = b"EventMesh0000".to_vec();
+        long.extend_from_slice(&((4 << 20) as u32).to_be_bytes());
+        assert_eq!(decode(&long), Err(FrameError::TooLong((4 << 20) + 8)));
+        let mut neg = b"EventMesh0000".to_vec();
+        neg.extend_from_slice(&(-1i32).to_be_bytes());
+        assert_eq!(decode(&neg), Err(FrameError::TooShort(7)));
+        // A header length past the frame; a header that is not JSON or has no known cmd.
+        let mut past = java_frame("{}", "");
+        past[17..21].copy_from_slice(&100u32.to_be_bytes());
+        assert!(matches!(decode(&past), Err(FrameError::HeaderLength { header: 100, .. })));
+        assert!(matches!(decode(&java_frame("not json", "")), Err(FrameError::Header(_))));
+        assert!(matches!(decode(&java_frame(r#"{"cmd":"NOPE"}"#, "")), Err(FrameError::Header(_))));
+        // Jackson also takes a command by value, and leaves unknown fields.
+        let (pkg, _) = decode(&java_frame(r#"{"cmd":20,"x":1}"#, "b")).unwrap().unwrap();
+        assert_eq!((pkg.header.unwrap().cmd, pkg.body), (Command::AsyncMessageToServer, b"b".to_vec()));
+        // No header: no body either (as the Java decoder reads it).
+        let (pkg, _) = decode(&java_frame("", "ignored")).unwrap().unwrap();
+        assert_eq!(pkg, Package { header: None, body: vec![] });
+        // The encoder refuses a frame the decoder would refuse.
+        let big = vec![b'x'; MAX_FRAME];
+        assert!(matches!(
+            encode(&Header::new(Command::AsyncMessageToServer, 0, None, None), &big),
+            Err(FrameError::TooLong(_))
+        ));
+    }
+
+    #[test]
+    fn every_command_keeps_its_name_and_value() {
+        for v in 0..=36u64 {
+            let c = Command::from_value(v).unwrap();
+            assert_eq!((Command::from_name(c.name()), c as u64), (Some(c), v));
+        }
+        assert_eq!(Command::from_value(37), None);
+    }
+}
