@@ -46,7 +46,7 @@ pub fn files(dir: &std::path::Path, base: u64) -> (std::path::PathBuf, std::path
     (format::log_path(dir, base), format::index_path(dir, base))
 }
 pub use log::{PartitionLog, Written};
-pub use read::{read_detached, Detached, ReadPlan, TIME_SCAN};
+pub use read::{index_floor, read_detached, Detached, ReadPlan, TIME_SCAN};
 
 // The tests' names, last in the file: the layering check reads nothing after a `#[cfg(test)]`.
 #[cfg(test)]

@@ -174,27 +174,47 @@ pub struct Detached {
     pub wanted: Option<u64>,
 }
 
+/// Where a read of `offset` starts in a sealed segment based at `base`: its floor entry's
+/// position, by a binary search over the segment's `entries` index entries, each read by
+/// `entry(i)` (its 16 bytes; `None` when not at hand, and then so is the answer). Only the
+/// entries searched are touched: an index kept elsewhere is never copied whole.
+pub fn index_floor(
+    entries: usize,
+    mut entry: impl FnMut(usize) -> Option<[u8; 16]>,
+    base: u64,
+    offset: u64,
+) -> Option<u64> {
+    let rel = offset.saturating_sub(base);
+    let field = |e: &[u8; 16], at: usize| u64::from(u32::from_le_bytes(e[at..at + 4].try_into().expect("4")));
+    // The first entry past `rel`; the one before it is the floor.
+    let (mut lo, mut hi) = (0, entries);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if field(&entry(mid)?, 0) <= rel {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    match lo {
+        0 => Some(0),
+        i => Some(field(&entry(i - 1)?, 4)),
+    }
+}
+
 /// A sealed segment kept elsewhere (a tier's object), read as [`ReadPlan::read`] reads a local
-/// one: `at(pos, len)` gives its bytes `pos..pos + len` when they are at hand (`None` when not:
-/// the read stops there and says where); `index` is its index file's bytes (empty: walked
-/// from the start), `size` its length. Every batch read is checked against its CRC.
+/// one, walking from `start` (where [`index_floor`] says `from`'s batch is, or 0): `at(pos,
+/// len)` gives its bytes `pos..pos + len` when they are at hand (`None` when not: the read
+/// stops there and says where); `size` is its length. Every batch read is checked against its
+/// CRC.
 pub fn read_detached(
     at: &mut dyn FnMut(u64, usize) -> Option<Vec<u8>>,
-    (base, size, index): (u64, u64, &[u8]),
+    (size, start): (u64, u64),
     (from, max, max_bytes): (u64, usize, usize),
     name: &Path,
 ) -> Result<Detached, SegmentError> {
     let corrupt = |reason: String| SegmentError::Corrupt { path: name.display().to_string(), reason };
-    let rel = from.saturating_sub(base);
-    let floor = index
-        .chunks_exact(super::format::ENTRY)
-        .map(|e| {
-            let rel = u32::from_le_bytes(e[..4].try_into().expect("4"));
-            (u64::from(rel), u64::from(u32::from_le_bytes(e[4..8].try_into().expect("4"))))
-        })
-        .take_while(|&(r, _)| r <= rel)
-        .last();
-    let mut pos = floor.map_or(0, |(_, pos)| pos);
+    let mut pos = start;
     let (mut out, mut bytes) = (Vec::new(), 0);
     while pos < size && out.len() < max && bytes < max_bytes {
         let Some(head) = at(pos, HEADER) else { return Ok(Detached { frames: out, wanted: Some(pos) }) };

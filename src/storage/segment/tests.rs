@@ -396,7 +396,23 @@ fn sealed_segments_read_detached_and_local_copies_dropped_behind_a_floor() {
     let (bytes, index) = (std::fs::read(lp).unwrap(), std::fs::read(ip).unwrap());
     let mut at = |pos: u64, len: usize| bytes.get(pos as usize..pos as usize + len).map(<[u8]>::to_vec);
     let from = s.base + 2;
-    let got = read_detached(&mut at, (s.base, s.bytes, &index), (from, 1000, usize::MAX), Path::new("x")).unwrap();
+    let entry = |i: usize| index.get(i * 16..i * 16 + 16).map(|e| e.try_into().unwrap());
+    let start = index_floor(index.len() / 16, entry, s.base, from).unwrap();
+    // The floor is the last entry at or before `from`, as the local log's seek finds it.
+    let walked: Vec<(u64, u64)> = index
+        .chunks(16)
+        .map(|e| {
+            (
+                u64::from(u32::from_le_bytes(e[..4].try_into().unwrap())),
+                u64::from(u32::from_le_bytes(e[4..8].try_into().unwrap())),
+            )
+        })
+        .collect();
+    let floor = walked.iter().take_while(|(rel, _)| s.base + rel <= from).last().map_or(0, |&(_, pos)| pos);
+    assert_eq!(start, floor);
+    assert_eq!(index_floor(index.len() / 16, |_| None, s.base, from), None, "entries not at hand");
+    assert_eq!(index_floor(0, |_| None, s.base, from), Some(0), "no index: from the start");
+    let got = read_detached(&mut at, (s.bytes, start), (from, 1000, usize::MAX), Path::new("x")).unwrap();
     assert_eq!(got.wanted, None);
     assert_eq!(offsets(&got.frames), (from..s.next).collect::<Vec<_>>());
     assert_eq!(ids(&got.frames), ids(&log.read(from, (s.next - from) as usize, usize::MAX).unwrap()));
@@ -404,7 +420,7 @@ fn sealed_segments_read_detached_and_local_copies_dropped_behind_a_floor() {
     let mut short = |pos: u64, len: usize| {
         bytes.get(pos as usize..pos as usize + len).filter(|_| pos + len as u64 <= 100).map(<[u8]>::to_vec)
     };
-    let part = read_detached(&mut short, (s.base, s.bytes, &[]), (s.base, 1000, usize::MAX), Path::new("x")).unwrap();
+    let part = read_detached(&mut short, (s.bytes, 0), (s.base, 1000, usize::MAX), Path::new("x")).unwrap();
     assert!(part.wanted.is_some_and(|w| w < 100), "{:?}", part.wanted);
     // Nothing local goes without a floor; with one, uploaded segments go past the byte limit,
     // never the tail, and the bounds keep their start.

@@ -77,6 +77,25 @@ impl Cache {
         Look::Here(out)
     }
 
+    /// The 16 bytes at `pos`, a multiple of 16 (an index entry: entries never cross a chunk),
+    /// without copying anything else.
+    pub fn entry(&mut self, object: &Arc<str>, pos: u64) -> Result<[u8; 16], Look> {
+        let c = pos / CHUNK;
+        self.tick += 1;
+        match self.chunks.get_mut(&(object.clone(), c)) {
+            Some(k) => {
+                k.used = self.tick;
+                let at = (pos - c * CHUNK) as usize;
+                let e = k.bytes.get(at..at + 16).ok_or_else(|| Look::Failed(format!("{object}: shorter than said")))?;
+                Ok(e.try_into().expect("16 bytes"))
+            }
+            None => match self.failed.get(&(object.clone(), c)) {
+                Some((at, why)) if at.elapsed() < RETRY_AFTER => Err(Look::Failed(why.clone())),
+                _ => Err(Look::Missing(c)),
+            },
+        }
+    }
+
     /// Whether a chunk is here or on its way.
     pub fn has(&self, key: &ChunkKey) -> bool {
         self.chunks.contains_key(key) || self.inflight.contains(key)
@@ -141,6 +160,8 @@ mod tests {
         assert_eq!(c.held(), 2 * CHUNK);
         assert!(matches!(c.range(&o, CHUNK, 1), Look::Missing(1)));
         assert!(matches!(c.range(&o, 0, 1), Look::Here(_)));
+        assert_eq!(c.entry(&o, 16).ok(), Some([1; 16]), "an index entry, read in place");
+        assert!(matches!(c.entry(&o, 3 * CHUNK), Err(Look::Missing(3))));
         c.fetched((o.clone(), 5), Err("down".into()));
         assert!(matches!(c.range(&o, 5 * CHUNK, 1), Look::Failed(w) if w == "down"));
     }

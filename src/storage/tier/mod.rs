@@ -490,10 +490,7 @@ impl Tier {
         let Some(s) = m.holding(from).copied() else { return Ok(Vec::new()) };
         let keys = Keys::new(&self.settings.prefix, topic, partition);
         let (log, index): (Arc<str>, Arc<str>) = (keys.segment(s.base).into(), keys.index(s.base).into());
-        let index = match s.index_bytes {
-            0 => Vec::new(),
-            n => self.bytes(&index, n, 0, n as usize)?,
-        };
+        let start = self.index_floor(&index, s.index_bytes, s.base, from)?;
         let mut last = 0;
         let mut missing = None;
         let mut failed = None;
@@ -515,7 +512,7 @@ impl Tier {
             }
         };
         let name = std::path::PathBuf::from(log.as_ref());
-        let read = read_detached(&mut at, (s.base, s.bytes, &index), (from, max, max_bytes), &name)
+        let read = read_detached(&mut at, (s.bytes, start), (from, max, max_bytes), &name)
             .map_err(|e| StorageError::Engine(e.to_string()))?;
         // Read ahead of where this read stopped, or of the last chunk it read.
         let ahead = missing.unwrap_or(last.div_ceil(CHUNK));
@@ -527,16 +524,29 @@ impl Tier {
         }
     }
 
-    /// Bytes `pos..pos + len` of a (small) object of `size` bytes, through the cache.
-    fn bytes(self: &Arc<Self>, object: &Arc<str>, size: u64, pos: u64, len: usize) -> Result<Vec<u8>, StorageError> {
-        let look = self.cache.lock().unwrap_or_else(|e| e.into_inner()).range(object, pos, len);
-        match look {
-            Look::Here(b) => Ok(b),
-            Look::Missing(c) => {
-                self.fetch(object, size, c..(pos + len as u64).div_ceil(CHUNK));
+    /// Where a read of `offset` starts in the segment whose index object (of `size` bytes) is
+    /// `index`: a binary search over its entries in the cache, nothing copied but the entries
+    /// looked at. An entry not cached: its chunk is fetched, [`FETCHING`].
+    fn index_floor(self: &Arc<Self>, index: &Arc<str>, size: u64, base: u64, offset: u64) -> Result<u64, StorageError> {
+        let mut missing = Ok(());
+        let floor = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = |i: usize| match cache.entry(index, i as u64 * 16) {
+                Ok(e) => Some(e),
+                Err(look) => {
+                    missing = Err(look);
+                    None
+                }
+            };
+            super::segment::index_floor((size / 16) as usize, entry, base, offset)
+        };
+        match (floor, missing) {
+            (Some(pos), _) => Ok(pos),
+            (None, Err(Look::Missing(c))) => {
+                self.fetch(index, size, c..c + 1);
                 Err(StorageError::Unavailable(FETCHING))
             }
-            Look::Failed(_) => Err(StorageError::Unavailable(UNREACHABLE)),
+            (None, _) => Err(StorageError::Unavailable(UNREACHABLE)),
         }
     }
 
