@@ -71,8 +71,9 @@ fn serve(args: &[String]) -> ExitCode {
     let tracing = config.otlp_endpoint.as_ref().map_or("off".to_owned(), |u| u.host.clone());
     match evmesh::runtime::start(config) {
         Ok((s, shared)) => {
+            let tcp = s.tcp_listen.map(|a| format!(" tcp={a}")).unwrap_or_default();
             println!(
-                "evmesh listening traffic={} admin={} shards={} driver={:?} durability={:?}",
+                "evmesh listening traffic={} admin={}{tcp} shards={} driver={:?} durability={:?}",
                 s.listen, s.admin_listen, shards, s.driver, durability
             );
             let c = &shared.config;

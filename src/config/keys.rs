@@ -17,6 +17,7 @@ pub(super) enum Kind {
 pub const KEYS: &[(&str, &str)] = &[
     ("listen", "traffic listener (HTTP/1.1 + WebSocket)"),
     ("admin_listen", "admin listener (metrics, health, admin API)"),
+    ("tcp_listen", "classic EventMesh TCP clients' listener (the Java and Go SDKs' TCP protocol); empty = off"),
     ("shards", "shard threads; 0 = one per CPU"),
     ("data_dir", "where the embedded log and offsets live"),
     ("storage", "embedded | kafka | rocketmq"),
@@ -117,6 +118,7 @@ pub(super) fn kind(key: &str) -> Kind {
     match key {
         "listen"
         | "admin_listen"
+        | "tcp_listen"
         | "data_dir"
         | "storage"
         | "kafka.brokers"

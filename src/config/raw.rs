@@ -51,6 +51,7 @@ pub(super) struct S3Raw {
 pub struct RawConfig {
     pub(super) listen: String,
     pub(super) admin_listen: String,
+    pub(super) tcp_listen: String,
     pub(super) shards: u64,
     pub(super) data_dir: String,
     pub(super) storage: String,

@@ -55,6 +55,9 @@ impl StorageKind {
 pub struct Config {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// The classic EventMesh TCP listener (`tcp_listen`), on the shards like `listen`; `None`:
+    /// off.
+    pub tcp_listen: Option<SocketAddr>,
     pub shards: usize,
     pub data_dir: PathBuf,
     pub storage: StorageKind,

@@ -209,12 +209,17 @@ impl RawConfig {
         let nonzero = |v: u64| (v > 0).then_some(v);
         let listen = addr("listen", &self.listen)?;
         let admin_listen = addr("admin_listen", &self.admin_listen)?;
+        let tcp_listen = match self.tcp_listen.trim() {
+            "" => None,
+            v => Some(addr("tcp_listen", v)?),
+        };
         let data_dir = PathBuf::from(&self.data_dir);
-        let auth = self.auth_config(&listen, &admin_listen, &data_dir)?;
+        let auth = self.auth_config((&listen, &admin_listen, tcp_listen.as_ref()), &data_dir)?;
         let tls = self.tls_files()?;
         Ok(Config {
             listen,
             admin_listen,
+            tcp_listen,
             shards,
             data_dir,
             storage,
@@ -406,8 +411,7 @@ impl RawConfig {
     /// The governance keys, checked against each other and against the listeners.
     fn auth_config(
         &self,
-        listen: &SocketAddr,
-        admin_listen: &SocketAddr,
+        (listen, admin_listen, tcp_listen): (&SocketAddr, &SocketAddr, Option<&SocketAddr>),
         data_dir: &std::path::Path,
     ) -> Result<crate::governance::AuthConfig, ConfigError> {
         use crate::governance::AuthMode;
@@ -417,6 +421,16 @@ impl RawConfig {
             &self.auth,
             &[("none", AuthMode::None), ("token", AuthMode::Token), ("jwt", AuthMode::Jwt)],
         )?;
+        if mode == AuthMode::None && tcp_listen.is_some_and(|t| !t.ip().is_loopback()) {
+            return Err(bad(
+                "auth",
+                format!(
+                    "auth = none serves anyone who can connect: tcp_listen ({}) must be loopback too; set auth = \
+                     token or jwt (classic TCP clients then send the token as the user agent's password)",
+                    tcp_listen.expect("checked")
+                ),
+            ));
+        }
         if mode == AuthMode::None && !(listen.ip().is_loopback() && admin_listen.ip().is_loopback()) {
             return Err(bad(
                 "auth",

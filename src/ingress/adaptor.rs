@@ -36,10 +36,10 @@ use crate::shard::calls::{Call, End};
 
 /// Where one published event was stored: its partition and offset, and the topic (as the
 /// caller names it) when a route moved it elsewhere.
-pub(super) struct Placed<'a> {
+pub(super) struct Placed {
     pub partition: u32,
     pub offset: u64,
-    pub moved_to: Option<&'a str>,
+    pub moved_to: Option<String>,
 }
 
 /// Why a publish was not taken.
@@ -87,7 +87,7 @@ pub(super) trait Publish: FrameAdaptor {
     /// The topic the publish names, as the caller names it (checked by the ingress).
     fn topic<'r>(&self, req: &Request<'r>) -> Result<Cow<'r, str>, Refusal>;
     /// The answer to a publish whose events were stored at `placed`, in request order.
-    fn accepted(&self, placed: &[Placed<'_>]) -> Response;
+    fn accepted(&self, placed: &[Placed]) -> Response;
 }
 
 /// CloudEvents over HTTP (`POST /events/publish?topic=T`, the HTTP binding's three modes):
@@ -127,7 +127,7 @@ impl Publish for CloudEventsHttp {
         req.query("topic").ok_or_else(|| problem(StatusCode::BAD_REQUEST, "missing ?topic=").into())
     }
 
-    fn accepted(&self, placed: &[Placed<'_>]) -> Response {
+    fn accepted(&self, placed: &[Placed]) -> Response {
         let batch = self.batch.get();
         let mut body = Vec::with_capacity(40 * placed.len() + 16);
         if batch {
@@ -142,7 +142,7 @@ impl Publish for CloudEventsHttp {
             body.extend_from_slice(num.u64(u64::from(p.partition)));
             body.extend_from_slice(b",\"offset\":");
             body.extend_from_slice(num.u64(p.offset));
-            if let Some(t) = p.moved_to {
+            if let Some(t) = &p.moved_to {
                 body.extend_from_slice(b",\"topic\":");
                 serde_json::to_writer(&mut body, t).expect("a string serializes");
             }
@@ -182,36 +182,52 @@ impl Traffic {
         }
         let named = adaptor.topic(req)?;
         let topic = self.topic_named(gate, named, Action::Publish, Some(req))?;
-        let mut frames = adaptor.frames(&To { topic: &topic, turn: None }, req)?;
+        let frames = adaptor.frames(&To { topic: &topic, turn: None }, req)?;
+        let sent = (req.body.len(), adaptor.bytes(req), Headers::of(req));
+        let placed = self.publish_frames(gate, &topic, frames, sent).await?;
+        Ok(adaptor.accepted(&placed))
+    }
+
+    /// The one ingress path's part after the adaptor: `frames` for `topic` (its stored name,
+    /// checked and allowed), `sent` = (the request's bytes, what the rate limits count, its
+    /// trace headers). Publish time, trace, rate limits, quotas and backlog, transformer,
+    /// routes, storage; where each event was stored, in order.
+    pub(super) async fn publish_frames(
+        &self,
+        gate: &mut Gate<'_>,
+        topic: &str,
+        mut frames: Vec<Frame>,
+        (body_len, counted, headers): (usize, u64, Headers<'_>),
+    ) -> Result<SmallVec<[Placed; 1]>, Refusal> {
         let now = crate::task::clock::wall_micros();
-        let (mut traced, headers) = (Publishing::new(&topic, req.body.len()), Headers::of(req));
+        let mut traced = Publishing::new(topic, body_len);
         for (i, f) in frames.iter_mut().enumerate() {
             f.set_timestamp(now);
             traced.begin(i, f, headers);
         }
         // Rate limits count what was parsed: a refused or malformed request takes nothing.
-        gate.limit(&topic, frames.len() as u64, adaptor.bytes(req))?;
-        gate.quota(Quotaed::Topic, &topic).and_then(|()| gate.backlog())?;
+        gate.limit(topic, frames.len() as u64, counted)?;
+        gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog())?;
         // Then the topic's transformer and routes: where each event is stored, and as what.
-        let routed = self.transform_and_route(&gate.snap, &topic, frames)?;
+        let routed = self.transform_and_route(&gate.snap, topic, frames)?;
         let (n, first) = (routed.events(), routed.first);
         traced.storing();
         let stored = self.store_routed(routed.groups).await?;
         let m = self.shard.shared.metrics.shard(self.shard.id);
         m.events_published.add(n as u64);
         gate.tenant_count(|s| &s.published, n as u64);
-        let placed: SmallVec<[Placed<'_>; 1]> = (0..n)
+        let placed: SmallVec<[Placed; 1]> = (0..n)
             .map(|i| {
                 let (g, at) = first.as_ref().map_or((0, i), |f| f[i]);
                 let (t, placed) = &stored[g];
                 let (p, o) = placed[at];
                 // A route moved it: the answer says where to (if it is the caller's to see).
-                let moved_to = (**t != *topic).then(|| gate.local(t)).flatten();
+                let moved_to = (**t != *topic).then(|| gate.local(t)).flatten().map(str::to_owned);
                 Placed { partition: p.0, offset: o, moved_to }
             })
             .collect();
         traced.stored(|i| Some((placed[i].partition, placed[i].offset)));
-        Ok(adaptor.accepted(&placed))
+        Ok(placed)
     }
 
     /// Whether a turn for `agent` (as the caller names it, REQUEST on `agent:<A>` allowed) may

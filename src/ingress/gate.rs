@@ -230,7 +230,7 @@ impl Traffic {
         &self,
         caller: &mut Caller,
         snap: &crate::governance::Snapshot,
-        req: &Request<'_>,
+        path: &str,
         token: Option<&[u8]>,
     ) -> Result<Rc<Principal>, Response> {
         let g = &self.shard.shared.governance;
@@ -264,7 +264,7 @@ impl Traffic {
                 if e != AuthError::Missing {
                     self.failures.borrow_mut().failed(caller.peer, now);
                 }
-                g.audit(None, "AUTHENTICATE", req.path(), "unauthenticated", Some(e.to_string()), caller.peer);
+                g.audit(None, "AUTHENTICATE", path, "unauthenticated", Some(e.to_string()), caller.peer);
                 self.shard.shared.metrics.shard(self.shard.id).refused(401);
                 Err(unauthorized(&e))
             }

@@ -97,7 +97,7 @@ impl Publish for ClassicSend<'_> {
         Ok(Cow::Owned(self.message.topic.to_owned()))
     }
 
-    fn accepted(&self, placed: &[Placed<'_>]) -> Response {
+    fn accepted(&self, placed: &[Placed]) -> Response {
         let p = &placed[0];
         // EventMesh answers "success" followed by its send result; the partition and offset
         // are evmesh's.
@@ -297,21 +297,7 @@ impl Traffic {
     ) -> Result<(), String> {
         use crate::storage::meta::{self, Policy};
         let db = &self.shard.shared.db;
-        let mode = if item.broadcasting() { "BROADCAST" } else { "LOAD_BALANCE" };
-        let body = serde_json::json!({"subscription": name, "topic": topic, "mode": mode});
-        let mut def = Definition::parse(body.to_string().as_bytes())?;
-        def.created_us = crate::model::clock::now_micros();
-        def.classic = true;
-        gate.quota(Quotaed::Topic, &topic)
-            .and_then(|()| gate.quota(Quotaed::Subscription, &name))
-            .map_err(|p| super::ws_publish::refusal(&p).1)?;
-        self.shard.topic(&topic, None, false).await.map_err(|e| e.to_string())?;
-        match self.shard.subscription(SubRequest::Create(def)).await {
-            Ok(SubOutcome::Created | SubOutcome::Unchanged) => {}
-            Ok(SubOutcome::Limit) => return Err("max_subscriptions subscriptions exist".into()),
-            Ok(_) => return Err(format!("{name} exists with another mode; unsubscribe its URLs first")),
-            Err(e) => return Err(e.to_string()),
-        }
+        self.group_subscription_made(gate, (&name, &topic), item.broadcasting(), true).await?;
         let pushes = crate::push::webhook::pushes_of(db, &name);
         // BROADCASTING: each URL its own consumer, named after the URL (stable across restarts).
         let client = match item.broadcasting() {
@@ -340,6 +326,49 @@ impl Traffic {
         meta::put_policy(db, Policy::Push, &push.id(), &push).map_err(|e| e.to_string())?;
         self.shard.announce(&name, &topic, InterestChange::Pushes);
         Ok(())
+    }
+
+    /// Makes a classic group's subscription `name` (its stored name) of `topic` if it does
+    /// not exist: `BROADCAST` for a broadcasting group, else `LOAD_BALANCE`; `pushed`: for
+    /// its push URLs (`classic`: one event per partition at a time, as a webhook's), else for
+    /// TCP clients' sessions (their windows), which also take the group's subscription as the
+    /// HTTP side made it. The tenant's quotas and `max_subscriptions` apply. `Err` (in words)
+    /// if it cannot be made, or exists with the other mode.
+    pub(super) async fn group_subscription_made(
+        &self,
+        gate: &mut Gate<'_>,
+        (name, topic): (&str, &str),
+        broadcasting: bool,
+        pushed: bool,
+    ) -> Result<(), String> {
+        let mode = if broadcasting { "BROADCAST" } else { "LOAD_BALANCE" };
+        if !pushed {
+            let db = &self.shard.shared.db;
+            match crate::storage::meta::get_subscription(db, name) {
+                Ok(Some(d))
+                    if d.topic == topic
+                        && (d.mode == crate::subscription::definition::Mode::Broadcast) == broadcasting =>
+                {
+                    return Ok(())
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let body = serde_json::json!({"subscription": name, "topic": topic, "mode": mode});
+        let mut def = Definition::parse(body.to_string().as_bytes())?;
+        def.created_us = crate::model::clock::now_micros();
+        def.classic = pushed;
+        gate.quota(Quotaed::Topic, topic)
+            .and_then(|()| gate.quota(Quotaed::Subscription, name))
+            .map_err(|p| super::ws_publish::refusal(&p).1)?;
+        self.shard.topic(topic, None, false).await.map_err(|e| e.to_string())?;
+        match self.shard.subscription(SubRequest::Create(def)).await {
+            Ok(SubOutcome::Created | SubOutcome::Unchanged) => Ok(()),
+            Ok(SubOutcome::Limit) => Err("max_subscriptions subscriptions exist".into()),
+            Ok(_) => Err(format!("{name} exists with another mode; unsubscribe its clients first")),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     async fn classic_unsubscribe_one(&self, name: &str, topic: &str, url: &str) -> Result<(), String> {

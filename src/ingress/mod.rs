@@ -22,6 +22,7 @@ mod agent;
 mod attach;
 mod call;
 mod cors;
+pub mod eventmesh_tcp;
 mod gate;
 mod homes;
 mod meshmessage;

@@ -55,6 +55,14 @@ pub(super) enum Waited {
     Gone,
 }
 
+/// What a request to be waited for holds: the bytes the rate limits count, the bytes its
+/// connection holds while it waits (the shard's `max_pending_request_bytes`), its trace headers.
+pub(super) struct Asker<'h> {
+    pub bytes: usize,
+    pub held: usize,
+    pub headers: Headers<'h>,
+}
+
 /// Counts a request as waiting while it lives.
 struct Waiting<'a>(&'a crate::metrics::Counter);
 
@@ -158,8 +166,25 @@ impl Traffic {
         gate: &mut Gate<'_>,
         req: &Request<'_>,
         topic: &str,
+        event: Frame,
+        timeout: std::time::Duration,
+    ) -> Result<Waited, Response> {
+        // What the waiting connection holds: its buffered request, the decoded body of a chunked
+        // one (counted for both kinds, so over rather than under), and then the reply.
+        let asker = Asker { bytes: req.body.len(), held: req.buf.len() + req.body.len(), headers: Headers::of(req) };
+        self.ask_and_wait(gate, asker, topic, event, timeout, req.peer_gone()).await
+    }
+
+    /// [`Traffic::send_and_wait`] for any protocol: `asker` says what the request holds, and
+    /// `gone` resolves once its requester is gone.
+    pub(super) async fn ask_and_wait(
+        &self,
+        gate: &mut Gate<'_>,
+        asker: Asker<'_>,
+        topic: &str,
         mut event: Frame,
         timeout: std::time::Duration,
+        gone: impl std::future::Future<Output = ()>,
     ) -> Result<Waited, Response> {
         let own = event.body().attributes.iter().filter(|a| REQUEST_ATTRIBUTES.contains(&a.name.as_str())).count();
         if event.body().attributes.len() - own + REQUEST_ATTRIBUTES.len() > cloudevents::MAX_ATTRIBUTES {
@@ -169,17 +194,14 @@ impl Traffic {
             );
             return Err(problem(StatusCode::BAD_REQUEST, &detail));
         }
-        let mut traced = Publishing::of("request", topic, req.body.len());
-        traced.begin(0, &mut event, Headers::of(req));
-        gate.limit(topic, 1, req.body.len() as u64)?;
+        let mut traced = Publishing::of("request", topic, asker.bytes);
+        traced.begin(0, &mut event, asker.headers);
+        gate.limit(topic, 1, asker.bytes as u64)?;
         gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog())?;
         let deadline_us = crate::model::clock::now_micros().saturating_add(timeout.as_micros() as i64);
         let metrics = self.shard.shared.metrics.shard(self.shard.id);
         let tenant = gate.who.tenant.as_deref();
-        // What the waiting connection holds: its buffered request, the decoded body of a chunked
-        // one (counted for both kinds, so over rather than under), and then the reply.
-        let held = req.buf.len() + req.body.len();
-        let mut pending = match self.shard.requests.wait(topic, tenant, held, deadline_us) {
+        let mut pending = match self.shard.requests.wait(topic, tenant, asker.held, deadline_us) {
             Ok(p) => p,
             Err(refusal) => {
                 metrics.refused(429);
@@ -207,7 +229,7 @@ impl Traffic {
         // Stored: now only the wait, which the requester's disconnect ends.
         let left = deadline_us.saturating_sub(crate::model::clock::now_micros()).max(0) as u64;
         let timer = Box::pin(monoio::time::sleep(std::time::Duration::from_micros(left)));
-        let gone = Box::pin(req.peer_gone());
+        let gone = std::pin::pin!(gone);
         let id = pending.id.to_string();
         let waited = match select(&mut pending.reply, select(timer, gone)).await {
             Either::Left((Ok(reply), _)) => {

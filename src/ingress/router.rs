@@ -193,7 +193,7 @@ impl Traffic {
         }
         let token = credential(&req, found.is_some_and(|(r, _)| r.browser));
         let snap = self.view.current(&self.shard.shared.governance);
-        let who = match self.authenticate(caller, &snap, &req, token.as_deref()) {
+        let who = match self.authenticate(caller, &snap, path, token.as_deref()) {
             Ok(who) => who,
             Err(r) => return r,
         };

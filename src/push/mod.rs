@@ -17,6 +17,8 @@ pub mod webhook;
 pub mod ws;
 mod wsmsg;
 
+pub(crate) use wsmsg::pay_heavy;
+
 use std::rc::Rc;
 
 use crate::queue;

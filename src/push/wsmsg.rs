@@ -234,7 +234,7 @@ pub(super) async fn on_message(
 
 /// After a message that took over `task::HEAVY` of the core, waits the session's turn in the
 /// heavy lane.
-async fn pay_heavy(shard: &Shard, meter: &crate::task::Meter) {
+pub(crate) async fn pay_heavy(shard: &Shard, meter: &crate::task::Meter) {
     let cost = meter.take();
     if cost > crate::task::HEAVY {
         shard.shared.metrics.shard(shard.id).heavy(cost);

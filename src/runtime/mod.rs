@@ -188,11 +188,9 @@ fn conn_limits(c: &Config) -> ConnLimits {
 /// and closes it at once (counted as refused by `admit`'s listener), then takes the spare
 /// again: the client sees its connection closed instead of waiting for a timeout, and the
 /// loop does not spin on a backlog it cannot take.
-async fn accept_loop<H: Handler + 'static>(
+async fn accept_loop(
     listener: monoio::net::TcpListener,
-    handler: Rc<H>,
-    tls: Option<Arc<TlsAcceptor>>,
-    limits: ConnLimits,
+    serve: impl Fn(monoio::net::TcpStream, std::net::SocketAddr, ConnGuard),
     admit: impl Fn() -> Option<ConnGuard>,
     short: impl Fn(bool),
 ) {
@@ -236,6 +234,18 @@ async fn accept_loop<H: Handler + 'static>(
         // A peer that vanished without a FIN fails its connection once our data has gone
         // unacknowledged this long, instead of after many minutes of retransmission.
         crate::sys::set_tcp_user_timeout(std::os::fd::AsRawFd::as_raw_fd(&stream), TCP_USER_TIMEOUT_MS);
+        serve(stream, peer, guard);
+    }
+}
+
+/// What [`accept_loop`] does with an HTTP listener's connection: a task serving it with
+/// `handler`, over TLS when the listener has it.
+fn serve_http<H: Handler + 'static>(
+    handler: Rc<H>,
+    tls: Option<Arc<TlsAcceptor>>,
+    limits: ConnLimits,
+) -> impl Fn(monoio::net::TcpStream, std::net::SocketAddr, ConnGuard) {
+    move |stream, peer, guard| {
         let handler = handler.clone();
         let tls = tls.clone();
         monoio::spawn(async move {
@@ -302,6 +312,8 @@ fn fit_descriptors(config: &mut Config) -> crate::config::fds::FdBudget {
 pub struct Started {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// The classic EventMesh TCP listener, when `tcp_listen` is set.
+    pub tcp_listen: Option<SocketAddr>,
     pub driver: IoDriver,
 }
 
@@ -344,9 +356,17 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     });
     let traffic = bind_shared(config.listen, shards)?;
     let admin = bind_shared(config.admin_listen, 1)?.remove(0);
+    let tcp: Vec<Option<std::net::TcpListener>> = match config.tcp_listen {
+        Some(addr) => bind_shared(addr, shards)?.into_iter().map(Some).collect(),
+        None => (0..shards).map(|_| None).collect(),
+    };
     let started = Started {
         listen: traffic[0].local_addr()?,
         admin_listen: admin.local_addr()?,
+        tcp_listen: match &tcp[0] {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        },
         driver: resolve_driver(config.io_driver),
     };
     if config.advertised_url.is_empty() {
@@ -480,7 +500,7 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
         })?;
     }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
-    for (i, listener) in traffic.into_iter().enumerate() {
+    for (i, (listener, tcp)) in traffic.into_iter().zip(tcp).enumerate() {
         let shared = shared.clone();
         let core = if cores.is_empty() { None } else { Some(cores[i % cores.len()]) };
         let driver = started.driver;
@@ -521,7 +541,24 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     let now = crate::model::clock::now_ms().max(1);
                     shard.shared.descriptors_short[shard.id.index()].store(now, Ordering::Relaxed);
                 };
-                accept_loop(listener, traffic, shared.tls.clone(), limits, || admit_traffic(&shard), short).await
+                if let Some(tcp) = tcp {
+                    // Classic EventMesh TCP clients: accepted here too, counted against the
+                    // shard's max_connections with its HTTP ones, served by the same handler.
+                    let tcp = monoio::net::TcpListener::from_std(tcp).expect("tcp listener");
+                    let (traffic, shard) = (traffic.clone(), shard.clone());
+                    let serve = move |stream, peer, guard| {
+                        monoio::spawn(crate::ingress::eventmesh_tcp::serve(
+                            traffic.clone(),
+                            stream,
+                            peer,
+                            limits,
+                            guard,
+                        ));
+                    };
+                    monoio::spawn(async move { accept_loop(tcp, serve, || admit_traffic(&shard), |_| {}).await });
+                }
+                let serve = serve_http(traffic, shared.tls.clone(), limits);
+                accept_loop(listener, serve, || admit_traffic(&shard), short).await
             };
             if let Err(e) = block_on(driver, run) {
                 crate::log::warn("start", &format!("shard {i}: cannot start the {driver:?} driver: {e}"), &[]);
@@ -545,15 +582,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
                     Some(ConnGuard::new(move || open.set(open.get() - 1)))
                 };
                 let tls = shared.tls.clone();
-                accept_loop(
-                    listener,
-                    Rc::new(Admin { shared, replaying: Default::default(), failures: Default::default() }),
-                    tls,
-                    limits,
-                    admit,
-                    |_| {},
-                )
-                .await
+                let admin = Rc::new(Admin { shared, replaying: Default::default(), failures: Default::default() });
+                accept_loop(listener, serve_http(admin, tls, limits), admit, |_| {}).await
             };
             if let Err(e) = block_on(IoDriver::Epoll, run) {
                 crate::log::warn("start", &format!("admin thread: {e}"), &[]);

@@ -57,6 +57,21 @@ pub enum Kind {
     Sse,
     /// The event's JSON, gathered into a batch by the next poll.
     Poll,
+    /// One classic EventMesh TCP package per event, its `seq` naming the delivery as
+    /// `<slot>/<delivery id>` (`slot`: which of its connection's subscriptions it is for).
+    Tcp { push: TcpPush, slot: u16 },
+}
+
+/// The command a classic TCP client's subscription is pushed its events with (as EventMesh
+/// chooses it from the subscription's mode and type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpPush {
+    /// `CLUSTERING`, `ASYNC`: ASYNC_MESSAGE_TO_CLIENT (a request event: REQUEST_TO_CLIENT).
+    Async,
+    /// `CLUSTERING`, `SYNC`: REQUEST_TO_CLIENT, answered with RESPONSE_TO_SERVER.
+    Sync,
+    /// `BROADCASTING`: BROADCAST_MESSAGE_TO_CLIENT.
+    Broadcast,
 }
 
 /// A session of acknowledged delivery on this shard.
@@ -121,6 +136,9 @@ pub fn event_json(frame: &Frame, attempt: u16) -> Vec<u8> {
 
 /// The rendering of one stored event for a session of `kind`.
 pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
+    if let Kind::Tcp { push, slot } = kind {
+        return Rc::new(render_tcp(frame, attempt, push, slot));
+    }
     let json = event_json(frame, attempt);
     let mut out = Vec::with_capacity(json.len() + 64);
     match kind {
@@ -130,8 +148,33 @@ pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
             event(&delivery_id(h.partition, h.offset, attempt), &json, &mut out)
         }
         Kind::Poll => out = json,
+        Kind::Tcp { .. } => unreachable!("rendered above"),
     }
     Rc::new(out)
+}
+
+/// A delivery as a classic TCP package (see [`Kind::Tcp`]); an event past the protocol's 4 MiB
+/// frame goes as a FAIL package of the same command and `seq`, without its body (as the Java
+/// server pushes an event it cannot convert), so the client may ack it and move on.
+fn render_tcp(frame: &Frame, attempt: u16, push: TcpPush, slot: u16) -> Vec<u8> {
+    use crate::adaptor::eventmesh_tcp::{self as tcp, Command};
+    let h = frame.header();
+    let id = delivery_id(h.partition, h.offset, attempt);
+    let seq = format!("{slot}/{id}");
+    let cmd = match push {
+        TcpPush::Broadcast => Command::BroadcastMessageToClient,
+        TcpPush::Sync => Command::RequestToClient,
+        TcpPush::Async if h.kind == frame_codec::FrameKind::Request => Command::RequestToClient,
+        TcpPush::Async => Command::AsyncMessageToClient,
+    };
+    let extra = [
+        ("emdeliveryid", AttrValue::Str(id)),
+        ("empartition", AttrValue::Int(i64::from(h.partition))),
+        ("emoffset", AttrValue::Str(h.offset.to_string())),
+        ("emattempt", AttrValue::Int(i64::from(attempt))),
+    ];
+    tcp::push(frame, &extra, cmd, &seq, tcp::SUCCESS)
+        .unwrap_or_else(|| tcp::answer(cmd, tcp::FAIL, "the event is larger than a 4 MiB frame", Some(&seq)))
 }
 
 impl Sessions {

@@ -100,11 +100,12 @@ fn first_duplicate<'a, T, K: Hash + Eq + ?Sized + 'a>(items: &'a [T], key: impl 
 }
 
 /// Whether `name` is one of CloudEvents' context attributes (not an extension).
-pub(crate) fn is_context_attribute(name: &str) -> bool {
+pub fn is_context_attribute(name: &str) -> bool {
     STRING_ATTRS.contains(&name)
 }
 
-pub(crate) fn check_name(name: &str) -> Result<(), CeError> {
+/// Whether `name` may name an attribute: `[a-z0-9]+`.
+pub fn check_name(name: &str) -> Result<(), CeError> {
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
         return Err(invalid(format!("attribute name {name:?} is not [a-z0-9]+")));
     }

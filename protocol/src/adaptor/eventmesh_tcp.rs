@@ -26,7 +26,11 @@
 //! is (a user agent, a subscription, a CloudEvent or an EventMeshMessage in JSON) depends on
 //! the command and the header's `protocoltype` property, which the bridge reads.
 
+use frame_codec::{AttrValue, AttrValueOf, Attribute, AttributeRef, DataKind, Frame, FrameBody, FrameHeader};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
+
+use super::cloudevents::{self, Extensions};
 
 /// The magic every frame starts with.
 pub const MAGIC: &[u8; 9] = b"EventMesh";
@@ -255,6 +259,365 @@ pub fn encode(header: &Header, body: &[u8]) -> Result<Vec<u8>, FrameError> {
     out.extend_from_slice(&h);
     out.extend_from_slice(body);
     Ok(out)
+}
+
+/// `OPStatus.SUCCESS`.
+pub const SUCCESS: i32 = 0;
+/// `OPStatus.FAIL`: every refusal (the Java server sends no other code).
+pub const FAIL: i32 = 1;
+
+/// An answer package: `cmd` with `code`, `desc` and the request's `seq`, no body.
+pub fn answer(cmd: Command, code: i32, desc: &str, seq: Option<&str>) -> Vec<u8> {
+    encode(&Header::new(cmd, code, Some(desc), seq), b"").expect("an answer is small")
+}
+
+/// The answer command of a request (`TcpDispatcher`'s mapping): the same command for one that
+/// has none.
+pub fn answer_to(cmd: Command) -> Command {
+    match cmd {
+        Command::HelloRequest => Command::HelloResponse,
+        Command::RecommendRequest => Command::RecommendResponse,
+        Command::HeartbeatRequest => Command::HeartbeatResponse,
+        Command::SubscribeRequest => Command::SubscribeResponse,
+        Command::UnsubscribeRequest => Command::UnsubscribeResponse,
+        Command::ListenRequest => Command::ListenResponse,
+        Command::ClientGoodbyeRequest => Command::ClientGoodbyeResponse,
+        Command::RequestToServer => Command::ResponseToClient,
+        Command::AsyncMessageToServer => Command::AsyncMessageToServerAck,
+        Command::BroadcastMessageToServer => Command::BroadcastMessageToServerAck,
+        other => other,
+    }
+}
+
+/// A HELLO's body (`UserAgent.java`). `host` and `port` are the socket's, whatever it says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default)]
+pub struct UserAgent {
+    /// The client's environment (reported, not used).
+    pub env: Option<String>,
+    /// The application's id (reported, not used).
+    pub subsystem: Option<String>,
+    /// The client's working directory (reported, not used).
+    pub path: Option<String>,
+    /// The client's process id (reported, not used).
+    pub pid: i64,
+    /// The SDK's version (required, as Java requires it).
+    pub version: Option<String>,
+    /// The user's name (not used: the credential decides who the client is).
+    pub username: Option<String>,
+    /// The credential, when `token` is empty.
+    pub password: Option<String>,
+    /// The credential (a token of `auth = token`, or a JWT).
+    pub token: Option<String>,
+    /// The client's data centre (reported, not used).
+    pub idc: Option<String>,
+    /// The client's group: it names the group's subscriptions (no MQ group is made).
+    pub group: Option<String>,
+    /// `pub` or `sub`.
+    pub purpose: Option<String>,
+}
+
+/// A client that publishes (`pub`) or one that subscribes (`sub`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// `pub`.
+    Pub,
+    /// `sub`: may LISTEN.
+    Sub,
+}
+
+impl UserAgent {
+    /// Reads and checks a HELLO's body as `HelloProcessor` does: a version, the purpose `pub`
+    /// or `sub`, a group (here also a valid name: it names the group's subscriptions).
+    pub fn parse(body: &[u8]) -> Result<(UserAgent, Purpose), String> {
+        let ua: UserAgent = serde_json::from_slice(body).map_err(|e| format!("client info is not a UserAgent: {e}"))?;
+        if ua.version.is_none() {
+            return Err("client version cannot be null".into());
+        }
+        let purpose = match ua.purpose.as_deref() {
+            Some("pub") => Purpose::Pub,
+            Some("sub") => Purpose::Sub,
+            _ => return Err("client purpose config is error (pub or sub)".into()),
+        };
+        match ua.group.as_deref().map(str::trim) {
+            None | Some("") => return Err("client group cannot be null".into()),
+            Some(g) if g.len() > 200 || !g.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) => {
+                return Err("client group is [A-Za-z0-9._-]{1,200}".into())
+            }
+            Some(_) => {}
+        }
+        Ok((ua, purpose))
+    }
+
+    /// The credential it carries: `token`, else `password` (`username` names nobody: the
+    /// credential decides who the client is).
+    pub fn credential(&self) -> Option<&str> {
+        [&self.token, &self.password].into_iter().flatten().map(String::as_str).find(|c| !c.is_empty())
+    }
+}
+
+/// Topics one SUBSCRIBE may name.
+pub const MAX_TOPICS: usize = 16;
+
+/// One topic of a SUBSCRIBE (`SubscriptionItem`): its mode and type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscribed {
+    /// The topic as the client names it.
+    pub topic: String,
+    /// `BROADCASTING`: every client gets every event; else `CLUSTERING`: each event to one
+    /// client of the group.
+    pub broadcasting: bool,
+    /// `SYNC`: events are pushed as `REQUEST_TO_CLIENT` (the client answers them).
+    pub sync: bool,
+}
+
+/// A SUBSCRIBE's body: `{"topicList":[{"topic":T,"mode":"CLUSTERING"|"BROADCASTING","type":"SYNC"|"ASYNC"}]}`,
+/// one to [`MAX_TOPICS`] topics. Java binds the enums by name (`valueOf`); so does this.
+pub fn subscription(body: &[u8]) -> Result<Vec<Subscribed>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Body {
+        topic_list: Option<Vec<Item>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Item {
+        topic: Option<String>,
+        mode: Option<String>,
+        #[serde(rename = "type")]
+        kind: Option<String>,
+    }
+    let b: Body = serde_json::from_slice(body).map_err(|e| format!("subscriptionInfo is not a Subscription: {e}"))?;
+    let items = b.topic_list.unwrap_or_default();
+    if items.is_empty() || items.len() > MAX_TOPICS {
+        return Err(format!("topicList names 1 to {MAX_TOPICS} topics"));
+    }
+    items
+        .into_iter()
+        .map(|i| {
+            let topic = i.topic.filter(|t| !t.is_empty()).ok_or("a topicList item names its topic")?;
+            let broadcasting = match i.mode.as_deref() {
+                None | Some("CLUSTERING") => false,
+                Some("BROADCASTING") => true,
+                Some(m) => return Err(format!("mode {m:?}: CLUSTERING or BROADCASTING")),
+            };
+            let sync = match i.kind.as_deref() {
+                None | Some("ASYNC") => false,
+                Some("SYNC") => true,
+                Some(t) => return Err(format!("type {t:?}: SYNC or ASYNC")),
+            };
+            Ok(Subscribed { topic, broadcasting, sync })
+        })
+        .collect()
+}
+
+/// The header property naming a message body's protocol.
+pub const PROTOCOL_TYPE: &str = "protocoltype";
+/// `protocoltype`: a structured-mode CloudEvent in JSON.
+pub const CLOUDEVENTS: &str = "cloudevents";
+/// `protocoltype`: an `EventMeshMessage` in JSON (the default when none is named).
+pub const EVENTMESH_MESSAGE: &str = "eventmeshmessage";
+
+/// A message a client sends (ASYNC_MESSAGE_TO_SERVER, BROADCAST_MESSAGE_TO_SERVER,
+/// REQUEST_TO_SERVER, RESPONSE_TO_SERVER), read as far as its topic: the rest becomes a frame
+/// once the ingress knows the topic's stored name ([`Message::to_frame`]).
+#[derive(Debug)]
+pub enum Message<'b> {
+    /// A structured-mode CloudEvent; its topic is its `subject` (empty without one: a reply
+    /// needs none).
+    /// (`topic`: the event's `subject`; `json`: the body.)
+    #[allow(missing_docs)]
+    CloudEvent { topic: String, json: &'b [u8] },
+    /// An `EventMeshMessage` (`{"topic","body","properties","headers"}`).
+    Mesh(MeshMessage),
+}
+
+/// `EventMeshMessage.java`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct MeshMessage {
+    /// The topic.
+    pub topic: Option<String>,
+    /// The data, as text.
+    pub body: Option<String>,
+    /// Extensions.
+    pub properties: Map<String, Value>,
+    /// `datacontenttype` is read from here.
+    pub headers: Map<String, Value>,
+}
+
+impl<'b> Message<'b> {
+    /// Reads a message's body by its header's `protocoltype` (`eventmeshmessage` when none
+    /// is named, as the Java server defaults). `openmessage` is refused: the Java server
+    /// converts none (its adaptor returns no event).
+    pub fn parse(header: &Header, body: &'b [u8]) -> Result<Message<'b>, String> {
+        match header.properties.get(PROTOCOL_TYPE).and_then(Value::as_str).unwrap_or(EVENTMESH_MESSAGE) {
+            CLOUDEVENTS => {
+                #[derive(serde::Deserialize)]
+                struct Subject<'a> {
+                    #[serde(borrow)]
+                    subject: Option<Cow<'a, str>>,
+                }
+                let s: Subject = serde_json::from_slice(body).map_err(|e| format!("not a CloudEvent in JSON: {e}"))?;
+                let topic = s.subject.map(Cow::into_owned).unwrap_or_default();
+                Ok(Message::CloudEvent { topic, json: body })
+            }
+            EVENTMESH_MESSAGE => {
+                let m: MeshMessage =
+                    serde_json::from_slice(body).map_err(|e| format!("not an EventMeshMessage in JSON: {e}"))?;
+                if m.topic.as_deref().is_none_or(str::is_empty) {
+                    return Err("an EventMeshMessage names its topic".into());
+                }
+                Ok(Message::Mesh(m))
+            }
+            "openmessage" => Err("openmessage bodies are not supported (EventMesh converts none either)".into()),
+            other => Err(format!("Cannot find the Protocol adaptor: {other}")),
+        }
+    }
+
+    /// The topic as the client names it (empty: none).
+    pub fn topic(&self) -> &str {
+        match self {
+            Message::CloudEvent { topic, .. } => topic,
+            Message::Mesh(m) => m.topic.as_deref().unwrap_or_default(),
+        }
+    }
+
+    /// The message as a frame for `topic` (its stored name). Every header property becomes an
+    /// extension (as the Java resolvers make them), then, for an EventMeshMessage, its own
+    /// properties; an EventMeshMessage's `id` is the package's `seq`.
+    pub fn to_frame(&self, header: &Header, topic: &str) -> Result<Frame, String> {
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        match self {
+            Message::CloudEvent { json, .. } => {
+                let frame = cloudevents::parse_structured(topic, json).map_err(|e| e.to_string())?;
+                if header.properties.is_empty() {
+                    return Ok(frame);
+                }
+                let props: Vec<(String, String)> = header
+                    .properties
+                    .iter()
+                    .filter(|(k, _)| frame.body().attr(k).is_none())
+                    .map(|(k, v)| (k.clone(), text(v)))
+                    .collect();
+                let mut extra = Vec::with_capacity(props.len());
+                for (k, v) in &props {
+                    cloudevents::check_name(k).map_err(|e| format!("header property: {e}"))?;
+                    extra.push(AttributeRef { name: k.as_str().into(), value: AttrValueOf::Str(v.as_str().into()) });
+                }
+                frame.with_attributes(&extra).map_err(|e| e.to_string())
+            }
+            Message::Mesh(m) => {
+                let id = header.seq.as_deref().filter(|s| !s.is_empty()).ok_or("a message's seq is its id")?;
+                let s = |name: &str, v: &str| Attribute { name: name.into(), value: AttrValue::Str(v.into()) };
+                let mut attributes = vec![
+                    s("specversion", "1.0"),
+                    s("id", id),
+                    s("source", "/"),
+                    s("type", MESH_TYPE),
+                    s("subject", self.topic()),
+                ];
+                if let Some(ct) = m.headers.get("datacontenttype").map(text) {
+                    attributes.push(s("datacontenttype", &ct));
+                }
+                let fixed = attributes.len();
+                for (k, v) in header.properties.iter().chain(&m.properties) {
+                    let v = text(v);
+                    match attributes[fixed..].iter_mut().find(|a| a.name == *k) {
+                        // The message's own properties over the header's.
+                        Some(a) => a.value = AttrValue::Str(v),
+                        None => attributes.push(s(k, &v)),
+                    }
+                }
+                for a in &attributes[fixed..] {
+                    cloudevents::check_name(&a.name).map_err(|e| format!("Abnormal propKey: {e}"))?;
+                }
+                cloudevents::check_event(&attributes).map_err(|e| e.to_string())?;
+                let data = m.body.clone().unwrap_or_default().into_bytes();
+                let kind = if data.is_empty() { DataKind::None } else { DataKind::Text };
+                let body = FrameBody { topic: topic.to_owned(), attributes, data };
+                Frame::encode(&FrameHeader::event(kind), &body).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+/// The CloudEvents `type` of an EventMeshMessage (as EventMesh's resolver names it).
+pub const MESH_TYPE: &str = "eventmeshmessage";
+
+/// A stored event as a package to a client: `cmd` with `seq` and the `protocoltype` property,
+/// and the event in the protocol its publisher used (its `protocoltype` extension, as the Java
+/// server chooses): an EventMeshMessage, or a structured-mode CloudEvent with `extra` among
+/// its extensions. `None` for an event past the 4 MiB frame.
+pub fn push(frame: &Frame, extra: Extensions<'_>, cmd: Command, seq: &str, code: i32) -> Option<Vec<u8>> {
+    let mesh = frame.body().attr_str(PROTOCOL_TYPE) == Some(EVENTMESH_MESSAGE);
+    let mut header = Header::new(cmd, code, None, Some(seq));
+    let kind = if mesh { EVENTMESH_MESSAGE } else { CLOUDEVENTS };
+    header.properties.insert(PROTOCOL_TYPE.into(), Value::String(kind.into()));
+    let h = header.to_json();
+    let mut out = Vec::with_capacity(FIXED + h.len() + frame.as_bytes().len() + 256);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(VERSION);
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&(h.len() as i32).to_be_bytes());
+    out.extend_from_slice(&h);
+    match mesh {
+        true => mesh_json(frame, extra, &mut out),
+        false => cloudevents::write_structured(frame, extra, &mut out),
+    }
+    if out.len() > MAX_FRAME {
+        return None;
+    }
+    let length = (out.len() - 8) as i32;
+    out[PREFIX..PREFIX + 4].copy_from_slice(&length.to_be_bytes());
+    Some(out)
+}
+
+/// An event as the EventMeshMessage the meshmessage resolver makes of it: `topic` its subject
+/// (else its topic), `body` its data as text, `properties` every extension (and `extra`) as a
+/// string, `headers` its `datacontenttype`.
+fn mesh_json(frame: &Frame, extra: Extensions<'_>, out: &mut Vec<u8>) {
+    let body = frame.body();
+    let mut properties = Map::new();
+    for a in body.attributes.iter() {
+        let name = a.name.as_str();
+        if cloudevents::is_context_attribute(name) || name == "specversion" {
+            continue;
+        }
+        let v = match &a.value {
+            frame_codec::ArchivedAttrValue::Str(s) => s.as_str().to_owned(),
+            frame_codec::ArchivedAttrValue::Bool(b) => b.to_string(),
+            frame_codec::ArchivedAttrValue::Int(n) => n.to_native().to_string(),
+        };
+        properties.insert(name.to_owned(), Value::String(v));
+    }
+    for (name, v) in extra {
+        let v = match v {
+            AttrValue::Str(s) => s.clone(),
+            AttrValue::Bool(b) => b.to_string(),
+            AttrValue::Int(n) => n.to_string(),
+        };
+        properties.insert((*name).to_owned(), Value::String(v));
+    }
+    let mut m = Map::new();
+    let topic = body.attr_str("subject").unwrap_or(body.topic.as_str());
+    m.insert("topic".into(), Value::String(topic.to_owned()));
+    m.insert("body".into(), Value::String(String::from_utf8_lossy(body.data.as_slice()).into_owned()));
+    m.insert("properties".into(), Value::Object(properties));
+    if let Some(ct) = body.attr_str("datacontenttype") {
+        let mut h = Map::new();
+        h.insert("datacontenttype".into(), Value::String(ct.to_owned()));
+        m.insert("headers".into(), Value::Object(h));
+    }
+    serde_json::to_writer(out, &Value::Object(m)).expect("a JSON value writes");
+}
+
+/// REDIRECT_TO_CLIENT's body (`RedirectInfo`): where the client should connect instead.
+pub fn redirect(ip: &str, port: u16) -> Vec<u8> {
+    let body = serde_json::json!({"ip": ip, "port": port}).to_string();
+    encode(&Header::new(Command::RedirectToClient, SUCCESS, None, None), body.as_bytes()).expect("a redirect is small")
 }
 
 #[cfg(test)]
