@@ -17,6 +17,7 @@ mod it {
     mod docs;
     mod durability;
     mod errors;
+    mod eventmesh_tcp;
     mod governance;
     mod hostile;
     mod interop;

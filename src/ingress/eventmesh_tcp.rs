@@ -728,7 +728,13 @@ async fn forward(mut events: queue::Receiver<Outbound>, mut out: queue::Sender<O
 }
 
 /// The whole frame's length the buffered bytes announce, once its length field is in.
+/// (Only behind the magic and version: other bytes are refused for what they are.)
 fn announced(buf: &[u8]) -> Option<usize> {
+    if buf.get(..tcp::MAGIC.len()) != Some(&tcp::MAGIC[..])
+        || buf.get(tcp::MAGIC.len()..tcp::PREFIX) != Some(&tcp::VERSION[..])
+    {
+        return None;
+    }
     let len = buf.get(tcp::PREFIX..tcp::PREFIX + 4)?;
     let n = i32::from_be_bytes(len.try_into().expect("4 bytes"));
     usize::try_from(i64::from(n) + 8).ok()
@@ -776,5 +782,6 @@ mod tests {
         let f = tcp::answer(Command::HeartbeatResponse, SUCCESS, "success", Some("1"));
         assert_eq!(announced(&f), Some(f.len()));
         assert_eq!(announced(&f[..16]), None);
+        assert_eq!(announced(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"), None, "not behind the magic");
     }
 }

@@ -34,7 +34,12 @@ fn files(name: &str) -> PathBuf {
 
 /// A broker with auth = token over `tokens` (principal, tenant, secret), the config file's
 /// `acl` (TOML `[[acl]]` tables), the admin token and an audit log in the test's directory.
-fn broker_with(name: &str, tokens: &[(&str, Option<&str>, &str)], acl: &str, extra: &[&str]) -> (TestBroker, PathBuf) {
+pub(super) fn broker_with(
+    name: &str,
+    tokens: &[(&str, Option<&str>, &str)],
+    acl: &str,
+    extra: &[&str],
+) -> (TestBroker, PathBuf) {
     let dir = files(name);
     let file = dir.join("tokens.jsonl");
     let mut lines = String::from("# principal, tenant, SHA-256 of the token\n");

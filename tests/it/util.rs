@@ -13,6 +13,8 @@ pub struct TestBroker {
     pub dir: PathBuf,
     pub traffic: SocketAddr,
     pub admin: SocketAddr,
+    /// The classic TCP listener, when started with `--tcp-listen`.
+    pub tcp: Option<SocketAddr>,
     args: Vec<String>,
     env: Vec<(String, String)>,
     /// Run under this open-files limit (soft and hard), through util-linux's `prlimit`.
@@ -115,6 +117,7 @@ impl TestBroker {
             dir,
             traffic: "0.0.0.0:0".parse().unwrap(),
             admin: "0.0.0.0:0".parse().unwrap(),
+            tcp: None,
             args,
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             nofile: None,
@@ -163,6 +166,7 @@ impl TestBroker {
         };
         self.traffic = field("traffic=");
         self.admin = field("admin=");
+        self.tcp = line.split_whitespace().find_map(|w| w.strip_prefix("tcp=")).map(|a| a.parse().unwrap());
         self.child = Some(child);
         // Over Kafka, sessions are served once the cluster's claims are read (GET /admin/cluster
         // says when): waited for, but for tests that start it with the broker away.
