@@ -419,3 +419,15 @@ fn openapi_document_matches_every_answer() {
         file.len()
     );
 }
+
+/// A classic EventMesh TCP client in Python, written from the Java codec (no evmesh code):
+/// HELLO, SUBSCRIBE, LISTEN, publish in both bodies, acks, request-reply and heartbeats
+/// (issue 34).
+#[test]
+#[ignore = "needs Python 3 (scripts/test.sh runs it)"]
+fn python_classic_tcp_client() {
+    let b = TestBroker::start(&["--tcp-listen", "127.0.0.1:0"]);
+    let tcp = b.tcp.expect("tcp listener").to_string();
+    run_on_with_env(&b, "python3", "python_eventmesh_tcp.py", &[("EVMESH_TCP", &tcp)]);
+}
+
