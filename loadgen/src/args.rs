@@ -9,6 +9,8 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        (batch: a CloudEvents JSON batch of --batch structured events of --body-bytes each)
        [--ws [--pipeline 1]]   (publish over WebSocket: --url http://HOST:PORT/events/ws?publish=T,
        one structured event per text message, K messages sent before their K answers are read)
+       [--eventmesh-tcp [--pipeline 1]]   (publish over EventMesh's classic TCP protocol: --url
+       http://HOST:PORT/TOPIC at tcp_listen, one CloudEvent per ASYNC_MESSAGE_TO_SERVER, K in flight)
        [--server-pid PID] [--json FILE] [--header 'Name: value' ...]
        [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
        subscribers (http://: server-sent event streams, counted by their data lines, never acked),
@@ -38,6 +40,8 @@ pub struct Args {
     pub batch: usize,
     /// Publish over WebSocket, `pipeline` messages in flight per connection.
     pub ws: bool,
+    /// Publish over EventMesh's classic TCP protocol, `pipeline` messages in flight.
+    pub eventmesh_tcp: bool,
     pub pipeline: usize,
     pub body_file: Option<String>,
     pub server_pid: Option<u32>,
@@ -87,6 +91,7 @@ impl Args {
             body_bytes: 1024,
             batch: 10,
             ws: false,
+            eventmesh_tcp: false,
             pipeline: 1,
             body_file: None,
             server_pid: None,
@@ -114,6 +119,7 @@ impl Args {
                 "--body-bytes" => a.body_bytes = val()?.parse().map_err(|_| "bad --body-bytes")?,
                 "--batch" => a.batch = val()?.parse().map_err(|_| "bad --batch")?,
                 "--ws" => a.ws = true,
+                "--eventmesh-tcp" => a.eventmesh_tcp = true,
                 "--pipeline" => a.pipeline = val()?.parse().map_err(|_| "bad --pipeline")?,
                 "--body-file" => a.body_file = Some(val()?),
                 "--server-pid" => a.server_pid = Some(val()?.parse().map_err(|_| "bad --server-pid")?),

@@ -13,6 +13,7 @@ mod args;
 mod fanout;
 mod http;
 mod respond;
+mod tcppub;
 mod turns;
 mod wspub;
 
@@ -165,6 +166,11 @@ fn run_thread(
             .map(|i| {
                 // Spread open-loop connections over one interval so they do not fire in lockstep.
                 let offset = interval.map_or(Duration::ZERO, |iv| iv.mul_f64(i as f64 / conns as f64));
+                if args.eventmesh_tcp {
+                    let body = Rc::new(http::body(&args));
+                    let times = (start + offset, measure_from, end);
+                    return monoio::spawn(tcppub::connection(args.clone(), body, interval, times, stop.clone()));
+                }
                 if args.ws {
                     let body = Rc::new(http::body(&args));
                     let times = (start + offset, measure_from, end);

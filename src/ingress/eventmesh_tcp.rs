@@ -10,12 +10,13 @@
 //!   bearer token on HTTP is (401 -> code 1 and a close); `group` names the group's
 //!   subscriptions; `purpose` `sub` may LISTEN. Every later package is authenticated again
 //!   as each request of a keep-alive HTTP connection is (an expired or revoked credential
-//!   ends the connection with SERVER_GOODBYE). Before HELLO, another command is answered
+//!   ends the connection with SERVER_GOODBYE), and each listening subscription is watched by
+//!   `push::authority` as a WebSocket session is. Before HELLO, another command is answered
 //!   with code 1 ("no session is found") as EventMesh answers it; no HELLO within
 //!   `header_read_timeout` closes the connection.
 //! * HEARTBEAT: answered. A connection that sends no whole package for [`SILENCE`] (120 s; the
 //!   SDKs send a heartbeat every 30 s) gets SERVER_GOODBYE and is closed.
-//! * SUBSCRIBE: each topic is the group's evmesh subscription (`cg.<len>.<group>.<topic>`, the
+//! * SUBSCRIBE (all its topics or none): each topic is the group's evmesh subscription (`cg.<len>.<group>.<topic>`, the
 //!   one classic HTTP subscribers of the group share): `LOAD_BALANCE` for `CLUSTERING`,
 //!   `BROADCAST` for `BROADCASTING` (each connection then a consumer of its own, from the
 //!   moment it listens). LISTEN attaches the connection's subscriptions as sessions of
@@ -24,20 +25,21 @@
 //!   another instance (Kafka), the answer is REDIRECT_TO_CLIENT to it, then the close.
 //! * Pushes (`shard::sessions::Kind::Tcp`): ASYNC_MESSAGE_TO_CLIENT, REQUEST_TO_CLIENT (a SYNC
 //!   subscription, or a request event) or BROADCAST_MESSAGE_TO_CLIENT, `seq` =
-//!   `<slot>/<delivery id>`; the client's `*_TO_CLIENT_ACK` with that `seq` acks the delivery
+//!   `<key>/<delivery id>` (`key`: the connection's subscription, never reused on it); the client's `*_TO_CLIENT_ACK` with that `seq` acks the delivery
 //!   in evmesh's offsets. No ack within the subscription's `ackTimeoutMs` redelivers, then
 //!   dead-letters, as for every transport.
-//! * ASYNC_MESSAGE_TO_SERVER, BROADCAST_MESSAGE_TO_SERVER: a publish through the one ingress
-//!   path (`Traffic::publish_frames`: the ACL, limits, quotas, backlog, transformer, routes,
-//!   storage), answered `*_ACK` once stored. REQUEST_TO_SERVER: a request on the request
+//! * ASYNC_MESSAGE_TO_SERVER, BROADCAST_MESSAGE_TO_SERVER: publishes; those that came together
+//!   are a round of `ws_publish::store_round` (the ACL, limits, quotas, backlog, transformer,
+//!   routes, storage; one store), answered `*_ACK` once stored. REQUEST_TO_SERVER: a request on the request
 //!   path (`Traffic::ask_and_wait`, its timeout the message's `ttl` extension in ms, else 3 s,
 //!   at most `max_request_timeout_ms`), answered RESPONSE_TO_CLIENT with the reply or a code 1;
 //!   requests wait concurrently, at most [`MAX_WAITING`] per connection. RESPONSE_TO_SERVER:
 //!   a reply (its `emcorrelationid` extension, copied back from the REQUEST_TO_CLIENT).
 //! * CLIENT_GOODBYE: answered, then closed. RECOMMEND: this instance's TCP address.
 //! * A frame that is not EventMesh's (magic, version, lengths, a header that is not JSON or
-//!   names no command), or past `max_body_bytes` + 64 KiB: SERVER_GOODBYE with code 1 saying
-//!   why, then the close. A command the bridge does not serve: answered with code 1.
+//!   names no command), past `max_body_bytes` + 64 KiB, or with a header past 64 KiB:
+//!   SERVER_GOODBYE with code 1 saying why, then the close. Answers are bounded whatever the
+//!   request carried (`adaptor::eventmesh_tcp::answer`). A command the bridge does not serve: answered with code 1.
 //!
 //! Bounds: one package is handled at a time per connection (answers in order); the answers
 //! and pushes wait in a bounded queue for one writer, so a client that does not read stops
@@ -54,7 +56,6 @@ use std::time::{Duration, Instant};
 use futures::future::{select, Either, FutureExt as _, Shared};
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, Splitable};
 
-use super::adaptor::Refusal;
 use super::meshmessage::group_subscription;
 use super::request::{Asker, Waited};
 use super::traced::Headers;
@@ -75,6 +76,8 @@ use crate::shard::sessions::{Kind as SessionKind, Outbound, TcpPush};
 pub const SILENCE: Duration = Duration::from_secs(120);
 /// Requests one connection may have waiting for their replies.
 pub const MAX_WAITING: usize = 64;
+/// Publishes stored together at most (and `max_body_bytes` of them).
+const MAX_ROUND: usize = super::ws_publish::MAX_ROUND;
 /// Subscriptions one connection may hold.
 pub const MAX_SUBSCRIPTIONS: usize = 64;
 /// A request's timeout when its message has no `ttl` (EventMesh's default).
@@ -83,7 +86,8 @@ const DEFAULT_TTL: Duration = Duration::from_secs(3);
 const READ_CHUNK: usize = 16 * 1024;
 /// Answers and pushes waiting for the writer.
 const OUT_QUEUE: usize = 256;
-/// Room for a package's header past `max_body_bytes`.
+/// The largest header taken (its properties become attributes), and the room for one past
+/// `max_body_bytes` in a frame.
 const HEADER_ROOM: usize = 64 * 1024;
 
 /// Serves one classic TCP connection until it closes, goes silent, or breaks the protocol.
@@ -105,7 +109,9 @@ pub async fn serve(
         peer,
         hello: None,
         subs: Vec::new(),
+        next_key: 0,
         listening: false,
+        wire: 0,
         out,
         waiting: Rc::new(Cell::new(0)),
         ended: ended.shared(),
@@ -184,12 +190,14 @@ struct Hello {
 
 /// One subscribed topic of the connection.
 struct Sub {
+    key: u32,
     item: Subscribed,
     /// The subscription's stored name, and its topic's.
     name: String,
     topic: String,
-    /// While listening: its session of acknowledged delivery.
-    attached: Option<(ConsumerKey, SessionRef)>,
+    /// While listening: its session of acknowledged delivery, and the flag that tells its
+    /// forwarder the connection detached it (else the end of its queue is the shard's).
+    attached: Option<(ConsumerKey, SessionRef, Rc<Cell<bool>>)>,
 }
 
 struct Conn {
@@ -197,15 +205,23 @@ struct Conn {
     caller: Caller,
     peer: SocketAddr,
     hello: Option<Hello>,
-    /// By slot (the `<slot>/` of a push's `seq`); a slot is not reused while its deliveries
-    /// may still be acked.
-    subs: Vec<Option<Sub>>,
+    /// The subscribed topics, each with its key (the `<key>/` of its pushes' `seq`: never
+    /// reused on the connection, so an old push's ack cannot reach a later subscription).
+    subs: Vec<Sub>,
+    next_key: u32,
     listening: bool,
+    /// The bytes of the package being handled (header and body).
+    wire: usize,
     out: queue::Sender<Outbound>,
     /// Requests waiting for their replies.
     waiting: Rc<Cell<usize>>,
     ended: Shared<futures::channel::oneshot::Receiver<()>>,
 }
+
+/// A publish package: its header, its body, and its bytes on the wire (header and body).
+type Publish = (Header, Vec<u8>, usize);
+/// Consecutive publishes gathered, and their bytes.
+type Round = (Vec<Publish>, usize);
 
 /// What the connection does after a package.
 enum Next {
@@ -226,9 +242,16 @@ impl Conn {
         let opened = Instant::now();
         let mut last = Instant::now();
         let mut turns: u32 = 0;
+        let max_round_bytes = self.traffic.shard.shared.config.limits.max_body_bytes;
+        // Consecutive publishes, and their bytes.
+        let mut round: Round = (Vec::new(), 0);
         loop {
-            // Every whole package already read, one at a time.
+            // Every whole package already read, one at a time (consecutive publishes together).
             loop {
+                if let Some(h) = announced_header(&buf).filter(|&h| h > HEADER_ROOM) {
+                    let why = format!("a header of {h} bytes, past this broker's {HEADER_ROOM}");
+                    return self.goodbye(FAIL, &why);
+                }
                 if let Some(frame) = announced(&buf).filter(|&n| n > max_frame) {
                     let why =
                         format!("a frame of {frame} bytes, past this broker's {max_frame} (max_body_bytes + 64 KiB)");
@@ -236,18 +259,34 @@ impl Conn {
                 }
                 let (pkg, used) = match tcp::decode(&buf) {
                     Ok(Some(p)) => p,
-                    Ok(None) => break,
+                    Ok(None) => {
+                        self.flush_round(&mut round, meter).await;
+                        break;
+                    }
                     Err(e) => return self.goodbye(FAIL, &e.to_string()),
                 };
                 buf.drain(..used);
                 last = Instant::now();
+                let Some(header) = pkg.header else {
+                    return self.goodbye(FAIL, "the incoming message does not have a header");
+                };
+                // Publishes that came together are stored together: a round (see `publish_round`).
+                let publish = matches!(header.cmd, Command::AsyncMessageToServer | Command::BroadcastMessageToServer);
+                // What the limits count: the header (its properties become attributes) and body.
+                self.wire = used - tcp::FIXED;
+                if publish && self.hello.is_some() {
+                    round.1 += self.wire;
+                    round.0.push((header, pkg.body, self.wire));
+                    if round.0.len() >= MAX_ROUND || round.1 >= max_round_bytes {
+                        self.flush_round(&mut round, meter).await;
+                    }
+                    continue;
+                }
+                self.flush_round(&mut round, meter).await;
                 turns += 1;
                 if turns % crate::task::TURN == 0 {
                     crate::task::yield_now().await;
                 }
-                let Some(header) = pkg.header else {
-                    return self.goodbye(FAIL, "the incoming message does not have a header");
-                };
                 if let Next::Close = self.on_package(header, pkg.body).await {
                     let _ = self.out.send_past_bound(Outbound::Close(0, ""));
                     return None;
@@ -275,6 +314,23 @@ impl Conn {
         }
     }
 
+    /// Publishes the gathered round, if any (see [`Conn::publish_round`]); a credential no
+    /// longer valid refuses them and ends the connection as for any package.
+    async fn flush_round(&mut self, round: &mut Round, meter: &crate::task::Meter) {
+        if round.0.is_empty() {
+            return;
+        }
+        let pkgs = std::mem::take(&mut round.0);
+        let full = pkgs.len() >= MAX_ROUND || round.1 >= self.traffic.shard.shared.config.limits.max_body_bytes;
+        round.1 = 0;
+        self.publish_round(pkgs).await;
+        crate::push::pay_heavy(&self.traffic.shard, meter).await;
+        if full {
+            // More may be buffered: other work on the core first.
+            crate::task::yield_now().await;
+        }
+    }
+
     /// Queues SERVER_GOODBYE with `code` and `why`, then the close.
     fn goodbye(&mut self, code: i32, why: &str) -> Option<()> {
         let bye = tcp::answer(Command::ServerGoodbyeRequest, code, why, None);
@@ -294,17 +350,15 @@ impl Conn {
     }
 
     async fn on_package(&mut self, header: Header, body: Vec<u8>) -> Next {
-        let traffic = self.traffic.clone();
-        let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
         match header.cmd {
             Command::HelloRequest => return self.hello(&header, &body).await,
-            Command::RecommendRequest => {
+            Command::RecommendRequest if self.hello.is_none() => {
                 let here = self.recommend();
                 let bytes = tcp::encode(
                     &Header::new(Command::RecommendResponse, SUCCESS, Some("success"), header.seq.as_deref()),
                     here.as_bytes(),
                 )
-                .expect("small");
+                .unwrap_or_default();
                 self.send(bytes).await;
                 return Next::Go;
             }
@@ -314,9 +368,9 @@ impl Conn {
             self.answer(&header, FAIL, "no session is found (HELLO_REQUEST first)").await;
             return Next::Go;
         }
-        // Each package is authenticated again, as each request of a keep-alive connection; the
-        // subscriptions are checked against the ACL with each heartbeat.
-        if let Err(why) = self.still_allowed(header.cmd == Command::HeartbeatRequest) {
+        // Each package is authenticated again, as each request of a keep-alive connection (the
+        // sessions watch the credential and the ACL themselves: `forward`).
+        if let Err(why) = self.still_allowed() {
             self.answer(&header, FAIL, &why).await;
             let bye = tcp::answer(Command::ServerGoodbyeRequest, FAIL, &why, None);
             self.send(bye).await;
@@ -324,6 +378,11 @@ impl Conn {
         }
         match header.cmd {
             Command::HeartbeatRequest => self.answer(&header, SUCCESS, "success").await,
+            Command::RecommendRequest => {
+                let here = self.recommend();
+                let h = Header::new(Command::RecommendResponse, SUCCESS, Some("success"), header.seq.as_deref());
+                self.send(tcp::encode(&h, here.as_bytes()).unwrap_or_default()).await;
+            }
             Command::ClientGoodbyeRequest => {
                 self.answer(&header, SUCCESS, "success").await;
                 return Next::Close;
@@ -331,22 +390,13 @@ impl Conn {
             Command::SubscribeRequest => return self.subscribe(&header, &body).await,
             Command::UnsubscribeRequest => {
                 self.detach_all();
-                self.subs.iter_mut().for_each(|s| *s = None);
+                self.subs.clear();
                 self.answer(&header, SUCCESS, "success").await;
             }
             Command::ListenRequest => return self.listen(&header).await,
             Command::AsyncMessageToServer | Command::BroadcastMessageToServer => {
-                m.publish_requests.inc();
-                let started = crate::task::clock::fresh();
-                let (code, desc) = match self.publish(&header, &body).await {
-                    Ok(()) => (SUCCESS, Cow::Borrowed("success")),
-                    Err(desc) => {
-                        m.publish_errors.inc();
-                        (FAIL, Cow::Owned(desc))
-                    }
-                };
-                m.publish_latency.record_us(crate::task::clock::micros_since(started));
-                self.answer(&header, code, &desc).await;
+                let wire = self.wire;
+                self.publish_round(vec![(header, body, wire)]).await;
             }
             Command::RequestToServer => self.request(&header, &body).await,
             Command::ResponseToServer => {
@@ -410,23 +460,15 @@ impl Conn {
         serde_json::Value::String(format!("{host}:{port}")).to_string()
     }
 
-    /// The credential still verifies (and has not expired), and (`subscriptions`) every attached
-    /// subscription is still the principal's to read.
-    fn still_allowed(&mut self, subscriptions: bool) -> Result<(), String> {
+    /// The credential still verifies and has not expired.
+    fn still_allowed(&mut self) -> Result<(), String> {
         let hello = self.hello.as_ref().expect("after HELLO");
         let traffic = self.traffic.clone();
         let snap = traffic.view.current(&traffic.shard.shared.governance);
-        let who = traffic.authenticate(&mut self.caller, &snap, "tcp", hello.token.as_deref()).map_err(|r| {
-            let (status, detail) = refusal(&r);
-            format!("{status} {detail}")
-        })?;
-        for s in self.subs.iter().flatten().filter(|s| subscriptions && s.attached.is_some()) {
-            let name = local(&hello.who, &s.name);
-            if self.caller.authorize(&snap, &who, Action::Subscribe, Kind::Subscription, name).is_err() {
-                return Err(format!("403 {} may no longer SUBSCRIBE subscription:{name}", who.name));
-            }
-        }
-        Ok(())
+        traffic
+            .authenticate(&mut self.caller, &snap, "tcp", hello.token.as_deref())
+            .map(|_| ())
+            .map_err(|r| problem_desc(&r))
     }
 
     /// The gate of a request of this connection.
@@ -442,32 +484,87 @@ impl Conn {
         }
     }
 
-    /// ASYNC_MESSAGE_TO_SERVER, BROADCAST_MESSAGE_TO_SERVER: a publish; `Err` is the answer's
-    /// `desc`.
-    async fn publish(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
+    /// ASYNC_MESSAGE_TO_SERVER, BROADCAST_MESSAGE_TO_SERVER packages that came together, as
+    /// WebSocket publishes that came in one read are (`ws_publish::store_round`): each message
+    /// read and checked as a publish of its own, consecutive ones to the same topic stored
+    /// together; answered in order, `*_ACK` with each one's `seq`, in one write.
+    async fn publish_round(&mut self, pkgs: Vec<Publish>) {
         let traffic = self.traffic.clone();
-        if traffic.shard.shared.memory.shed_now() {
-            return Err(problem_desc(&super::gate::shed()));
-        }
+        let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
+        let started = crate::task::clock::fresh();
+        let mut done: Vec<Result<(), String>> = Vec::with_capacity(pkgs.len());
+        let refused = match self.still_allowed() {
+            Err(why) => Some(why),
+            Ok(()) if traffic.shard.shared.memory.shed_now() => Some(problem_desc(&super::gate::shed())),
+            Ok(()) => None,
+        };
         let max = traffic.shard.shared.config.limits.max_body_bytes;
-        if body.len() > max {
-            return Err(format!("413 the message is larger than max_body_bytes ({max})"));
+        let msgs: Vec<Result<Message<'_>, String>> = pkgs
+            .iter()
+            .map(|(h, body, _)| {
+                if let Some(why) = &refused {
+                    return Err(why.clone());
+                }
+                if body.len() > max {
+                    return Err(format!("413 the message is larger than max_body_bytes ({max})"));
+                }
+                let msg = Message::parse(h, body).map_err(|e| format!("400 {e}"))?;
+                if msg.topic().is_empty() {
+                    return Err("400 a CloudEvent sent over TCP names its topic as its subject".into());
+                }
+                Ok(msg)
+            })
+            .collect();
+        let now = crate::model::clock::now_micros();
+        let mut i = 0;
+        while i < msgs.len() {
+            let named = match &msgs[i] {
+                Err(why) => {
+                    m.publish_requests.inc();
+                    m.publish_errors.inc();
+                    done.push(Err(why.clone()));
+                    i += 1;
+                    continue;
+                }
+                Ok(msg) => msg.topic(),
+            };
+            // The run of messages to the same topic.
+            let end = (i..msgs.len()).find(|&j| !matches!(&msgs[j], Ok(m) if m.topic() == named)).unwrap_or(msgs.len());
+            let mut gate = self.gate();
+            match traffic.topic_named(&mut gate, Cow::Borrowed(named), Action::Publish, None) {
+                Err(r) => {
+                    let why = problem_desc(&r);
+                    m.publish_requests.add((end - i) as u64);
+                    m.publish_errors.add((end - i) as u64);
+                    done.extend((i..end).map(|_| Err(why.clone())));
+                }
+                Ok(topic) => {
+                    let parsed: Vec<super::ws_publish::Parsed> = (i..end)
+                        .map(|j| {
+                            let (h, _, wire) = &pkgs[j];
+                            let msg = msgs[j].as_ref().expect("in the run");
+                            let mut f = msg.to_frame(h, &topic).map_err(|e| (400, e))?;
+                            f.set_timestamp(now);
+                            Ok((f, *wire))
+                        })
+                        .collect();
+                    let outcomes = super::ws_publish::store_round(&traffic, &mut gate, &topic, parsed).await;
+                    done.extend(outcomes.into_iter().map(|o| o.map(|_| ()).map_err(|(s, d)| format!("{s} {d}"))));
+                }
+            }
+            i = end;
         }
-        let msg = Message::parse(header, body).map_err(|e| format!("400 {e}"))?;
-        if msg.topic().is_empty() {
-            return Err("400 a CloudEvent sent over TCP names its topic as its subject".into());
+        let us = crate::task::clock::micros_since(started);
+        let mut answers = Vec::with_capacity(pkgs.len() * 160);
+        for ((h, ..), result) in pkgs.iter().zip(&done) {
+            m.publish_latency.record_us(us);
+            let (code, desc) = match result {
+                Ok(()) => (SUCCESS, "success"),
+                Err(why) => (FAIL, why.as_str()),
+            };
+            answers.extend_from_slice(&tcp::answer(tcp::answer_to(h.cmd), code, desc, h.seq.as_deref()));
         }
-        let mut gate = self.gate();
-        let topic = traffic
-            .topic_named(&mut gate, Cow::Borrowed(msg.topic()), Action::Publish, None)
-            .map_err(|r| problem_desc(&r))?;
-        let frame = msg.to_frame(header, &topic).map_err(|e| format!("400 {e}"))?;
-        let sent = (body.len(), body.len() as u64, Headers::default());
-        let r = traffic.publish_frames(&mut gate, &topic, vec![frame], sent).await;
-        match r {
-            Ok(_) => Ok(()),
-            Err(Refusal::Answered(r) | Refusal::Problem(r) | Refusal::Busy(r)) => Err(problem_desc(&r)),
-        }
+        self.send(answers).await;
     }
 
     /// REQUEST_TO_SERVER: stored as a request, its reply awaited in a task of its own (the
@@ -497,7 +594,12 @@ impl Conn {
                 .map_err(|r| problem_desc(&r))?
                 .into_owned();
             let frame = msg.to_frame(header, &topic).map_err(|e| format!("400 {e}"))?;
-            let ttl = frame.body().attr_str("ttl").and_then(|t| t.parse::<u64>().ok()).filter(|&t| t > 0);
+            // A ttl past u64 is as long as may be (the cap below).
+            let ttl = frame.body().attr_str("ttl").and_then(|t| match t.parse::<u64>() {
+                Ok(t) => Some(t),
+                Err(_) => (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())).then_some(u64::MAX),
+            });
+            let ttl = ttl.filter(|&t| t > 0);
             let timeout =
                 ttl.map_or(DEFAULT_TTL, Duration::from_millis).min(traffic.shard.shared.config.max_request_timeout);
             Ok((topic, frame, timeout))
@@ -513,7 +615,7 @@ impl Conn {
         let mut caller = Caller::new(Some(self.peer.ip()), None);
         let (mut out, waiting, ended) = (self.out.clone(), self.waiting.clone(), self.ended.clone());
         let seq = header.seq.clone();
-        let bytes = body.len();
+        let bytes = self.wire;
         waiting.set(waiting.get() + 1);
         monoio::spawn(async move {
             let snap = traffic.view.current(&traffic.shard.shared.governance);
@@ -558,14 +660,15 @@ impl Conn {
         }
     }
 
-    /// A push's ack: its `seq` names the subscription (slot) and the delivery.
+    /// A push's ack: its `seq` names the subscription (its key) and the delivery.
     fn ack(&mut self, header: &Header) -> Result<(), String> {
         let seq = header.seq.as_deref().unwrap_or_default();
         let bad = || format!("{seq:?} is not the seq of a push to this connection");
-        let (slot, id) = seq.split_once('/').ok_or_else(bad)?;
-        let slot: usize = slot.parse().map_err(|_| bad())?;
-        let Some(Some(sub)) = self.subs.get(slot) else { return Ok(()) };
-        let Some((consumer, _)) = &sub.attached else { return Ok(()) };
+        let (key, id) = seq.split_once('/').ok_or_else(bad)?;
+        let key: u32 = key.parse().map_err(|_| bad())?;
+        // A subscription since unsubscribed: nothing to ack (its events went to others).
+        let Some(sub) = self.subs.iter().find(|s| s.key == key) else { return Ok(()) };
+        let Some((consumer, ..)) = &sub.attached else { return Ok(()) };
         let by = crate::delivery::group_ids([id]).map_err(|e| format!("400 {e}"))?;
         self.traffic
             .shard
@@ -584,10 +687,25 @@ impl Conn {
                 return Next::Go;
             }
         };
+        if self.traffic.shard.shared.memory.shed_now() {
+            self.answer(header, FAIL, &problem_desc(&super::gate::shed())).await;
+            return Next::Go;
+        }
+        // All of them or none: a failure part-way takes back the ones this package added.
+        let before = self.subs.len();
+        let rollback = |conn: &mut Conn| {
+            for mut sub in conn.subs.drain(before..) {
+                if let Some((consumer, at, detached)) = sub.attached.take() {
+                    detached.set(true);
+                    crate::push::detach_acked(&conn.traffic.shard, consumer, &sub.topic, at);
+                }
+            }
+        };
         for item in items {
             match self.subscribe_one(item).await {
                 Ok(None) => {}
                 Ok(Some(home)) => {
+                    rollback(self);
                     // Served by another instance: tell the client where, then close.
                     self.answer(header, FAIL, &format!("307 this subscription is served by its home instance {home}"))
                         .await;
@@ -597,6 +715,7 @@ impl Conn {
                     return Next::Close;
                 }
                 Err(desc) => {
+                    rollback(self);
                     self.answer(header, FAIL, &desc).await;
                     return Next::Go;
                 }
@@ -618,11 +737,11 @@ impl Conn {
             .into_owned();
         gate.allow(Action::Subscribe, Kind::Subscription, &local).map_err(|r| problem_desc(&r))?;
         let name = gate.scoped(&local).map_err(|r| problem_desc(&r))?.into_owned();
-        if self.subs.iter().flatten().any(|s| s.name == name) {
+        if self.subs.iter().any(|s| s.name == name) {
             // Subscribed already: as EventMesh, the first mode and type stay.
             return Ok(None);
         }
-        if self.subs.iter().flatten().count() >= MAX_SUBSCRIPTIONS || self.subs.len() >= u16::MAX as usize {
+        if self.subs.len() >= MAX_SUBSCRIPTIONS {
             return Err(format!("429 a connection holds at most {MAX_SUBSCRIPTIONS} subscriptions"));
         }
         let mut gate = self.gate();
@@ -634,7 +753,9 @@ impl Conn {
         {
             return Ok(Some(home));
         }
-        self.subs.push(Some(Sub { item, name, topic, attached: None }));
+        let key = self.next_key;
+        self.next_key = self.next_key.wrapping_add(1);
+        self.subs.push(Sub { key, item, name, topic, attached: None });
         if self.listening {
             self.attach(self.subs.len() - 1);
         }
@@ -647,20 +768,36 @@ impl Conn {
             self.answer(header, FAIL, "client purpose config is not sub").await;
             return Next::Go;
         }
+        if self.traffic.shard.shared.memory.shed_now() {
+            self.answer(header, FAIL, &problem_desc(&super::gate::shed())).await;
+            return Next::Go;
+        }
+        // The ACL as it is now (it may have changed since SUBSCRIBE).
+        let names: Vec<String> = self.subs.iter().map(|s| s.name.clone()).collect();
+        for name in names {
+            let who = self.hello.as_ref().expect("after HELLO").who.clone();
+            let mut gate = self.gate();
+            if let Err(r) = gate.allow(Action::Subscribe, Kind::Subscription, local(&who, &name)) {
+                self.answer(header, FAIL, &problem_desc(&r)).await;
+                return Next::Go;
+            }
+        }
         self.listening = true;
-        for slot in 0..self.subs.len() {
-            self.attach(slot);
+        for i in 0..self.subs.len() {
+            self.attach(i);
         }
         self.answer(header, SUCCESS, "success").await;
         Next::Go
     }
 
-    /// Attaches slot `slot`'s subscription as a session of acknowledged delivery, its pushes
-    /// forwarded to the writer.
-    fn attach(&mut self, slot: usize) {
+    /// Attaches the `i`th subscription as a session of acknowledged delivery, its pushes
+    /// forwarded to the writer, and ended (with the connection) once the credential expires or
+    /// is revoked, or the ACL no longer lets the principal read it (`push::authority`, as a
+    /// WebSocket session).
+    fn attach(&mut self, i: usize) {
         let hello = self.hello.as_ref().expect("after HELLO");
         let shard = self.traffic.shard.clone();
-        let Some(sub) = self.subs.get_mut(slot).and_then(Option::as_mut) else { return };
+        let Some(sub) = self.subs.get_mut(i) else { return };
         if sub.attached.is_some() {
             return;
         }
@@ -675,8 +812,11 @@ impl Conn {
             filters: None,
             last_event_id: None,
             window: None,
+            credential: principal
+                .is_some()
+                .then(|| hello.token.clone().map(crate::server::upgrade::Credential))
+                .flatten(),
             principal,
-            credential: None,
             tenant: hello.who.tenant.clone(),
             expires_us: hello.who.expires_us,
         };
@@ -685,46 +825,59 @@ impl Conn {
             (false, true) => TcpPush::Sync,
             (false, false) => TcpPush::Async,
         };
-        let kind = SessionKind::Tcp { push, slot: slot as u16 };
+        let kind = SessionKind::Tcp { push, key: sub.key };
         let (events, consumer, at) = crate::push::attach_acked(&shard, &spec, kind);
-        sub.attached = Some((consumer, at));
-        monoio::spawn(forward(events, self.out.clone()));
+        let detached = Rc::new(Cell::new(false));
+        sub.attached = Some((consumer, at, detached.clone()));
+        monoio::spawn(forward(events, self.out.clone(), (shard, spec), detached));
     }
 
     /// Detaches every attached subscription (their unacknowledged events go to the
     /// subscriptions' other sessions).
     fn detach_all(&mut self) {
-        for sub in self.subs.iter_mut().flatten() {
-            if let Some((consumer, at)) = sub.attached.take() {
+        for sub in self.subs.iter_mut() {
+            if let Some((consumer, at, detached)) = sub.attached.take() {
+                detached.set(true);
                 crate::push::detach_acked(&self.traffic.shard, consumer, &sub.topic, at);
             }
         }
     }
 }
 
-/// Moves a subscription's pushes to the connection's writer until the session is detached (its
-/// queue then has no sender). A close from the shard (the subscription removed, its home
-/// moved, the session too slow) ends the connection with SERVER_GOODBYE.
-async fn forward(mut events: queue::Receiver<Outbound>, mut out: queue::Sender<Outbound>) {
-    while let Some(m) = events.recv().await {
-        match m {
-            Outbound::Frame(bytes) => {
+/// Moves a subscription's pushes to the connection's writer until the connection detaches the
+/// session. Anything else that ends it ends the connection with SERVER_GOODBYE saying why: a
+/// close from the shard (the subscription removed, its home moved), its queue closed by the
+/// shard (too far behind), or `push::authority` (the credential expired or revoked, the ACL
+/// no longer allowing SUBSCRIBE).
+async fn forward(
+    mut events: queue::Receiver<Outbound>,
+    mut out: queue::Sender<Outbound>,
+    (shard, spec): (Rc<crate::shard::core::Shard>, SessionSpec),
+    detached: Rc<Cell<bool>>,
+) {
+    let mut ends = std::pin::pin!(async { crate::push::authority(&shard, &spec).await });
+    let why = loop {
+        let next = std::pin::pin!(events.recv());
+        match select(next, ends.as_mut()).await {
+            Either::Left((Some(Outbound::Frame(bytes)), _)) => {
                 if out.send(Outbound::Frame(bytes)).await.is_err() {
                     return;
                 }
             }
-            Outbound::Close(code, reason) => {
-                let why = match (code, reason) {
-                    (_, "") => format!("the subscription's session ended ({code})"),
-                    (_, r) => r.to_owned(),
+            Either::Left((Some(Outbound::Close(code, reason)), _)) => {
+                break match reason {
+                    "" => format!("the subscription's session ended ({code})"),
+                    r => r.to_owned(),
                 };
-                let bye = tcp::answer(Command::ServerGoodbyeRequest, FAIL, &why, None);
-                let _ = out.send_past_bound(Outbound::Frame(Rc::new(bye)));
-                let _ = out.send_past_bound(Outbound::Close(code, reason));
-                return;
             }
+            Either::Left((None, _)) if detached.get() => return,
+            Either::Left((None, _)) => break "the subscription's session fell too far behind".to_owned(),
+            Either::Right((why, _)) => break why.to_owned(),
         }
-    }
+    };
+    let bye = tcp::answer(Command::ServerGoodbyeRequest, FAIL, &why, None);
+    let _ = out.send_past_bound(Outbound::Frame(Rc::new(bye)));
+    let _ = out.send_past_bound(Outbound::Close(0, ""));
 }
 
 /// The whole frame's length the buffered bytes announce, once its length field is in.
@@ -738,6 +891,13 @@ fn announced(buf: &[u8]) -> Option<usize> {
     let len = buf.get(tcp::PREFIX..tcp::PREFIX + 4)?;
     let n = i32::from_be_bytes(len.try_into().expect("4 bytes"));
     usize::try_from(i64::from(n) + 8).ok()
+}
+
+/// The header length the buffered bytes announce, once its field is in (behind the magic).
+fn announced_header(buf: &[u8]) -> Option<usize> {
+    announced(buf)?;
+    let len = buf.get(tcp::PREFIX + 4..tcp::FIXED)?;
+    usize::try_from(i32::from_be_bytes(len.try_into().expect("4 bytes"))).ok()
 }
 
 /// A refusal (problem+json) as an answer's `desc`: `<status> <detail>`.

@@ -230,7 +230,11 @@ async fn session(
 }
 
 /// Where a message's first copy goes in the round's groups (group, position), or its refusal.
-type Outcome = Result<(usize, usize), (u16, String)>;
+type Placing = Result<(usize, usize), (u16, String)>;
+
+/// Where a message of a round was stored: (the topic a route moved it to, as the caller names
+/// it; partition; offset), or its refusal (status, detail).
+pub(super) type Outcome = Result<(Option<String>, u32, u64), (u16, String)>;
 
 /// Bytes one read takes at most.
 const READ_ROOM: usize = 16 * 1024;
@@ -239,44 +243,82 @@ const READ_ROOM: usize = 16 * 1024;
 /// a publish of its own (its parse, the rate limits, the transformer and the routes, each with
 /// the budgets of one request); those that pass are stored together.
 async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &str, texts: &[T], out: &mut Vec<u8>) {
-    let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
-    m.publish_requests.add(texts.len() as u64);
     let now = crate::model::clock::now_micros();
-    // Per message: its id, then where its first copy goes (group, position) or its refusal.
-    let mut each: SmallVec<[(Option<String>, Outcome); 8]> = SmallVec::new();
-    let mut groups: pipeline::Groups<'_, Frame> = SmallVec::new();
     // Over the memory limit nothing is parsed (as `POST /events/publish` answers 503 first).
     let shed = traffic.shard.shared.memory.shed_now().then(|| refusal(&super::gate::shed()));
+    let mut ids = SmallVec::<[Option<String>; 8]>::new();
+    let parsed: Vec<Parsed> = texts
+        .iter()
+        .map(|t| {
+            let t = t.as_ref();
+            if let Some(r) = &shed {
+                ids.push(loose_id(t));
+                return Err(r.clone());
+            }
+            match cloudevents::parse_structured_text(topic, t) {
+                Ok(mut f) => {
+                    f.set_timestamp(now);
+                    ids.push(f.body().attr_str("id").map(str::to_owned));
+                    Ok((f, t.len()))
+                }
+                Err(e) => {
+                    ids.push(loose_id(t));
+                    Err((400, e.to_string()))
+                }
+            }
+        })
+        .collect();
+    let outcomes = store_round(traffic, gate, topic, parsed).await;
+    for (id, result) in ids.iter().zip(&outcomes) {
+        let result = result.as_ref().map(|(t, p, o)| (t.as_deref(), *p, *o)).map_err(|(s, d)| (*s, d.as_str()));
+        answer(out, id.as_deref(), result);
+    }
+}
+
+/// A message of a round: its event as a frame (publish time set) and the bytes it came in, or
+/// why it could not be read.
+pub(super) type Parsed = Result<(Frame, usize), (u16, String)>;
+
+/// Stores one round of messages to `topic` (its stored name, checked and allowed), whatever
+/// protocol they came in: each is checked as a publish of its own (the rate limits, the
+/// transformer and the routes, each with the budgets of one request; the quotas and backlog
+/// once); those that pass are stored together, one append per partition. Their outcomes, in
+/// order.
+pub(super) async fn store_round(
+    traffic: &Traffic,
+    gate: &mut Gate<'_>,
+    topic: &str,
+    parsed: Vec<Parsed>,
+) -> Vec<Outcome> {
+    let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
+    m.publish_requests.add(parsed.len() as u64);
+    // Per message: where its first copy goes (group, position) or its refusal.
+    let mut each: SmallVec<[Placing; 8]> = SmallVec::new();
+    let mut groups: pipeline::Groups<'_, Frame> = SmallVec::new();
     let shared_refusal = gate.quota(Quotaed::Topic, topic).and_then(|()| gate.backlog()).err().map(|r| refusal(&r));
-    let mut traced = Publishing::new(topic, texts.iter().map(|t| t.as_ref().len()).sum());
-    for t in texts {
-        let t = t.as_ref();
-        if let Some(r) = &shed {
-            each.push((loose_id(t), Err(r.clone())));
-            continue;
-        }
-        let mut f = match cloudevents::parse_structured_text(topic, t) {
-            Ok(f) => f,
-            Err(e) => {
-                each.push((loose_id(t), Err((400, e.to_string()))));
+    let bytes = parsed.iter().map(|p| p.as_ref().map_or(0, |(_, n)| *n)).sum();
+    let mut traced = Publishing::new(topic, bytes);
+    for p in parsed {
+        let (mut f, len) = match p {
+            Ok(p) => p,
+            Err(r) => {
+                each.push(Err(r));
                 continue;
             }
         };
-        f.set_timestamp(now);
         traced.begin(each.len(), &mut f, Headers::default());
-        let id = f.body().attr_str("id").map(str::to_owned);
         if let Some(r) = &shared_refusal {
-            each.push((id, Err(r.clone())));
+            each.push(Err(r.clone()));
             continue;
         }
-        if let Err(r) = gate.limit(topic, 1, t.len() as u64) {
-            each.push((id, Err(refusal(&r))));
+        if let Err(r) = gate.limit(topic, 1, len as u64) {
+            each.push(Err(refusal(&r)));
             continue;
         }
         let routed = match traffic.transform_and_route(&gate.snap, topic, vec![f]) {
             Ok(r) => r,
             Err(r) => {
-                each.push((id, Err(refusal(&r))));
+                each.push(Err(refusal(&r)));
                 continue;
             }
         };
@@ -296,7 +338,7 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
             }
             groups[g].1.extend(frames);
         }
-        each.push((id, Ok(first.expect("the first copy's group is among the groups"))));
+        each.push(Ok(first.expect("the first copy's group is among the groups")));
     }
     traced.storing();
     let stored: Result<pipeline::Groups<'_, (PartitionId, u64)>, (u16, String)> = if groups.is_empty() {
@@ -306,31 +348,35 @@ async fn round<T: AsRef<str>>(traffic: &Traffic, gate: &mut Gate<'_>, topic: &st
     };
     if let Ok(stored) = &stored {
         traced.stored(|i| {
-            let (g, at) = *each[i].1.as_ref().ok()?;
+            let (g, at) = *each[i].as_ref().ok()?;
             let (p, o) = stored[g].1[at];
             Some((p.0, o))
         });
     }
     let mut published = 0;
-    for (id, placed) in &each {
-        let result = match (placed, &stored) {
-            (Err((status, detail)), _) => Err((*status, detail.as_str())),
-            (Ok(_), Err((status, detail))) => Err((*status, detail.as_str())),
-            (Ok((g, at)), Ok(stored)) => {
-                let (t, placed) = &stored[*g];
-                let (p, o) = placed[*at];
-                published += 1;
-                let moved = (t.as_ref() != topic).then(|| gate.local(t)).flatten();
-                Ok((moved, p.0, o))
+    let outcomes: Vec<Outcome> = each
+        .into_iter()
+        .map(|placed| {
+            let result = match (placed, &stored) {
+                (Err(r), _) => Err(r),
+                (Ok(_), Err(r)) => Err(r.clone()),
+                (Ok((g, at)), Ok(stored)) => {
+                    let (t, placed) = &stored[g];
+                    let (p, o) = placed[at];
+                    published += 1;
+                    let moved = (t.as_ref() != topic).then(|| gate.local(t)).flatten().map(str::to_owned);
+                    Ok((moved, p.0, o))
+                }
+            };
+            if result.is_err() {
+                m.publish_errors.inc();
             }
-        };
-        if result.is_err() {
-            m.publish_errors.inc();
-        }
-        answer(out, id.as_deref(), result);
-    }
+            result
+        })
+        .collect();
     m.events_published.add(published);
     gate.tenant_count(|s| &s.published, published);
+    outcomes
 }
 
 /// A WebSocket session's `{"type":"publish","topic":T,"event":{...}}` messages (SPEC: on any

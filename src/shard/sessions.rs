@@ -58,8 +58,8 @@ pub enum Kind {
     /// The event's JSON, gathered into a batch by the next poll.
     Poll,
     /// One classic EventMesh TCP package per event, its `seq` naming the delivery as
-    /// `<slot>/<delivery id>` (`slot`: which of its connection's subscriptions it is for).
-    Tcp { push: TcpPush, slot: u16 },
+    /// `<key>/<delivery id>` (`key`: which of its connection's subscriptions it is for).
+    Tcp { push: TcpPush, key: u32 },
 }
 
 /// The command a classic TCP client's subscription is pushed its events with (as EventMesh
@@ -136,8 +136,8 @@ pub fn event_json(frame: &Frame, attempt: u16) -> Vec<u8> {
 
 /// The rendering of one stored event for a session of `kind`.
 pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
-    if let Kind::Tcp { push, slot } = kind {
-        return Rc::new(render_tcp(frame, attempt, push, slot));
+    if let Kind::Tcp { push, key } = kind {
+        return Rc::new(render_tcp(frame, attempt, push, key));
     }
     let json = event_json(frame, attempt);
     let mut out = Vec::with_capacity(json.len() + 64);
@@ -156,11 +156,11 @@ pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
 /// A delivery as a classic TCP package (see [`Kind::Tcp`]); an event past the protocol's 4 MiB
 /// frame goes as a FAIL package of the same command and `seq`, without its body (as the Java
 /// server pushes an event it cannot convert), so the client may ack it and move on.
-fn render_tcp(frame: &Frame, attempt: u16, push: TcpPush, slot: u16) -> Vec<u8> {
+fn render_tcp(frame: &Frame, attempt: u16, push: TcpPush, key: u32) -> Vec<u8> {
     use crate::adaptor::eventmesh_tcp::{self as tcp, Command};
     let h = frame.header();
     let id = delivery_id(h.partition, h.offset, attempt);
-    let seq = format!("{slot}/{id}");
+    let seq = format!("{key}/{id}");
     let cmd = match push {
         TcpPush::Broadcast => Command::BroadcastMessageToClient,
         TcpPush::Sync => Command::RequestToClient,

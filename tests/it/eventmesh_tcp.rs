@@ -390,3 +390,117 @@ fn a_heartbeat_flood_from_a_client_that_never_reads_is_held_at_its_socket() {
     let grown = b.rss_bytes().saturating_sub(before);
     assert!(grown < 64 << 20, "the broker grew by {grown} bytes");
 }
+
+/// Regressions of a hostile review: answers are bounded whatever the request carried (a
+/// 600 KB `mode` of DEL bytes, each 7 bytes once escaped, once panicked the shard building a
+/// 4 MB answer; so did a huge `seq` echoed); a header past 64 KiB is refused before it is
+/// parsed; more properties than an event may carry attributes are refused before any work
+/// (80,000 of them once cost the shard 9 s); a property naming a CloudEvents attribute (a
+/// `datacontenttype` with CR LF that became an HTTP header) is refused. The broker serves on.
+#[test]
+fn hostile_packages_get_bounded_answers_and_the_broker_serves_on() {
+    let b = TestBroker::start(&["--tcp-listen", "127.0.0.1:0"]);
+    let mut c = Tcp::connect(&b);
+    // Before HELLO: a 60 KB seq is not echoed.
+    let long_seq = "7".repeat(60_000);
+    c.send_seq("HEARTBEAT_REQUEST", &long_seq, json!({}), b"");
+    let (h, _) = c.expect("HEARTBEAT_RESPONSE");
+    assert_eq!(h["code"], 1);
+    assert!(h.get("seq").is_none(), "a 60 KB seq echoed");
+    c.hello("g", "sub", "");
+    let body = json!({"topicList": [{"topic": "t", "mode": "\u{7f}".repeat(600_000), "type": "ASYNC"}]});
+    let h = c.call("SUBSCRIBE_REQUEST", "SUBSCRIBE_RESPONSE", json!({}), body.to_string().as_bytes());
+    assert_eq!(h["code"], 1);
+    assert!(h["desc"].as_str().unwrap().len() <= 1024, "an unbounded desc");
+    let seq = format!("x/{}", "\u{7f}".repeat(60_000));
+    c.send_seq("ASYNC_MESSAGE_TO_CLIENT_ACK", &seq, json!({}), b"");
+    let (h, _) = c.expect("ASYNC_MESSAGE_TO_CLIENT_ACK");
+    assert_eq!(h["code"], 1);
+    let props: serde_json::Map<String, Value> = (0..2000).map(|i| (format!("p{i}"), json!("v"))).collect();
+    let h =
+        c.call("ASYNC_MESSAGE_TO_SERVER", "ASYNC_MESSAGE_TO_SERVER_ACK", Value::Object(props), &mesh_message("t", "x"));
+    assert_eq!(h["code"], 1);
+    assert!(h["desc"].as_str().unwrap().contains("at most 1024 properties"), "{h}");
+    let mut bad = ce();
+    bad["datacontenttype"] = json!("text/plain\r\nset-cookie: x=1");
+    let cloud = json!({"specversion": "1.0", "id": "1", "source": "/", "type": "t", "subject": "t"});
+    let h = c.call("ASYNC_MESSAGE_TO_SERVER", "ASYNC_MESSAGE_TO_SERVER_ACK", bad, cloud.to_string().as_bytes());
+    assert_eq!(h["code"], 1);
+    assert!(h["desc"].as_str().unwrap().contains("names a CloudEvents attribute"), "{h}");
+    // A header past 64 KiB: the goodbye, then the close.
+    let props: serde_json::Map<String, Value> = (0..8000).map(|i| (format!("p{i}"), json!("vvvvvv"))).collect();
+    c.send("HEARTBEAT_REQUEST", Value::Object(props), b"");
+    let (h, _) = c.expect("SERVER_GOODBYE_REQUEST");
+    assert!(h["desc"].as_str().unwrap().contains("header of"), "{h}");
+    assert!(c.read().is_none());
+    assert_eq!(b.publish("after", &event("1")).status, 202);
+}
+
+/// A SUBSCRIBE that fails part-way takes back the topics it added; subscribing and
+/// unsubscribing again and again never runs out of room (subscriptions are keyed, not slotted:
+/// a review found every cycle took a slot for good, then a false 429).
+#[test]
+fn subscriptions_come_and_go_without_leaving_anything_behind() {
+    let b = TestBroker::start(&["--tcp-listen", "127.0.0.1:0"]);
+    let mut c = Tcp::connect(&b);
+    c.hello("g", "sub", "");
+    c.call("LISTEN_REQUEST", "LISTEN_RESPONSE", json!({}), b"");
+    let body =
+        json!({"topicList": [{"topic": "kept", "mode": "CLUSTERING"}, {"topic": "bad topic!", "mode": "CLUSTERING"}]});
+    let h = c.call("SUBSCRIBE_REQUEST", "SUBSCRIBE_RESPONSE", json!({}), body.to_string().as_bytes());
+    assert_eq!(h["code"], 1, "{h}");
+    assert_eq!(b.publish("kept", &event("1")).status, 202);
+    c.s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut chunk = [0u8; 64];
+    assert!(c.s.read(&mut chunk).is_err(), "a topic of a failed SUBSCRIBE was pushed");
+    c.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for _ in 0..200 {
+        assert_eq!(c.subscribe("cycle", "CLUSTERING", "ASYNC")["code"], 0);
+        assert_eq!(c.call("UNSUBSCRIBE_REQUEST", "UNSUBSCRIBE_RESPONSE", json!({}), b"")["code"], 0);
+    }
+    assert_eq!(c.subscribe("cycle", "CLUSTERING", "ASYNC")["code"], 0);
+    assert_eq!(b.publish("cycle", &event("c")).status, 202);
+    let (h, body) = c.expect("ASYNC_MESSAGE_TO_CLIENT");
+    assert!(h["seq"].as_str().unwrap().starts_with("201/"), "{h}");
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["id"], "c");
+}
+
+/// A TCP subscriber whose token is removed from the tokens file is sent SERVER_GOODBYE and
+/// closed, however it keeps its connection busy (a review found it kept receiving pushes for
+/// as long as it sent anything but heartbeats).
+#[test]
+fn a_subscriber_whose_token_is_revoked_is_said_goodbye() {
+    let (b, dir) = super::governance::broker_with(
+        "tcp-revoke",
+        &[("alice", None, "alice-secret"), ("bob", None, "bob-secret")],
+        r#"
+[[acl]]
+id = "bob-reads-topics"
+principal = "bob"
+resource = "topic:*"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+
+[[acl]]
+id = "bob-reads-subscriptions"
+principal = "bob"
+resource = "subscription:*"
+actions = ["SUBSCRIBE"]
+effect = "ALLOW"
+"#,
+        &["--tcp-listen", "127.0.0.1:0"],
+    );
+    let mut c = Tcp::connect(&b);
+    assert_eq!(c.hello("g", "sub", "bob-secret")["code"], 0);
+    assert_eq!(c.subscribe("orders", "CLUSTERING", "ASYNC")["code"], 0);
+    c.call("LISTEN_REQUEST", "LISTEN_RESPONSE", json!({}), b"");
+    let line = json!({"principal": "alice", "sha256": super::governance::sha256_hex("alice-secret")});
+    std::fs::write(dir.join("tokens.new"), format!("{line}\n")).unwrap();
+    std::fs::rename(dir.join("tokens.new"), dir.join("tokens.jsonl")).unwrap();
+    let started = Instant::now();
+    let (h, _) = c.expect("SERVER_GOODBYE_REQUEST");
+    assert_eq!(h["code"], 1);
+    assert!(h["desc"].as_str().unwrap().contains("revoked"), "{h}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(c.read().is_none(), "closed after the goodbye");
+}

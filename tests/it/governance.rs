@@ -16,7 +16,7 @@ use super::util::{event, wait_for, Client, Resp, TestBroker};
 pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
 
 /// The SHA-256 of `secret` in hex, by coreutils (not by the code under test).
-fn sha256_hex(secret: &str) -> String {
+pub(super) fn sha256_hex(secret: &str) -> String {
     let mut child = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("sha256sum");
     use std::io::Write;
     child.stdin.take().unwrap().write_all(secret.as_bytes()).unwrap();

@@ -430,4 +430,3 @@ fn python_classic_tcp_client() {
     let tcp = b.tcp.expect("tcp listener").to_string();
     run_on_with_env(&b, "python3", "python_eventmesh_tcp.py", &[("EVMESH_TCP", &tcp)]);
 }
-

@@ -266,9 +266,22 @@ pub const SUCCESS: i32 = 0;
 /// `OPStatus.FAIL`: every refusal (the Java server sends no other code).
 pub const FAIL: i32 = 1;
 
-/// An answer package: `cmd` with `code`, `desc` and the request's `seq`, no body.
+/// The longest `desc` an answer carries (a longer one is cut, on a character boundary).
+pub const MAX_DESC: usize = 1024;
+/// The longest `seq` an answer echoes (the Java SDK's are 10 characters; a longer one is left
+/// out of the answer).
+pub const MAX_SEQ: usize = 1024;
+
+/// An answer package: `cmd` with `code`, `desc` and the request's `seq`, no body. Bounded
+/// whatever the request carried: `desc` cut to [`MAX_DESC`] bytes, a `seq` past [`MAX_SEQ`]
+/// not echoed.
 pub fn answer(cmd: Command, code: i32, desc: &str, seq: Option<&str>) -> Vec<u8> {
-    encode(&Header::new(cmd, code, Some(desc), seq), b"").expect("an answer is small")
+    let mut end = desc.len().min(MAX_DESC);
+    while !desc.is_char_boundary(end) {
+        end -= 1;
+    }
+    let seq = seq.filter(|s| s.len() <= MAX_SEQ);
+    encode(&Header::new(cmd, code, Some(&desc[..end]), seq), b"").expect("an answer of bounded parts is small")
 }
 
 /// The answer command of a request (`TcpDispatcher`'s mapping): the same command for one that
@@ -490,23 +503,50 @@ impl<'b> Message<'b> {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
+        let own = match self {
+            Message::Mesh(m) => m.properties.len(),
+            Message::CloudEvent { .. } => 0,
+        };
+        // Before any work: the properties become attributes, at most MAX_ATTRIBUTES of them.
+        if header.properties.len() + own > cloudevents::MAX_ATTRIBUTES {
+            return Err(format!("a message carries at most {} properties", cloudevents::MAX_ATTRIBUTES));
+        }
+        // Properties are extensions: none may name a context attribute or `data`.
+        for k in header.properties.keys().chain(
+            match self {
+                Message::Mesh(m) => Some(m.properties.keys()),
+                Message::CloudEvent { .. } => None,
+            }
+            .into_iter()
+            .flatten(),
+        ) {
+            if cloudevents::is_context_attribute(k) || k == "specversion" || k == "data" {
+                return Err(format!("property {k} names a CloudEvents attribute, not an extension"));
+            }
+            cloudevents::check_name(k).map_err(|e| format!("Abnormal propKey: {e}"))?;
+        }
         match self {
             Message::CloudEvent { json, .. } => {
                 let frame = cloudevents::parse_structured(topic, json).map_err(|e| e.to_string())?;
                 if header.properties.is_empty() {
                     return Ok(frame);
                 }
-                let props: Vec<(String, String)> = header
+                // The event's own extensions win over the header's properties of the same name.
+                let own: std::collections::HashSet<&str> =
+                    frame.body().attributes.iter().map(|a| a.name.as_str()).collect();
+                let props: Vec<(&str, String)> = header
                     .properties
                     .iter()
-                    .filter(|(k, _)| frame.body().attr(k).is_none())
-                    .map(|(k, v)| (k.clone(), text(v)))
+                    .filter(|(k, _)| !own.contains(k.as_str()))
+                    .map(|(k, v)| (k.as_str(), text(v)))
                     .collect();
-                let mut extra = Vec::with_capacity(props.len());
-                for (k, v) in &props {
-                    cloudevents::check_name(k).map_err(|e| format!("header property: {e}"))?;
-                    extra.push(AttributeRef { name: k.as_str().into(), value: AttrValueOf::Str(v.as_str().into()) });
+                if own.len() + props.len() > cloudevents::MAX_ATTRIBUTES {
+                    return Err(format!("an event carries at most {} attributes", cloudevents::MAX_ATTRIBUTES));
                 }
+                let extra: Vec<AttributeRef<'_>> = props
+                    .iter()
+                    .map(|(k, v)| AttributeRef { name: (*k).into(), value: AttrValueOf::Str(v.as_str().into()) })
+                    .collect();
                 frame.with_attributes(&extra).map_err(|e| e.to_string())
             }
             Message::Mesh(m) => {
@@ -522,18 +562,12 @@ impl<'b> Message<'b> {
                 if let Some(ct) = m.headers.get("datacontenttype").map(text) {
                     attributes.push(s("datacontenttype", &ct));
                 }
-                let fixed = attributes.len();
+                // The message's own properties over the header's (a map: one of each name).
+                let mut props: std::collections::BTreeMap<&str, String> = std::collections::BTreeMap::new();
                 for (k, v) in header.properties.iter().chain(&m.properties) {
-                    let v = text(v);
-                    match attributes[fixed..].iter_mut().find(|a| a.name == *k) {
-                        // The message's own properties over the header's.
-                        Some(a) => a.value = AttrValue::Str(v),
-                        None => attributes.push(s(k, &v)),
-                    }
+                    props.insert(k.as_str(), text(v));
                 }
-                for a in &attributes[fixed..] {
-                    cloudevents::check_name(&a.name).map_err(|e| format!("Abnormal propKey: {e}"))?;
-                }
+                attributes.extend(props.into_iter().map(|(k, v)| s(k, &v)));
                 cloudevents::check_event(&attributes).map_err(|e| e.to_string())?;
                 let data = m.body.clone().unwrap_or_default().into_bytes();
                 let kind = if data.is_empty() { DataKind::None } else { DataKind::Text };
