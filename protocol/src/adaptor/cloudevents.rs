@@ -316,7 +316,7 @@ impl<'de> Visitor<'de> for Element<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Frame, A::Error> {
         let members = Members::from_map(m)?;
-        members_frame(self.topic, members).map_err(|e| self.refuse(e))
+        members_frame(self.topic, members, &[]).map_err(|e| self.refuse(e))
     }
 
     // Anything but an object.
@@ -358,15 +358,48 @@ fn json_err(e: serde_json::Error) -> CeError {
 /// Builds the frame for one structured-mode event (a JSON object, as raw text), from the text
 /// itself: no allocation but the frame for an event of up to 16 members without escapes.
 fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
+    structured_frame_with(topic, json, &[])
+}
+
+fn structured_frame_with(topic: &str, json: &str, extra: &[(&str, &str)]) -> Result<Frame, CeError> {
     let members = match super::flat::members(json) {
         Some(flat) => Members(flat),
         None => serde_json::from_str(json).map_err(json_err)?,
     };
-    members_frame(topic, members)
+    members_frame(topic, members, extra)
 }
 
-/// The frame for one event's members.
-fn members_frame(topic: &str, members: Members<'_>) -> Result<Frame, CeError> {
+/// [`parse_structured`] with `extra` string extensions after the event's own (one the event
+/// carries itself is left out), in one encoding. Their names are the caller's to have checked
+/// ([`check_name`], not a context attribute).
+pub fn parse_structured_with(topic: &str, body: &[u8], extra: &[(&str, &str)]) -> Result<Frame, CeError> {
+    let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
+    if !text.trim_start().starts_with('{') {
+        return Err(invalid("a structured-mode event must be a JSON object"));
+    }
+    structured_frame_with(topic, text, extra)
+}
+
+/// The `subject` of a structured-mode event (`None` without one), read without building it.
+pub fn subject_of(body: &[u8]) -> Result<Option<String>, CeError> {
+    let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
+    let members = match super::flat::members(text) {
+        Some(flat) => Members(flat),
+        None => serde_json::from_str(text).map_err(json_err)?,
+    };
+    for (key, text) in members.0 {
+        if key == "subject" {
+            return match text.as_bytes().first() {
+                Some(b'"') => Ok(Some(json_string(text)?.0.into_owned())),
+                _ => Err(invalid("attribute subject must be a string")),
+            };
+        }
+    }
+    Ok(None)
+}
+
+/// The frame for one event's members, and `extra` extensions (see [`parse_structured_with`]).
+fn members_frame(topic: &str, members: Members<'_>, extra: &[(&str, &str)]) -> Result<Frame, CeError> {
     let mut attributes: SmallVec<[AttributeRef<'_>; INLINE_MEMBERS]> = SmallVec::new();
     let mut data: Option<(DataKind, Cow<'_, [u8]>)> = None;
     for (key, text) in members.0 {
@@ -408,6 +441,11 @@ fn members_frame(topic: &str, members: Members<'_>) -> Result<Frame, CeError> {
         };
         attributes.push(AttributeRef { name: Text(key), value });
     }
+    for (name, value) in extra {
+        if !attributes.iter().any(|a| a.name.as_ref() == *name) {
+            attributes.push(AttributeRef { name: Text::from(*name), value: AttrValueRef::Str(Text::from(*value)) });
+        }
+    }
     check_event(&attributes)?;
     let (kind, data) = data.unwrap_or((DataKind::None, Cow::Borrowed(&[])));
     let body = FrameBodyRef { topic: Text::from(topic), attributes: Slice(&attributes), data: Bytes(data) };
@@ -435,7 +473,7 @@ pub fn parse_structured_text(topic: &str, text: &str) -> Result<Frame, CeError> 
 /// Parses a batched-mode body (a JSON array of events); all are valid or none is accepted.
 pub fn parse_batch(topic: &str, body: &[u8]) -> Result<Vec<Frame>, CeError> {
     let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
-    if let Some(frames) = super::flat::array(text, |spans| members_frame(topic, Members(spans))) {
+    if let Some(frames) = super::flat::array(text, |spans| members_frame(topic, Members(spans), &[])) {
         return frames.into_iter().enumerate().map(|(i, f)| f.map_err(|e| in_element(i, e))).collect();
     }
     let refused = std::cell::Cell::new(None);

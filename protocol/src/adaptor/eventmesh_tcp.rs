@@ -26,7 +26,7 @@
 //! is (a user agent, a subscription, a CloudEvent or an EventMeshMessage in JSON) depends on
 //! the command and the header's `protocoltype` property, which the bridge reads.
 
-use frame_codec::{AttrValue, AttrValueOf, Attribute, AttributeRef, DataKind, Frame, FrameBody, FrameHeader};
+use frame_codec::{AttrValue, Attribute, DataKind, Frame, FrameBody, FrameHeader};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 
@@ -465,13 +465,8 @@ impl<'b> Message<'b> {
     pub fn parse(header: &Header, body: &'b [u8]) -> Result<Message<'b>, String> {
         match header.properties.get(PROTOCOL_TYPE).and_then(Value::as_str).unwrap_or(EVENTMESH_MESSAGE) {
             CLOUDEVENTS => {
-                #[derive(serde::Deserialize)]
-                struct Subject<'a> {
-                    #[serde(borrow)]
-                    subject: Option<Cow<'a, str>>,
-                }
-                let s: Subject = serde_json::from_slice(body).map_err(|e| format!("not a CloudEvent in JSON: {e}"))?;
-                let topic = s.subject.map(Cow::into_owned).unwrap_or_default();
+                let subject = cloudevents::subject_of(body).map_err(|e| format!("not a CloudEvent in JSON: {e}"))?;
+                let topic = subject.unwrap_or_default();
                 Ok(Message::CloudEvent { topic, json: body })
             }
             EVENTMESH_MESSAGE => {
@@ -527,27 +522,18 @@ impl<'b> Message<'b> {
         }
         match self {
             Message::CloudEvent { json, .. } => {
-                let frame = cloudevents::parse_structured(topic, json).map_err(|e| e.to_string())?;
-                if header.properties.is_empty() {
-                    return Ok(frame);
-                }
-                // The event's own extensions win over the header's properties of the same name.
-                let own: std::collections::HashSet<&str> =
-                    frame.body().attributes.iter().map(|a| a.name.as_str()).collect();
-                let props: Vec<(&str, String)> = header
+                // The header's properties as extensions, in the same encoding (the event's own
+                // attributes of the same name win; the whole is checked as any event is).
+                let props: Vec<(&str, Cow<'_, str>)> = header
                     .properties
                     .iter()
-                    .filter(|(k, _)| !own.contains(k.as_str()))
-                    .map(|(k, v)| (k.as_str(), text(v)))
+                    .map(|(k, v)| match v {
+                        Value::String(s) => (k.as_str(), Cow::Borrowed(s.as_str())),
+                        other => (k.as_str(), Cow::Owned(other.to_string())),
+                    })
                     .collect();
-                if own.len() + props.len() > cloudevents::MAX_ATTRIBUTES {
-                    return Err(format!("an event carries at most {} attributes", cloudevents::MAX_ATTRIBUTES));
-                }
-                let extra: Vec<AttributeRef<'_>> = props
-                    .iter()
-                    .map(|(k, v)| AttributeRef { name: (*k).into(), value: AttrValueOf::Str(v.as_str().into()) })
-                    .collect();
-                frame.with_attributes(&extra).map_err(|e| e.to_string())
+                let extra: Vec<(&str, &str)> = props.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+                cloudevents::parse_structured_with(topic, json, &extra).map_err(|e| e.to_string())
             }
             Message::Mesh(m) => {
                 let id = header.seq.as_deref().filter(|s| !s.is_empty()).ok_or("a message's seq is its id")?;
@@ -737,5 +723,51 @@ mod tests {
             assert_eq!((Command::from_name(c.name()), c as u64), (Some(c), v));
         }
         assert_eq!(Command::from_value(37), None);
+    }
+
+    #[test]
+    fn messages_become_frames_with_their_properties_as_extensions() {
+        let mut h = Header::new(Command::AsyncMessageToServer, 0, None, Some("42"));
+        for (k, v) in [("protocoltype", "cloudevents"), ("protocoldesc", "tcp"), ("shop", "header")] {
+            h.properties.insert(k.into(), Value::String(v.into()));
+        }
+        let ce = br#"{"specversion":"1.0","id":"e1","source":"/s","type":"t","subject":"orders","shop":"event","data":{"n":1}}"#;
+        let m = Message::parse(&h, ce).unwrap();
+        assert_eq!(m.topic(), "orders");
+        let f = m.to_frame(&h, "stored.orders").unwrap();
+        assert_eq!(f.body().topic.as_str(), "stored.orders");
+        assert_eq!(f.body().attr_str("protocoltype"), Some("cloudevents"));
+        assert_eq!(f.body().attr_str("shop"), Some("event"), "the event's own attribute wins");
+        // An EventMeshMessage: its seq is its id, its own properties over the header's.
+        h.properties.insert("protocoltype".into(), Value::String("eventmeshmessage".into()));
+        let body = br#"{"topic":"orders","body":"hi","properties":{"shop":"message"},"headers":{"datacontenttype":"text/plain"}}"#;
+        let f = Message::parse(&h, body).unwrap().to_frame(&h, "orders").unwrap();
+        assert_eq!(f.body().attr_str("id"), Some("42"));
+        assert_eq!(f.body().attr_str("shop"), Some("message"));
+        assert_eq!(f.body().attr_str("subject"), Some("orders"));
+        assert_eq!(f.body().data.as_slice(), b"hi");
+        // Pushed back in the form its publisher used.
+        let pkg = push(&f, &[], Command::AsyncMessageToClient, "0/0:1:1", SUCCESS).unwrap();
+        let (p, _) = decode(&pkg).unwrap().unwrap();
+        assert_eq!(p.header.unwrap().properties[PROTOCOL_TYPE], "eventmeshmessage");
+        let back: Value = serde_json::from_slice(&p.body).unwrap();
+        assert_eq!(back["body"], "hi");
+        assert_eq!(back["properties"]["shop"], "message");
+        // A property naming a context attribute, or past the cap, is refused.
+        h.properties.insert("datacontenttype".into(), Value::String("a\r\nb".into()));
+        assert!(Message::parse(&h, body)
+            .unwrap()
+            .to_frame(&h, "orders")
+            .unwrap_err()
+            .contains("CloudEvents attribute"));
+    }
+
+    #[test]
+    fn answers_are_bounded_whatever_the_request_carried() {
+        let long = "\u{7f}".repeat(700_000);
+        let a = answer(Command::SubscribeResponse, FAIL, &format!("{long:?}"), Some(&long));
+        assert!(a.len() < 4096, "{}", a.len());
+        let (p, _) = decode(&a).unwrap().unwrap();
+        assert!(p.header.unwrap().seq.is_none());
     }
 }
