@@ -87,11 +87,6 @@ pub fn channel<T>(bound: usize) -> (Sender<T>, Receiver<T>) {
 }
 
 impl<T> Sender<T> {
-    /// Whether nothing is queued (the receiver has taken everything sent so far).
-    pub fn is_empty(&self) -> bool {
-        self.chan.borrow().items.is_empty()
-    }
-
     /// Queues `item` now, or says why not (the item is dropped).
     pub fn try_send(&self, item: T) -> Result<(), TrySendError> {
         let mut c = self.chan.borrow_mut();

@@ -98,11 +98,9 @@ pub async fn serve(
     limits: ConnLimits,
     guard: ConnGuard,
 ) {
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let (rd, wr) = stream.into_split();
     let (out, out_rx) = queue::channel(OUT_QUEUE);
-    let writing = Rc::new(Cell::new(false));
-    let writer = monoio::spawn(write_loop(wr, out_rx, writing.clone()));
+    let writer = monoio::spawn(write_loop(wr, out_rx));
     // Resolves for the requests still waiting once the connection is gone.
     let (ended_tx, ended) = futures::channel::oneshot::channel::<()>();
     let mut conn = Conn {
@@ -114,8 +112,6 @@ pub async fn serve(
         next_key: 0,
         listening: false,
         wire: 0,
-        fd,
-        writing,
         out,
         waiting: Rc::new(Cell::new(0)),
         ended: ended.shared(),
@@ -144,12 +140,10 @@ pub async fn serve(
 /// `WRITE_STALL`. The packages are copied into one buffer: a vectored write of the shared
 /// renderings (`sys::SharedFrames`) holds its one-buffer iovec inline, where io_uring would
 /// read it after the future moved.
-async fn write_loop<W: AsyncWriteRent>(mut wr: W, mut rx: queue::Receiver<Outbound>, writing: Rc<Cell<bool>>) {
+async fn write_loop<W: AsyncWriteRent>(mut wr: W, mut rx: queue::Receiver<Outbound>) {
     let mut buf: Vec<u8> = Vec::new();
     loop {
-        writing.set(false);
         let Some(first) = rx.recv().await else { return };
-        writing.set(true);
         let mut close = false;
         let mut next = Some(first);
         while let Some(m) = next.take() {
@@ -218,10 +212,6 @@ struct Conn {
     listening: bool,
     /// The bytes of the package being handled (header and body).
     wire: usize,
-    /// The socket, for answers sent at once while the writer is idle ([`Conn::send`]).
-    fd: std::os::fd::RawFd,
-    /// The writer holds packages it has not finished writing.
-    writing: Rc<Cell<bool>>,
     out: queue::Sender<Outbound>,
     /// Requests waiting for their replies.
     waiting: Rc<Cell<usize>>,
@@ -349,20 +339,8 @@ impl Conn {
         None
     }
 
-    /// Sends an answer: at once with a non-blocking send while the writer is idle and nothing is
-    /// queued (as an HTTP answer goes: no task to wake, no write posted to the ring), else (and
-    /// what the socket did not take) through the writer's queue, waiting while the writer is
-    /// behind (the client not reading).
-    async fn send(&mut self, mut bytes: Vec<u8>) {
-        if !self.writing.get() && self.out.is_empty() {
-            match crate::sys::send_now(self.fd, &bytes) {
-                Ok(n) if n == bytes.len() => return,
-                Ok(n) => drop(bytes.drain(..n)),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                // The peer is gone: the next read says so.
-                Err(_) => return,
-            }
-        }
+    /// Queues an answer; waits while the writer is behind (the client not reading).
+    async fn send(&mut self, bytes: Vec<u8>) {
         let _ = self.out.send(Outbound::Frame(Rc::new(bytes))).await;
     }
 
