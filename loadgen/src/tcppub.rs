@@ -5,12 +5,11 @@
 //! read (closed loop per connection; with `--rate`, each group of K is scheduled as one request).
 
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 
 use crate::args::Args;
@@ -32,15 +31,6 @@ fn package(buf: &[u8]) -> Option<(usize, bool)> {
     let hlen = i32::from_be_bytes(buf.get(17..21)?.try_into().ok()?) as usize;
     let header = buf.get(21..21 + hlen)?;
     (buf.len() >= total).then(|| (total, header.windows(8).any(|w| w == b"\"code\":0")))
-}
-
-async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
-    buf.reserve(16 * 1024);
-    let (len, cap) = (buf.len(), buf.capacity());
-    let owned = std::mem::take(buf);
-    let (res, slice) = s.read(owned.slice_mut(len..cap)).await;
-    *buf = slice.into_inner();
-    matches!(res, Ok(n) if n > 0)
 }
 
 pub async fn connection(
@@ -68,7 +58,7 @@ pub async fn connection(
             }
             break;
         }
-        if res.is_err() || !read_more(&mut stream, &mut buf).await {
+        if res.is_err() || !crate::wspub::read_more(&mut stream, &mut buf).await {
             r.connect_errors += 1;
             return r;
         }
@@ -79,44 +69,6 @@ pub async fn connection(
     event.extend_from_slice(&body[1..]);
     let props = r#"{"protocoltype":"cloudevents","protocolversion":"1.0","protocoldesc":"tcp"}"#;
     let k = args.pipeline.max(1);
-    let mut out = Vec::new();
-    let mut n: u64 = 0;
-    loop {
-        let scheduled = crate::scheduled(interval, start, n).await;
-        if scheduled >= end || stop.load(Ordering::Relaxed) {
-            return r;
-        }
-        n += 1;
-        out.clear();
-        for i in 0..k as u64 {
-            out.extend_from_slice(&frame("ASYNC_MESSAGE_TO_SERVER", n * 1000 + i, props, &event));
-        }
-        let (res, back) = stream.write_all(std::mem::take(&mut out)).await;
-        out = back;
-        if res.is_err() {
-            r.errors += 1;
-            return r;
-        }
-        let mut answered = 0;
-        while answered < k {
-            let Some((len, ok)) = package(&buf) else {
-                if !read_more(&mut stream, &mut buf).await {
-                    r.errors += 1;
-                    return r;
-                }
-                continue;
-            };
-            buf.drain(..len);
-            answered += 1;
-            if scheduled >= measure_from {
-                if ok {
-                    r.ok += 1;
-                    let us = Instant::now().duration_since(scheduled).as_micros() as u64;
-                    let _ = r.hist.record(us.max(1));
-                } else {
-                    r.errors += 1;
-                }
-            }
-        }
-    }
+    let group: Vec<u8> = (0..k as u64).flat_map(|i| frame("ASYNC_MESSAGE_TO_SERVER", i, props, &event)).collect();
+    crate::wspub::pipelined(&mut stream, buf, group, k, package, interval, (start, measure_from, end), &stop, r).await
 }

@@ -15,7 +15,7 @@ use crate::args::Args;
 use crate::ThreadResult;
 
 /// Reads more bytes onto `buf`; false when the connection ended.
-async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+pub async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
     buf.reserve(16 * 1024);
     let (len, cap) = (buf.len(), buf.capacity());
     let owned = std::mem::take(buf);
@@ -71,7 +71,26 @@ pub async fn connection(
     let k = args.pipeline.max(1);
     let mut one = Vec::new();
     crate::fanout::client_text(&body, &mut one);
-    let group: Vec<u8> = one.repeat(k);
+    let published = |frame: &[u8]| frame.windows(11).any(|w| w == b"\"published\"");
+    let answer = |buf: &[u8]| frame_len(buf).map(|(head, len)| (len, published(&buf[head..len])));
+    pipelined(&mut stream, buf, one.repeat(k), k, answer, interval, (start, measure_from, end), &stop, r).await
+}
+
+/// Sends `group` (`k` messages) and reads their `k` answers, again and again (closed loop, or
+/// each group scheduled at `interval`), counting the answers `answer` says are successes (it
+/// gives the length of the whole answer at the front of the buffer, once it is all there).
+#[allow(clippy::too_many_arguments)]
+pub async fn pipelined(
+    stream: &mut TcpStream,
+    mut buf: Vec<u8>,
+    group: Vec<u8>,
+    k: usize,
+    answer: impl Fn(&[u8]) -> Option<(usize, bool)>,
+    interval: Option<Duration>,
+    (start, measure_from, end): (Instant, Instant, Instant),
+    stop: &AtomicBool,
+    mut r: ThreadResult,
+) -> ThreadResult {
     let mut out = Vec::with_capacity(group.len());
     let mut n: u64 = 0;
     loop {
@@ -90,18 +109,17 @@ pub async fn connection(
         }
         let mut answered = 0;
         while answered < k {
-            let Some((head, len)) = frame_len(&buf) else {
-                if !read_more(&mut stream, &mut buf).await {
+            let Some((len, ok)) = answer(&buf) else {
+                if !read_more(stream, &mut buf).await {
                     r.errors += 1;
                     return r;
                 }
                 continue;
             };
-            let published = buf[head..len].windows(11).any(|w| w == b"\"published\"");
             buf.drain(..len);
             answered += 1;
             if scheduled >= measure_from {
-                if published {
+                if ok {
                     r.ok += 1;
                     let us = Instant::now().duration_since(scheduled).as_micros() as u64;
                     let _ = r.hist.record(us.max(1));
