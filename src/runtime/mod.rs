@@ -372,6 +372,8 @@ pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     if config.advertised_url.is_empty() {
         config.advertised_url = crate::config::local_url(started.listen, config.tls.is_some());
     }
+    // The port the TCP listener got (`:0` picks one): what RECOMMEND and REDIRECT name.
+    config.tcp_listen = started.tcp_listen.or(config.tcp_listen);
     if config.instance_id.is_empty() {
         config.instance_id = kept_instance_id(&config.data_dir)?;
     }
