@@ -248,27 +248,39 @@ impl Conn {
         loop {
             // Every whole package already read, one at a time (consecutive publishes together).
             loop {
-                if let Some(h) = announced_header(&buf).filter(|&h| h > HEADER_ROOM) {
-                    let why = format!("a header of {h} bytes, past this broker's {HEADER_ROOM}");
-                    return self.goodbye(FAIL, &why);
-                }
-                if let Some(frame) = announced(&buf).filter(|&n| n > max_frame) {
-                    let why =
-                        format!("a frame of {frame} bytes, past this broker's {max_frame} (max_body_bytes + 64 KiB)");
-                    return self.goodbye(FAIL, &why);
-                }
-                let (pkg, used) = match tcp::decode(&buf) {
+                // What breaks the protocol ends the connection, after the publishes before it.
+                let broken = match announced_header(&buf).filter(|&h| h > HEADER_ROOM) {
+                    Some(h) => Some(format!("a header of {h} bytes, past this broker's {HEADER_ROOM}")),
+                    None => announced(&buf).filter(|&n| n > max_frame).map(|frame| {
+                        format!("a frame of {frame} bytes, past this broker's {max_frame} (max_body_bytes + 64 KiB)")
+                    }),
+                };
+                let decoded = match broken {
+                    Some(why) => Err(why),
+                    None => tcp::decode(&buf).map_err(|e| e.to_string()),
+                };
+                let (pkg, used) = match decoded {
                     Ok(Some(p)) => p,
                     Ok(None) => {
-                        self.flush_round(&mut round, meter).await;
+                        if let Next::Close = self.flush_round(&mut round, meter).await {
+                            return None;
+                        }
                         break;
                     }
-                    Err(e) => return self.goodbye(FAIL, &e.to_string()),
+                    Err(why) => {
+                        if let Next::Go = self.flush_round(&mut round, meter).await {
+                            self.goodbye(FAIL, &why);
+                        }
+                        return None;
+                    }
                 };
                 buf.drain(..used);
                 last = Instant::now();
                 let Some(header) = pkg.header else {
-                    return self.goodbye(FAIL, "the incoming message does not have a header");
+                    if let Next::Go = self.flush_round(&mut round, meter).await {
+                        self.goodbye(FAIL, "the incoming message does not have a header");
+                    }
+                    return None;
                 };
                 // Publishes that came together are stored together: a round (see `publish_round`).
                 let publish = matches!(header.cmd, Command::AsyncMessageToServer | Command::BroadcastMessageToServer);
@@ -278,11 +290,15 @@ impl Conn {
                     round.1 += self.wire;
                     round.0.push((header, pkg.body, self.wire));
                     if round.0.len() >= MAX_ROUND || round.1 >= max_round_bytes {
-                        self.flush_round(&mut round, meter).await;
+                        if let Next::Close = self.flush_round(&mut round, meter).await {
+                            return None;
+                        }
                     }
                     continue;
                 }
-                self.flush_round(&mut round, meter).await;
+                if let Next::Close = self.flush_round(&mut round, meter).await {
+                    return None;
+                }
                 turns += 1;
                 if turns % crate::task::TURN == 0 {
                     crate::task::yield_now().await;
@@ -316,19 +332,22 @@ impl Conn {
 
     /// Publishes the gathered round, if any (see [`Conn::publish_round`]); a credential no
     /// longer valid refuses them and ends the connection as for any package.
-    async fn flush_round(&mut self, round: &mut Round, meter: &crate::task::Meter) {
+    async fn flush_round(&mut self, round: &mut Round, meter: &crate::task::Meter) -> Next {
         if round.0.is_empty() {
-            return;
+            return Next::Go;
         }
         let pkgs = std::mem::take(&mut round.0);
         let full = pkgs.len() >= MAX_ROUND || round.1 >= self.traffic.shard.shared.config.limits.max_body_bytes;
         round.1 = 0;
-        self.publish_round(pkgs).await;
+        if let Next::Close = self.publish_round(pkgs).await {
+            return Next::Close;
+        }
         crate::push::pay_heavy(&self.traffic.shard, meter).await;
         if full {
             // More may be buffered: other work on the core first.
             crate::task::yield_now().await;
         }
+        Next::Go
     }
 
     /// Queues SERVER_GOODBYE with `code` and `why`, then the close.
@@ -396,7 +415,7 @@ impl Conn {
             Command::ListenRequest => return self.listen(&header).await,
             Command::AsyncMessageToServer | Command::BroadcastMessageToServer => {
                 let wire = self.wire;
-                self.publish_round(vec![(header, body, wire)]).await;
+                return self.publish_round(vec![(header, body, wire)]).await;
             }
             Command::RequestToServer => self.request(&header, &body).await,
             Command::ResponseToServer => {
@@ -488,15 +507,15 @@ impl Conn {
     /// WebSocket publishes that came in one read are (`ws_publish::store_round`): each message
     /// read and checked as a publish of its own, consecutive ones to the same topic stored
     /// together; answered in order, `*_ACK` with each one's `seq`, in one write.
-    async fn publish_round(&mut self, pkgs: Vec<Publish>) {
+    async fn publish_round(&mut self, pkgs: Vec<Publish>) -> Next {
         let traffic = self.traffic.clone();
         let m = traffic.shard.shared.metrics.shard(traffic.shard.id);
         let started = crate::task::clock::fresh();
         let mut done: Vec<Result<(), String>> = Vec::with_capacity(pkgs.len());
-        let refused = match self.still_allowed() {
-            Err(why) => Some(why),
-            Ok(()) if traffic.shard.shared.memory.shed_now() => Some(problem_desc(&super::gate::shed())),
-            Ok(()) => None,
+        let (refused, unauthenticated) = match self.still_allowed() {
+            Err(why) => (Some(why), true),
+            Ok(()) if traffic.shard.shared.memory.shed_now() => (Some(problem_desc(&super::gate::shed())), false),
+            Ok(()) => (None, false),
         };
         let max = traffic.shard.shared.config.limits.max_body_bytes;
         let msgs: Vec<Result<Message<'_>, String>> = pkgs
@@ -565,6 +584,13 @@ impl Conn {
             answers.extend_from_slice(&tcp::answer(tcp::answer_to(h.cmd), code, desc, h.seq.as_deref()));
         }
         self.send(answers).await;
+        if unauthenticated {
+            // As for any package: the credential no longer valid ends the connection.
+            let why = refused.unwrap_or_default();
+            self.goodbye(FAIL, &why);
+            return Next::Close;
+        }
+        Next::Go
     }
 
     /// REQUEST_TO_SERVER: stored as a request, its reply awaited in a task of its own (the

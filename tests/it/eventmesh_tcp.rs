@@ -504,3 +504,31 @@ effect = "ALLOW"
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(c.read().is_none(), "closed after the goodbye");
 }
+
+/// Publishes that came in the same read as a broken frame are stored and answered before the
+/// goodbye (they wait as a round while the reader looks further).
+#[test]
+fn publishes_before_a_broken_frame_are_answered_before_the_goodbye() {
+    let b = TestBroker::start(&["--tcp-listen", "127.0.0.1:0"]);
+    let mut c = Tcp::connect(&b);
+    c.hello("g", "pub", "");
+    let mut burst = Vec::new();
+    for (i, seq) in ["p1", "p2"].iter().enumerate() {
+        let header = json!({"cmd": "ASYNC_MESSAGE_TO_SERVER", "code": 0, "seq": seq, "properties": mesh()});
+        burst.extend(frame(&header, &mesh_message("round", &format!("m{i}"))));
+    }
+    burst.extend_from_slice(b"EventMesh0000\x00\x00\x00\x12\x00\x00\x00\x05{oops");
+    c.s.write_all(&burst).unwrap();
+    for seq in ["p1", "p2"] {
+        let (h, _) = c.read().expect("an ACK");
+        assert_eq!(
+            (h["cmd"].as_str(), h["seq"].as_str(), h["code"].as_i64()),
+            (Some("ASYNC_MESSAGE_TO_SERVER_ACK"), Some(seq), Some(0))
+        );
+    }
+    let (h, _) = c.read().expect("the goodbye");
+    assert_eq!(h["cmd"], "SERVER_GOODBYE_REQUEST");
+    assert!(c.read().is_none());
+    let stored: Vec<Value> = (0..2).flat_map(|p| b.events("round", p)).map(|(_, e)| e).collect();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+}
