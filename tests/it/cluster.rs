@@ -115,7 +115,6 @@ mod on_kafka {
     #[test]
     #[ignore = "needs a Kafka-protocol broker at EVMESH_TEST_KAFKA (scripts/test.sh starts one)"]
     fn a_classic_tcp_subscriber_away_from_its_home_is_redirected() {
-        use std::io::{Read, Write};
         let (brokers, prefix) = kafka_and_prefix("tcpr");
         let extra = ["--tcp-listen", "127.0.0.1:0"];
         let all = [start_in_with(&brokers, &prefix, &extra), start_in_with(&brokers, &prefix, &extra)];
@@ -124,56 +123,22 @@ mod on_kafka {
         assert_eq!(all[0].client().post("/events/subscribe", "application/json", def.as_bytes()).status, 201);
         let home = wait_for(Duration::from_secs(20), || recommend(&all[0], "subscription=cg.4.shop.orders"));
         let (at_home, away) = if url(&all[0]) == home { (&all[0], &all[1]) } else { (&all[1], &all[0]) };
-        // The Java codec's frames: magic, version, 13 + header + body, header length, header, body.
-        let frame = |cmd: &str, body: &str| {
-            let h = serde_json::json!({"cmd": cmd, "code": 0, "seq": "1", "properties": {}}).to_string();
-            let mut f = b"EventMesh0000".to_vec();
-            f.extend_from_slice(&((13 + h.len() + body.len()) as i32).to_be_bytes());
-            f.extend_from_slice(&(h.len() as i32).to_be_bytes());
-            f.extend_from_slice(h.as_bytes());
-            f.extend_from_slice(body.as_bytes());
-            f
-        };
-        let read = |s: &mut std::net::TcpStream, buf: &mut Vec<u8>| -> Option<(Value, Vec<u8>)> {
-            loop {
-                if buf.len() >= 21 {
-                    let total = i32::from_be_bytes(buf[13..17].try_into().unwrap()) as usize + 8;
-                    let hlen = i32::from_be_bytes(buf[17..21].try_into().unwrap()) as usize;
-                    if buf.len() >= total {
-                        let h: Value = serde_json::from_slice(&buf[21..21 + hlen]).unwrap();
-                        let body = buf[21 + hlen..total].to_vec();
-                        buf.drain(..total);
-                        return Some((h, body));
-                    }
-                }
-                let mut chunk = [0u8; 4096];
-                match s.read(&mut chunk) {
-                    Ok(0) | Err(_) => return None,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-        };
-        let ua = r#"{"version":"2.0","group":"shop","purpose":"sub","pid":1}"#;
-        let topics = r#"{"topicList":[{"topic":"orders","mode":"CLUSTERING","type":"ASYNC"}]}"#;
+        // A client written from the Java codec (`eventmesh_tcp::Tcp`).
         let subscribe = |at: &TestBroker| {
-            let mut s = std::net::TcpStream::connect(at.tcp.unwrap()).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut buf = Vec::new();
-            s.write_all(&frame("HELLO_REQUEST", ua)).unwrap();
-            assert_eq!(read(&mut s, &mut buf).unwrap().0["code"], 0);
-            s.write_all(&frame("SUBSCRIBE_REQUEST", topics)).unwrap();
-            let answer = read(&mut s, &mut buf).unwrap().0;
-            (s, buf, answer)
+            let mut c = super::super::eventmesh_tcp::Tcp::connect(at);
+            assert_eq!(c.hello("shop", "sub", "")["code"], 0);
+            let answer = c.subscribe("orders", "CLUSTERING", "ASYNC");
+            (c, answer)
         };
-        let (mut s, mut buf, answer) = subscribe(away);
+        let (mut c, answer) = subscribe(away);
         assert_eq!(answer["code"], 1, "{answer}");
         assert!(answer["desc"].as_str().unwrap().starts_with("307"), "{answer}");
-        let (h, body) = read(&mut s, &mut buf).expect("REDIRECT_TO_CLIENT");
+        let (h, body) = c.read().expect("REDIRECT_TO_CLIENT");
         assert_eq!(h["cmd"], "REDIRECT_TO_CLIENT");
         let to: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(to, serde_json::json!({"ip": "127.0.0.1", "port": away.tcp.unwrap().port()}));
-        assert!(read(&mut s, &mut buf).is_none(), "closed after the redirect");
-        let (_s, _buf, answer) = subscribe(at_home);
+        assert!(c.read().is_none(), "closed after the redirect");
+        let (_c, answer) = subscribe(at_home);
         assert_eq!(answer["code"], 0, "{answer}");
     }
 

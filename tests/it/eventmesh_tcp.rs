@@ -25,20 +25,20 @@ fn frame(header: &Value, body: &[u8]) -> Vec<u8> {
     f
 }
 
-struct Tcp {
+pub(super) struct Tcp {
     s: TcpStream,
     buf: Vec<u8>,
     seq: u64,
 }
 
 impl Tcp {
-    fn connect(b: &TestBroker) -> Tcp {
+    pub(super) fn connect(b: &TestBroker) -> Tcp {
         let s = TcpStream::connect(b.tcp.expect("started with --tcp-listen")).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         Tcp { s, buf: Vec::new(), seq: 0 }
     }
 
-    fn send(&mut self, cmd: &str, props: Value, body: &[u8]) -> String {
+    pub(super) fn send(&mut self, cmd: &str, props: Value, body: &[u8]) -> String {
         self.seq += 1;
         let seq = format!("{}", 1_000_000 + self.seq);
         self.send_seq(cmd, &seq, props, body);
@@ -51,7 +51,7 @@ impl Tcp {
     }
 
     /// The next package, `None` once the broker closed the connection.
-    fn read(&mut self) -> Option<(Value, Vec<u8>)> {
+    pub(super) fn read(&mut self) -> Option<(Value, Vec<u8>)> {
         loop {
             if self.buf.len() >= 21 {
                 assert_eq!(&self.buf[..13], b"EventMesh0000");
@@ -76,7 +76,7 @@ impl Tcp {
 
     /// The next package of `cmd`, skipping others (pushes arriving meanwhile are returned too
     /// by `skipped`).
-    fn expect(&mut self, cmd: &str) -> (Value, Vec<u8>) {
+    pub(super) fn expect(&mut self, cmd: &str) -> (Value, Vec<u8>) {
         loop {
             let (h, b) = self.read().unwrap_or_else(|| panic!("closed while waiting for {cmd}"));
             if h["cmd"] == cmd {
@@ -85,20 +85,20 @@ impl Tcp {
         }
     }
 
-    fn call(&mut self, cmd: &str, answer: &str, props: Value, body: &[u8]) -> Value {
+    pub(super) fn call(&mut self, cmd: &str, answer: &str, props: Value, body: &[u8]) -> Value {
         let seq = self.send(cmd, props, body);
         let (h, _) = self.expect(answer);
         assert_eq!(h["seq"], seq.as_str(), "{h}");
         h
     }
 
-    fn hello(&mut self, group: &str, purpose: &str, token: &str) -> Value {
+    pub(super) fn hello(&mut self, group: &str, purpose: &str, token: &str) -> Value {
         let ua = json!({"env": "it", "subsystem": "5023", "path": "/", "pid": 7, "host": "127.0.0.1", "port": 0,
             "version": "2.0", "username": "u", "password": token, "idc": "FT", "group": group, "purpose": purpose});
         self.call("HELLO_REQUEST", "HELLO_RESPONSE", json!({}), ua.to_string().as_bytes())
     }
 
-    fn subscribe(&mut self, topic: &str, mode: &str, kind: &str) -> Value {
+    pub(super) fn subscribe(&mut self, topic: &str, mode: &str, kind: &str) -> Value {
         let body = json!({"topicList": [{"topic": topic, "mode": mode, "type": kind}]});
         self.call("SUBSCRIBE_REQUEST", "SUBSCRIBE_RESPONSE", json!({}), body.to_string().as_bytes())
     }
