@@ -2,7 +2,7 @@
 # Server memory per idle WebSocket session: SESSIONS subscribers attach to a BROADCAST
 # subscription (ack=none; with ACK=1 acknowledged sessions, each its own consumer with
 # delivery state on the partition owner; with SSE=1 server-sent event streams, which are
-# acknowledged sessions, and nchan's EventSource subscribers beside them) while one event a second flows; RSS of the evmesh
+# acknowledged sessions acking over POST /events/ack, and nchan's EventSource subscribers beside them) while one event a second flows; RSS of the evmesh
 # process is read from /proc before and with the sessions attached. Appends the figure to
 # perf/RESULTS.md. Beside it, the same for nginx + nchan (its one worker's RSS, WebSocket
 # subscribers of one channel; at most 8,000, its worker_connections is 8,192), unless NCHAN=0.
@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 SESSIONS=${SESSIONS:-10000}; ACK=${ACK:-0}; SSE=${SSE:-0}
 if [ "$ACK" = 1 ]; then QUERY="subscription=idle"; ACKFLAG=(--ack); else QUERY="subscription=idle&ack=none"; ACKFLAG=(); fi
 SUB="ws://127.0.0.1:18480/events/ws?$QUERY"; NSUB="ws://127.0.0.1:18080/sub?id=idle"; KIND=WebSocket
-if [ "$SSE" = 1 ]; then SUB="http://127.0.0.1:18480/events/sse?subscription=idle"; NSUB="http://127.0.0.1:18080/sub?id=idle"; ACKFLAG=(); KIND=SSE; fi
+# SSE streams are acknowledged sessions: they ack over POST /events/ack (the ids name the stream).
+if [ "$SSE" = 1 ]; then SUB="http://127.0.0.1:18480/events/sse?subscription=idle"; NSUB="http://127.0.0.1:18080/sub?id=idle"; ACKFLAG=(--ack); KIND=SSE; fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 bash scripts/deps.sh
 # EVMESH_BIN: another evmesh build to measure (this checkout's is built and used otherwise).

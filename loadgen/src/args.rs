@@ -13,9 +13,10 @@ pub const USAGE: &str = "usage: loadgen --url http://HOST:PORT/PATH?QUERY [--con
        http://HOST:PORT/TOPIC at tcp_listen, one CloudEvent per ASYNC_MESSAGE_TO_SERVER, K in flight)
        [--server-pid PID] [--json FILE] [--header 'Name: value' ...]
        [--subscribe-url ws://HOST:PORT/PATH?QUERY --subscribers N [--ack]]   (fan-out: N WebSocket
-       subscribers (http://: server-sent event streams, counted by their data lines, never acked),
+       subscribers (http://: server-sent event streams, counted by their data lines),
        subscribers count deliveries and measure publish-to-delivery latency; --ack: they ack
-       every event, one evmesh ack message per read; --reply: they answer every request with a
+       every event, one evmesh ack message per read (SSE streams: POST /events/ack on one
+       connection per thread, 8 streams' ids each); --reply: they answer every request with a
        reply frame and ack it: request-reply, with --url .../events/request?topic=T)
        `{i}` in --url and --subscribe-url: connection i posts to, subscriber i follows, number
        i % --sessions (default: --subscribers), e.g. /session/publish/s{i} and /session/subscribe/s{i}

@@ -2,6 +2,8 @@
 //! latency from the publish time stamped in each event's id (`t` + 16 digits of µs since the
 //! Unix epoch, written by the publishers into the placeholder of the request body).
 
+use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,6 +77,50 @@ pub async fn read_some(s: &mut TcpStream, buf: &mut Vec<u8>, stop: &AtomicBool) 
     }
 }
 
+/// SSE streams' delivery ids waiting for their ack, a stream's ids of one read each.
+type SseAcks = Rc<RefCell<VecDeque<Vec<String>>>>;
+
+/// The most streams one `POST /events/ack` may name (evmesh's bound).
+const STREAMS_PER_ACK: usize = 8;
+
+/// Acks what the thread's SSE streams received: `POST /events/ack` on one keep-alive
+/// connection, each naming the ids of up to [`STREAMS_PER_ACK`] streams (no `clientId`: the
+/// ids name their streams).
+async fn sse_acker(addr: SocketAddr, host: Rc<String>, subscription: String, acks: SseAcks, stop: Arc<AtomicBool>) {
+    let Ok(mut s) = TcpStream::connect(addr).await else { return };
+    let _ = s.set_nodelay(true);
+    let mut buf = Vec::new();
+    let mut refused = false;
+    while !stop.load(Ordering::Relaxed) {
+        let ids: Vec<String> = {
+            let mut q = acks.borrow_mut();
+            let n = q.len().min(STREAMS_PER_ACK);
+            q.drain(..n).flatten().collect()
+        };
+        if ids.is_empty() {
+            monoio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        }
+        let body = serde_json::json!({ "subscription": subscription, "ids": ids }).to_string();
+        let req = format!(
+            "POST /events/ack HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if s.write_all(req.into_bytes()).await.0.is_err() {
+            return;
+        }
+        match crate::http::read_response(&mut s, &mut buf).await {
+            Some(200) => {}
+            Some(status) if !refused => {
+                refused = true;
+                eprintln!("loadgen: POST /events/ack answered {status}");
+            }
+            Some(_) => {}
+            None => return,
+        }
+    }
+}
+
 async fn subscriber(
     addr: SocketAddr,
     host: String,
@@ -82,6 +128,7 @@ async fn subscriber(
     measure_from: Instant,
     stop: Arc<AtomicBool>,
     (ack, reply, sse): (bool, bool, bool),
+    sse_acks: Option<SseAcks>,
 ) -> SubResult {
     let mut r = SubResult { hist: Histogram::new_with_bounds(1, 60_000_000, 3).unwrap(), deliveries: 0, connected: 0 };
     let Ok(mut s) = TcpStream::connect(addr).await else { return r };
@@ -112,7 +159,7 @@ async fn subscriber(
     r.connected = 1;
     buf.drain(..head_end);
     if sse {
-        return sse_events(s, buf, measure_from, &stop, r).await;
+        return sse_events(s, buf, measure_from, &stop, r, sse_acks).await;
     }
     let mut acks: Vec<u8> = Vec::new();
     // Reply frames (request-reply), written before the acks of what they answer.
@@ -177,16 +224,28 @@ async fn subscriber(
 }
 
 /// Counts a server-sent event stream's events (one `data:` line each, as evmesh writes them)
-/// and their latency, reading whole lines only (the chunked framing's lines are skipped).
+/// and their latency, reading whole lines only (the chunked framing's lines are skipped); with
+/// `acks`, hands each read's delivery ids (`id:` lines) to the thread's acker.
 async fn sse_events(
     mut s: TcpStream,
     mut buf: Vec<u8>,
     measure_from: Instant,
     stop: &AtomicBool,
     mut r: SubResult,
+    acks: Option<SseAcks>,
 ) -> SubResult {
     loop {
         let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if let Some(acks) = &acks {
+            let ids: Vec<String> = buf[..whole]
+                .split(|&b| b == b'\n')
+                .filter_map(|l| l.strip_prefix(b"id: "))
+                .map(|id| String::from_utf8_lossy(id).into_owned())
+                .collect();
+            if !ids.is_empty() {
+                acks.borrow_mut().push_back(ids);
+            }
+        }
         for line in buf[..whole].split(|&b| b == b'\n').filter(|l| l.starts_with(b"data:")) {
             let now = Instant::now();
             if now >= measure_from {
@@ -216,11 +275,18 @@ pub fn run(
     let mut rt = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new().enable_timer().build().expect("runtime");
     rt.block_on(async move {
         let (host, path) = (Rc::new(host), Rc::new(path));
+        // Acked SSE streams ack over HTTP, the thread's streams over one connection.
+        let sse_acks = (roles.0 && roles.2).then(SseAcks::default);
+        if let Some(acks) = &sse_acks {
+            let subscription = query_value(&path, "subscription").unwrap_or_default();
+            monoio::spawn(sse_acker(addr, host.clone(), subscription, acks.clone(), stop.clone()));
+        }
         // `{i}` in the path: subscriber i's own (a session's, say).
         let tasks: Vec<_> = (0..n)
             .map(|i| {
                 let path = path.replace("{i}", &i.to_string());
-                monoio::spawn(subscriber(addr, (*host).clone(), path, measure_from, stop.clone(), roles))
+                let acks = sse_acks.clone();
+                monoio::spawn(subscriber(addr, (*host).clone(), path, measure_from, stop.clone(), roles, acks))
             })
             .collect();
         let mut total =
@@ -233,4 +299,10 @@ pub fn run(
         }
         total
     })
+}
+
+/// The value of `name` in a path's query (as written: the names loadgen is given need no decoding).
+fn query_value(path: &str, name: &str) -> Option<String> {
+    let query = path.split_once('?')?.1;
+    query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')).map(str::to_owned)
 }

@@ -62,8 +62,38 @@ pub fn delivery_id(partition: u32, offset: u64, attempt: u16) -> String {
     format!("{partition}:{offset}:{attempt}")
 }
 
-/// The partition and offset a delivery id names.
+/// The client a session without a `clientId` is, for a subscription whose offsets are kept per
+/// client (BROADCAST, MULTICAST): a client of its own, `~<shard>.<session>`, whose offsets are
+/// never stored. No `clientId` a client may send starts with `~`.
+pub fn anonymous_client(shard: u32, session: u64) -> String {
+    format!("~{shard}.{session}")
+}
+
+/// The delivery id of an event to an SSE stream opened without a `clientId` on such a
+/// subscription: `partition:offset:attempt~<shard>.<session>`. Acks come over another
+/// request (`POST /events/ack`), which has only the ids to say whose they are.
+pub fn owned_delivery_id(partition: u32, offset: u64, attempt: u16, shard: u32, session: u64) -> String {
+    format!("{partition}:{offset}:{attempt}~{shard}.{session}")
+}
+
+/// The anonymous client a delivery id names (`~<shard>.<session>`, see [`owned_delivery_id`]),
+/// if it names one; `Err` if its owner part is not one.
+pub fn delivery_owner(id: &str) -> Result<Option<&str>, &'static str> {
+    let Some(at) = id.find('~') else { return Ok(None) };
+    let owner = &id[at..];
+    const NOT: &str = "its part after `~` is not <shard>.<session>";
+    let (shard, session) = owner[1..].split_once('.').ok_or(NOT)?;
+    match (shard.parse::<u32>(), session.parse::<u64>()) {
+        (Ok(_), Ok(_)) if !shard.starts_with('+') && !session.starts_with('+') => Ok(Some(owner)),
+        _ => Err(NOT),
+    }
+}
+
+/// The partition and offset a delivery id names (an owner part, see [`owned_delivery_id`],
+/// must be well formed and is not looked at here).
 pub fn parse_delivery_id(id: &str) -> Option<(u32, u64)> {
+    delivery_owner(id).ok()?;
+    let id = id.split_once('~').map_or(id, |(base, _)| base);
     let mut it = id.split(':');
     let p = it.next()?.parse().ok()?;
     let o = it.next()?.parse().ok()?;
@@ -107,6 +137,13 @@ mod tests {
         assert_eq!(parse_delivery_id(&delivery_id(3, 42, 2)), Some((3, 42)));
         assert_eq!(parse_delivery_id("3:42"), Some((3, 42)));
         for bad in ["", "3", "x:1:1", "3:-1:1", "3:1:1:1", "3:1:x"] {
+            assert_eq!(parse_delivery_id(bad), None, "{bad}");
+        }
+        let owned = owned_delivery_id(3, 42, 2, 1, 17);
+        assert_eq!((parse_delivery_id(&owned), delivery_owner(&owned)), (Some((3, 42)), Ok(Some("~1.17"))));
+        assert_eq!(anonymous_client(1, 17), "~1.17");
+        assert_eq!(delivery_owner("3:42:2"), Ok(None));
+        for bad in ["3:42:2~", "3:42:2~1", "3:42:2~x.1", "3:42:2~1.+1", "3:42:2~1.1~2.2", "3:42:x~1.1"] {
             assert_eq!(parse_delivery_id(bad), None, "{bad}");
         }
         let by = group_ids(["0:1:1", "1:5:1", "0:2:3"]).unwrap();

@@ -2,6 +2,8 @@
 //! and `POST /events/ack` (the acks, or nacks, of what a poll or a session delivered),
 //! both served at the subscription's home.
 
+use std::collections::BTreeMap;
+
 use super::gate::Gate;
 use super::homes::to_home;
 use super::responses::storage_problem;
@@ -118,30 +120,34 @@ impl Traffic {
             Ok(_) => {}
             Err(r) => return r,
         }
-        let client = match (def.mode, a.client_id) {
-            (SubMode::LoadBalance, _) => String::new(),
-            (_, Some(c)) if valid_topic(&c) => c,
-            _ => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    "acks of a BROADCAST or MULTICAST subscription need a clientId",
-                )
-            }
-        };
+        // Checked whole first: every id well formed, at most `MAX_ACK_IDS`.
         let by = match group_ids(a.ids.iter().map(String::as_str)) {
             Ok(by) => by,
             Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
         };
-        let consumer = ConsumerKey { subscription: def.subscription, client };
+        let consumer = |client: String| ConsumerKey { subscription: def.subscription.clone(), client };
+        let owners = match (def.mode, a.client_id) {
+            (SubMode::LoadBalance, _) => vec![(consumer(String::new()), by)],
+            (_, Some(c)) if valid_topic(&c) => vec![(consumer(c), by)],
+            // SSE streams opened without a clientId: their delivery ids name them.
+            (_, None) => match by_stream(&a.ids) {
+                Ok(streams) => streams.into_iter().map(|(owner, by)| (consumer(owner.to_owned()), by)).collect(),
+                Err(m) => return problem(StatusCode::BAD_REQUEST, m),
+            },
+            _ => return problem(StatusCode::BAD_REQUEST, "clientId must be [A-Za-z0-9._-]{1,249}"),
+        };
         let kind = if a.nack { AckKind::Nack } else { AckKind::Ack };
         let unavailable = |m| storage_problem(&StorageError::Unavailable(m));
         if self.shard.outbox_len() >= OUTBOX_HIGH {
             return unavailable("too many acks waiting for their owners");
         }
-        let applied = match self.shard.route_acks(&consumer, &def.topic, by, kind, true) {
-            Ok(applied) => applied,
-            Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
-        };
+        let mut applied = Vec::new();
+        for (consumer, by) in owners {
+            match self.shard.route_acks(&consumer, &def.topic, by, kind, true) {
+                Ok(more) => applied.extend(more),
+                Err(m) => return problem(StatusCode::BAD_REQUEST, &m),
+            }
+        }
         for done in applied {
             match monoio::time::timeout(CROSS_CORE_DEADLINE, done).await {
                 Ok(Ok(())) => {}
@@ -150,4 +156,27 @@ impl Traffic {
         }
         Response::json(StatusCode::OK, serde_json::json!({ "acked": a.ids.len() }).to_string())
     }
+}
+
+/// The most SSE streams one ack without a `clientId` may name (a browser's stream reconnects
+/// by itself: acks gathered across a reconnect name the old stream and the new one).
+const MAX_STREAMS_PER_ACK: usize = 8;
+
+/// The delivery ids of an ack without a `clientId` on a BROADCAST or MULTICAST subscription,
+/// grouped by the SSE stream opened without one that each names (`delivery::owned_delivery_id`).
+/// The ids are well formed (checked by `group_ids` before).
+fn by_stream(ids: &[String]) -> Result<BTreeMap<&str, BTreeMap<u32, Vec<u64>>>, &'static str> {
+    let mut streams: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for id in ids {
+        let Ok(Some(owner)) = crate::delivery::delivery_owner(id) else {
+            return Err("acks of a BROADCAST or MULTICAST subscription need a clientId, \
+                        or delivery ids of SSE streams opened without one");
+        };
+        streams.entry(owner).or_default().push(id);
+        if streams.len() > MAX_STREAMS_PER_ACK {
+            return Err("the delivery ids name more than 8 SSE streams");
+        }
+    }
+    let group = |ids: Vec<&str>| group_ids(ids).expect("checked whole");
+    Ok(streams.into_iter().map(|(owner, ids)| (owner, group(ids))).collect())
 }

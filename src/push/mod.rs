@@ -23,6 +23,7 @@ use std::rc::Rc;
 
 use crate::queue;
 
+use crate::delivery::anonymous_client;
 use crate::model::delivery::{ConsumerKey, SessionRef};
 use crate::model::ShardId;
 use crate::server::SessionSpec;
@@ -53,7 +54,7 @@ pub fn consumer_of(spec: &SessionSpec, shard: ShardId, session: u64) -> (Consume
     match (&spec.client, spec.per_client) {
         (_, false) => (ConsumerKey { subscription, client: String::new() }, true),
         (Some(c), true) => (ConsumerKey { subscription, client: c.clone() }, true),
-        (None, true) => (ConsumerKey { subscription, client: format!("~{}.{session}", shard.0) }, false),
+        (None, true) => (ConsumerKey { subscription, client: anonymous_client(u32::from(shard.0), session) }, false),
     }
 }
 
@@ -64,7 +65,10 @@ pub fn attach_acked(
     spec: &SessionSpec,
     kind: Kind,
 ) -> (queue::Receiver<Outbound>, ConsumerKey, SessionRef) {
-    let (id, events) = shard.sessions.add_acked(&spec.subscription, kind, shard.shared.config.shards);
+    // An SSE stream of an anonymous client is acked by requests that have only its delivery
+    // ids to say whose they are.
+    let owned = kind == Kind::Sse && spec.per_client && spec.client.is_none();
+    let (id, events) = shard.sessions.add_acked(&spec.subscription, kind, owned, shard.shared.config.shards);
     let (consumer, persist) = consumer_of(spec, shard.id, id);
     let at = SessionRef { shard: shard.id, id };
     let window = spec.window.unwrap_or(shard.shared.config.session_window);

@@ -151,7 +151,7 @@ impl Shard {
             connections: Cell::new(0),
             definition_waits: Cell::new(0),
             opens_elsewhere: Cell::new(0),
-            sessions: Sessions::default(),
+            sessions: Sessions::new(id),
             interest: RefCell::new(HashMap::new()),
             delivery,
             outbox: RefCell::new((0..shards).map(|_| VecDeque::new()).collect()),

@@ -21,7 +21,7 @@ use crate::model::delivery::ConsumerKey;
 
 use super::message::Delivery;
 use crate::adaptor::cloudevents::write_structured;
-use crate::delivery::delivery_id;
+use crate::delivery::{delivery_id, owned_delivery_id};
 use crate::ws::{encode_frame, OpCode};
 
 /// Frames a session may have queued before it counts as too slow.
@@ -78,6 +78,9 @@ pub enum TcpPush {
 struct AckedTx {
     subscription: String,
     kind: Kind,
+    /// An SSE stream opened without a `clientId` on a per-client subscription: its delivery
+    /// ids name it (`delivery::owned_delivery_id`), as its acks come over other requests.
+    owned: bool,
     tx: queue::Sender<Outbound>,
 }
 
@@ -99,6 +102,8 @@ pub enum Pushed {
 /// This shard's attached sessions.
 #[derive(Default)]
 pub struct Sessions {
+    /// The shard's number (owned delivery ids name it).
+    shard: u16,
     next_id: Cell<u64>,
     /// `ack=none` sessions, by subscription.
     by_subscription: RefCell<HashMap<String, Vec<SessionTx>>>,
@@ -123,8 +128,14 @@ struct RenderCache {
 /// A delivered event as structured-mode JSON with the `em*` extensions.
 pub fn event_json(frame: &Frame, attempt: u16) -> Vec<u8> {
     let h = frame.header();
+    event_json_as(frame, attempt, delivery_id(h.partition, h.offset, attempt))
+}
+
+/// [`event_json`] with the delivery id given.
+fn event_json_as(frame: &Frame, attempt: u16, id: String) -> Vec<u8> {
+    let h = frame.header();
     let extra = [
-        ("emdeliveryid", AttrValue::Str(delivery_id(h.partition, h.offset, attempt))),
+        ("emdeliveryid", AttrValue::Str(id)),
         ("empartition", AttrValue::Int(i64::from(h.partition))),
         ("emoffset", AttrValue::Str(h.offset.to_string())),
         ("emattempt", AttrValue::Int(i64::from(attempt))),
@@ -153,6 +164,17 @@ pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
     Rc::new(out)
 }
 
+/// The rendering of one stored event for the SSE stream `session` of shard `shard` whose
+/// delivery ids name it (`delivery::owned_delivery_id`), in `id:` and in `emdeliveryid`.
+fn render_owned(frame: &Frame, attempt: u16, shard: u16, session: u64) -> Vec<u8> {
+    let h = frame.header();
+    let id = owned_delivery_id(h.partition, h.offset, attempt, u32::from(shard), session);
+    let json = event_json_as(frame, attempt, id.clone());
+    let mut out = Vec::with_capacity(json.len() + 96);
+    event(&id, &json, &mut out);
+    out
+}
+
 /// A delivery as a classic TCP package (see [`Kind::Tcp`]); an event past the protocol's 4 MiB
 /// frame goes as a FAIL package of the same command and `seq`, without its body (as the Java
 /// server pushes an event it cannot convert), so the client may ack it and move on.
@@ -178,6 +200,10 @@ fn render_tcp(frame: &Frame, attempt: u16, push: TcpPush, key: u32) -> Vec<u8> {
 }
 
 impl Sessions {
+    pub fn new(shard: crate::model::ids::ShardId) -> Sessions {
+        Sessions { shard: shard.0, ..Sessions::default() }
+    }
+
     /// Registers a session; returns its id, its queue, and whether it is the subscription's
     /// first on this shard (then the shard must announce its interest).
     /// The returned counter is the session's queued bytes: its writer takes off what it
@@ -206,12 +232,20 @@ impl Sessions {
     }
 
     /// Registers a session of acknowledged delivery; returns its id and its queue, which can
-    /// hold every event the shards may have in flight to it.
-    pub fn add_acked(&self, subscription: &str, kind: Kind, shards: usize) -> (u64, queue::Receiver<Outbound>) {
+    /// hold every event the shards may have in flight to it. `owned`: its delivery ids name it
+    /// (an SSE stream of an anonymous client, see [`AckedTx`]).
+    pub fn add_acked(
+        &self,
+        subscription: &str,
+        kind: Kind,
+        owned: bool,
+        shards: usize,
+    ) -> (u64, queue::Receiver<Outbound>) {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
         let (tx, rx) = queue::channel(crate::delivery::MAX_WINDOW as usize * shards);
-        self.acked.borrow_mut().insert(id, AckedTx { subscription: subscription.to_owned(), kind, tx });
+        let subscription = subscription.to_owned();
+        self.acked.borrow_mut().insert(id, AckedTx { subscription, kind, owned, tx });
         (id, rx)
     }
 
@@ -252,6 +286,18 @@ impl Sessions {
                 drop(acked);
                 return self.push_to_webhook(id, d, picked());
             };
+            if s.owned {
+                // Its own ids in every rendering: nothing to share.
+                for (k, i) in picked().enumerate() {
+                    let attempt = d.attempts.get(k).copied().unwrap_or(1);
+                    let bytes = Rc::new(render_owned(&d.frames[i], attempt, self.shard, id));
+                    if s.tx.try_send(Outbound::Frame(bytes)).is_err() {
+                        s.tx.close_channel();
+                        return k as u64;
+                    }
+                }
+                return picked().count() as u64;
+            }
             let mut queued = 0;
             let mut cache = self.rendered.borrow_mut();
             let fresh = !matches!(&*cache, Some(c) if std::sync::Arc::ptr_eq(&c.frames, &d.frames) && c.kind == s.kind);

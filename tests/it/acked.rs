@@ -468,6 +468,56 @@ fn sse_delivers_acks_over_http_and_resumes_after_last_event_id() {
     assert_eq!(got, ["x3", "x4"]);
 }
 
+/// Regression: an SSE stream opened without a `clientId` on a BROADCAST subscription could not
+/// be acked with SPEC's body (`{"subscription", "ids"}`: 400, "need a clientId"), so each of
+/// its events came again every `ackTimeoutMs` and went to the dead letters, once per stream.
+/// Its delivery ids now name the stream, and an ack of them settles that stream's alone.
+#[test]
+fn sse_streams_without_a_client_id_ack_their_own_broadcast_events() {
+    let b = TestBroker::start(&["--default-partitions", "1", "--redelivery-backoff-ms", "20"]);
+    let def = json!({"subscription": "all", "topic": "news", "mode": "BROADCAST", "start": "earliest",
+        "ackTimeoutMs": 300, "maxAttempts": 2});
+    subscribe(&b, def);
+    let (mut one, mut two) = (Sse::open(&b, "subscription=all", None), Sse::open(&b, "subscription=all", None));
+    publish_to(&b, "news", "n0", None);
+    let ((id1, e1), (id2, e2)) = (one.next(), two.next());
+    assert_eq!((id(&e1), id(&e2)), ("n0", "n0"));
+    assert_eq!((e1["emdeliveryid"].as_str(), e2["emdeliveryid"].as_str()), (Some(&*id1), Some(&*id2)));
+    assert_ne!(id1, id2, "each stream's ids name it");
+    let ack = |ids: Value| {
+        b.client().post(
+            "/events/ack",
+            "application/json",
+            json!({"subscription": "all", "ids": ids}).to_string().as_bytes(),
+        )
+    };
+    // An id naming no stream, or ids naming more than 8, are refused clearly.
+    let nine: Vec<String> = (0..9).map(|n| format!("0:0:1~0.{}", 1000 + n)).collect();
+    for (ids, says) in [(json!(["0:0:1"]), "need a clientId"), (json!(nine), "more than 8 SSE streams")] {
+        let r = ack(ids);
+        assert!(r.status == 400 && r.text().contains(says), "{} {}", r.status, r.text());
+    }
+    // Ids of several streams (a reconnected stream's, a gone one's) are each their stream's.
+    assert_eq!(ack(json!([id1, "0:0:1~1.999"])).status, 200);
+    // The stream that did not ack gets n0 again, then it is dead-lettered (once: the other
+    // stream's copy was acked).
+    let (again, e) = two.next();
+    assert_eq!(
+        (id(&e), &e["emattempt"], again.split_once('~').map(|(_, o)| o)),
+        ("n0", &json!(2), id2.split_once('~').map(|(_, o)| o))
+    );
+    let letters = wait_for(LONG, || {
+        let l = b.admin().get("/admin/dlq/news").json();
+        (l.as_array().is_some_and(|a| !a.is_empty())).then_some(l)
+    });
+    // Past both streams' ack timeouts: the acked stream's next event is the new one.
+    publish_to(&b, "news", "n1", None);
+    let (_, e) = one.next();
+    assert_eq!((id(&e), &e["emattempt"]), ("n1", &json!(1)), "the acked n0 came again");
+    assert_eq!(letters.as_array().unwrap().len(), 1, "{letters}");
+    assert_eq!(b.admin().get("/admin/dlq/news").json().as_array().unwrap().len(), 1);
+}
+
 #[test]
 fn long_poll_batches_waits_and_redelivers_what_was_not_acked() {
     let b = TestBroker::start(&["--default-partitions", "1", "--redelivery-backoff-ms", "20"]);
