@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 SESSIONS=${SESSIONS:-5000}; ACK=${ACK:-0}; SSE=${SSE:-0}
 if [ "$ACK" = 1 ]; then QUERY="subscription=idle"; ACKFLAG=(--ack); else QUERY="subscription=idle&ack=none"; ACKFLAG=(); fi
 SUB="ws://127.0.0.1:18480/events/ws?$QUERY"
-if [ "$SSE" = 1 ]; then SUB="http://127.0.0.1:18480/events/sse?subscription=idle"; ACKFLAG=(); fi
+if [ "$SSE" = 1 ]; then SUB="http://127.0.0.1:18480/events/sse?subscription=idle"; ACKFLAG=(--ack); fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 command -v heaptrack >/dev/null || apt-get install -y -q heaptrack >/dev/null
 [ -n "${EVMESH_BIN:-}" ] || cargo build --release -q --workspace

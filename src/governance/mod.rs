@@ -521,19 +521,33 @@ pub fn anonymous() -> Rc<Principal> {
 /// A permission decided once: under which generation, for whom, what.
 type Grant = (u64, Rc<Principal>, Action, Kind, Box<str>);
 
-/// One connection's caller: its address and what it proved and was allowed last.
+/// One connection's caller: its address and what it proved and was allowed last. What a
+/// connection that proves nothing (`auth = none`) never uses is boxed: every idle session
+/// holds its caller (its publish messages go through it).
 #[derive(Default)]
 pub struct Caller {
     pub peer: Option<IpAddr>,
     /// Who the connection's client certificate names (mutual TLS): the principal of its
     /// requests that carry no bearer token.
     cert: Option<Rc<Principal>>,
+    proven: Option<Box<Proven>>,
+    tenant: Option<Box<TenantSide>>,
+}
+
+/// What a connection proved with a bearer token, and its last grant.
+#[derive(Default)]
+struct Proven {
     token: Vec<u8>,
     who: Option<(u64, Rc<Principal>)>,
     /// The last grant: generation, who (a connection may prove several principals: a
     /// certificate and bearer tokens), action, resource.
     allowed: Option<Grant>,
-    /// The metrics' counters of the principal's tenant, by its name.
+}
+
+/// What a connection holds of its principal's tenant.
+#[derive(Default)]
+pub struct TenantSide {
+    /// The metrics' counters of the tenant, by its name.
     pub stats: Option<(Box<str>, Arc<TenantStats>)>,
     /// This connection, counted against its tenant's `connections` quota.
     pub slot: Option<(String, ConnSlot)>,
@@ -544,11 +558,27 @@ impl Caller {
         Caller { peer, cert: cert.map(Rc::new), ..Caller::default() }
     }
 
+    /// The metrics' counters of its principal's tenant, by its name.
+    pub fn stats(&self) -> Option<&(Box<str>, Arc<TenantStats>)> {
+        self.tenant.as_deref()?.stats.as_ref()
+    }
+
+    /// What it holds of its principal's tenant, to change.
+    pub fn tenant_side(&mut self) -> &mut TenantSide {
+        self.tenant.get_or_insert_default()
+    }
+
+    /// Lets go of its tenant's counters and connection slot.
+    pub fn forget_tenant(&mut self) {
+        self.tenant = None;
+    }
+
     /// Whether `token` is the one this connection proved under the snapshot in force (no
     /// verification needed).
     pub fn verified(&self, snap: &Snapshot, token: Option<&[u8]>) -> bool {
         match token {
-            Some(t) => matches!(&self.who, Some((g, _)) if *g == snap.generation && self.token == t),
+            Some(t) => matches!(self.proven.as_deref(),
+                Some(Proven { who: Some((g, _)), token, .. }) if *g == snap.generation && token == t),
             None => {
                 self.cert.as_ref().is_some_and(|c| c.expires_us.is_none_or(|e| crate::model::clock::now_micros() < e))
             }
@@ -574,20 +604,21 @@ impl Caller {
                 None => Err(AuthError::Missing),
             };
         };
-        if let Some((g, who)) = &self.who {
-            if *g == snap.generation && self.token == token {
+        let proven = self.proven.get_or_insert_default();
+        if let Some((g, who)) = &proven.who {
+            if *g == snap.generation && proven.token == token {
                 if who.expires_us.is_some_and(|e| now_us() >= e) {
                     return Err(AuthError::Expired);
                 }
                 return Ok(who.clone());
             }
         }
-        self.who = None;
-        self.allowed = None;
+        proven.who = None;
+        proven.allowed = None;
         let who = Rc::new(snap.keys.verify(token, now_us())?);
-        self.token.clear();
-        self.token.extend_from_slice(token);
-        self.who = Some((snap.generation, who.clone()));
+        proven.token.clear();
+        proven.token.extend_from_slice(token);
+        proven.who = Some((snap.generation, who.clone()));
         Ok(who)
     }
 
@@ -603,14 +634,15 @@ impl Caller {
         if matches!(*snap.keys, Keys::None) {
             return Ok(());
         }
-        if let Some((g, p, a, k, n)) = &self.allowed {
+        if let Some((g, p, a, k, n)) = self.proven.as_deref().and_then(|p| p.allowed.as_ref()) {
             if *g == snap.generation && Rc::ptr_eq(p, who) && *a == action && *k == kind && **n == *name {
                 return Ok(());
             }
         }
         match snap.acl.decide(&who.name, kind, name, action) {
             (true, _) => {
-                self.allowed = Some((snap.generation, who.clone(), action, kind, name.into()));
+                let grant = (snap.generation, who.clone(), action, kind, name.into());
+                self.proven.get_or_insert_default().allowed = Some(grant);
                 Ok(())
             }
             (false, rule) => Err(rule.map(str::to_owned)),

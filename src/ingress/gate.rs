@@ -117,7 +117,7 @@ impl Gate<'_> {
 
     /// Adds `n` to one of the principal's tenant's counters (nothing without a tenant).
     pub(super) fn tenant_count(&self, counter: impl Fn(&TenantStats) -> &std::sync::atomic::AtomicU64, n: u64) {
-        if let Some((_, s)) = &self.caller.stats {
+        if let Some((_, s)) = self.caller.stats() {
             counter(s).fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -256,7 +256,7 @@ impl Traffic {
                     Some(t) => self.tenant_connection(caller, snap, t)?,
                     // A connection may prove a tenant's token, then speak by a certificate
                     // without one: nothing of that tenant's stays counted on it.
-                    None => (caller.stats, caller.slot) = (None, None),
+                    None => caller.forget_tenant(),
                 }
                 Ok(who)
             }
@@ -280,21 +280,22 @@ impl Traffic {
         tenant: &str,
     ) -> Result<(), Response> {
         let g = &self.shard.shared.governance;
-        if caller.stats.as_ref().is_none_or(|(t, _)| **t != *tenant) {
-            caller.stats = Some((tenant.into(), g.tenant_stats(tenant)));
+        let side = caller.tenant_side();
+        if side.stats.as_ref().is_none_or(|(t, _)| **t != *tenant) {
+            side.stats = Some((tenant.into(), g.tenant_stats(tenant)));
         }
-        if snap.quotas.is_empty() || caller.slot.as_ref().is_some_and(|(t, _)| t == tenant) {
+        if snap.quotas.is_empty() || side.slot.as_ref().is_some_and(|(t, _)| t == tenant) {
             return Ok(());
         }
         let Some(max) = snap.quotas.get(tenant).and_then(|q| q.connections) else { return Ok(()) };
-        caller.slot = None;
+        side.slot = None;
         match g.connect_tenant(tenant, max) {
             Some(slot) => {
-                caller.slot = Some((tenant.to_owned(), slot));
+                side.slot = Some((tenant.to_owned(), slot));
                 Ok(())
             }
             None => {
-                if let Some((_, s)) = &caller.stats {
+                if let Some((_, s)) = &side.stats {
                     s.limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 self.shard.shared.metrics.shard(self.shard.id).refused(429);

@@ -73,15 +73,43 @@ pub(super) struct Lean {
     pub events: queue::Receiver<Outbound>,
     /// What `events` holds, in bytes (live fan-out sessions).
     pub queued: Option<Rc<Cell<usize>>>,
-    /// Boxed: most live fan-out sessions have none.
+    /// Boxed: most live fan-out sessions have none. (An event stream's is held only to detach
+    /// it when the stream goes.)
     pub acked: Option<Box<AckedSession>>,
     /// Who answers a WebSocket client's messages (none on an event stream).
     pub replies: Option<Replies>,
     /// WebSocket: silent this long, the client is pinged; twice as long, the session ends.
-    /// Event stream: a comment line goes out when nothing else did for this long.
-    pub every: Duration,
+    /// Event stream: a comment line goes out when nothing else did for this long. (In
+    /// milliseconds, like `linger` in microseconds: every idle session holds both.)
+    every_ms: u32,
     /// Events are gathered this long before a write (`delivery_linger_us`).
-    pub linger: Duration,
+    linger_us: u32,
+}
+
+impl Lean {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shard: Rc<crate::shard::core::Shard>,
+        wire: Wire,
+        events: queue::Receiver<Outbound>,
+        queued: Option<Rc<Cell<usize>>>,
+        acked: Option<Box<AckedSession>>,
+        replies: Option<Replies>,
+        every: Duration,
+        linger: Duration,
+    ) -> Lean {
+        let every_ms = u32::try_from(every.as_millis()).unwrap_or(u32::MAX);
+        let linger_us = u32::try_from(linger.as_micros()).unwrap_or(u32::MAX);
+        Lean { shard, wire, events, queued, acked, replies, every_ms, linger_us }
+    }
+
+    fn every(&self) -> Duration {
+        Duration::from_millis(u64::from(self.every_ms))
+    }
+
+    fn linger(&self) -> Duration {
+        Duration::from_micros(u64::from(self.linger_us))
+    }
 }
 
 /// The session's own bytes and counters.
@@ -90,7 +118,7 @@ pub(super) struct State {
     pending: Vec<u8>,
     reader: MessageReader,
     /// Frames to send.
-    out: SharedFrames,
+    out: Out,
     /// When the client was last heard from (the deadline table's clock).
     heard: Instant,
     /// The last read filled its buffer: more may wait without a readiness wait.
@@ -111,7 +139,7 @@ impl State {
         State {
             pending,
             reader,
-            out: SharedFrames::default(),
+            out: Out::default(),
             heard: deadline::now(),
             more: false,
             turns: 0,
@@ -199,7 +227,7 @@ pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> 
         let fd = stream.as_raw_fd();
         let meter = crate::task::Meter::default();
         let mut readable = pin!(stream.readable(false));
-        let mut tick = pin!(deadline::within(s.every, std::future::pending::<()>()));
+        let mut tick = pin!(deadline::within(s.every(), std::future::pending::<()>()));
         // Bytes that came with the upgrade request may already be messages.
         let mut end = match st.pending.is_empty() {
             true => None,
@@ -250,16 +278,16 @@ pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> 
                 }
                 Wake::Out(m) => {
                     read_first = true;
-                    if !s.linger.is_zero() && matches!(m, Outbound::Frame(_)) {
+                    if s.linger_us > 0 && matches!(m, Outbound::Frame(_)) {
                         // Let more events join this write (delivery_linger_us).
-                        Box::pin(monoio::time::sleep(s.linger)).await;
+                        Box::pin(monoio::time::sleep(s.linger())).await;
                     }
                     st.gather(&mut s, m)
                 }
                 Wake::QueueClosed => Some(End::Close { code: CloseCode::POLICY.0, reason: "", wait: true }),
                 Wake::End(reason) => Some(End::Close { code: CloseCode::POLICY.0, reason, wait: true }),
                 Wake::Tick => {
-                    tick.set(deadline::within(s.every, std::future::pending::<()>()));
+                    tick.set(deadline::within(s.every(), std::future::pending::<()>()));
                     st.tick(&mut s, fd)
                 }
             };
@@ -404,7 +432,7 @@ impl State {
     /// Sends what is gathered as far as the socket takes it now.
     fn try_flush(&mut self, s: &Lean, fd: std::os::fd::RawFd) -> Sent {
         if self.out.bytes() == 0 {
-            self.out.clear();
+            self.out.done();
             return Sent::Done;
         }
         if let Wire::Ws = s.wire {
@@ -419,7 +447,7 @@ impl State {
                 Err(_) => return Sent::Broken,
             }
         }
-        self.out.clear();
+        self.out.done();
         Sent::Done
     }
 
@@ -454,16 +482,13 @@ impl State {
         }
         self.unacked = unacked;
         let silent = deadline::now().saturating_duration_since(self.heard);
-        if matches!(s.wire, Wire::Ws) && silent >= s.every * 2 {
+        if matches!(s.wire, Wire::Ws) && silent >= s.every() * 2 {
             return Some(End::Close { code: CloseCode::GOING_AWAY.0, reason: "", wait: false });
-        }
-        if self.out.bytes() == 0 {
-            self.out = SharedFrames::default();
         }
         s.events.shrink_idle();
         let wrote = std::mem::take(&mut self.wrote);
         match s.wire {
-            Wire::Ws if silent >= s.every => {
+            Wire::Ws if silent >= s.every() => {
                 let mut ping = Vec::with_capacity(2);
                 encode_frame(OpCode::Ping, true, b"", &mut ping);
                 self.out.push(Rc::new(ping));
@@ -476,6 +501,35 @@ impl State {
             _ => {}
         }
         None
+    }
+}
+
+/// The frames of the write being gathered or sent: boxed, and only while there is one (an idle
+/// session holds a pointer, not the 80 bytes of a batch).
+#[derive(Default)]
+struct Out(Option<Box<SharedFrames>>);
+
+impl Out {
+    fn push(&mut self, frame: Rc<Vec<u8>>) {
+        self.0.get_or_insert_default().push(frame);
+    }
+
+    fn bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |f| f.bytes())
+    }
+
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |f| f.len())
+    }
+
+    /// See [`SharedFrames::send_now`] (nothing to send: `Ok(0)`).
+    fn send_now(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<usize> {
+        self.0.as_mut().map_or(Ok(0), |f| f.send_now(fd))
+    }
+
+    /// Everything was sent: the batch goes.
+    fn done(&mut self) {
+        self.0 = None;
     }
 }
 

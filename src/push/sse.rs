@@ -14,7 +14,8 @@ use futures::future::{select, Either};
 use futures::FutureExt as _;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
-use super::{attach_acked, consumer_of, detach_acked, Kind, Outbound};
+use super::wsmsg::AckedSession;
+use super::{attach_acked, consumer_of, Kind, Outbound};
 use crate::delivery::parse_delivery_id;
 use crate::model::delivery::AckKind;
 use crate::server::conn::{read_more_sized, ReadOutcome};
@@ -123,11 +124,8 @@ pub fn session(
         let _ = shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo, false);
     }
     let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Sse);
-    let topic = spec.topic.clone();
-    let done = {
-        let shard = shard.clone();
-        move |()| detach_acked(&shard, consumer, &topic, at)
-    };
+    // Detaches the stream when it goes, with the stream's future.
+    let acked = Box::new(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at });
     match stream {
         crate::server::Stream::Plain(tcp) => {
             // An expired credential or a revoked permission ends the stream (its chunked body
@@ -139,19 +137,12 @@ pub fn session(
                 }
                 false => None,
             };
-            let lean = super::lean::Lean {
-                shard: shard.clone(),
-                wire: super::lean::Wire::Sse,
-                events,
-                queued: None,
-                acked: None,
-                replies: None,
-                every: HEARTBEAT,
-                linger: Duration::ZERO,
-            };
+            let wire = super::lean::Wire::Sse;
+            let lean =
+                super::lean::Lean::new(shard.clone(), wire, events, None, Some(acked), None, HEARTBEAT, Duration::ZERO);
             let st = super::lean::State::new(Vec::new(), 0);
             drop(buf);
-            Either::Left(super::lean::run(tcp, st, lean, ends).map(done))
+            Either::Left(super::lean::run(tcp, st, lean, ends))
         }
         stream => {
             let (rd, wr) = stream.into_split();
@@ -165,7 +156,7 @@ pub fn session(
                 Box::pin(monoio::time::sleep(WRITE_STALL)).await;
             };
             let serve = select(Box::pin(until_closed(rd, buf)), Box::pin(write_events(wr, events)));
-            Either::Right(Box::pin(select(Box::pin(serve), Box::pin(ended)).map(|_| ())).map(done))
+            Either::Right(Box::pin(select(Box::pin(serve), Box::pin(ended)).map(move |_| drop(acked))))
         }
     }
 }

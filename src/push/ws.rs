@@ -13,7 +13,7 @@ use futures::FutureExt as _;
 use monoio::io::AsyncWriteRent;
 
 use super::wsmsg::{close_bytes, on_message, AckedSession, Ends, Replies, Step, WRITE_BATCH, WRITE_STALL};
-use super::{attach_acked, detach_acked, Kind, Outbound, Publisher};
+use super::{attach_acked, Kind, Outbound, Publisher};
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::server::stream::ReadHalf;
 use crate::server::SessionSpec;
@@ -31,7 +31,7 @@ async fn read_half<R: monoio::io::AsyncReadRent>(
     buf: Vec<u8>,
     max_message: usize,
     ctl: queue::Sender<Outbound>,
-    (acked, replies): (Option<Box<AckedSession>>, Replies),
+    (acked, replies): (Option<Rc<AckedSession>>, Replies),
     heard: Rc<Cell<Instant>>,
 ) {
     // Metered like an HTTP connection (see `server::conn::serve`): after a message that took
@@ -46,7 +46,7 @@ async fn read_messages<R: monoio::io::AsyncReadRent>(
     mut buf: Vec<u8>,
     max_message: usize,
     ctl: queue::Sender<Outbound>,
-    (acked, mut replies): (Option<Box<AckedSession>>, Replies),
+    (acked, mut replies): (Option<Rc<AckedSession>>, Replies),
     heard: Rc<Cell<Instant>>,
     meter: &crate::task::Meter,
 ) {
@@ -224,21 +224,13 @@ pub(super) fn run(
     ends: Option<Ends>,
 ) -> impl std::future::Future<Output = ()> {
     let Io { stream, buf, limits, events, queued } = io;
-    let replies = Replies { shard: shard.clone(), replier, publisher };
+    let replies = Replies::new(shard.clone(), replier, publisher);
     match stream {
         crate::server::Stream::Plain(tcp) => {
             let every = shard.shared.config.ws_ping_interval;
             let (shard, wire, replies) = (shard.clone(), super::lean::Wire::Ws, Some(replies));
-            let lean = super::lean::Lean {
-                shard,
-                wire,
-                events,
-                queued,
-                acked,
-                replies,
-                every,
-                linger: limits.delivery_linger,
-            };
+            let lean =
+                super::lean::Lean::new(shard, wire, events, queued, acked, replies, every, limits.delivery_linger);
             let st = super::lean::State::new(buf, limits.ws_max_message);
             Either::Left(super::lean::run(tcp, st, lean, ends))
         }
@@ -263,6 +255,9 @@ fn run_split(
     ends: Ends,
 ) -> impl std::future::Future<Output = ()> {
     let Io { stream, mut buf, limits, events, queued } = io;
+    // The session is detached when the last of these goes: with the session, not with its reader.
+    let acked: Option<Rc<AckedSession>> = acked.map(Rc::from);
+    let held = acked.clone();
     // The HTTP read buffer came along with the upgrade; keep only what it holds.
     buf.shrink_to_fit();
     let (rd, wr) = stream.into_split();
@@ -302,6 +297,7 @@ fn run_split(
     };
     let writer = monoio::spawn(write_half(count_write, wr, events, ctl_rx, limits.delivery_linger, queued));
     async move {
+        let _held = held;
         match select(reader, writer).await {
             // The reader is done (close asked or peer gone): let the writer send what it must.
             Either::Left(((), writer)) => writer.await,
@@ -327,7 +323,8 @@ pub fn session(
     spec: Box<SessionSpec>,
     publisher: Publisher,
 ) -> impl std::future::Future<Output = ()> {
-    let (events, acked, live_id, queued) = if spec.acked {
+    // An acknowledged session is detached when its `AckedSession` goes; a live one here.
+    let (events, acked, live, queued) = if spec.acked {
         let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Ws);
         let acked = AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at };
         (events, Some(Box::new(acked)), None, None)
@@ -337,11 +334,9 @@ pub fn session(
             shard.shared.follow_topic(&spec.topic);
             shard.announce(&spec.subscription, &spec.topic, InterestChange::Attach);
         }
-        (events, None, Some(id), Some(queued))
+        (events, None, Some(Box::new((id, spec.subscription.clone(), spec.topic.clone()))), Some(queued))
     };
-    let detach = acked.as_ref().map(|a| (a.consumer.clone(), a.at));
     let replier = Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone(), agent: None };
-    let (subscription, topic) = (spec.subscription.clone(), spec.topic.clone());
     // An expired credential or a revoked permission closes the session (1008); a session
     // opened without one (`auth = none`) has nothing to watch.
     let guard: Option<Ends> = match spec.principal.is_some() {
@@ -353,14 +348,12 @@ pub fn session(
     };
     let io = Io { stream, buf, limits, events, queued };
     // A map, not an `async` block: one awaiting the session's future would hold it twice.
-    run(&shard, io, acked, (replier, publisher), guard).map(move |()| match (detach, live_id) {
-        (Some((consumer, at)), _) => detach_acked(&shard, consumer, &topic, at),
-        (None, Some(id)) => {
-            if shard.sessions.remove(&subscription, id) {
-                shard.announce(&subscription, &topic, InterestChange::Detach);
+    run(&shard, io, acked, (replier, publisher), guard).map(move |()| {
+        if let Some((id, subscription, topic)) = live.as_deref() {
+            if shard.sessions.remove(subscription, *id) {
+                shard.announce(subscription, topic, InterestChange::Detach);
             }
         }
-        (None, None) => {}
     })
 }
 

@@ -39,11 +39,29 @@ struct ReplyFrame<'a> {
 /// Where a session's `reply`, `chunk` and `publish` frames go, and who sends them.
 pub(super) struct Replies {
     pub(super) shard: Rc<Shard>,
-    pub(super) replier: Replier,
+    /// Who replies: `None` for nobody in particular (`auth = none`, not an agent), as most
+    /// idle sessions' is (boxed: the 56 bytes of a `Replier` are held only when they say something).
+    replier: Option<Box<Replier>>,
     pub(super) publisher: Publisher,
 }
 
 impl Replies {
+    pub(super) fn new(shard: Rc<Shard>, replier: Replier, publisher: Publisher) -> Replies {
+        let anybody = replier.principal.is_none() && replier.tenant.is_none() && replier.agent.is_none();
+        Replies { shard, replier: (!anybody).then(|| Box::new(replier)), publisher }
+    }
+
+    fn replier(&self) -> Replier {
+        match &self.replier {
+            Some(r) => Replier::clone(r),
+            None => Replier { principal: None, tenant: None, agent: None },
+        }
+    }
+
+    fn tenant(&self) -> Option<&str> {
+        self.replier.as_ref()?.tenant.as_deref()
+    }
+
     /// Hands one reply to its requester. Only a failure is answered, with a text frame
     /// `{"type":"error","id":<emcorrelationid>,"status":S,"detail":D}` (404: nobody waits for
     /// it; 403: the ACL; 400: not a valid CloudEvent), returned; the session goes on either way.
@@ -58,14 +76,14 @@ impl Replies {
             Err(e) => (None, 400, e.to_string()),
             Ok(frame) => {
                 let id = frame.body().attr_str("emcorrelationid").map(str::to_owned);
-                let who = self.replier.principal.as_deref().unwrap_or("anonymous");
-                match self.shard.send_reply(frame, self.replier.clone()).await {
+                let who = self.replier.as_ref().and_then(|r| r.principal.as_deref()).unwrap_or("anonymous");
+                match self.shard.send_reply(frame, self.replier()).await {
                     Ok(ReplyOutcome::Delivered) => return None,
                     Ok(outcome) => {
                         if let ReplyOutcome::Denied { topic, rule } = &outcome {
                             let p = crate::governance::identity::Principal {
                                 name: who.to_owned(),
-                                tenant: self.replier.tenant.clone(),
+                                tenant: self.tenant().map(str::to_owned),
                                 expires_us: None,
                             };
                             let detail = rule.as_ref().map(|r| format!("rule {r}"));
@@ -89,7 +107,7 @@ impl Replies {
     /// agent's, 409 no turn in progress, 429 streams too far behind, 400 malformed).
     fn chunk(&self, text: &str) -> Option<Vec<u8>> {
         let taken = || -> Result<(), (Option<String>, u16, String)> {
-            let Some((agent, gen)) = self.replier.agent.as_deref() else {
+            let Some((agent, gen)) = self.replier.as_ref().and_then(|r| r.agent.as_deref()) else {
                 return Err((None, 400, "chunk frames are sent on an agent's WebSocket (GET /agent/ws)".into()));
             };
             let body = ChunkBody::parse(text.as_bytes()).map_err(|m| (None, 400, m))?;
@@ -98,7 +116,7 @@ impl Replies {
             };
             let mut t = String::new();
             let c = body.chunk(&mut t).map_err(|m| (Some(sid.to_owned()), 400, m))?;
-            let key = session_key(self.replier.tenant.as_deref(), sid);
+            let key = session_key(self.tenant(), sid);
             let now = crate::model::clock::now_ms();
             match self.shard.shared.calls.chunk(&key, (agent, Some(*gen)), &c, now) {
                 Ok(_) => Ok(()),
@@ -120,12 +138,21 @@ fn error_frame(id: Option<String>, status: u16, detail: String) -> Vec<u8> {
     out
 }
 
-/// Where an acknowledged session's control messages go.
+/// Where an acknowledged session's control messages go. Dropped, it detaches the session
+/// (`push::detach_acked`): whichever driver serves the session holds it to its end.
 pub(super) struct AckedSession {
     pub(super) shard: Rc<Shard>,
     pub(super) consumer: ConsumerKey,
     pub(super) topic: String,
     pub(super) at: SessionRef,
+}
+
+impl Drop for AckedSession {
+    fn drop(&mut self) {
+        let consumer =
+            std::mem::replace(&mut self.consumer, ConsumerKey { subscription: String::new(), client: String::new() });
+        super::detach_acked(&self.shard, consumer, &self.topic, self.at);
+    }
 }
 
 impl AckedSession {

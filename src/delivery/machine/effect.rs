@@ -69,6 +69,9 @@ pub(super) fn persist(
     if same {
         return;
     }
-    part.stored = Some(snap.clone());
+    match &mut part.stored {
+        Some(st) => (**st).clone_from(&snap),
+        None => part.stored = Some(Box::new(snap.clone())),
+    }
     out.push(Effect::Persist { key: key.clone(), topic: topic.to_owned(), partition: p, stored: snap });
 }

@@ -146,8 +146,9 @@ pub(super) struct Part {
     pub(super) retry: BTreeMap<u64, Retry>,
     /// Being appended to the dead-letter topic, with the attempts made.
     pub(super) dead: BTreeMap<u64, u16>,
-    /// What was last stored (`None`: nothing yet, or a consumer whose positions are not kept).
-    pub(super) stored: Option<Stored>,
+    /// What was last stored (`None`: nothing yet, or a consumer whose positions are not kept,
+    /// as every anonymous session's are not: boxed, so those hold a pointer for it).
+    pub(super) stored: Option<Box<Stored>>,
     /// Stopped because its session's window was full: an ack elsewhere may unblock it.
     pub(super) stalled: bool,
 }
@@ -179,7 +180,7 @@ impl Part {
             .filter(|(o, _)| (st.committed..next).contains(o))
             .map(|&(o, attempt)| (o, Retry { attempt, due: now }))
             .collect();
-        Part { next, retry, stored: persist.then(|| st.clone()), ..Part::default() }
+        Part { next, retry, stored: persist.then(|| Box::new(st.clone())), ..Part::default() }
     }
 
     /// Gives back what the queue and maps grew, once nothing is in flight: a `VecDeque` keeps
