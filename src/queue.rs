@@ -13,22 +13,25 @@ use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+/// 72 bytes: every session holds one (its events), so the rarely used parts are small.
 struct Chan<T> {
     items: VecDeque<T>,
-    bound: usize,
-    senders: usize,
+    bound: u32,
+    senders: u32,
     /// `close_channel` was called or the receiver is gone: nothing more is accepted.
     closed: bool,
     receiver: Option<Waker>,
     /// The receiver is waiting: the next item wakes it (and only that one, as futures' does).
     parked: bool,
-    /// Senders waiting in [`Sender::send`] for room.
-    waiting: Vec<Waker>,
+    /// Senders waiting in [`Sender::send`] for room (boxed: most queues never have one, and
+    /// every session's queue would hold an empty `Vec`'s 24 bytes).
+    #[allow(clippy::box_collection)]
+    waiting: Option<Box<Vec<Waker>>>,
 }
 
 impl<T> Chan<T> {
     fn full(&self) -> bool {
-        self.items.len() >= self.bound + self.senders
+        self.items.len() >= self.bound as usize + self.senders as usize
     }
 
     /// Wakes a waiting receiver once. The waker is kept, not taken: the receiver's next wait
@@ -76,12 +79,12 @@ pub struct Receiver<T> {
 pub fn channel<T>(bound: usize) -> (Sender<T>, Receiver<T>) {
     let chan = Rc::new(RefCell::new(Chan {
         items: VecDeque::new(),
-        bound,
+        bound: u32::try_from(bound).unwrap_or(u32::MAX),
         senders: 1,
         closed: false,
         receiver: None,
         parked: false,
-        waiting: Vec::new(),
+        waiting: None,
     }));
     (Sender { chan: chan.clone() }, Receiver { chan })
 }
@@ -122,8 +125,9 @@ impl<T> Sender<T> {
                 return Poll::Ready(Err(item.take().expect("polled after ready")));
             }
             if c.full() {
-                if !c.waiting.iter().any(|w| w.will_wake(cx.waker())) {
-                    c.waiting.push(cx.waker().clone());
+                let waiting = c.waiting.get_or_insert_default();
+                if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                    waiting.push(cx.waker().clone());
                 }
                 return Poll::Pending;
             }
@@ -139,7 +143,7 @@ impl<T> Sender<T> {
         let mut c = self.chan.borrow_mut();
         c.closed = true;
         c.wake_receiver();
-        for w in c.waiting.drain(..) {
+        for w in c.waiting.take().into_iter().flat_map(|w| *w) {
             w.wake();
         }
     }
@@ -192,7 +196,7 @@ impl<T> Receiver<T> {
         let mut c = self.chan.borrow_mut();
         match c.items.pop_front() {
             Some(item) => {
-                if let Some(w) = c.waiting.pop() {
+                if let Some(w) = c.waiting.as_mut().and_then(|w| w.pop()) {
                     w.wake();
                 }
                 Ok(item)
@@ -210,7 +214,7 @@ impl<T> Drop for Receiver<T> {
         c.receiver = None;
         // Whatever is queued is of no use now; drop it (and what it pins) at once.
         c.items.clear();
-        for w in c.waiting.drain(..) {
+        for w in c.waiting.take().into_iter().flat_map(|w| *w) {
             w.wake();
         }
     }

@@ -409,15 +409,18 @@ impl Heap {
     }
 }
 
-/// Frees the calling thread's empty heap pages and returns those empty for a second to the
-/// system (mimalloc holds them otherwise until the thread allocates enough to collect on its
-/// own, which an idle server never does: the memory a burst of connecting clients used would
-/// stay resident). Called once a second on each runtime thread ([`crate::server::deadline`]).
+/// Frees the calling thread's empty heap pages and returns them to the system (mimalloc holds
+/// them otherwise until the thread allocates enough to collect on its own, which an idle
+/// server never does: the memory a burst of connecting clients used would stay resident).
+/// Forced (`mi_collect(true)`): without it, pages emptied since the last second (a broadcast's
+/// per-session renderings, say) stay resident until a later pass, about 230 bytes per idle
+/// session of 10,000 (perf/RESULTS.md); the pass costs nothing measurable once a second.
+/// Called once a second on each runtime thread ([`crate::server::deadline`]).
 /// Nothing when the process's heap is not [`Heap`] or is the C library's.
 pub fn collect_heap() {
     if HEAP.load(std::sync::atomic::Ordering::Relaxed) == 1 {
         // SAFETY: mi_collect takes no pointer and only walks the calling thread's own heap.
-        unsafe { libmimalloc_sys::mi_collect(false) }
+        unsafe { libmimalloc_sys::mi_collect(true) }
     }
 }
 

@@ -388,8 +388,9 @@ pub(super) struct SessionPublisher {
     caller: Caller,
     who: Rc<Principal>,
     /// The credential the session was opened with: once the keys no longer verify it (or it
-    /// expires), its publish messages are refused with 401.
-    credential: Option<Credential>,
+    /// expires), its publish messages are refused with 401. (Boxed: a session opened without
+    /// one, under `auth = none`, holds a pointer.)
+    credential: Option<Box<Credential>>,
     /// The policy generation it was last verified under: verified again only after a change
     /// (a JWT's signature costs far more than a publish).
     verified: u64,
@@ -419,7 +420,7 @@ impl SessionPublisher {
             traffic,
             caller: caller.take().expect("one session per connection"),
             who,
-            credential,
+            credential: credential.map(Box::new),
         })
     }
 

@@ -123,7 +123,7 @@ pub async fn websocket(
         tenant: spec.tenant.clone(),
         agent: agent.clone().map(Box::new),
     };
-    let io = super::ws::Io { stream, buf, limits, events, queued: None };
+    let io = super::ws::Io { stream, buf, limits, events, live: None };
     let Some(claim) = claim else {
         // Another subscriber claimed it since the 101 was decided.
         let ends = Box::pin(async { Some("the session has another subscriber") });

@@ -9,7 +9,7 @@
 //! table (`server::deadline`), not a timer of its own. TLS sessions, whose bytes go through
 //! rustls, keep the reader and writer tasks of `ws`.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::future::Future;
 use std::os::fd::AsRawFd;
 use std::pin::pin;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use monoio::net::TcpStream;
 
-use super::wsmsg::{close_bytes, on_message, AckedSession, Ends, Replies, Step, WRITE_BATCH, WRITE_STALL};
+use super::wsmsg::{close_bytes, on_message, AckedSession, Ends, Live, Replies, Step, WRITE_BATCH, WRITE_STALL};
 use super::Outbound;
 use crate::queue;
 use crate::server::deadline;
@@ -71,8 +71,8 @@ pub(super) struct Lean {
     pub shard: Rc<crate::shard::core::Shard>,
     pub wire: Wire,
     pub events: queue::Receiver<Outbound>,
-    /// What `events` holds, in bytes (live fan-out sessions).
-    pub queued: Option<Rc<Cell<usize>>>,
+    /// A live fan-out session's registration, with what `events` holds in bytes.
+    live: Option<Box<Live>>,
     /// Boxed: most live fan-out sessions have none. (An event stream's is held only to detach
     /// it when the stream goes.)
     pub acked: Option<Box<AckedSession>>,
@@ -92,7 +92,7 @@ impl Lean {
         shard: Rc<crate::shard::core::Shard>,
         wire: Wire,
         events: queue::Receiver<Outbound>,
-        queued: Option<Rc<Cell<usize>>>,
+        live: Option<Box<Live>>,
         acked: Option<Box<AckedSession>>,
         replies: Option<Replies>,
         every: Duration,
@@ -100,7 +100,7 @@ impl Lean {
     ) -> Lean {
         let every_ms = u32::try_from(every.as_millis()).unwrap_or(u32::MAX);
         let linger_us = u32::try_from(linger.as_micros()).unwrap_or(u32::MAX);
-        Lean { shard, wire, events, queued, acked, replies, every_ms, linger_us }
+        Lean { shard, wire, events, live, acked, replies, every_ms, linger_us }
     }
 
     fn every(&self) -> Duration {
@@ -123,8 +123,9 @@ pub(super) struct State {
     heard: Instant,
     /// The last read filled its buffer: more may wait without a readiness wait.
     more: bool,
-    /// Reads taken: every `task::TURN` of them the session lets others run.
-    turns: u32,
+    /// Reads taken: every `task::TURN` of them the session lets others run (a `u16` wraps
+    /// at a multiple of it; with the flags and `unacked` it fills 8 bytes).
+    turns: u16,
     /// Something went out since the last keep-alive turn.
     wrote: bool,
     /// What the socket's send queue held unacknowledged at the last keep-alive turn.
@@ -219,19 +220,18 @@ enum Wake {
 }
 
 /// Drives the session until either side closes it. `ends` resolving with `Some(reason)` closes
-/// it with 1008 and that reason. A plain function returning the future: the `async` block uses
+/// it with 1008 and that reason (boxed: most sessions have none to watch). A plain function returning the future: the `async` block uses
 /// its captures in place, so each is stored once.
 pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> impl Future<Output = ()> {
-    let (mut st, mut s, mut ends) = (st, s, ends.map(Woken::new));
+    let (mut st, mut s, mut ends) = (st, s, ends.map(|e| Box::new(Woken::new(e))));
     async move {
         let fd = stream.as_raw_fd();
-        let meter = crate::task::Meter::default();
         let mut readable = pin!(stream.readable(false));
         let mut tick = pin!(deadline::within(s.every(), std::future::pending::<()>()));
         // Bytes that came with the upgrade request may already be messages.
         let mut end = match st.pending.is_empty() {
             true => None,
-            false => Box::pin(crate::task::metered(&meter, st.take(&stream, &mut s, &meter, false))).await,
+            false => Box::pin(st.take_metered(&stream, &mut s, false)).await,
         };
         // Reads and writes take turns when both are ready: a client streaming frames does not
         // starve its own deliveries, nor a busy fan-out its reads.
@@ -274,7 +274,7 @@ pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> 
                         readable.set(stream.readable(false));
                     }
                     read_first = false;
-                    Box::pin(crate::task::metered(&meter, st.take(&stream, &mut s, &meter, true))).await
+                    Box::pin(st.take_metered(&stream, &mut s, true)).await
                 }
                 Wake::Out(m) => {
                     read_first = true;
@@ -319,6 +319,14 @@ pub(super) fn run(stream: TcpStream, st: State, s: Lean, ends: Option<Ends>) -> 
 }
 
 impl State {
+    /// [`State::take`], metered like an HTTP connection's requests (`task::Meter`): a message
+    /// that took over `task::HEAVY` of the core (a 10,000-id ack) waits its turn in the heavy
+    /// lane after it. The meter lives in the take's (boxed) future, not in the idle session's.
+    async fn take_metered(&mut self, stream: &TcpStream, s: &mut Lean, fresh: bool) -> Option<End> {
+        let meter = crate::task::Meter::default();
+        crate::task::metered(&meter, self.take(stream, s, &meter, fresh)).await
+    }
+
     /// Takes what the socket has (`fresh`: after a readiness wait; otherwise only the bytes
     /// already pending) and acts on every whole message in it, sending their answers.
     async fn take(&mut self, stream: &TcpStream, s: &mut Lean, meter: &crate::task::Meter, fresh: bool) -> Option<End> {
@@ -329,7 +337,7 @@ impl State {
         if fresh {
             // A client streaming frames must not hold the core (see `task::yield_now`).
             self.turns = self.turns.wrapping_add(1);
-            if self.turns % crate::task::TURN == 0 {
+            if u32::from(self.turns) % crate::task::TURN == 0 {
                 crate::task::yield_now().await;
             }
             if buf.capacity() - buf.len() < READ / 4 {
@@ -403,7 +411,8 @@ impl State {
     fn gather(&mut self, s: &mut Lean, first: Outbound) -> Option<End> {
         // What is taken off the events queue no longer counts against the session's bytes.
         let taken = |m: Outbound| {
-            if let (Some(q), Outbound::Frame(b)) = (&s.queued, &m) {
+            if let (Some(l), Outbound::Frame(b)) = (&s.live, &m) {
+                let q = &l.queued;
                 q.set(q.get().saturating_sub(b.len()));
             }
             m
@@ -420,10 +429,11 @@ impl State {
                 next = s.events.try_recv().ok().map(taken);
             }
         }
-        if n == 1 {
-            // A quiet session (one event at a time) gives its queue's ring back now, not at
-            // the keep-alive turn: idle sessions would each hold it between events. A busy one
-            // keeps it (no allocation per write).
+        if n <= 2 {
+            // A quiet session (one event at a time: one frame, or an SSE stream's own head and
+            // shared tail) gives its queue's ring back now, not at the keep-alive turn: idle
+            // sessions would each hold it between events. A busy one keeps it (no allocation
+            // per write).
             s.events.shrink_idle();
         }
         None

@@ -12,13 +12,12 @@ use futures::future::{select, Either};
 use futures::FutureExt as _;
 use monoio::io::AsyncWriteRent;
 
-use super::wsmsg::{close_bytes, on_message, AckedSession, Ends, Replies, Step, WRITE_BATCH, WRITE_STALL};
+use super::wsmsg::{close_bytes, on_message, AckedSession, Ends, Live, Replies, Step, WRITE_BATCH, WRITE_STALL};
 use super::{attach_acked, Kind, Outbound, Publisher};
 use crate::server::conn::{read_more_sized, ConnLimits, ReadOutcome};
 use crate::server::stream::ReadHalf;
 use crate::server::SessionSpec;
 use crate::shard::core::Shard;
-use crate::shard::message::InterestChange;
 use crate::shard::requests::Replier;
 use crate::sys::SharedFrames;
 use crate::ws::{encode_frame, CloseCode, MessageReader, OpCode};
@@ -205,8 +204,8 @@ pub(super) struct Io {
     pub buf: Vec<u8>,
     pub limits: ConnLimits,
     pub events: queue::Receiver<Outbound>,
-    /// What `events` holds, in bytes (live fan-out sessions).
-    pub queued: Option<Rc<Cell<usize>>>,
+    /// A live fan-out session's registration (and what `events` holds, in bytes).
+    pub live: Option<Box<Live>>,
 }
 
 /// Drives a WebSocket session: a reader (pings, close, acks of `acked`, reply frames), a
@@ -223,21 +222,20 @@ pub(super) fn run(
     (replier, publisher): (Replier, Publisher),
     ends: Option<Ends>,
 ) -> impl std::future::Future<Output = ()> {
-    let Io { stream, buf, limits, events, queued } = io;
+    let Io { stream, buf, limits, events, live } = io;
     let replies = Replies::new(shard.clone(), replier, publisher);
     match stream {
         crate::server::Stream::Plain(tcp) => {
             let every = shard.shared.config.ws_ping_interval;
             let (shard, wire, replies) = (shard.clone(), super::lean::Wire::Ws, Some(replies));
-            let lean =
-                super::lean::Lean::new(shard, wire, events, queued, acked, replies, every, limits.delivery_linger);
+            let lean = super::lean::Lean::new(shard, wire, events, live, acked, replies, every, limits.delivery_linger);
             let st = super::lean::State::new(buf, limits.ws_max_message);
             Either::Left(super::lean::run(tcp, st, lean, ends))
         }
         stream => {
             let ends = ends.unwrap_or_else(|| Box::pin(std::future::pending()));
             // Boxed: a TLS session's futures are larger, and the plain ones' would take their room.
-            Either::Right(Box::pin(run_split(shard, Io { stream, buf, limits, events, queued }, acked, replies, ends)))
+            Either::Right(Box::pin(run_split(shard, Io { stream, buf, limits, events, live }, acked, replies, ends)))
         }
     }
 }
@@ -254,10 +252,11 @@ fn run_split(
     replies: Replies,
     ends: Ends,
 ) -> impl std::future::Future<Output = ()> {
-    let Io { stream, mut buf, limits, events, queued } = io;
+    let Io { stream, mut buf, limits, events, live } = io;
     // The session is detached when the last of these goes: with the session, not with its reader.
     let acked: Option<Rc<AckedSession>> = acked.map(Rc::from);
-    let held = acked.clone();
+    let queued = live.as_ref().map(|l| l.queued.clone());
+    let held = (acked.clone(), live);
     // The HTTP read buffer came along with the upgrade; keep only what it holds.
     buf.shrink_to_fit();
     let (rd, wr) = stream.into_split();
@@ -323,18 +322,14 @@ pub fn session(
     spec: Box<SessionSpec>,
     publisher: Publisher,
 ) -> impl std::future::Future<Output = ()> {
-    // An acknowledged session is detached when its `AckedSession` goes; a live one here.
-    let (events, acked, live, queued) = if spec.acked {
+    // Detached when its `AckedSession`, or its `Live`, goes.
+    let (events, acked, live) = if spec.acked {
         let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Ws);
         let acked = AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at };
-        (events, Some(Box::new(acked)), None, None)
+        (events, Some(Box::new(acked)), None)
     } else {
-        let (id, events, queued, first) = shard.sessions.add(&spec.subscription);
-        if first {
-            shard.shared.follow_topic(&spec.topic);
-            shard.announce(&spec.subscription, &spec.topic, InterestChange::Attach);
-        }
-        (events, None, Some(Box::new((id, spec.subscription.clone(), spec.topic.clone()))), Some(queued))
+        let (live, events) = Live::add(&shard, &spec.subscription, &spec.topic);
+        (events, None, Some(live))
     };
     let replier = Replier { principal: spec.principal.clone(), tenant: spec.tenant.clone(), agent: None };
     // An expired credential or a revoked permission closes the session (1008); a session
@@ -346,15 +341,8 @@ pub fn session(
         }
         false => None,
     };
-    let io = Io { stream, buf, limits, events, queued };
-    // A map, not an `async` block: one awaiting the session's future would hold it twice.
-    run(&shard, io, acked, (replier, publisher), guard).map(move |()| {
-        if let Some((id, subscription, topic)) = live.as_deref() {
-            if shard.sessions.remove(subscription, *id) {
-                shard.announce(subscription, topic, InterestChange::Detach);
-            }
-        }
-    })
+    let io = Io { stream, buf, limits, events, live };
+    run(&shard, io, acked, (replier, publisher), guard)
 }
 
 #[cfg(test)]

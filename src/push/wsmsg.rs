@@ -3,15 +3,18 @@
 //! `publish` messages, pings and closes. Shared by both session drivers: `lean` (a plain
 //! socket, one task driven by readiness) and `ws` (TLS, a reader and a writer task).
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::Publisher;
+use super::{Outbound, Publisher};
 use crate::delivery::{group_ids, MAX_WINDOW};
 use crate::model::delivery::{AckKind, ConsumerKey, SessionRef};
 use crate::model::ReplyOutcome;
+use crate::queue;
 use crate::shard::calls::{session_key, ChunkBody};
 use crate::shard::core::Shard;
+use crate::shard::message::InterestChange;
 use crate::shard::message::{SessionChange, SessionEvent};
 use crate::shard::requests::Replier;
 use crate::ws::{encode_frame, CloseCode, Message, OpCode};
@@ -176,6 +179,40 @@ impl AckedSession {
         let by = group_ids(ids.iter().map(String::as_str)).map_err(|_| CloseCode::POLICY)?;
         self.shard.route_acks(&self.consumer, &self.topic, by, kind, false).map_err(|_| CloseCode::POLICY)?;
         Ok(())
+    }
+}
+
+/// A live (`ack=none`) session's place in its shard's registry: dropped, it leaves it (and the
+/// shard's interest in the subscription goes with its last session). Whichever driver serves
+/// the session holds it to its end.
+pub(super) struct Live {
+    shard: Rc<Shard>,
+    id: u64,
+    subscription: String,
+    topic: String,
+    /// What the session's queue holds, in bytes.
+    pub(super) queued: Rc<Cell<usize>>,
+}
+
+impl Live {
+    /// Registers a live session of `subscription` on this shard; returns it and its queue.
+    pub(super) fn add(shard: &Rc<Shard>, subscription: &str, topic: &str) -> (Box<Live>, queue::Receiver<Outbound>) {
+        let (id, events, queued, first) = shard.sessions.add(subscription);
+        if first {
+            shard.shared.follow_topic(topic);
+            shard.announce(subscription, topic, InterestChange::Attach);
+        }
+        let live =
+            Live { shard: shard.clone(), id, subscription: subscription.to_owned(), topic: topic.to_owned(), queued };
+        (Box::new(live), events)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if self.shard.sessions.remove(&self.subscription, self.id) {
+            self.shard.announce(&self.subscription, &self.topic, InterestChange::Detach);
+        }
     }
 }
 

@@ -117,7 +117,12 @@ pub struct Sessions {
     /// to every acknowledged session of a broadcast one after another, so each event is
     /// rendered once per shard and kind, not once per session.
     rendered: RefCell<Option<RenderCache>>,
+    /// The shared tails of the frames last delivered to SSE streams whose ids name them
+    /// (`owned_tail`), with the size each counts in its chunk.
+    tails: RefCell<OwnedTails>,
 }
+
+type OwnedTails = Option<(std::sync::Arc<[Frame]>, Vec<Option<(Rc<Vec<u8>>, usize)>>)>;
 
 struct RenderCache {
     frames: std::sync::Arc<[Frame]>,
@@ -128,14 +133,8 @@ struct RenderCache {
 /// A delivered event as structured-mode JSON with the `em*` extensions.
 pub fn event_json(frame: &Frame, attempt: u16) -> Vec<u8> {
     let h = frame.header();
-    event_json_as(frame, attempt, delivery_id(h.partition, h.offset, attempt))
-}
-
-/// [`event_json`] with the delivery id given.
-fn event_json_as(frame: &Frame, attempt: u16, id: String) -> Vec<u8> {
-    let h = frame.header();
     let extra = [
-        ("emdeliveryid", AttrValue::Str(id)),
+        ("emdeliveryid", AttrValue::Str(delivery_id(h.partition, h.offset, attempt))),
         ("empartition", AttrValue::Int(i64::from(h.partition))),
         ("emoffset", AttrValue::Str(h.offset.to_string())),
         ("emattempt", AttrValue::Int(i64::from(attempt))),
@@ -164,14 +163,48 @@ pub fn render(frame: &Frame, attempt: u16, kind: Kind) -> Rc<Vec<u8>> {
     Rc::new(out)
 }
 
-/// The rendering of one stored event for the SSE stream `session` of shard `shard` whose
-/// delivery ids name it (`delivery::owned_delivery_id`), in `id:` and in `emdeliveryid`.
-fn render_owned(frame: &Frame, attempt: u16, shard: u16, session: u64) -> Vec<u8> {
+/// An event for SSE streams whose delivery ids name them (`delivery::owned_delivery_id`), in
+/// two parts: the stream's own head ([`owned_head`]: the chunk's size, `id:`, and the `data:`
+/// line's start, the `em*` extensions first in the object) and the tail every such stream of
+/// the shard shares: the event's own attributes, then the ends of the event and the chunk. A
+/// broadcast to many streams holds one copy of the event and a hundred bytes a stream, not a
+/// copy a stream. Returns the tail and how many of its bytes count in the chunk's size.
+fn owned_tail(frame: &Frame) -> (Rc<Vec<u8>>, usize) {
+    let mut json = Vec::with_capacity(frame.as_bytes().len() + 16);
+    write_structured(frame, &[], &mut json);
+    // `{` opens it, and a stored event always has attributes: the head's comma is in place.
+    debug_assert!(json.len() > 2 && json[0] == b'{');
+    let mut out = Vec::with_capacity(json.len() + 16);
+    // Lines as `event` writes them: the first continues the head's `data:` line.
+    for (n, line) in json[1..].split(|&b| b == b'\n' || b == b'\r').enumerate() {
+        if n > 0 && line.is_empty() {
+            continue;
+        }
+        if n > 0 {
+            out.extend_from_slice(b"data: ");
+        }
+        out.extend_from_slice(line);
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    let counted = out.len();
+    out.extend_from_slice(b"\r\n");
+    (Rc::new(out), counted)
+}
+
+/// The SSE stream `session`'s head of an event whose tail ([`owned_tail`]) has `tail` bytes.
+fn owned_head(frame: &Frame, attempt: u16, (shard, session): (u16, u64), tail: usize) -> Vec<u8> {
     let h = frame.header();
     let id = owned_delivery_id(h.partition, h.offset, attempt, u32::from(shard), session);
-    let json = event_json_as(frame, attempt, id.clone());
-    let mut out = Vec::with_capacity(json.len() + 96);
-    event(&id, &json, &mut out);
+    let mut payload = Vec::with_capacity(id.len() * 2 + 96);
+    payload.extend_from_slice(b"id: ");
+    payload.extend_from_slice(id.as_bytes());
+    payload.extend_from_slice(b"\ndata: {\"emdeliveryid\":\"");
+    payload.extend_from_slice(id.as_bytes());
+    let rest = format!("\",\"empartition\":{},\"emoffset\":\"{}\",\"emattempt\":{attempt},", h.partition, h.offset);
+    payload.extend_from_slice(rest.as_bytes());
+    let mut out = format!("{:x}\r\n", payload.len() + tail).into_bytes();
+    out.extend_from_slice(&payload);
     out
 }
 
@@ -243,7 +276,9 @@ impl Sessions {
     ) -> (u64, queue::Receiver<Outbound>) {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        let (tx, rx) = queue::channel(crate::delivery::MAX_WINDOW as usize * shards);
+        // An owned stream's events are two items each (its head and the shared tail).
+        let per_event = if owned { 2 } else { 1 };
+        let (tx, rx) = queue::channel(crate::delivery::MAX_WINDOW as usize * shards * per_event);
         let subscription = subscription.to_owned();
         self.acked.borrow_mut().insert(id, AckedTx { subscription, kind, owned, tx });
         (id, rx)
@@ -287,11 +322,18 @@ impl Sessions {
                 return self.push_to_webhook(id, d, picked());
             };
             if s.owned {
-                // Its own ids in every rendering: nothing to share.
+                // Its own head, and the tail every such stream shares.
+                let mut tails = self.tails.borrow_mut();
+                if !matches!(&*tails, Some((f, _)) if std::sync::Arc::ptr_eq(f, &d.frames)) {
+                    *tails = Some((d.frames.clone(), vec![None; d.frames.len()]));
+                }
+                let (_, cached) = tails.as_mut().expect("just filled");
                 for (k, i) in picked().enumerate() {
                     let attempt = d.attempts.get(k).copied().unwrap_or(1);
-                    let bytes = Rc::new(render_owned(&d.frames[i], attempt, self.shard, id));
-                    if s.tx.try_send(Outbound::Frame(bytes)).is_err() {
+                    let (tail, counted) = cached[i].get_or_insert_with(|| owned_tail(&d.frames[i])).clone();
+                    let head = Rc::new(owned_head(&d.frames[i], attempt, (self.shard, id), counted));
+                    let sent = s.tx.try_send(Outbound::Frame(head)).and_then(|()| s.tx.try_send(Outbound::Frame(tail)));
+                    if sent.is_err() {
                         s.tx.close_channel();
                         return k as u64;
                     }
@@ -462,5 +504,31 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let payload = "id: 0:7:1\ndata: {\"data\":\ndata:  {\"a\": 1}\ndata: }\n\n";
         assert_eq!(text, format!("{:x}\r\n{payload}\r\n", payload.len()));
+    }
+
+    /// An SSE stream whose ids name it gets its own head and the shared tail; together they are
+    /// one chunk, an event whose `data:` lines join into the same CloudEvent as any stream's,
+    /// its own delivery id in `id:` and in `emdeliveryid` (a multi-line JSON `data` included).
+    #[test]
+    fn an_owned_streams_head_and_the_shared_tail_are_one_whole_event() {
+        let json = b"{\"specversion\":\"1.0\",\"id\":\"e1\",\"source\":\"/s\",\"type\":\"t\",\"data\":{\n  \"a\": [1,\r\n 2]\n}}";
+        let frame = crate::adaptor::cloudevents::parse_structured("", json).expect("an event");
+        let (tail, counted) = owned_tail(&frame);
+        let mut bytes = owned_head(&frame, 3, (1, 17), counted);
+        bytes.extend_from_slice(&tail);
+        let text = String::from_utf8(bytes).unwrap();
+        let (size, rest) = text.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        assert_eq!(&rest[size..], "\r\n", "one chunk, its size right");
+        let payload = &rest[..size];
+        let mut lines = payload.strip_suffix("\n\n").expect("the event's end").split('\n');
+        let id = lines.next().unwrap().strip_prefix("id: ").unwrap();
+        assert_eq!(id, "0:0:3~1.17");
+        let data: Vec<&str> = lines.map(|l| l.strip_prefix("data: ").expect("a data line")).collect();
+        assert!(data.len() > 1, "the multi-line data keeps its lines: {data:?}");
+        let got: serde_json::Value = serde_json::from_str(&data.join("\n")).unwrap();
+        let mut want: serde_json::Value = serde_json::from_slice(&event_json(&frame, 3)).unwrap();
+        want["emdeliveryid"] = id.into();
+        assert_eq!(got, want);
     }
 }

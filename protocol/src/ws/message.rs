@@ -21,12 +21,20 @@ pub enum Message {
     Close(Option<u16>, String),
 }
 
-/// Assembles messages from a client's byte stream; one per connection.
+/// Assembles messages from a client's byte stream; one per connection (16 bytes: every idle
+/// WebSocket session holds one).
 pub struct MessageReader {
     max_message: usize,
-    /// The data message being assembled, if a first fragment has arrived.
-    partial: Option<(OpCode, Vec<u8>)>,
-    /// How many leading bytes of a text message in assembly are known to be valid UTF-8.
+    /// The data message being assembled, if a first fragment has arrived (boxed: a message of
+    /// one frame, most of them, is never assembled).
+    partial: Option<Box<Partial>>,
+}
+
+/// A fragmented data message in assembly.
+struct Partial {
+    kind: OpCode,
+    data: Vec<u8>,
+    /// How many leading bytes of a text message are known to be valid UTF-8.
     checked: usize,
 }
 
@@ -43,7 +51,7 @@ impl MessageReader {
     /// A reader for a new connection. `max_message` bounds both one frame's payload and a whole
     /// message, in bytes (1009 beyond).
     pub fn new(max_message: usize) -> Self {
-        MessageReader { max_message, partial: None, checked: 0 }
+        MessageReader { max_message, partial: None }
     }
 
     /// Reads the next message from the start of `buf`, unmasking frames in place: `(Some(message),
@@ -68,8 +76,18 @@ impl MessageReader {
                     if self.partial.is_some() {
                         return Err(WsError::new(CloseCode::PROTOCOL, "new message before the last one finished"));
                     }
-                    self.partial = Some((frame.opcode, Vec::new()));
-                    self.checked = 0;
+                    if frame.fin {
+                        // A whole message in one frame (`decode_frame` held it to `max_message`).
+                        let msg = match frame.opcode {
+                            OpCode::Text => Message::Text(
+                                String::from_utf8(payload.to_vec())
+                                    .map_err(|_| WsError::new(CloseCode::INVALID_DATA, "text is not valid UTF-8"))?,
+                            ),
+                            _ => Message::Binary(payload.to_vec()),
+                        };
+                        return Ok((Some(msg), consumed));
+                    }
+                    self.partial = Some(Box::new(Partial { kind: frame.opcode, data: Vec::new(), checked: 0 }));
                 }
                 OpCode::Continuation => {
                     if self.partial.is_none() {
@@ -77,16 +95,16 @@ impl MessageReader {
                     }
                 }
             }
-            let (kind, data) = self.partial.as_mut().expect("set above");
-            if data.len() + payload.len() > self.max_message {
+            let p = self.partial.as_mut().expect("set above");
+            if p.data.len() + payload.len() > self.max_message {
                 return Err(WsError::new(CloseCode::TOO_BIG, "message too big"));
             }
-            data.extend_from_slice(payload);
-            if *kind == OpCode::Text {
-                self.checked += utf8_prefix_ok(&data[self.checked..], frame.fin)?;
+            p.data.extend_from_slice(payload);
+            if p.kind == OpCode::Text {
+                p.checked += utf8_prefix_ok(&p.data[p.checked..], frame.fin)?;
             }
             if frame.fin {
-                let (kind, data) = self.partial.take().expect("set above");
+                let Partial { kind, data, .. } = *self.partial.take().expect("set above");
                 let msg = match kind {
                     OpCode::Text => Message::Text(String::from_utf8(data).expect("validated above")),
                     _ => Message::Binary(data),

@@ -51,7 +51,9 @@ impl Machine {
             AckKind::Ack => {
                 for &o in offsets {
                     settle(o, part);
-                    part.retry.remove(&o);
+                    if let Some(later) = part.later.existing() {
+                        later.retry.remove(&o);
+                    }
                 }
             }
             // Only what was delivered can be confirmed: an id past that is ignored.
@@ -62,7 +64,9 @@ impl Machine {
                 for o in done {
                     settle(o, part);
                 }
-                part.retry = part.retry.split_off(&upto.saturating_add(1));
+                if let Some(later) = part.later.existing() {
+                    later.retry = later.retry.split_off(&upto.saturating_add(1));
+                }
             }
             // Handed back unattempted (a webhook session holding its sink): due again after the
             // wait, its attempt not counted, so the next delivery carries the same number.
@@ -71,7 +75,7 @@ impl Machine {
                 for &o in offsets {
                     let Some(f) = settle(o, part) else { continue };
                     if !f.rpc {
-                        part.retry.insert(o, Retry { attempt: f.attempt.saturating_sub(1), due });
+                        part.later.make().retry.insert(o, Retry { attempt: f.attempt.saturating_sub(1), due });
                     }
                 }
             }
@@ -133,9 +137,11 @@ impl Machine {
             return false;
         }
         let Some(part) = c.parts.get_mut(p) else { return true };
-        part.dead.remove(&o);
+        if let Some(later) = part.later.existing() {
+            later.dead.remove(&o);
+        }
         if !ok {
-            part.retry.insert(o, Retry { attempt: attempts.saturating_sub(1), due });
+            part.later.make().retry.insert(o, Retry { attempt: attempts.saturating_sub(1), due });
         }
         persist(&rc, &c.def.topic, c.persist, p, part, now_ms(), out);
         self.pump(key, p, None, now, src, out);
@@ -146,14 +152,15 @@ impl Machine {
 /// Drops settled entries from the front of the deadline queue, and rebuilds it when settled
 /// entries behind the front outnumber the live ones (out-of-order acks), so it stays bounded.
 fn compact(part: &mut Part) {
-    while let Some(&(_, o, a)) = part.deadlines.front() {
-        if part.inflight.get(o).is_some_and(|f| f.attempt == a) {
+    let inflight = &part.inflight;
+    let Some(later) = part.later.existing() else { return };
+    while let Some(&(_, o, a)) = later.deadlines.front() {
+        if inflight.get(o).is_some_and(|f| f.attempt == a) {
             break;
         }
-        part.deadlines.pop_front();
+        later.deadlines.pop_front();
     }
-    if part.deadlines.len() > 2 * part.inflight.len() + 64 {
-        let inflight = &part.inflight;
-        part.deadlines.retain(|&(_, o, a)| inflight.get(o).is_some_and(|f| f.attempt == a));
+    if later.deadlines.len() > 2 * inflight.len() + 64 {
+        later.deadlines.retain(|&(_, o, a)| inflight.get(o).is_some_and(|f| f.attempt == a));
     }
 }

@@ -78,7 +78,7 @@ impl Machine {
         let mut more = false;
         loop {
             let room_s = sess.window.saturating_sub(sess.inflight) as usize;
-            let room = room_s.min(part_max.saturating_sub(part.inflight.len() + part.dead.len()));
+            let room = room_s.min(part_max.saturating_sub(part.inflight.len() + part.later.dead.len()));
             // At least one event may always be in flight, however large.
             let full_bytes = sess.inflight > 0 && sess.bytes >= window_bytes;
             if room == 0 || full_bytes {
@@ -86,7 +86,7 @@ impl Machine {
                 break;
             }
             let bytes_room = window_bytes.saturating_sub(sess.bytes).max(1);
-            if let Some((&o, &Retry { attempt: made, due })) = part.retry.first_key_value() {
+            if let Some((&o, &Retry { attempt: made, due })) = part.later.retry.first_key_value() {
                 let spent = u32::from(made) >= max;
                 if (!spent && due > now) || end.is_none_or(|e| o >= e) {
                     // Newer events wait behind a redelivery (sticky order); so does one not
@@ -97,14 +97,16 @@ impl Machine {
                 let Some(mut got) = src.read(topic, p, o, 1, usize::MAX) else {
                     break; // unreadable for now: it stays first in line, tried again next tick
                 };
-                part.retry.remove(&o);
+                if let Some(later) = part.later.existing() {
+                    later.retry.remove(&o);
+                }
                 match got.pop().filter(|f| f.header().offset == o) {
                     // A request is never redelivered nor dead-lettered (only a restart puts
                     // one here): settled.
                     Some(f) if request_deadline(&f).is_some() => {}
                     // Its attempts ran out while no session held it (a disconnect, a restart).
                     Some(_) if spent => {
-                        part.dead.insert(o, made);
+                        part.later.make().dead.insert(o, made);
                         dead.push((o, made));
                     }
                     Some(f) => {

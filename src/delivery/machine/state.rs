@@ -45,7 +45,7 @@ impl Sess {
         let bytes = f.as_bytes().len() as u32;
         let rpc = request_deadline(f).is_some();
         part.inflight.insert(o, InFlight { attempt, session: self.at, bytes, rpc, trace: super::traced::flight(f) });
-        part.deadlines.push_back((deadline, o, attempt));
+        part.later.make().deadlines.push_back((deadline, o, attempt));
         self.inflight += 1;
         self.bytes += bytes as usize;
     }
@@ -140,12 +140,8 @@ pub(super) struct Retry {
 pub(super) struct Part {
     pub(super) next: u64,
     pub(super) inflight: InFlights,
-    /// Ack deadlines in delivery order (so in deadline order: one timeout per consumer); entries
-    /// whose delivery was settled meanwhile are skipped and compacted away.
-    pub(super) deadlines: VecDeque<(Instant, u64, u16)>,
-    pub(super) retry: BTreeMap<u64, Retry>,
-    /// Being appended to the dead-letter topic, with the attempts made.
-    pub(super) dead: BTreeMap<u64, u16>,
+    /// Deadlines, redeliveries and dead letters: read through it as a [`Pending`].
+    pub(super) later: Later,
     /// What was last stored (`None`: nothing yet, or a consumer whose positions are not kept,
     /// as every anonymous session's are not: boxed, so those hold a pointer for it).
     pub(super) stored: Option<Box<Stored>>,
@@ -155,7 +151,8 @@ pub(super) struct Part {
 
 impl Part {
     pub(super) fn committed(&self) -> u64 {
-        let firsts = [self.inflight.first(), self.retry.keys().next().copied(), self.dead.keys().next().copied()];
+        let later = &self.later;
+        let firsts = [self.inflight.first(), later.retry.keys().next().copied(), later.dead.keys().next().copied()];
         firsts.into_iter().flatten().fold(self.next, u64::min)
     }
 
@@ -164,8 +161,8 @@ impl Part {
     /// dead-lettered), so a disconnect or a restart does not reset `emattempt`.
     pub(super) fn snapshot(&self, seen_ms: u64) -> Stored {
         let mut attempts: Vec<(u64, u16)> = self.inflight.iter().map(|(o, f)| (o, f.attempt)).collect();
-        attempts.extend(self.retry.iter().map(|(&o, r)| (o, r.attempt)));
-        attempts.extend(self.dead.iter().map(|(&o, &a)| (o, a)));
+        attempts.extend(self.later.retry.iter().map(|(&o, r)| (o, r.attempt)));
+        attempts.extend(self.later.dead.iter().map(|(&o, &a)| (o, a)));
         attempts.sort_unstable();
         Stored { committed: self.committed(), next: self.next, seen_ms, attempts }
     }
@@ -174,13 +171,17 @@ impl Part {
     /// redelivery at once, counting the attempts already made.
     pub(super) fn restored(st: &Stored, persist: bool, now: Instant) -> Part {
         let next = st.next.max(st.committed);
-        let retry = st
+        let retry: BTreeMap<u64, Retry> = st
             .attempts
             .iter()
             .filter(|(o, _)| (st.committed..next).contains(o))
             .map(|&(o, attempt)| (o, Retry { attempt, due: now }))
             .collect();
-        Part { next, retry, stored: persist.then(|| Box::new(st.clone())), ..Part::default() }
+        let later = match retry.is_empty() {
+            true => Later::default(),
+            false => Later(Some(Box::new(Pending { retry, ..Pending::default() }))),
+        };
+        Part { next, later, stored: persist.then(|| Box::new(st.clone())), ..Part::default() }
     }
 
     /// Gives back what the queue and maps grew, once nothing is in flight: a `VecDeque` keeps
@@ -192,14 +193,19 @@ impl Part {
         if !self.inflight.is_empty() {
             return;
         }
-        if self.deadlines.is_empty() {
-            self.deadlines = VecDeque::new();
+        let Some(later) = self.later.existing() else { return };
+        if later.deadlines.is_empty() && later.retry.is_empty() && later.dead.is_empty() {
+            self.later = Later::default();
+            return;
         }
-        if self.retry.is_empty() {
-            self.retry = BTreeMap::new();
+        if later.deadlines.is_empty() {
+            later.deadlines = VecDeque::new();
         }
-        if self.dead.is_empty() {
-            self.dead = BTreeMap::new();
+        if later.retry.is_empty() {
+            later.retry = BTreeMap::new();
+        }
+        if later.dead.is_empty() {
+            later.dead = BTreeMap::new();
         }
     }
 
@@ -207,12 +213,57 @@ impl Part {
     /// at `due`, or dead-lettered if that was its last attempt. Returns `true` for the latter.
     pub(super) fn failed(&mut self, o: u64, attempt: u16, max: u32, due: Instant) -> bool {
         if u32::from(attempt) >= max {
-            self.dead.insert(o, attempt);
+            self.later.make().dead.insert(o, attempt);
             true
         } else {
-            self.retry.insert(o, Retry { attempt, due });
+            self.later.make().retry.insert(o, Retry { attempt, due });
             false
         }
+    }
+}
+
+/// What a partition of a consumer keeps only while something is in flight, due again or being
+/// dead-lettered. An idle acknowledged session's partition holds a pointer for it, not the
+/// 80 bytes of the queue and maps (kept in every anonymous consumer's, one per session).
+#[derive(Default)]
+pub(super) struct Pending {
+    /// Ack deadlines in delivery order (so in deadline order: one timeout per consumer); entries
+    /// whose delivery was settled meanwhile are skipped and compacted away.
+    pub(super) deadlines: VecDeque<(Instant, u64, u16)>,
+    pub(super) retry: BTreeMap<u64, Retry>,
+    /// Being appended to the dead-letter topic, with the attempts made.
+    pub(super) dead: BTreeMap<u64, u16>,
+}
+
+/// Nothing pending (what an absent [`Pending`] reads as).
+static NOTHING: Pending = Pending { deadlines: VecDeque::new(), retry: BTreeMap::new(), dead: BTreeMap::new() };
+
+/// A partition's [`Pending`], boxed and only while it holds something ([`Part::give_back`]
+/// lets it go). Reads go through `Deref`; what adds makes it ([`Later::make`]), what removes
+/// looks at it only if it is there ([`Later::existing`]).
+#[derive(Default)]
+pub(super) struct Later(Option<Box<Pending>>);
+
+impl Later {
+    pub(super) fn make(&mut self) -> &mut Pending {
+        self.0.get_or_insert_default()
+    }
+
+    pub(super) fn existing(&mut self) -> Option<&mut Pending> {
+        self.0.as_deref_mut()
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_held(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl std::ops::Deref for Later {
+    type Target = Pending;
+
+    fn deref(&self) -> &Pending {
+        self.0.as_deref().unwrap_or(&NOTHING)
     }
 }
 

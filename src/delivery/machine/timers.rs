@@ -21,12 +21,14 @@ impl Machine {
             let Consumer { parts, sessions, gen, def, .. } = c;
             for (p, part) in parts.0.iter_mut() {
                 let mut expired = false;
-                while let Some(&(deadline, o, attempt)) = part.deadlines.front() {
+                while let Some(&(deadline, o, attempt)) = part.later.deadlines.front() {
                     let live = part.inflight.get(o).is_some_and(|f| f.attempt == attempt);
                     if live && deadline > now {
                         break;
                     }
-                    part.deadlines.pop_front();
+                    if let Some(later) = part.later.existing() {
+                        later.deadlines.pop_front();
+                    }
                     if !live {
                         continue;
                     }
@@ -41,7 +43,7 @@ impl Machine {
                     }
                 }
                 part.give_back();
-                let due = part.retry.first_key_value().is_some_and(|(_, r)| r.due <= now);
+                let due = part.later.retry.first_key_value().is_some_and(|(_, r)| r.due <= now);
                 if expired || due {
                     work.push((key.clone(), *p));
                 }
