@@ -83,8 +83,10 @@ pub fn delivery_owner(id: &str) -> Result<Option<&str>, &'static str> {
     let owner = &id[at..];
     const NOT: &str = "its part after `~` is not <shard>.<session>";
     let (shard, session) = owner[1..].split_once('.').ok_or(NOT)?;
+    // As the broker writes them, digit for digit: `~01.7` would name no stream, and count as
+    // another one.
     match (shard.parse::<u32>(), session.parse::<u64>()) {
-        (Ok(_), Ok(_)) if !shard.starts_with('+') && !session.starts_with('+') => Ok(Some(owner)),
+        (Ok(s), Ok(n)) if s.to_string() == shard && n.to_string() == session => Ok(Some(owner)),
         _ => Err(NOT),
     }
 }
@@ -143,7 +145,7 @@ mod tests {
         assert_eq!((parse_delivery_id(&owned), delivery_owner(&owned)), (Some((3, 42)), Ok(Some("~1.17"))));
         assert_eq!(anonymous_client(1, 17), "~1.17");
         assert_eq!(delivery_owner("3:42:2"), Ok(None));
-        for bad in ["3:42:2~", "3:42:2~1", "3:42:2~x.1", "3:42:2~1.+1", "3:42:2~1.1~2.2", "3:42:x~1.1"] {
+        for bad in ["3:42:2~", "3:42:2~1", "3:42:2~x.1", "3:42:2~1.+1", "3:42:2~1.1~2.2", "3:42:x~1.1", "3:42:2~01.7"] {
             assert_eq!(parse_delivery_id(bad), None, "{bad}");
         }
         let by = group_ids(["0:1:1", "1:5:1", "0:2:3"]).unwrap();

@@ -128,6 +128,13 @@ impl Traffic {
         let consumer = |client: String| ConsumerKey { subscription: def.subscription.clone(), client };
         let owners = match (def.mode, a.client_id) {
             (SubMode::LoadBalance, _) => vec![(consumer(String::new()), by)],
+            // A client's acks name its offsets; ids naming an SSE stream are that stream's.
+            (_, Some(_)) if a.ids.iter().any(|id| id.contains('~')) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "ids of an SSE stream opened without a clientId take no clientId",
+                )
+            }
             (_, Some(c)) if valid_topic(&c) => vec![(consumer(c), by)],
             // SSE streams opened without a clientId: their delivery ids name them.
             (_, None) => match by_stream(&a.ids) {

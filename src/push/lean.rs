@@ -84,6 +84,9 @@ pub(super) struct Lean {
     every_ms: u32,
     /// Events are gathered this long before a write (`delivery_linger_us`).
     linger_us: u32,
+    /// Frames come in pairs that one write must not split before a close (an SSE stream that
+    /// owns its ids: its head, then the shared tail; see `push::owns_its_ids`).
+    pub pairs: bool,
 }
 
 impl Lean {
@@ -100,7 +103,7 @@ impl Lean {
     ) -> Lean {
         let every_ms = u32::try_from(every.as_millis()).unwrap_or(u32::MAX);
         let linger_us = u32::try_from(linger.as_micros()).unwrap_or(u32::MAX);
-        Lean { shard, wire, events, live, acked, replies, every_ms, linger_us }
+        Lean { shard, wire, events, live, acked, replies, every_ms, linger_us, pairs: false }
     }
 
     fn every(&self) -> Duration {
@@ -425,7 +428,8 @@ impl State {
                 Outbound::Frame(bytes) => self.out.push(bytes),
                 Outbound::Close(code, reason) => return Some(End::Close { code, reason, wait: true }),
             }
-            if self.out.bytes() < WRITE_BATCH && self.out.len() < SharedFrames::MAX - 1 {
+            let room = self.out.bytes() < WRITE_BATCH && self.out.len() < SharedFrames::MAX - 1;
+            if room || (s.pairs && n % 2 == 1) {
                 next = s.events.try_recv().ok().map(taken);
             }
         }

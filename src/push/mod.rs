@@ -58,6 +58,13 @@ pub fn consumer_of(spec: &SessionSpec, shard: ShardId, session: u64) -> (Consume
     }
 }
 
+/// Whether a session's delivery ids name it (`delivery::owned_delivery_id`): an SSE stream of
+/// an anonymous client, acked by requests that have only its ids to say whose they are. Its
+/// events are queued as two frames each (its own head, the shared tail).
+pub fn owns_its_ids(spec: &SessionSpec, kind: Kind) -> bool {
+    kind == Kind::Sse && spec.per_client && spec.client.is_none()
+}
+
 /// Registers an acknowledged session of `kind` on this shard and announces it to every shard.
 /// Returns its queue, its consumer and its reference.
 pub fn attach_acked(
@@ -65,9 +72,7 @@ pub fn attach_acked(
     spec: &SessionSpec,
     kind: Kind,
 ) -> (queue::Receiver<Outbound>, ConsumerKey, SessionRef) {
-    // An SSE stream of an anonymous client is acked by requests that have only its delivery
-    // ids to say whose they are.
-    let owned = kind == Kind::Sse && spec.per_client && spec.client.is_none();
+    let owned = owns_its_ids(spec, kind);
     let (id, events) = shard.sessions.add_acked(&spec.subscription, kind, owned, shard.shared.config.shards);
     let (consumer, persist) = consumer_of(spec, shard.id, id);
     let at = SessionRef { shard: shard.id, id };

@@ -117,13 +117,16 @@ pub fn session(
     buf: Vec<u8>,
     spec: Box<SessionSpec>,
 ) -> impl std::future::Future<Output = ()> {
-    // Resuming only means something for a consumer whose offsets are kept (no anonymous one).
-    if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id) {
-        let (named, _) = consumer_of(&spec, shard.id, 0);
+    // Resuming only means something for a consumer whose offsets are kept: an anonymous one's
+    // would be another stream's (its session number is not known yet; it was once taken as 0,
+    // and a reconnect acknowledged what that stream had in flight).
+    let (named, kept) = consumer_of(&spec, shard.id, u64::MAX);
+    if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id).filter(|_| kept) {
         // A Last-Event-ID naming a partition the topic does not have is ignored.
         let _ = shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo, false);
     }
     let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Sse);
+    let pairs = super::owns_its_ids(&spec, Kind::Sse);
     // Detaches the stream when it goes, with the stream's future.
     let acked = Box::new(AckedSession { shard: shard.clone(), consumer, topic: spec.topic.clone(), at });
     match stream {
@@ -138,8 +141,9 @@ pub fn session(
                 false => None,
             };
             let wire = super::lean::Wire::Sse;
-            let lean =
+            let mut lean =
                 super::lean::Lean::new(shard.clone(), wire, events, None, Some(acked), None, HEARTBEAT, Duration::ZERO);
+            lean.pairs = pairs;
             let st = super::lean::State::new(Vec::new(), 0);
             drop(buf);
             Either::Left(super::lean::run(tcp, st, lean, ends))

@@ -497,6 +497,13 @@ fn sse_streams_without_a_client_id_ack_their_own_broadcast_events() {
         let r = ack(ids);
         assert!(r.status == 400 && r.text().contains(says), "{} {}", r.status, r.text());
     }
+    // An owned id with a clientId is refused: the client's offsets are not the stream's.
+    let r = b.client().post(
+        "/events/ack",
+        "application/json",
+        json!({"subscription": "all", "ids": [id1], "clientId": "c"}).to_string().as_bytes(),
+    );
+    assert!(r.status == 400 && r.text().contains("take no clientId"), "{} {}", r.status, r.text());
     // Ids of several streams (a reconnected stream's, a gone one's) are each their stream's.
     assert_eq!(ack(json!([id1, "0:0:1~1.999"])).status, 200);
     // The stream that did not ack gets n0 again, then it is dead-lettered (once: the other
@@ -516,6 +523,29 @@ fn sse_streams_without_a_client_id_ack_their_own_broadcast_events() {
     assert_eq!((id(&e), &e["emattempt"]), ("n1", &json!(1)), "the acked n0 came again");
     assert_eq!(letters.as_array().unwrap().len(), 1, "{letters}");
     assert_eq!(b.admin().get("/admin/dlq/news").json().as_array().unwrap().len(), 1);
+}
+
+/// Regression (review): an SSE stream opened without a `clientId` that resumed with
+/// `Last-Event-ID` acknowledged up to that event for the anonymous client `~<shard>.0`, which
+/// is another stream (its shard's first session): that stream's event in flight was settled,
+/// and it never came again.
+#[test]
+fn a_last_event_id_without_a_client_id_settles_no_other_streams_events() {
+    let b = TestBroker::start(&["--shards", "1", "--default-partitions", "1", "--redelivery-backoff-ms", "20"]);
+    let def =
+        json!({"subscription": "all", "topic": "news", "mode": "BROADCAST", "start": "earliest", "ackTimeoutMs": 300});
+    subscribe(&b, def);
+    // The shard's first session: the anonymous client `~0.0`.
+    let mut first = Sse::open(&b, "subscription=all", None);
+    publish_to(&b, "news", "n0", None);
+    let (id0, e) = first.next();
+    assert_eq!((id(&e), id0.split_once('~').map(|(_, o)| o)), ("n0", Some("0.0")));
+    // Another stream resumes after n0 without a clientId: it names no consumer of its own.
+    let mut other = Sse::open(&b, "subscription=all", Some("0:0:1"));
+    assert_eq!(id(&other.next().1), "n0", "an anonymous stream starts from `start`");
+    // The first stream never acked n0: it comes again.
+    let (_, e) = first.next();
+    assert_eq!((id(&e), &e["emattempt"]), ("n0", &json!(2)));
 }
 
 #[test]

@@ -600,6 +600,12 @@ fn push_value(out: &mut Vec<u8>, v: &AttrValue) {
 
 /// Writes a stored frame as one structured-mode JSON CloudEvent, with `extra` attributes added.
 pub fn write_structured(frame: &Frame, extra: Extensions<'_>, out: &mut Vec<u8>) {
+    write_structured_without(frame, extra, &[], out)
+}
+
+/// [`write_structured`] without the stored attributes named in `skip` (ones the writer puts
+/// elsewhere, whose stored values must not stand beside its own).
+pub fn write_structured_without(frame: &Frame, extra: Extensions<'_>, skip: &[&str], out: &mut Vec<u8>) {
     let body = frame.body();
     out.push(b'{');
     let mut first = true;
@@ -610,6 +616,9 @@ pub fn write_structured(frame: &Frame, extra: Extensions<'_>, out: &mut Vec<u8>)
         first = false;
     };
     for a in body.attributes.iter() {
+        if skip.contains(&a.name.as_str()) {
+            continue;
+        }
         sep(out);
         push_json_str(out, a.name.as_str());
         out.push(b':');
