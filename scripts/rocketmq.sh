@@ -23,7 +23,9 @@ broker_ports() {
 import socket, sys
 p = int(sys.argv[1])
 for q in (p, p - 2, p + 1):
-    s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+    # As a listener binds (SO_REUSEADDR): a port some closed connection holds in TIME_WAIT
+    # (thousands after a load test) is free for it.
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", q)); s.close()
 PY
     then echo "$p"; return; fi
   done
