@@ -120,10 +120,12 @@ pub fn session(
     // Resuming only means something for a consumer whose offsets are kept: an anonymous one's
     // would be another stream's (its session number is not known yet; it was once taken as 0,
     // and a reconnect acknowledged what that stream had in flight).
-    let (named, kept) = consumer_of(&spec, shard.id, u64::MAX);
-    if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id).filter(|_| kept) {
-        // A Last-Event-ID naming a partition the topic does not have is ignored.
-        let _ = shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo, false);
+    if let Some((p, o)) = spec.last_event_id.as_deref().and_then(parse_delivery_id) {
+        let (named, kept) = consumer_of(&spec, shard.id, u64::MAX);
+        if kept {
+            // A Last-Event-ID naming a partition the topic does not have is ignored.
+            let _ = shard.route_acks(&named, &spec.topic, BTreeMap::from([(p, vec![o])]), AckKind::UpTo, false);
+        }
     }
     let (events, consumer, at) = attach_acked(&shard, &spec, Kind::Sse);
     let pairs = super::owns_its_ids(&spec, Kind::Sse);

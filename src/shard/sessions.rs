@@ -199,17 +199,18 @@ fn owned_tail(frame: &Frame) -> (Rc<Vec<u8>>, usize) {
 
 /// The SSE stream `session`'s head of an event whose tail ([`owned_tail`]) has `tail` bytes.
 fn owned_head(frame: &Frame, attempt: u16, (shard, session): (u16, u64), tail: usize) -> Vec<u8> {
+    use std::io::Write as _;
     let h = frame.header();
     let id = owned_delivery_id(h.partition, h.offset, attempt, u32::from(shard), session);
-    let mut payload = Vec::with_capacity(id.len() * 2 + 96);
-    payload.extend_from_slice(b"id: ");
-    payload.extend_from_slice(id.as_bytes());
-    payload.extend_from_slice(b"\ndata: {\"emdeliveryid\":\"");
-    payload.extend_from_slice(id.as_bytes());
-    let rest = format!("\",\"empartition\":{},\"emoffset\":\"{}\",\"emattempt\":{attempt},", h.partition, h.offset);
-    payload.extend_from_slice(rest.as_bytes());
-    let mut out = format!("{:x}\r\n", payload.len() + tail).into_bytes();
-    out.extend_from_slice(&payload);
+    // Written in place, then the chunk's size put in front: one buffer a stream and event.
+    let mut out = Vec::with_capacity(id.len() * 2 + 112);
+    let _ = write!(
+        out,
+        "id: {id}\ndata: {{\"emdeliveryid\":\"{id}\",\"empartition\":{},\"emoffset\":\"{}\",\"emattempt\":{attempt},",
+        h.partition, h.offset
+    );
+    let size = format!("{:x}\r\n", out.len() + tail);
+    out.splice(0..0, size.bytes());
     out
 }
 
