@@ -162,7 +162,7 @@ impl Inner {
             p.scheduled = false;
             (std::mem::take(&mut p.staged), std::mem::take(&mut p.flush))
         };
-        let (batch, lite) = self.lite.take_staged();
+        let lite = self.lite.take_staged();
         let flush = Unanswered { flush, parts: staged.len() };
         let fsync = self.durability == Durability::Fsync;
         // Each staged partition: one write. Nothing awaited between staging and here, so every
@@ -185,7 +185,7 @@ impl Inner {
         drop(turn);
         let mut wal = false;
         let mut lite_result = Ok(());
-        if lite > 0 {
+        if let Some(batch) = lite {
             lite_result = self.lite.write(batch, self.durability);
             wal = fsync && lite_result.is_ok();
         }

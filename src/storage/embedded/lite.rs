@@ -213,11 +213,19 @@ impl LiteRows {
         Ok(first)
     }
 
-    /// Takes what was staged since the last call: the batch, and how many appends wait for it.
-    pub(super) fn take_staged(&self) -> (WriteBatch, usize) {
+    /// Takes the batch staged since the last call, if an append waits for it. A flush without
+    /// lite appends keeps the batch (a new one per flush was two calls into RocksDB and an
+    /// allocation); rows a failed stage left in it are dropped.
+    pub(super) fn take_staged(&self) -> Option<WriteBatch> {
         let mut p = self.pending.borrow_mut();
         let lite = std::mem::take(&mut p.lite);
-        (std::mem::take(&mut p.batch), lite)
+        if lite == 0 {
+            if !p.batch.is_empty() {
+                p.batch.clear();
+            }
+            return None;
+        }
+        Some(std::mem::take(&mut p.batch))
     }
 
     /// Writes the lite topics' records of a turn (without the WAL for `memory` durability).
