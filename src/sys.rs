@@ -1,9 +1,21 @@
 //! The crate's `unsafe`, in one small module: the process signal mask (for `evmesh serve`'s
 //! shutdown), the process's CPU time (for the cluster heartbeat's load), the iovec view of
 //! shared delivery buffers for vectored writes, the byte views of the runtime's owned
-//! buffers that the TLS layer copies through, and the server's heap ([`Heap`]).
+//! buffers that the TLS layer copies through, the server's heap ([`Heap`]), and the CPU's
+//! time-stamp counter ([`tsc`]).
 
 use std::rc::Rc;
+
+/// The CPU's time-stamp counter (`None` off x86-64): what `task::clock::ticks` meters polls
+/// with.
+#[inline]
+pub fn tsc() -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `rdtsc` is in every x86-64 processor; it reads a counter and nothing else.
+    return Some(unsafe { core::arch::x86_64::_rdtsc() });
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
 
 /// Blocks SIGINT, SIGTERM (stop) and SIGHUP (reload the TLS files) in this thread and every
 /// thread it spawns later.

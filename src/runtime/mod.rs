@@ -340,6 +340,8 @@ fn kept_instance_id(data_dir: &std::path::Path) -> Result<String, StartError> {
 /// Starts every thread and returns once all shards accept connections.
 pub fn start(mut config: Config) -> Result<(Started, Arc<Shared>), StartError> {
     let fds = fit_descriptors(&mut config);
+    // Before any shard meters a poll: the counter's rate takes a couple of milliseconds.
+    crate::task::clock::calibrate();
     crate::server::client::set_socket_budget(fds.client_sockets);
     let shards = config.shards;
     let db = db::open_with(&config.data_dir, shards, fds.rocksdb as i32)?;

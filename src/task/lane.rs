@@ -125,6 +125,14 @@ pub(super) fn lane_tick(now: Instant) {
     });
 }
 
+/// [`lane_tick`] if the lane's first waiter waits for its share (the clock is read only then).
+pub(super) fn lane_tick_if_due() {
+    let due = LANE.try_with(|l| l.try_borrow().ok().and_then(|l| l.due)).ok().flatten();
+    if due.is_some() {
+        lane_tick(clock::fresh());
+    }
+}
+
 /// Charges `cost` of heavy work done on this thread to its heavy lane.
 pub fn charge(cost: Duration) {
     LANE.with(|l| {

@@ -6,34 +6,38 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::clock::{self, IN_METERED};
-use super::lane::{active, lane_tick};
+use super::lane::{active, lane_tick_if_due};
 
-/// The core time one task has taken, measured around each of its polls (see [`metered`]).
+/// The core time one task has taken, measured around each of its polls (see [`metered`]), in
+/// [`clock::ticks`].
 #[derive(Default)]
 pub struct Meter {
-    spent: Cell<Duration>,
-    /// When the poll in progress began, if one is.
-    polling: Cell<Option<Instant>>,
+    spent: Cell<u64>,
+    /// When the poll in progress began (0: none is).
+    polling: Cell<u64>,
 }
 
 impl Meter {
-    /// The core time taken since the last `take`, the poll in progress included (a clock
-    /// reading: the request just handled in this poll is what tells a heavy one).
+    /// The core time taken since the last `take`, the poll in progress included (the request
+    /// just handled in this poll is what tells a heavy one).
     pub fn take(&self) -> Duration {
-        let mut spent = self.spent.replace(Duration::ZERO);
-        if let Some(t) = self.polling.get() {
-            let now = clock::now();
-            spent += now - t;
-            self.polling.set(Some(now));
+        let mut spent = self.spent.replace(0);
+        let began = self.polling.get();
+        if began != 0 {
+            let now = clock::ticks();
+            spent += now.saturating_sub(began);
+            self.polling.set(now);
         }
-        spent
+        clock::ticks_duration(spent)
     }
 }
 
-/// Runs `f`, adding the time each of its polls takes to `meter`. Two clock readings per poll.
+/// Runs `f`, adding the time each of its polls takes to `meter`: two reads of the time-stamp
+/// counter per poll, no clock reading (the poll's first question of the time reads the clock:
+/// see [`clock`]).
 /// A future of its own holding `f` once (an `async fn` would keep room for its argument and
 /// for the pinned copy, in every idle session).
 pub fn metered<F: Future>(meter: &Meter, f: F) -> Metered<'_, F> {
@@ -55,15 +59,16 @@ impl<F: Future> Future for Metered<'_, F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         active();
-        this.meter.polling.set(Some(clock::now()));
+        this.meter.polling.set(clock::ticks());
+        clock::poll_begins();
         let outer = IN_METERED.replace(true);
         let r = this.f.poll(cx);
         IN_METERED.set(outer);
-        let now = clock::now();
-        if let Some(t) = this.meter.polling.take() {
-            this.meter.spent.set(this.meter.spent.get() + (now - t));
+        let began = this.meter.polling.replace(0);
+        if began != 0 {
+            this.meter.spent.set(this.meter.spent.get() + clock::ticks().saturating_sub(began));
         }
-        lane_tick(now);
+        lane_tick_if_due();
         r
     }
 }

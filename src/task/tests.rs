@@ -239,3 +239,40 @@ fn a_gate_entrant_that_goes_away_gives_up_its_place() {
         assert!(futures::poll!(&mut entering).is_ready(), "the third waited for one who left");
     });
 }
+
+/// Inside a metered poll the thread's recent reading is never older than the poll: the poll
+/// marks it stale and the first question reads the clock (a reading from before the poll
+/// would date an event, or start a deadline, as early as the loop's last sleep).
+#[test]
+fn a_metered_poll_never_answers_with_a_reading_from_before_it() {
+    let earlier = super::clock::now();
+    let before = loop {
+        let t = std::time::Instant::now();
+        if t > earlier {
+            break t;
+        }
+    };
+    let meter = super::Meter::default();
+    let (first, second) =
+        runtime().block_on(super::metered(&meter, async { (super::clock::recent(), super::clock::recent()) }));
+    assert!(first >= before, "a metered poll answered with the reading from before it");
+    assert_eq!(first, second, "the poll's second question read the clock again");
+}
+
+/// A meter's ticks come out as the time they took: a poll that spins 20 ms is metered within
+/// a quarter of that by the monotonic clock.
+#[test]
+fn a_meter_counts_the_time_a_poll_takes() {
+    let meter = super::Meter::default();
+    let took = runtime().block_on(super::metered(&meter, async {
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        t.elapsed()
+    }));
+    let metered = meter.take();
+    let (lo, hi) = (took.mul_f64(0.75), took.mul_f64(1.25) + std::time::Duration::from_millis(1));
+    assert!(metered >= lo && metered <= hi, "metered {metered:?} for a poll of {took:?}");
+    assert_eq!(meter.take(), std::time::Duration::ZERO, "a meter's time is taken once");
+}
