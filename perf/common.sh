@@ -3,13 +3,23 @@
 # ROOT, P, SHARED. CARGO_TARGET_DIR picks the build directory, EVMESH_FEATURES cargo features
 # of evmesh (rocketmq); EVMESH_BIN runs another evmesh
 # binary than this checkout's (an older build, for a before/after).
+#
+# The broker measured is the deployed build, the `dist` profile (fat LTO, one codegen unit:
+# Cargo.toml); the tools (loadgen) are the release build's. The dist build links the RocksDB
+# library the release build compiled (ROCKSDB_LIB_DIR: the same C++, built with the same
+# flags), so RocksDB compiles once.
 ROOT=$PWD
 SHARED=${SHARED:-$ROOT/../shared}
 P=${PEERS_DIR:-/tmp/evmesh-peers}
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
 bash scripts/deps.sh
 cargo build --release -q --workspace ${EVMESH_FEATURES:+--features "evmesh/$EVMESH_FEATURES"} --bins
-EVMESH=${EVMESH_BIN:-$CARGO_TARGET_DIR/release/evmesh}
+if [ -z "${EVMESH_BIN:-}" ]; then
+  ROCKS_A=$(ls -t "$CARGO_TARGET_DIR"/release/build/librocksdb-sys-*/out/librocksdb.a 2>/dev/null | head -1 || true)
+  env ${ROCKS_A:+ROCKSDB_LIB_DIR="$(dirname "$ROCKS_A")" ROCKSDB_STATIC=1} \
+    cargo build --profile dist -q -p evmesh ${EVMESH_FEATURES:+--features "$EVMESH_FEATURES"} --bin evmesh
+fi
+EVMESH=${EVMESH_BIN:-$CARGO_TARGET_DIR/dist/evmesh}
 LOADGEN=$CARGO_TARGET_DIR/release/loadgen
 if [ "${PEERS:-1}" != 0 ]; then
   if [ ! -f "$P/nchan/nginx.conf" ] || ! command -v nginx >/dev/null; then bash "$SHARED/peers/setup_peers.sh" install; fi
