@@ -3,7 +3,7 @@
 #
 #   BEFORE=/path/to/old/evmesh bash perf/ab_publish.sh     (ROUNDS=3 DUR=10 CONNS=64 DRIVERS="epoll uring")
 #
-# AFTER defaults to this checkout's release build. Each round runs every (build, driver) and
+# AFTER defaults to this checkout's dist build (perf/common.sh). Each round runs every (build, driver) and
 # nchan once, closed loop (max rate), in alternation, with both load generators the spec names:
 # loadgen, then `wrk -t1 -c64` posting the same 1 KiB event (server CPU from /proc/PID/stat).
 # The tables give the median server CPU µs per publish and throughput over rounds, and each
@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}; DUR=${DUR:-10}; CONNS=${CONNS:-64}; DRIVERS=${DRIVERS:-epoll uring}
 : "${BEFORE:?BEFORE=path of the evmesh binary to compare against}"
 source perf/common.sh
+GIVEN_AFTER=${AFTER:-}
 AFTER=${AFTER:-$EVMESH}
 OUT=$ROOT/perf/results/ab-publish-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 cp "$BEFORE" "$OUT/.before-bin"; trap 'rm -f "$OUT/.before-bin" "$OUT/.post.lua"' EXIT
@@ -68,4 +69,4 @@ for kind, label in [("json", "loadgen"), ("wrk.json", "wrk -t1")]:
     per = ", ".join(f"{r['server_cpu_us_per_op']:.2f}" for r in runs("nchan", kind))
     print(f"| nchan | - | {med('nchan', kind, 'throughput'):.0f} | {nchan:.2f} | {per} | 1.00x |\n")
 PY
-{ echo; echo "Command: \`BEFORE=$BEFORE ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS DRIVERS=\"$DRIVERS\" bash perf/ab_publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+{ echo; echo "Command: \`${GIVEN_AFTER:+AFTER=$GIVEN_AFTER }BEFORE=$BEFORE ROUNDS=$ROUNDS DUR=$DUR CONNS=$CONNS DRIVERS=\"$DRIVERS\" bash perf/ab_publish.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
