@@ -145,8 +145,8 @@ impl<F: Future> Future for Within<F> {
         match *this.slot {
             None => {
                 // The first use on a thread starts the sweep. The deadline counts from the
-                // clock's recent reading: inside a metered poll, that poll's start (the deadline
-                // at most a poll early).
+                // clock's recent reading: inside a metered poll, taken in that poll since it
+                // began or its last request ended (the deadline at most that early).
                 now();
                 let at = crate::task::clock::fresh() + *this.timeout;
                 let slot = Slot { at: Some(at), waker: Some(cx.waker().clone()), fired: false };

@@ -5,9 +5,10 @@
 //! lane, the heartbeat, the latency metric, the event's timestamp, the `Date` header), at
 //! 40-50 ns each on this project's machines: 5% of a publish's CPU. Now [`now`] reads it and
 //! keeps the reading; [`recent`] answers from the last reading on this thread. A metered poll
-//! ([`super::metered`]) marks that reading stale as it starts, so inside a connection's or a
-//! session's poll the first question reads the clock and the others share that reading: a
-//! poll that asks nothing reads nothing. Outside a metered poll the last reading may be as old
+//! ([`super::metered`]) marks that reading stale as it starts (and as each request it handles
+//! ends: [`super::Meter::take`]), so inside a connection's or a session's poll the first
+//! question reads the clock and the others share that reading: a poll that asks nothing reads
+//! nothing. Outside a metered poll the last reading may be as old
 //! as the loop's last sleep: code there calls [`now`] (or [`fresh`], which reads only outside
 //! a metered poll).
 //!
@@ -55,8 +56,9 @@ pub fn recent() -> Instant {
     }
 }
 
-/// A metered poll begins: the next [`recent`] reads the clock.
-pub(super) fn poll_begins() {
+/// A metered poll begins, or a request handled in it ended ([`super::Meter::take`]): the next
+/// [`recent`] reads the clock.
+pub(super) fn mark_stale() {
     STALE.set(true);
 }
 

@@ -22,8 +22,11 @@ pub struct Meter {
 
 impl Meter {
     /// The core time taken since the last `take`, the poll in progress included (the request
-    /// just handled in this poll is what tells a heavy one).
+    /// just handled in this poll is what tells a heavy one). Called as each request ends, it
+    /// also marks the thread's clock reading stale: the next request's first question of the
+    /// time reads the clock.
     pub fn take(&self) -> Duration {
+        clock::mark_stale();
         let mut spent = self.spent.replace(0);
         let began = self.polling.get();
         if began != 0 {
@@ -60,7 +63,7 @@ impl<F: Future> Future for Metered<'_, F> {
         let this = self.project();
         active();
         this.meter.polling.set(clock::ticks());
-        clock::poll_begins();
+        clock::mark_stale();
         let outer = IN_METERED.replace(true);
         let r = this.f.poll(cx);
         IN_METERED.set(outer);

@@ -276,3 +276,19 @@ fn a_meter_counts_the_time_a_poll_takes() {
     assert!(metered >= lo && metered <= hi, "metered {metered:?} for a poll of {took:?}");
     assert_eq!(meter.take(), std::time::Duration::ZERO, "a meter's time is taken once");
 }
+
+/// A request handled in a metered poll ends with the meter's `take`: the next request in the
+/// same poll reads the clock again rather than answering with the first one's reading.
+#[test]
+fn each_request_in_a_poll_reads_the_clock_afresh() {
+    let meter = super::Meter::default();
+    let (first, second) = runtime().block_on(super::metered(&meter, async {
+        let first = super::clock::recent();
+        meter.take();
+        while std::time::Instant::now() <= first {
+            std::hint::spin_loop();
+        }
+        (first, super::clock::recent())
+    }));
+    assert!(second > first, "the second request answered with the first one's reading");
+}
