@@ -21,11 +21,11 @@ use crate::model::delivery::ConsumerKey;
 
 use super::message::Delivery;
 use crate::adaptor::cloudevents::{write_structured, write_structured_without};
+use crate::delivery::{delivery_id, owned_delivery_id};
+use crate::ws::{encode_frame, OpCode};
 
 /// The extensions a delivery carries, the broker's own.
 const DELIVERY_EXTENSIONS: [&str; 4] = ["emdeliveryid", "empartition", "emoffset", "emattempt"];
-use crate::delivery::{delivery_id, owned_delivery_id};
-use crate::ws::{encode_frame, OpCode};
 
 /// Frames a session may have queued before it counts as too slow.
 pub const SESSION_QUEUE: usize = 1024;
@@ -209,8 +209,14 @@ fn owned_head(frame: &Frame, attempt: u16, (shard, session): (u16, u64), tail: u
         "id: {id}\ndata: {{\"emdeliveryid\":\"{id}\",\"empartition\":{},\"emoffset\":\"{}\",\"emattempt\":{attempt},",
         h.partition, h.offset
     );
-    let size = format!("{:x}\r\n", out.len() + tail);
-    out.splice(0..0, size.bytes());
+    // The size line is at most 16 hex digits and CRLF: written on the stack, not in a string.
+    let mut size = [0u8; 18];
+    let n = {
+        let mut w = &mut size[..];
+        let _ = write!(w, "{:x}\r\n", out.len() + tail);
+        18 - w.len()
+    };
+    out.splice(0..0, size[..n].iter().copied());
     out
 }
 
