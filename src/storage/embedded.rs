@@ -162,9 +162,16 @@ impl Inner {
             p.scheduled = false;
             (std::mem::take(&mut p.staged), std::mem::take(&mut p.flush))
         };
-        let lite = self.lite.take_staged();
         let flush = Unanswered { flush, parts: staged.len() };
         let fsync = self.durability == Durability::Fsync;
+        // The lite topics' batch is written before anything is awaited: an append staged
+        // while segment writes are in flight must not see its topic's cached end forgotten by a
+        // failure of this batch (it would hand out that offset again).
+        let (mut wal, mut lite_result) = (false, Ok(()));
+        if let Some(batch) = self.lite.take_staged() {
+            lite_result = self.lite.write(batch, self.durability);
+            wal = fsync && lite_result.is_ok();
+        }
         // Each staged partition: one write. Nothing awaited between staging and here, so every
         // append staged is in these batches.
         let now = crate::model::clock::now_micros();
@@ -183,12 +190,6 @@ impl Inner {
             }
         }
         drop(turn);
-        let mut wal = false;
-        let mut lite_result = Ok(());
-        if let Some(batch) = lite {
-            lite_result = self.lite.write(batch, self.durability);
-            wal = fsync && lite_result.is_ok();
-        }
         // One sync for all of it (durability fsync), on the helper thread.
         let synced = match &self.syncer {
             Some(s) if wal || !written.is_empty() => s.sync(written, wal).await,
@@ -310,6 +311,12 @@ impl EmbeddedLog {
     pub fn with_direct_writes(mut self) -> Self {
         Rc::get_mut(&mut self.inner).expect("set before the log is shared").direct = true;
         self
+    }
+
+    /// Tests: the next `n` writes of the lite topics' rows fail as a full device would.
+    #[cfg(test)]
+    pub(super) fn fail_lite_writes(&self, n: u32) {
+        self.inner.lite.failing_writes.set(n);
     }
 
     /// A (not lite) partition's slot, cached by this handle.

@@ -453,3 +453,41 @@ fn an_append_made_during_a_direct_flush_is_answered_by_its_own() {
     });
     assert_eq!(ids(&log.read("w", PartitionId(3), 0, 10, usize::MAX).unwrap()), ["a3"]);
 }
+
+/// A failed write of the lite topics' rows forgets their cached ends (the offsets it handed
+/// out are not in the log). With direct writes a flush awaits the segments' writes: an append
+/// staged meanwhile holds an offset past the failed batch, and forgetting its topic's end
+/// after that let the next append take it again and overwrite an acknowledged event. The
+/// lite batch is written before anything is awaited: every acknowledged event stays, each at
+/// its own offset, in append order.
+#[test]
+fn a_failed_lite_write_never_hands_out_an_offset_twice() {
+    let dir = TempDir::new("direct-lite-fail");
+    let db = db::open(&dir.0, 2).unwrap();
+    let segments = logs(&dir, false);
+    let log = EmbeddedLog::new(db, segments.clone(), ShardId(0), Durability::Os, None, HOUR).with_direct_writes();
+    let log = std::rc::Rc::new(log);
+    let runtime = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build();
+    runtime.expect("io_uring").block_on(async {
+        let append = |topic: &'static str, ids: &[&str]| {
+            let (log, mut frames) = (log.clone(), ids.iter().map(|id| frame(topic, id, 1, 10)).collect::<Vec<_>>());
+            monoio::spawn(async move { log.append(topic, PartitionId(0), &mut frames).await })
+        };
+        let writing =
+            |topic| segments.with(topic, PartitionId(0), |l| Ok(l.next_offset() > l.bounds().1 && !l.is_staged()));
+        log.fail_lite_writes(1);
+        let (a, s1) = (append(":lite", &["a"]), append("s1", &["s1"]));
+        while !writing("s1").unwrap() {
+            crate::task::yield_now().await;
+        }
+        // While s1's direct write is in flight: b, and a segment write its flush will await.
+        let (b, s2) = (append(":lite", &["b"]), append("s2", &["s2"]));
+        assert!(a.await.is_err(), "its batch failed");
+        let c = append(":lite", &["c1", "c2"]);
+        let (b, c) = (b.await.expect("b stored"), c.await.expect("c stored"));
+        assert_eq!((s1.await, s2.await), (Ok(0), Ok(0)));
+        assert_eq!(c, b + 1, "offsets in append order");
+    });
+    let stored = ids(&log.read(":lite", PartitionId(0), 0, 10, usize::MAX).unwrap());
+    assert_eq!(stored, ["b", "c1", "c2"], "every acknowledged event, each at its own offset");
+}

@@ -156,6 +156,9 @@ pub(super) struct LiteRows {
     /// `lite_topic_ttl_ms`: the index of last traffic is rewritten when it moved by 1/16 of it.
     lite_ttl_ms: u64,
     pending: RefCell<Pending>,
+    /// Tests: the next writes that fail as a device would.
+    #[cfg(test)]
+    pub(super) failing_writes: std::cell::Cell<u32>,
 }
 
 impl LiteRows {
@@ -168,6 +171,8 @@ impl LiteRows {
             lite_cached: RefCell::new(VecDeque::new()),
             lite_ttl_ms: lite_ttl.as_millis() as u64,
             pending: RefCell::new(Pending::default()),
+            #[cfg(test)]
+            failing_writes: std::cell::Cell::new(0),
         }
     }
 
@@ -232,7 +237,10 @@ impl LiteRows {
     pub(super) fn write(&self, batch: WriteBatch, durability: Durability) -> Result<(), StorageError> {
         let mut wo = WriteOptions::default();
         wo.disable_wal(durability == Durability::Memory);
-        let result = self.db.write_opt(batch, &wo).map_err(StorageError::from);
+        let result = match self.injected_failure() {
+            Some(e) => Err(e),
+            None => self.db.write_opt(batch, &wo).map_err(StorageError::from),
+        };
         if result.is_ok() {
             // Written, and nothing is pending (no await since the batch was taken): a dropped
             // entry is read back from the log exactly.
@@ -246,6 +254,19 @@ impl LiteRows {
             self.lite_cached.borrow_mut().clear();
         }
         result
+    }
+
+    #[cfg(not(test))]
+    fn injected_failure(&self) -> Option<StorageError> {
+        None
+    }
+
+    /// Tests: a write fails as a full device would, while `failing_writes` counts down.
+    #[cfg(test)]
+    fn injected_failure(&self) -> Option<StorageError> {
+        let n = self.failing_writes.get();
+        self.failing_writes.set(n.saturating_sub(1));
+        (n > 0).then(|| StorageError::Engine("IO error: No space left on device".into()))
     }
 
     /// Drops the oldest cached lite topics past [`LITE_CACHE`]. Only when nothing is pending:
