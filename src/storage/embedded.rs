@@ -3,7 +3,8 @@
 //!
 //! Appends made in the same turn of a shard's event loop are staged and then written together:
 //! one `write` per partition for everything staged in the turn (and one RocksDB write for the
-//! lite topics' records).
+//! lite topics' records). While the core has time, an append to a segment log with nothing else
+//! staged is written at once ([`EmbeddedLog::write_at_once`]).
 //!
 //! Lite topics (stored names starting with `:`, see `model::StoredTopic`) are many (one per
 //! session), small and short-lived, so they stay rows of RocksDB rather than segment files: the
@@ -460,7 +461,23 @@ impl EmbeddedLog {
         }
     }
 
-    /// Stages an append to a partition's segment log; resolves once this turn's flush wrote it.
+    /// Whether an append just staged is written at once rather than by the turn's flush: while
+    /// the core has time ([`crate::task::has_time`]), nothing else is staged (an append
+    /// waiting for a flush is never written, or failed, by another's write), and the write is
+    /// one `pwrite` to the page cache (`os`, `memory`). The answer then goes out before the
+    /// next connection's request is read, as it would without a batch; under load the batch
+    /// saves a write per append, and an `fsync` or direct write is always shared.
+    fn write_at_once(&self) -> bool {
+        let inner = &self.inner;
+        let quiet = || {
+            let p = inner.pending.borrow();
+            !p.scheduled && p.staged.is_empty()
+        };
+        !inner.direct && inner.durability != Durability::Fsync && quiet() && crate::task::has_time()
+    }
+
+    /// Stages an append to a partition's segment log; resolves once this turn's flush wrote it
+    /// (or at once: [`EmbeddedLog::write_at_once`]).
     async fn append_segment(
         &self,
         (topic, partition): (&str, PartitionId),
@@ -473,7 +490,14 @@ impl EmbeddedLog {
             for f in frames.iter_mut() {
                 f.set_partition(partition.0);
             }
-            g.as_mut().expect("opened by lock").stage(frames)
+            let log = g.as_mut().expect("opened by lock");
+            let first = log.stage(frames);
+            if self.write_at_once() {
+                let result = log.commit(crate::model::clock::now_micros()).map_err(|e| self.inner.failed(e));
+                self.inner.logs.after_write(log);
+                return result.map(|_| first);
+            }
+            first
         };
         let (flush, part) = {
             let mut p = self.inner.pending.borrow_mut();

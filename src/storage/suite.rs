@@ -491,3 +491,26 @@ fn a_failed_lite_write_never_hands_out_an_offset_twice() {
     let stored = ids(&log.read(":lite", PartitionId(0), 0, 10, usize::MAX).unwrap());
     assert_eq!(stored, ["b", "c1", "c2"], "every acknowledged event, each at its own offset");
 }
+
+/// While the core has time an append (os durability) is written at once: its future is ready
+/// at its first poll, before any other task ran. Under load it waits for the turn's flush,
+/// which appends made meanwhile join.
+#[test]
+fn an_append_is_written_at_once_while_the_core_has_time_and_batched_under_load() {
+    use crate::task::tests::{busy_windows, idle_window};
+    let dir = TempDir::new("at-once");
+    let log = log(&dir, Durability::Os);
+    block_on(async {
+        idle_window();
+        let mut a = [frame("t", "a", 1, 10)];
+        let mut first = std::pin::pin!(log.append("t", PartitionId(0), &mut a));
+        assert_eq!(futures::poll!(first.as_mut()), std::task::Poll::Ready(Ok(0)), "written at once");
+        busy_windows().await;
+        let (mut b, mut c) = ([frame("t", "b", 1, 10)], [frame("t", "c", 1, 10)]);
+        let mut second = std::pin::pin!(log.append("t", PartitionId(0), &mut b));
+        assert!(futures::poll!(second.as_mut()).is_pending(), "under load: staged for the flush");
+        let third = log.append("t", PartitionId(0), &mut c);
+        assert_eq!(futures::join!(second, third), (Ok(1), Ok(2)));
+    });
+    assert_eq!(ids(&log.read("t", PartitionId(0), 0, 10, usize::MAX).unwrap()), ["a", "b", "c"]);
+}

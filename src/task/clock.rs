@@ -82,6 +82,14 @@ pub fn ticks_duration(n: u64) -> Duration {
     }
 }
 
+/// How many [`ticks`] `d` is.
+pub fn ticks_for(d: Duration) -> u64 {
+    match tsc_nanos() {
+        Some(per_tick) => (d.as_nanos() as f64 / per_tick) as u64,
+        None => d.as_nanos() as u64,
+    }
+}
+
 /// Measures the time-stamp counter's rate, if [`ticks`] uses it; done when the runtime starts
 /// (a couple of milliseconds), else on the first use.
 pub fn calibrate() {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use super::clock::{self, IN_METERED};
 use super::lane::{active, lane_tick_if_due};
+use super::load::add_busy;
 
 /// The core time one task has taken, measured around each of its polls (see [`metered`]), in
 /// [`clock::ticks`].
@@ -62,14 +63,19 @@ impl<F: Future> Future for Metered<'_, F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         active();
-        this.meter.polling.set(clock::ticks());
+        let start = clock::ticks();
+        this.meter.polling.set(start);
         clock::mark_stale();
         let outer = IN_METERED.replace(true);
         let r = this.f.poll(cx);
         IN_METERED.set(outer);
-        let began = this.meter.polling.replace(0);
+        let (began, end) = (this.meter.polling.replace(0), clock::ticks());
         if began != 0 {
-            this.meter.spent.set(this.meter.spent.get() + clock::ticks().saturating_sub(began));
+            this.meter.spent.set(this.meter.spent.get() + end.saturating_sub(began));
+        }
+        if !outer {
+            // The whole poll: requests that ended in it were taken from the meter already.
+            add_busy(end.saturating_sub(start));
         }
         lane_tick_if_due();
         r

@@ -292,3 +292,39 @@ fn each_request_in_a_poll_reads_the_clock_afresh() {
     }));
     assert!(second > first, "the second request answered with the first one's reading");
 }
+
+/// Spins in a metered poll for three windows of the load measure, as requests that each end
+/// with the meter's `take` (a connection's): the loop looks busy.
+pub(crate) async fn busy_windows() {
+    let d = super::load::WINDOW * 3;
+    let meter = super::Meter::default();
+    super::metered(&meter, async {
+        let t = std::time::Instant::now();
+        while t.elapsed() < d {
+            std::hint::spin_loop();
+            meter.take();
+        }
+    })
+    .await
+}
+
+/// Lets a whole window of the load measure pass with nothing metered in it.
+pub(crate) fn idle_window() {
+    super::has_time();
+    std::thread::sleep(super::load::WINDOW * 2);
+}
+
+/// The core has time after a window with little metered work in it, and not after one its
+/// metered polls filled; a window is judged whole, when asked after it ended.
+#[test]
+fn the_core_has_time_unless_the_last_window_was_busy() {
+    runtime().block_on(async {
+        idle_window();
+        assert!(super::has_time(), "an idle window");
+        busy_windows().await;
+        assert!(!super::has_time(), "a window the metered polls filled");
+        assert!(!super::has_time(), "still, until the next window ends");
+        idle_window();
+        assert!(super::has_time(), "an idle window again");
+    });
+}

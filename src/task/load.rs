@@ -1,0 +1,51 @@
+//! How busy this thread's loop has been lately: the share of the last [`WINDOW`] its metered
+//! polls took ([`has_time`]). Work that can be batched (the embedded log's group commit) is
+//! done at once while the core has time, and batched only under load, where the batch saves
+//! more CPU than it costs in latency.
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::clock;
+
+/// How long a window of the measure is: long enough to hold a few requests at low rates, short
+/// enough to follow a burst within a couple of milliseconds.
+pub(super) const WINDOW: Duration = Duration::from_millis(1);
+
+/// The share of a window (percent) the metered polls take before the core counts as loaded.
+const LOADED_PERCENT: u64 = 50;
+
+thread_local! {
+    /// Ticks spent in metered polls since the window began, and when it began.
+    static BUSY: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// What the last whole window said.
+    static LOADED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Adds a metered poll's ticks to the window.
+pub(super) fn add_busy(ticks: u64) {
+    BUSY.with(|b| {
+        let (busy, start) = b.get();
+        b.set((busy + ticks, start));
+    });
+}
+
+/// Whether this thread's metered polls took under half of the last whole window (one read of
+/// the time-stamp counter). A window ends when it is asked after [`WINDOW`] has passed, so
+/// an idle stretch counts as one window with little work in it.
+pub fn has_time() -> bool {
+    let now = clock::ticks();
+    let (busy, start) = BUSY.get();
+    let elapsed = now.saturating_sub(start);
+    if elapsed >= window_ticks() {
+        LOADED.set(busy * 100 > elapsed * LOADED_PERCENT);
+        BUSY.set((0, now));
+    }
+    !LOADED.get()
+}
+
+fn window_ticks() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| clock::ticks_for(WINDOW))
+}
