@@ -414,6 +414,19 @@ fn a_failed_fsync_fails_every_later_append() {
     assert!(block_on(syncer.sync_wal()).is_err(), "the WAL is not synced either");
 }
 
+/// A log whose segments are written with O_DIRECT (durability os), and its segment logs.
+fn direct_log(dir: &TempDir) -> (std::rc::Rc<EmbeddedLog>, Arc<PartitionLogs>) {
+    let db = db::open(&dir.0, 2).unwrap();
+    let segments = logs(dir, false);
+    let log = EmbeddedLog::new(db, segments.clone(), ShardId(0), Durability::Os, None, HOUR).with_direct_writes();
+    (std::rc::Rc::new(log), segments)
+}
+
+/// Runs `f` on an io_uring runtime (direct writes go through its ring).
+fn on_uring<F: std::future::Future>(f: F) -> F::Output {
+    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build().expect("io_uring").block_on(f)
+}
+
 /// Direct writes (O_DIRECT through io_uring) of a turn that staged more partitions than are
 /// written at once: every write is laid out before the first is awaited, so an append made
 /// while they are in flight is staged behind its partition's write and answered by its own
@@ -422,12 +435,8 @@ fn a_failed_fsync_fails_every_later_append() {
 #[test]
 fn an_append_made_during_a_direct_flush_is_answered_by_its_own() {
     let dir = TempDir::new("direct-windows");
-    let db = db::open(&dir.0, 2).unwrap();
-    let segments = logs(&dir, false);
-    let log = EmbeddedLog::new(db, segments.clone(), ShardId(0), Durability::Os, None, HOUR).with_direct_writes();
-    let log = std::rc::Rc::new(log);
-    let runtime = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build();
-    runtime.expect("io_uring").block_on(async {
+    let (log, segments) = direct_log(&dir);
+    on_uring(async {
         let append = |p: u32, id: String| {
             let log = log.clone();
             monoio::spawn(async move { log.append("w", PartitionId(p), &mut [frame("w", &id, 1, 100)]).await })
@@ -463,12 +472,8 @@ fn an_append_made_during_a_direct_flush_is_answered_by_its_own() {
 #[test]
 fn a_failed_lite_write_never_hands_out_an_offset_twice() {
     let dir = TempDir::new("direct-lite-fail");
-    let db = db::open(&dir.0, 2).unwrap();
-    let segments = logs(&dir, false);
-    let log = EmbeddedLog::new(db, segments.clone(), ShardId(0), Durability::Os, None, HOUR).with_direct_writes();
-    let log = std::rc::Rc::new(log);
-    let runtime = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build();
-    runtime.expect("io_uring").block_on(async {
+    let (log, segments) = direct_log(&dir);
+    on_uring(async {
         let append = |topic: &'static str, ids: &[&str]| {
             let (log, mut frames) = (log.clone(), ids.iter().map(|id| frame(topic, id, 1, 10)).collect::<Vec<_>>());
             monoio::spawn(async move { log.append(topic, PartitionId(0), &mut frames).await })
