@@ -13,8 +13,12 @@ use super::clock;
 /// enough to follow a burst within a couple of milliseconds.
 pub(super) const WINDOW: Duration = Duration::from_millis(1);
 
-/// The share of a window (percent) the metered polls take before the core counts as loaded.
+/// The share of a window (percent) the metered polls take before the core counts as loaded,
+/// and the share under which a loaded core has time again: work done at once costs more of the
+/// core than batched (a `pwrite` per publish), so the way back is lower, or the core would
+/// go to and fro at a load between the two.
 const LOADED_PERCENT: u64 = 50;
+const UNLOADED_PERCENT: u64 = 40;
 
 thread_local! {
     /// Ticks spent in metered polls since the window began, and when it began.
@@ -31,15 +35,17 @@ pub(super) fn add_busy(ticks: u64) {
     });
 }
 
-/// Whether this thread's metered polls took under half of the last whole window (one read of
-/// the time-stamp counter). A window ends when it is asked after [`WINDOW`] has passed, so
-/// an idle stretch counts as one window with little work in it.
+/// Whether this thread's metered polls took under half of the last whole window (under 40%
+/// once the core counted as loaded), with one read of the time-stamp counter. A window ends
+/// when it is asked after [`WINDOW`] has passed, so an idle stretch counts as one window with
+/// little work in it.
 pub fn has_time() -> bool {
     let now = clock::ticks();
     let (busy, start) = BUSY.get();
     let elapsed = now.saturating_sub(start);
     if elapsed >= window_ticks() {
-        LOADED.set(busy * 100 > elapsed * LOADED_PERCENT);
+        let limit = if LOADED.get() { UNLOADED_PERCENT } else { LOADED_PERCENT };
+        LOADED.set(busy * 100 > elapsed * limit);
         BUSY.set((0, now));
     }
     !LOADED.get()
