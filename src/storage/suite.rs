@@ -519,3 +519,25 @@ fn an_append_is_written_at_once_while_the_core_has_time_and_batched_under_load()
     });
     assert_eq!(ids(&log.read("t", PartitionId(0), 0, 10, usize::MAX).unwrap()), ["a", "b", "c"]);
 }
+
+/// A write made at once that fails (the partition's directory gone when its segment rolls)
+/// fails its append, and its offset is handed out again: no gap, nothing answered as stored.
+#[test]
+fn a_failed_write_at_once_fails_its_append_and_leaves_no_gap() {
+    use crate::task::tests::idle_window;
+    let dir = TempDir::new("at-once-fail");
+    let segments = logs(&dir, false);
+    let log = EmbeddedLog::new(db::open(&dir.0, 2).unwrap(), segments.clone(), ShardId(0), Durability::Os, None, HOUR);
+    // Each event over half a segment (64 KiB): the second rolls to a new file.
+    let big = |id: &str| vec![frame("t", id, 1, 40 << 10)];
+    block_on(async {
+        idle_window();
+        assert_eq!(log.append("t", PartitionId(0), &mut big("a")).await, Ok(0));
+        std::fs::remove_dir_all(segments.dir("t", PartitionId(0))).unwrap();
+        let mut b = big("b");
+        let failed = futures::poll!(std::pin::pin!(log.append("t", PartitionId(0), &mut b)));
+        assert!(matches!(failed, std::task::Poll::Ready(Err(_))), "failed at once: {failed:?}");
+    });
+    assert_eq!(log.bounds("t", PartitionId(0)).unwrap(), Bounds { start: 0, end: 1 });
+    assert_eq!(log.next_offset_of("t", PartitionId(0)).unwrap(), 1, "b's offset is handed out again");
+}

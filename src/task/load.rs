@@ -10,8 +10,9 @@ use std::time::Duration;
 use super::clock;
 
 /// How long a window of the measure is: long enough to hold a few requests at low rates, short
-/// enough to follow a burst within a couple of milliseconds.
-pub(super) const WINDOW: Duration = Duration::from_millis(1);
+/// enough to follow a burst within a couple of milliseconds. Tests use longer windows, so a
+/// thread descheduled between two questions is not a window gone by.
+pub(super) const WINDOW: Duration = Duration::from_millis(if cfg!(test) { 20 } else { 1 });
 
 /// The share of a window (percent) the metered polls take before the core counts as loaded,
 /// and the share under which a loaded core has time again: work done at once costs more of the
@@ -44,11 +45,29 @@ pub fn has_time() -> bool {
     let (busy, start) = BUSY.get();
     let elapsed = now.saturating_sub(start);
     if elapsed >= window_ticks() {
-        let limit = if LOADED.get() { UNLOADED_PERCENT } else { LOADED_PERCENT };
-        LOADED.set(busy * 100 > elapsed * limit);
+        LOADED.set(loaded(LOADED.get(), busy, elapsed));
         BUSY.set((0, now));
     }
     !LOADED.get()
+}
+
+/// Whether a window with `busy` of its `elapsed` ticks in metered polls leaves the core loaded,
+/// given whether it was.
+fn loaded(was: bool, busy: u64, elapsed: u64) -> bool {
+    let limit = if was { UNLOADED_PERCENT } else { LOADED_PERCENT };
+    busy * 100 > elapsed * limit
+}
+
+#[cfg(test)]
+mod tests {
+    /// Between the two shares the core stays as it was: loaded from half, with time again only
+    /// under 40%.
+    #[test]
+    fn a_loaded_core_has_time_again_only_under_the_lower_share() {
+        for (was, busy, now) in [(false, 45, false), (false, 51, true), (true, 45, true), (true, 39, false)] {
+            assert_eq!(super::loaded(was, busy, 100), now, "was loaded: {was}, busy {busy}%");
+        }
+    }
 }
 
 fn window_ticks() -> u64 {
