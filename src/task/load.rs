@@ -58,6 +58,11 @@ fn loaded(was: bool, busy: u64, elapsed: u64) -> bool {
     busy * 100 > elapsed * limit
 }
 
+fn window_ticks() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| clock::ticks_for(WINDOW))
+}
+
 #[cfg(test)]
 mod tests {
     /// Between the two shares the core stays as it was: loaded from half, with time again only
@@ -68,9 +73,4 @@ mod tests {
             assert_eq!(super::loaded(was, busy, 100), now, "was loaded: {was}, busy {busy}%");
         }
     }
-}
-
-fn window_ticks() -> u64 {
-    static TICKS: OnceLock<u64> = OnceLock::new();
-    *TICKS.get_or_init(|| clock::ticks_for(WINDOW))
 }
