@@ -16,7 +16,7 @@ use crate::queue;
 use crate::server::client::{Pool, Url};
 use crate::server::{A2aRelaySpec, A2aStreamSpec};
 use crate::shard::core::Shard;
-use crate::shard::tasks::TaskEntry;
+use crate::shard::tasks::{TaskEntry, TaskLog};
 
 /// Rendered batches waiting for the writer.
 const QUEUE: usize = 2;
@@ -29,6 +29,28 @@ fn render(spec: &A2aStreamSpec, event: &Json, out: &mut Vec<u8>) {
     sse_event(&json, out);
 }
 
+/// Renders into `out` what a stream that has sent the events before `next` sends now (`None`:
+/// nothing yet), and returns the number of the next event after them. A stream starts at its
+/// spec's start, while the log still keeps that; a new stream without one, or one fallen behind
+/// what is kept, is sent the task as it is now.
+fn catch_up(spec: &A2aStreamSpec, log: &TaskLog, next: Option<u64>, out: &mut Vec<u8>) -> u64 {
+    let from = match (next, &spec.start) {
+        (Some(n), _) if n >= log.first => n,
+        (None, Some((at, task))) if *at >= log.first && *at <= log.end() => {
+            render(spec, &json!({ "task": task }), out);
+            *at
+        }
+        _ => {
+            render(spec, &json!({"task": log.task.to_json(spec.history_length, true)}), out);
+            log.end()
+        }
+    };
+    for e in log.events.iter().skip((from - log.first) as usize) {
+        render(spec, e, out);
+    }
+    log.end()
+}
+
 /// Feeds `out` with the task's events until it settles.
 async fn feed(entry: Arc<TaskEntry>, spec: &A2aStreamSpec, shard: &Shard, mut out: queue::Sender<Outbound>) {
     let mut next: Option<u64> = None;
@@ -37,18 +59,7 @@ async fn feed(entry: Arc<TaskEntry>, spec: &A2aStreamSpec, shard: &Shard, mut ou
         let (events, settled) = {
             let log = entry.log();
             let mut events = Vec::new();
-            let from = match next {
-                Some(n) if n >= log.first => n,
-                // The first event, or fallen behind what is kept: the task as it is now.
-                _ => {
-                    render(spec, &json!({"task": log.task.to_json(spec.history_length, true)}), &mut events);
-                    log.end()
-                }
-            };
-            for e in log.events.iter().skip((from - log.first) as usize) {
-                render(spec, e, &mut events);
-            }
-            next = Some(log.end());
+            next = Some(catch_up(spec, &log, next, &mut events));
             (events, log.task.state.settled())
         };
         let gone = shard.shared.tasks.get(&entry.id).is_none();
@@ -184,6 +195,89 @@ pub async fn relay(shard: Rc<Shard>, stream: crate::server::Stream, buf: Vec<u8>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::adaptor::a2a::task::{self, Chunk, Stamps};
+
+    struct Fixed;
+
+    impl Stamps for Fixed {
+        fn timestamp(&mut self) -> String {
+            "2026-12-07T00:00:00.000Z".into()
+        }
+
+        fn message_id(&mut self) -> String {
+            "m".into()
+        }
+    }
+
+    /// The events rendered into `out`, each the JSON-RPC result's one key and its value.
+    fn events(out: &[u8]) -> Vec<(String, Json)> {
+        let text = std::str::from_utf8(out).unwrap();
+        let data = text.split("\n\n").filter_map(|e| e.strip_prefix("data: "));
+        let results = data.map(|d| serde_json::from_str::<Json>(d).unwrap()["result"].clone());
+        results.map(|r| r.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).next().unwrap()).collect()
+    }
+
+    fn word(text: &str, done: bool) -> Chunk {
+        let part = (!text.is_empty()).then(|| json!({ "text": text }));
+        Chunk { part, error: None, done, input_required: false, bytes: text.len() }
+    }
+
+    /// Regression: a streaming send whose agent answered the whole turn before the stream was
+    /// served sent only the completed task (the Node A2A SDK saw no artifact updates).
+    #[test]
+    fn a_streaming_send_starts_at_the_task_its_message_left_however_soon_the_agent_answers() {
+        let user = json!({"messageId": "u", "role": "ROLE_USER", "parts": [{"text": "one two"}]});
+        let submitted = task::submitted("t".into(), "c".into(), user, &mut Fixed);
+        let mut log = TaskLog { task: submitted, events: Default::default(), first: 0, turn: 0 };
+        let start = (log.end(), log.task.to_json(None, true));
+        // The whole turn, before the stream's first look at the log.
+        for c in [word("one ", false), word("two ", false), word("", true)] {
+            for e in task::chunk(&mut log.task, c, &mut Fixed) {
+                log.emit(e);
+            }
+        }
+        let spec = |start| A2aStreamSpec {
+            task_id: "t".into(),
+            rpc_id: Some(json!(1)),
+            history_length: None,
+            expires_us: None,
+            start,
+        };
+
+        let mut out = Vec::new();
+        let next = catch_up(&spec(Some(start.clone())), &log, None, &mut out);
+        assert_eq!(next, log.end());
+        let got = events(&out);
+        let kinds: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(kinds, ["task", "statusUpdate", "artifactUpdate", "artifactUpdate", "statusUpdate"], "{got:?}");
+        assert_eq!(got[0].1, start.1, "the task as its message left it");
+        assert!(got[0].1.get("artifacts").is_none_or(|a| a.as_array().unwrap().is_empty()));
+        let texts: Vec<&Json> = got
+            .iter()
+            .filter(|(k, _)| k == "artifactUpdate")
+            .map(|(_, u)| &u["artifact"]["parts"][0]["text"])
+            .collect();
+        assert_eq!(texts, [&json!("one "), &json!("two ")]);
+        assert_eq!(got[4].1["status"]["state"], "TASK_STATE_COMPLETED");
+
+        // Nothing more once caught up.
+        let mut more = Vec::new();
+        assert_eq!(catch_up(&spec(Some(start.clone())), &log, Some(next), &mut more), next);
+        assert!(more.is_empty());
+
+        // A stream without a start (SubscribeToTask), or whose start is no longer kept: the task
+        // as it is now, whole, and nothing before it.
+        let mut now = Vec::new();
+        catch_up(&spec(None), &log, None, &mut now);
+        let got = events(&now);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1["status"]["state"], "TASK_STATE_COMPLETED");
+        log.first = 1;
+        log.events.pop_front();
+        let mut behind = Vec::new();
+        catch_up(&spec(Some(start)), &log, None, &mut behind);
+        assert_eq!(events(&behind), got);
+    }
 
     #[test]
     fn a_streams_task_is_found_past_comments_and_other_events() {

@@ -49,6 +49,10 @@ pub struct A2aStreamSpec {
     pub history_length: Option<usize>,
     /// When the credential expires (µs since the epoch): the stream ends then.
     pub expires_us: Option<i64>,
+    /// A `SendStreamingMessage`'s own start: the number of the task's next event and the task as
+    /// the message left it, before its turn ran. The stream begins there, so an agent that
+    /// answers before the stream is served is not missed (`None`: the task as it is then).
+    pub start: Option<(u64, serde_json::Value)>,
 }
 
 /// A WebSocket publisher (`GET /events/ws?publish=T`), as the request set it up.

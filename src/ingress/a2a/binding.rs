@@ -46,12 +46,19 @@ impl Binding {
         }
     }
 
-    pub(super) fn stream(self, task_id: String, history_length: Option<usize>, expires_us: Option<i64>) -> Response {
+    /// A stream of the task `task_id` (see [`A2aStreamSpec`] for `start`).
+    pub(super) fn stream(
+        self,
+        task_id: String,
+        history_length: Option<usize>,
+        expires_us: Option<i64>,
+        start: Option<(u64, Json)>,
+    ) -> Response {
         let rpc_id = match self {
             Binding::Rpc(id) => Some(id),
             Binding::Rest => None,
         };
-        let spec = A2aStreamSpec { task_id, rpc_id, history_length, expires_us };
+        let spec = A2aStreamSpec { task_id, rpc_id, history_length, expires_us, start };
         Response::streaming(Upgrade::A2aSse(Box::new(spec)), "text/event-stream")
     }
 }

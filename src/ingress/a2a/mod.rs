@@ -291,7 +291,7 @@ impl Traffic {
                 A2aError::new(ErrorKind::UnsupportedOperation, "the task is in a terminal state").with("taskId", id);
             return b.err(&err);
         }
-        b.stream(e.id.clone(), history, gate.who.expires_us)
+        b.stream(e.id.clone(), history, gate.who.expires_us, None)
     }
 
     /// `SendMessage` / `SendStreamingMessage`: a new task of the message's context, or the next
@@ -342,9 +342,15 @@ impl Traffic {
                 ));
             }
         };
+        // A stream starts from the task as it is before its turn runs: every update of the turn
+        // follows, however soon the agent answers.
+        let start = streaming.then(|| {
+            let log = entry.log();
+            (log.end(), log.task.to_json(s.history_length, true))
+        });
         monoio::spawn(drive(self.shard.clone(), entry.clone(), call, turn));
-        if streaming {
-            return b.stream(entry.id.clone(), s.history_length, gate.who.expires_us);
+        if let Some(start) = start {
+            return b.stream(entry.id.clone(), s.history_length, gate.who.expires_us, Some(start));
         }
         if !s.return_immediately {
             // Blocking: until the task settles, or at most max_request_timeout_ms (then the task
