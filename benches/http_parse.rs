@@ -1,7 +1,7 @@
 //! Our request-head parser against httparse on a typical publish request.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use evmesh::http::{parse_head, Limits, Status};
+use evmesh::http::{parse_head, parse_head_into, Limits, Status};
 use std::hint::black_box;
 
 const REQ: &[u8] = b"POST /events/publish?topic=orders HTTP/1.1\r\n\
@@ -19,6 +19,18 @@ fn bench(c: &mut Criterion) {
     g.bench_function("evmesh", |b| {
         b.iter(|| match parse_head(black_box(REQ), &limits) {
             Ok(Status::Complete(h)) => black_box(h.len),
+            other => panic!("{other:?}"),
+        })
+    });
+    // As a connection parses: into the list the previous head handed back (no allocation).
+    g.bench_function("evmesh_reused_list", |b| {
+        let mut spare = Vec::with_capacity(16);
+        b.iter(|| match parse_head_into(black_box(REQ), &limits, &mut spare) {
+            Ok(Status::Complete(h)) => {
+                let n = black_box(h.len);
+                spare = h.headers;
+                n
+            }
             other => panic!("{other:?}"),
         })
     });

@@ -169,6 +169,26 @@ fn line_end(buf: &[u8], at: usize) -> Option<(usize, usize)> {
     Some((end, nl + 1))
 }
 
+/// From `at`, the index of the first byte of `buf` that cannot stand in a field value as it is:
+/// a control (HTAB, CR and LF among them) or DEL; `buf.len()` if there is none. Eight bytes at
+/// a time: a field value is most of a head's bytes.
+pub(super) fn value_run(buf: &[u8], mut at: usize) -> usize {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    while let Some(word) = buf.get(at..at + 8) {
+        let x = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        // A byte's high bit is set where it is under 0x20, or is DEL (x ^ 0x7f is zero there).
+        // Borrows only carry upwards from such a byte, so the lowest bit set marks the first.
+        let del = x ^ (ONES * 0x7f);
+        let stops = (x.wrapping_sub(ONES * 0x20) & !x | del.wrapping_sub(ONES) & !del) & HIGH;
+        if stops != 0 {
+            return at + (stops.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    at + buf[at..].iter().position(|&b| b < 0x20 || b == 0x7f).unwrap_or(buf.len() - at)
+}
+
 /// Parses a request head from the start of `buf`.
 pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError> {
     parse_head_into(buf, limits, &mut Vec::with_capacity(16))
@@ -180,22 +200,27 @@ pub fn parse_head(buf: &[u8], limits: &Limits) -> Result<Status<Head>, HttpError
 /// without an allocation.
 pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) -> Result<Status<Head>, HttpError> {
     spare.clear();
-    let too_big = HttpError::new(StatusCode::HEADERS_TOO_LARGE, "request head too large");
+    // A head lies within the first max_header_bytes: only those are looked at. Running out of
+    // them is a head still arriving, or, when more bytes came, one that is too large.
+    let view = &buf[..buf.len().min(limits.max_header_bytes)];
+    let more = || {
+        if buf.len() > limits.max_header_bytes {
+            return Err(HttpError::new(StatusCode::HEADERS_TOO_LARGE, "request head too large"));
+        }
+        Ok(Status::Partial)
+    };
     // Tolerate empty lines before the request line (RFC 9112 section 2.2).
     let mut pos = 0;
-    while pos < buf.len() && (buf[pos] == b'\r' || buf[pos] == b'\n') {
-        if buf[pos] == b'\r' && buf.get(pos + 1).is_some_and(|&b| b != b'\n') {
+    while pos < view.len() && (view[pos] == b'\r' || view[pos] == b'\n') {
+        if view[pos] == b'\r' && view.get(pos + 1).is_some_and(|&b| b != b'\n') {
             return Err(HttpError::bad("bare CR in request head"));
         }
         pos += 1;
     }
-    let Some((line_stop, mut next)) = line_end(buf, pos) else {
-        if buf.len() > limits.max_header_bytes {
-            return Err(too_big);
-        }
-        return Ok(Status::Partial);
+    let Some((line_stop, mut next)) = line_end(view, pos) else {
+        return more();
     };
-    let line = &buf[pos..line_stop];
+    let line = &view[pos..line_stop];
     let sp1 = line.iter().position(|&b| b == b' ').ok_or(HttpError::bad("malformed request line"))?;
     let method_b = &line[..sp1];
     if method_b.is_empty() || !method_b.iter().all(|&b| is_tchar(b)) {
@@ -244,48 +269,55 @@ pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) 
     let mut chunked = false;
     let mut saw_te = false;
     let mut saw_host = false;
+    // Each field line is taken in one pass: its name up to the colon, then its value up to the
+    // line's end. A byte that cannot be there is refused where it stands, before the line ends.
     loop {
-        if next > limits.max_header_bytes {
-            return Err(too_big);
-        }
-        let Some((stop, after)) = line_end(buf, next) else {
-            if buf.len() > limits.max_header_bytes {
-                return Err(too_big);
+        match view.get(next..).unwrap_or_default() {
+            [] | [b'\r'] => return more(),
+            [b'\n', ..] => {
+                next += 1;
+                break;
             }
-            return Ok(Status::Partial);
-        };
-        if stop == next {
-            next = after;
-            break;
+            [b'\r', b'\n', ..] => {
+                next += 2;
+                break;
+            }
+            [b' ' | b'\t', ..] => return Err(HttpError::bad("obsolete header line folding")),
+            _ => {}
         }
-        let line = &buf[next..stop];
-        if line[0] == b' ' || line[0] == b'\t' {
-            return Err(HttpError::bad("obsolete header line folding"));
+        let colon = next + view[next..].iter().position(|&b| !is_tchar(b)).unwrap_or(view.len() - next);
+        match view.get(colon) {
+            None => return more(),
+            Some(b':') if colon > next => {}
+            Some(b'\r' | b'\n') => return Err(HttpError::bad("header without colon")),
+            Some(_) => return Err(HttpError::bad("invalid header name")),
         }
-        let colon = memchr::memchr(b':', line).ok_or(HttpError::bad("header without colon"))?;
-        let name = &line[..colon];
-        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-            return Err(HttpError::bad("invalid header name"));
-        }
+        let name = &view[next..colon];
         let mut vs = colon + 1;
-        let mut ve = line.len();
-        while vs < ve && (line[vs] == b' ' || line[vs] == b'\t') {
+        while vs < view.len() && (view[vs] == b' ' || view[vs] == b'\t') {
             vs += 1;
         }
-        while ve > vs && (line[ve - 1] == b' ' || line[ve - 1] == b'\t') {
+        // The value runs to the line's end (CRLF, or a bare LF); HTAB is the one control it
+        // may hold.
+        let mut at = vs;
+        let (mut ve, after) = loop {
+            at = value_run(view, at);
+            match view.get(at..).unwrap_or_default() {
+                [] | [b'\r'] => return more(),
+                [b'\t', ..] => at += 1,
+                [b'\n', ..] => break (at, at + 1),
+                [b'\r', b'\n', ..] => break (at, at + 2),
+                _ => return Err(HttpError::bad("invalid header value")),
+            }
+        };
+        while ve > vs && (view[ve - 1] == b' ' || view[ve - 1] == b'\t') {
             ve -= 1;
         }
-        let value = &line[vs..ve];
-        if !value.iter().all(|&b| is_value_char(b)) {
-            return Err(HttpError::bad("invalid header value"));
-        }
+        let value = &view[vs..ve];
         if spare.len() == limits.max_headers {
             return Err(HttpError::new(StatusCode::HEADERS_TOO_LARGE, "too many header fields"));
         }
-        spare.push(HeaderPos {
-            name: (next as u32, (next + colon) as u32),
-            value: ((next + vs) as u32, (next + ve) as u32),
-        });
+        spare.push(HeaderPos { name: (next as u32, colon as u32), value: (vs as u32, ve as u32) });
         // Only a few names matter for framing; their lengths sort them out cheaply.
         let special = matches!(name.len(), 4 | 6 | 10 | 14 | 17);
         if !special {
@@ -341,9 +373,6 @@ pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) 
             saw_host = true;
         }
         next = after;
-    }
-    if next > limits.max_header_bytes {
-        return Err(too_big);
     }
     if minor == 1 && !saw_host {
         return Err(HttpError::bad("missing Host header"));

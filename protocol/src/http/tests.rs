@@ -31,6 +31,12 @@ cases! {
     value_ows: b"GET / HTTP/1.1\r\nHost: \t a \t\r\n\r\n" => Want::Ok("GET", "/", 1, BodyKind::Length(0), true);
     same_lengths: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3, 3\r\n\r\n" => Want::Ok("POST", "/", 2, BodyKind::Length(3), true);
     expect_continue: b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n" => Want::Ok("POST", "/", 3, BodyKind::Length(1), true);
+    value_tab_and_utf8: b"GET / HTTP/1.1\r\nHost: a\tb \xc3\xa9 \r\nX-Long: 0123456789abcdef0123\r\n\r\n" => Want::Ok("GET", "/", 2, BodyKind::Length(0), true);
+    del_in_long_value: b"GET / HTTP/1.1\r\nHost: a\r\nx: 0123456789abcdef\x7fabc\r\n\r\n" => Want::Err(400);
+    cr_in_long_value: b"GET / HTTP/1.1\r\nHost: a\r\nx: 0123456789abcdef\rabc\r\n\r\n" => Want::Err(400);
+    nul_after_value: b"GET / HTTP/1.1\r\nHost: a\x00\r\n\r\n" => Want::Err(400);
+    cr_cr_lf: b"GET / HTTP/1.1\r\nHost: a\r\r\n\r\n" => Want::Err(400);
+    cr_then_text_as_line: b"GET / HTTP/1.1\r\nHost: a\r\n\rx: b\r\n\r\n" => Want::Err(400);
     partial_line: b"GET / HTTP/1.1\r\nHo" => Want::Partial;
     empty: b"" => Want::Partial;
     missing_host: b"GET / HTTP/1.1\r\n\r\n" => Want::Err(400);
@@ -95,6 +101,31 @@ fn table_at_every_split_point() {
             }
         }
         check(name, bytes, want);
+    }
+}
+
+/// The field-value scan, eight bytes at a time, stops exactly where the rule byte by byte does
+/// (controls and DEL; HTAB, CR and LF among them), whatever stands around the stop: bytes of
+/// 0x80 and over, and the borrows a control leaves in the bytes above it.
+#[test]
+fn the_value_scan_stops_where_the_byte_rule_does() {
+    let bytewise =
+        |b: &[u8], at: usize| at + b[at..].iter().position(|&c| c < 0x20 || c == 0x7f).unwrap_or(b.len() - at);
+    for filler in [b' ', b'a', b'~', 0x80, 0xa0, 0xff] {
+        for stop in 0..=255u8 {
+            for p in 0..19 {
+                for after in [None, Some(0x00), Some(0x01), Some(0x20), Some(0x7f)] {
+                    let mut buf = [filler; 20];
+                    buf[p] = stop;
+                    if let Some(a) = after {
+                        buf[p + 1] = a;
+                    }
+                    for at in [0, 1, 5, 12, 20] {
+                        assert_eq!(parse::value_run(&buf, at), bytewise(&buf, at), "{buf:?} from {at}");
+                    }
+                }
+            }
+        }
     }
 }
 
