@@ -315,8 +315,8 @@ impl<'de> Visitor<'de> for Element<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Frame, A::Error> {
-        let members = Members::from_map(m)?;
-        members_frame(self.topic, members, &[]).map_err(|e| self.refuse(e))
+        let mut members = Members::from_map(m)?;
+        members_frame(self.topic, &mut members.0, &[]).map_err(|e| self.refuse(e))
     }
 
     // Anything but an object.
@@ -362,18 +362,19 @@ fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
 }
 
 fn structured_frame_with(topic: &str, json: &str, extra: &[(&str, &str)]) -> Result<Frame, CeError> {
-    let members = match super::flat::members(json) {
-        Some(flat) => Members(flat),
-        None => serde_json::from_str(json).map_err(json_err)?,
-    };
-    members_frame(topic, members, extra)
+    let mut flat = super::flat::Spans::new();
+    if super::flat::members(json, &mut flat) {
+        return members_frame(topic, &mut flat, extra);
+    }
+    let mut members: Members<'_> = serde_json::from_str(json).map_err(json_err)?;
+    members_frame(topic, &mut members.0, extra)
 }
 
 /// [`parse_structured`] with `extra` string extensions after the event's own (one the event
 /// carries itself is left out), in one encoding. Their names are the caller's to have checked
 /// ([`check_name`], not a context attribute).
 pub fn parse_structured_with(topic: &str, body: &[u8], extra: &[(&str, &str)]) -> Result<Frame, CeError> {
-    let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
+    let text = simdutf8::basic::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
     if !text.trim_start().starts_with('{') {
         return Err(invalid("a structured-mode event must be a JSON object"));
     }
@@ -382,12 +383,13 @@ pub fn parse_structured_with(topic: &str, body: &[u8], extra: &[(&str, &str)]) -
 
 /// The `subject` of a structured-mode event (`None` without one), read without building it.
 pub fn subject_of(body: &[u8]) -> Result<Option<String>, CeError> {
-    let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
-    let members = match super::flat::members(text) {
-        Some(flat) => Members(flat),
-        None => serde_json::from_str(text).map_err(json_err)?,
+    let text = simdutf8::basic::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
+    let mut flat = super::flat::Spans::new();
+    let members = match super::flat::members(text, &mut flat) {
+        true => flat,
+        false => serde_json::from_str::<Members<'_>>(text).map_err(json_err)?.0,
     };
-    for (key, text) in members.0 {
+    for (key, text) in members {
         if key == "subject" {
             return match text.as_bytes().first() {
                 Some(b'"') => Ok(Some(json_string(text)?.0.into_owned())),
@@ -398,11 +400,17 @@ pub fn subject_of(body: &[u8]) -> Result<Option<String>, CeError> {
     Ok(None)
 }
 
-/// The frame for one event's members, and `extra` extensions (see [`parse_structured_with`]).
-fn members_frame(topic: &str, members: Members<'_>, extra: &[(&str, &str)]) -> Result<Frame, CeError> {
+/// The frame for one event's members (their names are taken from the list), and `extra`
+/// extensions (see [`parse_structured_with`]).
+fn members_frame<'a>(
+    topic: &str,
+    members: &mut super::flat::Spans<'a>,
+    extra: &[(&str, &str)],
+) -> Result<Frame, CeError> {
     let mut attributes: SmallVec<[AttributeRef<'_>; INLINE_MEMBERS]> = SmallVec::new();
     let mut data: Option<(DataKind, Cow<'_, [u8]>)> = None;
-    for (key, text) in members.0 {
+    for (key, text) in members.iter_mut() {
+        let (key, text): (Cow<'a, str>, &'a str) = (std::mem::take(key), *text);
         if key == "data" || key == "data_base64" {
             if data.is_some() {
                 return Err(invalid("an event carries at most one of data and data_base64"));
@@ -459,7 +467,7 @@ fn encode(topic: &str, kind: DataKind, attributes: Vec<Attribute>, data: Vec<u8>
 
 /// Parses a structured-mode body (one event).
 pub fn parse_structured(topic: &str, body: &[u8]) -> Result<Frame, CeError> {
-    parse_structured_text(topic, std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?)
+    parse_structured_text(topic, simdutf8::basic::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?)
 }
 
 /// [`parse_structured`] of text already known to be UTF-8 (a WebSocket text message).
@@ -472,8 +480,8 @@ pub fn parse_structured_text(topic: &str, text: &str) -> Result<Frame, CeError> 
 
 /// Parses a batched-mode body (a JSON array of events); all are valid or none is accepted.
 pub fn parse_batch(topic: &str, body: &[u8]) -> Result<Vec<Frame>, CeError> {
-    let text = std::str::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
-    if let Some(frames) = super::flat::array(text, |spans| members_frame(topic, Members(spans), &[])) {
+    let text = simdutf8::basic::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
+    if let Some(frames) = super::flat::array(text, |mut spans| members_frame(topic, &mut spans, &[])) {
         return frames.into_iter().enumerate().map(|(i, f)| f.map_err(|e| in_element(i, e))).collect();
     }
     let refused = std::cell::Cell::new(None);
@@ -554,7 +562,7 @@ pub fn parse_binary<'h>(
     let kind = match &ct {
         _ if body.is_empty() => DataKind::None,
         Some(ct) if is_json_media(ct) && is_json(body) => DataKind::Json,
-        Some(ct) if is_text_media(ct) && std::str::from_utf8(body).is_ok() => DataKind::Text,
+        Some(ct) if is_text_media(ct) && simdutf8::basic::from_utf8(body).is_ok() => DataKind::Text,
         _ => DataKind::Binary,
     };
     encode(topic, kind, attributes, body.to_vec())
