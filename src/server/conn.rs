@@ -38,16 +38,13 @@ impl<'a> Request<'a> {
     /// The path without the query string.
     pub fn path(&self) -> &'a str {
         let t = self.head.target(self.buf);
-        t.split_once('?').map_or(t, |(p, _)| p)
+        t.find('?').map_or(t, |q| &t[..q])
     }
 
-    /// A query parameter, percent-decoded; `None` if absent or not UTF-8.
+    /// A query parameter, percent-decoded; `None` if absent or not UTF-8 (then a later one of
+    /// the same name is taken).
     pub fn query(&self, name: &str) -> Option<Cow<'a, str>> {
-        let (_, q) = self.head.target(self.buf).split_once('?')?;
-        q.split('&').find_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (k == name).then(|| percent_decode(v))?
-        })
+        query_param(self.head.target(self.buf), name)
     }
 
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
@@ -65,8 +62,31 @@ impl<'a> Request<'a> {
     }
 }
 
+/// Parameter `name` of `target`'s query (see [`Request::query`]). Scanned as bytes: a publish
+/// asks for two or three.
+fn query_param<'a>(target: &'a str, name: &str) -> Option<Cow<'a, str>> {
+    let at = |from: usize, byte: u8| target.as_bytes()[from..].iter().position(|&b| b == byte).map(|n| from + n);
+    let mut start = at(0, b'?')? + 1;
+    loop {
+        let end = at(start, b'&').unwrap_or(target.len());
+        let (key, value) = match at(start, b'=').filter(|&eq| eq < end) {
+            Some(eq) => (&target[start..eq], &target[eq + 1..end]),
+            None => (&target[start..end], ""),
+        };
+        if key == name {
+            if let Some(v) = percent_decode(value) {
+                return Some(v);
+            }
+        }
+        if end == target.len() {
+            return None;
+        }
+        start = end + 1;
+    }
+}
+
 fn percent_decode(s: &str) -> Option<Cow<'_, str>> {
-    if !s.contains(['%', '+']) {
+    if !s.bytes().any(|b| b == b'%' || b == b'+') {
         return Some(Cow::Borrowed(s));
     }
     let b = s.as_bytes();
@@ -577,5 +597,28 @@ async fn serve_metered<H: Handler>(
         } else {
             take_turn(&mut turns).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_param;
+
+    #[test]
+    fn a_query_parameter_is_its_first_decodable_value_by_exact_name() {
+        let q = |t, n| query_param(t, n).map(|v| v.into_owned());
+        assert_eq!(q("/p?topic=orders&key=k1", "topic").as_deref(), Some("orders"));
+        assert_eq!(q("/p?topic=orders&key=k1", "key").as_deref(), Some("k1"));
+        assert_eq!(q("/p?a&b=c", "a").as_deref(), Some(""), "no '=': empty, the next pair's not taken");
+        assert_eq!(q("/p?a&b=c", "b").as_deref(), Some("c"));
+        assert_eq!(q("/p?topics=x&topic=y", "topic").as_deref(), Some("y"), "names match whole");
+        assert_eq!(q("/p?t=a%2Fb+c", "t").as_deref(), Some("a/b c"));
+        assert_eq!(q("/p?t=%zz&t=ok", "t").as_deref(), Some("ok"), "an undecodable one is passed over");
+        assert_eq!(q("/p?t=%ff", "t"), None, "not UTF-8");
+        assert_eq!(q("/p?x=1&", "t"), None);
+        assert_eq!(q("/p?", "t"), None);
+        assert_eq!(q("/p", "t"), None);
+        assert_eq!(q("/p?=v&t=", "").as_deref(), Some("v"));
+        assert_eq!(q("/p?t=", "t").as_deref(), Some(""));
     }
 }
