@@ -61,6 +61,10 @@ const STRING_ATTRS: [&str; 8] =
 
 /// Picks the content mode from the media type and whether a `ce-specversion` header is present.
 pub fn mode(content_type: Option<&[u8]>, has_ce_specversion: bool) -> Result<Mode, CeError> {
+    // The media type as nearly every publisher sends it: one comparison.
+    if content_type == Some(b"application/cloudevents+json") {
+        return Ok(Mode::Structured);
+    }
     let media = content_type.map_or(&b""[..], |ct| ct.split(|&b| b == b';').next().unwrap_or(b"").trim_ascii());
     // Compared without a lowercased copy: this runs on every publish.
     let is = |m: &[u8]| media.eq_ignore_ascii_case(m);
@@ -235,11 +239,19 @@ impl<'de> Members<'de> {
     }
 }
 
+/// Whether the string values of a member list may carry escapes: those of the flat pass
+/// ([`super::flat`]) carry none, so they are not looked for again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Escapes {
+    None,
+    Maybe,
+}
+
 /// A JSON string's value (`text` is the string token, quotes included): borrowed unless it
 /// carries escapes.
-fn json_string(text: &str) -> Result<Text<'_>, CeError> {
+fn json_string(text: &str, escapes: Escapes) -> Result<Text<'_>, CeError> {
     let inner = &text[1..text.len() - 1];
-    if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+    if escapes == Escapes::None || memchr::memchr(b'\\', inner.as_bytes()).is_none() {
         return Ok(Text(Cow::Borrowed(inner)));
     }
     Ok(Text(Cow::Owned(serde_json::from_str::<String>(text).map_err(json_err)?)))
@@ -316,7 +328,7 @@ impl<'de> Visitor<'de> for Element<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Frame, A::Error> {
         let mut members = Members::from_map(m)?;
-        members_frame(self.topic, &mut members.0, &[]).map_err(|e| self.refuse(e))
+        members_frame(self.topic, &mut members.0, Escapes::Maybe, &[]).map_err(|e| self.refuse(e))
     }
 
     // Anything but an object.
@@ -364,10 +376,10 @@ fn structured_frame(topic: &str, json: &str) -> Result<Frame, CeError> {
 fn structured_frame_with(topic: &str, json: &str, extra: &[(&str, &str)]) -> Result<Frame, CeError> {
     let mut flat = super::flat::Spans::new();
     if super::flat::members(json, &mut flat) {
-        return members_frame(topic, &mut flat, extra);
+        return members_frame(topic, &mut flat, Escapes::None, extra);
     }
     let mut members: Members<'_> = serde_json::from_str(json).map_err(json_err)?;
-    members_frame(topic, &mut members.0, extra)
+    members_frame(topic, &mut members.0, Escapes::Maybe, extra)
 }
 
 /// [`parse_structured`] with `extra` string extensions after the event's own (one the event
@@ -392,7 +404,7 @@ pub fn subject_of(body: &[u8]) -> Result<Option<String>, CeError> {
     for (key, text) in members {
         if key == "subject" {
             return match text.as_bytes().first() {
-                Some(b'"') => Ok(Some(json_string(text)?.0.into_owned())),
+                Some(b'"') => Ok(Some(json_string(text, Escapes::Maybe)?.0.into_owned())),
                 _ => Err(invalid("attribute subject must be a string")),
             };
         }
@@ -400,11 +412,12 @@ pub fn subject_of(body: &[u8]) -> Result<Option<String>, CeError> {
     Ok(None)
 }
 
-/// The frame for one event's members (their names are taken from the list), and `extra`
-/// extensions (see [`parse_structured_with`]).
+/// The frame for one event's members (their names are taken from the list; `escapes`: whether
+/// its strings may hold any), and `extra` extensions (see [`parse_structured_with`]).
 fn members_frame<'a>(
     topic: &str,
     members: &mut super::flat::Spans<'a>,
+    escapes: Escapes,
     extra: &[(&str, &str)],
 ) -> Result<Frame, CeError> {
     let mut attributes: SmallVec<[AttributeRef<'_>; INLINE_MEMBERS]> = SmallVec::new();
@@ -434,7 +447,7 @@ fn members_frame<'a>(
             return Err(too_many_attributes());
         }
         let value = match text.as_bytes()[0] {
-            b'"' => AttrValueRef::Str(json_string(text)?),
+            b'"' => AttrValueRef::Str(json_string(text, escapes)?),
             b't' => AttrValueRef::Bool(true),
             b'f' => AttrValueRef::Bool(false),
             b'n' => continue, // null: the attribute is absent
@@ -481,7 +494,7 @@ pub fn parse_structured_text(topic: &str, text: &str) -> Result<Frame, CeError> 
 /// Parses a batched-mode body (a JSON array of events); all are valid or none is accepted.
 pub fn parse_batch(topic: &str, body: &[u8]) -> Result<Vec<Frame>, CeError> {
     let text = simdutf8::basic::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
-    if let Some(frames) = super::flat::array(text, |mut spans| members_frame(topic, &mut spans, &[])) {
+    if let Some(frames) = super::flat::array(text, |mut spans| members_frame(topic, &mut spans, Escapes::None, &[])) {
         return frames.into_iter().enumerate().map(|(i, f)| f.map_err(|e| in_element(i, e))).collect();
     }
     let refused = std::cell::Cell::new(None);

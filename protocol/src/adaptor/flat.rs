@@ -162,7 +162,7 @@ fn number(b: &[u8], mut i: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{array, members};
+    use super::{array, members, string_end};
     use proptest::prelude::*;
     use serde_json::value::RawValue;
 
@@ -256,6 +256,31 @@ mod tests {
             "",
         ] {
             assert_eq!(fast(other), None, "{other:?}");
+        }
+    }
+
+    /// The vector scans stop where a byte-by-byte one does: at the first quote, escape or
+    /// control character, wherever it falls against their 32-byte blocks, taking only a quote.
+    #[test]
+    fn a_string_ends_at_its_first_quote_unless_an_escape_or_control_comes_first() {
+        let bytewise = |b: &[u8], open: usize| {
+            let at = open + 1 + b[open + 1..].iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20)?;
+            (b[at] == b'"').then_some(at)
+        };
+        for len in 0..100 {
+            for stop in [b'"', b'\\', 0x00, 0x1f, b'\n'] {
+                for p in 0..len {
+                    let mut text = vec![b'"'];
+                    text.extend((0..len).map(|k| if k == p { stop } else { b"a\xc3\xa9 ~"[k % 5] }));
+                    text.push(b'"');
+                    let got = string_end(&text, 0);
+                    assert_eq!(got, bytewise(&text, 0), "len {len}, {stop:#x} at {p}");
+                    assert_eq!(got, (stop == b'"').then_some(1 + p), "len {len}, {stop:#x} at {p}");
+                }
+                let mut open = vec![b'"'];
+                open.extend(std::iter::repeat_n(b'x', len));
+                assert_eq!(string_end(&open, 0), None, "never closed, len {len}");
+            }
         }
     }
 
