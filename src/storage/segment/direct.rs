@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::file::Segment;
 use super::format::{BatchHeader, SegmentError};
-use super::log::{PartitionLog, Written};
+use super::log::{PartitionLog, Written, WrittenTo};
 
 /// The alignment of a direct write's buffer, position and length: the largest logical block
 /// size of the devices this runs on (512 and 4096 are both its divisors).
@@ -37,7 +37,7 @@ pub enum Prepared {
     /// Written already, through the page cache (nothing staged, or the file system refuses
     /// O_DIRECT: tmpfs before Linux 6.6, some network file systems); what a sync has to make
     /// durable.
-    Committed(Vec<Written>),
+    Committed(WrittenTo),
     /// To be written by the caller, then given to [`PartitionLog::complete_direct`].
     Direct(DirectWrite),
 }

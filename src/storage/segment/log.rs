@@ -71,6 +71,10 @@ pub struct Written {
     pub created_in: Option<PathBuf>,
 }
 
+/// What one commit wrote to: nearly always one file (two when it rolled a segment), so kept
+/// without an allocation (a commit per publish while the core has time).
+pub type WrittenTo = smallvec::SmallVec<[Written; 1]>;
+
 impl PartitionLog {
     /// Opens (or creates) the log in `dir`, recovering its last segment.
     pub fn open(dir: &Path, max_segment_bytes: u64) -> Result<PartitionLog, SegmentError> {
@@ -315,10 +319,10 @@ impl PartitionLog {
     /// the tail would pass the segment size). Returns what was written to, for a sync. On an
     /// error the batches not written are dropped: their offsets are handed out again (batches
     /// written before the failing one stay: their appends fail, and their events are there).
-    pub fn commit(&mut self, publish_us: i64) -> Result<Vec<Written>, SegmentError> {
+    pub fn commit(&mut self, publish_us: i64) -> Result<WrittenTo, SegmentError> {
         let publish_us = publish_us.max(self.last_publish);
         let mut batches = std::mem::take(&mut self.staged);
-        let mut written: Vec<Written> = Vec::new();
+        let mut written = WrittenTo::new();
         let mut result = Ok(());
         for b in batches.iter_mut().filter(|b| b.count > 0) {
             let h = b.finish(publish_us);
