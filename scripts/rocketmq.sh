@@ -83,6 +83,11 @@ haListenAddress = "127.0.0.1"
 haListenPort = $((bp + 1))
 mappedFileSizeCommitLog = 67108864
 messageIndexEnable = false
+# A test broker's store is a few megabytes: it must not refuse writes because the machine's disk
+# is 90% full (its default; a CI run failed so), nor clean up because it is 75% full.
+diskMaxUsedSpaceRatio = 97
+diskSpaceCleanForciblyRatio = 98
+diskSpaceWarningLevelRatio = 99
 EOF
   echo "127.0.0.1:$ns" > "$dir/namesrv.addr"; echo "$bp" > "$dir/broker.port"
   env -u NAMESRV_ADDR ROCKETMQ_HOME="$dir" ROCKETMQ_SHUTDOWN_TIMEOUT_SECONDS=2 \
