@@ -343,15 +343,18 @@ pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) 
                 // HTTP/1.0 has no transfer codings: its framing cannot be trusted (RFC 9112 6.1).
                 return Err(HttpError::bad("Transfer-Encoding in an HTTP/1.0 request"));
             }
-            saw_te = true;
             let last = value.rsplit(|&b| b == b',').next().unwrap_or(b"").trim_ascii();
             chunked = last.eq_ignore_ascii_case(b"chunked");
             if !chunked {
                 return Err(HttpError::bad("unsupported Transfer-Encoding"));
             }
-            if value.split(|&b| b == b',').count() > 1 {
+            // Field lines of one name are one list (RFC 9110 section 5.3): a second
+            // Transfer-Encoding line is a second coding, as in one line, and chunked applied
+            // twice is not taken (RFC 9112 section 6.1), however the list is split.
+            if saw_te || value.split(|&b| b == b',').count() > 1 {
                 return Err(HttpError::new(StatusCode::NOT_IMPLEMENTED, "transfer coding not implemented"));
             }
+            saw_te = true;
         } else if name.eq_ignore_ascii_case(b"connection") {
             for token in value.split(|&b| b == b',') {
                 let t = token.trim_ascii();

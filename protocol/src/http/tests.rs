@@ -59,6 +59,9 @@ cases! {
     te_http10: b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
     te_http10_keepalive: b"POST / HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
     te_gzip_chunked: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" => Want::Err(501);
+    te_chunked_twice_in_one_line: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n" => Want::Err(501);
+    te_chunked_on_two_lines: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(501);
+    te_chunked_then_gzip_line: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n" => Want::Err(400);
     body_too_big: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 65\r\n\r\n" => Want::Err(413);
     expect_other: b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\n\r\n" => Want::Err(417);
     too_many_headers: b"GET / HTTP/1.1\r\nHost: a\r\na: 1\r\nb: 1\r\nc: 1\r\nd: 1\r\ne: 1\r\nf: 1\r\ng: 1\r\nh: 1\r\n\r\n" => Want::Err(431);
