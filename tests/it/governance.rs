@@ -24,12 +24,39 @@ pub(super) fn sha256_hex(secret: &str) -> String {
     String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
 }
 
-/// A directory of governance files for one test.
-fn files(name: &str) -> PathBuf {
+/// A directory of governance files for one test (and the data of a broker it runs there),
+/// removed when dropped: every run of the suite left them all in the temporary directory.
+pub(super) struct Files(PathBuf);
+
+impl std::ops::Deref for Files {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn files(name: &str) -> Files {
     let dir = std::env::temp_dir().join(format!("evmesh-gov-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Files(dir)
+}
+
+#[test]
+fn a_tests_governance_files_are_removed_with_it() {
+    let (b, dir) = broker_with("removed", &[("alice", None, "alice-secret")], "", &[]);
+    let path = dir.to_path_buf();
+    assert!(path.join("tokens.jsonl").is_file() && path.join("evmesh.toml").is_file());
+    drop(b);
+    drop(dir);
+    assert!(!path.exists(), "{} was left behind", path.display());
 }
 
 /// A broker with auth = token over `tokens` (principal, tenant, secret), the config file's
@@ -39,7 +66,7 @@ pub(super) fn broker_with(
     tokens: &[(&str, Option<&str>, &str)],
     acl: &str,
     extra: &[&str],
-) -> (TestBroker, PathBuf) {
+) -> (TestBroker, Files) {
     let dir = files(name);
     let file = dir.join("tokens.jsonl");
     let mut lines = String::from("# principal, tenant, SHA-256 of the token\n");
@@ -69,7 +96,7 @@ pub(super) fn broker_with(
 /// Tokens `alice-secret` (alice), `bob-secret` (bob), `ops-secret` (ops), none with a tenant,
 /// and the config file's rules: alice publishes `orders.*`, bob subscribes to `billing*` on
 /// `orders.*`, ops administers.
-fn token_broker(name: &str, extra: &[&str]) -> (TestBroker, PathBuf) {
+fn token_broker(name: &str, extra: &[&str]) -> (TestBroker, Files) {
     let tokens = [("alice", None, "alice-secret"), ("bob", None, "bob-secret"), ("ops", None, "ops-secret")];
     let acl = r#"
 [[acl]]
