@@ -36,7 +36,7 @@ fn render(spec: &A2aStreamSpec, event: &Json, out: &mut Vec<u8>) {
 fn catch_up(spec: &A2aStreamSpec, log: &TaskLog, next: Option<u64>, out: &mut Vec<u8>) -> u64 {
     let from = match (next, &spec.start) {
         (Some(n), _) if n >= log.first => n,
-        (None, Some((at, task))) if *at >= log.first && *at <= log.end() => {
+        (None, Some((at, task))) if *at >= log.first => {
             render(spec, &json!({ "task": task }), out);
             *at
         }

@@ -69,9 +69,10 @@ fn query_param<'a>(target: &'a str, name: &str) -> Option<Cow<'a, str>> {
     let mut start = at(0, b'?')? + 1;
     loop {
         let end = at(start, b'&').unwrap_or(target.len());
-        let (key, value) = match at(start, b'=').filter(|&eq| eq < end) {
-            Some(eq) => (&target[start..eq], &target[eq + 1..end]),
-            None => (&target[start..end], ""),
+        let pair = &target[start..end];
+        let (key, value) = match pair.bytes().position(|b| b == b'=') {
+            Some(eq) => (&pair[..eq], &pair[eq + 1..]),
+            None => (pair, ""),
         };
         if key == name {
             if let Some(v) = percent_decode(value) {

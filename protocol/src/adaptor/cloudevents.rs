@@ -396,15 +396,16 @@ pub fn parse_structured_with(topic: &str, body: &[u8], extra: &[(&str, &str)]) -
 /// The `subject` of a structured-mode event (`None` without one), read without building it.
 pub fn subject_of(body: &[u8]) -> Result<Option<String>, CeError> {
     let text = simdutf8::basic::from_utf8(body).map_err(|_| invalid("body is not UTF-8"))?;
-    let mut flat = super::flat::Spans::new();
-    let members = match super::flat::members(text, &mut flat) {
-        true => flat,
-        false => serde_json::from_str::<Members<'_>>(text).map_err(json_err)?.0,
-    };
+    let mut members = super::flat::Spans::new();
+    let mut escapes = Escapes::None;
+    if !super::flat::members(text, &mut members) {
+        members = serde_json::from_str::<Members<'_>>(text).map_err(json_err)?.0;
+        escapes = Escapes::Maybe;
+    }
     for (key, text) in members {
         if key == "subject" {
             return match text.as_bytes().first() {
-                Some(b'"') => Ok(Some(json_string(text, Escapes::Maybe)?.0.into_owned())),
+                Some(b'"') => Ok(Some(json_string(text, escapes)?.0.into_owned())),
                 _ => Err(invalid("attribute subject must be a string")),
             };
         }
@@ -1056,5 +1057,32 @@ mod tests {
         ];
         let f = parse_binary("t", headers.into_iter(), None, b"x").unwrap();
         assert_eq!(f.body().attr_str("subject"), Some("s 1 \u{e9}%"));
+    }
+
+    /// The subject is read alike from the flat pass (no escapes) and from serde_json (an escape
+    /// anywhere in the event sends it there, and the subject's own escapes are decoded).
+    #[test]
+    fn the_subject_is_read_with_or_without_escapes() {
+        let plain = br#"{"specversion":"1.0","id":"1","subject":"a/b","data":"x"}"#;
+        assert_eq!(subject_of(plain).unwrap().as_deref(), Some("a/b"));
+        let elsewhere = br#"{"specversion":"1.0","id":"\u0031","subject":"a/b"}"#;
+        assert_eq!(subject_of(elsewhere).unwrap().as_deref(), Some("a/b"));
+        let own = br#"{"subject":"a\/b\u00e9"}"#;
+        assert_eq!(subject_of(own).unwrap().as_deref(), Some("a/bé"));
+        assert_eq!(subject_of(br#"{"id":"1"}"#).unwrap(), None);
+        assert!(subject_of(br#"{"subject":1}"#).is_err());
+    }
+
+    /// An attribute's escapes are decoded when serde_json took the event, and the flat pass's
+    /// strings are taken as they are.
+    #[test]
+    fn attribute_strings_are_decoded_only_where_they_may_hold_escapes() {
+        let value_of = |json: &str| {
+            let frame = parse_structured("t", json.as_bytes()).unwrap();
+            frame.body().attr_str("source").map(str::to_owned)
+        };
+        let event = |source: &str| format!(r#"{{"specversion":"1.0","id":"1","type":"t","source":"{source}"}}"#);
+        assert_eq!(value_of(&event("/a/b")).as_deref(), Some("/a/b"));
+        assert_eq!(value_of(&event(r"\/a\u002fb")).as_deref(), Some("/a/b"));
     }
 }
