@@ -1,8 +1,8 @@
 //! The crate's `unsafe`, in one small module: the process signal mask (for `evmesh serve`'s
 //! shutdown), the process's CPU time (for the cluster heartbeat's load), the iovec view of
 //! shared delivery buffers for vectored writes, the byte views of the runtime's owned
-//! buffers that the TLS layer copies through, the server's heap ([`Heap`]), and the CPU's
-//! time-stamp counter ([`tsc`]).
+//! buffers that the TLS layer copies through, the server's heap ([`Heap`]), the CPU's
+//! time-stamp counter ([`tsc`]), and a box whose value is made in place ([`boxed_in_place`]).
 
 use std::rc::Rc;
 
@@ -15,6 +15,17 @@ pub fn tsc() -> Option<u64> {
     return Some(unsafe { core::arch::x86_64::_rdtsc() });
     #[cfg(not(target_arch = "x86_64"))]
     None
+}
+
+/// `make()`'s value in a box, made where it lies: the box is taken first, so the value (a
+/// handler's future of kilobytes, made per request) is not built on the stack and copied in.
+/// `Box::write` once the MSRV is 1.87.
+#[inline(always)]
+pub fn boxed_in_place<T>(make: impl FnOnce() -> T) -> Box<T> {
+    let mut b = Box::<T>::new_uninit();
+    b.write(make());
+    // SAFETY: `write` just initialized the box's value.
+    unsafe { b.assume_init() }
 }
 
 /// Blocks SIGINT, SIGTERM (stop) and SIGHUP (reload the TLS files) in this thread and every

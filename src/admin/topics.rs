@@ -320,8 +320,7 @@ pub(super) async fn events(shared: &Shared, topic: &str, partition: &str, req: &
         (Ok(f), Ok(m)) => (f, m.min(1000) as usize),
         (Err(r), _) | (_, Err(r)) => return r,
     };
-    let asked =
-        req.head.target(req.buf).split_once('?').is_some_and(|(_, q)| q.split('&').any(|kv| kv.starts_with("filter=")));
+    let asked = req.target().split_once('?').is_some_and(|(_, q)| q.split('&').any(|kv| kv.starts_with("filter=")));
     let filters = match req.query("filter").map(|sql| filter::compile(Some(&serde_json::json!([{ "sql": sql }])))) {
         None if asked => return problem(StatusCode::BAD_REQUEST, "filter is not percent-encoded UTF-8"),
         None => Vec::new(),

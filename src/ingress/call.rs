@@ -228,7 +228,7 @@ impl Traffic {
         };
         let opens = &self.shard.opens_elsewhere;
         if !self.may_open_at(&home, gate, req) || opens.get() >= MAX_OPENS_ELSEWHERE {
-            return Some(to_home(&home, req.head.target(req.buf)));
+            return Some(to_home(&home, req.target()));
         }
         if let Err(r) = gate.limit(&Self::agent_topic(gate, agent), 1, req.body.len() as u64) {
             return Some(r);

@@ -129,7 +129,7 @@ impl Traffic {
     /// on twice); else the 307 to the home.
     pub(super) async fn at_home(&self, key: &str, req: &Request<'_>) -> Result<(), Response> {
         match self.home_elsewhere(key).await? {
-            Some(home) if req.query(REDIRECTED).is_none() => Err(to_home(&home, req.head.target(req.buf))),
+            Some(home) if req.query(REDIRECTED).is_none() => Err(to_home(&home, req.target())),
             _ => Ok(()),
         }
     }
@@ -173,7 +173,7 @@ impl Traffic {
         match self.placed(key, redirected || serving)? {
             Placed::Here { claim } => Ok(claim),
             Placed::There(url) => Err(match at {
-                Some(req) => to_home(&url, req.head.target(req.buf)),
+                Some(req) => to_home(&url, req.target()),
                 None => problem(StatusCode::CONFLICT, &format!("{} is served by its home instance {url}", what())),
             }),
         }

@@ -26,6 +26,8 @@ pub struct Request<'a> {
     pub head: &'a Head,
     pub buf: &'a [u8],
     pub body: &'a [u8],
+    /// The request target as text, taken once (every query parameter asked reads it).
+    target: &'a str,
     /// The connection it came on, for [`Request::peer_gone`].
     stream: &'a Stream,
 }
@@ -35,16 +37,21 @@ impl<'a> Request<'a> {
         self.head.method
     }
 
+    /// The request target (path and query) as sent.
+    pub fn target(&self) -> &'a str {
+        self.target
+    }
+
     /// The path without the query string.
     pub fn path(&self) -> &'a str {
-        let t = self.head.target(self.buf);
+        let t = self.target;
         t.find('?').map_or(t, |q| &t[..q])
     }
 
     /// A query parameter, percent-decoded; `None` if absent or not UTF-8 (then a later one of
     /// the same name is taken).
     pub fn query(&self, name: &str) -> Option<Cow<'a, str>> {
-        query_param(self.head.target(self.buf), name)
+        query_param(self.target, name)
     }
 
     pub fn header(&self, name: &str) -> Option<&'a [u8]> {
@@ -544,8 +551,9 @@ async fn serve_metered<H: Handler>(
         // Boxed: the handler's future (every endpoint's state) is most of a connection's, and
         // unboxed it would be held by every open connection, idle or waiting for its first
         // request, rather than only while a request is handled.
-        let req = Request { head: &head, buf: &buf, body, stream: &stream };
-        let response = Box::pin(handler.handle(&mut conn, req)).await;
+        let req = Request { head: &head, buf: &buf, body, target: head.target(&buf), stream: &stream };
+        // Made in its box: built on the stack and moved, its kilobytes were copied per request.
+        let response = Box::into_pin(crate::sys::boxed_in_place(|| handler.handle(&mut conn, req))).await;
         drop(handling);
         // A response that closes (a requester seen gone while it waited): nothing pipelined
         // behind it runs.
