@@ -329,10 +329,9 @@ pub fn parse_head_into(buf: &[u8], limits: &Limits, spare: &mut Vec<HeaderPos>) 
                 if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
                     return Err(HttpError::bad("invalid Content-Length"));
                 }
-                let n: usize = std::str::from_utf8(part)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or(HttpError::bad("invalid Content-Length"))?;
+                // At most 19 digits: the value fits in 64 bits.
+                let n = part.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+                let n = usize::try_from(n).map_err(|_| HttpError::bad("invalid Content-Length"))?;
                 if content_length.is_some_and(|c| c != n) {
                     return Err(HttpError::bad("conflicting Content-Length"));
                 }

@@ -53,6 +53,10 @@ cases! {
     bad_method: b"G(T / HTTP/1.1\r\nHost: a\r\n\r\n" => Want::Err(400);
     bad_length: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1x\r\n\r\n" => Want::Err(400);
     negative_length: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n" => Want::Err(400);
+    plus_length: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n" => Want::Err(400);
+    length_of_19_digits: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0000000000000000005\r\n\r\n" => Want::Ok("POST", "/", 2, BodyKind::Length(5), true);
+    largest_length: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9999999999999999999\r\n\r\n" => Want::Err(413);
+    length_of_20_digits: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 00000000000000000005\r\n\r\n" => Want::Err(400);
     conflicting_lengths: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n" => Want::Err(400);
     te_and_cl: b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n" => Want::Err(400);
     te_gzip: b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n" => Want::Err(400);
