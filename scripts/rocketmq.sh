@@ -14,22 +14,27 @@ ROOT=/var/tmp/evmesh-rocketmq
 BIN="$ROOT/bin"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # The broker binds its port, the port 2 below it and an HA port: three free ones, the first two
-# apart.
+# apart. Taken below the kernel's ephemeral range where it can be: a load test run just before
+# leaves thousands of its connections' local ports there (closing, or in TIME_WAIT), and three
+# such ports with that spacing could not be found (a CI run after 50,000 idle sessions).
 broker_ports() {
-  for _ in $(seq 50); do
-    local p; p=$(free_port)
-    [ "$p" -gt 1100 ] || continue
-    if python3 - "$p" <<'PY'
-import socket, sys
-p = int(sys.argv[1])
-for q in (p, p - 2, p + 1):
-    # As a listener binds (SO_REUSEADDR): a port some closed connection holds in TIME_WAIT
-    # (thousands after a load test) is free for it.
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", q)); s.close()
+  python3 - <<'PY' || { echo "no free ports for the broker" >&2; exit 1; }
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+first, last = (max(1102, low - 12000), low - 2) if low > 4000 else (1102, 65533)
+for _ in range(200):
+    p = random.randrange(first, last + 1)
+    try:
+        for q in (p, p - 2, p + 1):
+            # As a listener binds (SO_REUSEADDR): a port in TIME_WAIT is free for it.
+            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", q)); s.close()
+    except OSError:
+        continue
+    print(p)
+    break
+else:
+    raise SystemExit(1)
 PY
-    then echo "$p"; return; fi
-  done
-  echo "no free ports for the broker" >&2; exit 1
 }
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
