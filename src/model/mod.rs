@@ -15,4 +15,4 @@ pub mod topic;
 
 pub use ids::{PartitionId, ShardId, MAX_PARTITIONS};
 pub use reply::ReplyOutcome;
-pub use topic::{valid_topic, StoredTopic};
+pub use topic::{valid_topic, StoredTopic, TopicMap};

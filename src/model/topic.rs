@@ -22,6 +22,13 @@ pub const LITE_KINDS: [&str; 3] = ["agent", "client", "session"];
 /// The first byte of a stored lite topic's name.
 pub const LITE_MARK: u8 = b':';
 
+/// A map keyed by topic names and looked up for every event (a shard's topic settings, the
+/// embedded log's partitions): foldhash, at about a quarter of SipHash's cost for a name's
+/// few dozen bytes. Its keys are topics the shard resolved or opened, not any name a client
+/// sends (a lookup of a name that is not there inserts nothing), and its seed is random per
+/// process and per map, so the names a client may create cannot be chosen to collide.
+pub type TopicMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Whether `name` is a valid topic name: `[A-Za-z0-9._-]{1,249}`.
 pub fn valid_topic(name: &str) -> bool {
     (1..=249).contains(&name.len())

@@ -19,7 +19,7 @@ use super::message::{ReplyMessage, ShardMessage};
 use super::requests::{Correlation, Replier};
 use super::sessions::Sessions;
 use crate::model::placement::{owned_partitions, owner};
-use crate::model::{PartitionId, ReplyOutcome, ShardId};
+use crate::model::{PartitionId, ReplyOutcome, ShardId, TopicMap};
 use crate::shard::shared::Shared;
 use crate::storage::embedded::EmbeddedLog;
 use crate::storage::{meta, Durability, Log, Storage, StorageError, TopicMeta};
@@ -48,7 +48,7 @@ pub struct Shard {
     pub log: Log,
     /// Topic settings this shard has seen, with the partitions it owns; a topic's count only
     /// ever grows (with Kafka), and this cache never lowers one.
-    pub(super) topics: RefCell<HashMap<String, KnownTopic>>,
+    pub(super) topics: RefCell<TopicMap<String, KnownTopic>>,
     /// As meta owner: topics being created or looked up on the broker now, each with the
     /// asks waiting for it to end (a second ask for a topic waits for the first, [`Making`]),
     /// and what the broker answered for names it could not give, until when (a name it does not
@@ -144,7 +144,7 @@ impl Shard {
             id,
             shared,
             log,
-            topics: RefCell::new(HashMap::new()),
+            topics: RefCell::new(TopicMap::default()),
             making: RefCell::default(),
             absent: RefCell::default(),
             cursor: Cell::new(0),

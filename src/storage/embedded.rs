@@ -21,7 +21,6 @@ mod lite;
 mod syncer;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Waker;
@@ -34,7 +33,7 @@ use super::partitions::{PartitionLogs, Slot};
 use super::segment::{PartitionLog, Prepared, SegmentError, Written};
 use super::tier::Tier;
 use super::{Bounds, Durability, Storage, StorageError, TopicMeta};
-use crate::model::{PartitionId, ShardId};
+use crate::model::{PartitionId, ShardId, TopicMap};
 pub use lite::{end_of, read_from, LITE_CACHE};
 use lite::{topic_is_lite, LiteRows};
 use syncer::poisoned_error;
@@ -130,7 +129,7 @@ struct Inner {
     logs: Arc<PartitionLogs>,
     /// The partitions this handle used, by key prefix: no lookup in the process-wide set per
     /// append.
-    slots: RefCell<HashMap<Box<str>, Vec<Option<Slot>>>>,
+    slots: RefCell<TopicMap<Box<str>, Vec<Option<Slot>>>>,
     durability: Durability,
     syncer: Option<Syncer>,
     /// The lite topics' rows, and the next offsets cached of them.
@@ -295,7 +294,7 @@ impl EmbeddedLog {
     ) -> Self {
         let inner = Inner {
             logs,
-            slots: RefCell::new(HashMap::new()),
+            slots: RefCell::new(TopicMap::default()),
             durability,
             syncer,
             lite: LiteRows::new(db, log_cf(shard.index()), lite_ttl),
