@@ -42,10 +42,11 @@ impl<'a> Request<'a> {
         self.target
     }
 
-    /// The path without the query string.
+    /// The path without the query string. Scanned as bytes, as [`query_param`] does: `find`
+    /// with a `char` took about 200 instructions for a publish's target of a few dozen bytes.
     pub fn path(&self) -> &'a str {
         let t = self.target;
-        t.find('?').map_or(t, |q| &t[..q])
+        t.as_bytes().iter().position(|&b| b == b'?').map_or(t, |q| &t[..q])
     }
 
     /// A query parameter, percent-decoded; `None` if absent or not UTF-8 (then a later one of
