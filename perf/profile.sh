@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Where a server's CPU goes under one of issue 11's loads: `perf record` of the server process
+# Where a server's CPU goes under one of the perf loads: `perf record` of the server process
 # (evmesh, one shard pinned to CPU 0, or nchan's worker, pinned there too) while loadgen drives
 # it from the other CPU, reported as the kernel / user split and the heaviest symbols. A goal
 # the perf scripts show missed gets its profile from here, evmesh's and nchan's under the same
 # load, in one run.
 #
-#   CASE=publish|batch|fanout1000|fanout5000|wide TARGETS="evmesh nchan" bash perf/profile.sh
-#   (wide: 8,000 subscribers of one event a second)
+#   CASE=publish|open|batch|fanout1000|fanout5000|wide TARGETS="evmesh nchan" bash perf/profile.sh
+#   (open: publishes open loop at RATE per second, 24000 unless given, 64 connections, two
+#   generator threads, as perf/tail_latency.sh's runs; wide: 8,000 subscribers of one event a
+#   second; TARGETS may also name nginx-200, nginx's bare `return 200` for the same POST)
 #   (DUR=6 seconds recorded after the warm-up; EVMESH_FLAGS="--io-driver epoll" passes serve flags)
 #
 # The text reports land in perf/results/profile-CASE-<stamp>/ (perf.data itself is not kept);
@@ -15,6 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CASE=${CASE:-publish}; DUR=${DUR:-6}; TARGETS=${TARGETS:-evmesh nchan}; EVMESH_FLAGS=${EVMESH_FLAGS:-}
+RATE=${RATE:-24000}
 source perf/common.sh
 GEN_CPUS=${GEN_CPUS:-1-$(( $(nproc) - 1 ))}
 taskset -pc 0 "$NCHAN_PID" > /dev/null
@@ -27,11 +30,12 @@ load() {
   local args=(--url "$1" --duration "$((DUR + 1))s" --warmup "${WARMUP}s" --server-pid "$2" --json "$OUT/$target.load.json")
   case $CASE in
     publish) args+=(--connections 64) ;;
+    open) args+=(--connections 64 --threads 2 --rate "$RATE") ;;
     batch) args+=(--connections 16 --body batch --batch 10) ;;
     fanout1000) args+=(--connections 8 --rate 1000 --subscribe-url "$3" --subscribers 100) ;;
     fanout5000) args+=(--connections 8 --rate 5000 --subscribe-url "$3" --subscribers 100) ;;
     wide) args+=(--connections 1 --rate 1 --subscribe-url "$3" --subscribers 8000) ;;
-    *) echo "CASE is publish, batch, fanout1000, fanout5000 or wide" >&2; exit 2 ;;
+    *) echo "CASE is publish, open, batch, fanout1000, fanout5000 or wide" >&2; exit 2 ;;
   esac
   taskset -c "$GEN_CPUS" "$LOADGEN" "${args[@]}" >> "$OUT/log.txt" 2>&1 &
   load_pid=$!
@@ -63,6 +67,10 @@ for target in $TARGETS; do
       [ "$CASE" = batch ] && { echo "nchan has no batch publish: skipped" >> "$OUT/log.txt"; continue; }
       load "http://127.0.0.1:18080/pub?id=profile" "$NCHAN_PID" "ws://127.0.0.1:18080/sub?id=profile"
       sleep "$WARMUP"; record nchan "$NCHAN_PID"; wait "$load_pid" ;;
+    nginx-200)
+      case $CASE in publish | open) ;; *) echo "nginx-200 only answers publishes: skipped" >> "$OUT/log.txt"; continue ;; esac
+      load "http://127.0.0.1:18080/ok_post" "$NCHAN_PID"
+      sleep "$WARMUP"; record nginx-200 "$NCHAN_PID"; wait "$load_pid" ;;
   esac
 done
 
@@ -73,8 +81,8 @@ print(f"### profile, {os.path.basename(out)}\n")
 print(f"`perf record -F 999 -g` of the server for {dur}s under the `{case}` load (perf/profile.sh), "
       f"server on CPU 0, loadgen on the others{', evmesh ' + flags if flags else ''}. "
       "Shares of the server's samples (self time); the full symbol lists are in the raw directory.\n")
-print("| target | ops/s | kernel | user | heaviest kernel symbols | heaviest user-space symbols |")
-print("|---|---|---|---|---|---|")
+print("| target | ops/s | server CPU µs per op: kernel + user | kernel | user | heaviest kernel symbols | heaviest user-space symbols |")
+print("|---|---|---|---|---|---|---|")
 for t in targets.split():
     path = f"{out}/{t}.dso.txt"
     if not os.path.exists(path):
@@ -95,7 +103,10 @@ for t in targets.split():
             top[m.group(3)].append(f"`{m.group(4).strip()[:70]}` {m.group(1)}%")
     load = json.load(open(f"{out}/{t}.load.json"))
     rate = load.get("fanout", {}).get("deliveries_per_s") or load.get("throughput", 0)
-    print(f"| {t} | {rate:.0f} | {kernel:.1f}% | {user:.1f}% | {'; '.join(top['k'])} | {'; '.join(top['.'])} |")
+    cpu = load.get("fanout", {}).get("server_cpu_us_per_delivery") or load.get("server_cpu_us_per_op") or 0
+    split = f"{cpu * kernel / 100:.2f} + {cpu * user / 100:.2f}" if cpu else "-"
+    print(f"| {t} | {rate:.0f} | {split} | {kernel:.1f}% | {user:.1f}% | {'; '.join(top['k'])} | {'; '.join(top['.'])} |")
 PY
-{ echo; echo "Command: \`CASE=$CASE DUR=$DUR TARGETS=\"$TARGETS\" EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/profile.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
+RATE_SHOWN=""; [ "$CASE" = open ] && RATE_SHOWN="RATE=$RATE "
+{ echo; echo "Command: \`CASE=$CASE ${RATE_SHOWN}DUR=$DUR TARGETS=\"$TARGETS\" EVMESH_FLAGS=\"$EVMESH_FLAGS\" bash perf/profile.sh\` (raw: perf/results/$(basename "$OUT")/)"; echo; cat "$OUT/summary.md"; } >> perf/RESULTS.md
 echo "raw results in $OUT"
