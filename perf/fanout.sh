@@ -17,6 +17,8 @@ ROUNDS=${ROUNDS:-3}; DUR=${DUR:-8}; SUBS=${SUBS:-100}; RATE=${RATE:-1000}; SHARD
 EVMESH_FLAGS=${EVMESH_FLAGS:-}
 if [ "$ACK" = 1 ]; then EV_QUERY="subscription=fan"; EV_ACK=(--ack); MODE="acknowledged, every event acked"
 else EV_QUERY="subscription=fan&ack=none"; EV_ACK=(); MODE="ack=none"; fi
+source perf/fdlimit.sh
+raise_fd_limit "$SUBS"
 source perf/common.sh
 OUT=$ROOT/perf/results/fanout-$(date -u +%Y%m%dT%H%M%SZ); mkdir -p "$OUT"
 BUILDS=(evmesh)

@@ -7,7 +7,8 @@
 # perf/RESULTS.md. Beside it, the same for nginx + nchan (its one worker's RSS, WebSocket
 # subscribers of one channel; at most 8,000, its worker_connections is 8,192), unless NCHAN=0.
 #
-#   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 NCHAN=1 EVMESH_BIN= env knobs; needs ~2x that many open files)
+#   bash perf/idle_sessions.sh        (SESSIONS=10000 ACK=0 NCHAN=1 EVMESH_BIN= env knobs; raises the
+#                                      open-files limit to what SESSIONS needs, perf/fdlimit.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SESSIONS=${SESSIONS:-10000}; ACK=${ACK:-0}; SSE=${SSE:-0}
@@ -16,6 +17,8 @@ SUB="ws://127.0.0.1:18480/events/ws?$QUERY"; NSUB="ws://127.0.0.1:18080/sub?id=i
 # SSE streams are acknowledged sessions: they ack over POST /events/ack (the ids name the stream).
 if [ "$SSE" = 1 ]; then SUB="http://127.0.0.1:18480/events/sse?subscription=idle"; NSUB="http://127.0.0.1:18080/sub?id=idle"; ACKFLAG=(--ack); KIND=SSE; fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/evmesh-target}"
+source perf/fdlimit.sh
+raise_fd_limit "$SESSIONS"
 bash scripts/deps.sh
 # EVMESH_BIN: another evmesh build to measure (this checkout's is built and used otherwise).
 [ -n "${EVMESH_BIN:-}" ] || cargo build --release -q --workspace
