@@ -92,6 +92,18 @@ impl<'a> StoredTopic<'a> {
 mod tests {
     use super::*;
 
+    /// What makes a [`TopicMap`] safe to key by names clients create: each map hashes with its
+    /// own random seed, so no set of names collides in every map (a fixed-seed hasher would
+    /// fail this).
+    #[test]
+    fn topic_maps_hash_with_their_own_random_seeds() {
+        use std::hash::BuildHasher;
+        let (a, b) = (TopicMap::<String, ()>::default(), TopicMap::<String, ()>::default());
+        let names = ["orders", "orders.v1", "a", ""];
+        assert!(names.iter().any(|n| a.hasher().hash_one(n) != b.hasher().hash_one(n)));
+        assert!(names.iter().all(|n| a.hasher().hash_one(n) == a.hasher().hash_one(n)));
+    }
+
     #[test]
     fn topic_names() {
         assert!(valid_topic("orders.v1_A-9"));
